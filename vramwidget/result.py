@@ -1,0 +1,211 @@
+"""What an estimate returns: a tree of memory components and per-phase totals.
+
+The tree is component > module group > tensor.  Every node carries bytes and the
+formula (in words a person can check) that produced it; a parent's bytes are the sum
+of its children's.  Nothing here imports pandas, altair or torch at module level.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from .units import GB, GIB, MIB
+
+#: the top-level components, in drawing order, with the colour each gets in charts
+COMPONENT_KINDS: Tuple[str, ...] = (
+    "weights",
+    "quantization constants",
+    "adapters",
+    "gradients",
+    "optimizer states",
+    "activations",
+    "logits and loss",
+    "optimizer temporaries",
+    "cuda context",
+    "allocator reserve",
+)
+
+#: the phases of one training step, in time order
+PHASES: Tuple[str, ...] = ("after_load", "forward", "backward", "optimizer_step")
+
+
+@dataclass
+class Node:
+    """One box of the treemap: a component, a module group or a tensor."""
+
+    name: str
+    bytes: float = 0.0
+    formula: str = ""
+    dtype: Optional[str] = None
+    count: Optional[int] = None  # elements
+    children: List["Node"] = field(default_factory=list)
+
+    def add(self, child: "Node") -> "Node":
+        self.children.append(child)
+        return child
+
+    def total_bytes(self) -> float:
+        if not self.children:
+            return self.bytes
+        return sum(c.total_bytes() for c in self.children)
+
+    def finalize(self) -> "Node":
+        """Drop empty children and set each parent's bytes to the sum of its children."""
+        for c in self.children:
+            c.finalize()
+        self.children = [c for c in self.children if c.bytes > 0]
+        if self.children:
+            self.bytes = sum(c.bytes for c in self.children)
+            if self.count is None and all(c.count is not None for c in self.children):
+                self.count = sum(c.count for c in self.children)  # type: ignore[misc]
+        return self
+
+    def walk(self, path: Tuple[str, ...] = ()) -> Iterator[Tuple[Tuple[str, ...], "Node"]]:
+        here = path + (self.name,)
+        yield here, self
+        for c in self.children:
+            yield from c.walk(here)
+
+    def leaves(self, path: Tuple[str, ...] = ()) -> Iterator[Tuple[Tuple[str, ...], "Node"]]:
+        for p, n in self.walk(path):
+            if not n.children:
+                yield p, n
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {"name": self.name, "bytes": int(round(self.bytes)), "formula": self.formula}
+        if self.dtype:
+            d["dtype"] = self.dtype
+        if self.count is not None:
+            d["count"] = int(self.count)
+        if self.children:
+            d["children"] = [c.to_dict() for c in self.children]
+        return d
+
+
+@dataclass
+class Estimate:
+    """The memory of one training step on one GPU.
+
+    Attributes
+    ----------
+    components:
+        What is live at the peak, a list of top-level :class:`Node` s (weights,
+        gradients, optimizer states, activations, ...), each a tree.
+    phases_bytes:
+        Allocated bytes at each phase's own peak: ``after_load``, ``forward``,
+        ``backward``, ``optimizer_step``, plus ``first_step`` (step 1, when optimizer
+        states are created lazily) and ``persistent`` (between steps).
+    peak_phase:
+        The phase that holds the peak (``forward``, ``backward`` or ``optimizer_step``).
+    """
+
+    model_name: str
+    setup: Dict[str, Any]
+    params_total: Optional[int]
+    params_trainable: Optional[int]
+    components: List[Node]
+    phases_bytes: Dict[str, float]
+    peak_phase: str
+    peak_allocated_bytes: float
+    reserved_bytes: float
+    cuda_context_bytes: float
+    flops_per_step: Optional[float] = None
+    recompute_overhead: float = 0.0
+    notes: List[str] = field(default_factory=list)
+    phase_components: Dict[str, List[Node]] = field(default_factory=dict)
+
+    # -- totals -------------------------------------------------------------------
+    @property
+    def device_total_bytes(self) -> float:
+        """What nvidia-smi would show: allocator reserve + CUDA context."""
+        return self.reserved_bytes + self.cuda_context_bytes
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_allocated_bytes / GIB
+
+    @property
+    def peak_gb(self) -> float:
+        return self.peak_allocated_bytes / GB
+
+    @property
+    def peak_mib(self) -> float:
+        return self.peak_allocated_bytes / MIB
+
+    @property
+    def device_total_gib(self) -> float:
+        return self.device_total_bytes / GIB
+
+    def tree(self, phase: Optional[str] = None) -> Node:
+        """The whole tree under one root (the peak phase's, or another phase's)."""
+        comps = self.components if phase is None else self.phase_components[phase]
+        root = Node(self.model_name, children=list(comps))
+        root.bytes = sum(c.bytes for c in comps)
+        return root
+
+    def component_bytes(self, phase: Optional[str] = None) -> Dict[str, float]:
+        comps = self.components if phase is None else self.phase_components[phase]
+        return {c.name: c.bytes for c in comps}
+
+    # -- export -------------------------------------------------------------------
+    def rows(self, phase: Optional[str] = None) -> List[Dict[str, Any]]:
+        """One row per leaf: component, group, tensor, bytes, GiB, GB, share, dtype, count, formula."""
+        root = self.tree(phase)
+        total = root.bytes or 1.0
+        out = []
+        for path, leaf in root.leaves():
+            parts = list(path[1:]) + ["", "", ""]
+            out.append({
+                "component": parts[0],
+                "group": parts[1] or parts[0],
+                "tensor": parts[2] or parts[1] or parts[0],
+                "bytes": leaf.bytes,
+                "gib": leaf.bytes / GIB,
+                "gb": leaf.bytes / GB,
+                "share": leaf.bytes / total,
+                "dtype": leaf.dtype or "",
+                "count": leaf.count,
+                "formula": leaf.formula,
+            })
+        return out
+
+    def to_dataframe(self, phase: Optional[str] = None):
+        """The leaves as a pandas DataFrame (pandas imported only here)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows(phase))
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "setup": self.setup,
+            "params_total": self.params_total,
+            "params_trainable": self.params_trainable,
+            "peak_allocated_bytes": int(round(self.peak_allocated_bytes)),
+            "peak_allocated_gib": round(self.peak_allocated_bytes / GIB, 3),
+            "peak_allocated_gb": round(self.peak_allocated_bytes / GB, 3),
+            "peak_phase": self.peak_phase,
+            "reserved_bytes": int(round(self.reserved_bytes)),
+            "cuda_context_bytes": int(round(self.cuda_context_bytes)),
+            "device_total_bytes": int(round(self.device_total_bytes)),
+            "phases": {k: int(round(v)) for k, v in self.phases_bytes.items()},
+            "flops_per_step": self.flops_per_step,
+            "recompute_overhead": self.recompute_overhead,
+            "components": [c.to_dict() for c in self.components],
+            "notes": list(self.notes),
+        }
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+    def chart(self, **kw):
+        """An Altair treemap of this estimate (altair imported only here)."""
+        from .charts import detail_chart
+
+        return detail_chart(self, **kw)
+
+    def __repr__(self) -> str:
+        return (f"Estimate({self.model_name!r}, peak {self.peak_gib:.2f} GiB at {self.peak_phase}, "
+                f"device total {self.device_total_gib:.2f} GiB)")

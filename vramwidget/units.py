@@ -1,0 +1,54 @@
+"""Units and element sizes. Bytes internally; GiB (2**30) in the UI, GB (10**9) on request."""
+
+from __future__ import annotations
+
+KIB = 2**10
+MIB = 2**20
+GIB = 2**30
+GB = 10**9
+
+#: bytes per element of each storage dtype we model
+DTYPE_BYTES = {
+    "float32": 4.0,
+    "bfloat16": 2.0,
+    "float16": 2.0,
+    "float8": 1.0,
+    "int8": 1.0,
+    "uint8": 1.0,
+    "nf4": 0.5,
+    "fp4": 0.5,
+    "int64": 8.0,
+}
+
+DTYPE_ALIASES = {
+    "fp32": "float32", "float": "float32", "f32": "float32", "torch.float32": "float32",
+    "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
+    "fp16": "float16", "half": "float16", "f16": "float16", "torch.float16": "float16",
+    "fp8": "float8", "float8_e4m3fn": "float8", "e4m3": "float8",
+    "int4": "nf4",
+}
+
+
+def canonical_dtype(name: str) -> str:
+    """'bf16' -> 'bfloat16'; raises KeyError on unknown names (callers wrap it)."""
+    key = str(name).strip().lower()
+    key = DTYPE_ALIASES.get(key, key)
+    if key not in DTYPE_BYTES:
+        raise KeyError(name)
+    return key
+
+
+def dtype_bytes(name: str) -> float:
+    return DTYPE_BYTES[canonical_dtype(name)]
+
+
+def to_mib(nbytes: float) -> float:
+    return nbytes / MIB
+
+
+def to_gib(nbytes: float) -> float:
+    return nbytes / GIB
+
+
+def to_gb(nbytes: float) -> float:
+    return nbytes / GB
