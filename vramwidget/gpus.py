@@ -1,0 +1,149 @@
+"""The GPU catalog: how much memory each card has and which number formats it runs.
+
+The data lives in ``data/gpus.json``; this module only reads it.  Two memory figures per
+card:
+
+``memory_bytes``
+    the capacity as sold (the box says "80 GB"; for DRAM that is binary, 80 GiB).
+``usable_bytes``
+    what the driver reports as device memory (``nvidia-smi`` memory.total) where it is
+    known, else ``memory_bytes``.  An estimate's device total (allocator reserve + CUDA
+    context) must stay under it for the run to fit.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from .errors import VramError
+from .units import GIB, MIB
+
+_DATA = Path(__file__).parent / "data" / "gpus.json"
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One card of the catalog."""
+
+    name: str
+    vendor: str
+    architecture: str
+    memory_gb: float
+    total_mib: Optional[float]
+    bf16: bool
+    fp8: bool
+    compute_capability: Optional[str] = None
+    notes: str = ""
+    aliases: Tuple[str, ...] = field(default=())
+
+    @property
+    def memory_bytes(self) -> float:
+        """Capacity as sold, in bytes (the vendor's GB are binary for DRAM)."""
+        return self.memory_gb * GIB
+
+    @property
+    def usable_bytes(self) -> float:
+        """Device memory the driver reports, else the capacity as sold."""
+        return self.total_mib * MIB if self.total_mib else self.memory_bytes
+
+    @property
+    def usable_gib(self) -> float:
+        return self.usable_bytes / GIB
+
+    @property
+    def label(self) -> str:
+        """'H100 80GB (79.6 GiB usable)': what a drop-down shows."""
+        return f"{self.name} ({self.usable_gib:.1f} GiB)"
+
+    def supports(self, precision: str) -> Tuple[bool, str]:
+        """Whether this card runs a training precision natively, and why not."""
+        p = precision.lower()
+        if "bf16" in p and not self.bf16:
+            return False, f"{self.name} ({self.architecture}) has no bf16 math: use amp_fp16 or fp32"
+        if "fp8" in p and not self.fp8:
+            return False, f"{self.name} ({self.architecture}) has no fp8 tensor cores"
+        return True, ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "name": self.name,
+            "vendor": self.vendor,
+            "architecture": self.architecture,
+            "compute_capability": self.compute_capability,
+            "memory_gb": self.memory_gb,
+            "memory_bytes": int(self.memory_bytes),
+            "usable_bytes": int(self.usable_bytes),
+            "usable_gib": round(self.usable_gib, 3),
+            "bf16": self.bf16,
+            "fp8": self.fp8,
+            "notes": self.notes,
+        }
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> Tuple[GPU, ...]:
+    with open(_DATA, encoding="utf-8") as f:
+        raw = json.load(f)["gpus"]
+    return tuple(
+        GPU(
+            name=g["name"],
+            vendor=g["vendor"],
+            architecture=g["architecture"],
+            memory_gb=float(g["memory_gb"]),
+            total_mib=g.get("total_mib"),
+            bf16=bool(g["bf16"]),
+            fp8=bool(g["fp8"]),
+            compute_capability=g.get("compute_capability"),
+            notes=g.get("notes", ""),
+            aliases=tuple(g.get("aliases", ())),
+        )
+        for g in raw
+    )
+
+
+def _key(name: str) -> str:
+    return "".join(ch for ch in str(name).lower() if ch.isalnum())
+
+
+@lru_cache(maxsize=1)
+def _index() -> Dict[str, GPU]:
+    idx: Dict[str, GPU] = {}
+    for g in _catalog():
+        for n in (g.name,) + g.aliases:
+            idx.setdefault(_key(n), g)
+    return idx
+
+
+def list_gpus() -> List[GPU]:
+    """Every card in the catalog, smallest memory first."""
+    return sorted(_catalog(), key=lambda g: (g.usable_bytes, g.name))
+
+
+def gpu_names() -> List[str]:
+    return [g.name for g in list_gpus()]
+
+
+def get_gpu(name: "str | GPU") -> GPU:
+    """The card called ``name`` (case, spaces and dashes ignored; aliases accepted).
+
+    Raises :class:`VramError` naming close matches when the name is unknown.
+    """
+    if isinstance(name, GPU):
+        return name
+    g = _index().get(_key(name))
+    if g is not None:
+        return g
+    names = [x.name for x in _catalog()]
+    spelled = {n.lower(): g.name for g in _catalog() for n in (g.name,) + g.aliases}
+    close = []
+    for m in difflib.get_close_matches(str(name).lower(), list(spelled), n=8, cutoff=0.4):
+        if spelled[m] not in close:
+            close.append(spelled[m])
+    close = close[:3]
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(names)}"
+    raise VramError(f"unknown GPU {name!r}{hint}", field="gpu")
