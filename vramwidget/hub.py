@@ -1,0 +1,39 @@
+"""Fetch only a model's config.json from the Hugging Face Hub (optional, needs network)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict
+
+from .errors import VramError
+
+
+def fetch_config(repo_id: str) -> Dict[str, Any]:
+    """Download ``config.json`` of ``repo_id`` with huggingface_hub (HF_TOKEN honoured).
+
+    Offline, gated or missing repositories give a VramError naming the alternatives:
+    a built-in preset, a local config.json path, or a pasted config dict.
+    """
+    alternatives = ("use a built-in preset (vramwidget.list_presets()), a local config.json path, "
+                    "or pass the config as a dict")
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise VramError(f"model: {repo_id!r} is not a preset and fetching it from the Hub needs the "
+                        f"huggingface_hub package (pip install 'vramwidget[hub]'); or {alternatives}",
+                        field="model") from None
+    token = os.environ.get("HF_TOKEN") or None
+    try:
+        path = hf_hub_download(repo_id, "config.json", token=token)
+    except Exception as e:  # network errors, gated repos, missing files: one clear line
+        kind = type(e).__name__
+        reason = {"GatedRepoError": "the repository is gated (accept its licence and set HF_TOKEN)",
+                  "RepositoryNotFoundError": "no such repository (or it is private: set HF_TOKEN)",
+                  "EntryNotFoundError": "the repository has no config.json",
+                  "LocalEntryNotFoundError": "offline and not in the local cache"}.get(kind, f"{kind}: {e}")
+        reason = reason.splitlines()[0][:200]
+        raise VramError(f"model: could not fetch config.json of {repo_id!r}: {reason}; {alternatives}",
+                        field="model") from None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
