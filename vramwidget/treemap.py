@@ -1,0 +1,216 @@
+"""Treemap layout: where each box of memory is drawn, as a list of small dicts.
+
+Area is proportional to bytes.  The hierarchy is component > module group: each group's
+rectangle lies inside its component's rectangle, and the groups of a component tile it
+exactly.  Layout is squarified (Bruls, Huizing and van Wijk, via the ``squarify``
+package) and done here in Python, so the frontend only draws rectangles.
+
+Coordinates are in chart pixels, x to the right and y downwards from the top-left
+corner; a chart draws them with linear scales whose domains are fixed at
+``[0, width]`` and ``[0, height]``.
+
+Two layouts:
+
+:func:`layout_rows`
+    one estimate filling a ``width`` x ``height`` box (the detail treemap).
+:func:`comparison_rows`
+    several estimates on one shared scale: each scenario is a square whose area is
+    ``bytes * scale`` with the same ``scale`` for all, so twice the memory is twice the
+    area; an optional GPU capacity square is outlined at each scenario's corner.
+
+Every row has the keys ``scenario, level, component, group, label, text, bytes, gib,
+share, formula, x, y, x2, y2``.  ``level`` is ``"component"`` or ``"group"`` for boxes,
+``"capacity"`` for the GPU outline and ``"title"`` for a scenario's caption; ``text`` is
+what is printed inside the box ("" when the box is too small to hold it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import squarify
+
+from .result import Estimate, Node
+from .units import GIB
+
+Row = Dict[str, Any]
+
+#: a box narrower or lower than this (pixels) prints no text
+_MIN_TEXT_W = 34.0
+_MIN_TEXT_H = 14.0
+_TWO_LINES_H = 28.0
+_CHAR_W = 6.2  # average glyph width at the 10-11 px font the charts use
+
+
+def fmt_gib(nbytes: float) -> str:
+    """'12.3 GiB', '0.42 GiB', '< 0.01 GiB' (GiB = 2**30 bytes)."""
+    g = nbytes / GIB
+    if g >= 100:
+        return f"{g:.0f} GiB"
+    if g >= 10:
+        return f"{g:.1f} GiB"
+    if g >= 0.01:
+        return f"{g:.2f} GiB"
+    return "< 0.01 GiB"
+
+
+def _fit_text(name: str, nbytes: float, w: float, h: float) -> str:
+    """The text a box of w x h pixels can show: name and GiB, GiB only, or nothing."""
+    if w < _MIN_TEXT_W or h < _MIN_TEXT_H:
+        return ""
+    size = fmt_gib(nbytes)
+    max_chars = int((w - 6) / _CHAR_W)
+    if len(size) > max_chars:
+        return ""
+    if h < _TWO_LINES_H:
+        return size
+    if len(name) > max_chars:
+        name = name[: max(max_chars - 1, 1)] + "…"
+    return f"{name}\n{size}"
+
+
+def _node_formula(node: Node, limit: int = 4) -> str:
+    """A node's own formula, else its children's, joined ('+ n more' past ``limit``)."""
+    if node.formula:
+        return node.formula
+    if len(node.children) == 1:
+        return _node_formula(node.children[0], limit)
+    parts = []
+    for c in node.children[:limit]:
+        f = c.formula or _node_formula(c, limit=1)
+        if f:
+            parts.append(f"{c.name}: {f}")
+    more = len(node.children) - limit
+    if more > 0:
+        parts.append(f"+ {more} more")
+    return "; ".join(parts)
+
+
+def _squarify(nodes: Sequence[Node], x: float, y: float, dx: float, dy: float
+              ) -> List[Tuple[Node, float, float, float, float]]:
+    """Squarified rectangles (node, x, y, x2, y2) tiling the box, area ∝ node.bytes."""
+    items = sorted((n for n in nodes if n.bytes > 0), key=lambda n: (-n.bytes, n.name))
+    if not items or dx <= 0 or dy <= 0:
+        return []
+    total = sum(n.bytes for n in items)
+    k = dx * dy / total
+    rects = squarify.squarify([n.bytes * k for n in items], x, y, dx, dy)
+    # squarify places the last strip from a difference of two near-equal widths; with a
+    # 1e8:1 range of sizes that can poke out of the box by ~1e-6 px: clamp it back
+    # (this moves a rectangle's area by far less than one part in a million)
+    x_end, y_end = x + dx, y + dy
+    return [(n, r["x"], r["y"], min(r["x"] + r["dx"], x_end), min(r["y"] + r["dy"], y_end))
+            for n, r in zip(items, rects)]
+
+
+def _box_rows(components: Sequence[Node], x: float, y: float, dx: float, dy: float,
+              scenario: str, total: float) -> List[Row]:
+    """Component rows, then the group rows nested in them, for one box."""
+    total = total or 1.0
+    comp_rows: List[Row] = []
+    group_rows: List[Row] = []
+    for comp, cx, cy, cx2, cy2 in _squarify(components, x, y, dx, dy):
+        comp_rows.append({
+            "scenario": scenario, "level": "component", "component": comp.name,
+            "group": comp.name, "label": comp.name, "text": "",
+            "bytes": comp.bytes, "gib": comp.bytes / GIB, "share": comp.bytes / total,
+            "formula": _node_formula(comp), "x": cx, "y": cy, "x2": cx2, "y2": cy2,
+        })
+        groups = comp.children if comp.children else [comp]
+        for g, gx, gy, gx2, gy2 in _squarify(groups, cx, cy, cx2 - cx, cy2 - cy):
+            label = g.name if g is not comp else comp.name
+            group_rows.append({
+                "scenario": scenario, "level": "group", "component": comp.name,
+                "group": label, "label": label if g is comp else f"{comp.name}: {label}",
+                "text": _fit_text(label, g.bytes, gx2 - gx, gy2 - gy),
+                "bytes": g.bytes, "gib": g.bytes / GIB, "share": g.bytes / total,
+                "formula": _node_formula(g), "x": gx, "y": gy, "x2": gx2, "y2": gy2,
+            })
+    return comp_rows + group_rows
+
+
+def total_bytes(est: Estimate, phase: Optional[str] = None) -> float:
+    """Sum of the top-level components drawn for ``est`` (its peak, or ``phase``)."""
+    comps = est.components if phase is None else est.phase_components.get(phase, [])
+    return float(sum(c.bytes for c in comps))
+
+
+def layout_rows(est: Estimate, width: float = 640.0, height: float = 360.0, *,
+                scenario: str = "", phase: Optional[str] = None) -> List[Row]:
+    """The detail treemap of one estimate, filling ``width`` x ``height``.
+
+    ``phase`` picks another phase's components (default: those live at the peak).
+    """
+    comps = est.components if phase is None else est.phase_components.get(phase, [])
+    total = float(sum(c.bytes for c in comps))
+    return _box_rows(comps, 0.0, 0.0, float(width), float(height), scenario, total)
+
+
+def shared_scale(totals: Sequence[float], width: float, height: float, *,
+                 capacity_bytes: Optional[float] = None, gap: float = 18.0,
+                 header: float = 34.0, min_slot: float = 0.0) -> float:
+    """Pixels² per byte so that every scenario square (and capacity outline) fits.
+
+    Scenario i is a square of side ``sqrt(bytes_i * scale)`` in a slot as wide as the
+    largest of it, the capacity square and ``min_slot`` (room for its caption); the
+    slots sit side by side with ``gap`` between them, under a ``header`` band.
+    """
+    cap = capacity_bytes or 0.0
+    roots = [math.sqrt(max(t, cap, 0.0)) for t in totals]
+    if not roots or max(roots) <= 0:
+        return 0.0
+    avail_w = width - gap * (len(roots) - 1)
+    avail_h = height - header
+    unit = min(avail_w / sum(roots), avail_h / max(roots))
+    # slots narrower than min_slot are widened; shrink the scale until all fit
+    for _ in range(len(roots) + 1):
+        fixed = [r for r in roots if r * unit < min_slot]
+        free = sum(r for r in roots if r * unit >= min_slot)
+        if not fixed or free <= 0:
+            break
+        new_unit = min((avail_w - min_slot * len(fixed)) / free, avail_h / max(roots))
+        if new_unit >= unit - 1e-12:
+            break
+        unit = max(new_unit, 0.0)
+    return max(unit, 0.0) ** 2
+
+
+def comparison_rows(scenarios: Sequence[Tuple[str, Estimate]], width: float = 640.0,
+                    height: float = 260.0, *, capacity_bytes: Optional[float] = None,
+                    capacity_label: str = "", gap: float = 18.0, header: float = 34.0,
+                    min_slot: float = 84.0) -> List[Row]:
+    """Several estimates side by side on ONE scale: area = bytes x the same factor.
+
+    ``scenarios`` is a list of (name, Estimate).  With ``capacity_bytes`` a dashed
+    square of that area (the GPU) is outlined at the top-left corner of every scenario,
+    so a scenario that spills out of it does not fit.
+    """
+    totals = [total_bytes(e) for _, e in scenarios]
+    scale = shared_scale(totals, width, height, capacity_bytes=capacity_bytes, gap=gap,
+                         header=header, min_slot=min_slot)
+    cap_side = math.sqrt((capacity_bytes or 0.0) * scale)
+    rows: List[Row] = []
+    titles: List[Row] = []
+    caps: List[Row] = []
+    x = 0.0
+    for (name, est), tot in zip(scenarios, totals):
+        side = math.sqrt(tot * scale)
+        rows.extend(_box_rows(est.components, x, header, side, side, name, tot))
+        fits = capacity_bytes is None or est.device_total_bytes <= capacity_bytes
+        titles.append({
+            "scenario": name, "level": "title", "component": "", "group": "",
+            "label": name, "text": f"{name}\n{fmt_gib(tot)}" + ("" if fits else " ✗"),
+            "bytes": tot, "gib": tot / GIB, "share": 1.0, "formula": "",
+            "x": x, "y": header - 4.0, "x2": x + side, "y2": header - 4.0,
+        })
+        if capacity_bytes:
+            caps.append({
+                "scenario": name, "level": "capacity", "component": "", "group": "",
+                "label": capacity_label or "GPU", "text": "",
+                "bytes": capacity_bytes, "gib": capacity_bytes / GIB,
+                "share": capacity_bytes / (tot or 1.0), "formula": "",
+                "x": x, "y": header, "x2": x + cap_side, "y2": header + cap_side,
+            })
+        x += max(side, cap_side, min_slot) + gap
+    return rows + caps + titles
