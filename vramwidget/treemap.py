@@ -202,7 +202,7 @@ def comparison_rows(scenarios: Sequence[Tuple[str, Estimate]], width: float = 64
             "scenario": name, "level": "title", "component": "", "group": "",
             "label": name, "text": f"{name}\n{fmt_gib(tot)}" + ("" if fits else " ✗"),
             "bytes": tot, "gib": tot / GIB, "share": 1.0, "formula": "",
-            "x": x, "y": header - 4.0, "x2": x + side, "y2": header - 4.0,
+            "x": x, "y": 2.0, "x2": x + side, "y2": 2.0,
         })
         if capacity_bytes:
             caps.append({

@@ -1,0 +1,27 @@
+"""vramwidget: how much GPU memory a training run needs, where it goes, and what to change so it fits.
+
+    import vramwidget as vw
+    est = vw.estimate("llama-3.1-8b", method="qlora", batch_size=4, seq_len=2048)
+    est.peak_gib, est.to_dataframe(), est.chart()
+    vw.Calculator("llama-2-7b")          # the notebook widget
+"""
+
+from .architecture import Architecture, custom, from_config, from_param_count, load as load_architecture
+from .errors import VramError
+from .estimate import estimate
+from .presets import list_presets
+from .result import Estimate, Node
+from .training import CHOICES, TrainingSetup
+
+__version__ = "0.1.0"
+
+__all__ = ["Architecture", "CHOICES", "Calculator", "Estimate", "Node", "TrainingSetup", "VramError", "custom",
+           "estimate", "from_config", "from_param_count", "list_presets", "load_architecture", "__version__"]
+
+
+def __getattr__(name):  # the widget (ipywidgets/anywidget) is imported only when asked for
+    if name == "Calculator":
+        from .widget import Calculator
+
+        return Calculator
+    raise AttributeError(f"module 'vramwidget' has no attribute {name!r}")

@@ -1,0 +1,754 @@
+"""The training-memory estimator: what one training step holds on the GPU, phase by phase.
+
+``estimate(model, **setup)`` resolves the model to an :class:`Architecture`, validates the
+setup, and walks one training step the way PyTorch runs it:
+
+after load    weights (+ quantization constants, LoRA adapters) + library workspaces
+forward       + optimizer states (from step 2) + saved activations + logits and loss
+backward      + the loss's fp32 gradient buffers, then layer by layer: gradients appear
+              while saved activations are released (checkpointing recomputes one layer)
+optimizer     weights + states + all gradients + the optimizer's temporaries
+
+The peak is the largest phase, never the sum of every part.  Each mechanism lives in one
+function below, next to its formula; the per-op activation rules are in ``activations.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from .activations import BlockContext, SavedTensor, Trace, attention_backend, trace_block
+from .architecture import Architecture, ParamTensor, load, resolve_targets
+from .errors import VramError
+from .result import Estimate, Node
+from .training import TrainingSetup
+from .units import DTYPE_BYTES, GIB, MIB
+
+#: cuBLAS + cuBLASLt workspaces the caching allocator holds after the first matmul
+#: (measured on an H200 with PyTorch 2.11: weights_mib is 64 MiB above the weights
+#: in every case but the first of a process).
+CUBLAS_WORKSPACE_BYTES = 64 * MIB
+#: CUDA context (not in torch's allocated memory; nvidia-smi shows it): measured 620.8 MiB
+#: on the H200 (driver for CUDA 13); 300-700 MiB across GPUs and drivers.
+CUDA_CONTEXT_BYTES = 620.8 * MIB
+#: bitsandbytes block sizes
+NF4_BLOCK = 64                 # 4-bit weights: one absmax per 64 weights
+NF4_DQ_BLOCK = 256             # double quantization: one fp32 scale per 256 absmax values
+BNB_8BIT_OPT_BLOCK = 256       # 8-bit optimizers: one fp32 absmax per 256 state values
+BNB_8BIT_MIN_SIZE = 4096       # smaller tensors keep fp32 optimizer states
+
+Model = Union[str, Dict[str, Any], Architecture]
+
+
+def estimate(model: Model, **setup: Any) -> Estimate:
+    """Estimate the GPU memory of one training step.
+
+    Parameters
+    ----------
+    model:
+        A preset name (``"llama-3.1-8b"``), a config.json path or dict, a Hub id, an
+        :class:`~vramwidget.architecture.Architecture`, or a parameter count (``"7B"``).
+    **setup:
+        The fields of :class:`~vramwidget.training.TrainingSetup`: ``method``,
+        ``precision``, ``quantization``, ``double_quant``, ``quantized_groups``,
+        ``prepare_kbit``, ``optimizer``, ``optimizer_state_dtypes``,
+        ``gradient_checkpointing``, ``attn_implementation``, ``batch_size``, ``seq_len``,
+        ``grad_accum_steps``, ``lora_r``, ``lora_alpha``, ``lora_dropout``,
+        ``lora_targets``, ``trainable_layers``.
+
+    Raises
+    ------
+    VramError
+        naming the field that is wrong and what is allowed.
+    """
+    arch = load(model)
+    s = setup if isinstance(setup, TrainingSetup) else TrainingSetup.from_kwargs(**setup)
+    return estimate_setup(arch, s)
+
+
+# ----------------------------------------------------------------------------------
+# Parameters: which train, how they are stored
+# ----------------------------------------------------------------------------------
+
+@dataclass
+class _Params:
+    """Per-tensor storage decisions for one setup."""
+
+    weights: List[Tuple[ParamTensor, str, float, bool]]  # tensor, dtype, bytes, trains
+    quant_consts: List[Tuple[ParamTensor, float, str]]   # tensor, bytes, formula
+    adapters: List[Tuple[str, str, float, int]]          # module, group, bytes, numel
+    adapter_dtype: str
+    lora_modules: Tuple[str, ...]
+    trainable_numel: int
+    trainable_bytes_by_group: Dict[str, float]
+    trainable_tensors: List[Tuple[str, str, int, str]]   # (name, group, numel, dtype) of each trained tensor
+    largest_trainable_numel: int
+
+
+def _quantizable(t: ParamTensor, groups: Tuple[str, ...]) -> bool:
+    """bitsandbytes replaces nn.Linear modules; fused expert tensors and the head stay 16-bit."""
+    if not t.linear or t.experts or t.is_bias:
+        return False
+    role = t.role
+    if role in ("attn_q", "attn_k", "attn_q_a", "attn_q_b", "attn_kv_a", "attn_kv_b"):
+        return "attn_qk" in groups
+    if role in ("attn_v", "attn_o"):
+        return "attn_vo" in groups
+    if role == "attn_qkv":
+        return "attn_qk" in groups or "attn_vo" in groups
+    if role.startswith("mlp") or role == "shared_expert":
+        return "mlp" in groups
+    return False
+
+
+def _params(arch: Architecture, s: TrainingSetup) -> _Params:
+    wd = s.weights_dtype
+    quant = s.quantization
+    qbytes = {"nf4": 0.5, "fp4": 0.5, "int8": 1.0}.get(quant, 0.0)
+    base_dtype16 = "bfloat16" if s.compute_dtype == "float32" else s.compute_dtype
+    lora_modules: Tuple[str, ...] = ()
+    if s.trains_adapters:
+        lora_modules = tuple(resolve_targets(arch, s.lora_targets) if s.lora_targets else arch.linear_modules())
+    trainable_layers = None
+    if s.method == "freeze":
+        if s.trainable_layers > arch.num_layers:
+            raise VramError(f"trainable_layers: {arch.name} has {arch.num_layers} layers, got {s.trainable_layers}",
+                            field="trainable_layers")
+        trainable_layers = (arch.num_layers - s.trainable_layers, arch.num_layers - 1)
+    weights, consts = [], []
+    trainable = 0
+    by_group: Dict[str, float] = {}
+    tlist: List[Tuple[str, str, int, str]] = []
+    largest = 0
+    for t in arch.tensors:
+        trains = s.method == "full"
+        if s.method == "freeze":
+            if t.layers is not None:
+                trains = t.layers[1] >= trainable_layers[0]
+            else:
+                trains = t.role in ("norm",) or (t.role == "output_head")
+        if s.trains_adapters:
+            trains = False
+        if quant != "none" and _quantizable(t, s.quantized_groups or ()):
+            dtype = quant
+            nbytes = t.numel * qbytes
+            consts.append((t, _quant_const_bytes(t.numel, quant, s.double_quant), _quant_const_formula(quant, s.double_quant)))
+        elif quant != "none":
+            dtype = "float32" if s.prepare_kbit else base_dtype16
+            nbytes = t.numel * DTYPE_BYTES[dtype]
+        else:
+            dtype = wd
+            nbytes = t.numel * DTYPE_BYTES[wd]
+        weights.append((t, dtype, nbytes, trains))
+        if trains:
+            trainable += t.numel
+            gbytes = t.numel * DTYPE_BYTES[dtype]
+            by_group[t.group] = by_group.get(t.group, 0.0) + gbytes
+            for _ in range(1):
+                tlist.append((t.name, t.group, t.numel, dtype))
+            largest = max(largest, t.numel_each)
+    adapters = []
+    adapter_dtype = "float32"  # peft keeps adapters in fp32 when the base is 16-bit
+    if s.trains_adapters:
+        for t in arch.lora_tensors(lora_modules):
+            numel_a = s.lora_r * t.in_features * t.repeat
+            numel_b = s.lora_r * t.out_features * t.repeat
+            n = numel_a + numel_b
+            adapters.append((t.module, t.group, n * DTYPE_BYTES[adapter_dtype], n))
+            trainable += n
+            by_group["adapters"] = by_group.get("adapters", 0.0) + n * DTYPE_BYTES[adapter_dtype]
+            tlist.append((f"{t.module} lora_A/B", "adapters", n, adapter_dtype))
+            largest = max(largest, s.lora_r * max(t.in_features, t.out_features))
+    return _Params(weights, consts, adapters, adapter_dtype, lora_modules, trainable, by_group, tlist, largest)
+
+
+def _quant_const_bytes(numel: float, quant: str, double_quant: bool) -> float:
+    """bitsandbytes quantization constants.
+
+    4-bit: one absmax per 64 weights, fp32 (0.5 bit/param), or with double quantization
+    an 8-bit absmax plus one fp32 scale per 256 of them (8/64 + 32/(64*256) = 0.127 bit/param,
+    the QLoRA paper's figure).  LLM.int8: one fp32 scale per output row (taken as per 4096 weights).
+    """
+    if quant in ("nf4", "fp4"):
+        blocks = numel / NF4_BLOCK
+        if double_quant:
+            return blocks * 1 + blocks / NF4_DQ_BLOCK * 4
+        return blocks * 4
+    if quant == "int8":
+        return numel / 4096 * 4
+    return 0.0
+
+
+def _quant_const_formula(quant: str, double_quant: bool) -> str:
+    if quant in ("nf4", "fp4"):
+        return ("n/64 x 1 B (8-bit absmax) + n/64/256 x 4 B (fp32 scales)" if double_quant
+                else "n/64 x 4 B (fp32 absmax)")
+    return "one fp32 scale per output row"
+
+
+# ----------------------------------------------------------------------------------
+# Optimizer states and temporaries
+# ----------------------------------------------------------------------------------
+
+def _state_dtypes(s: TrainingSetup, param_dtype: str) -> Tuple[str, ...]:
+    """PyTorch optimizers keep state in the parameter's dtype unless told otherwise."""
+    n = {"adamw": 2, "adamw_fused": 2, "paged_adamw": 2, "lion": 1, "sgd_momentum": 1}.get(s.optimizer, 0)
+    if s.optimizer_state_dtypes:
+        sd = tuple(s.optimizer_state_dtypes)
+        if len(sd) == 1:
+            sd = sd * n
+        if len(sd) != n:
+            raise VramError(f"optimizer_state_dtypes: {s.optimizer} keeps {n} state tensor(s) per parameter, got "
+                            f"{len(sd)} dtypes", field="optimizer_state_dtypes")
+        return sd
+    if s.precision == "bf16_fp32_states":
+        return ("float32",) * n
+    return (param_dtype,) * n
+
+
+def optimizer_states(P: _Params, s: TrainingSetup) -> List[Node]:
+    """Optimizer state tensors, one node per state kind, split by module group."""
+    nodes: List[Node] = []
+    opt = s.optimizer
+    if opt in ("adamw_8bit", "paged_adamw_8bit"):
+        for label in ("exp_avg (8-bit)", "exp_avg_sq (8-bit)"):
+            node = Node(label, formula="1 B/param + fp32 absmax per 256 values; tensors < 4096 elements keep fp32")
+            for name, group, numel, dtype in P.trainable_tensors:
+                small = numel < BNB_8BIT_MIN_SIZE
+                b = numel * 4 if small else numel + -(-numel // BNB_8BIT_OPT_BLOCK) * 4
+                _add_to_group(node, group, b, numel, "uint8", node.formula)
+            nodes.append(node)
+        return nodes
+    if opt == "adafactor":
+        node = Node("exp_avg_sq factored (row + column)", formula="fp32 row (n_rows) + column (n_cols) statistics; "
+                    "1-D tensors keep a full fp32 second moment")
+        for t, dtype, _, trains in P.weights:
+            if not trains:
+                continue
+            if len(t.shape) >= 2:
+                rows = t.numel_each // t.shape[-1]
+                cols = t.numel_each // t.shape[-2]
+                b = (rows + cols) * 4 * t.repeat
+            else:
+                b = t.numel * 4
+            _add_to_group(node, t.group, b, None, "float32", node.formula)
+        for module, group, nbytes, numel in P.adapters:
+            _add_to_group(node, "adapters", numel / 8 * 4, None, "float32", node.formula)  # r x (in+out) factored
+        nodes.append(node)
+        return nodes
+    names = {"adamw": ("exp_avg", "exp_avg_sq"), "adamw_fused": ("exp_avg", "exp_avg_sq"),
+             "paged_adamw": ("exp_avg (paged)", "exp_avg_sq (paged)"), "lion": ("exp_avg",),
+             "sgd_momentum": ("momentum_buffer",)}.get(opt, ())
+    for idx, label in enumerate(names):
+        node = Node(label)
+        for name, group, numel, dtype in P.trainable_tensors:
+            sd = _state_dtypes(s, dtype)[idx]
+            _add_to_group(node, group, numel * DTYPE_BYTES[sd], numel, sd, f"n x {DTYPE_BYTES[sd]:g} B ({sd})")
+        nodes.append(node)
+    if s.precision == "bf16_fp32_states" and names:
+        node = Node("fp32 master weights")
+        for name, group, numel, dtype in P.trainable_tensors:
+            _add_to_group(node, group, numel * 4, numel, "float32", "n x 4 B (fp32 master copy)")
+        nodes.append(node)
+    return nodes
+
+
+def optimizer_temporaries(P: _Params, s: TrainingSetup) -> Node:
+    """Memory ``optimizer.step()`` allocates on top of weights, gradients and states.
+
+    foreach AdamW: ``_foreach_sqrt(exp_avg_sq)`` materialises one state-sized copy of every
+    parameter at once.  Fused AdamW, SGD and bitsandbytes' 8-bit optimizers work in place.
+    Adafactor loops over parameters: for a 16-bit parameter it makes fp32 copies of the
+    gradient and the parameter plus two fp32 update tensors (the largest parameter sets
+    the peak); Lion (lion-pytorch) keeps two temporaries of the largest parameter.
+    """
+    node = Node("optimizer temporaries")
+    opt = s.optimizer
+    if opt == "adamw" or (opt == "paged_adamw"):
+        if opt == "paged_adamw":
+            return node
+        for name, group, numel, dtype in P.trainable_tensors:
+            sd = _state_dtypes(s, dtype)[1]
+            _add_to_group(node, group, numel * DTYPE_BYTES[sd], numel, sd, "sqrt(exp_avg_sq) for every parameter (foreach)")
+    elif opt == "adafactor":
+        n = P.largest_trainable_numel
+        pd = max((dtype for _, _, _, dtype in P.trainable_tensors), key=lambda d: 0, default="float32")
+        copies = 4 if DTYPE_BYTES.get(pd, 4) < 4 else 2
+        node.add(Node("per-parameter fp32 working copies", bytes=n * 4 * copies, dtype="float32", count=n * copies,
+                      formula=f"{copies} x largest parameter ({n:,} elements) x 4 B"))
+    elif opt == "lion":
+        n = P.largest_trainable_numel
+        node.add(Node("per-parameter update", bytes=2 * n * 2, formula=f"2 x largest parameter ({n:,}) x 2 B"))
+    return node
+
+
+def _add_to_group(parent: Node, group: str, nbytes: float, numel: Optional[float], dtype: str, formula: str) -> None:
+    for c in parent.children:
+        if c.name == group:
+            c.bytes += nbytes
+            if numel is not None and c.count is not None:
+                c.count += int(numel)
+            return
+    parent.add(Node(group, bytes=nbytes, count=int(numel) if numel is not None else None, dtype=dtype, formula=formula))
+
+
+# ----------------------------------------------------------------------------------
+# Activations
+# ----------------------------------------------------------------------------------
+
+@dataclass
+class _Acts:
+    per_layer: List[SavedTensor]          # saved by one (steady) block
+    per_layer_bytes: float
+    first_layer_bytes: float              # the first trained block (its input may need no grad)
+    n_saving_layers: int                  # blocks that save anything
+    checkpoint_bytes_per_layer: float     # gradient checkpointing: each block's input
+    recompute_layer_bytes: float          # one block's saved tensors, rebuilt in backward
+    head: List[Tuple[str, float, str]]    # final norm and output-head saves
+    transient_layer_bytes: float          # backward working buffers of one layer
+    backend: str
+
+
+def _activations(arch: Architecture, s: TrainingSetup, P: _Params) -> _Acts:
+    b, sq = s.batch_size, s.seq_len
+    T = b * sq
+    c = s.compute_dtype
+    if s.autocast:
+        resid = "float32"
+    elif s.quantized and s.prepare_kbit:
+        resid = "float32"   # embeddings upcast to fp32 -> fp32 residual stream
+    else:
+        resid = s.weights_dtype if not s.quantized else c
+    norm_w = "float32" if (s.autocast or s.precision == "fp32" or (s.quantized and s.prepare_kbit)) else (
+        s.weights_dtype if not s.quantized else c)
+    backend = attention_backend(arch, s, c)
+    full = s.method == "full"
+    ctx = BlockContext(arch=arch, setup=s, T=T, b=b, s=sq, c=c, resid=resid, norm_w_dtype=norm_w,
+                       linear_trains=full, norms_train=full, lora_modules=P.lora_modules,
+                       adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized)
+    if s.method == "freeze":
+        ctx.linear_trains = True
+        ctx.norms_train = True
+    # Does the first trained block's input need a gradient?  Full fine-tuning: the
+    # embedding trains.  PEFT: only with checkpointing (enable_input_require_grads).
+    first_rg = full or (s.trains_adapters and s.gradient_checkpointing != "none")
+    dense = arch.dense_layers
+    tr = trace_block(ctx, input_rg=True)
+    tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=bool(dense))
+    per_layer = list(tr.saved.values())
+    per = tr.total_bytes
+    first = tr_first.total_bytes
+    n_layers = arch.num_layers if s.method != "freeze" else s.trainable_layers
+    if dense and arch.is_moe:
+        tr_dense = trace_block(ctx, input_rg=True, dense_layer=True)
+        dense_bytes = tr_dense.total_bytes
+    else:
+        dense_bytes = per
+    ckpt = T * arch.hidden_size * DTYPE_BYTES[resid]
+    # backward working buffers of one block: gradients of the widest intermediate tensors
+    i_width = max(arch.intermediate_size, arch.expert_intermediate_size * max(arch.experts_per_token, 1))
+    gw = DTYPE_BYTES[c] if not s.autocast else 4
+    transient = 3 * T * i_width * DTYPE_BYTES[c] + 2 * T * arch.hidden_size * gw
+    if backend in ("eager", "math"):
+        transient = max(transient, 2 * b * arch.num_heads * sq * sq * 4)
+    # final norm + output head input
+    head: List[Tuple[str, float, str]] = []
+    htr = Trace()
+    x = htr.new("final norm input", T * arch.hidden_size, resid, True, "T x h", "output head")
+    from .activations import layer_norm, linear, rms_norm
+    head_trains = full or (s.method == "freeze" and not arch.tie_word_embeddings)
+    ctx_head = BlockContext(**{**ctx.__dict__, "linear_trains": head_trains, "quant_base": False,
+                               "lora_modules": ()})
+    if arch.model_type == "olmo":
+        n = x
+    elif arch.norm_kind == "layernorm":
+        n = layer_norm(htr, ctx_head, x, "final norm", arch.hidden_size, group="output head")
+    else:
+        n = rms_norm(htr, ctx_head, x, "final norm", arch.hidden_size, group="output head",
+                     gemma=arch.model_type.startswith("gemma"))
+    if s.autocast or s.precision == "fp8":
+        if head_trains or n.rg:
+            n_c = htr.cast(n, c, "output head input cast")
+            if head_trains:
+                htr.save(n_c)
+    elif head_trains:
+        htr.save(n)
+    head = [(t.name, t.nbytes, t.formula) for t in htr.saved.values()]
+    if arch.model_type == "gpt2" or (arch.model_type == "opt"):
+        # learned positions + embedding dropout mask
+        p = float(arch.config.get("embd_pdrop", arch.config.get("dropout", 0.0)) or 0.0)
+        if p > 0 and full:
+            head.append(("embedding dropout mask", T * arch.hidden_size * 1.0, "T x h bool"))
+    n_save = n_layers
+    steady = per if (first_rg or s.method == "freeze") else per
+    return _Acts(per_layer, per, first, n_save, ckpt, per, head, transient, backend)
+
+
+def logits_bytes(arch: Architecture, s: TrainingSetup) -> Dict[str, float]:
+    """The output head's logits and HF's causal-LM loss.
+
+    ``logits`` (b x s x V) come out in the compute dtype; the loss upcasts them to fp32
+    (a copy unless already fp32) and ``cross_entropy``'s log_softmax keeps an fp32 (T x V)
+    output for backward.  In backward, nll_loss's gradient and log_softmax's input
+    gradient are two more fp32 (T x V) tensors beside the saved output.
+    """
+    T, V = s.tokens, arch.vocab_size
+    c = DTYPE_BYTES[s.compute_dtype]
+    out = {
+        "logits": T * V * c,
+        "logits upcast to fp32": T * V * 4 if c != 4 else 0.0,
+        "log_softmax output (fp32)": T * V * 4,
+    }
+    if arch.final_logit_softcapping:
+        out["soft-capped logits tanh"] = T * V * c
+    return out
+
+
+# ----------------------------------------------------------------------------------
+# The estimate
+# ----------------------------------------------------------------------------------
+
+def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
+    """The estimate for an already-resolved architecture and validated setup."""
+    if s.trains_adapters and s.lora_targets:
+        resolve_targets(arch, s.lora_targets)
+    P = _params(arch, s)
+    if s.method in ("lora", "qlora") and not P.adapters:
+        raise VramError(f"lora_targets: none of the targets are linear layers of {arch.name}", field="lora_targets")
+    T = s.tokens
+    notes: List[str] = []
+    if not arch.exact:
+        notes.append(arch.assumption)
+
+    # -- weights ---------------------------------------------------------------------
+    weights = Node("weights")
+    for t, dtype, nbytes, trains in P.weights:
+        grp = _child(weights, t.group)
+        grp.add(Node(t.name, bytes=nbytes, dtype=dtype, count=t.numel,
+                     formula=f"{t.repeat} x {' x '.join(map(str, t.shape))} x {DTYPE_BYTES[dtype]:g} B ({dtype})"))
+    qconst = Node("quantization constants")
+    for t, nbytes, formula in P.quant_consts:
+        _child(qconst, t.group).add(Node(t.name, bytes=nbytes, formula=formula))
+    adapters = Node("adapters")
+    for module, group, nbytes, numel in P.adapters:
+        adapters.add(Node(f"{module} lora_A + lora_B", bytes=nbytes, count=numel, dtype=P.adapter_dtype,
+                          formula=f"r x (in + out) x layers x 4 B (r={s.lora_r}, fp32)"))
+    workspace = Node("cuBLAS workspace", bytes=CUBLAS_WORKSPACE_BYTES,
+                     formula="cuBLAS + cuBLASLt workspaces, 64 MiB (measured, H200, PyTorch 2.11)")
+    # dequantization scratch: a 4-bit Linear dequantizes its weight for each matmul
+    deq = 0.0
+    if P.quant_consts:
+        deq = max(t.numel_each for t, _, _ in P.quant_consts) * DTYPE_BYTES[s.compute_dtype]
+
+    # -- gradients, states, temporaries ---------------------------------------------------
+    grads = Node("gradients")
+    for name, group, numel, dtype in P.trainable_tensors:
+        _add_to_group(grads, group, numel * DTYPE_BYTES[dtype], numel, dtype, f"n x {DTYPE_BYTES[dtype]:g} B ({dtype})")
+    grads.finalize()
+    states = optimizer_states(P, s)
+    temps = optimizer_temporaries(P, s)
+    states_bytes = sum(n.total_bytes() for n in states)
+    temps.finalize()
+
+    # -- autocast weight cache ------------------------------------------------------------
+    cast_cache = Node("bf16 weight copies (autocast cache)" if s.compute_dtype == "bfloat16" else
+                      "fp16 weight copies (autocast cache)")
+    if s.autocast:
+        for t, dtype, nbytes, trains in P.weights:
+            if (t.linear or t.role in ("output_head",) or (t.role == "embedding" and arch.tie_word_embeddings)) \
+                    and not t.is_bias and dtype == "float32":
+                _add_to_group(cast_cache, t.group, t.numel * DTYPE_BYTES[s.compute_dtype], t.numel, s.compute_dtype,
+                              "matmul weights cast once per forward and kept for backward")
+
+    # -- activations ----------------------------------------------------------------------
+    A = _activations(arch, s, P)
+    L_save = A.n_saving_layers
+    gc = s.gradient_checkpointing == "full"
+    acts = Node("activations")
+    if gc:
+        acts.add(Node(f"layer inputs kept by checkpointing ({L_save} layers)", bytes=A.checkpoint_bytes_per_layer * L_save,
+                      formula=f"{L_save} x T x h x {DTYPE_BYTES[_resid(s)]:g} B"))
+    else:
+        groups: Dict[str, Node] = {}
+        for t in A.per_layer:
+            g = groups.get(t.group)
+            if g is None:
+                g = groups[t.group] = acts.add(Node(t.group))
+            g.add(Node(t.name, bytes=t.nbytes * (L_save - 1), dtype=t.dtype, count=int(t.numel * (L_save - 1)),
+                       formula=f"{L_save - 1} layers x {t.formula} x {DTYPE_BYTES[t.dtype]:g} B"))
+        acts.add(Node("first trained layer", bytes=A.first_layer_bytes,
+                      formula="the first block's saved tensors (its input may need no gradient)"))
+    for name, nbytes, formula in A.head:
+        _child(acts, "output head").add(Node(name, bytes=nbytes, formula=formula))
+    acts.finalize()
+    acts_bytes = acts.bytes
+    lg = logits_bytes(arch, s)
+    logits_fwd = Node("logits and loss")
+    for k, v in lg.items():
+        logits_fwd.add(Node(k, bytes=v, formula=_logit_formula(k, arch, s)))
+    logits_fwd.finalize()
+
+    # -- phases -----------------------------------------------------------------------------
+    w_bytes = weights.total_bytes() + qconst.total_bytes() + adapters.total_bytes()
+    base = w_bytes + CUBLAS_WORKSPACE_BYTES
+    persistent = base + states_bytes
+    grads_bytes = grads.bytes
+    accum_grads = grads_bytes if s.grad_accum_steps > 1 else 0.0
+    cache_bytes = cast_cache.total_bytes()
+
+    # forward: saved activations + the loss's working set (or a recomputed layer under gc)
+    layer_fwd_work = A.recompute_layer_bytes if gc else 0.0
+    fwd_extra = max(logits_fwd.bytes, layer_fwd_work)
+    forward = persistent + accum_grads + cache_bytes + acts_bytes + fwd_extra + deq
+
+    # backward: the loss gradient, then the layers one by one
+    T_V = T * arch.vocab_size
+    loss_bwd = 3 * T_V * 4 + lg.get("soft-capped logits tanh", 0.0)
+    events = []
+    events.append(("loss backward", persistent + accum_grads + cache_bytes + acts_bytes + loss_bwd))
+    head_grad = sum(g for n, g in _head_grad_bytes(P, arch))
+    layer_grad = (grads_bytes - head_grad) / max(arch.num_layers, 1)
+    per_act = A.checkpoint_bytes_per_layer if gc else A.per_layer_bytes
+    head_acts = sum(n for _, n, _ in A.head)
+    cache_per_layer = cache_bytes / max(arch.num_layers, 1)
+    # the deepest point of backward: layer 0, all gradients but the embedding's exist
+    last_layer = (persistent + max(accum_grads, grads_bytes - _embed_grad_bytes(P, arch)) + cache_per_layer
+                  + (A.checkpoint_bytes_per_layer if gc else 0.0)
+                  + (A.recompute_layer_bytes if gc else A.first_layer_bytes) + A.transient_layer_bytes + deq)
+    events.append(("first layer's backward", last_layer))
+    # the first layer processed in backward (the last block): its activations are all there
+    top_layer = (persistent + max(accum_grads, head_grad + layer_grad) + cache_bytes
+                 + (acts_bytes - head_acts) + (A.recompute_layer_bytes if gc else 0.0)
+                 + A.transient_layer_bytes + deq)
+    events.append(("last layer's backward", top_layer))
+    events.append(("end of backward", persistent + max(accum_grads, grads_bytes)
+                   + (_embed_grad_bytes(P, arch) if arch.tie_word_embeddings else 0.0)))
+    bwd_name, backward = max(events, key=lambda e: e[1])
+
+    optimizer = persistent + grads_bytes + temps.bytes
+    after_load = base
+    phases = {"after_load": after_load, "forward": forward, "backward": backward, "optimizer_step": optimizer}
+    peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
+    peak = phases[peak_phase]
+    first_step = max(forward - states_bytes, backward - states_bytes, optimizer)
+    phases["first_step"] = first_step
+    phases["persistent"] = persistent
+
+    # -- the tree at each phase ---------------------------------------------------------------
+    def common(include_states: bool = True) -> List[Node]:
+        out = [weights, qconst, adapters]
+        if include_states and states:
+            st = Node("optimizer states", children=list(states))
+            out.append(st)
+        return out
+
+    ws = Node("optimizer temporaries", children=[workspace])
+    fwd_nodes = common() + [acts, logits_fwd, _cache_node(cast_cache), _deq_node(deq)]
+    if accum_grads:
+        fwd_nodes.append(grads)
+    if gc:
+        fwd_nodes.append(Node("recomputed layer", formula="one block's tensors while it runs",
+                              bytes=max(0.0, fwd_extra - logits_fwd.bytes)))
+    bwd_nodes = common() + _backward_nodes(bwd_name, A, acts, grads, lg, loss_bwd, gc, arch, P, backward,
+                                           persistent, cast_cache, deq, accum_grads)
+    opt_nodes = common() + [grads, temps]
+    phase_components = {
+        "after_load": _finish([weights, qconst, adapters, Node("optimizer temporaries", children=[workspace])]),
+        "forward": _finish(fwd_nodes + [Node("workspace", children=[workspace])]),
+        "backward": _finish(bwd_nodes + [Node("workspace", children=[workspace])]),
+        "optimizer_step": _finish(opt_nodes + [Node("workspace", children=[workspace])]),
+    }
+    reserved = _reserved(peak, s, A, lg, gc, T_V)
+    context = CUDA_CONTEXT_BYTES
+    peak_nodes = phase_components[peak_phase]
+    components = _merge_named(peak_nodes) + [
+        Node("allocator reserve", bytes=max(0.0, reserved - peak),
+             formula="caching allocator: freed blocks kept for reuse (predicted)"),
+        Node("cuda context", bytes=context, formula="CUDA context + kernels: ~620 MiB on an H200 (CUDA 13)"),
+    ]
+    flops, overhead = _flops(arch, s, P)
+    if A.backend == "math":
+        notes.append("SDPA falls back to the math kernel here (fp32 with grouped KV heads): "
+                     "the b x a x s x s probabilities are kept for every layer")
+    if A.backend == "eager":
+        notes.append("eager attention keeps fp32 and 16-bit b x a x s x s probabilities for every layer")
+    if s.optimizer.startswith("paged"):
+        notes.append("paged optimizer states live in unified memory and move to the CPU under memory pressure")
+    if s.precision == "fp8":
+        notes.append("fp8: linear inputs saved as fp8 copies (torchao-style); derived, not measured")
+    return Estimate(model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total,
+                    params_trainable=P.trainable_numel, components=components, phases_bytes=phases,
+                    peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
+                    cuda_context_bytes=context, flops_per_step=flops, recompute_overhead=overhead,
+                    notes=notes, phase_components=phase_components)
+
+
+def _resid(s: TrainingSetup) -> str:
+    if s.autocast or (s.quantized and s.prepare_kbit):
+        return "float32"
+    return s.weights_dtype if not s.quantized else s.compute_dtype
+
+
+def _head_grad_bytes(P: _Params, arch: Architecture) -> List[Tuple[str, float]]:
+    out = []
+    for t, dtype, nbytes, trains in P.weights:
+        if trains and t.layers is None:
+            out.append((t.name, t.numel * DTYPE_BYTES[dtype]))
+    return out
+
+
+def _embed_grad_bytes(P: _Params, arch: Architecture) -> float:
+    for t, dtype, nbytes, trains in P.weights:
+        if trains and t.role == "embedding":
+            return t.numel * DTYPE_BYTES[dtype]
+    return 0.0
+
+
+def _backward_nodes(event: str, A: _Acts, acts: Node, grads: Node, lg: Dict[str, float], loss_bwd: float,
+                    gc: bool, arch: Architecture, P: _Params, total: float, persistent: float,
+                    cast_cache: Node, deq: float, accum_grads: float) -> List[Node]:
+    """What is live at the backward peak, by component."""
+    nodes: List[Node] = []
+    if event == "loss backward":
+        nodes.append(acts)
+        ln = Node("logits and loss")
+        ln.add(Node("log_softmax output (fp32, saved)", bytes=lg["log_softmax output (fp32)"], formula="T x V x 4 B"))
+        ln.add(Node("gradient of log_softmax output (fp32)", bytes=lg["log_softmax output (fp32)"],
+                    formula="T x V x 4 B (nll_loss backward)"))
+        ln.add(Node("gradient of logits (fp32)", bytes=lg["log_softmax output (fp32)"],
+                    formula="T x V x 4 B (log_softmax backward)"))
+        extra = loss_bwd - 3 * lg["log_softmax output (fp32)"]
+        if extra > 0:
+            ln.add(Node("soft-capped logits tanh", bytes=extra, formula="T x V (saved)"))
+        nodes.append(ln)
+        nodes.append(_cache_node(cast_cache))
+        if accum_grads:
+            nodes.append(grads)
+    else:
+        fixed = persistent + sum(n.total_bytes() for n in [])
+        g_bytes = grads.bytes
+        rest = total - persistent
+        if event == "end of backward":
+            nodes.append(grads)
+            if rest - g_bytes > 0:
+                nodes.append(Node("activations", children=[Node("embedding gradient being accumulated",
+                                                                bytes=rest - g_bytes, formula="V x h")]))
+        else:
+            part = Node("gradients", formula="gradients of the layers already processed")
+            share = min(g_bytes, max(0.0, rest))
+            if event == "first layer's backward":
+                share = min(g_bytes - _embed_grad_bytes(P, arch), rest)
+            else:
+                share = min(g_bytes, rest) if accum_grads else min(
+                    sum(g for _, g in _head_grad_bytes(P, arch)) + (g_bytes - sum(g for _, g in _head_grad_bytes(P, arch))) / max(arch.num_layers, 1),
+                    rest)
+            scale = share / g_bytes if g_bytes else 0.0
+            for c in grads.children:
+                part.add(Node(c.name, bytes=c.bytes * scale, dtype=c.dtype, formula=c.formula))
+            nodes.append(part)
+            act_left = max(0.0, rest - share - A.transient_layer_bytes - deq)
+            an = Node("activations")
+            an.add(Node("saved / recomputed activations still held", bytes=act_left,
+                        formula="layers not yet processed (checkpoints) + the layer being processed"))
+            an.add(Node("backward working buffers", bytes=A.transient_layer_bytes,
+                        formula="3 x T x i + 2 x T x h gradient buffers of one layer"))
+            nodes.append(an)
+            nodes.append(_deq_node(deq))
+    return nodes
+
+
+def _cache_node(cast_cache: Node) -> Node:
+    n = Node("weights", children=[cast_cache]) if cast_cache.total_bytes() else Node("weights")
+    return n
+
+
+def _deq_node(deq: float) -> Node:
+    return Node("quantization constants", children=[Node("dequantized weight (transient)", bytes=deq,
+                                                          formula="largest 4-bit linear as 16-bit while it runs")])
+
+
+def _child(parent: Node, name: str) -> Node:
+    for c in parent.children:
+        if c.name == name:
+            return c
+    return parent.add(Node(name))
+
+
+def _merge_named(nodes: List[Node]) -> List[Node]:
+    """Merge top-level nodes of the same name (e.g. two 'weights' entries)."""
+    from .result import COMPONENT_KINDS
+
+    merged: Dict[str, Node] = {}
+    for n in nodes:
+        if n.bytes <= 0:
+            continue
+        key = n.name
+        if key in merged:
+            merged[key].children.extend(n.children if n.children else [n])
+            merged[key].bytes += n.bytes
+        else:
+            merged[key] = Node(key, bytes=n.bytes, formula=n.formula, children=list(n.children))
+    order = {k: i for i, k in enumerate(COMPONENT_KINDS)}
+    return sorted(merged.values(), key=lambda n: order.get(n.name, 99))
+
+
+def _finish(nodes: List[Node]) -> List[Node]:
+    import copy
+
+    out = []
+    for n in nodes:
+        m = copy.deepcopy(n)
+        m.finalize()
+        if m.bytes > 0:
+            out.append(m)
+    return _merge_named(out)
+
+
+def _logit_formula(k: str, arch: Architecture, s: TrainingSetup) -> str:
+    V = arch.vocab_size
+    return {"logits": f"b x s x V ({s.batch_size} x {s.seq_len} x {V}) x {DTYPE_BYTES[s.compute_dtype]:g} B",
+            "logits upcast to fp32": f"b x s x V x 4 B (HF loss calls logits.float())",
+            "log_softmax output (fp32)": "b x s x V x 4 B (cross_entropy keeps it for backward)",
+            "soft-capped logits tanh": "b x s x V (final_logit_softcapping)"}.get(k, "")
+
+
+def _reserved(peak: float, s: TrainingSetup, A: _Acts, lg: Dict[str, float], gc: bool, T_V: float) -> float:
+    """What the caching allocator holds: the peak plus blocks freed but kept for reuse.
+
+    An empirical rule (validation/: max_reserved - peak_allocated, median ~5%): the largest
+    transient block (the fp32 logits) stays cached; with checkpointing, recomputation
+    allocates each layer's tensors anew while earlier blocks sit in the cache.
+    """
+    frag = T_V * 4 * 0.25 + 0.02 * peak
+    if gc:
+        frag += A.recompute_layer_bytes
+    return peak + frag
+
+
+def _flops(arch: Architecture, s: TrainingSetup, P: _Params) -> Tuple[float, float]:
+    """Matmul FLOPs of one step and the extra share that checkpointing recomputes.
+
+    forward = 2 x T x (linear params + head) + attention 2 x 2 x b x s^2 x a x d x L / 2 (causal);
+    backward = 2 x forward with full fine-tuning (input and weight gradients), ~1 x for
+    frozen weights (input gradients only; adapters are small).
+    """
+    T = s.tokens
+    lin = sum(t.numel for t in arch.tensors if t.linear and not t.experts)
+    experts = sum(t.numel for t in arch.tensors if t.experts)
+    if experts and arch.num_experts:
+        lin += experts * arch.experts_per_token / arch.num_experts
+    head = arch.vocab_size * arch.hidden_size
+    mm = 2 * T * (lin + head)
+    attn = 2 * s.batch_size * s.seq_len ** 2 * arch.num_heads * arch.head_dim * arch.num_layers  # causal half of 4bs^2ad
+    fwd = mm + attn
+    bwd = 2 * fwd if s.method in ("full", "freeze") else fwd + 2 * T * sum(
+        r * 0 for r in [])  # input grads only (+ tiny adapter grads)
+    total = fwd + bwd
+    if s.gradient_checkpointing == "full":
+        extra = fwd - 2 * T * head
+    elif s.gradient_checkpointing == "selective":
+        extra = attn
+    else:
+        extra = 0.0
+    return total + extra, (extra / total if total else 0.0)
