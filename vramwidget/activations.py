@@ -252,7 +252,6 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
                 tr.save(tr.new("v repeated (math SDPA)", T * a * v_head_dim, c, True, "T x a*d", group))
             else:
                 tr.save(v)
-            tr.save(tr.new("causal mask", s * s, "uint8", False, "s x s bool", group))
         raw = tr.new("attention output (b, a, s, d)", out_numel, c, rg, "T x a*d", group)
         return tr.new("attention output", out_numel, c, rg, "T x a*d (transposed copy)", group)
     # eager: explicit scores and softmax
@@ -276,7 +275,6 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
             tr.save(tr.new("attention dropout mask", scores, "uint8", True, "b x a x s x s bool", group))
             p = tr.new("attention probabilities after dropout", scores, c, True, "b x a x s x s", group)
         tr.save(p)
-        tr.save(tr.new("causal mask", b * s * s, c, False, "b x 1 x s x s", "attention"))
     tr.new("attention output (b, a, s, d)", out_numel, c, rg, "T x a*d", group)
     return tr.new("attention output", out_numel, c, rg, "T x a*d (transposed copy)", group)
 
@@ -492,10 +490,18 @@ def activation(tr: Trace, ctx: BlockContext, f: _T, i: int) -> _T:
         return tr.new("activation output", f.numel, f.dtype, False, "T x i", "mlp")
     if (mt == "gpt2" and name in ("gelu_new", "gelu_fast")) or mt == "bloom":
         # 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))): pow saves x, tanh its output,
-        # the last product both factors.
-        tr.save(f)
-        for nm in ("tanh output", "0.5 * x", "1 + tanh"):
-            tr.save(tr.new(f"gelu {nm}", T * i, f.dtype, True, "T x i", "mlp"))
+        # the last product both factors.  Autocast runs pow in fp32, so from there on the
+        # chain is fp32 (pow saves an fp32 copy of x; only 0.5*x stays 16-bit).
+        if ctx.setup.autocast and f.dtype != F32:
+            tr.save(tr.new("gelu input as fp32 (autocast pow)", T * i, F32, True, "T x i fp32", "mlp"))
+            wide = F32
+        else:
+            tr.save(f)
+            wide = f.dtype
+        tr.save(tr.new("gelu tanh output", T * i, wide, True, "T x i", "mlp"))
+        tr.save(tr.new("gelu 0.5 * x", T * i, f.dtype, True, "T x i", "mlp"))
+        tr.save(tr.new("gelu 1 + tanh", T * i, wide, True, "T x i", "mlp"))
+        return tr.new("activation output", f.numel, wide, True, "T x i", "mlp")
     elif name == "relu":
         out = tr.new("activation output", f.numel, f.dtype, True, "T x i", "mlp")
         tr.save(out)

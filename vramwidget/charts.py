@@ -17,12 +17,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import altair as alt
 
-from .result import COMPONENT_KINDS, PHASES, Estimate
-from .treemap import comparison_rows, fmt_gib, layout_rows
+from .result import PHASES, Estimate
+from .treemap import KNOWN_COMPONENTS, comparison_rows, component_kind, fmt_gib, layout_rows
 from .units import GIB
 
-#: one colour per component, mid-tone so white text reads on them and they read on both a
-#: light and a dark notebook background
+#: one colour per component kind, mid-tone so white text reads on them and they read on
+#: both a light and a dark notebook background
 COMPONENT_COLORS: Dict[str, str] = {
     "weights": "#3b6ea8",
     "quantization constants": "#2a8c8c",
@@ -32,12 +32,20 @@ COMPONENT_COLORS: Dict[str, str] = {
     "activations": "#4f9a4a",
     "logits and loss": "#a67c1f",
     "optimizer temporaries": "#c0578f",
+    "workspace": "#5b7f9e",
     "cuda context": "#707a85",
     "allocator reserve": "#8c7b66",
-    # a phase the estimate gives only as a total
-    "all components": "#7d8794",
+    "other": "#9a9a9a",
 }
-_OTHER_COLOR = "#5f6b7a"
+#: the phase chart's colour for a phase the estimate gives only as a total
+ALL_COMPONENTS = "all components"
+_PHASE_EXTRA = {ALL_COMPONENTS: "#7d8794"}
+
+
+def component_color(name: str) -> str:
+    """The fixed colour of a component (grey for one outside the known kinds)."""
+    return COMPONENT_COLORS.get(component_kind(name), COMPONENT_COLORS["other"])
+
 
 #: how each phase is called on the phase chart
 PHASE_LABELS: Dict[str, str] = {
@@ -54,19 +62,25 @@ PHASES_DATA = "phases"
 _FONT = 11
 
 
-def _color_scale() -> alt.Scale:
-    domain = list(COMPONENT_KINDS)
-    extra = [k for k in COMPONENT_COLORS if k not in domain]
-    domain += extra
-    return alt.Scale(domain=domain, range=[COMPONENT_COLORS.get(k, _OTHER_COLOR) for k in domain])
+#: the colour of the lines between boxes: a parameter, so the frontend can set it to the
+#: notebook's background (white lines on a light page, dark lines on a dark one)
+GAP_PARAM = "vw_gap"
 
 
-def _color(legend: bool) -> alt.Color:
+def _gap_param() -> alt.Parameter:
+    return alt.param(name=GAP_PARAM, value="#ffffff")
+
+
+def _color(legend: bool, extra: bool = False) -> alt.Color:
+    """Colour by the ``kind`` field on a fixed scale: the same colour for a component in
+    every chart and every update, whichever components an estimate has."""
+    colors = dict(COMPONENT_COLORS, **(_PHASE_EXTRA if extra else {}))
+    domain = list(KNOWN_COMPONENTS) + [k for k in colors if k not in KNOWN_COMPONENTS]
     return alt.Color(
-        "component:N",
-        scale=_color_scale(),
-        legend=alt.Legend(title=None, orient="bottom", columns=5, symbolType="square",
-                          labelLimit=150) if legend else None,
+        "kind:N",
+        scale=alt.Scale(domain=domain, range=[colors[k] for k in domain]),
+        legend=alt.Legend(title=None, orient="bottom", columns=6, symbolType="square",
+                          labelLimit=160) if legend else None,
     )
 
 
@@ -90,11 +104,11 @@ def _treemap_layers(name: str, width: float, height: float, *, legend: bool,
     y = alt.Y("y:Q", scale=alt.Scale(domain=[0, height], nice=False, zero=False, reverse=True),
               axis=None)
     groups = base.transform_filter(alt.datum.level == "group").mark_rect(
-        stroke="#ffffff", strokeWidth=0.75, strokeOpacity=0.8,
+        stroke=alt.expr(GAP_PARAM), strokeWidth=0.75, strokeOpacity=0.8,
     ).encode(x=x, x2="x2:Q", y=y, y2="y2:Q", color=_color(legend),
              tooltip=_tooltip(with_scenario))
     components = base.transform_filter(alt.datum.level == "component").mark_rect(
-        fill=None, stroke="#ffffff", strokeWidth=2.5,
+        fill=None, stroke=alt.expr(GAP_PARAM), strokeWidth=2.5,
     ).encode(x=x, x2="x2:Q", y=y, y2="y2:Q", tooltip=_tooltip(with_scenario))
     text = base.transform_filter((alt.datum.level == "group") & (alt.datum.text != "")).mark_text(
         align="left", baseline="top", dx=4, dy=3, color="#ffffff", fontSize=_FONT,
@@ -113,7 +127,8 @@ def _with_rows(chart, name: str, rows: Optional[List[Dict[str, Any]]]):
 def detail_spec_chart(width: float = 640, height: float = 360, *, name: str = DETAIL,
                       title: Optional[str] = None) -> alt.LayerChart:
     """The detail treemap reading data named ``name`` (no rows inline)."""
-    chart = alt.layer(*_treemap_layers(name, width, height, legend=True, with_scenario=False))
+    chart = alt.layer(*_treemap_layers(name, width, height, legend=True, with_scenario=False)
+                      ).add_params(_gap_param())
     props: Dict[str, Any] = dict(width=width, height=height)
     if title:
         props["title"] = title
@@ -162,7 +177,7 @@ def comparison_chart(scenarios: Optional[Sequence[Tuple[str, Estimate]]] = None,
         align="left", baseline="top", fontSize=_FONT, lineBreak="\n", lineHeight=13,
         fontWeight="bold",
     ).encode(x=x, y=y, text="text:N")
-    chart = alt.layer(*layers[:2], capacity, layers[2], captions).properties(
+    chart = alt.layer(*layers[:2], capacity, layers[2], captions).add_params(_gap_param()).properties(
         width=width, height=height).configure_view(stroke=None)
     return _with_rows(chart, name, rows)
 
@@ -175,7 +190,7 @@ def phase_rows(est: Estimate, *, capacity_bytes: Optional[float] = None,
     for the label over the bar) or ``"capacity"`` (the GPU line).
     """
     rows: List[Dict[str, Any]] = []
-    order = {k: i for i, k in enumerate(COMPONENT_KINDS)}
+    order = {k: i for i, k in enumerate(KNOWN_COMPONENTS)}
     for i, phase in enumerate(PHASES):
         label = PHASE_LABELS.get(phase, phase)
         total = est.phases_bytes.get(phase)
@@ -185,20 +200,22 @@ def phase_rows(est: Estimate, *, capacity_bytes: Optional[float] = None,
         if comps:
             for c in comps:
                 rows.append({"level": "bar", "phase": label, "order": i,
-                             "component": c.name, "corder": order.get(c.name, 99),
+                             "component": c.name, "kind": component_kind(c.name),
+                             "corder": order.get(c.name, 99),
                              "bytes": c.bytes, "gib": c.bytes / GIB, "text": ""})
             if total is None:
                 total = sum(c.bytes for c in comps)
         elif total is not None:
-            rows.append({"level": "bar", "phase": label, "order": i, "component": "all components",
+            rows.append({"level": "bar", "phase": label, "order": i, "component": ALL_COMPONENTS,
+                         "kind": ALL_COMPONENTS,
                          "corder": 99, "bytes": total, "gib": total / GIB, "text": ""})
         if total is not None:
             peak = " (peak)" if phase == est.peak_phase else ""
-            rows.append({"level": "total", "phase": label, "order": i, "component": "",
+            rows.append({"level": "total", "phase": label, "order": i, "component": "", "kind": "",
                          "corder": 0, "bytes": total, "gib": total / GIB,
                          "text": fmt_gib(total) + peak})
     if capacity_bytes:
-        rows.append({"level": "capacity", "phase": "", "order": 0, "component": "",
+        rows.append({"level": "capacity", "phase": "", "order": 0, "component": "", "kind": "",
                      "corder": 0, "bytes": capacity_bytes, "gib": capacity_bytes / GIB,
                      "text": capacity_label or fmt_gib(capacity_bytes)})
     return rows
@@ -219,7 +236,7 @@ def phase_chart(est: Optional[Estimate] = None, *, width: float = 640, height: f
     bars = base.transform_filter(alt.datum.level == "bar").mark_bar().encode(
         x=x,
         y=alt.Y("sum(gib):Q", axis=y_axis, stack="zero"),
-        color=_color(False),
+        color=_color(False, extra=True),
         order=alt.Order("corder:Q"),
         tooltip=[alt.Tooltip("phase:N"), alt.Tooltip("component:N"),
                  alt.Tooltip("sum(gib):Q", title="GiB", format=".3f")],

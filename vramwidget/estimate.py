@@ -349,7 +349,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params) -> _Acts:
     # backward working buffers of one block: gradients of the widest intermediate tensors
     i_width = max(arch.intermediate_size, arch.expert_intermediate_size * max(arch.experts_per_token, 1))
     gw = DTYPE_BYTES[c] if not s.autocast else 4
-    transient = 3 * T * i_width * DTYPE_BYTES[c] + 2 * T * arch.hidden_size * gw
+    transient = 2 * T * i_width * DTYPE_BYTES[c] + T * arch.hidden_size * gw
     if backend in ("eager", "math"):
         transient = max(transient, 2 * b * arch.num_heads * sq * sq * 4)
     # final norm + output head input
@@ -385,16 +385,26 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params) -> _Acts:
     return _Acts(per_layer, per, first, n_save, ckpt, per, head, transient, backend)
 
 
+def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
+    """The output head computes in the compute dtype under autocast, else in its weight's
+    dtype (fp32 after prepare_model_for_kbit_training, which upcasts the head)."""
+    if s.autocast:
+        return s.compute_dtype
+    if s.quantized:
+        return "float32" if s.prepare_kbit else s.compute_dtype
+    return s.weights_dtype
+
+
 def logits_bytes(arch: Architecture, s: TrainingSetup) -> Dict[str, float]:
     """The output head's logits and HF's causal-LM loss.
 
-    ``logits`` (b x s x V) come out in the compute dtype; the loss upcasts them to fp32
-    (a copy unless already fp32) and ``cross_entropy``'s log_softmax keeps an fp32 (T x V)
-    output for backward.  In backward, nll_loss's gradient and log_softmax's input
-    gradient are two more fp32 (T x V) tensors beside the saved output.
+    ``logits`` (b x s x V) come out of the head; the loss upcasts them to fp32 (a copy
+    unless already fp32) and ``cross_entropy``'s log_softmax keeps an fp32 (T x V) output
+    for backward.  In backward, nll_loss's gradient and log_softmax's input gradient are
+    two more fp32 (T x V) tensors beside the saved output.
     """
     T, V = s.tokens, arch.vocab_size
-    c = DTYPE_BYTES[s.compute_dtype]
+    c = DTYPE_BYTES[logits_dtype(arch, s)]
     out = {
         "logits": T * V * c,
         "logits upcast to fp32": T * V * 4 if c != 4 else 0.0,
@@ -496,6 +506,10 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
     grads_bytes = grads.bytes
     accum_grads = grads_bytes if s.grad_accum_steps > 1 else 0.0
     cache_bytes = cast_cache.total_bytes()
+    # Under checkpointing the blocks' saved tensors (and with them their cached bf16 weight
+    # copies) are dropped after forward; only the head's copy is still saved in backward.
+    head_cache = sum(c.bytes for c in cast_cache.children if c.name in ("output head", "embedding"))
+    bwd_cache = head_cache if gc_mode(s) else cache_bytes
 
     # forward: saved activations + the loss's working set (or a recomputed layer under gc)
     layer_fwd_work = A.recompute_layer_bytes if gc else 0.0
@@ -506,19 +520,21 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
     T_V = T * arch.vocab_size
     loss_bwd = 3 * T_V * 4 + lg.get("soft-capped logits tanh", 0.0)
     events = []
-    events.append(("loss backward", persistent + accum_grads + cache_bytes + acts_bytes + loss_bwd))
+    events.append(("loss backward", persistent + accum_grads + bwd_cache + acts_bytes + loss_bwd))
     head_grad = sum(g for n, g in _head_grad_bytes(P, arch))
     layer_grad = (grads_bytes - head_grad) / max(arch.num_layers, 1)
     per_act = A.checkpoint_bytes_per_layer if gc else A.per_layer_bytes
     head_acts = sum(n for _, n, _ in A.head)
     cache_per_layer = cache_bytes / max(arch.num_layers, 1)
     # the deepest point of backward: layer 0, all gradients but the embedding's exist
-    last_layer = (persistent + max(accum_grads, grads_bytes - _embed_grad_bytes(P, arch)) + cache_per_layer
+    # at the start of the first block's MLP backward only its down projection's gradient exists
+    last_layer = (persistent + max(accum_grads, grads_bytes - _embed_grad_bytes(P, arch) - layer_grad * 2 / 3)
+                  + (cache_per_layer if not gc else 0.0) + (head_cache if gc else 0.0)
                   + (A.checkpoint_bytes_per_layer if gc else 0.0)
                   + (A.recompute_layer_bytes if gc else A.first_layer_bytes) + A.transient_layer_bytes + deq)
     events.append(("first layer's backward", last_layer))
     # the first layer processed in backward (the last block): its activations are all there
-    top_layer = (persistent + max(accum_grads, head_grad + layer_grad) + cache_bytes
+    top_layer = (persistent + max(accum_grads, head_grad + layer_grad / 3) + bwd_cache
                  + (acts_bytes - head_acts) + (A.recompute_layer_bytes if gc else 0.0)
                  + A.transient_layer_bytes + deq)
     events.append(("last layer's backward", top_layer))
@@ -582,6 +598,10 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
                     peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
                     cuda_context_bytes=context, flops_per_step=flops, recompute_overhead=overhead,
                     notes=notes, phase_components=phase_components)
+
+
+def gc_mode(s: TrainingSetup) -> bool:
+    return s.gradient_checkpointing == "full"
 
 
 def _resid(s: TrainingSetup) -> str:
@@ -652,7 +672,7 @@ def _backward_nodes(event: str, A: _Acts, acts: Node, grads: Node, lg: Dict[str,
             an.add(Node("saved / recomputed activations still held", bytes=act_left,
                         formula="layers not yet processed (checkpoints) + the layer being processed"))
             an.add(Node("backward working buffers", bytes=A.transient_layer_bytes,
-                        formula="3 x T x i + 2 x T x h gradient buffers of one layer"))
+                        formula="2 x T x i + T x h gradient buffers of one layer"))
             nodes.append(an)
             nodes.append(_deq_node(deq))
     return nodes

@@ -18,8 +18,9 @@ Two layouts:
     ``bytes * scale`` with the same ``scale`` for all, so twice the memory is twice the
     area; an optional GPU capacity square is outlined at each scenario's corner.
 
-Every row has the keys ``scenario, level, component, group, label, text, bytes, gib,
-share, formula, x, y, x2, y2``.  ``level`` is ``"component"`` or ``"group"`` for boxes,
+Every row has the keys ``scenario, level, component, kind, group, label, text, bytes,
+gib, share, formula, x, y, x2, y2`` (``kind`` is the colour key: the component's name,
+or ``"other"`` for a name outside :data:`KNOWN_COMPONENTS`).  ``level`` is ``"component"`` or ``"group"`` for boxes,
 ``"capacity"`` for the GPU outline and ``"title"`` for a scenario's caption; ``text`` is
 what is printed inside the box ("" when the box is too small to hold it).
 """
@@ -31,10 +32,19 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import squarify
 
-from .result import Estimate, Node
+from .result import COMPONENT_KINDS, Estimate, Node
 from .units import GIB
 
 Row = Dict[str, Any]
+
+#: components that get their own colour; any other top-level name is drawn as "other"
+KNOWN_COMPONENTS: Tuple[str, ...] = tuple(COMPONENT_KINDS) + ("workspace",)
+_KNOWN = frozenset(KNOWN_COMPONENTS)
+
+
+def component_kind(name: str) -> str:
+    """The colour key of a component: its name if known, else ``"other"``."""
+    return name if name in _KNOWN else "other"
 
 #: a box narrower or lower than this (pixels) prints no text
 _MIN_TEXT_W = 34.0
@@ -111,8 +121,9 @@ def _box_rows(components: Sequence[Node], x: float, y: float, dx: float, dy: flo
     comp_rows: List[Row] = []
     group_rows: List[Row] = []
     for comp, cx, cy, cx2, cy2 in _squarify(components, x, y, dx, dy):
+        kind = component_kind(comp.name)
         comp_rows.append({
-            "scenario": scenario, "level": "component", "component": comp.name,
+            "scenario": scenario, "level": "component", "component": comp.name, "kind": kind,
             "group": comp.name, "label": comp.name, "text": "",
             "bytes": comp.bytes, "gib": comp.bytes / GIB, "share": comp.bytes / total,
             "formula": _node_formula(comp), "x": cx, "y": cy, "x2": cx2, "y2": cy2,
@@ -121,7 +132,7 @@ def _box_rows(components: Sequence[Node], x: float, y: float, dx: float, dy: flo
         for g, gx, gy, gx2, gy2 in _squarify(groups, cx, cy, cx2 - cx, cy2 - cy):
             label = g.name if g is not comp else comp.name
             group_rows.append({
-                "scenario": scenario, "level": "group", "component": comp.name,
+                "scenario": scenario, "level": "group", "component": comp.name, "kind": kind,
                 "group": label, "label": label if g is comp else f"{comp.name}: {label}",
                 "text": _fit_text(label, g.bytes, gx2 - gx, gy2 - gy),
                 "bytes": g.bytes, "gib": g.bytes / GIB, "share": g.bytes / total,
@@ -199,14 +210,14 @@ def comparison_rows(scenarios: Sequence[Tuple[str, Estimate]], width: float = 64
         rows.extend(_box_rows(est.components, x, header, side, side, name, tot))
         fits = capacity_bytes is None or est.device_total_bytes <= capacity_bytes
         titles.append({
-            "scenario": name, "level": "title", "component": "", "group": "",
+            "scenario": name, "level": "title", "component": "", "kind": "", "group": "",
             "label": name, "text": f"{name}\n{fmt_gib(tot)}" + ("" if fits else " ✗"),
             "bytes": tot, "gib": tot / GIB, "share": 1.0, "formula": "",
             "x": x, "y": 2.0, "x2": x + side, "y2": 2.0,
         })
         if capacity_bytes:
             caps.append({
-                "scenario": name, "level": "capacity", "component": "", "group": "",
+                "scenario": name, "level": "capacity", "component": "", "kind": "", "group": "",
                 "label": capacity_label or "GPU", "text": "",
                 "bytes": capacity_bytes, "gib": capacity_bytes / GIB,
                 "share": capacity_bytes / (tot or 1.0), "formula": "",

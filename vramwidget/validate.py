@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Union
 
 from .architecture import from_config
 from .errors import VramError
-from .estimate import estimate_setup
+from .estimate import CUBLAS_WORKSPACE_BYTES, estimate_setup
 from .training import setup_from_case
 from .units import MIB
 
@@ -54,13 +54,18 @@ def load_cases(path_or_lines: Union[str, Iterable[str]]) -> List[Dict[str, Any]]
     return cases
 
 
-def predict_case(case: Dict[str, Any]) -> Dict[str, Any]:
-    """The estimate of one case in the measured fields' units (MiB)."""
+def predict_case(case: Dict[str, Any], *, cold_process: bool = False) -> Dict[str, Any]:
+    """The estimate of one case in the measured fields' units (MiB).
+
+    ``cold_process``: the case ran first in its process, so when its model was built no
+    matmul had yet allocated the cuBLAS workspace (the cases of one file run one after
+    another in one process, and the workspace, once allocated, stays).
+    """
     arch = from_config(case["model"], name=case.get("name") or case["model"].get("model_type"))
     setup = setup_from_case(case["training"])
     est = estimate_setup(arch, setup)
     ph = est.phases_bytes
-    weights = ph["after_load"]
+    weights = ph["after_load"] - (CUBLAS_WORKSPACE_BYTES if cold_process else 0.0)
     return {
         "params_total": None if setup.quantized else est.params_total,
         "params_trainable": est.params_trainable,
@@ -80,9 +85,9 @@ def validate(cases: Union[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
     if isinstance(cases, str):
         cases = load_cases(cases)
     rows = []
-    for c in cases:
+    for n, c in enumerate(cases):
         try:
-            pred = predict_case(c)
+            pred = predict_case(c, cold_process=(n == 0))
         except VramError as e:
             rows.append({"id": c["id"], "name": c.get("name"), "error_message": str(e)})
             continue
