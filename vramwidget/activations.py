@@ -109,6 +109,7 @@ class BlockContext:
     attn_backend: str      # flash | efficient | math | eager
     quant_base: bool
     dense_layer: bool = False   # a dense (non-MoE) block inside an MoE model
+    cpu: bool = False           # CPU kernels (for checking against torch without a GPU)
 
 
 def attention_backend(arch: Architecture, setup: TrainingSetup, compute_dtype: str) -> str:
@@ -166,18 +167,20 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
     if module in ctx.lora_modules:
         rg = True
         r = ctx.setup.lora_r
-        xa = tr.cast(x, ctx.adapter_dtype, f"{module} LoRA input as {ctx.adapter_dtype}")
+        tag = f"{module} ({name})"   # GPT-2 has two modules named c_proj
+        xa = tr.cast(x, ctx.adapter_dtype, f"{tag} LoRA input as {ctx.adapter_dtype}")
         if xa is not x:
             xa.formula = f"T x {_dim(in_f)} ({module} input cast to the adapter dtype)"
             xa.group = "adapters"
         if ctx.setup.lora_dropout > 0:
-            tr.save(tr.new(f"{module} LoRA dropout mask", x.numel, "uint8", True, f"T x {_dim(in_f)} bool", "adapters"))
-            xa = tr.new(f"{module} LoRA dropped input", x.numel, xa.dtype, True, f"T x {_dim(in_f)}", "adapters")
+            tr.save(tr.new(f"{tag} LoRA dropout mask", x.numel, xa.dtype if ctx.cpu else "uint8", True,
+                           f"T x {_dim(in_f)} bool", "adapters"))
+            xa = tr.new(f"{tag} LoRA dropped input", x.numel, xa.dtype, True, f"T x {_dim(in_f)}", "adapters")
         if ctx.setup.autocast:
-            xa = tr.new(f"{module} LoRA input cast to {ctx.c}", x.numel, ctx.c, True, f"T x {_dim(in_f)}", "adapters")
+            xa = tr.new(f"{tag} LoRA input cast to {ctx.c}", x.numel, ctx.c, True, f"T x {_dim(in_f)}", "adapters")
         tr.save(xa)
         a_dtype = ctx.c if ctx.setup.autocast else ctx.adapter_dtype
-        tr.save(tr.new(f"{module} lora_A output", n_tok * r, a_dtype, True, f"T x r (r={r})", "adapters"))
+        tr.save(tr.new(f"{tag} lora_A output", n_tok * r, a_dtype, True, f"T x r (r={r})", "adapters"))
     return tr.new(name, n_tok * out_features, out_dtype, rg, f"T x {_dim(out_features)}", group)
 
 
@@ -216,17 +219,19 @@ def layer_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group
     return tr.new(f"{name} output", x.numel, xin.dtype, x.rg or ctx.norms_train, f"T x {_dim(dim)}", group)
 
 
-def dropout(tr: Trace, x: _T, p: float, name: str) -> _T:
-    """nn.Dropout in training mode: keeps a 1-byte mask; p == 0 is the identity."""
+def dropout(tr: Trace, x: _T, p: float, name: str, cpu: bool = False) -> _T:
+    """nn.Dropout in training mode: keeps a 1-byte mask on CUDA (the CPU kernel keeps a
+    mask in the input's dtype); p == 0 is the identity."""
     if p <= 0:
         return x
     if x.rg:
-        tr.save(tr.new(f"{name} dropout mask", x.numel, "uint8", True, f"{x.formula} bool mask", x.group))
+        tr.save(tr.new(f"{name} dropout mask", x.numel, x.dtype if cpu else "uint8", True,
+                       f"{x.formula} bool mask", x.group))
     return tr.new(f"{name} after dropout", x.numel, x.dtype, x.rg, x.formula, x.group)
 
 
 def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int, group: str = "attention",
-              softcap: bool = False, dropout_p: float = 0.0) -> _T:
+              softcap: bool = False, dropout_p: float = 0.0, softmax_fp32: bool = True) -> _T:
     """The attention core for the chosen backend; returns the (b, s, a*d) output."""
     a, kv = ctx.arch.num_heads, ctx.arch.num_kv_heads
     b, s, T = ctx.b, ctx.s, ctx.T
@@ -241,7 +246,10 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
             for t in (q, k, v):
                 tr.save(t)
             tr.save(tr.new("attention logsumexp", b * a * s, F32, True, "b x a x s fp32", group))
-        return tr.new("attention output", out_numel, q.dtype, rg, "T x a*d", group)
+        out = tr.new("attention output", out_numel, q.dtype, rg, "T x a*d", group)
+        if rg:
+            tr.save(out)  # the kernel's backward needs its own output
+        return out
     if backend == "math":
         c = q.dtype
         if rg:
@@ -267,12 +275,15 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         tr.save(ve)
         if softcap:
             tr.save(tr.new("soft-capped scores tanh", scores, c, True, "b x a x s x s", group))
-        p32 = tr.new("softmax output fp32", scores, F32, True, "b x a x s x s fp32", group)
+        sm_dtype = F32 if softmax_fp32 else c
+        p32 = tr.new("softmax output" + (" fp32" if softmax_fp32 else ""), scores, sm_dtype, True,
+                     "b x a x s x s" + (" fp32" if softmax_fp32 else ""), group)
         tr.save(p32)
         p = tr.cast(p32, c, "attention probabilities")
         p.formula = "b x a x s x s"
         if dropout_p > 0:
-            tr.save(tr.new("attention dropout mask", scores, "uint8", True, "b x a x s x s bool", group))
+            tr.save(tr.new("attention dropout mask", scores, c if ctx.cpu else "uint8", True, "b x a x s x s bool",
+                       group))
             p = tr.new("attention probabilities after dropout", scores, c, True, "b x a x s x s", group)
         tr.save(p)
     tr.new("attention output (b, a, s, d)", out_numel, c, rg, "T x a*d", group)
@@ -458,6 +469,10 @@ def plain_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
         if mt in ("gpt_neox", "falcon", "bloom") and mt != "bloom":
             q = tr.new("q after rope", T * a * d, ctx.c, qkv.rg, "T x a*d", "attention")
             k = tr.new("k after rope", T * kv * d, ctx.c, qkv.rg, "T x kv*d", "attention")
+    if ctx.cpu and mt != "opt" and q.rg:
+        # CPU kernels return (b, a, s, d)-contiguous output for q sliced from a fused qkv:
+        # transformers' transpose().contiguous() then copies it.
+        pass
     if mt == "bloom":
         # BLOOM's ALiBi attention is eager-style baddbmm + softmax in fp32
         ctx_backend = ctx.attn_backend
@@ -465,9 +480,10 @@ def plain_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
         o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=attn_p)
         ctx.attn_backend = ctx_backend
     else:
-        o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=attn_p)
+        # GPT-2's eager softmax runs in the compute dtype; OPT, NeoX and Falcon upcast to fp32
+        o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=attn_p, softmax_fp32=(mt != "gpt2"))
     o = linear(tr, ctx, o_in, names[1], h, "attention projection output", "attention", in_features=a * d)
-    o = dropout(tr, o, resid_p, "attention residual")
+    o = dropout(tr, o, resid_p, "attention residual", ctx.cpu)
     if parallel:
         n2 = n1 if mt == "falcon" else layer_norm(tr, ctx, x, "ln_2", h)
     else:
@@ -476,7 +492,7 @@ def plain_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
     f = linear(tr, ctx, n2, names[2], i, "fc output", "mlp")
     act = activation(tr, ctx, f, i)
     m = linear(tr, ctx, act, names[3], h, "mlp projection output", "mlp", in_features=i)
-    m = dropout(tr, m, resid_p, "mlp residual")
+    m = dropout(tr, m, resid_p, "mlp residual", ctx.cpu)
     return tr.new("block output", x.numel, x.dtype, True, "T x h", "norms")
 
 

@@ -71,16 +71,20 @@ def _gap_param() -> alt.Parameter:
     return alt.param(name=GAP_PARAM, value="#ffffff")
 
 
-def _color(legend: bool, extra: bool = False) -> alt.Color:
+def _color(legend: bool, extra: bool = False,
+           legend_values: Optional[Sequence[str]] = None) -> alt.Color:
     """Colour by the ``kind`` field on a fixed scale: the same colour for a component in
-    every chart and every update, whichever components an estimate has."""
+    every chart and every update, whichever components an estimate has.
+
+    ``legend_values`` limits the legend to those kinds (default: every known kind)."""
     colors = dict(COMPONENT_COLORS, **(_PHASE_EXTRA if extra else {}))
     domain = list(KNOWN_COMPONENTS) + [k for k in colors if k not in KNOWN_COMPONENTS]
+    values = list(legend_values) if legend_values is not None else list(KNOWN_COMPONENTS)
     return alt.Color(
         "kind:N",
         scale=alt.Scale(domain=domain, range=[colors[k] for k in domain]),
         legend=alt.Legend(title=None, orient="bottom", columns=6, symbolType="square",
-                          labelLimit=160) if legend else None,
+                          labelLimit=160, values=values) if legend else None,
     )
 
 
@@ -90,22 +94,24 @@ def _tooltip(with_scenario: bool) -> List[alt.Tooltip]:
         alt.Tooltip("gib:Q", title="GiB", format=".3f"),
         alt.Tooltip("bytes:Q", title="bytes", format=",.0f"),
         alt.Tooltip("share:Q", title="share", format=".1%"),
-        alt.Tooltip("formula:N", title="formula"),
     ]
-    if with_scenario:
+    if with_scenario:  # the comparison: which scenario, no formulas (the detail has them)
         tips.insert(0, alt.Tooltip("scenario:N", title="scenario"))
+    else:
+        tips.append(alt.Tooltip("formula:N", title="formula"))
     return tips
 
 
 def _treemap_layers(name: str, width: float, height: float, *, legend: bool,
-                    with_scenario: bool) -> List[alt.Chart]:
+                    with_scenario: bool, legend_values: Optional[Sequence[str]] = None
+                    ) -> List[alt.Chart]:
     base = alt.Chart(alt.NamedData(name))
     x = alt.X("x:Q", scale=alt.Scale(domain=[0, width], nice=False, zero=False), axis=None)
     y = alt.Y("y:Q", scale=alt.Scale(domain=[0, height], nice=False, zero=False, reverse=True),
               axis=None)
     groups = base.transform_filter(alt.datum.level == "group").mark_rect(
         stroke=alt.expr(GAP_PARAM), strokeWidth=0.75, strokeOpacity=0.8,
-    ).encode(x=x, x2="x2:Q", y=y, y2="y2:Q", color=_color(legend),
+    ).encode(x=x, x2="x2:Q", y=y, y2="y2:Q", color=_color(legend, legend_values=legend_values),
              tooltip=_tooltip(with_scenario))
     components = base.transform_filter(alt.datum.level == "component").mark_rect(
         fill=None, stroke=alt.expr(GAP_PARAM), strokeWidth=2.5,
@@ -125,9 +131,11 @@ def _with_rows(chart, name: str, rows: Optional[List[Dict[str, Any]]]):
 
 
 def detail_spec_chart(width: float = 640, height: float = 360, *, name: str = DETAIL,
-                      title: Optional[str] = None) -> alt.LayerChart:
+                      title: Optional[str] = None,
+                      legend_values: Optional[Sequence[str]] = None) -> alt.LayerChart:
     """The detail treemap reading data named ``name`` (no rows inline)."""
-    chart = alt.layer(*_treemap_layers(name, width, height, legend=True, with_scenario=False)
+    chart = alt.layer(*_treemap_layers(name, width, height, legend=True, with_scenario=False,
+                                       legend_values=legend_values)
                       ).add_params(_gap_param())
     props: Dict[str, Any] = dict(width=width, height=height)
     if title:
@@ -148,7 +156,12 @@ def detail_chart(est: Optional[Estimate] = None, *, width: float = 640, height: 
     if title is None and est is not None:
         title = (f"{est.model_name}: peak {fmt_gib(est.peak_allocated_bytes)} "
                  f"at {PHASE_LABELS.get(est.peak_phase, est.peak_phase)}")
-    return _with_rows(detail_spec_chart(width, height, name=name, title=title), name, rows)
+    present = None
+    if rows is not None:  # standalone: the legend lists only what is drawn
+        kinds = {r["kind"] for r in rows if r.get("level") == "group"}
+        present = [k for k in COMPONENT_COLORS if k in kinds]
+    return _with_rows(detail_spec_chart(width, height, name=name, title=title,
+                                        legend_values=present), name, rows)
 
 
 def comparison_chart(scenarios: Optional[Sequence[Tuple[str, Estimate]]] = None, *,

@@ -310,7 +310,10 @@ class _Acts:
     backend: str
 
 
-def _activations(arch: Architecture, s: TrainingSetup, P: _Params) -> _Acts:
+def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False) -> _Acts:
+    """Saved activations per block and around the head.  ``cpu=True`` picks the kernels
+    PyTorch uses on a CPU (SDPA keeps q, k, v, output and logsumexp whatever the dtype),
+    for checking the block traces against torch without a GPU (tools/saved_tensors.py)."""
     b, sq = s.batch_size, s.seq_len
     T = b * sq
     c = s.compute_dtype
@@ -323,10 +326,12 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params) -> _Acts:
     norm_w = "float32" if (s.autocast or s.precision == "fp32" or (s.quantized and s.prepare_kbit)) else (
         s.weights_dtype if not s.quantized else c)
     backend = attention_backend(arch, s, c)
+    if cpu and backend in ("math", "efficient"):
+        backend = "flash"
     full = s.method == "full"
     ctx = BlockContext(arch=arch, setup=s, T=T, b=b, s=sq, c=c, resid=resid, norm_w_dtype=norm_w,
                        linear_trains=full, norms_train=full, lora_modules=P.lora_modules,
-                       adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized)
+                       adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu)
     if s.method == "freeze":
         ctx.linear_trains = True
         ctx.norms_train = True

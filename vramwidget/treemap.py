@@ -23,11 +23,15 @@ gib, share, formula, x, y, x2, y2`` (``kind`` is the colour key: the component's
 or ``"other"`` for a name outside :data:`KNOWN_COMPONENTS`).  ``level`` is ``"component"`` or ``"group"`` for boxes,
 ``"capacity"`` for the GPU outline and ``"title"`` for a scenario's caption; ``text`` is
 what is printed inside the box ("" when the box is too small to hold it).
+
+A comparison scales each scenario's :class:`UnitBox` (its layout in the unit square), so
+a scenario seen before costs no new layout.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import squarify
@@ -158,6 +162,44 @@ def layout_rows(est: Estimate, width: float = 640.0, height: float = 360.0, *,
     return _box_rows(comps, 0.0, 0.0, float(width), float(height), scenario, total)
 
 
+@dataclass(frozen=True)
+class UnitBox:
+    """One scenario laid out in the unit square, ready to be scaled into a comparison.
+
+    A squarified layout of a square is the same at every size, so the widget computes this
+    once per scenario setup, keeps it (it holds only plain rows, no estimate tree) and
+    only scales it when the shared scale changes.
+    """
+
+    scenario: str
+    total_bytes: float
+    device_total_bytes: float
+    rows: Tuple[Row, ...]
+
+
+def unit_box(est: Estimate, scenario: str = "") -> UnitBox:
+    """``est``'s peak components laid out in the unit square (no text yet)."""
+    total = total_bytes(est)
+    rows = _box_rows(est.components, 0.0, 0.0, 1.0, 1.0, scenario, total)
+    return UnitBox(scenario, total, float(est.device_total_bytes), tuple(rows))
+
+
+def _place(box: UnitBox, x0: float, y0: float, side: float, scenario: str) -> List[Row]:
+    """The unit box's rows scaled to a square of ``side`` pixels at (x0, y0).
+
+    Formulas are left out (the detail treemap shows them): they are most of the bytes an
+    update would send."""
+    out = []
+    for r in box.rows:
+        q = dict(r, scenario=scenario, formula="", x=x0 + r["x"] * side, y=y0 + r["y"] * side,
+                 x2=x0 + r["x2"] * side, y2=y0 + r["y2"] * side)
+        if r["level"] == "group":
+            q["text"] = _fit_text(r["group"], r["bytes"], (r["x2"] - r["x"]) * side,
+                                  (r["y2"] - r["y"]) * side)
+        out.append(q)
+    return out
+
+
 def shared_scale(totals: Sequence[float], width: float, height: float, *,
                  capacity_bytes: Optional[float] = None, gap: float = 18.0,
                  header: float = 34.0, min_slot: float = 0.0) -> float:
@@ -187,17 +229,19 @@ def shared_scale(totals: Sequence[float], width: float, height: float, *,
     return max(unit, 0.0) ** 2
 
 
-def comparison_rows(scenarios: Sequence[Tuple[str, Estimate]], width: float = 640.0,
+def comparison_rows(scenarios: Sequence[Tuple[str, "Estimate | UnitBox"]], width: float = 640.0,
                     height: float = 260.0, *, capacity_bytes: Optional[float] = None,
                     capacity_label: str = "", gap: float = 18.0, header: float = 34.0,
                     min_slot: float = 84.0) -> List[Row]:
     """Several estimates side by side on ONE scale: area = bytes x the same factor.
 
-    ``scenarios`` is a list of (name, Estimate).  With ``capacity_bytes`` a dashed
-    square of that area (the GPU) is outlined at the top-left corner of every scenario,
-    so a scenario that spills out of it does not fit.
+    ``scenarios`` is a list of (name, Estimate or :class:`UnitBox`).  Each scenario is a
+    square of area ``bytes * scale``.  With ``capacity_bytes`` a dashed square of that
+    area (the GPU) is outlined at the top-left corner of every scenario, so a scenario
+    that spills out of it does not fit.
     """
-    totals = [total_bytes(e) for _, e in scenarios]
+    boxes = [(name, b if isinstance(b, UnitBox) else unit_box(b, name)) for name, b in scenarios]
+    totals = [b.total_bytes for _, b in boxes]
     scale = shared_scale(totals, width, height, capacity_bytes=capacity_bytes, gap=gap,
                          header=header, min_slot=min_slot)
     cap_side = math.sqrt((capacity_bytes or 0.0) * scale)
@@ -205,10 +249,10 @@ def comparison_rows(scenarios: Sequence[Tuple[str, Estimate]], width: float = 64
     titles: List[Row] = []
     caps: List[Row] = []
     x = 0.0
-    for (name, est), tot in zip(scenarios, totals):
+    for (name, box), tot in zip(boxes, totals):
         side = math.sqrt(tot * scale)
-        rows.extend(_box_rows(est.components, x, header, side, side, name, tot))
-        fits = capacity_bytes is None or est.device_total_bytes <= capacity_bytes
+        rows.extend(_place(box, x, header, side, name))
+        fits = capacity_bytes is None or box.device_total_bytes <= capacity_bytes
         titles.append({
             "scenario": name, "level": "title", "component": "", "kind": "", "group": "",
             "label": name, "text": f"{name}\n{fmt_gib(tot)}" + ("" if fits else " ✗"),

@@ -23,8 +23,8 @@ import traitlets as t
 
 from . import charts, gpus
 from .errors import VramError
-from .result import COMPONENT_KINDS, Estimate
-from .treemap import comparison_rows, fmt_gib, layout_rows, total_bytes
+from .result import Estimate
+from .treemap import KNOWN_COMPONENTS, UnitBox, comparison_rows, fmt_gib, layout_rows, total_bytes, unit_box
 from .units import GIB
 
 _STATIC = pathlib.Path(__file__).parent / "static"
@@ -57,9 +57,10 @@ _FALLBACK_CHOICES: Dict[str, List[Tuple[str, str]]] = {
     "quantization": [("none", "none (16/32-bit base)"), ("nf4", "4-bit NF4"), ("fp4", "4-bit FP4"),
                      ("int8", "8-bit LLM.int8")],
     "quantized_groups": [("attn_qk", "attention Q, K"), ("attn_vo", "attention V, O"),
-                         ("mlp", "MLP / FFN"), ("embedding", "embeddings")],
+                         ("mlp", "MLP / FFN"), ("embedding", "embeddings"), ("lm_head", "output head")],
     "optimizer": [("adamw", "AdamW (foreach)"), ("adamw_fused", "AdamW (fused)"),
-                  ("adamw_8bit", "AdamW 8-bit"), ("paged_adamw_8bit", "paged AdamW 8-bit"),
+                  ("adamw_8bit", "AdamW 8-bit"), ("paged_adamw", "paged AdamW 32-bit"),
+                  ("paged_adamw_8bit", "paged AdamW 8-bit"),
                   ("adafactor", "Adafactor"), ("sgd", "SGD"), ("sgd_momentum", "SGD + momentum"),
                   ("lion", "Lion")],
     "gradient_checkpointing": [("none", "none"), ("selective", "selective (attention)"),
@@ -231,8 +232,9 @@ class Calculator(anywidget.AnyWidget):
         self._ready = False
         self._busy = False
         self._estimate: Optional[Estimate] = None
-        self._scenarios: List[Tuple[str, Estimate]] = []
+        self._scenario_kw: List[Tuple[str, Dict[str, Any]]] = []
         self._cache: "OrderedDict[Tuple, Estimate]" = OrderedDict()
+        self._boxes: "OrderedDict[Tuple, UnitBox]" = OrderedDict()
         self._arch_key: Optional[Tuple[str, str]] = None
         self._arch: Any = None
         super().__init__(model=model, **kwargs)
@@ -270,8 +272,17 @@ class Calculator(anywidget.AnyWidget):
 
     @property
     def scenarios(self) -> List[Tuple[str, Estimate]]:
-        """(name, Estimate) of the comparison: your setup, FP32, BF16 mixed, pure BF16, QLoRA."""
-        return list(self._scenarios)
+        """(name, Estimate) of the comparison: your setup, FP32 full, BF16 mixed, pure BF16,
+        4-bit QLoRA, with your batch, sequence length and checkpointing (estimated anew:
+        the widget keeps only their layouts)."""
+        arch = self._resolve_model()
+        out = []
+        for name, kw in self._scenario_kw:
+            try:
+                out.append((name, self._cached_estimate(arch, kw)))
+            except VramError:
+                pass
+        return out
 
     def chart(self, **kw: Any):
         """An Altair treemap of the current estimate (works and saves without the widget)."""
@@ -302,18 +313,29 @@ class Calculator(anywidget.AnyWidget):
         self._update()
 
     def _link(self, change: Optional[Dict[str, Any]]) -> None:
-        """Linked controls: a choice that implies another sets it (inside _busy)."""
+        """Linked controls (the rules of TrainingSetup): a choice that implies another sets it.
+
+        A quantized base trains only through adapters, so quantization != "none" means
+        QLoRA; leaving QLoRA drops the quantization; "freeze" needs a layer count.
+        """
         name = change["name"] if change else None
+        new = change["new"] if change else None
         if name == "method":
-            if change["new"] == "qlora" and self.quantization not in _FOUR_BIT:
+            if new == "qlora" and self.quantization == "none":
                 self.quantization = "nf4"
-            elif change["old"] == "qlora" and change["new"] != "qlora" and self.quantization in _FOUR_BIT:
+            elif new != "qlora" and self.quantization != "none":
                 self.quantization = "none"
-        elif name == "quantization" and self.method == "qlora" and change["new"] not in _FOUR_BIT:
-            self.method = "lora"  # LoRA on a non-4-bit base is plain LoRA (8-bit or 16-bit)
-        elif name == "quantization" and change["new"] in _FOUR_BIT and self.method == "lora":
-            self.method = "qlora"
-        elif name in ("model", "config_json"):
+            if new == "freeze" and self.trainable_layers is None:
+                layers = getattr(self._arch, "num_layers", 8) or 8
+                self.trainable_layers = max(1, layers // 4)
+        elif name == "quantization":
+            if new == "none" and self.method == "qlora":
+                self.method = "lora"
+            elif new != "none" and self.method in ("lora", "full", "freeze"):
+                self.method = "qlora"
+        if self.quantization == "none" and self.prepare_kbit:
+            self.prepare_kbit = False
+        if name in ("model", "config_json"):
             self._arch_key = None
         self.disabled = self._disabled()
 
@@ -321,9 +343,6 @@ class Calculator(anywidget.AnyWidget):
         off: Dict[str, str] = {}
         if self.config_json.strip():
             off["model"] = "a pasted config.json is the model: clear it to use a preset or Hub id"
-        if self.method == "full":
-            off["quantization"] = ("full fine-tuning trains every weight, and 4/8-bit weights cannot "
-                                   "be trained: choose qlora, lora or freeze to quantize the base")
         if self.quantization == "none":
             why = "applies only to a quantized base (choose nf4, fp4 or int8)"
             off["quantized_groups"] = why
@@ -355,26 +374,52 @@ class Calculator(anywidget.AnyWidget):
             self._arch_key = key
         return self._arch
 
+    def _key(self, kw: Dict[str, Any]) -> Tuple:
+        return (self._arch_key, tuple(sorted((k, v) for k, v in kw.items() if k != "model")))
+
     def _cached_estimate(self, arch: Any, kw: Dict[str, Any]) -> Estimate:
-        key = (self._arch_key, tuple(sorted((k, v) for k, v in kw.items() if k != "model")))
+        """estimate() for the user's setup; the last few are kept (toggling back is free)."""
+        key = self._key(kw)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
         est = _estimate_fn()(arch, **{k: v for k, v in kw.items() if k != "model"})
         self._cache[key] = est
-        if len(self._cache) > 64:
+        if len(self._cache) > 8:
             self._cache.popitem(last=False)
         return est
 
+    def _scenario_box(self, arch: Any, name: str, kw: Dict[str, Any]) -> UnitBox:
+        """A comparison scenario as a unit-square layout; only that small layout is kept,
+        not the estimate (a scenario equal to the user's setup reuses its estimate)."""
+        key = self._key(kw)
+        hit = self._boxes.get(key)
+        if hit is not None:
+            self._boxes.move_to_end(key)
+            return hit
+        est = self._cache.get(key) or _estimate_fn()(arch, **{k: v for k, v in kw.items() if k != "model"})
+        box = unit_box(est, name)
+        self._boxes[key] = box
+        if len(self._boxes) > 64:
+            self._boxes.popitem(last=False)
+        return box
+
     def _scenario_setups(self, kw: Dict[str, Any]) -> List[Tuple[str, Dict[str, Any]]]:
-        keep = {k: kw[k] for k in ("batch_size", "seq_len", "grad_accum_steps",
-                                   "gradient_checkpointing", "attn_implementation")}
+        """The comparison's setups: the user's batch, sequence, checkpointing and attention
+        with each scenario's method and precision (AdamW, default quantization settings).
+
+        Built from the user's own keyword set, so a scenario equal to the user's setup has
+        the same cache key and is not estimated twice.
+        """
         out = []
         for name, change in SCENARIOS:
-            s = dict(keep, **change, optimizer="adamw")
-            if change["method"] == "qlora":
-                s.update(lora_r=kw["lora_r"], lora_alpha=kw["lora_alpha"])
+            s = dict(kw, **change, optimizer="adamw", prepare_kbit=False, trainable_layers=None)
+            if change["method"] != "qlora":
+                s.update(quantization="none", double_quant=True,
+                         quantized_groups=("attn_qk", "attn_vo", "mlp"))
+            if change["method"] not in _LORA_METHODS:  # LoRA fields do not matter: keep defaults
+                s.update(lora_r=16, lora_alpha=32.0, lora_dropout=0.0, lora_targets=None)
             if s["precision"] == "fp32" and s["attn_implementation"] == "flash_attention_2":
                 s["attn_implementation"] = "sdpa"  # flash attention has no fp32 kernel
             out.append((name, s))
@@ -392,11 +437,11 @@ class Calculator(anywidget.AnyWidget):
         except Exception as e:  # never raise into the frontend
             self._set_error(f"{type(e).__name__}: {e}", "")
             return
-        scenarios: List[Tuple[str, Estimate]] = [(YOUR_SETUP, est)]
+        scenarios: List[Tuple[str, UnitBox]] = [(YOUR_SETUP, self._scenario_box(arch, YOUR_SETUP, kw))]
         skipped: List[str] = []
         for name, s in self._scenario_setups(kw):
             try:
-                scenarios.append((name, self._cached_estimate(arch, s)))
+                scenarios.append((name, self._scenario_box(arch, name, s)))
             except Exception as e:  # a scenario the model cannot do: leave it out, say why
                 skipped.append(f"{name}: {e}")
         gpu = self._gpu_or_none()
@@ -409,7 +454,7 @@ class Calculator(anywidget.AnyWidget):
             charts.PHASES_DATA: charts.phase_rows(est, capacity_bytes=cap, capacity_label=cap_label),
         }
         self._estimate = est
-        self._scenarios = scenarios
+        self._scenario_kw = [(YOUR_SETUP, kw)] + self._scenario_setups(kw)
         with self.hold_sync():
             self.rows = rows
             self.summary = self._summary(est, arch, gpu, skipped)
@@ -490,11 +535,11 @@ class Calculator(anywidget.AnyWidget):
     @staticmethod
     def _table(est: Estimate) -> List[Dict[str, Any]]:
         total = total_bytes(est) or 1.0
-        order = {k: i for i, k in enumerate(COMPONENT_KINDS)}
+        order = {k: i for i, k in enumerate(KNOWN_COMPONENTS)}
         comps = sorted(est.components, key=lambda c: order.get(c.name, 99))
         return [{
             "component": c.name,
-            "color": charts.COMPONENT_COLORS.get(c.name, "#5f6b7a"),
+            "color": charts.component_color(c.name),
             "bytes": c.bytes,
             "gib": c.bytes / GIB,
             "share": c.bytes / total,

@@ -1,0 +1,132 @@
+"""Measure, on the CPU, what autograd saves per transformer block, to check activations.py.
+
+Builds a tiny model of a given architecture with transformers, runs one forward pass with
+labels under ``torch.autograd.graph.saved_tensors_hooks`` and adds up the distinct
+storages that autograd keeps (parameters excluded).  The difference between an (L+1)-layer
+and an L-layer model is what one block saves: the quantity ``activations.trace_block``
+predicts.  No GPU is needed; the CUDA attention backend is not exercised (CPU SDPA keeps
+q, k, v, output and logsumexp, as flash attention does).
+
+usage: python tools/saved_tensors.py   (prints predicted vs traced bytes per family)
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, Optional
+
+TINY: Dict[str, Dict[str, Any]] = {
+    "llama": dict(hidden_size=256, intermediate_size=688, num_attention_heads=8, num_key_value_heads=2,
+                  head_dim=32, vocab_size=512),
+    "mistral": dict(hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=4,
+                    vocab_size=512, sliding_window=None),
+    "qwen2": dict(hidden_size=224, intermediate_size=608, num_attention_heads=7, num_key_value_heads=1,
+                  vocab_size=512, tie_word_embeddings=True),
+    "qwen3": dict(hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=2,
+                  head_dim=64, vocab_size=512),
+    "gemma": dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=1,
+                  head_dim=64, vocab_size=512),
+    "gemma2": dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=64, vocab_size=512, sliding_window=4096, query_pre_attn_scalar=64),
+    "gemma3_text": dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=1,
+                        head_dim=64, vocab_size=512, sliding_window=4096),
+    "phi3": dict(hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=4,
+                 vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "olmoe": dict(hidden_size=256, intermediate_size=128, num_attention_heads=8, num_key_value_heads=8,
+                  num_experts=8, num_experts_per_tok=2, vocab_size=512, pad_token_id=1, eos_token_id=2),
+    "mixtral": dict(hidden_size=256, intermediate_size=384, num_attention_heads=8, num_key_value_heads=2,
+                    num_local_experts=4, num_experts_per_tok=2, vocab_size=512),
+    "qwen2_moe": dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                      shared_expert_intermediate_size=256, num_attention_heads=8, num_key_value_heads=2,
+                      num_experts=4, num_experts_per_tok=2, vocab_size=512),
+    "gpt2": dict(n_embd=256, n_head=8, vocab_size=512, n_positions=256, bos_token_id=0, eos_token_id=0,
+                 attn_pdrop=0.0),  # CPU SDPA has no dropout kernel (it would fall back to math)
+    "gpt_neox": dict(hidden_size=256, intermediate_size=1024, num_attention_heads=8, vocab_size=512,
+                     bos_token_id=0, eos_token_id=0),
+    "opt": dict(hidden_size=256, ffn_dim=1024, num_attention_heads=8, vocab_size=512, max_position_embeddings=256,
+                word_embed_proj_dim=256, pad_token_id=1, bos_token_id=2, eos_token_id=2),
+    "bloom": dict(hidden_size=256, n_head=8, vocab_size=512),
+    "falcon": dict(hidden_size=256, num_attention_heads=8, vocab_size=512, bos_token_id=0, eos_token_id=0),
+}
+
+
+def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str = "full",
+                       attn_implementation: str = "sdpa", batch_size: int = 2, seq_len: int = 32,
+                       layers: int = 2, overrides: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
+    """Saved bytes of one block, traced with torch: {'per_layer': ..., 'total_L': ...}."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kw = dict(TINY[model_type])
+    kw.update(overrides or {})
+
+    def run(n_layers: int) -> float:
+        key = "n_layer" if model_type == "gpt2" else "num_hidden_layers"
+        cfg = AutoConfig.for_model(model_type, **{**kw, key: n_layers})
+        cfg.use_cache = False
+        torch.manual_seed(0)
+        wd = torch.float32 if precision in ("fp32", "amp_bf16") else torch.bfloat16
+        model = AutoModelForCausalLM.from_config(cfg, dtype=wd, attn_implementation=attn_implementation)
+        if method == "lora":
+            import peft
+
+            from vramwidget.architecture import from_config
+
+            targets = from_config(cfg.to_dict()).linear_modules()
+            model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                               target_modules=targets))
+        model.train()
+        ids = torch.randint(0, cfg.vocab_size, (batch_size, seq_len))
+        seen: Dict[int, int] = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            seen.setdefault(st.data_ptr(), st.nbytes())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp_bf16"):
+                model(input_ids=ids, labels=ids)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        return float(sum(n for k, n in seen.items() if k not in params))
+
+    a, b = run(layers), run(layers + 1)
+    return {"per_layer": b - a, "total_L": a}
+
+
+def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: str = "full",
+                          attn_implementation: str = "sdpa", batch_size: int = 2, seq_len: int = 32,
+                          overrides: Optional[Dict[str, Any]] = None) -> float:
+    """What vramwidget's activations.py says one steady block saves (CPU kernels)."""
+    from transformers import AutoConfig
+
+    from vramwidget.architecture import from_config
+    from vramwidget.estimate import _activations, _params
+    from vramwidget.training import TrainingSetup
+
+    kw = dict(TINY[model_type])
+    kw.update(overrides or {})
+    cfg = AutoConfig.for_model(model_type, **{**kw, ("n_layer" if model_type == "gpt2" else
+                                                     "num_hidden_layers"): 2}).to_dict()
+    arch = from_config(cfg)
+    s = TrainingSetup.from_kwargs(method=method, precision=precision, attn_implementation=attn_implementation,
+                                  batch_size=batch_size, seq_len=seq_len, lora_r=8)
+    acts = _activations(arch, s, _params(arch, s), cpu=True)
+    return acts.per_layer_bytes
+
+
+if __name__ == "__main__":
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    kinds = sys.argv[1:] or list(TINY)
+    for mt in kinds:
+        for prec, method, attn in (("bf16", "full", "sdpa"), ("bf16", "full", "eager"), ("fp32", "full", "sdpa"),
+                                   ("fp32", "full", "eager"), ("bf16", "lora", "sdpa"), ("bf16", "lora", "eager")):
+            try:
+                t = traced_block_bytes(mt, precision=prec, method=method, attn_implementation=attn)["per_layer"]
+                p = predicted_block_bytes(mt, precision=prec, method=method, attn_implementation=attn)
+                print(f"{mt:12} {prec:9} {method:5} {attn:6} traced {t:10.0f} predicted {p:10.0f} "
+                      f"{(p - t) / t * 100:+6.1f}%", flush=True)
+            except Exception as e:  # noqa: BLE001 - a survey tool
+                print(f"{mt:12} {prec:9} {method:5} {attn:6} error {type(e).__name__}: {str(e)[:120]}", flush=True)
