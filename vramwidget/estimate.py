@@ -380,9 +380,9 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     elif head_trains:
         htr.save(n)
     head = [(t.name, t.nbytes, t.formula) for t in htr.saved.values()]
-    if arch.model_type == "gpt2" or (arch.model_type == "opt"):
-        # learned positions + embedding dropout mask
-        p = float(arch.config.get("embd_pdrop", arch.config.get("dropout", 0.0)) or 0.0)
+    if arch.model_type == "gpt2":
+        # GPT-2 drops out the sum of token and position embeddings (embd_pdrop)
+        p = float(arch.config.get("embd_pdrop", 0.1) or 0.0)
         if p > 0 and full:
             head.append(("embedding dropout mask", T * arch.hidden_size * 1.0, "T x h bool"))
     n_save = n_layers
@@ -719,14 +719,13 @@ def _merge_named(nodes: List[Node]) -> List[Node]:
 
 
 def _finish(nodes: List[Node]) -> List[Node]:
-    import copy
-
+    """Finalize (idempotent: parents = sum of children) and merge same-named components.
+    Phases share subtrees (the weights node is the same object in every phase)."""
     out = []
     for n in nodes:
-        m = copy.deepcopy(n)
-        m.finalize()
-        if m.bytes > 0:
-            out.append(m)
+        n.finalize()
+        if n.bytes > 0:
+            out.append(n)
     return _merge_named(out)
 
 
