@@ -1,0 +1,616 @@
+// @ts-check
+/**
+ * vramwidget frontend (anywidget ESM). Python computes, this file draws: it holds no
+ * memory model. It renders the rows Python sends and reports user input by setting a
+ * trait and calling model.save_changes().
+ *
+ * Traits (vramwidget/widget.py, class Calculator):
+ *   inputs  (set here):  model, config_json, method, precision, quantization,
+ *                        double_quant, quantized_groups, prepare_kbit, optimizer,
+ *                        gradient_checkpointing, attn_implementation, batch_size, seq_len,
+ *                        grad_accum_steps, lora_r, lora_alpha, lora_dropout, lora_targets,
+ *                        trainable_layers, gpu
+ *   outputs (read here): specs {name: vega-lite spec}, rows {name: [row]}, summary, table,
+ *                        disabled {trait: reason}, options {trait: [[value, label]]},
+ *                        formats [number format], error, error_field
+ *
+ * data-testid attributes (stable, for browser tests):
+ *   vramwidget                      the root element
+ *   control-<trait>                 each input control; quantized_groups and lora_targets are
+ *                                   fieldsets whose checkboxes are control-<trait>-<value>,
+ *                                   plus control-lora_targets-all ("every linear layer")
+ *   config-upload, config-clear     the config.json file picker and its clear button
+ *   error                           the error banner (hidden when the error trait is "")
+ *   summary                         peak, phase, device total, GPU fit
+ *   chart-detail, chart-comparison, chart-phases   the Vega charts (class vw-ready once drawn)
+ *   table                           the component table
+ *   formats                         the number-format panel
+ * A disabled control has the `disabled` attribute and its reason as title and as
+ * data-disabled-reason.
+ */
+import embed from "vega-embed";
+
+/**
+ * @typedef {{
+ *   get(name: string): any,
+ *   set(name: string, value: any): void,
+ *   save_changes(): void,
+ *   on(event: string, cb: () => void): void,
+ *   off(event?: string | null, cb?: (() => void) | null): void,
+ * }} Model
+ * @typedef {[string, string]} Choice
+ * @typedef {{ el: HTMLElement, view: any, token: number, pending: Promise<void> | null }} ChartSlot
+ */
+
+const CHARTS = [
+  ["detail", "Where the memory goes at the peak (area ∝ bytes)"],
+  ["comparison", "Scenarios on one scale (twice the memory, twice the area); dashed: the GPU"],
+  ["phases", "Memory through one training step"],
+];
+
+/** Select controls: trait, label, hint. Their choices come from options[trait]. */
+const SELECTS = [
+  ["method", "Method", "What trains: every weight, LoRA adapters, or the last layers"],
+  ["precision", "Precision", "Storage and compute dtypes of weights, gradients and states"],
+  ["optimizer", "Optimizer", "Optimizer state per trainable parameter"],
+  ["gradient_checkpointing", "Checkpointing", "Recompute activations in the backward pass"],
+  ["attn_implementation", "Attention", "eager materialises batch x heads x seq x seq scores"],
+  ["quantization", "Base weights", "Storage format of the frozen base weights"],
+];
+
+/** Number inputs: trait, label, kind ("int" | "float" | "int?"), min, step. */
+const NUMBERS = [
+  ["batch_size", "Batch size", "int", 1, 1],
+  ["seq_len", "Sequence length", "int", 1, 1],
+  ["grad_accum_steps", "Grad. accumulation", "int", 1, 1],
+  ["lora_r", "LoRA rank r", "int", 1, 1],
+  ["lora_alpha", "LoRA alpha", "float", 0, "any"],
+  ["lora_dropout", "LoRA dropout", "float", 0, 0.05],
+  ["trainable_layers", "Trainable last layers", "int?", 1, 1],
+];
+
+const INPUT_TRAITS = [
+  "model", "config_json", "method", "precision", "quantization", "double_quant",
+  "quantized_groups", "prepare_kbit", "optimizer", "gradient_checkpointing",
+  "attn_implementation", "batch_size", "seq_len", "grad_accum_steps", "lora_r",
+  "lora_alpha", "lora_dropout", "lora_targets", "trainable_layers", "gpu",
+];
+
+/** Vega parameter holding the colour of the lines between treemap boxes (charts.GAP_PARAM). */
+const GAP_PARAM = "vw_gap";
+
+let uid = 0;
+
+/**
+ * @param {string} tag
+ * @param {Record<string, any>} [attrs]
+ * @param {(Node | string)[]} [children]
+ * @returns {HTMLElement}
+ */
+function h(tag, attrs = {}, children = []) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k === "text") el.textContent = v;
+    else if (k === "testid") el.dataset.testid = v;
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children) el.append(c);
+  return el;
+}
+
+/** @param {number | null | undefined} gib */
+function fmtGiB(gib) {
+  if (gib === null || gib === undefined || !isFinite(gib)) return "–";
+  if (Math.abs(gib) >= 100) return `${gib.toFixed(0)} GiB`;
+  if (Math.abs(gib) >= 10) return `${gib.toFixed(1)} GiB`;
+  return `${gib.toFixed(2)} GiB`;
+}
+
+/** @param {number | null | undefined} n */
+function fmtCount(n) {
+  if (n === null || n === undefined) return "–";
+  for (const [d, s] of [[1e12, "T"], [1e9, "B"], [1e6, "M"], [1e3, "K"]]) {
+    if (n >= /** @type {number} */ (d)) return `${(n / /** @type {number} */ (d)).toPrecision(3)}${s}`;
+  }
+  return String(n);
+}
+
+/** @param {number} x */
+function fmtNum(x) {
+  if (x === 0) return "0";
+  const a = Math.abs(x);
+  if (a >= 1e5 || a < 1e-3) return x.toExponential(2).replace("e+", "e");
+  return String(Number(x.toPrecision(4)));
+}
+
+/**
+ * Colours of the page the widget sits in (JupyterLab light/dark, VS Code, marimo, Colab):
+ * the inherited text colour decides, so it works without any --jp-* variable.
+ * @param {HTMLElement} el
+ */
+function themeOf(el) {
+  const cs = getComputedStyle(el);
+  const fg = cs.getPropertyValue("--jp-ui-font-color1").trim() || cs.color || "#222";
+  const muted = cs.getPropertyValue("--jp-ui-font-color2").trim() || fg;
+  const m = fg.match(/\d+(\.\d+)?/g);
+  let dark = false;
+  if (m && m.length >= 3) dark = 0.299 * +m[0] + 0.587 * +m[1] + 0.114 * +m[2] > 150;
+  else if (/^#(f|e|d|c)/i.test(fg)) dark = true;
+  // the page background, for the lines between treemap boxes
+  let bg = cs.getPropertyValue("--jp-layout-color0").trim();
+  for (let n = /** @type {HTMLElement | null} */ (el); !bg && n; n = n.parentElement) {
+    const c = getComputedStyle(n).backgroundColor;
+    if (c && c !== "transparent" && !/rgba\(.*,\s*0\)$/.test(c)) bg = c;
+  }
+  // a real font list, not a var(): Vega measures label widths with it
+  const font = cs.fontFamily || "sans-serif";
+  return { fg, muted, dark, font, bg: bg || (dark ? "#111111" : "#ffffff") };
+}
+
+/** @typedef {{fg: string, muted: string, dark: boolean, font: string, bg: string}} Theme */
+/** @param {Theme} theme */
+function vegaConfig(theme) {
+  const grid = theme.dark ? "#555" : "#ddd";
+  return {
+    background: null,
+    view: { stroke: null },
+    font: theme.font,
+    axis: {
+      labelColor: theme.fg, titleColor: theme.fg, domainColor: theme.muted,
+      tickColor: theme.muted, gridColor: grid,
+    },
+    legend: { labelColor: theme.fg, titleColor: theme.fg },
+    title: { color: theme.fg, subtitleColor: theme.muted },
+    text: { color: theme.fg },
+  };
+}
+
+/**
+ * @param {any} spec
+ * @param {string} name
+ * @param {any[]} rows
+ */
+function withRows(spec, name, rows) {
+  return { ...spec, datasets: { ...(spec.datasets || {}), [name]: rows || [] } };
+}
+
+export default {
+  /** @param {{ model: Model }} ctx */
+  initialize({ model }) {
+    // Nothing to share across views; each view subscribes on render and cleans up.
+    return () => {};
+  },
+
+  /** @param {{ model: Model, el: HTMLElement }} ctx */
+  render({ model, el }) {
+    const id = `vw${++uid}`;
+    /** @type {Array<[string, () => void]>} */
+    const handlers = [];
+    /** @param {string} ev @param {() => void} cb */
+    const on = (ev, cb) => { model.on(ev, cb); handlers.push([ev, cb]); };
+    /** @param {string} name @param {any} value */
+    const send = (name, value) => { model.set(name, value); model.save_changes(); };
+
+    /** @type {Record<string, HTMLElement>} every control by trait name */
+    const controls = {};
+    const root = h("div", { class: "vw-root", testid: "vramwidget" });
+    const errorBox = h("div", { class: "vw-error", role: "alert", testid: "error", hidden: true });
+    const summaryBox = h("div", { class: "vw-summary", testid: "summary", "aria-live": "polite" });
+    const form = h("form", { class: "vw-controls", "aria-label": "training setup" });
+    form.addEventListener("submit", (e) => e.preventDefault());
+
+    /**
+     * A labelled row around one control.
+     * @param {string} name @param {string} label @param {HTMLElement} input @param {string} [hint]
+     */
+    const field = (name, label, input, hint) => {
+      input.id = `${id}-${name}`;
+      input.dataset.testid = `control-${name}`;
+      input.setAttribute("name", name);
+      controls[name] = input;
+      const lab = h("label", { for: input.id, text: label, title: hint });
+      return h("div", { class: "vw-field", "data-field": name }, [lab, input]);
+    };
+
+    // --- model: preset search, Hub id, pasted or uploaded config.json -----------------
+    const datalist = h("datalist", { id: `${id}-presets` });
+    const modelInput = /** @type {HTMLInputElement} */ (h("input", {
+      type: "text", list: datalist.id, autocomplete: "off", spellcheck: "false",
+      placeholder: "preset, Hub id (org/name) or 7B",
+    }));
+    modelInput.addEventListener("change", () => {
+      const v = modelInput.value.trim();
+      if (v) send("model", v);
+    });
+    const configText = /** @type {HTMLTextAreaElement} */ (h("textarea", {
+      rows: 4, spellcheck: "false", placeholder: "paste a config.json here",
+    }));
+    configText.addEventListener("change", () => send("config_json", configText.value));
+    const upload = /** @type {HTMLInputElement} */ (h("input", {
+      type: "file", accept: ".json,application/json", testid: "config-upload",
+      "aria-label": "upload a config.json",
+    }));
+    upload.addEventListener("change", async () => {
+      const file = upload.files && upload.files[0];
+      if (!file) return;
+      const text = await file.text();
+      configText.value = text;
+      send("config_json", text);
+      upload.value = "";
+    });
+    const clear = h("button", { type: "button", testid: "config-clear", text: "clear config" });
+    clear.addEventListener("click", () => { configText.value = ""; send("config_json", ""); });
+    const configBox = h("details", { class: "vw-config" }, [
+      h("summary", { text: "config.json (paste or upload)" }),
+      field("config_json", "config.json text", configText),
+      h("div", { class: "vw-row" }, [upload, clear]),
+    ]);
+
+    const fsModel = h("fieldset", { class: "vw-group" }, [
+      h("legend", { text: "Model" }),
+      field("model", "Preset or Hub id", modelInput, "Type to search the presets; or a Hub id, e.g. meta-llama/Llama-3.1-8B"),
+      datalist, configBox,
+    ]);
+
+    // --- selects ---------------------------------------------------------------------
+    /** @type {Record<string, HTMLElement>} */
+    const selectFields = {};
+    for (const [name, label, hint] of SELECTS) {
+      const sel = h("select");
+      sel.addEventListener("change", () => send(name, /** @type {HTMLSelectElement} */ (sel).value));
+      selectFields[name] = field(name, label, sel, hint);
+    }
+    const gpuSel = h("select");
+    gpuSel.addEventListener("change", () => send("gpu", /** @type {HTMLSelectElement} */ (gpuSel).value));
+
+    // --- numbers ---------------------------------------------------------------------
+    /** @type {Record<string, HTMLElement>} */
+    const numberFields = {};
+    for (const [name, label, kind, min, step] of NUMBERS) {
+      const inp = /** @type {HTMLInputElement} */ (h("input", {
+        type: "number", min, step, inputmode: kind === "float" ? "decimal" : "numeric",
+        placeholder: kind === "int?" ? "all" : undefined,
+      }));
+      inp.addEventListener("change", () => {
+        const raw = inp.value.trim();
+        if (raw === "" && kind === "int?") { inp.removeAttribute("aria-invalid"); send(name, null); return; }
+        const v = Number(raw);
+        const ok = raw !== "" && isFinite(v) && (kind === "float" || Number.isInteger(v));
+        if (!ok) {
+          inp.setAttribute("aria-invalid", "true");
+          inp.title = kind === "float" ? "enter a number" : "enter a whole number";
+          return;
+        }
+        inp.removeAttribute("aria-invalid");
+        send(name, v);
+      });
+      numberFields[name] = field(name, /** @type {string} */ (label), inp);
+    }
+
+    // --- checkboxes and checkbox groups ----------------------------------------------
+    /** @param {string} name @param {string} label @param {string} hint */
+    const checkbox = (name, label, hint) => {
+      const cb = /** @type {HTMLInputElement} */ (h("input", { type: "checkbox" }));
+      cb.addEventListener("change", () => send(name, cb.checked));
+      const f = field(name, label, cb, hint);
+      f.classList.add("vw-check");
+      return f;
+    };
+    /**
+     * A fieldset of checkboxes whose checked values form a list trait.
+     * @param {string} name @param {string} legend
+     */
+    const checkGroup = (name, legend) => {
+      const fs = h("fieldset", { class: "vw-checks", testid: `control-${name}`, "data-field": name }, [
+        h("legend", { text: legend }),
+      ]);
+      controls[name] = fs;
+      return fs;
+    };
+    const groupsFs = checkGroup("quantized_groups", "Quantized module groups");
+    const targetsFs = checkGroup("lora_targets", "LoRA targets");
+    const allTargets = /** @type {HTMLInputElement} */ (h("input", {
+      type: "checkbox", id: `${id}-lora_targets-all`, testid: "control-lora_targets-all",
+    }));
+    const targetsList = h("div", { class: "vw-checklist" });
+    targetsFs.append(h("div", { class: "vw-check" }, [
+      allTargets, h("label", { for: allTargets.id, text: "every linear layer" }),
+    ]), targetsList);
+    const checkedValues = (/** @type {HTMLElement} */ box) =>
+      [...box.querySelectorAll("input[type=checkbox]:checked")].map((x) => /** @type {HTMLInputElement} */ (x).value);
+    allTargets.addEventListener("change", () => {
+      if (allTargets.checked) send("lora_targets", null);
+      else {
+        const picked = checkedValues(targetsList);
+        send("lora_targets", picked.length ? picked : (model.get("options").lora_targets || []).map((/** @type {Choice} */ c) => c[0]));
+      }
+    });
+    groupsFs.addEventListener("change", () => send("quantized_groups", checkedValues(groupsFs)));
+    targetsList.addEventListener("change", () => send("lora_targets", checkedValues(targetsList)));
+
+    const fsTraining = h("fieldset", { class: "vw-group" }, [
+      h("legend", { text: "Training" }),
+      selectFields.method, selectFields.precision, selectFields.optimizer,
+      selectFields.gradient_checkpointing, selectFields.attn_implementation,
+    ]);
+    const fsBatch = h("fieldset", { class: "vw-group" }, [
+      h("legend", { text: "Batch" }),
+      numberFields.batch_size, numberFields.seq_len, numberFields.grad_accum_steps,
+      numberFields.trainable_layers,
+    ]);
+    const fsQuant = h("fieldset", { class: "vw-group" }, [
+      h("legend", { text: "Quantization" }),
+      selectFields.quantization,
+      checkbox("double_quant", "Double quantization", "Quantize the 4-bit quantization constants too"),
+      checkbox("prepare_kbit", "prepare_model_for_kbit_training", "Upcasts non-quantized parameters to fp32"),
+      groupsFs,
+    ]);
+    const fsLora = h("fieldset", { class: "vw-group" }, [
+      h("legend", { text: "LoRA" }),
+      numberFields.lora_r, numberFields.lora_alpha, numberFields.lora_dropout, targetsFs,
+    ]);
+    const fsGpu = h("fieldset", { class: "vw-group" }, [
+      h("legend", { text: "GPU" }),
+      field("gpu", "Fit on", gpuSel, "Draws the GPU's memory on the charts"),
+    ]);
+    form.append(fsModel, fsTraining, fsBatch, fsQuant, fsLora, fsGpu);
+
+    // --- charts, table, number formats -----------------------------------------------
+    /** @type {Record<string, ChartSlot>} */
+    const slots = {};
+    const chartsBox = h("div", { class: "vw-charts" });
+    for (const [name, title] of CHARTS) {
+      const target = h("div", { class: "vw-chart", testid: `chart-${name}` });
+      chartsBox.append(h("section", { class: "vw-chart-box" }, [h("h4", { text: title }), target]));
+      slots[name] = { el: target, view: null, token: 0, pending: null };
+    }
+    const tableBox = h("div", { class: "vw-table", testid: "table" });
+    const formatsBox = h("details", { class: "vw-formats", testid: "formats" });
+
+    const main = h("div", { class: "vw-main" }, [chartsBox, tableBox, formatsBox]);
+    root.append(errorBox, summaryBox, h("div", { class: "vw-layout" }, [form, main]));
+    el.append(root);
+
+    // --- model -> DOM ---------------------------------------------------------------
+    /**
+     * Replace a select's choices, keeping its value.
+     * @param {HTMLSelectElement} sel @param {Choice[]} choices @param {string} value
+     */
+    const fillSelect = (sel, choices, value) => {
+      const key = JSON.stringify(choices);
+      if (sel.dataset.choices !== key) {
+        sel.replaceChildren(...choices.map(([v, l]) => h("option", { value: v, text: l })));
+        sel.dataset.choices = key;
+      }
+      if (![...sel.options].some((o) => o.value === value)) {
+        sel.append(h("option", { value, text: value }));  // an unknown value stays visible
+        sel.dataset.choices = "";
+      }
+      sel.value = value;
+    };
+    /**
+     * @param {HTMLElement} box @param {string} name @param {Choice[]} choices
+     * @param {string[] | null} picked
+     */
+    const fillChecks = (box, name, choices, picked) => {
+      const key = JSON.stringify(choices);
+      if (box.dataset.choices !== key) {
+        box.querySelectorAll(".vw-check-item").forEach((n) => n.remove());
+        for (const [v, l] of choices) {
+          const cb = h("input", { type: "checkbox", value: v, id: `${id}-${name}-${v}`, testid: `control-${name}-${v}` });
+          box.append(h("div", { class: "vw-check vw-check-item" }, [cb, h("label", { for: cb.id, text: l })]));
+        }
+        box.dataset.choices = key;
+      }
+      const set = new Set(picked || []);
+      box.querySelectorAll(".vw-check-item input").forEach((n) => {
+        const cb = /** @type {HTMLInputElement} */ (n);
+        cb.checked = picked === null ? true : set.has(cb.value);
+      });
+    };
+
+    const syncOptions = () => {
+      const opts = model.get("options") || {};
+      for (const [name] of SELECTS) {
+        fillSelect(/** @type {HTMLSelectElement} */ (controls[name]), opts[name] || [], model.get(name));
+      }
+      fillSelect(/** @type {HTMLSelectElement} */ (gpuSel), [["", "(none)"], ...(opts.gpus || [])], model.get("gpu"));
+      datalist.replaceChildren(...(opts.presets || []).map((/** @type {Choice} */ [v, l]) => h("option", { value: v, label: l || v })));
+      fillChecks(groupsFs, "quantized_groups", opts.quantized_groups || [], model.get("quantized_groups"));
+      fillChecks(targetsList, "lora_targets", opts.lora_targets || [], model.get("lora_targets"));
+      allTargets.checked = model.get("lora_targets") === null;
+      syncDisabled();
+    };
+
+    const syncInputs = () => {
+      const active = el.ownerDocument.activeElement;
+      if (active !== modelInput) modelInput.value = model.get("model") || "";
+      if (active !== configText) configText.value = model.get("config_json") || "";
+      configBox.toggleAttribute("open", !!(model.get("config_json") || "").trim() || configBox.hasAttribute("open"));
+      for (const [name] of NUMBERS) {
+        const inp = /** @type {HTMLInputElement} */ (controls[name]);
+        const v = model.get(name);
+        if (active === inp && inp.getAttribute("aria-invalid") === "true") continue;  // keep the typing
+        inp.value = v === null ? "" : String(v);
+        inp.removeAttribute("aria-invalid");
+      }
+      for (const name of ["double_quant", "prepare_kbit"]) {
+        /** @type {HTMLInputElement} */ (controls[name]).checked = !!model.get(name);
+      }
+      syncOptions();
+    };
+
+    const syncDisabled = () => {
+      const off = model.get("disabled") || {};
+      const errField = model.get("error") ? model.get("error_field") : "";
+      for (const [name, ctl] of Object.entries(controls)) {
+        const reason = off[name];
+        const wrap = /** @type {HTMLElement} */ (ctl.closest("[data-field]") || ctl);
+        ctl.toggleAttribute("disabled", !!reason);
+        if (reason) {
+          ctl.title = reason;
+          ctl.dataset.disabledReason = reason;
+          wrap.title = reason;
+        } else {
+          ctl.removeAttribute("title");
+          delete ctl.dataset.disabledReason;
+          wrap.removeAttribute("title");
+        }
+        wrap.classList.toggle("vw-off", !!reason);
+        wrap.classList.toggle("vw-bad", name === errField);
+      }
+      targetsList.querySelectorAll("input").forEach((n) => {
+        n.toggleAttribute("disabled", !!off.lora_targets || allTargets.checked);
+      });
+      allTargets.toggleAttribute("disabled", !!off.lora_targets);
+    };
+
+    const syncError = () => {
+      const msg = model.get("error") || "";
+      errorBox.textContent = msg ? `⚠ ${msg} (showing the last valid estimate)` : "";
+      errorBox.hidden = !msg;
+      syncDisabled();
+    };
+
+    const syncSummary = () => {
+      const s = model.get("summary") || {};
+      if (s.peak_gib === undefined) { summaryBox.textContent = ""; return; }
+      const fit = s.fits === null || s.fits === undefined ? null
+        : h("span", { class: `vw-badge ${s.fits ? "vw-fits" : "vw-over"}`, "data-fits": String(s.fits),
+          text: s.fits ? `fits ${s.gpu}: ${fmtGiB(s.headroom_gib)} to spare`
+            : `does not fit ${s.gpu}: ${fmtGiB(-s.headroom_gib)} over` });
+      const head = h("div", { class: "vw-headline" }, [
+        h("span", { class: "vw-peak", "data-peak-gib": s.peak_gib.toFixed(4) }, [
+          h("strong", { text: fmtGiB(s.peak_gib) }), ` peak allocated, at ${s.peak_phase_label}`,
+        ]),
+        h("span", { text: `device total ${fmtGiB(s.device_total_gib)} (allocator reserve ${fmtGiB(s.reserved_gib)} + CUDA context ${fmtGiB(s.cuda_context_gib)})` }),
+        ...(fit ? [fit] : []),
+      ]);
+      const sub = h("div", { class: "vw-sub", text: `${s.model} · ${fmtCount(s.params_total)} parameters, ${fmtCount(s.params_trainable)} trainable` + (s.recompute_overhead ? ` · recompute +${Math.round(100 * s.recompute_overhead)}% compute` : "") });
+      const notes = [...(s.warnings || []).map((/** @type {string} */ w) => h("li", { class: "vw-warn", text: w })),
+        ...(s.notes || []).map((/** @type {string} */ n) => h("li", { text: n }))];
+      summaryBox.replaceChildren(head, sub, ...(notes.length ? [h("ul", { class: "vw-notes" }, notes)] : []));
+    };
+
+    const syncTable = () => {
+      const rows = model.get("table") || [];
+      const total = rows.reduce((/** @type {number} */ a, /** @type {any} */ r) => a + r.gib, 0);
+      const body = rows.map((/** @type {any} */ r) => h("tr", { title: (r.groups || []).map((/** @type {any} */ g) => `${g.name}: ${fmtGiB(g.gib)}`).join("\n") }, [
+        h("td", {}, [h("span", { class: "vw-swatch", style: `background:${r.color}` }), r.component]),
+        h("td", { class: "vw-num", text: fmtGiB(r.gib) }),
+        h("td", { class: "vw-num", text: `${(100 * r.share).toFixed(1)}%` }),
+        h("td", { class: "vw-groups", text: (r.groups || []).slice(0, 4).map((/** @type {any} */ g) => `${g.name} ${fmtGiB(g.gib)}`).join(", ") }),
+      ]));
+      tableBox.replaceChildren(h("table", {}, [
+        h("caption", { text: "Memory live at the peak, by component" }),
+        h("thead", {}, [h("tr", {}, ["component", "GiB", "share", "largest parts"].map((c) => h("th", { scope: "col", text: c })))]),
+        h("tbody", {}, body),
+        h("tfoot", {}, [h("tr", {}, [h("th", { scope: "row", text: "total" }), h("td", { class: "vw-num", text: fmtGiB(total) }), h("td", { class: "vw-num", text: "100%" }), h("td")])]),
+      ]));
+    };
+
+    const syncFormats = () => {
+      const fmts = model.get("formats") || [];
+      const bits = (/** @type {any} */ f) => {
+        const spans = [h("span", { class: "vw-bit vw-bit-s", title: "sign" })];
+        for (let i = 0; i < f.exponent; i++) spans.push(h("span", { class: "vw-bit vw-bit-e", title: "exponent" }));
+        for (let i = 0; i < f.mantissa; i++) spans.push(h("span", { class: "vw-bit vw-bit-m", title: f.exponent ? "mantissa" : "value" }));
+        return h("span", { class: "vw-bits", "aria-label": `${f.bits} bits` }, spans);
+      };
+      const body = fmts.map((/** @type {any} */ f) => h("tr", {}, [
+        h("th", { scope: "row", text: f.name }),
+        h("td", {}, [bits(f)]),
+        h("td", { class: "vw-num", text: f.exponent ? `1 / ${f.exponent} / ${f.mantissa}` : `${f.bits}-bit` }),
+        h("td", { class: "vw-num", text: fmtNum(f.max) }),
+        h("td", { class: "vw-num", text: fmtNum(f.min_normal) }),
+        h("td", { class: "vw-num", text: fmtNum(f.epsilon) }),
+        h("td", { class: "vw-num", text: String(f.decimal_digits) }),
+        h("td", { class: "vw-note", text: f.note }),
+      ]));
+      const open = formatsBox.hasAttribute("open");
+      formatsBox.replaceChildren(
+        h("summary", { text: "Number formats: bits, range, precision" }),
+        h("table", {}, [
+          h("thead", {}, [h("tr", {}, ["format", "bits", "sign/exp/mantissa", "max", "min normal", "epsilon", "digits", ""].map((c) => h("th", { scope: "col", text: c })))]),
+          h("tbody", {}, body),
+        ]));
+      formatsBox.toggleAttribute("open", open);
+    };
+
+    // --- charts: embed once per spec, then swap rows in place ---------------------------
+    let theme = themeOf(root);
+    /** @param {string} name */
+    const embedChart = (name) => {
+      const slot = slots[name];
+      const spec = (model.get("specs") || {})[name];
+      const token = ++slot.token;
+      if (slot.view) { slot.view.finalize(); slot.view = null; }
+      slot.el.classList.remove("vw-ready");
+      if (!spec) return;
+      const rows = (model.get("rows") || {})[name] || [];
+      slot.pending = embed(slot.el, withRows(spec, name, rows), {
+        actions: false, renderer: "svg", config: vegaConfig(theme),
+        tooltip: { theme: theme.dark ? "dark" : "light" },
+      }).then((res) => {
+        if (token !== slot.token) { res.finalize(); return; }
+        slot.view = res.view;
+        slot.el.classList.add("vw-ready");
+        try { res.view.signal(GAP_PARAM, theme.bg); } catch (_) { /* chart without the parameter */ }
+        // rows may have changed while the spec was being compiled
+        const now = (model.get("rows") || {})[name] || [];
+        if (now !== rows) res.view.data(name, now);
+        return res.view.runAsync().then(() => {});
+      }).catch((err) => {
+        slot.el.textContent = `chart failed: ${err && err.message ? err.message : err}`;
+      });
+    };
+    const embedAll = () => { for (const [name] of CHARTS) embedChart(name); };
+    const updateRows = () => {
+      const all = model.get("rows") || {};
+      for (const [name] of CHARTS) {
+        const slot = slots[name];
+        if (slot.view && all[name]) slot.view.data(name, all[name]).runAsync();
+        // not embedded yet: embedChart picks up the latest rows when it resolves
+      }
+    };
+
+    // re-embed when the notebook theme changes (JupyterLab toggles body attributes)
+    const observer = new MutationObserver(() => {
+      const next = themeOf(root);
+      if (next.fg !== theme.fg) { theme = next; embedAll(); }
+    });
+    observer.observe(el.ownerDocument.body, { attributes: true, attributeFilter: ["class", "data-jp-theme-light", "data-jp-theme-name", "data-theme"] });
+
+    // --- subscriptions: one loop over the traits -------------------------------------
+    for (const name of INPUT_TRAITS) on(`change:${name}`, syncInputs);
+    on("change:options", syncOptions);
+    on("change:disabled", syncDisabled);
+    on("change:error", syncError);
+    on("change:error_field", syncDisabled);
+    on("change:summary", syncSummary);
+    on("change:table", syncTable);
+    on("change:formats", syncFormats);
+    on("change:rows", updateRows);
+    on("change:specs", embedAll);
+
+    syncInputs();
+    syncError();
+    syncSummary();
+    syncTable();
+    syncFormats();
+    // embed after the element is attached so the theme colours can be read
+    requestAnimationFrame(() => { theme = themeOf(root); embedAll(); });
+
+    return () => {
+      for (const [ev, cb] of handlers) model.off(ev, cb);
+      observer.disconnect();
+      for (const slot of Object.values(slots)) {
+        slot.token++;
+        if (slot.view) slot.view.finalize();
+        slot.view = null;
+      }
+    };
+  },
+};
