@@ -190,7 +190,8 @@ def comparison_chart(scenarios: Optional[Sequence[Tuple[str, Estimate]]] = None,
         align="left", baseline="top", fontSize=_FONT, lineBreak="\n", lineHeight=13,
         fontWeight="bold",
     ).encode(x=x, y=y, text="text:N")
-    chart = alt.layer(*layers[:2], capacity, layers[2], captions).add_params(_gap_param()).properties(
+    chart = alt.layer(*layers[:2], capacity, layers[2], captions, data=alt.NamedData(name)
+                      ).add_params(_gap_param()).properties(
         width=width, height=height).configure_view(stroke=None)
     return _with_rows(chart, name, rows)
 
@@ -227,10 +228,12 @@ def phase_rows(est: Estimate, *, capacity_bytes: Optional[float] = None,
             rows.append({"level": "total", "phase": label, "order": i, "component": "", "kind": "",
                          "corder": 0, "bytes": total, "gib": total / GIB,
                          "text": fmt_gib(total) + peak})
-    if capacity_bytes:
-        rows.append({"level": "capacity", "phase": "", "order": 0, "component": "", "kind": "",
-                     "corder": 0, "bytes": capacity_bytes, "gib": capacity_bytes / GIB,
-                     "text": capacity_label or fmt_gib(capacity_bytes)})
+    # the GPU line; without a GPU an invisible one at 0, so the layer's data is never
+    # empty (Vega warns about an infinite extent otherwise)
+    cap = capacity_bytes or 0.0
+    rows.append({"level": "capacity", "phase": "", "order": 0, "component": "", "kind": "",
+                 "corder": 0, "bytes": cap, "gib": cap / GIB,
+                 "text": (capacity_label or fmt_gib(cap)) if cap else ""})
     return rows
 
 
@@ -257,9 +260,10 @@ def phase_chart(est: Optional[Estimate] = None, *, width: float = 640, height: f
     totals = base.transform_filter(alt.datum.level == "total").mark_text(
         baseline="bottom", dy=-3, fontSize=_FONT,
     ).encode(x=x, y=alt.Y("gib:Q"), text="text:N")
+    shown = alt.condition(alt.datum.text == "", alt.value(0), alt.value(1))
     rule = base.transform_filter(alt.datum.level == "capacity").mark_rule(
         color="#e45756", strokeDash=[5, 3], strokeWidth=1.5,
-    ).encode(y=alt.Y("gib:Q"), tooltip=[alt.Tooltip("text:N", title="GPU")])
+    ).encode(y=alt.Y("gib:Q"), opacity=shown, tooltip=[alt.Tooltip("text:N", title="GPU")])
     rule_text = base.transform_filter(alt.datum.level == "capacity").mark_text(
         align="right", baseline="bottom", dy=-2, color="#e45756", fontSize=_FONT,
     ).encode(y=alt.Y("gib:Q"), x=alt.value(width), text="text:N")
