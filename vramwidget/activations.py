@@ -117,25 +117,26 @@ def attention_backend(arch: Architecture, setup: TrainingSetup, compute_dtype: s
 
     Flash attention needs 16-bit inputs and head dim <= 256; memory-efficient attention
     takes fp32 too but not grouped KV heads (``enable_gqa``); otherwise SDPA falls back to
-    the math kernel, which materialises the scores.  ``selective`` checkpointing recomputes
-    the attention core, so nothing quadratic is kept either way.
+    the math kernel, which materialises the scores.  ``selective`` checkpointing
+    (Korthikanti et al.) wraps the attention core in a checkpoint: only its inputs q, k, v
+    are kept and the core is recomputed in backward ("recompute").
     """
     impl = setup.attn_implementation
-    if impl == "eager" and setup.gradient_checkpointing != "selective":
+    if setup.gradient_checkpointing == "selective":
+        return "recompute"
+    if impl == "eager":
         return "eager"
     if impl == "flash_attention_2":
         return "flash"
     sixteen = compute_dtype in ("bfloat16", "float16")
     d = arch.head_dim
-    if arch.attn_logit_softcapping and impl != "eager":
-        # SDPA cannot soft-cap: transformers refuses it; we model the eager path
-        return "eager" if setup.gradient_checkpointing != "selective" else "flash"
+    if (arch.attn_logit_softcapping or arch.model_type == "bloom") and impl != "flash_attention_2":
+        # SDPA cannot soft-cap (Gemma 2) or add ALiBi (BLOOM): transformers runs them eager
+        return "eager"
     if sixteen and d <= 256:
         return "flash"
     if arch.num_kv_heads == arch.num_heads or arch.mla:
         return "efficient"
-    if setup.gradient_checkpointing == "selective":
-        return "flash"
     return "math"
 
 
@@ -241,6 +242,11 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         q, k, v = (tr.cast(t, ctx.c, f"{t.name} cast to {ctx.c}") for t in (q, k, v))
     out_numel = T * a * v_head_dim
     scores = b * a * s * s
+    if backend == "recompute":
+        if rg:
+            for t in (q, k, v):
+                tr.save(t)
+        return tr.new("attention output", out_numel, q.dtype, rg, "T x a*d", group)
     if backend in ("flash", "efficient"):
         if rg:
             for t in (q, k, v):

@@ -541,7 +541,7 @@ def _gpt_neox(cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
     b.norm("gpt_neox.final_layer_norm", h, bias=True, per_layer=False)
     tied = bool(_get(cfg, "tie_word_embeddings", default=False))
     if not tied:
-        b.top("embed_out.weight", (V, h), "output_head", "embed_out")
+        b.top("lm_head.weight", (V, h), "output_head", "lm_head")
     return dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=a, head_dim=h // a, intermediate_size=i,
                 vocab_size=V, tie_word_embeddings=tied, tensors=b.tensors, mlp_kind="plain", norm_kind="layernorm")
 

@@ -82,7 +82,7 @@ class _Params:
     lora_modules: Tuple[str, ...]
     trainable_numel: int
     trainable_bytes_by_group: Dict[str, float]
-    trainable_tensors: List[Tuple[str, str, int, str]]   # (name, group, numel, dtype) of each trained tensor
+    trainable_tensors: List[Tuple[str, str, int, str, int]]  # (name, group, numel, dtype, numel of one instance)
     largest_trainable_numel: int
 
 
@@ -145,8 +145,7 @@ def _params(arch: Architecture, s: TrainingSetup) -> _Params:
             trainable += t.numel
             gbytes = t.numel * DTYPE_BYTES[dtype]
             by_group[t.group] = by_group.get(t.group, 0.0) + gbytes
-            for _ in range(1):
-                tlist.append((t.name, t.group, t.numel, dtype))
+            tlist.append((t.name, t.group, t.numel, dtype, t.numel_each))
             largest = max(largest, t.numel_each)
     adapters = []
     adapter_dtype = "float32"  # peft keeps adapters in fp32 when the base is 16-bit
@@ -158,7 +157,8 @@ def _params(arch: Architecture, s: TrainingSetup) -> _Params:
             adapters.append((t.module, t.group, n * DTYPE_BYTES[adapter_dtype], n))
             trainable += n
             by_group["adapters"] = by_group.get("adapters", 0.0) + n * DTYPE_BYTES[adapter_dtype]
-            tlist.append((f"{t.module} lora_A/B", "adapters", n, adapter_dtype))
+            tlist.append((f"{t.module} lora_A", "adapters", numel_a, adapter_dtype, s.lora_r * t.in_features))
+            tlist.append((f"{t.module} lora_B", "adapters", numel_b, adapter_dtype, s.lora_r * t.out_features))
             largest = max(largest, s.lora_r * max(t.in_features, t.out_features))
     return _Params(weights, consts, adapters, adapter_dtype, lora_modules, trainable, by_group, tlist, largest)
 
@@ -214,9 +214,9 @@ def optimizer_states(P: _Params, s: TrainingSetup) -> List[Node]:
     if opt in ("adamw_8bit", "paged_adamw_8bit"):
         for label in ("exp_avg (8-bit)", "exp_avg_sq (8-bit)"):
             node = Node(label, formula="1 B/param + fp32 absmax per 256 values; tensors < 4096 elements keep fp32")
-            for name, group, numel, dtype in P.trainable_tensors:
-                small = numel < BNB_8BIT_MIN_SIZE
-                b = numel * 4 if small else numel + -(-numel // BNB_8BIT_OPT_BLOCK) * 4
+            for name, group, numel, dtype, each in P.trainable_tensors:
+                small = each < BNB_8BIT_MIN_SIZE
+                b = numel * 4 if small else (each + -(-each // BNB_8BIT_OPT_BLOCK) * 4) * (numel // each)
                 _add_to_group(node, group, b, numel, "uint8", node.formula)
             nodes.append(node)
         return nodes
@@ -242,14 +242,9 @@ def optimizer_states(P: _Params, s: TrainingSetup) -> List[Node]:
              "sgd_momentum": ("momentum_buffer",)}.get(opt, ())
     for idx, label in enumerate(names):
         node = Node(label)
-        for name, group, numel, dtype in P.trainable_tensors:
+        for name, group, numel, dtype, _each in P.trainable_tensors:
             sd = _state_dtypes(s, dtype)[idx]
             _add_to_group(node, group, numel * DTYPE_BYTES[sd], numel, sd, f"n x {DTYPE_BYTES[sd]:g} B ({sd})")
-        nodes.append(node)
-    if s.precision == "bf16_fp32_states" and names:
-        node = Node("fp32 master weights")
-        for name, group, numel, dtype in P.trainable_tensors:
-            _add_to_group(node, group, numel * 4, numel, "float32", "n x 4 B (fp32 master copy)")
         nodes.append(node)
     return nodes
 
@@ -268,12 +263,12 @@ def optimizer_temporaries(P: _Params, s: TrainingSetup) -> Node:
     if opt == "adamw" or (opt == "paged_adamw"):
         if opt == "paged_adamw":
             return node
-        for name, group, numel, dtype in P.trainable_tensors:
+        for name, group, numel, dtype, _each in P.trainable_tensors:
             sd = _state_dtypes(s, dtype)[1]
             _add_to_group(node, group, numel * DTYPE_BYTES[sd], numel, sd, "sqrt(exp_avg_sq) for every parameter (foreach)")
     elif opt == "adafactor":
         n = P.largest_trainable_numel
-        pd = max((dtype for _, _, _, dtype in P.trainable_tensors), key=lambda d: 0, default="float32")
+        pd = P.trainable_tensors[0][3] if P.trainable_tensors else "float32"
         copies = 4 if DTYPE_BYTES.get(pd, 4) < 4 else 2
         node.add(Node("per-parameter fp32 working copies", bytes=n * 4 * copies, dtype="float32", count=n * copies,
                       formula=f"{copies} x largest parameter ({n:,} elements) x 4 B"))
@@ -326,7 +321,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     norm_w = "float32" if (s.autocast or s.precision == "fp32" or (s.quantized and s.prepare_kbit)) else (
         s.weights_dtype if not s.quantized else c)
     backend = attention_backend(arch, s, c)
-    if cpu and backend in ("math", "efficient"):
+    if cpu and backend in ("math", "efficient"):  # CPU SDPA: one flash-style kernel
         backend = "flash"
     full = s.method == "full"
     ctx = BlockContext(arch=arch, setup=s, T=T, b=b, s=sq, c=c, resid=resid, norm_w_dtype=norm_w,
@@ -337,7 +332,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
         ctx.norms_train = True
     # Does the first trained block's input need a gradient?  Full fine-tuning: the
     # embedding trains.  PEFT: only with checkpointing (enable_input_require_grads).
-    first_rg = full or (s.trains_adapters and s.gradient_checkpointing != "none")
+    first_rg = full or (s.trains_adapters and s.gradient_checkpointing == "full")
     dense = arch.dense_layers
     tr = trace_block(ctx, input_rg=True)
     tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=bool(dense))
@@ -355,7 +350,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     i_width = max(arch.intermediate_size, arch.expert_intermediate_size * max(arch.experts_per_token, 1))
     gw = DTYPE_BYTES[c] if not s.autocast else 4
     transient = 2 * T * i_width * DTYPE_BYTES[c] + T * arch.hidden_size * gw
-    if backend in ("eager", "math"):
+    if backend in ("eager", "math", "recompute") and not (backend == "recompute" and s.attn_implementation != "eager"):
         transient = max(transient, 2 * b * arch.num_heads * sq * sq * 4)
     # final norm + output head input
     head: List[Tuple[str, float, str]] = []
@@ -458,7 +453,7 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
 
     # -- gradients, states, temporaries ---------------------------------------------------
     grads = Node("gradients")
-    for name, group, numel, dtype in P.trainable_tensors:
+    for name, group, numel, dtype, _each in P.trainable_tensors:
         _add_to_group(grads, group, numel * DTYPE_BYTES[dtype], numel, dtype, f"n x {DTYPE_BYTES[dtype]:g} B ({dtype})")
     grads.finalize()
     states = optimizer_states(P, s)
@@ -521,31 +516,68 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
     fwd_extra = max(logits_fwd.bytes, layer_fwd_work)
     forward = persistent + accum_grads + cache_bytes + acts_bytes + fwd_extra + deq
 
-    # backward: the loss gradient, then the layers one by one
+    # backward: the loss gradient, then the layers one by one.  Each event lists what is
+    # live beside the persistent state; the phase's peak is the largest event.
     T_V = T * arch.vocab_size
-    loss_bwd = 3 * T_V * 4 + lg.get("soft-capped logits tanh", 0.0)
-    events = []
-    events.append(("loss backward", persistent + accum_grads + bwd_cache + acts_bytes + loss_bwd))
+    fp32_TV = T_V * 4
     head_grad = sum(g for n, g in _head_grad_bytes(P, arch))
+    embed_grad = _embed_grad_bytes(P, arch)
     layer_grad = (grads_bytes - head_grad) / max(arch.num_layers, 1)
-    per_act = A.checkpoint_bytes_per_layer if gc else A.per_layer_bytes
     head_acts = sum(n for _, n, _ in A.head)
     cache_per_layer = cache_bytes / max(arch.num_layers, 1)
-    # the deepest point of backward: layer 0, all gradients but the embedding's exist
-    # at the start of the first block's MLP backward only its down projection's gradient exists
-    last_layer = (persistent + max(accum_grads, grads_bytes - _embed_grad_bytes(P, arch) - layer_grad * 2 / 3)
-                  + (cache_per_layer if not gc else 0.0) + (head_cache if gc else 0.0)
-                  + (A.checkpoint_bytes_per_layer if gc else 0.0)
-                  + (A.recompute_layer_bytes if gc else A.first_layer_bytes) + A.transient_layer_bytes + deq)
-    events.append(("first layer's backward", last_layer))
-    # the first layer processed in backward (the last block): its activations are all there
-    top_layer = (persistent + max(accum_grads, head_grad + layer_grad / 3) + bwd_cache
-                 + (acts_bytes - head_acts) + (A.recompute_layer_bytes if gc else 0.0)
-                 + A.transient_layer_bytes + deq)
-    events.append(("last layer's backward", top_layer))
-    events.append(("end of backward", persistent + max(accum_grads, grads_bytes)
-                   + (_embed_grad_bytes(P, arch) if arch.tie_word_embeddings else 0.0)))
-    bwd_name, backward = max(events, key=lambda e: e[1])
+
+    def grads_part(nbytes: float, formula: str) -> Node:
+        """Gradients allocated so far, split by module group in proportion."""
+        nbytes = max(nbytes, accum_grads)
+        node = Node("gradients", formula=formula)
+        scale = nbytes / grads_bytes if grads_bytes else 0.0
+        for c in grads.children:
+            node.add(Node(c.name, bytes=c.bytes * scale, dtype=c.dtype, formula=c.formula))
+        return node
+
+    def cache_part(nbytes: float) -> Node:
+        return Node("weights", children=[Node(cast_cache.name, bytes=nbytes,
+                                              formula="bf16 weight copies still saved for backward")])
+
+    def work_part() -> List[Node]:
+        return [Node("activations", children=[Node("backward working buffers", bytes=A.transient_layer_bytes,
+                                                   formula="2 x T x i + T x h gradient buffers of one layer")]),
+                _deq_node(deq)]
+
+    loss_node = Node("logits and loss", children=[
+        Node("log_softmax output (fp32, saved)", bytes=fp32_TV, formula="T x V x 4 B"),
+        Node("gradient of log_softmax output (fp32)", bytes=fp32_TV, formula="T x V x 4 B (nll_loss backward)"),
+        Node("gradient of logits (fp32)", bytes=fp32_TV, formula="T x V x 4 B (log_softmax backward)"),
+        Node("soft-capped logits tanh (saved)", bytes=lg.get("soft-capped logits tanh", 0.0), formula="T x V")])
+    recomputed = Node("recomputed layer (checkpointing)", bytes=A.recompute_layer_bytes if gc else 0.0,
+                      formula="one block's saved tensors, rebuilt for its backward")
+    events: List[Tuple[str, List[Node]]] = [
+        ("loss backward", [acts, loss_node, cache_part(bwd_cache), grads_part(0.0, "accumulated gradients")]),
+        # the last block, first in backward: all its activations are still there
+        ("last layer's backward", [
+            Node("activations", children=[
+                Node("saved activations of all layers", bytes=acts_bytes - head_acts,
+                     formula="every block's saved tensors (or checkpoints)"), recomputed]),
+            grads_part(head_grad + layer_grad / 3, "output head + the last block's first gradients"),
+            cache_part(bwd_cache)] + work_part()),
+        # the first block, last in backward: every gradient but the embedding's and most of its own
+        ("first layer's backward", [
+            Node("activations", children=[
+                Node("first block's saved tensors", bytes=0.0 if gc else A.first_layer_bytes,
+                     formula="the first block's saved tensors"),
+                Node("first block's checkpointed input", bytes=A.checkpoint_bytes_per_layer if gc else 0.0,
+                     formula="T x h"), recomputed]),
+            grads_part(grads_bytes - embed_grad - layer_grad * 2 / 3,
+                       "all gradients but the embedding's and most of the first block's"),
+            cache_part(head_cache if gc else cache_per_layer)] + work_part()),
+        ("end of backward", [
+            grads_part(grads_bytes, "every gradient"),
+            Node("activations", children=[Node("embedding gradient being accumulated",
+                                               bytes=embed_grad if arch.tie_word_embeddings else 0.0,
+                                               formula="V x h (tied head and embedding: two contributions)")])]),
+    ]
+    sized = [(name, parts, persistent + sum(n.total_bytes() for n in parts)) for name, parts in events]
+    bwd_name, bwd_parts, backward = max(sized, key=lambda e: e[2])
 
     optimizer = persistent + grads_bytes + temps.bytes
     after_load = base
@@ -571,8 +603,7 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
     if gc:
         fwd_nodes.append(Node("recomputed layer", formula="one block's tensors while it runs",
                               bytes=max(0.0, fwd_extra - logits_fwd.bytes)))
-    bwd_nodes = common() + _backward_nodes(bwd_name, A, acts, grads, lg, loss_bwd, gc, arch, P, backward,
-                                           persistent, cast_cache, deq, accum_grads)
+    bwd_nodes = common() + bwd_parts
     opt_nodes = common() + [grads, temps]
     phase_components = {
         "after_load": _finish([weights, qconst, adapters, Node("optimizer temporaries", children=[workspace])]),
@@ -628,59 +659,6 @@ def _embed_grad_bytes(P: _Params, arch: Architecture) -> float:
         if trains and t.role == "embedding":
             return t.numel * DTYPE_BYTES[dtype]
     return 0.0
-
-
-def _backward_nodes(event: str, A: _Acts, acts: Node, grads: Node, lg: Dict[str, float], loss_bwd: float,
-                    gc: bool, arch: Architecture, P: _Params, total: float, persistent: float,
-                    cast_cache: Node, deq: float, accum_grads: float) -> List[Node]:
-    """What is live at the backward peak, by component."""
-    nodes: List[Node] = []
-    if event == "loss backward":
-        nodes.append(acts)
-        ln = Node("logits and loss")
-        ln.add(Node("log_softmax output (fp32, saved)", bytes=lg["log_softmax output (fp32)"], formula="T x V x 4 B"))
-        ln.add(Node("gradient of log_softmax output (fp32)", bytes=lg["log_softmax output (fp32)"],
-                    formula="T x V x 4 B (nll_loss backward)"))
-        ln.add(Node("gradient of logits (fp32)", bytes=lg["log_softmax output (fp32)"],
-                    formula="T x V x 4 B (log_softmax backward)"))
-        extra = loss_bwd - 3 * lg["log_softmax output (fp32)"]
-        if extra > 0:
-            ln.add(Node("soft-capped logits tanh", bytes=extra, formula="T x V (saved)"))
-        nodes.append(ln)
-        nodes.append(_cache_node(cast_cache))
-        if accum_grads:
-            nodes.append(grads)
-    else:
-        fixed = persistent + sum(n.total_bytes() for n in [])
-        g_bytes = grads.bytes
-        rest = total - persistent
-        if event == "end of backward":
-            nodes.append(grads)
-            if rest - g_bytes > 0:
-                nodes.append(Node("activations", children=[Node("embedding gradient being accumulated",
-                                                                bytes=rest - g_bytes, formula="V x h")]))
-        else:
-            part = Node("gradients", formula="gradients of the layers already processed")
-            share = min(g_bytes, max(0.0, rest))
-            if event == "first layer's backward":
-                share = min(g_bytes - _embed_grad_bytes(P, arch), rest)
-            else:
-                share = min(g_bytes, rest) if accum_grads else min(
-                    sum(g for _, g in _head_grad_bytes(P, arch)) + (g_bytes - sum(g for _, g in _head_grad_bytes(P, arch))) / max(arch.num_layers, 1),
-                    rest)
-            scale = share / g_bytes if g_bytes else 0.0
-            for c in grads.children:
-                part.add(Node(c.name, bytes=c.bytes * scale, dtype=c.dtype, formula=c.formula))
-            nodes.append(part)
-            act_left = max(0.0, rest - share - A.transient_layer_bytes - deq)
-            an = Node("activations")
-            an.add(Node("saved / recomputed activations still held", bytes=act_left,
-                        formula="layers not yet processed (checkpoints) + the layer being processed"))
-            an.add(Node("backward working buffers", bytes=A.transient_layer_bytes,
-                        formula="2 x T x i + T x h gradient buffers of one layer"))
-            nodes.append(an)
-            nodes.append(_deq_node(deq))
-    return nodes
 
 
 def _cache_node(cast_cache: Node) -> Node:

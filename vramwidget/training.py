@@ -25,7 +25,7 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
         ("bf16", "Pure BF16 (weights, grads, optimizer states in bf16)"),
         ("amp_bf16", "Mixed precision: fp32 weights, autocast to bf16"),
         ("fp32", "FP32"),
-        ("bf16_fp32_states", "BF16 weights+grads, fp32 optimizer states (master copy)"),
+        ("bf16_fp32_states", "BF16 weights and gradients, fp32 optimizer states (the seeds' scheme)"),
         ("fp16", "Pure FP16"),
         ("amp_fp16", "Mixed precision: fp32 weights, autocast to fp16"),
         ("fp8", "FP8 matmuls (bf16 weights, fp8 saved linear inputs)"),

@@ -1,0 +1,22 @@
+import json
+import os
+
+import pytest
+
+HERE = os.path.dirname(__file__)
+DATA = os.path.join(HERE, "data")
+
+
+@pytest.fixture(scope="session")
+def param_counts():
+    """Parameter counts and shapes recorded from transformers (tools/record_param_counts.py)."""
+    with open(os.path.join(DATA, "param_counts.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def cases():
+    """The 45 measured H200 training cases shipped in the package."""
+    from vramwidget.validate import BUILTIN_CASES, load_cases
+
+    return load_cases(BUILTIN_CASES)

@@ -1,0 +1,152 @@
+"""Parameter inventories against transformers' own counts.
+
+Expected numbers come from tests/data/param_counts.json, written by
+tools/record_param_counts.py (transformers 5.23 on the meta device; peft 0.21 for LoRA).
+When torch and transformers are importable, one test re-derives a few of them live.
+"""
+
+import json
+
+import pytest
+
+from vramwidget import architecture as A
+from vramwidget import presets
+from vramwidget.validate import BUILTIN_CASES, load_cases
+
+
+def _validation_configs():
+    out = {}
+    for c in load_cases(BUILTIN_CASES):
+        out.setdefault(c["name"], c["model"])
+    return out
+
+
+def _arch_for(key):
+    if key.startswith("validation:"):
+        name = key.split(":", 1)[1]
+        return A.from_config(_validation_configs()[name], name=name)
+    return A.load(key)
+
+
+def test_every_preset_is_recorded(param_counts):
+    assert len(presets.list_presets()) >= 30
+    missing = [p for p in presets.list_presets() if p not in param_counts]
+    assert not missing, f"presets without a recorded transformers count: {missing}"
+
+
+@pytest.mark.parametrize("key", sorted(json.load(open(__file__.replace("test_architecture.py",
+                                                                        "data/param_counts.json")))))
+def test_params_total_equals_transformers(key, param_counts):
+    arch = _arch_for(key)
+    assert arch.params_total == param_counts[key]["params_total"]
+
+
+@pytest.mark.parametrize("key", ["llama-2-7b", "gpt2", "mixtral-8x7b", "deepseek-v2-lite", "phi-3-mini",
+                                 "gemma-2-2b", "opt-1.3b", "bloom-7b1", "falcon-7b", "qwen1.5-moe-a2.7b",
+                                 "olmoe-1b-7b", "pythia-1b", "qwen3-8b"])
+def test_tensor_shapes_equal_transformers(key, param_counts):
+    """Every tensor: the same name pattern, shape and number of instances as transformers."""
+    arch = _arch_for(key)
+    ours = {t.name: (list(t.shape), t.repeat) for t in arch.tensors}
+    theirs = {t["name"]: (t["shape"], t["count"]) for t in param_counts[key]["tensors"]}
+    assert ours == theirs
+
+
+def test_validation_counts_match_measured(cases):
+    """measured.params_total of every non-QLoRA case (the H200 run's own count)."""
+    for c in cases:
+        m = c["measured"]
+        if m["params_total"] is None or c["training"]["method"] != "full":
+            continue
+        assert A.from_config(c["model"]).params_total == m["params_total"], c["id"]
+
+
+def test_lora_trainable_equals_peft(cases):
+    """params_trainable of the LoRA/QLoRA cases equals what peft counted on the H200."""
+    from vramwidget.estimate import estimate_setup
+    from vramwidget.training import setup_from_case
+
+    n = 0
+    for c in cases:
+        if c["training"]["method"] not in ("lora", "qlora"):
+            continue
+        est = estimate_setup(A.from_config(c["model"]), setup_from_case(c["training"]))
+        assert est.params_trainable == c["measured"]["params_trainable"], c["id"]
+        n += 1
+    assert n == 14
+
+
+def test_lora_counts_recorded_with_peft(param_counts):
+    for key in ("llama-2-7b", "qwen2.5-0.5b"):
+        arch = A.load(key)
+        for rec in param_counts[key]["lora"]:
+            targets = rec["target_modules"]
+            targets = ["all-linear"] if targets == "all-linear" else targets
+            assert arch.lora_params(rec["r"], targets) == rec["params_trainable"], (key, rec["target_modules"])
+
+
+def test_llama_2_7b_by_hand():
+    """32 x (4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096) + 2 x 32000 x 4096 + 4096 = 6,738,415,616."""
+    per_layer = 4 * 4096 ** 2 + 3 * 4096 * 11008 + 2 * 4096
+    assert A.load("llama-2-7b").params_total == 32 * per_layer + 2 * 32000 * 4096 + 4096 == 6_738_415_616
+
+
+def test_hub_id_and_alias_resolve_offline():
+    assert A.load("meta-llama/Llama-2-7b-hf").name == "llama-2-7b"
+    assert A.load("META-LLAMA/LLAMA-2-7B-HF").params_total == 6_738_415_616
+
+
+def test_old_and_new_config_spellings():
+    """GPT-2's n_embd/n_layer/n_head and Llama's rope_theta vs rope_parameters give the same model."""
+    old = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "vocab_size": 100, "rope_theta": 10000.0}
+    new = dict(old, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})
+    new.pop("rope_theta")
+    assert A.from_config(old).params_total == A.from_config(new).params_total
+    g1 = A.from_config({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100})
+    g2 = A.from_config({"model_type": "gpt2", "hidden_size": 64, "num_hidden_layers": 2,
+                        "num_attention_heads": 4, "vocab_size": 100})
+    assert g1.params_total == g2.params_total
+
+
+def test_inventory_roles_and_linear_flags():
+    arch = A.load("llama-3.1-8b")
+    roles = arch.params_by_role()
+    assert set(roles) == {"embedding", "attn_q", "attn_k", "attn_v", "attn_o", "mlp_gate", "mlp_up",
+                          "mlp_down", "norm", "output_head"}
+    assert sum(roles.values()) == arch.params_total
+    assert arch.linear_modules() == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    q = next(t for t in arch.tensors if t.module == "q_proj")
+    assert (q.in_features, q.out_features, q.repeat, q.layers) == (4096, 4096, 32, (0, 31))
+
+
+def test_config_file_and_folder(tmp_path):
+    cfg = {"model_type": "qwen2", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    a = A.load(str(tmp_path / "config.json"))
+    b = A.load(str(tmp_path))
+    # embed 1000x128 + 2 x (q 128x128+128, k 64x128+64, v 64x128+64, o 128x128, 3 x 128x256, 2 norms) + norm
+    per_layer = (128 * 128 + 128) + 2 * (64 * 128 + 64) + 128 * 128 + 3 * 128 * 256 + 2 * 128
+    assert a.params_total == b.params_total == 1000 * 128 + 2 * per_layer + 128
+
+
+def test_param_count_model_is_marked_assumed():
+    arch = A.from_param_count("7B")
+    assert arch.params_total == 7_000_000_000
+    assert not arch.exact and "assume" in arch.assumption
+
+
+def test_rederive_with_transformers():
+    """Live check of three recorded counts with transformers on the meta device."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    for key in ("llama-3.2-1b", "gpt2", "olmoe-1b-7b"):
+        cfg = dict(presets.get(key)["config"])
+        mt = cfg.pop("model_type")
+        for k in ("architectures", "torch_dtype", "transformers_version"):
+            cfg.pop(k, None)
+        conf = transformers.AutoConfig.for_model(mt, **cfg)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(conf)
+        assert sum(p.numel() for p in model.parameters()) == A.load(key).params_total
