@@ -724,16 +724,17 @@ def custom(*, hidden_size: int, num_layers: int, num_heads: int, vocab_size: int
         raise VramError(f"mlp: must be 'gated' or 'plain', got {mlp!r}", field="mlp")
     cfg: Dict[str, Any] = {"model_type": "llama", "hidden_size": hidden_size, "num_hidden_layers": num_layers,
                            "num_attention_heads": num_heads, "vocab_size": vocab_size,
-                           "num_key_value_heads": num_kv_heads or num_heads, "tie_word_embeddings": tied,
-                           "intermediate_size": intermediate_size or (4 * hidden_size if mlp == "plain" else
-                                                                      _llama_intermediate(hidden_size))}
-    if head_dim:
+                           "num_key_value_heads": num_heads if num_kv_heads is None else num_kv_heads,
+                           "tie_word_embeddings": tied,
+                           "intermediate_size": intermediate_size if intermediate_size is not None else
+                           (4 * hidden_size if mlp == "plain" else _llama_intermediate(hidden_size))}
+    if head_dim is not None:
         cfg["head_dim"] = head_dim
     if mlp == "plain":
         cfg = {"model_type": "gpt_neox", "hidden_size": hidden_size, "num_hidden_layers": num_layers,
                "num_attention_heads": num_heads, "vocab_size": vocab_size, "intermediate_size":
-               intermediate_size or 4 * hidden_size, "tie_word_embeddings": tied}
-        if num_kv_heads and num_kv_heads != num_heads:
+               4 * hidden_size if intermediate_size is None else intermediate_size, "tie_word_embeddings": tied}
+        if num_kv_heads is not None and num_kv_heads != num_heads:
             raise VramError("num_kv_heads: a plain (GPT-style) block has as many KV heads as heads",
                             field="num_kv_heads")
     arch = from_config(cfg, name=name)

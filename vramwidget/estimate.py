@@ -87,8 +87,20 @@ class _Params:
 
 
 def _quantizable(t: ParamTensor, groups: Tuple[str, ...]) -> bool:
-    """bitsandbytes replaces nn.Linear modules; fused expert tensors and the head stay 16-bit."""
-    if not t.linear or t.experts or t.is_bias:
+    """Which weights a quantized base stores in 4 or 8 bits.
+
+    bitsandbytes (through transformers) replaces the blocks' nn.Linear modules; fused MoE
+    expert tensors are not nn.Linear and stay 16-bit.  ``embedding`` and ``lm_head`` are
+    opt-in groups: transformers skips the output head by default, and embedding tables
+    need a quantizer other than bitsandbytes' Linear4bit (torchao, GGUF-style loaders).
+    """
+    if t.is_bias or t.experts:
+        return False
+    if t.role == "embedding":
+        return "embedding" in groups
+    if t.role == "output_head":
+        return "lm_head" in groups
+    if not t.linear:
         return False
     role = t.role
     if role in ("attn_q", "attn_k", "attn_q_a", "attn_q_b", "attn_kv_a", "attn_kv_b"):
