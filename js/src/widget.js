@@ -117,11 +117,13 @@ function fmtCount(n) {
   return String(n);
 }
 
-/** @param {number} x */
+/** Exact for whole numbers below a million (65504, 57344, 448), else 4 significant digits.
+ * @param {number} x */
 function fmtNum(x) {
   if (x === 0) return "0";
   const a = Math.abs(x);
-  if (a >= 1e5 || a < 1e-3) return x.toExponential(2).replace("e+", "e");
+  if (Number.isInteger(x) && a < 1e6) return x.toLocaleString("en");
+  if (a >= 1e6 || a < 1e-3) return x.toExponential(3).replace("e+", "e");
   return String(Number(x.toPrecision(4)));
 }
 
@@ -210,7 +212,7 @@ export default {
       input.dataset.testid = `control-${name}`;
       input.setAttribute("name", name);
       controls[name] = input;
-      const lab = h("label", { for: input.id, text: label, title: hint });
+      const lab = h("label", { for: input.id, text: label, title: hint || label });
       return h("div", { class: "vw-field", "data-field": name }, [lab, input]);
     };
 
@@ -485,7 +487,8 @@ export default {
         h("span", { class: "vw-peak", "data-peak-gib": s.peak_gib.toFixed(4) }, [
           h("strong", { text: fmtGiB(s.peak_gib) }), ` peak allocated, at ${s.peak_phase_label}`,
         ]),
-        h("span", { text: `device total ${fmtGiB(s.device_total_gib)} (allocator reserve ${fmtGiB(s.reserved_gib)} + CUDA context ${fmtGiB(s.cuda_context_gib)})` }),
+        h("span", { title: "what nvidia-smi would show: memory PyTorch's caching allocator reserves (allocated + cached blocks) plus the CUDA context",
+          text: `device total ${fmtGiB(s.device_total_gib)} (reserved by PyTorch ${fmtGiB(s.reserved_gib)} + CUDA context ${fmtGiB(s.cuda_context_gib)})` }),
         ...(fit ? [fit] : []),
       ]);
       const sub = h("div", { class: "vw-sub", text: `${s.model} · ${fmtCount(s.params_total)} parameters, ${fmtCount(s.params_trainable)} trainable` + (s.recompute_overhead ? ` · recompute +${Math.round(100 * s.recompute_overhead)}% compute` : "") });
