@@ -190,6 +190,17 @@ def test_qlora_links_quantization(calc):
     assert calc.error == ""
 
 
+def test_links_apply_to_constructor_keywords():
+    c = Calculator(MODEL, method="qlora")
+    assert c.quantization == "nf4" and c.estimate.setup["method"] == "qlora"
+    c = Calculator(MODEL, quantization="nf4")
+    assert c.method == "qlora"
+    c = Calculator(MODEL, method="freeze")
+    assert c.trainable_layers == 4
+    c = Calculator(MODEL, method="qlora", quantization="int8")
+    assert (c.method, c.quantization) == ("qlora", "int8")
+
+
 def test_disabled_controls_say_why(calc):
     off = calc.disabled
     for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_targets"):

@@ -240,7 +240,22 @@ class Calculator(anywidget.AnyWidget):
         super().__init__(model=model, **kwargs)
         self.specs = self._build_specs()
         self.formats = number_formats()
-        self._link(None)
+        # the links, for what the keywords set (observers are off during __init__)
+        try:
+            self._resolve_model()
+        except Exception:
+            pass  # reported by the first _update
+        self._busy = True
+        try:
+            if "method" in kwargs and "quantization" not in kwargs:
+                self._link({"name": "method", "old": "full", "new": self.method})
+            elif "quantization" in kwargs and "method" not in kwargs:
+                self._link({"name": "quantization", "old": "none", "new": self.quantization})
+            elif self.method == "freeze" and self.trainable_layers is None:
+                self._link({"name": "method", "old": "full", "new": "freeze"})
+            self._link(None)
+        finally:
+            self._busy = False
         self._ready = True
         self._update()
         if self.error:  # nothing valid to show yet: say so in Python, where it was typed
