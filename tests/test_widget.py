@@ -331,3 +331,18 @@ def test_no_widget_update_raises(calc):
         if name == "lora_targets":
             calc.method = "full"
         assert calc.error == "", (name, calc.error)
+
+
+def test_an_internal_failure_is_reported_not_raised(calc, monkeypatch):
+    """A bug in the layout must not raise into the comm handler either."""
+    import vramwidget.widget as W
+
+    est, rows = calc.estimate, calc.rows
+
+    def broken(*args, **kw):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(W, "layout_rows", broken)
+    calc.batch_size = 3
+    assert calc.error.startswith("internal error (ZeroDivisionError: boom)")
+    assert calc.estimate is est and calc.rows is rows

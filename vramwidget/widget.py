@@ -441,23 +441,40 @@ class Calculator(anywidget.AnyWidget):
         return out
 
     def _update(self) -> None:
-        """Estimate the setup and the scenarios; set every output trait at once."""
+        """Estimate the setup and the scenarios; set every output trait at once.
+
+        Nothing raises out of here (it runs in the comm handler when a frontend changes a
+        trait): a failure sets ``error`` and leaves the last valid outputs in place.
+        """
         try:
-            arch = self._resolve_model()
-            kw = self.setup()
-            est = self._cached_estimate(arch, kw)
+            outputs = self._compute()
         except VramError as e:
             self._set_error(str(e), getattr(e, "field", None) or "")
             return
-        except Exception as e:  # never raise into the frontend
-            self._set_error(f"{type(e).__name__}: {e}", "")
+        except Exception as e:  # a bug, not bad input: still never raise into the frontend
+            self._set_error(f"internal error ({type(e).__name__}: {e}); please report it", "")
             return
-        scenarios: List[Tuple[str, UnitBox]] = [(YOUR_SETUP, self._scenario_box(arch, YOUR_SETUP, kw))]
+        est, scenario_kw, traits = outputs
+        self._estimate = est
+        self._scenario_kw = scenario_kw
+        with self.hold_sync():
+            for name, value in traits.items():
+                setattr(self, name, value)
+            self.error = ""
+            self.error_field = ""
+
+    def _compute(self) -> Tuple[Estimate, List[Tuple[str, Dict[str, Any]]], Dict[str, Any]]:
+        """Everything an update sets, computed before any trait changes."""
+        arch = self._resolve_model()
+        kw = self.setup()
+        est = self._cached_estimate(arch, kw)
+        scenario_kw = [(YOUR_SETUP, kw)] + self._scenario_setups(kw)
+        scenarios: List[Tuple[str, UnitBox]] = []
         skipped: List[str] = []
-        for name, s in self._scenario_setups(kw):
+        for name, s in scenario_kw:
             try:
                 scenarios.append((name, self._scenario_box(arch, name, s)))
-            except Exception as e:  # a scenario the model cannot do: leave it out, say why
+            except VramError as e:  # a scenario the model cannot do: leave it out, say why
                 skipped.append(f"{name}: {e}")
         gpu = self._gpu_or_none()
         cap = gpu.usable_bytes if gpu else None
@@ -468,15 +485,13 @@ class Calculator(anywidget.AnyWidget):
                                                capacity_label=cap_label),
             charts.PHASES_DATA: charts.phase_rows(est, capacity_bytes=cap, capacity_label=cap_label),
         }
-        self._estimate = est
-        self._scenario_kw = [(YOUR_SETUP, kw)] + self._scenario_setups(kw)
-        with self.hold_sync():
-            self.rows = rows
-            self.summary = self._summary(est, arch, gpu, skipped)
-            self.table = self._table(est)
-            self.options = self._options(arch)
-            self.error = ""
-            self.error_field = ""
+        traits = {
+            "rows": rows,
+            "summary": self._summary(est, arch, gpu, skipped),
+            "table": self._table(est),
+            "options": self._options(arch),
+        }
+        return est, scenario_kw, traits
 
     def _set_error(self, message: str, field: str) -> None:
         with self.hold_sync():
