@@ -119,8 +119,6 @@ def test_input_traits_are_synced_and_documented():
         assert trait.metadata.get("sync") is True, name
         assert trait.help, f"{name} has no help text"
     # the input names are estimate()'s keyword names
-    import inspect
-
     from vramwidget.training import TrainingSetup
 
     fields = set(TrainingSetup.__dataclass_fields__)
