@@ -36,6 +36,8 @@ from .training import TrainingSetup
 from .units import DTYPE_BYTES
 
 F32 = "float32"
+#: module group of the tensors peft's LoRA layers save (fp32 input copies, lora_A outputs)
+LORA_GROUP = "LoRA inputs (peft casts to fp32)"
 
 
 @dataclass
@@ -172,16 +174,16 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         xa = tr.cast(x, ctx.adapter_dtype, f"{tag} LoRA input as {ctx.adapter_dtype}")
         if xa is not x:
             xa.formula = f"T x {_dim(in_f)} ({module} input cast to the adapter dtype)"
-            xa.group = "adapters"
+            xa.group = LORA_GROUP
         if ctx.setup.lora_dropout > 0:
             tr.save(tr.new(f"{tag} LoRA dropout mask", x.numel, xa.dtype if ctx.cpu else "uint8", True,
-                           f"T x {_dim(in_f)} bool", "adapters"))
-            xa = tr.new(f"{tag} LoRA dropped input", x.numel, xa.dtype, True, f"T x {_dim(in_f)}", "adapters")
+                           f"T x {_dim(in_f)} bool", LORA_GROUP))
+            xa = tr.new(f"{tag} LoRA dropped input", x.numel, xa.dtype, True, f"T x {_dim(in_f)}", LORA_GROUP)
         if ctx.setup.autocast:
-            xa = tr.new(f"{tag} LoRA input cast to {ctx.c}", x.numel, ctx.c, True, f"T x {_dim(in_f)}", "adapters")
+            xa = tr.new(f"{tag} LoRA input cast to {ctx.c}", x.numel, ctx.c, True, f"T x {_dim(in_f)}", LORA_GROUP)
         tr.save(xa)
         a_dtype = ctx.c if ctx.setup.autocast else ctx.adapter_dtype
-        tr.save(tr.new(f"{tag} lora_A output", n_tok * r, a_dtype, True, f"T x r (r={r})", "adapters"))
+        tr.save(tr.new(f"{tag} lora_A output", n_tok * r, a_dtype, True, f"T x r (r={r})", LORA_GROUP))
     return tr.new(name, n_tok * out_features, out_dtype, rg, f"T x {_dim(out_features)}", group)
 
 
