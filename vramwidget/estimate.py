@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from .activations import BlockContext, SavedTensor, Trace, attention_backend, trace_block
+from .activations import (BlockContext, SavedTensor, Trace, attention_backend, layer_norm, rms_norm,
+                          trace_block)
 from .architecture import Architecture, ParamTensor, load, resolve_targets
 from .errors import VramError
 from .result import Estimate, Node
@@ -114,7 +115,26 @@ def _quantizable(t: ParamTensor, groups: Tuple[str, ...]) -> bool:
     return False
 
 
+_PARAMS: Dict[Tuple[Any, ...], Tuple[Architecture, _Params]] = {}
+#: the setup fields that decide which parameters train and how they are stored
+_PARAM_FIELDS = ("method", "precision", "quantization", "double_quant", "quantized_groups", "prepare_kbit",
+                 "lora_r", "lora_targets", "trainable_layers")
+
+
 def _params(arch: Architecture, s: TrainingSetup) -> _Params:
+    """Storage and training decisions per tensor (cached per architecture and setup)."""
+    key = (id(arch),) + tuple(getattr(s, f) for f in _PARAM_FIELDS)
+    hit = _PARAMS.get(key)
+    if hit is not None and hit[0] is arch:
+        return hit[1]
+    P = _params_uncached(arch, s)
+    if len(_PARAMS) > 8192:
+        _PARAMS.clear()
+    _PARAMS[key] = (arch, P)
+    return P
+
+
+def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
     wd = s.weights_dtype
     quant = s.quantization
     qbytes = {"nf4": 0.5, "fp4": 0.5, "int8": 1.0}.get(quant, 0.0)
@@ -315,21 +335,94 @@ class _Acts:
     head: List[Tuple[str, float, str]]    # final norm and output-head saves
     transient_layer_bytes: float          # backward working buffers of one layer
     backend: str
+    layers_bytes: float = 0.0             # every saving block together (no checkpointing)
+
+
+@dataclass
+class _Profile:
+    """A block trace as a function of batch b and sequence s: every saved tensor's bytes are
+    ``alpha * b * s + beta * b * s**2`` (T-linear tensors, and the b x a x s x s scores)."""
+
+    arch: Architecture
+    per_layer: List[Tuple[str, str, str, str, float, float, float, float]]  # name, group, dtype, formula, a, b (bytes), a, b (numel)
+    per: Tuple[float, float]
+    first: Tuple[float, float]
+    dense: Tuple[float, float]
+    head: List[Tuple[str, str, float]]    # name, formula, bytes per token
+    backend: str
+
+
+_PROFILES: Dict[Tuple[Any, ...], _Profile] = {}
+#: the setup fields a block trace depends on (not the sizes, the optimizer or LoRA's alpha)
+_TRACE_FIELDS = ("method", "precision", "quantization", "prepare_kbit", "gradient_checkpointing",
+                 "attn_implementation", "lora_r", "lora_dropout", "lora_targets")
 
 
 def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False) -> _Acts:
-    """Saved activations per block and around the head.  ``cpu=True`` picks the kernels
-    PyTorch uses on a CPU (SDPA keeps q, k, v, output and logsumexp whatever the dtype),
-    for checking the block traces against torch without a GPU (tools/saved_tensors.py)."""
+    """Saved activations per block and around the head, for this batch and sequence.
+
+    The block is traced op by op (activations.py) at two small sizes and the result scaled:
+    saved bytes are linear in tokens except the attention scores (b x a x s^2), so two
+    traces give both coefficients exactly.  Profiles are cached per architecture and
+    size-free setup.  ``cpu=True`` picks the kernels PyTorch uses on a CPU (SDPA keeps q,
+    k, v, output and logsumexp whatever the dtype), for checking against torch without a
+    GPU (tools/saved_tensors.py).
+    """
+    key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS)
+    prof = _PROFILES.get(key)
+    if prof is None or prof.arch is not arch:
+        prof = _profile(arch, s, P, cpu)
+        if len(_PROFILES) > 8192:
+            _PROFILES.clear()
+        _PROFILES[key] = prof
     b, sq = s.batch_size, s.seq_len
     T = b * sq
+    T2 = b * sq * sq
+    per = prof.per[0] * T + prof.per[1] * T2
+    first = prof.first[0] * T + prof.first[1] * T2
+    dense = prof.dense[0] * T + prof.dense[1] * T2
+    n_layers = arch.num_layers if s.method != "freeze" else s.trainable_layers
+    n_dense = min(arch.dense_layers, n_layers) if arch.is_moe else 0
+    # the first block (dense in DeepSeek-style MoE) + the other dense blocks + the MoE blocks
+    layers = first + max(n_dense - 1, 0) * dense + (n_layers - max(n_dense, 1)) * per
     c = s.compute_dtype
-    if s.autocast:
-        resid = "float32"
-    elif s.quantized and s.prepare_kbit:
-        resid = "float32"   # embeddings upcast to fp32 -> fp32 residual stream
-    else:
-        resid = s.weights_dtype if not s.quantized else c
+    ckpt = T * arch.hidden_size * DTYPE_BYTES[_resid(s)]
+    # backward working buffers of one block: gradients of the widest intermediate tensors
+    i_width = max(arch.intermediate_size, arch.expert_intermediate_size * max(arch.experts_per_token, 1))
+    gw = DTYPE_BYTES[c] if not s.autocast else 4
+    transient = 2 * T * i_width * DTYPE_BYTES[c] + T * arch.hidden_size * gw
+    if prof.backend in ("eager", "math") or (prof.backend == "recompute" and s.attn_implementation == "eager"):
+        transient = max(transient, 2 * b * arch.num_heads * sq * sq * 4)
+    per_layer = [SavedTensor(name, group, ab * T + bb * T2, dtype, an * T + bn * T2, formula)
+                 for name, group, dtype, formula, ab, bb, an, bn in prof.per_layer]
+    head = [(name, per_tok * T, formula) for name, formula, per_tok in prof.head]
+    return _Acts(per_layer, per, first, n_layers, ckpt, per, head, transient, prof.backend, layers)
+
+
+def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Profile:
+    """Trace one block (steady, first, dense) and the head at (b, s) = (1, 1) and (1, 2)."""
+    one = _trace_all(arch, s, P, cpu, 1, 1)
+    two = _trace_all(arch, s, P, cpu, 1, 2)
+
+    def coeffs(x1: float, x2: float) -> Tuple[float, float]:
+        beta = (x2 - 2 * x1) / 2     # x(1,1) = a + b, x(1,2) = 2a + 4b
+        return x1 - beta, beta
+
+    per_layer = []
+    for t1, t2 in zip(one["per_layer"], two["per_layer"]):
+        ab, bb = coeffs(t1.nbytes, t2.nbytes)
+        an, bn = coeffs(t1.numel, t2.numel)
+        per_layer.append((t1.name, t1.group, t1.dtype, t1.formula, ab, bb, an, bn))
+    return _Profile(arch=arch, per_layer=per_layer, per=coeffs(one["per"], two["per"]),
+                    first=coeffs(one["first"], two["first"]), dense=coeffs(one["dense"], two["dense"]),
+                    head=[(name, formula, nbytes) for name, nbytes, formula in one["head"]],
+                    backend=one["backend"])
+
+
+def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: int, sq: int) -> Dict[str, Any]:
+    T = b * sq
+    c = s.compute_dtype
+    resid = _resid(s)
     norm_w = "float32" if (s.autocast or s.precision == "fp32" or (s.quantized and s.prepare_kbit)) else (
         s.weights_dtype if not s.quantized else c)
     backend = attention_backend(arch, s, c)
@@ -345,30 +438,13 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     # Does the first trained block's input need a gradient?  Full fine-tuning: the
     # embedding trains.  PEFT: only with checkpointing (enable_input_require_grads).
     first_rg = full or (s.trains_adapters and s.gradient_checkpointing == "full")
-    dense = arch.dense_layers
+    dense = bool(arch.dense_layers and arch.is_moe)
     tr = trace_block(ctx, input_rg=True)
-    tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=bool(dense))
-    per_layer = list(tr.saved.values())
-    per = tr.total_bytes
-    first = tr_first.total_bytes
-    n_layers = arch.num_layers if s.method != "freeze" else s.trainable_layers
-    if dense and arch.is_moe:
-        tr_dense = trace_block(ctx, input_rg=True, dense_layer=True)
-        dense_bytes = tr_dense.total_bytes
-    else:
-        dense_bytes = per
-    ckpt = T * arch.hidden_size * DTYPE_BYTES[resid]
-    # backward working buffers of one block: gradients of the widest intermediate tensors
-    i_width = max(arch.intermediate_size, arch.expert_intermediate_size * max(arch.experts_per_token, 1))
-    gw = DTYPE_BYTES[c] if not s.autocast else 4
-    transient = 2 * T * i_width * DTYPE_BYTES[c] + T * arch.hidden_size * gw
-    if backend in ("eager", "math", "recompute") and not (backend == "recompute" and s.attn_implementation != "eager"):
-        transient = max(transient, 2 * b * arch.num_heads * sq * sq * 4)
+    tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=dense)
+    dense_bytes = trace_block(ctx, input_rg=True, dense_layer=True).total_bytes if dense else tr.total_bytes
     # final norm + output head input
-    head: List[Tuple[str, float, str]] = []
     htr = Trace()
     x = htr.new("final norm input", T * arch.hidden_size, resid, True, "T x h", "output head")
-    from .activations import layer_norm, linear, rms_norm
     head_trains = full or (s.method == "freeze" and not arch.tie_word_embeddings)
     ctx_head = BlockContext(**{**ctx.__dict__, "linear_trains": head_trains, "quant_base": False,
                                "lora_modules": ()})
@@ -387,14 +463,12 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     elif head_trains:
         htr.save(n)
     head = [(t.name, t.nbytes, t.formula) for t in htr.saved.values()]
-    if arch.model_type == "gpt2":
+    if arch.model_type == "gpt2" and full:
         # GPT-2 drops out the sum of token and position embeddings (embd_pdrop)
-        p = float(arch.config.get("embd_pdrop", 0.1) or 0.0)
-        if p > 0 and full:
+        if float(arch.config.get("embd_pdrop", 0.1) or 0.0) > 0:
             head.append(("embedding dropout mask", T * arch.hidden_size * 1.0, "T x h bool"))
-    n_save = n_layers
-    steady = per if (first_rg or s.method == "freeze") else per
-    return _Acts(per_layer, per, first, n_save, ckpt, per, head, transient, backend)
+    return {"per_layer": list(tr.saved.values()), "per": tr.total_bytes, "first": tr_first.total_bytes,
+            "dense": dense_bytes, "head": head, "backend": backend}
 
 
 def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
@@ -432,206 +506,97 @@ def logits_bytes(arch: Architecture, s: TrainingSetup) -> Dict[str, float]:
 # ----------------------------------------------------------------------------------
 
 def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
-    """The estimate for an already-resolved architecture and validated setup."""
+    """The estimate for an already-resolved architecture and validated setup.
+
+    The totals are computed here; the component trees (one per phase, every tensor with
+    its formula) are built on first access of ``Estimate.components``.
+    """
     if s.trains_adapters and s.lora_targets:
         resolve_targets(arch, s.lora_targets)
     P = _params(arch, s)
     if s.method in ("lora", "qlora") and not P.adapters:
         raise VramError(f"lora_targets: none of the targets are linear layers of {arch.name}", field="lora_targets")
     T = s.tokens
-    notes: List[str] = []
-    if not arch.exact:
-        notes.append(arch.assumption)
+    gc = gc_mode(s)
 
-    # -- weights ---------------------------------------------------------------------
-    weights = Node("weights")
-    for t, dtype, nbytes, trains in P.weights:
-        grp = _child(weights, t.group)
-        grp.add(Node(t.name, bytes=nbytes, dtype=dtype, count=t.numel,
-                     formula=f"{t.repeat} x {' x '.join(map(str, t.shape))} x {DTYPE_BYTES[dtype]:g} B ({dtype})"))
-    qconst = Node("quantization constants")
-    for t, nbytes, formula in P.quant_consts:
-        _child(qconst, t.group).add(Node(t.name, bytes=nbytes, formula=formula))
-    adapters = Node("adapters")
-    for module, group, nbytes, numel in P.adapters:
-        adapters.add(Node(f"{module} lora_A + lora_B", bytes=nbytes, count=numel, dtype=P.adapter_dtype,
-                          formula=f"r x (in + out) x layers x 4 B (r={s.lora_r}, fp32)"))
-    workspace = Node("cuBLAS workspace", bytes=CUBLAS_WORKSPACE_BYTES,
-                     formula="cuBLAS + cuBLASLt workspaces, 64 MiB (measured, H200, PyTorch 2.11)")
+    # -- model states ---------------------------------------------------------------------
+    w_bytes = (sum(w[2] for w in P.weights) + sum(q[1] for q in P.quant_consts) + sum(a[2] for a in P.adapters))
     # dequantization scratch: a 4-bit Linear dequantizes its weight for each matmul
     deq = 0.0
     if P.quant_consts:
         deq = max(t.numel_each for t, _, _ in P.quant_consts) * DTYPE_BYTES[s.compute_dtype]
-
-    # -- gradients, states, temporaries ---------------------------------------------------
     grads = Node("gradients")
     for name, group, numel, dtype, _each in P.trainable_tensors:
         _add_to_group(grads, group, numel * DTYPE_BYTES[dtype], numel, dtype, f"n x {DTYPE_BYTES[dtype]:g} B ({dtype})")
     grads.finalize()
     states = optimizer_states(P, s)
-    temps = optimizer_temporaries(P, s)
     states_bytes = sum(n.total_bytes() for n in states)
+    temps = optimizer_temporaries(P, s)
     temps.finalize()
+    cast_cache = _autocast_cache(arch, s, P)
+    cache_bytes = cast_cache.bytes
+    # Under checkpointing the blocks' saved tensors (and with them their cached bf16 weight
+    # copies) are dropped after forward; only the head's copy is still saved in backward.
+    head_cache = sum(c.bytes for c in cast_cache.children if c.name in ("output head", "embedding"))
+    bwd_cache = head_cache if gc else cache_bytes
 
-    # -- autocast weight cache ------------------------------------------------------------
-    cast_cache = Node("bf16 weight copies (autocast cache)" if s.compute_dtype == "bfloat16" else
-                      "fp16 weight copies (autocast cache)")
-    if s.autocast:
-        for t, dtype, nbytes, trains in P.weights:
-            if (t.linear or t.role in ("output_head",) or (t.role == "embedding" and arch.tie_word_embeddings)) \
-                    and not t.is_bias and dtype == "float32":
-                _add_to_group(cast_cache, t.group, t.numel * DTYPE_BYTES[s.compute_dtype], t.numel, s.compute_dtype,
-                              "matmul weights cast once per forward and kept for backward")
-
-    # -- activations ----------------------------------------------------------------------
+    # -- activations and logits ---------------------------------------------------------------
     A = _activations(arch, s, P)
     L_save = A.n_saving_layers
-    gc = s.gradient_checkpointing == "full"
-    acts = Node("activations")
+    head_acts = sum(n for _, n, _ in A.head)
     if gc:
-        acts.add(Node(f"layer inputs kept by checkpointing ({L_save} layers)", bytes=A.checkpoint_bytes_per_layer * L_save,
-                      formula=f"{L_save} x T x h x {DTYPE_BYTES[_resid(s)]:g} B"))
+        layer_acts = A.checkpoint_bytes_per_layer * L_save
     else:
-        groups: Dict[str, Node] = {}
-        for t in A.per_layer:
-            g = groups.get(t.group)
-            if g is None:
-                g = groups[t.group] = acts.add(Node(t.group))
-            g.add(Node(t.name, bytes=t.nbytes * (L_save - 1), dtype=t.dtype, count=int(t.numel * (L_save - 1)),
-                       formula=f"{L_save - 1} layers x {t.formula} x {DTYPE_BYTES[t.dtype]:g} B"))
-        acts.add(Node("first trained layer", bytes=A.first_layer_bytes,
-                      formula="the first block's saved tensors (its input may need no gradient)"))
-    for name, nbytes, formula in A.head:
-        _child(acts, "output head").add(Node(name, bytes=nbytes, formula=formula))
-    acts.finalize()
-    acts_bytes = acts.bytes
+        layer_acts = A.layers_bytes
+    acts_bytes = layer_acts + head_acts
     lg = logits_bytes(arch, s)
-    logits_fwd = Node("logits and loss")
-    for k, v in lg.items():
-        logits_fwd.add(Node(k, bytes=v, formula=_logit_formula(k, arch, s)))
-    logits_fwd.finalize()
+    logits_fwd_bytes = sum(lg.values())
 
-    # -- phases -----------------------------------------------------------------------------
-    w_bytes = weights.total_bytes() + qconst.total_bytes() + adapters.total_bytes()
+    # -- phases -------------------------------------------------------------------------------
     base = w_bytes + CUBLAS_WORKSPACE_BYTES
     persistent = base + states_bytes
     grads_bytes = grads.bytes
     accum_grads = grads_bytes if s.grad_accum_steps > 1 else 0.0
-    cache_bytes = cast_cache.total_bytes()
-    # Under checkpointing the blocks' saved tensors (and with them their cached bf16 weight
-    # copies) are dropped after forward; only the head's copy is still saved in backward.
-    head_cache = sum(c.bytes for c in cast_cache.children if c.name in ("output head", "embedding"))
-    bwd_cache = head_cache if gc_mode(s) else cache_bytes
-
     # forward: saved activations + the loss's working set (or a recomputed layer under gc)
-    layer_fwd_work = A.recompute_layer_bytes if gc else 0.0
-    fwd_extra = max(logits_fwd.bytes, layer_fwd_work)
+    recompute = A.recompute_layer_bytes if gc else 0.0
+    fwd_extra = max(logits_fwd_bytes, recompute)
     forward = persistent + accum_grads + cache_bytes + acts_bytes + fwd_extra + deq
 
-    # backward: the loss gradient, then the layers one by one.  Each event lists what is
-    # live beside the persistent state; the phase's peak is the largest event.
-    T_V = T * arch.vocab_size
-    fp32_TV = T_V * 4
+    # backward: the loss gradient, then the layers one by one; the phase's peak is the
+    # largest of these events (each lists what is live beside the persistent state).
+    fp32_TV = T * arch.vocab_size * 4
+    loss_bwd = 3 * fp32_TV + lg.get("soft-capped logits tanh", 0.0)
     head_grad = sum(g for n, g in _head_grad_bytes(P, arch))
     embed_grad = _embed_grad_bytes(P, arch)
     layer_grad = (grads_bytes - head_grad) / max(arch.num_layers, 1)
-    head_acts = sum(n for _, n, _ in A.head)
     cache_per_layer = cache_bytes / max(arch.num_layers, 1)
-
-    def grads_part(nbytes: float, formula: str) -> Node:
-        """Gradients allocated so far, split by module group in proportion."""
-        nbytes = max(nbytes, accum_grads)
-        node = Node("gradients", formula=formula)
-        scale = nbytes / grads_bytes if grads_bytes else 0.0
-        for c in grads.children:
-            node.add(Node(c.name, bytes=c.bytes * scale, dtype=c.dtype, formula=c.formula))
-        return node
-
-    def cache_part(nbytes: float) -> Node:
-        return Node("weights", children=[Node(cast_cache.name, bytes=nbytes,
-                                              formula="bf16 weight copies still saved for backward")])
-
-    def work_part() -> List[Node]:
-        return [Node("activations", children=[Node("backward working buffers", bytes=A.transient_layer_bytes,
-                                                   formula="2 x T x i + T x h gradient buffers of one layer")]),
-                _deq_node(deq)]
-
-    loss_node = Node("logits and loss", children=[
-        Node("log_softmax output (fp32, saved)", bytes=fp32_TV, formula="T x V x 4 B"),
-        Node("gradient of log_softmax output (fp32)", bytes=fp32_TV, formula="T x V x 4 B (nll_loss backward)"),
-        Node("gradient of logits (fp32)", bytes=fp32_TV, formula="T x V x 4 B (log_softmax backward)"),
-        Node("soft-capped logits tanh (saved)", bytes=lg.get("soft-capped logits tanh", 0.0), formula="T x V")])
-    recomputed = Node("recomputed layer (checkpointing)", bytes=A.recompute_layer_bytes if gc else 0.0,
-                      formula="one block's saved tensors, rebuilt for its backward")
-    events: List[Tuple[str, List[Node]]] = [
-        ("loss backward", [acts, loss_node, cache_part(bwd_cache), grads_part(0.0, "accumulated gradients")]),
+    work = A.transient_layer_bytes + deq
+    ev = {
+        # the loss: three fp32 T x V tensors beside every saved activation
+        "loss backward": acts_bytes + loss_bwd + bwd_cache + accum_grads,
         # the last block, first in backward: all its activations are still there
-        ("last layer's backward", [
-            Node("activations", children=[
-                Node("saved activations of all layers", bytes=acts_bytes - head_acts,
-                     formula="every block's saved tensors (or checkpoints)"), recomputed]),
-            grads_part(head_grad + layer_grad / 3, "output head + the last block's first gradients"),
-            cache_part(bwd_cache)] + work_part()),
+        "last layer's backward": (acts_bytes - head_acts) + recompute + max(head_grad + layer_grad / 3, accum_grads)
+        + bwd_cache + work,
         # the first block, last in backward: every gradient but the embedding's and most of its own
-        ("first layer's backward", [
-            Node("activations", children=[
-                Node("first block's saved tensors", bytes=0.0 if gc else A.first_layer_bytes,
-                     formula="the first block's saved tensors"),
-                Node("first block's checkpointed input", bytes=A.checkpoint_bytes_per_layer if gc else 0.0,
-                     formula="T x h"), recomputed]),
-            grads_part(grads_bytes - embed_grad - layer_grad * 2 / 3,
-                       "all gradients but the embedding's and most of the first block's"),
-            cache_part(head_cache if gc else cache_per_layer)] + work_part()),
-        ("end of backward", [
-            grads_part(grads_bytes, "every gradient"),
-            Node("activations", children=[Node("embedding gradient being accumulated",
-                                               bytes=embed_grad if arch.tie_word_embeddings else 0.0,
-                                               formula="V x h (tied head and embedding: two contributions)")])]),
-    ]
-    sized = [(name, parts, persistent + sum(n.total_bytes() for n in parts)) for name, parts in events]
-    bwd_name, bwd_parts, backward = max(sized, key=lambda e: e[2])
-
+        "first layer's backward": (A.checkpoint_bytes_per_layer if gc else A.first_layer_bytes) + recompute
+        + max(grads_bytes - embed_grad - layer_grad * 2 / 3, accum_grads)
+        + (head_cache if gc else cache_per_layer) + work,
+        "end of backward": max(grads_bytes, accum_grads) + (embed_grad if arch.tie_word_embeddings else 0.0),
+    }
+    bwd_event = max(ev, key=ev.get)
+    backward = persistent + ev[bwd_event]
     optimizer = persistent + grads_bytes + temps.bytes
-    after_load = base
-    phases = {"after_load": after_load, "forward": forward, "backward": backward, "optimizer_step": optimizer}
+    phases = {"after_load": base, "forward": forward, "backward": backward, "optimizer_step": optimizer}
     peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
     peak = phases[peak_phase]
-    first_step = max(forward - states_bytes, backward - states_bytes, optimizer)
-    phases["first_step"] = first_step
+    phases["first_step"] = max(forward - states_bytes, backward - states_bytes, optimizer)
     phases["persistent"] = persistent
-
-    # -- the tree at each phase ---------------------------------------------------------------
-    def common(include_states: bool = True) -> List[Node]:
-        out = [weights, qconst, adapters]
-        if include_states and states:
-            st = Node("optimizer states", children=list(states))
-            out.append(st)
-        return out
-
-    ws = Node("optimizer temporaries", children=[workspace])
-    fwd_nodes = common() + [acts, logits_fwd, _cache_node(cast_cache), _deq_node(deq)]
-    if accum_grads:
-        fwd_nodes.append(grads)
-    if gc:
-        fwd_nodes.append(Node("recomputed layer", formula="one block's tensors while it runs",
-                              bytes=max(0.0, fwd_extra - logits_fwd.bytes)))
-    bwd_nodes = common() + bwd_parts
-    opt_nodes = common() + [grads, temps]
-    phase_components = {
-        "after_load": _finish([weights, qconst, adapters, Node("optimizer temporaries", children=[workspace])]),
-        "forward": _finish(fwd_nodes + [Node("workspace", children=[workspace])]),
-        "backward": _finish(bwd_nodes + [Node("workspace", children=[workspace])]),
-        "optimizer_step": _finish(opt_nodes + [Node("workspace", children=[workspace])]),
-    }
-    reserved = _reserved(peak, s, A, lg, gc, T_V)
+    reserved = _reserved(peak, s, A, lg, gc, T * arch.vocab_size)
     context = CUDA_CONTEXT_BYTES
-    peak_nodes = phase_components[peak_phase]
-    components = _merge_named(peak_nodes) + [
-        Node("allocator reserve", bytes=max(0.0, reserved - peak),
-             formula="caching allocator: freed blocks kept for reuse (predicted)"),
-        Node("cuda context", bytes=context, formula="CUDA context + kernels: ~620 MiB on an H200 (CUDA 13)"),
-    ]
-    flops, overhead = _flops(arch, s, P)
+
+    notes: List[str] = []
+    if not arch.exact:
+        notes.append(arch.assumption)
     if A.backend == "math":
         notes.append("SDPA falls back to the math kernel here (fp32 with grouped KV heads): "
                      "the b x a x s x s probabilities are kept for every layer")
@@ -641,11 +606,136 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
         notes.append("paged optimizer states live in unified memory and move to the CPU under memory pressure")
     if s.precision == "fp8":
         notes.append("fp8: linear inputs saved as fp8 copies (torchao-style); derived, not measured")
+    flops, overhead = _flops(arch, s, P)
+
+    def build() -> Tuple[List[Node], Dict[str, List[Node]]]:
+        """Every phase's component tree (component > module group > tensor, with formulas)."""
+        weights = Node("weights")
+        for t, dtype, nbytes, trains in P.weights:
+            _child(weights, t.group).add(Node(
+                t.name, bytes=nbytes, dtype=dtype, count=t.numel,
+                formula=f"{t.repeat} x {' x '.join(map(str, t.shape))} x {DTYPE_BYTES[dtype]:g} B ({dtype})"))
+        qconst = Node("quantization constants")
+        for t, nbytes, formula in P.quant_consts:
+            _child(qconst, t.group).add(Node(t.name, bytes=nbytes, formula=formula))
+        adapters = Node("adapters")
+        for module, group, nbytes, numel in P.adapters:
+            adapters.add(Node(f"{module} lora_A + lora_B", bytes=nbytes, count=numel, dtype=P.adapter_dtype,
+                              formula=f"r x (in + out) x layers x 4 B (r={s.lora_r}, fp32)"))
+        workspace = Node("workspace", children=[Node(
+            "cuBLAS workspace", bytes=CUBLAS_WORKSPACE_BYTES,
+            formula="cuBLAS + cuBLASLt workspaces, 64 MiB (measured, H200, PyTorch 2.11)")])
+        acts = Node("activations")
+        if gc:
+            acts.add(Node(f"layer inputs kept by checkpointing ({L_save} layers)", bytes=layer_acts,
+                          formula=f"{L_save} x T x h x {DTYPE_BYTES[_resid(s)]:g} B"))
+        else:
+            groups: Dict[str, Node] = {}
+            for t in A.per_layer:
+                g = groups.get(t.group)
+                if g is None:
+                    g = groups[t.group] = acts.add(Node(t.group))
+                g.add(Node(t.name, bytes=t.nbytes * (L_save - 1), dtype=t.dtype, count=int(t.numel * (L_save - 1)),
+                           formula=f"{L_save - 1} layers x {t.formula} x {DTYPE_BYTES[t.dtype]:g} B"))
+            acts.add(Node("first trained layer", bytes=A.first_layer_bytes,
+                          formula="the first block's saved tensors (its input may need no gradient)"))
+        for name, nbytes, formula in A.head:
+            _child(acts, "output head").add(Node(name, bytes=nbytes, formula=formula))
+        logits_fwd = Node("logits and loss", children=[
+            Node(k, bytes=v, formula=_logit_formula(k, arch, s)) for k, v in lg.items()])
+        state_node = Node("optimizer states", children=list(states))
+
+        def grads_part(nbytes: float, formula: str) -> Node:
+            """Gradients allocated so far, split by module group in proportion."""
+            nbytes = max(nbytes, accum_grads)
+            node = Node("gradients", formula=formula)
+            scale = nbytes / grads_bytes if grads_bytes else 0.0
+            for c in grads.children:
+                node.add(Node(c.name, bytes=c.bytes * scale, dtype=c.dtype, formula=c.formula))
+            return node
+
+        def cache_part(nbytes: float) -> Node:
+            return Node("weights", children=[Node(cast_cache.name, bytes=nbytes,
+                                                  formula="16-bit weight copies still saved for backward")])
+
+        def work_part() -> List[Node]:
+            return [Node("activations", children=[Node("backward working buffers", bytes=A.transient_layer_bytes,
+                                                       formula="2 x T x i + T x h gradient buffers of one layer")]),
+                    _deq_node(deq)]
+
+        recomputed = Node("recomputed layer (checkpointing)", bytes=recompute,
+                          formula="one block's saved tensors, rebuilt for its backward")
+        if bwd_event == "loss backward":
+            bwd = [acts, Node("logits and loss", children=[
+                Node("log_softmax output (fp32, saved)", bytes=fp32_TV, formula="T x V x 4 B"),
+                Node("gradient of log_softmax output (fp32)", bytes=fp32_TV,
+                     formula="T x V x 4 B (nll_loss backward)"),
+                Node("gradient of logits (fp32)", bytes=fp32_TV, formula="T x V x 4 B (log_softmax backward)"),
+                Node("soft-capped logits tanh (saved)", bytes=lg.get("soft-capped logits tanh", 0.0),
+                     formula="T x V")]),
+                cache_part(bwd_cache), grads_part(0.0, "accumulated gradients")]
+        elif bwd_event == "last layer's backward":
+            bwd = [Node("activations", children=[
+                Node("saved activations of all layers", bytes=acts_bytes - head_acts,
+                     formula="every block's saved tensors (or checkpoints)"), recomputed]),
+                grads_part(head_grad + layer_grad / 3, "output head + the last block's first gradients"),
+                cache_part(bwd_cache)] + work_part()
+        elif bwd_event == "first layer's backward":
+            bwd = [Node("activations", children=[
+                Node("first block's saved tensors", bytes=0.0 if gc else A.first_layer_bytes,
+                     formula="the first block's saved tensors"),
+                Node("first block's checkpointed input", bytes=A.checkpoint_bytes_per_layer if gc else 0.0,
+                     formula="T x h"), recomputed]),
+                grads_part(grads_bytes - embed_grad - layer_grad * 2 / 3,
+                           "all gradients but the embedding's and most of the first block's"),
+                cache_part(head_cache if gc else cache_per_layer)] + work_part()
+        else:
+            bwd = [grads_part(grads_bytes, "every gradient"),
+                   Node("activations", children=[Node("embedding gradient being accumulated",
+                                                      bytes=embed_grad if arch.tie_word_embeddings else 0.0,
+                                                      formula="V x h (tied head and embedding: two contributions)")])]
+        fwd = [weights, qconst, adapters, state_node, acts, logits_fwd,
+               Node("weights", children=[cast_cache]), _deq_node(deq), workspace]
+        if accum_grads:
+            fwd.append(grads)
+        if gc:
+            fwd.append(Node("activations", children=[Node(
+                "recomputed layer", formula="one block's tensors while it runs",
+                bytes=max(0.0, fwd_extra - logits_fwd_bytes))]))
+        phase_components = {
+            "after_load": _finish([weights, qconst, adapters, workspace]),
+            "forward": _finish(fwd),
+            "backward": _finish([weights, qconst, adapters, state_node] + bwd + [workspace]),
+            "optimizer_step": _finish([weights, qconst, adapters, state_node, grads, temps, workspace]),
+        }
+        components = list(phase_components[peak_phase]) + [
+            Node("allocator reserve", bytes=max(0.0, reserved - peak),
+                 formula="caching allocator: freed blocks kept for reuse (predicted)"),
+            Node("cuda context", bytes=context, formula="CUDA context + kernels: ~620 MiB on an H200 (CUDA 13)"),
+        ]
+        return components, phase_components
+
     return Estimate(model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total,
-                    params_trainable=P.trainable_numel, components=components, phases_bytes=phases,
+                    params_trainable=P.trainable_numel, components=None, phases_bytes=phases,
                     peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
                     cuda_context_bytes=context, flops_per_step=flops, recompute_overhead=overhead,
-                    notes=notes, phase_components=phase_components)
+                    notes=notes, builder=build)
+
+
+def _autocast_cache(arch: Architecture, s: TrainingSetup, P: _Params) -> Node:
+    """Autocast casts each fp32 matmul weight to 16 bits once per forward and caches the
+    copy; the matmuls save it for backward (leaf tensors only: weights, not activations)."""
+    name = "bf16 weight copies (autocast cache)" if s.compute_dtype == "bfloat16" else \
+        "fp16 weight copies (autocast cache)"
+    node = Node(name)
+    if s.autocast:
+        for t, dtype, nbytes, trains in P.weights:
+            if (t.linear or t.role == "output_head" or (t.role == "embedding" and arch.tie_word_embeddings)) \
+                    and not t.is_bias and dtype == "float32":
+                _add_to_group(node, t.group, t.numel * DTYPE_BYTES[s.compute_dtype], t.numel, s.compute_dtype,
+                              "matmul weights cast once per forward and kept for backward")
+    node.finalize()
+    return node
 
 
 def gc_mode(s: TrainingSetup) -> bool:
@@ -671,11 +761,6 @@ def _embed_grad_bytes(P: _Params, arch: Architecture) -> float:
         if trains and t.role == "embedding":
             return t.numel * DTYPE_BYTES[dtype]
     return 0.0
-
-
-def _cache_node(cast_cache: Node) -> Node:
-    n = Node("weights", children=[cast_cache]) if cast_cache.total_bytes() else Node("weights")
-    return n
 
 
 def _deq_node(deq: float) -> Node:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .units import GB, GIB, MIB
 
@@ -84,7 +84,6 @@ class Node:
         return d
 
 
-@dataclass
 class Estimate:
     """The memory of one training step on one GPU.
 
@@ -92,29 +91,59 @@ class Estimate:
     ----------
     components:
         What is live at the peak, a list of top-level :class:`Node` s (weights,
-        gradients, optimizer states, activations, ...), each a tree.
+        gradients, optimizer states, activations, ...), each a tree.  Built on first
+        access (a sweep that reads only totals never builds the trees).
     phases_bytes:
         Allocated bytes at each phase's own peak: ``after_load``, ``forward``,
         ``backward``, ``optimizer_step``, plus ``first_step`` (step 1, when optimizer
         states are created lazily) and ``persistent`` (between steps).
+    phase_components:
+        The same trees for every phase (``after_load``, ``forward``, ``backward``,
+        ``optimizer_step``).
     peak_phase:
         The phase that holds the peak (``forward``, ``backward`` or ``optimizer_step``).
     """
 
-    model_name: str
-    setup: Dict[str, Any]
-    params_total: Optional[int]
-    params_trainable: Optional[int]
-    components: List[Node]
-    phases_bytes: Dict[str, float]
-    peak_phase: str
-    peak_allocated_bytes: float
-    reserved_bytes: float
-    cuda_context_bytes: float
-    flops_per_step: Optional[float] = None
-    recompute_overhead: float = 0.0
-    notes: List[str] = field(default_factory=list)
-    phase_components: Dict[str, List[Node]] = field(default_factory=dict)
+    def __init__(self, model_name: str, setup: Dict[str, Any], params_total: Optional[int],
+                 params_trainable: Optional[int], components: Optional[List[Node]],
+                 phases_bytes: Dict[str, float], peak_phase: str, peak_allocated_bytes: float,
+                 reserved_bytes: float, cuda_context_bytes: float, flops_per_step: Optional[float] = None,
+                 recompute_overhead: float = 0.0, notes: Optional[List[str]] = None,
+                 phase_components: Optional[Dict[str, List[Node]]] = None,
+                 builder: Optional[Callable[[], Tuple[List[Node], Dict[str, List[Node]]]]] = None):
+        self.model_name = model_name
+        self.setup = setup
+        self.params_total = params_total
+        self.params_trainable = params_trainable
+        self.phases_bytes = phases_bytes
+        self.peak_phase = peak_phase
+        self.peak_allocated_bytes = peak_allocated_bytes
+        self.reserved_bytes = reserved_bytes
+        self.cuda_context_bytes = cuda_context_bytes
+        self.flops_per_step = flops_per_step
+        self.recompute_overhead = recompute_overhead
+        self.notes = list(notes or [])
+        self._components = components
+        self._phase_components = phase_components if phase_components is not None else (
+            None if builder else {})
+        self._builder = builder
+
+    def _build(self) -> None:
+        if self._builder is not None:
+            self._components, self._phase_components = self._builder()
+            self._builder = None
+
+    @property
+    def components(self) -> List[Node]:
+        if self._components is None:
+            self._build()
+        return self._components if self._components is not None else []
+
+    @property
+    def phase_components(self) -> Dict[str, List[Node]]:
+        if self._phase_components is None:
+            self._build()
+        return self._phase_components if self._phase_components is not None else {}
 
     # -- totals -------------------------------------------------------------------
     @property

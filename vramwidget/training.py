@@ -126,7 +126,7 @@ class TrainingSetup:
         return TrainingSetup.from_kwargs(**{**self.to_dict(), **changes})
 
     def to_dict(self) -> Dict[str, Any]:
-        d = asdict(self)
+        d = {f: getattr(self, f) for f in _FIELDS}
         for k in ("quantized_groups", "lora_targets", "optimizer_state_dtypes"):
             if d[k] is not None:
                 d[k] = list(d[k])
@@ -237,6 +237,9 @@ class TrainingSetup:
             raise VramError("precision: fp8 compute with a bitsandbytes-quantized base is not modelled; "
                             "use bf16", field="precision")
         return cls(**v)
+
+
+_FIELDS = tuple(TrainingSetup.__dataclass_fields__)
 
 
 def _choice(name: str, value: Any) -> str:
