@@ -24,8 +24,13 @@ def fetch_config(repo_id: str) -> Dict[str, Any]:
                         f"huggingface_hub package (pip install 'vramwidget[hub]'); or {alternatives}",
                         field="model") from None
     token = os.environ.get("HF_TOKEN") or None
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    if not offline and not _hub_reachable():
+        # Without a network huggingface_hub retries for ~20 s; look in the local cache only.
+        offline = True
     try:
-        path = hf_hub_download(repo_id, "config.json", token=token)
+        with _quiet_hub_logs():
+            path = hf_hub_download(repo_id, "config.json", token=token, local_files_only=offline)
     except Exception as e:  # network errors, gated repos, missing files: one clear line
         kind = type(e).__name__
         reason = {"GatedRepoError": "the repository is gated (accept its licence and set HF_TOKEN)",
@@ -37,3 +42,40 @@ def fetch_config(repo_id: str) -> Dict[str, Any]:
                         field="model") from None
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def _hub_reachable(timeout_s: float = 2.0) -> bool:
+    """A TCP connection to the Hub endpoint within ``timeout_s`` (no request is sent)."""
+    import socket
+    from urllib.parse import urlparse
+
+    try:
+        from huggingface_hub import constants
+
+        url = urlparse(constants.ENDPOINT)
+    except Exception:  # noqa: BLE001 - an unusual huggingface_hub: let it try
+        return True
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    if not host:
+        return True
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+class _quiet_hub_logs:
+    """Silence huggingface_hub's retry warnings while fetching (the error is reported once)."""
+
+    def __enter__(self):
+        import logging
+
+        self._logger = logging.getLogger("huggingface_hub")
+        self._level = self._logger.level
+        self._logger.setLevel(logging.ERROR)
+        return self
+
+    def __exit__(self, *exc):
+        self._logger.setLevel(self._level)
+        return False
