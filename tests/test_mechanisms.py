@@ -178,3 +178,18 @@ def test_flops_and_recompute_overhead():
     assert 0.0 < sel.recompute_overhead < 0.06
     # 6 x params x tokens is the textbook count for a full step without attention
     assert full.flops_per_step / (1 + full.recompute_overhead) > 6 * P7 * 8 * 2048 * 0.95
+
+
+def test_freeze_trains_only_the_last_layers():
+    """method='freeze', 2 layers of llama-3.2-1b: 2 x 60,821,504 block params + the final
+    norm (2,048); the tied embedding/head stays frozen.  Only those 2 blocks keep activations."""
+    arch = load("llama-3.2-1b")
+    per_block = sum(t.numel_each for t in arch.tensors if t.layers)
+    assert per_block == 60_821_504
+    est = estimate(arch, method="freeze", trainable_layers=2)
+    assert est.params_trainable == 2 * per_block + 2048
+    full = estimate(arch)
+    grads = comp(est, "gradients", "optimizer_step")
+    assert grads == (2 * per_block + 2048) * 2
+    acts = est.phases_bytes["forward"] - est.phases_bytes["persistent"]
+    assert acts < (full.phases_bytes["forward"] - full.phases_bytes["persistent"]) / 2

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .activations import (BlockContext, SavedTensor, Trace, attention_backend, layer_norm, rms_norm,
                           trace_block)
-from .architecture import Architecture, ParamTensor, load, resolve_targets
+from .architecture import Architecture, ParamTensor, _restrict, load, resolve_targets
 from .errors import VramError
 from .result import Estimate, Node
 from .training import TrainingSetup
@@ -153,15 +153,21 @@ def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
     by_group: Dict[str, float] = {}
     tlist: List[Tuple[str, str, int, str]] = []
     largest = 0
+    tensors: List[Tuple[ParamTensor, bool]] = []
     for t in arch.tensors:
-        trains = s.method == "full"
         if s.method == "freeze":
-            if t.layers is not None:
-                trains = t.layers[1] >= trainable_layers[0]
-            else:
-                trains = t.role in ("norm",) or (t.role == "output_head")
-        if s.trains_adapters:
-            trains = False
+            if t.layers is None:   # the final norm and an untied head train; embeddings do not
+                tensors.append((t, t.role in ("norm", "output_head")))
+                continue
+            first, last = t.layers
+            n_train = max(0, last - max(first, trainable_layers[0]) + 1)
+            if n_train < t.repeat:
+                tensors.append((_restrict(t, first, t.repeat - n_train), False))
+            if n_train:
+                tensors.append((_restrict(t, last - n_train + 1, n_train), True))
+        else:
+            tensors.append((t, s.method == "full"))
+    for t, trains in tensors:
         if quant != "none" and _quantizable(t, s.quantized_groups or ()):
             dtype = quant
             nbytes = t.numel * qbytes
@@ -827,8 +833,9 @@ def _flops(arch: Architecture, s: TrainingSetup, P: _Params) -> Tuple[float, flo
     """Matmul FLOPs of one step and the extra share that checkpointing recomputes.
 
     forward = 2 x T x (linear params + head) + attention 2 x 2 x b x s^2 x a x d x L / 2 (causal);
-    backward = 2 x forward with full fine-tuning (input and weight gradients), ~1 x for
-    frozen weights (input gradients only; adapters are small).
+    backward = 2 x forward with full fine-tuning (input and weight gradients), 1 x forward
+    when the base is frozen (input gradients only) plus the adapters' weight gradients
+    (2 x T x LoRA params).  MoE experts count with k / E of their parameters.
     """
     T = s.tokens
     lin = sum(t.numel for t in arch.tensors if t.linear and not t.experts)
@@ -839,8 +846,11 @@ def _flops(arch: Architecture, s: TrainingSetup, P: _Params) -> Tuple[float, flo
     mm = 2 * T * (lin + head)
     attn = 2 * s.batch_size * s.seq_len ** 2 * arch.num_heads * arch.head_dim * arch.num_layers  # causal half of 4bs^2ad
     fwd = mm + attn
-    bwd = 2 * fwd if s.method in ("full", "freeze") else fwd + 2 * T * sum(
-        r * 0 for r in [])  # input grads only (+ tiny adapter grads)
+    if s.method in ("full", "freeze"):
+        bwd = 2 * fwd
+    else:
+        adapters = sum(a[3] for a in P.adapters)
+        bwd = fwd + 2 * T * adapters
     total = fwd + bwd
     if s.gradient_checkpointing == "full":
         extra = fwd - 2 * T * head
