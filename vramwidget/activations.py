@@ -474,13 +474,9 @@ def plain_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
     else:
         qkv = linear(tr, ctx, n1, names[0], (a + 2 * kv) * d, "qkv", "attention")
         q, k, v = qkv, qkv, qkv   # views of one storage
-        if mt in ("gpt_neox", "falcon", "bloom") and mt != "bloom":
+        if mt in ("gpt_neox", "falcon"):  # rotary embeddings make new q and k
             q = tr.new("q after rope", T * a * d, ctx.c, qkv.rg, "T x a*d", "attention")
             k = tr.new("k after rope", T * kv * d, ctx.c, qkv.rg, "T x kv*d", "attention")
-    if ctx.cpu and mt != "opt" and q.rg:
-        # CPU kernels return (b, a, s, d)-contiguous output for q sliced from a fused qkv:
-        # transformers' transpose().contiguous() then copies it.
-        pass
     if mt == "bloom":
         # BLOOM's ALiBi attention is eager-style baddbmm + softmax in fp32
         ctx_backend = ctx.attn_backend
