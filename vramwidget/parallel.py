@@ -1,0 +1,996 @@
+"""Per-GPU training memory under data, tensor, pipeline, context and expert parallelism.
+
+``estimate_parallel(model, strategy=..., num_gpus=..., ...)`` answers "how much memory does
+each GPU need?" for a sharded run.  It does not re-derive any memory mechanism: every GPU's
+figure starts from the single-GPU estimator (:func:`vramwidget.estimate.estimate_setup`) run
+on *that GPU's share of the model*, and then applies what the parallel framework changes.
+
+1. **Model parallelism shapes the model each GPU holds.**  The architecture is cut into the
+   slice one GPU runs and the estimator is run on that slice:
+
+   * tensor parallel (t): Megatron's column/row split; attention heads, KV heads (replicated
+     when fewer than t), the MLP and expert widths and the vocabulary (vocab-parallel
+     embedding, output head and cross-entropy: logits are b x s x V/t) are divided by t.
+     Tracing the block with a/t heads and i/t width gives Korthikanti et al.'s terms by
+     construction: tensors inside the tensor-parallel regions shrink by t, the
+     ``T x h`` tensors around them (norm inputs, residuals, the shared input of the QKV and
+     MLP matmuls) do not -- sbh(10 + 24/t + 5as/(ht)) in their GPT notation.
+   * sequence parallel: those remaining ``T x h`` tensors are split along the sequence too,
+     so every activation is 1/t of the unsharded block's -- sbh(34/t + 5as/(ht)).  It is
+     applied as ``activations(t = 1) / t`` on the stage's activation component.
+   * context parallel (c): each GPU runs seq_len / c tokens (ring attention passes K/V
+     chunks; the chunks in flight are not counted).
+   * pipeline parallel (p): stage i runs its share of the layers; the first stage holds the
+     embeddings, the last the final norm, the output head and the logits/loss (a tied head
+     is a second copy of the embedding on the last stage, as Megatron keeps it).  Under the
+     1F1B schedule stage i keeps the activations of min(p - i, m) micro-batches in flight.
+   * expert parallel (e): each GPU holds E/e of the routed experts; with balanced routing it
+     still processes about T x k token copies, so expert activations are unchanged.
+
+2. **Data parallelism decides how model states are stored** (the ZeRO paper's "model
+   states": parameters, gradients, optimizer states), over N = data-parallel x
+   context-parallel replicas (experts over N/e):
+
+   ========================  ===========  ===========  =================  ===============
+   strategy                  parameters   gradients    optimizer states   also
+   ========================  ===========  ===========  =================  ===============
+   none / ddp                full         full         full               DDP: reducer buckets
+   zero0 (DeepSpeed)         full         full         full + fp32 master  reduce bucket
+   zero1                     full         full         1/N (+ master)     reduce bucket
+   zero2                     full         1/N          1/N (+ master)     reduce bucket
+   zero3                     1/N          1/N          1/N (+ master)     gathered modules
+   fsdp_shard_grad_op        1/N          1/N          1/N                whole model gathered
+   fsdp_full_shard           1/N          1/N          1/N                gathered units
+   fsdp_hybrid               1/n_node     1/n_node     1/n_node           gathered units
+   megatron                  full         fp32 full    full (+ master)    fused Adam
+   megatron_distopt          full         fp32 full    1/N (+ master)     fused Adam
+   ========================  ===========  ===========  =================  ===============
+
+   DeepSpeed's ZeRO optimizer always steps an fp32 copy of its partition ("fp32 master
+   weights", 4 B/param/N) with fp32 Adam moments, and converts the partition's gradients to
+   fp32 for the step (4 B/param/N, the optimizer step only).  Megatron-LM keeps fp32
+   ``main_grad`` buffers for every parameter and an fp32 master copy in its optimizer.
+   PyTorch FSDP keeps no extra copy: its sharded parameters are the master weights
+   (``amp_bf16`` = fp32 shards gathered as bf16 by ``MixedPrecision``).
+
+   Communication buffers: PyTorch DDP's reducer allocates buckets (``bucket_cap_mb`` = 25 MB
+   each) holding a copy of every gradient unless ``gradient_as_bucket_view=True``.
+   DeepSpeed ZeRO-1/2 allocate a contiguous reduce (IPG) buffer of ``reduce_bucket_size``
+   elements (5e8 by default; two with ``overlap_comm``) at each backward; ZeRO-3 allocates
+   it once at start-up, keeps a flat 16-bit buffer for its gradient partition from start-up
+   on, and gathers parameters module by module: the module running (the largest sets the
+   peak: its 16-bit parameters and, in backward, its 16-bit gradients -- DeepSpeed's
+   ``largest_layer_memory = 4 x largest_layer_params``) plus ``stage3_prefetch_bucket_size``
+   (5e7) elements fetched ahead.  FSDP gathers whole units (each decoder block, and the root
+   unit: embeddings, final norm and head, which stays gathered through forward and backward);
+   with prefetching the current and the next block are gathered at once.
+
+3. **Offload** (``offload_optimizer``: DeepSpeed ZeRO-Offload; ``offload_params``: ZeRO-3
+   parameter offload or FSDP's ``CPUOffload``) moves those states to host memory, reported
+   per GPU and per node; the per-node figure is multiplied by ``cpu_buffer_factor``
+   (DeepSpeed's estimator uses ``additional_buffer_factor=1.5`` for pinned buffers and
+   headroom).
+
+The per-GPU :class:`~vramwidget.result.Estimate` keeps the estimator's phases: each phase's
+components are scaled as above and the additions are placed where they live (forward,
+backward, optimizer step).  With ``strategy="none"`` and one GPU every factor is 1 and every
+addition 0, so the per-GPU estimate is the single-GPU estimate, to the byte.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .architecture import Architecture, ParamTensor, load
+from .errors import VramError
+from .estimate import _merge_named, _params, _reserved, estimate_setup, gc_mode
+from .result import Estimate, Node
+from .training import TrainingSetup
+from .units import DTYPE_BYTES, GIB
+
+#: strategy -> what it is (for help texts and the widget)
+STRATEGIES: Dict[str, str] = {
+    "none": "No data parallelism (one replica; tensor/pipeline parallel only)",
+    "ddp": "PyTorch DDP: full replica per GPU, gradients all-reduced in buckets",
+    "zero0": "DeepSpeed ZeRO stage 0: DeepSpeed's mixed-precision optimizer, nothing partitioned",
+    "zero1": "DeepSpeed ZeRO-1: optimizer states partitioned",
+    "zero2": "DeepSpeed ZeRO-2: optimizer states and gradients partitioned",
+    "zero3": "DeepSpeed ZeRO-3: parameters, gradients and optimizer states partitioned",
+    "fsdp_full_shard": "PyTorch FSDP FULL_SHARD: parameters, gradients, optimizer states sharded",
+    "fsdp_shard_grad_op": "PyTorch FSDP SHARD_GRAD_OP: gradients and optimizer states sharded; "
+                          "parameters kept gathered from forward to backward",
+    "fsdp_hybrid": "PyTorch FSDP HYBRID_SHARD: full shard within a node, replicated across nodes",
+    "megatron": "Megatron-LM DDP: bf16 parameters, fp32 main gradients, fp32 optimizer (not distributed)",
+    "megatron_distopt": "Megatron-LM with --use-distributed-optimizer: fp32 master weights and "
+                        "Adam states sharded over data-parallel ranks",
+}
+
+DEEPSPEED = ("zero0", "zero1", "zero2", "zero3")
+FSDP = ("fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_hybrid")
+MEGATRON = ("megatron", "megatron_distopt")
+
+#: PyTorch DDP ``bucket_cap_mb`` default: 25, which torch turns into 25 * 1024 * 1024 bytes
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+#: DeepSpeed defaults (deepspeed/runtime/zero/config.py), in elements
+DS_REDUCE_BUCKET_ELEMENTS = int(5e8)
+DS_ALLGATHER_BUCKET_ELEMENTS = int(5e8)
+DS_PREFETCH_BUCKET_ELEMENTS = int(5e7)
+DS_SUB_GROUP_SIZE = int(1e9)
+#: DeepSpeed's memory estimators multiply host memory by this ("to be conservative")
+DS_ADDITIONAL_BUFFER_FACTOR = 1.5
+
+#: optimizers whose states DeepSpeed / Megatron keep in fp32 on the fp32 master copy
+_STATE_COUNT = {"adamw": 2, "adamw_fused": 2, "paged_adamw": 2, "lion": 1, "sgd_momentum": 1}
+
+_COLUMN_ROLES = {"attn_q", "attn_k", "attn_v", "attn_qkv", "mlp_gate", "mlp_up", "mlp_gate_up", "attn_q_b",
+                 "attn_kv_b", "expert_gate_up"}
+_ROW_ROLES = {"attn_o", "mlp_down", "expert_down"}
+_EMBED_ROLES = {"embedding", "position_embedding", "embedding_norm"}
+
+_PHASES = ("after_load", "forward", "backward", "optimizer_step")
+
+
+# ----------------------------------------------------------------------------------
+# Results
+# ----------------------------------------------------------------------------------
+
+@dataclass
+class StageEstimate:
+    """One pipeline stage: what each of its GPUs holds.
+
+    ``model_states`` are per-GPU bytes by part (each part at its full size, whichever phase
+    it lives in): ``weights``, ``quantization constants``, ``adapters``, ``gradients``
+    (parameter-dtype gradients), ``fp32 gradients`` (DeepSpeed's step-time partition or
+    Megatron's main grads), ``fp32 master weights``, ``optimizer states``,
+    ``gathered parameters`` / ``gathered gradients`` (ZeRO-3's largest module or FSDP's
+    units), ``prefetched parameters``, ``communication buffers``.  ``cpu`` lists the host
+    bytes per GPU under offload.
+    """
+
+    stage: int
+    layers: Tuple[int, int]            # first and last decoder layer (inclusive); (0, -1) when none
+    embedding: bool
+    head: bool
+    in_flight: int                     # micro-batches whose activations are held (1F1B)
+    estimate: Estimate
+    model_states: Dict[str, float]
+    cpu: Dict[str, float]
+    params_local: int                  # parameters of this GPU's slice before data-parallel sharding
+
+    @property
+    def device_total_bytes(self) -> float:
+        return self.estimate.device_total_bytes
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"stage": self.stage, "layers": list(self.layers), "embedding": self.embedding, "head": self.head,
+                "in_flight_micro_batches": self.in_flight, "params_local": self.params_local,
+                "peak_allocated_bytes": int(round(self.estimate.peak_allocated_bytes)),
+                "peak_phase": self.estimate.peak_phase,
+                "device_total_bytes": int(round(self.estimate.device_total_bytes)),
+                "device_total_gib": round(self.estimate.device_total_bytes / GIB, 3),
+                "phases": {k: int(round(v)) for k, v in self.estimate.phases_bytes.items()},
+                "model_states": {k: int(round(v)) for k, v in self.model_states.items()},
+                "cpu": {k: int(round(v)) for k, v in self.cpu.items()}}
+
+
+@dataclass
+class ParallelEstimate:
+    """Per-GPU memory of a parallel run: the worst GPU, and every pipeline stage.
+
+    ``per_gpu`` is the :class:`Estimate` of the GPU that needs the most (device total);
+    ``stages`` has one entry per pipeline stage (one entry without pipeline parallelism).
+    Host memory: ``cpu_bytes_per_gpu`` (the offloaded states of one GPU) and
+    ``cpu_bytes_per_node`` (all GPUs of a node, times ``cpu_buffer_factor``).
+    """
+
+    model_name: str
+    strategy: str
+    layout: Dict[str, Any]
+    setup: Dict[str, Any]
+    stages: List[StageEstimate]
+    worst_stage: int
+    buffers: Dict[str, Any]
+    cpu_buffer_factor: float
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def per_gpu(self) -> Estimate:
+        return self.stages[self.worst_stage].estimate
+
+    @property
+    def model_states(self) -> Dict[str, float]:
+        return self.stages[self.worst_stage].model_states
+
+    @property
+    def device_total_bytes(self) -> float:
+        return self.per_gpu.device_total_bytes
+
+    @property
+    def device_total_gib(self) -> float:
+        return self.device_total_bytes / GIB
+
+    @property
+    def peak_allocated_bytes(self) -> float:
+        return self.per_gpu.peak_allocated_bytes
+
+    @property
+    def cpu_bytes_per_gpu(self) -> float:
+        return max(sum(st.cpu.values()) for st in self.stages)
+
+    @property
+    def cpu_bytes_per_node(self) -> float:
+        """Host memory of one node: its GPUs' offloaded states x ``cpu_buffer_factor``."""
+        per = self.layout["gpus_on_node"]
+        total = sum(sum(st.cpu.values()) for st in self.stages) / len(self.stages)
+        return total * per * self.cpu_buffer_factor
+
+    def fits(self, gpu: Any) -> bool:
+        """Whether the worst GPU's device total (reserved + CUDA context) stays within
+        the card's usable memory (:attr:`vramwidget.gpus.GPU.usable_bytes`)."""
+        from .gpus import get_gpu
+
+        return self.device_total_bytes <= get_gpu(gpu).usable_bytes
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"model": self.model_name, "strategy": self.strategy, "layout": dict(self.layout),
+                "setup": self.setup, "worst_stage": self.worst_stage,
+                "device_total_bytes": int(round(self.device_total_bytes)),
+                "device_total_gib": round(self.device_total_gib, 3),
+                "peak_allocated_bytes": int(round(self.peak_allocated_bytes)),
+                "cpu_bytes_per_gpu": int(round(self.cpu_bytes_per_gpu)),
+                "cpu_bytes_per_node": int(round(self.cpu_bytes_per_node)),
+                "cpu_buffer_factor": self.cpu_buffer_factor,
+                "buffers": self.buffers, "stages": [s.to_dict() for s in self.stages],
+                "per_gpu": self.per_gpu.to_dict(), "notes": list(self.notes)}
+
+    def __repr__(self) -> str:
+        return (f"ParallelEstimate({self.model_name!r}, {self.strategy}, {self.layout['num_gpus']} GPUs: "
+                f"worst GPU {self.device_total_gib:.2f} GiB device total"
+                + (f", host {self.cpu_bytes_per_node / GIB:.1f} GiB per node" if self.cpu_bytes_per_gpu else "")
+                + ")")
+
+
+# ----------------------------------------------------------------------------------
+# The layout
+# ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Layout:
+    strategy: str
+    num_gpus: int
+    gpus_per_node: int
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    sp: bool
+    micro_batches: int
+    shard: int            # ranks over which dense model states are sharded (ZeRO/FSDP/dist-opt)
+    shard_experts: int    # ... and expert model states
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.num_gpus // self.gpus_per_node)
+
+    @property
+    def gpus_on_node(self) -> int:
+        return min(self.gpus_per_node, self.num_gpus)
+
+
+def _posint(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")) \
+            or v != int(v) or v < 1:
+        raise VramError(f"{name}: must be a whole number >= 1, got {v!r}", field=name)
+    return int(v)
+
+
+def _layout(arch: Architecture, s: TrainingSetup, strategy: str, num_gpus: Any, gpus_per_node: Any, tp: Any,
+            pp: Any, sp: Any, cp: Any, ep: Any, micro_batches: Any) -> _Layout:
+    if strategy not in STRATEGIES:
+        import difflib
+
+        m = difflib.get_close_matches(str(strategy), list(STRATEGIES), n=1)
+        raise VramError(f"strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}"
+                        + (f" (did you mean {m[0]!r}?)" if m else ""), field="strategy")
+    n = _posint("num_gpus", num_gpus)
+    gpn = _posint("gpus_per_node", gpus_per_node)
+    tp, pp, cp, ep = (_posint(k, v) for k, v in (("tensor_parallel", tp), ("pipeline_parallel", pp),
+                                                   ("context_parallel", cp), ("expert_parallel", ep)))
+    if not isinstance(sp, bool):
+        raise VramError(f"sequence_parallel: must be true or false, got {sp!r}", field="sequence_parallel")
+    model_par = tp * pp * cp
+    if n % model_par:
+        raise VramError(f"num_gpus: {n} GPUs cannot hold tensor x pipeline x context parallel = "
+                        f"{tp} x {pp} x {cp} = {model_par} (num_gpus must be a multiple of it)", field="num_gpus")
+    dp = n // model_par
+    if strategy == "none" and dp > 1:
+        raise VramError(f"strategy: {dp} data-parallel replicas need a data-parallel strategy (ddp, zero1-3, fsdp_*, "
+                        f"megatron*); 'none' is one replica", field="strategy")
+    if sp and tp == 1:
+        raise VramError("sequence_parallel: needs tensor_parallel > 1 (it splits the tensor-parallel group's "
+                        "sequence)", field="sequence_parallel")
+    if tp > 1:
+        if arch.num_heads % tp:
+            raise VramError(f"tensor_parallel: {arch.name} has {arch.num_heads} attention heads, not divisible by "
+                            f"{tp}", field="tensor_parallel")
+        kv = arch.num_kv_heads
+        if kv % tp and tp % kv:
+            raise VramError(f"tensor_parallel: {kv} KV heads can be neither split nor replicated over {tp} GPUs",
+                            field="tensor_parallel")
+    if pp > arch.num_layers:
+        raise VramError(f"pipeline_parallel: {arch.name} has {arch.num_layers} layers, fewer than {pp} stages",
+                        field="pipeline_parallel")
+    if pp > 1 and s.method == "freeze":
+        raise VramError("pipeline_parallel: method='freeze' with pipeline stages is not modelled", field="method")
+    if cp > 1 and s.seq_len % cp:
+        raise VramError(f"context_parallel: seq_len {s.seq_len} is not divisible by {cp}", field="context_parallel")
+    if ep > 1:
+        if not arch.is_moe:
+            raise VramError(f"expert_parallel: {arch.name} has no experts", field="expert_parallel")
+        if arch.num_experts % ep:
+            raise VramError(f"expert_parallel: {arch.num_experts} experts are not divisible by {ep}",
+                            field="expert_parallel")
+        if (dp * cp) % ep:
+            raise VramError(f"expert_parallel: {ep} must divide the data x context parallel size {dp * cp} "
+                            f"(expert-parallel ranks are taken from the data-parallel ones)", field="expert_parallel")
+    m = s.grad_accum_steps if micro_batches is None else _posint("micro_batches", micro_batches)
+    replicas = dp * cp
+    if strategy == "fsdp_hybrid":
+        per_node = max(1, gpn // (tp * pp))
+        shard = max(1, min(replicas, per_node))
+    elif strategy in ("none", "ddp", "zero0", "megatron"):
+        shard = 1
+    else:
+        shard = replicas
+    shard_e = max(1, shard // ep) if ep > 1 else shard
+    return _Layout(strategy, n, gpn, dp, tp, pp, cp, ep, sp, m, shard, shard_e)
+
+
+# ----------------------------------------------------------------------------------
+# The slice of the model one GPU runs
+# ----------------------------------------------------------------------------------
+
+_SLICE_CACHE: Dict[Tuple[Any, ...], Tuple[Architecture, Architecture]] = {}
+
+
+def _split(n: int, t: int) -> int:
+    return -(-n // t)
+
+
+def _tp_tensor(t: ParamTensor, arch: Architecture, tp: int, ep: int) -> ParamTensor:
+    """One tensor's per-GPU shard under tensor parallel (Megatron's column/row split,
+    vocab-parallel embedding/head) and expert parallel (E/ep experts)."""
+    shape = list(t.shape)
+    in_f, out_f = t.in_features, t.out_features
+    experts = t.experts
+    if ep > 1 and t.experts:
+        shape[0] = t.experts // ep
+        experts = t.experts // ep
+    if tp > 1:
+        role = t.role
+        column = role in _COLUMN_ROLES or (role == "shared_expert" and t.module not in ("down_proj",))
+        row = role in _ROW_ROLES or (role == "shared_expert" and t.module == "down_proj")
+        kv = arch.num_kv_heads
+        kv_local = kv // tp if kv >= tp else 1
+        d = arch.head_dim
+
+        def local_out(o: int) -> int:
+            if role in ("attn_k", "attn_v") and not arch.mla:
+                return kv_local * d
+            if role == "attn_qkv" and o == (arch.num_heads + 2 * kv) * d:
+                return (arch.num_heads // tp + 2 * kv_local) * d
+            return _split(o, tp)
+
+        if role in ("embedding", "output_head"):
+            shape[0] = _split(shape[0], tp)
+        elif t.is_bias:
+            if column:
+                shape[0] = local_out(shape[0])
+        elif column or row:
+            if t.experts:
+                ax = 1 if column else 2
+                shape[ax] = _split(shape[ax], tp)
+                if column:
+                    out_f = shape[1]
+                else:
+                    in_f = shape[2]
+            else:
+                # (out, in) for nn.Linear, (in, out) for GPT-2's Conv1D
+                conv = len(shape) == 2 and shape[0] == t.in_features and shape[1] == t.out_features \
+                    and t.in_features != t.out_features
+                if column:
+                    new = local_out(out_f)
+                    shape[1 if conv else 0] = new
+                    out_f = new
+                else:
+                    new = _split(in_f, tp)
+                    shape[0 if conv else 1] = new
+                    in_f = new
+    if tuple(shape) == t.shape and experts == t.experts:
+        return t
+    return replace(t, shape=tuple(shape), in_features=in_f, out_features=out_f, experts=experts)
+
+
+def _slice(arch: Architecture, first: int, last: int, embed: bool, head: bool, tp: int,
+           ep: int) -> Tuple[Architecture, Architecture]:
+    """The architecture one GPU runs: layers [first, last] of the pipeline stage, the
+    embeddings on the first stage, the head on the last, cut by tensor and expert parallel.
+    Returns (sliced, sliced without the tensor/expert cut) -- the second gives the unsharded
+    activations sequence parallel divides."""
+    L = arch.num_layers
+    full_stage = first == 0 and last == L - 1 and embed and head
+    if full_stage and tp == 1 and ep == 1:
+        return arch, arch
+    key = (id(arch), first, last, embed, head, tp, ep)
+    hit = _SLICE_CACHE.get(key)
+    if hit is not None and hit[0].name == arch.name:
+        return hit
+    tensors: List[ParamTensor] = []
+    for t in arch.tensors:
+        if t.layers is None:
+            if t.role in _EMBED_ROLES:
+                if not embed:
+                    continue
+            elif not head:
+                continue
+            tensors.append(t)
+            continue
+        lo, hi = t.layers
+        a, b = max(lo, first), min(hi, last)
+        if a > b:
+            continue
+        per = t.repeat // (hi - lo + 1)
+        tensors.append(replace(t, repeat=per * (b - a + 1), layers=(a - first, b - first)))
+    tied = arch.tie_word_embeddings
+    if tied and head and not embed:
+        emb = next((t for t in arch.tensors if t.role == "embedding"), None)
+        if emb is not None:   # Megatron keeps a copy of the tied embedding as the last stage's head
+            tensors.append(ParamTensor("lm_head.weight (tied copy)", emb.shape, "output_head", "lm_head"))
+        tied = False
+    n = last - first + 1
+    dense = max(0, min(arch.dense_layers - 1, last) - first + 1) if arch.dense_layers else 0
+    sliding = round(arch.sliding_layers * n / L) if arch.sliding_layers else 0
+    base = replace(arch, tensors=tensors, num_layers=n, dense_layers=dense, sliding_layers=sliding,
+                   tie_word_embeddings=tied and embed and head,
+                   vocab_size=arch.vocab_size if head else 0)
+    if tp == 1 and ep == 1:
+        out = (base, base)
+    else:
+        kv = arch.num_kv_heads
+        cfg = dict(arch.config)
+        if tp > 1 and arch.is_moe and cfg.get("intermediate_size"):
+            cfg["intermediate_size"] = _split(int(cfg["intermediate_size"]), tp)
+        cut = replace(base, tensors=[_tp_tensor(t, arch, tp, ep) for t in tensors],
+                      num_heads=arch.num_heads // tp,
+                      num_kv_heads=(kv // tp if kv >= tp else 1) if not arch.mla else arch.num_heads // tp,
+                      intermediate_size=_split(arch.intermediate_size, tp),
+                      expert_intermediate_size=_split(arch.expert_intermediate_size, tp)
+                      if arch.expert_intermediate_size else 0,
+                      shared_expert_intermediate_size=_split(arch.shared_expert_intermediate_size, tp)
+                      if arch.shared_expert_intermediate_size else 0,
+                      vocab_size=_split(arch.vocab_size, tp) if head else 0, config=cfg)
+        out = (cut, base)
+    if len(_SLICE_CACHE) > 256:
+        _SLICE_CACHE.clear()
+    _SLICE_CACHE[key] = out
+    return out
+
+
+def _stages(L: int, pp: int) -> List[Tuple[int, int]]:
+    """Layers per stage, as even as possible (earlier stages take the remainder)."""
+    base, extra = divmod(L, pp)
+    out, start = [], 0
+    for i in range(pp):
+        n = base + (1 if i < extra else 0)
+        out.append((start, start + n - 1))
+        start += n
+    return out
+
+
+# ----------------------------------------------------------------------------------
+# Scaling the estimator's component trees
+# ----------------------------------------------------------------------------------
+
+def _scaled(node: Node, f: float, fe: float, zero: Sequence[str] = (), keep: Sequence[str] = ()) -> Tuple[Node, float]:
+    """A copy of ``node`` with every leaf x f (leaves under a module group named
+    ``experts`` x fe; under a child named in ``zero`` x 0, in ``keep`` x 1).  Returns the
+    copy and the change in bytes, computed leaf by leaf so that all-ones factors change
+    nothing, to the byte."""
+    if node.name in zero:
+        f = fe = 0.0
+    elif node.name in keep:
+        f = fe = 1.0
+    elif node.name == "experts":
+        f = fe
+    if not node.children:
+        nb = node.bytes * f
+        cnt = node.count if (node.count is None or f == 1.0) else int(round(node.count * f))
+        return Node(node.name, bytes=nb, formula=node.formula, dtype=node.dtype, count=cnt), node.bytes * (f - 1.0)
+    kids, delta = [], 0.0
+    for c in node.children:
+        k, d = _scaled(c, f, fe, zero, keep)
+        kids.append(k)
+        delta += d
+    out = Node(node.name, formula=node.formula, dtype=node.dtype, count=node.count, children=kids)
+    out.bytes = node.bytes + delta
+    return out, delta
+
+
+def _leaf(component: str, name: str, nbytes: float, formula: str) -> Node:
+    return Node(component, children=[Node(name, bytes=nbytes, formula=formula)])
+
+
+# ----------------------------------------------------------------------------------
+# The estimate
+# ----------------------------------------------------------------------------------
+
+def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, gpus_per_node: int = 8,
+                      tensor_parallel: int = 1, pipeline_parallel: int = 1, sequence_parallel: bool = False,
+                      context_parallel: int = 1, expert_parallel: int = 1, micro_batches: Optional[int] = None,
+                      offload_optimizer: bool = False, offload_params: bool = False,
+                      bucket_mb: Optional[float] = None, prefetch_elements: Optional[int] = None,
+                      overlap_comm: Optional[bool] = None, ddp_bucket_view: bool = False,
+                      cpu_buffer_factor: Optional[float] = None, **setup: Any) -> ParallelEstimate:
+    """Per-GPU memory of one training step run across ``num_gpus`` GPUs.
+
+    Parameters
+    ----------
+    model, **setup:
+        as for :func:`vramwidget.estimate`; ``batch_size`` is the micro-batch of one
+        data-parallel replica, ``seq_len`` the full sequence (context parallel splits it).
+    strategy:
+        one of :data:`STRATEGIES`: ``none``, ``ddp``, ``zero0``-``zero3`` (DeepSpeed),
+        ``fsdp_full_shard``, ``fsdp_shard_grad_op``, ``fsdp_hybrid`` (PyTorch FSDP),
+        ``megatron``, ``megatron_distopt`` (Megatron-LM).
+    num_gpus, gpus_per_node:
+        all GPUs of the run; data-parallel size = num_gpus / (tensor x pipeline x context).
+    tensor_parallel, sequence_parallel, context_parallel, pipeline_parallel, expert_parallel:
+        model-parallel sizes (see the module docstring for what each divides).
+    micro_batches:
+        micro-batches per step and replica (pipeline schedule; default ``grad_accum_steps``).
+    offload_optimizer, offload_params:
+        DeepSpeed ZeRO-Offload (optimizer states, fp32 master weights and fp32 gradients to
+        the CPU; ZeRO-1/2/3) and parameter offload (ZeRO-3); for FSDP, ``offload_params``
+        is ``CPUOffload(offload_params=True)`` (parameters, gradients and the optimizer step
+        on the CPU).
+    bucket_mb:
+        the gradient reduce bucket in MB (10**6 bytes): DDP's ``bucket_cap_mb`` (default
+        25 MiB) or DeepSpeed's ``reduce_bucket_size`` (default 5e8 elements) in 16-bit bytes.
+    prefetch_elements:
+        ZeRO-3 ``stage3_prefetch_bucket_size`` (default 5e7 elements).
+    overlap_comm:
+        DeepSpeed ``overlap_comm`` (default: on for ZeRO-3 only); doubles the reduce buffer.
+    ddp_bucket_view:
+        DDP ``gradient_as_bucket_view=True``: gradients live in the buckets (no copy).
+    cpu_buffer_factor:
+        host-memory headroom factor for the per-node figure (default 1.5 with DeepSpeed,
+        its ``additional_buffer_factor``; 1.0 otherwise).
+    """
+    arch = load(model)
+    s = setup.pop("setup") if "setup" in setup and isinstance(setup.get("setup"), TrainingSetup) else None
+    if s is None:
+        s = TrainingSetup.from_kwargs(**setup)
+    elif setup:
+        raise VramError(f"unknown setup field {sorted(setup)[0]!r} beside setup=", field=sorted(setup)[0])
+    return estimate_parallel_setup(
+        arch, s, strategy=strategy, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
+        tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, sequence_parallel=sequence_parallel,
+        context_parallel=context_parallel, expert_parallel=expert_parallel, micro_batches=micro_batches,
+        offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
+        prefetch_elements=prefetch_elements, overlap_comm=overlap_comm, ddp_bucket_view=ddp_bucket_view,
+        cpu_buffer_factor=cpu_buffer_factor)
+
+
+#: the keyword arguments of estimate_parallel beyond the training setup
+PARALLEL_KEYS = ("strategy", "num_gpus", "gpus_per_node", "tensor_parallel", "pipeline_parallel",
+                 "sequence_parallel", "context_parallel", "expert_parallel", "micro_batches", "offload_optimizer",
+                 "offload_params", "bucket_mb", "prefetch_elements", "overlap_comm", "ddp_bucket_view",
+                 "cpu_buffer_factor")
+
+
+def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: str = "none", num_gpus: int = 1,
+                            gpus_per_node: int = 8, tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                            sequence_parallel: bool = False, context_parallel: int = 1, expert_parallel: int = 1,
+                            micro_batches: Optional[int] = None, offload_optimizer: bool = False,
+                            offload_params: bool = False, bucket_mb: Optional[float] = None,
+                            prefetch_elements: Optional[int] = None, overlap_comm: Optional[bool] = None,
+                            ddp_bucket_view: bool = False,
+                            cpu_buffer_factor: Optional[float] = None) -> ParallelEstimate:
+    """:func:`estimate_parallel` for a resolved architecture and a validated setup."""
+    lay = _layout(arch, s, strategy, num_gpus, gpus_per_node, tensor_parallel, pipeline_parallel,
+                  sequence_parallel, context_parallel, expert_parallel, micro_batches)
+    for name, v in (("offload_optimizer", offload_optimizer), ("offload_params", offload_params),
+                    ("ddp_bucket_view", ddp_bucket_view)):
+        if not isinstance(v, bool):
+            raise VramError(f"{name}: must be true or false, got {v!r}", field=name)
+    if offload_optimizer and strategy not in ("zero1", "zero2", "zero3"):
+        hint = " (FSDP offloads parameters, gradients and the optimizer together: offload_params=True)" \
+            if strategy in FSDP else ""
+        raise VramError(f"offload_optimizer: needs DeepSpeed ZeRO-1, 2 or 3, not {strategy!r}{hint}",
+                        field="offload_optimizer")
+    if offload_params and strategy not in ("zero3",) + FSDP:
+        raise VramError(f"offload_params: needs ZeRO-3 or FSDP, not {strategy!r}", field="offload_params")
+    if bucket_mb is not None and (isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float))
+                                  or not bucket_mb > 0 or bucket_mb == float("inf")):
+        raise VramError(f"bucket_mb: must be a number > 0, got {bucket_mb!r}", field="bucket_mb")
+    if prefetch_elements is not None:
+        prefetch_elements = _posint("prefetch_elements", prefetch_elements)
+    if cpu_buffer_factor is None:
+        cpu_buffer_factor = DS_ADDITIONAL_BUFFER_FACTOR if strategy in DEEPSPEED else 1.0
+    elif isinstance(cpu_buffer_factor, bool) or not isinstance(cpu_buffer_factor, (int, float)) \
+            or not cpu_buffer_factor >= 1.0 or cpu_buffer_factor == float("inf"):
+        raise VramError(f"cpu_buffer_factor: must be a number >= 1, got {cpu_buffer_factor!r}",
+                        field="cpu_buffer_factor")
+    opts = dict(offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
+                prefetch_elements=prefetch_elements if prefetch_elements is not None else DS_PREFETCH_BUCKET_ELEMENTS,
+                overlap_comm=(strategy == "zero3") if overlap_comm is None else bool(overlap_comm),
+                ddp_bucket_view=ddp_bucket_view)
+
+    # the setup each GPU runs
+    s_loc = s
+    if lay.cp > 1:
+        s_loc = replace(s_loc, seq_len=s.seq_len // lay.cp)
+    if lay.pp > 1 and lay.micro_batches > s_loc.grad_accum_steps:
+        s_loc = replace(s_loc, grad_accum_steps=lay.micro_batches)   # gradients accumulate over micro-batches
+    if strategy in DEEPSPEED + MEGATRON and s.optimizer in _STATE_COUNT and not s.optimizer_state_dtypes:
+        s_loc = replace(s_loc, optimizer_state_dtypes=("float32",) * _STATE_COUNT[s.optimizer])
+
+    ranges = _stages(arch.num_layers, lay.pp)
+    stages: List[StageEstimate] = []
+    cache: Dict[Tuple[Any, ...], Tuple[Estimate, Dict[str, float], Dict[str, float], int, List[str]]] = {}
+    for i, (first, last) in enumerate(ranges):
+        embed, head = i == 0, i == lay.pp - 1
+        k = min(lay.pp - i, lay.micro_batches) if lay.pp > 1 else 1
+        key = (first, last, embed, head, k)
+        if key not in cache:
+            cache[key] = _stage(arch, s, s_loc, lay, opts, first, last, embed, head, k)
+        est, ms, cpu, n_local, _notes = cache[key]
+        stages.append(StageEstimate(i, (first, last), embed, head, k, est, ms, cpu, n_local))
+    worst = max(range(len(stages)), key=lambda j: stages[j].device_total_bytes)
+    notes = list(cache[next(iter(cache))][4])
+    layout = {"strategy": strategy, "num_gpus": lay.num_gpus, "gpus_per_node": lay.gpus_per_node,
+              "nodes": lay.nodes, "gpus_on_node": lay.gpus_on_node, "data_parallel": lay.dp,
+              "tensor_parallel": lay.tp, "pipeline_parallel": lay.pp, "context_parallel": lay.cp,
+              "expert_parallel": lay.ep, "sequence_parallel": lay.sp, "micro_batches": lay.micro_batches,
+              "shard": lay.shard, "shard_experts": lay.shard_experts,
+              "offload_optimizer": offload_optimizer, "offload_params": offload_params}
+    return ParallelEstimate(model_name=arch.name, strategy=strategy, layout=layout, setup=s.to_dict(), stages=stages,
+                            worst_stage=worst, buffers=_buffer_settings(strategy, opts),
+                            cpu_buffer_factor=float(cpu_buffer_factor), notes=notes)
+
+
+def _buffer_settings(strategy: str, opts: Dict[str, Any]) -> Dict[str, Any]:
+    mb = opts["bucket_mb"]
+    if strategy == "ddp":
+        return {"ddp_bucket_cap_bytes": int(mb * 1e6) if mb else DDP_BUCKET_BYTES,
+                "gradient_as_bucket_view": opts["ddp_bucket_view"]}
+    if strategy in DEEPSPEED:
+        return {"reduce_bucket_elements": int(mb * 1e6 / 2) if mb else DS_REDUCE_BUCKET_ELEMENTS,
+                "allgather_bucket_elements": DS_ALLGATHER_BUCKET_ELEMENTS,
+                "prefetch_bucket_elements": opts["prefetch_elements"] if strategy == "zero3" else 0,
+                "overlap_comm": opts["overlap_comm"]}
+    return {}
+
+
+def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Layout, opts: Dict[str, Any],
+           first: int, last: int, embed: bool, head: bool, in_flight: int):
+    strategy = lay.strategy
+    cut, uncut = _slice(arch, first, last, embed, head, lay.tp, lay.ep)
+    E = estimate_setup(cut, s_loc)
+    notes: List[str] = []
+    N, Ne = lay.shard, lay.shard_experts
+    off_opt, off_par = opts["offload_optimizer"], opts["offload_params"]
+    ds, fsdp, mega = strategy in DEEPSPEED, strategy in FSDP, strategy in MEGATRON
+    gathers = strategy in ("zero3",) + FSDP
+    if fsdp and N == 1:
+        gathers = False   # FSDP with one rank per shard group runs as NO_SHARD
+
+    # -- factors per component (dense, experts) ----------------------------------------------
+    fw = fwe = fg = fge = fo = foe = 1.0
+    if strategy in ("zero3", "fsdp_full_shard", "fsdp_hybrid", "fsdp_shard_grad_op"):
+        fw, fwe = 1.0 / N, 1.0 / Ne
+    if strategy in ("zero2", "zero3") + FSDP:
+        fg, fge = 1.0 / N, 1.0 / Ne
+    if strategy in ("zero1", "zero2", "zero3", "megatron_distopt") + FSDP:
+        fo, foe = 1.0 / N, 1.0 / Ne
+    cpu: Dict[str, float] = {}
+    w_gpu, wE_gpu = fw, fwe
+    if off_par:
+        w_gpu = wE_gpu = 0.0
+    g_gpu, gE_gpu = fg, fge
+    o_gpu, oE_gpu = fo, foe
+    if off_opt or (fsdp and off_par):
+        o_gpu = oE_gpu = 0.0
+        g_gpu = gE_gpu = 0.0
+    if mega:
+        g_gpu = gE_gpu = 0.0   # param.grad is never allocated: gradients go to fp32 main_grad buffers
+    t_gpu, tE_gpu = o_gpu, oE_gpu
+    if mega:
+        t_gpu = tE_gpu = 0.0   # Megatron steps with a fused (multi-tensor) Adam
+    zero_names: Tuple[str, ...] = ()
+    if gathers:
+        zero_names = ("bf16 weight copies (autocast cache)", "fp16 weight copies (autocast cache)")
+    sp_ratio = 1.0
+    if lay.sp:
+        E_full = estimate_setup(uncut, s_loc)
+        a_cut = E.component_bytes("forward").get("activations", 0.0)
+        a_full = E_full.component_bytes("forward").get("activations", 0.0)
+        if a_cut > 0:
+            sp_ratio = (a_full / lay.tp) / a_cut
+
+    factors = {"weights": (w_gpu, wE_gpu), "quantization constants": (w_gpu, wE_gpu),
+               "adapters": (w_gpu, wE_gpu), "gradients": (g_gpu, gE_gpu), "optimizer states": (o_gpu, oE_gpu),
+               "optimizer temporaries": (t_gpu, tE_gpu), "activations": (sp_ratio, sp_ratio)}
+    keep = ("dequantized weight (transient)",)
+
+    # -- the stage's parameters, gradients and states at full (unsharded) size ---------------
+    P = _params(cut, s_loc)
+    opt_comps = {c.name: c for c in E.phase_components["optimizer_step"]}
+    grads_node = opt_comps.get("gradients")
+    states_node = opt_comps.get("optimizer states")
+    temps_node = opt_comps.get("optimizer temporaries")
+    G, Ge = _bytes_split(grads_node)
+    S, Se = _bytes_split(states_node)
+    Tt, Tte = _bytes_split(temps_node)
+    Wn = next((c for c in E.phase_components["after_load"] if c.name == "weights"), None)
+    W, We = _bytes_split(Wn)
+    Q = sum(c.bytes for c in E.phase_components["after_load"] if c.name in ("quantization constants", "adapters"))
+    tr_e = sum(n for _, g, n, _, _ in P.trainable_tensors if g == "experts")
+    tr = P.trainable_numel - tr_e
+    wdt = DTYPE_BYTES[s_loc.weights_dtype]
+
+    adds: Dict[str, List[Node]] = {p: [] for p in _PHASES}
+    ms: Dict[str, float] = {"weights": W * fw + We * fwe, "quantization constants + adapters": Q * fw,
+                            "gradients": (G * fg + Ge * fge) if not mega else 0.0,
+                            "optimizer states": S * fo + Se * foe}
+
+    def add(phases: Sequence[str], component: str, name: str, nbytes: float, formula: str) -> None:
+        if nbytes <= 0:
+            return
+        for p in phases:
+            adds[p].append(_leaf(component, name, nbytes, formula))
+
+    ALL = _PHASES
+    # fp32 master weights (DeepSpeed always, Megatron always: the optimizer's fp32 copy)
+    if ds or mega:
+        master = 4.0 * (tr * fo + tr_e * foe)
+        ms["fp32 master weights"] = master
+        if off_opt:
+            cpu["fp32 master weights"] = master
+        else:
+            add(ALL, "optimizer states", "fp32 master weights", master,
+                f"4 B x trainable params / {N} ({'DeepSpeed' if ds else 'Megatron'} optimizer's fp32 copy)")
+    if ds:
+        fp32g = 4.0 * (tr * fo + tr_e * foe)
+        ms["fp32 gradients"] = fp32g
+        if off_opt:
+            cpu["fp32 gradients"] = fp32g
+        else:
+            add(("optimizer_step",), "gradients", "fp32 gradient partition (optimizer step)", fp32g,
+                f"4 B x trainable params / {N}: the partition's gradients converted to fp32 for the step")
+    if mega:
+        main = 4.0 * (tr + tr_e)
+        ms["fp32 gradients"] = main
+        add(ALL, "gradients", "fp32 main gradients (Megatron DDP buffer)", main,
+            "4 B x trainable params, allocated when the model is wrapped; all-reduced (or reduce-scattered "
+            "with the distributed optimizer) in place")
+    if off_opt or (fsdp and off_par):
+        cpu["optimizer states"] = S * fo + Se * foe
+        if not ds:
+            cpu["optimizer temporaries"] = Tt * fo + Tte * foe
+        if fsdp:
+            cpu["gradients"] = G * fg + Ge * fge
+    if off_par:
+        cpu["parameters"] = W * fw + We * fwe + Q * fw
+
+    # communication buffers
+    comm = 0.0
+    dt16 = DTYPE_BYTES[s_loc.weights_dtype] if ds else 2
+    if strategy == "ddp":
+        if opts["ddp_bucket_view"]:
+            # gradients are views into the buckets, allocated when DDP wraps the model
+            add(("after_load",), "gradients", "DDP buckets (gradients as bucket views)", G + Ge,
+                "every gradient, in buckets allocated at wrap time")
+            if "gradients" not in {c.name for c in E.phase_components["forward"]}:
+                add(("forward",), "gradients", "DDP buckets (gradients as bucket views)", G + Ge,
+                    "every gradient, in buckets allocated at wrap time")
+            bwd_g = sum(c.bytes for c in E.phase_components["backward"] if c.name == "gradients")
+            add(("backward",), "gradients", "DDP buckets (rest of the gradient views)", G + Ge - bwd_g,
+                "buckets hold every gradient from the start")
+        else:
+            comm = G + Ge
+            cap = opts["bucket_mb"] * 1e6 if opts["bucket_mb"] else DDP_BUCKET_BYTES
+            add(ALL, "gradients", "DDP reducer buckets (gradient copy)", comm,
+                f"every gradient again, in {max(1, math.ceil(comm / cap))} buckets of {cap / 2**20:.0f} MiB "
+                f"(gradient_as_bucket_view=False)")
+    if ds:
+        elems = int(opts["bucket_mb"] * 1e6 / 2) if opts["bucket_mb"] else DS_REDUCE_BUCKET_ELEMENTS
+        nbuf = 2 if (opts["overlap_comm"] and strategy != "zero3") else 1   # ZeRO-3 keeps one flat IPG buffer
+        ipg = elems * dt16 * nbuf
+        comm = ipg
+        if strategy == "zero3":
+            add(ALL, "gradients", "reduce bucket (ZeRO-3 IPG buffer)", ipg,
+                f"{nbuf} x reduce_bucket_size ({elems:.3g}) x {dt16} B, allocated at start-up")
+        else:
+            add(("backward",), "gradients", "reduce bucket (ZeRO IPG buffer)", ipg,
+                f"{nbuf} x reduce_bucket_size ({elems:.3g}) x {dt16} B, allocated at each backward")
+        if strategy == "zero3" and not off_opt:
+            gp = G * fg + Ge * fge
+            have_fwd = "gradients" in {c.name for c in E.phase_components["forward"]}
+            add(("after_load",) + (() if have_fwd else ("forward",)), "gradients",
+                "gradient partitions (flat buffer, allocated at start-up)", gp,
+                f"16-bit gradients of this rank's partition (1/{N})")
+    ms["communication buffers"] = comm
+
+    # gathered parameters (ZeRO-3: module by module; FSDP: units)
+    if gathers:
+        gmod, gmod_grad, root, root_grad, block, block_grad, total_g = _gather_sizes(P, s_loc, fsdp)
+        if strategy == "zero3":
+            pre = min(opts["prefetch_elements"] * dt16, max(0.0, total_g - gmod))
+            add(("forward", "backward"), "weights", "gathered parameters (largest module)", gmod,
+                "16-bit parameters of the module running, all-gathered (DeepSpeed: 2 B x largest layer)")
+            add(("forward", "backward"), "weights", "prefetched parameters", pre,
+                f"stage3_prefetch_bucket_size ({opts['prefetch_elements']:.3g} elements) fetched ahead")
+            add(("backward",), "gradients", "gathered module's gradients (before reduce-scatter)", gmod_grad,
+                "16-bit gradients of the module running (DeepSpeed: 2 B x largest layer)")
+            ms["gathered parameters"] = gmod
+            ms["gathered gradients"] = gmod_grad
+            ms["prefetched parameters"] = pre
+        elif strategy == "fsdp_shard_grad_op":
+            add(("forward", "backward"), "weights", "gathered parameters (kept from forward to backward)", total_g,
+                "SHARD_GRAD_OP keeps every unit gathered after its forward until its backward")
+            add(("backward",), "gradients", "unsharded gradients of the unit in backward", block_grad,
+                "one decoder block's gradients before reduce-scatter")
+            ms["gathered parameters"] = total_g
+            ms["gathered gradients"] = block_grad
+        else:
+            live = root + 2 * block
+            add(("forward", "backward"), "weights", "gathered units (root + current and prefetched block)", live,
+                "root unit (embeddings, final norm, head: kept gathered) + 2 decoder blocks")
+            add(("backward",), "gradients", "unsharded gradients (root unit + current block)", root_grad + block_grad,
+                "gradients before reduce-scatter; the root unit's wait for its embedding, computed last")
+            ms["gathered parameters"] = live
+            ms["gathered gradients"] = root_grad + block_grad
+    if gathers and s_loc.autocast:
+        notes.append("sharded parameters are gathered in the compute dtype (FSDP MixedPrecision / DeepSpeed), so "
+                     "the autocast weight cache is not counted")
+
+    # pipeline: other micro-batches' activations in flight (1F1B)
+    fwd_acts = 0.0
+    if in_flight > 1:
+        fwd_acts = E.component_bytes("forward").get("activations", 0.0) * sp_ratio
+        add(("forward", "backward"), "activations", f"{in_flight - 1} more micro-batches in flight (1F1B)",
+            (in_flight - 1) * fwd_acts, f"stage keeps min(pp - stage, micro-batches) = {in_flight} micro-batches' "
+                                        f"saved activations")
+
+    # -- the per-GPU phases -------------------------------------------------------------------
+    phase_components: Dict[str, List[Node]] = {}
+    phases = dict(E.phases_bytes)
+    deltas: Dict[str, float] = {}
+    states_after: Dict[str, float] = {}
+    for p in _PHASES:
+        nodes, delta = [], 0.0
+        st = 0.0
+        for c in E.phase_components[p]:
+            f, fe = factors.get(c.name, (1.0, 1.0))
+            if c.name == "activations" and p not in ("forward", "backward"):
+                f = fe = 1.0
+            if f == 1.0 and fe == 1.0 and not (c.name == "weights" and zero_names):
+                nodes.append(c)
+                if c.name == "optimizer states":
+                    st += c.bytes
+                continue
+            n, d = _scaled(c, f, fe, zero=zero_names if c.name == "weights" else (), keep=keep)
+            nodes.append(n)
+            delta += d
+            if c.name == "optimizer states":
+                st += n.bytes
+        extra = sum(n.total_bytes() for n in adds[p])
+        delta += extra
+        states_after[p] = st
+        deltas[p] = delta
+        phases[p] = E.phases_bytes[p] + delta
+        if adds[p]:
+            for n in adds[p]:
+                n.finalize()
+            nodes = _merge_named(list(nodes) + adds[p])
+        phase_components[p] = nodes
+    changed = any(d != 0.0 for d in deltas.values())
+    if not changed:
+        est = E
+    else:
+        fwd_states = states_after["forward"]
+        phases["first_step"] = max(phases["forward"] - fwd_states, phases["backward"] - fwd_states,
+                                   phases["optimizer_step"])
+        # between steps: weights + states + what stays allocated (buffers, master copies, main grads)
+        opt_state_d = states_after["optimizer_step"] - sum(
+            c.bytes for c in E.phase_components["optimizer_step"] if c.name == "optimizer states")
+        phases["persistent"] = E.phases_bytes["persistent"] + deltas["after_load"] + opt_state_d
+        peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda q: phases[q])
+        peak = phases[peak_phase]
+        reserved = _reserved(peak, phases["persistent"], gc_mode(s_loc))   # the estimator's allocator rule
+        comps = list(phase_components[peak_phase]) + [
+            Node("allocator reserve", bytes=max(0.0, reserved - peak),
+                 formula="caching allocator: freed blocks kept for reuse (predicted)"),
+            Node("cuda context", bytes=E.cuda_context_bytes, formula="CUDA context + kernels")]
+        est = Estimate(model_name=E.model_name, setup=E.setup, params_total=E.params_total,
+                       params_trainable=E.params_trainable, components=comps, phases_bytes=phases,
+                       peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
+                       cuda_context_bytes=E.cuda_context_bytes, flops_per_step=E.flops_per_step,
+                       recompute_overhead=E.recompute_overhead, notes=list(E.notes) + notes,
+                       phase_components=phase_components)
+    # the per-GPU estimate reports the whole model's parameter counts and the user's setup
+    est = _relabel(est, arch, s, E)
+    n_local = cut.params_total
+    return est, ms, cpu, n_local, notes
+
+
+def _relabel(est: Estimate, arch: Architecture, s: TrainingSetup, E: Estimate) -> Estimate:
+    """The per-GPU estimate names the whole model's parameter count and the user's setup
+    (not the slice's count or the per-GPU sequence length)."""
+    setup = s.to_dict()
+    if est.params_total == arch.params_total and est.setup == setup:
+        return est
+    if est is E:   # do not alter the estimator's object
+        est = Estimate(model_name=E.model_name, setup=setup, params_total=arch.params_total,
+                       params_trainable=E.params_trainable, components=E.components, phases_bytes=dict(E.phases_bytes),
+                       peak_phase=E.peak_phase, peak_allocated_bytes=E.peak_allocated_bytes,
+                       reserved_bytes=E.reserved_bytes, cuda_context_bytes=E.cuda_context_bytes,
+                       flops_per_step=E.flops_per_step, recompute_overhead=E.recompute_overhead, notes=list(E.notes),
+                       phase_components=E.phase_components)
+    est.params_total = arch.params_total
+    est.setup = setup
+    return est
+
+
+def _bytes_split(node: Optional[Node]) -> Tuple[float, float]:
+    """(bytes outside, bytes inside) the ``experts`` module group of a component tree."""
+    if node is None:
+        return 0.0, 0.0
+    experts = 0.0
+    for _, n in node.walk():
+        if n.name == "experts":
+            experts += n.bytes
+    return node.bytes - experts, experts
+
+
+def _gather_sizes(P, s: TrainingSetup, fsdp: bool) -> Tuple[float, float, float, float, float, float, float]:
+    """Sizes of what ZeRO-3 / FSDP gather: (largest module params, its gradients, root unit
+    params, root gradients, largest block params, its gradients, all params), in bytes, in
+    the dtype they are gathered in (FSDP MixedPrecision: the compute dtype)."""
+    cdt = DTYPE_BYTES[s.compute_dtype]
+    modules: Dict[str, List[float]] = {}
+    root = root_g = total = 0.0
+    spans: List[Tuple[int, int, float, float]] = []
+    for t, dtype, nbytes, trains in P.weights:
+        each = nbytes / t.repeat
+        if fsdp and s.autocast and dtype == "float32":
+            each = t.numel_each * cdt
+        gb = each if trains else 0.0
+        if fsdp and s.autocast and trains:
+            gb = t.numel_each * cdt
+        total += each * t.repeat
+        key = t.name.rsplit(".", 1)[0]
+        m = modules.setdefault(key, [0.0, 0.0])
+        m[0] += each
+        m[1] += gb
+        if t.layers is None:
+            root += each
+            root_g += gb
+        else:
+            per_layer = t.repeat // (t.layers[1] - t.layers[0] + 1)
+            spans.append((t.layers[0], t.layers[1], each * per_layer, gb * per_layer))
+    for module, group, nbytes, numel in P.adapters:
+        total += nbytes
+    gmod = max((v[0] for v in modules.values()), default=0.0)
+    gmod_g = max((v[1] for v in modules.values()), default=0.0)
+    block = block_g = 0.0
+    for start in sorted({a for a, _, _, _ in spans}):
+        b = sum(w for a, z, w, _ in spans if a <= start <= z)
+        bg = sum(g for a, z, _, g in spans if a <= start <= z)
+        if b > block:
+            block, block_g = b, bg
+    return gmod, gmod_g, root, root_g, block, block_g, total
