@@ -40,17 +40,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
-from .estimate import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, NF4_BLOCK, _quant_const_bytes, _quantizable
+from .estimate import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, _quant_const_bytes, _quantizable
 from .result import Estimate, Node
-from .units import DTYPE_BYTES, GB, GIB, MIB, canonical_dtype
+from .units import DTYPE_BYTES, GIB, canonical_dtype
 
 Model = Union[str, Dict[str, Any], Architecture]
 
@@ -362,7 +361,7 @@ def _store_one(arch: Architecture, t: ParamTensor, s: InferenceSetup, kind: str)
         return _dense(t, "float16" if kind in ("gptq", "awq") else c,
                       "" if t.role not in ("embedding", "output_head") else ", not quantized")
     if kind == "fp8":
-        n, i, o = _dims(t)
+        n, _, o = _dims(t)
         return _Stored(t, [("float8", t.numel * 1.0, "float8", "n x 1 B (fp8 e4m3)")],
                        [("weight_scale (fp32 per output channel)", n * o * 4.0, f"{n} x {o} x 4 B")])
     if kind == "gptq":
@@ -386,10 +385,9 @@ def _bnb(t: ParamTensor, s: InferenceSetup, c: str) -> _Stored:
         why = ", not nn.Linear (stays 16-bit)" if t.experts else ""
         return _dense(t, c, why)
     if q == "int8":
-        n, i, o = _dims(t)
+        n, _, o = _dims(t)
         return _Stored(t, [("int8", t.numel * 1.0, "int8", "n x 1 B (int8 CB)")],
                        [("SCB (fp32 per output row)", n * o * 4.0, f"{n} x {o} x 4 B")])
-    blocks = t.numel / NF4_BLOCK
     consts = _quant_const_bytes(t.numel, q, s.double_quant)
     f = ("n/64 x 1 B (8-bit absmax) + n/64/256 x 4 B (fp32 scales)" if s.double_quant
          else "n/64 x 4 B (fp32 absmax)")
