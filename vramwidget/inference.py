@@ -1036,9 +1036,6 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     if arch.max_position_embeddings and s.context_len > arch.max_position_embeddings:
         notes.append(f"context_len {s.context_len} is beyond the model's max_position_embeddings "
                      f"({arch.max_position_embeddings})")
-    if arch.mla and s.mla_cache == "compressed":
-        notes.append("MLA: transformers 5 caches the compressed latent (kv_lora_rank + qk_rope_head_dim per layer "
-                     "and token) and re-expands K/V for one layer at a time")
     gpu = None
     if s.gpu:
         from .gpus import get_gpu
@@ -1048,6 +1045,12 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
         return _serving_estimate(arch, s, stored, w_node, q_node, w_bytes, lay, gpu, notes)
 
     b, p, ctx = s.batch_size, s.prompt_len, s.context_len
+    if arch.mla and s.mla_cache == "compressed":
+        notes.append("MLA: transformers 5 caches the compressed latent (kv_lora_rank + qk_rope_head_dim per layer "
+                     "and token) and re-expands K/V for one layer at a time")
+    if b > 1:
+        notes.append("batch: prompts of equal length (no padding); padded prompts give SDPA a mask, which "
+                     "repeats K/V to every head and rules out the flash kernel")
     workspace = Node("workspace", children=[Node("cuBLAS workspace", bytes=CUBLAS_WORKSPACE_BYTES,
                                                  formula="cuBLAS + cuBLASLt workspaces, 64 MiB (measured, H200)")])
     workspace.finalize()
@@ -1250,12 +1253,15 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
 
     if not fits(1):
         return 0
+    cap = max(MAX_SEARCH_TOKENS // blk, 1)
     lo, hi = 1, 2
-    while fits(hi):
+    while hi <= cap and fits(hi):
         lo = hi
         hi *= 2
-        if hi * blk > MAX_SEARCH_TOKENS:
-            return lo * blk if not fits(MAX_SEARCH_TOKENS // blk) else MAX_SEARCH_TOKENS
+    if hi > cap:
+        if fits(cap):
+            return cap * blk     # the search limit, not the GPU, stops it
+        hi = cap
     while hi - lo > 1:       # fits(lo), not fits(hi)
         mid = (lo + hi) // 2
         if fits(mid):
