@@ -332,8 +332,13 @@ class Lab:
     def __init__(self, page, server):
         self.page, self.server = page, server
 
+    _workspaces = 0
+
     def open(self, relpath: str, timeout: float = 120) -> None:
-        self.page.goto(self.server.url(f"lab/tree/{relpath}"), wait_until="domcontentloaded")
+        """Open a notebook in a fresh workspace (nothing restored from earlier pages)."""
+        Lab._workspaces += 1
+        self.page.goto(self.server.url(f"lab/workspaces/test{Lab._workspaces}/tree/{relpath}?reset"),
+                       wait_until="domcontentloaded")
         self.page.wait_for_function(
             "() => window.jupyterapp && window.jupyterapp.shell && window.jupyterapp.shell.currentWidget"
             " && window.jupyterapp.shell.currentWidget.sessionContext"
@@ -348,6 +353,12 @@ class Lab:
             " const k = w && w.sessionContext.session && w.sessionContext.session.kernel;"
             " return k && k.status === 'idle' && k.connectionStatus === 'connected'; }",
             timeout=timeout * 1000)
+
+    @property
+    def panel(self):
+        """A locator for the notebook panel in front."""
+        pid = self.page.evaluate("() => window.jupyterapp.shell.currentWidget.id")
+        return self.page.locator(f"[id='{pid}']")
 
     def hide_side_panels(self) -> None:
         """Collapse the file browser (more room for the notebook, e.g. for screenshots)."""

@@ -44,7 +44,7 @@ def session(browser, jupyter_lab, artifacts):
     lab.open(NOTEBOOK)
     lab.run_all()
     assert lab.errors() == []
-    widget = page.locator("[data-testid=vramwidget]")
+    widget = lab.panel.locator("[data-testid=vramwidget]")
     widget.wait_for(state="visible", timeout=120_000)
     for name in ("detail", "comparison", "phases"):
         page.locator(f"[data-testid=chart-{name}].vw-ready svg g.mark-rect path").first.wait_for(

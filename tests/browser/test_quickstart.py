@@ -37,7 +37,7 @@ def test_quickstart_runs_in_jupyterlab_and_draws_treemaps(browser, jupyter_lab, 
         assert lab.errors() == []
 
         # the widget: its treemaps are drawn
-        widget = page.locator("[data-testid=vramwidget]")
+        widget = lab.panel.locator("[data-testid=vramwidget]")
         assert widget.count() >= 1
         detail = widget.first.locator("[data-testid=chart-detail]")
         page.locator("[data-testid=chart-detail].vw-ready svg g.mark-rect path").first.wait_for(
