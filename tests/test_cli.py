@@ -472,3 +472,20 @@ def test_internal_error_is_one_line(capsys, monkeypatch):
     monkeypatch.delenv("VRAMWIDGET_DEBUG", raising=False)
     code, out, err = run(capsys, "estimate", "llama-3.2-1b")
     assert code == 1 and err.count("\n") == 1 and "boom second line" in err
+
+
+def test_infer_and_estimate_inference(capsys):
+    """KV cache of Llama-2-7B, bf16, 4,096 tokens: 2 x 32 x 4096 x 4096 x 2 B = 2 GiB."""
+    import json as _json
+
+    from vramwidget.cli import main as cli_main
+
+    assert cli_main(["infer", "llama-2-7b", "--context-len", "4096", "--json"]) == 0
+    d = _json.loads(capsys.readouterr().out)
+    kv = next(c for c in d["components"] if c["name"] == "kv cache")
+    assert kv["bytes"] == 2 * 32 * 4096 * 4096 * 2
+    assert cli_main(["estimate", "llama-2-7b", "--inference", "--context-len", "4096", "--json"]) == 0
+    assert _json.loads(capsys.readouterr().out)["components"] == d["components"]
+    assert cli_main(["estimate", "llama-2-7b", "--inference", "--method", "lora"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "training option" in err[0]

@@ -32,6 +32,8 @@ COMPONENT_COLORS: Dict[str, str] = {
     "activations": "#4f9a4a",
     "logits and loss": "#a67c1f",
     "optimizer temporaries": "#c0578f",
+    "kv cache": "#2f8f6b",
+    "logits": "#a67c1f",
     "workspace": "#5b7f9e",
     "cuda context": "#707a85",
     "allocator reserve": "#8c7b66",

@@ -124,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--json", action="store_true", help="print the estimate as JSON")
     est.add_argument("--units", choices=("gib", "gb"), default="gib",
                      help="units of the component table: GiB (2**30 B, default) or GB (10**9 B)")
+    est.add_argument("--inference", action="store_true",
+                     help="estimate inference (weights, KV cache, prefill) instead of a training step; "
+                          "the options below apply")
+    from . import inference
+
+    inference.add_arguments(est.add_argument_group("inference (with --inference)"), model=False)
+
+    inf = sub.add_parser("infer", help="estimate inference memory: weights in any format, KV cache, serving",
+                         description="GPU memory of running MODEL for inference.")
+    inference.add_arguments(inf)
 
     val = sub.add_parser("validate", help="compare estimates with measured training steps",
                          description="Estimate each case of a validation file (JSONL) and compare with its "
@@ -292,6 +302,14 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
     from .training import TrainingSetup
 
     _quiet_hub(args.model)
+    if args.inference:
+        training_only = sorted(set(setup_kwargs(args)) - {"batch_size", "attn_implementation"})
+        if training_only:
+            raise _UsageError(f"--{training_only[0].replace('_', '-')} is a training option; with --inference "
+                              f"use the inference options (see vramwidget infer --help)")
+        from . import inference
+
+        return inference.run(args, out)
     arch = load(args.model)
     setup = TrainingSetup.from_kwargs(**setup_kwargs(args))
     est = estimate_setup(arch, setup)
@@ -370,13 +388,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out.write(f"{PROG} {__version__}\n")
             return 0
         if args.command is None:
-            raise _UsageError("give a command: estimate, validate, measure or presets (see vramwidget --help)")
+            raise _UsageError("give a command: estimate, infer, validate, measure or presets (see vramwidget --help)")
         if args.command == "estimate":
             return _cmd_estimate(args, out)
         if args.command == "validate":
             return _cmd_validate(args, out)
         if args.command in ("presets", "models"):
             return _cmd_presets(args, out)
+        if args.command == "infer":
+            from . import inference
+
+            _quiet_hub(args.model)
+            return inference.run(args, out)
         raise _UsageError(f"unknown command {args.command!r}")  # pragma: no cover
     except _UsageError as exc:
         return _fail(str(exc))

@@ -23,6 +23,9 @@ COMPONENT_KINDS: Tuple[str, ...] = (
     "activations",
     "logits and loss",
     "optimizer temporaries",
+    "kv cache",
+    "logits",
+    "workspace",
     "cuda context",
     "allocator reserve",
 )

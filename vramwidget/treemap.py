@@ -42,7 +42,7 @@ from .units import GIB
 Row = Dict[str, Any]
 
 #: components that get their own colour; any other top-level name is drawn as "other"
-KNOWN_COMPONENTS: Tuple[str, ...] = tuple(COMPONENT_KINDS) + ("workspace",)
+KNOWN_COMPONENTS: Tuple[str, ...] = tuple(COMPONENT_KINDS)
 _KNOWN = frozenset(KNOWN_COMPONENTS)
 
 
