@@ -150,3 +150,12 @@ def test_rederive_with_transformers():
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(conf)
         assert sum(p.numel() for p in model.parameters()) == A.load(key).params_total
+
+
+def test_contradictory_spellings_are_rejected():
+    from vramwidget.errors import VramError
+
+    with pytest.raises(VramError, match="contradictory") as e:
+        A.from_config({"model_type": "gpt2", "n_embd": 64, "hidden_size": 128, "n_layer": 2, "n_head": 4,
+                       "vocab_size": 10})
+    assert e.value.field == "hidden_size"

@@ -653,6 +653,10 @@ def _falcon(cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
                 vocab_size=V, tie_word_embeddings=tied, tensors=b.tensors, mlp_kind="plain", norm_kind="layernorm")
 
 
+#: old and new spellings of the same size; a config that gives both must agree
+_SYNONYMS = (("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"), ("num_attention_heads", "n_head"),
+             ("max_position_embeddings", "n_positions"))
+
 _FAMILIES = {
     "gpt2": _gpt2, "gpt_neox": _gpt_neox, "opt": _opt, "bloom": _bloom, "falcon": _falcon,
 }
@@ -688,6 +692,10 @@ def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Option
     if mt not in SUPPORTED_MODEL_TYPES:
         raise VramError(f"config: model_type {mt!r} is not supported; supported: "
                         + ", ".join(SUPPORTED_MODEL_TYPES), field="model_type")
+    for a, b in _SYNONYMS:
+        if cfg.get(a) is not None and cfg.get(b) is not None and cfg[a] != cfg[b]:
+            raise VramError(f"config: contradictory fields {a}={cfg[a]!r} and {b}={cfg[b]!r} (two spellings of "
+                            f"one size); keep one", field=a)
     builder = _FAMILIES.get(mt, _llama_like)
     info = builder(cfg, mt)
     info.setdefault("max_position_embeddings", _get(cfg, "max_position_embeddings", "n_positions"))
