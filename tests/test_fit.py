@@ -1,0 +1,172 @@
+"""The fit solver (vramwidget.fit): its answers agree with the estimator."""
+
+import io
+import json
+
+import pytest
+
+from vramwidget import VramError, estimate
+from vramwidget.fit import (Suggestion, answers, check, main, max_batch_size, max_seq_len, min_gpus,
+                            suggestions)
+from vramwidget.gpus import get_gpu
+from vramwidget.parallel import estimate_parallel
+
+CASES = [
+    ("llama-3.1-8b", "H100-80GB", dict(method="lora", seq_len=2048)),
+    ("llama-3.1-8b", "RTX 4090", dict(method="qlora", seq_len=1024, gradient_checkpointing="full")),
+    ("qwen2.5-0.5b", "T4", dict(precision="amp_fp16", seq_len=512)),
+    ("gemma-2-2b", "A100 40GB", dict(attn_implementation="eager", seq_len=1024)),
+    ("mixtral-8x7b", "H200", dict(method="qlora", seq_len=2048)),
+    ("llama-3.1-70b", "H100-80GB", dict(strategy="zero3", num_gpus=64, seq_len=4096, gradient_checkpointing="full")),
+    ("llama-3.1-8b", "A100 80GB", dict(strategy="megatron_distopt", num_gpus=8, tensor_parallel=2,
+                                       pipeline_parallel=2, sequence_parallel=True, micro_batches=4)),
+]
+
+
+def fits(model, gpu, **kw):
+    return check(model, gpu, **kw).fits
+
+
+@pytest.mark.parametrize("model, gpu, kw", CASES)
+def test_largest_batch_fits_and_one_more_does_not(model, gpu, kw):
+    """Issue 6: the largest batch returned fits and one more does not."""
+    b = max_batch_size(model, gpu, **kw)
+    assert b >= 1
+    assert fits(model, gpu, batch_size=b, **kw)
+    assert not fits(model, gpu, batch_size=b + 1, **kw)
+
+
+@pytest.mark.parametrize("model, gpu, kw", CASES[:5])
+def test_longest_sequence_fits_and_one_more_does_not(model, gpu, kw):
+    kw = {k: v for k, v in kw.items() if k != "seq_len"}
+    n = max_seq_len(model, gpu, **kw)
+    assert n >= 1
+    assert fits(model, gpu, seq_len=n, **kw)
+    assert not fits(model, gpu, seq_len=n + 1, **kw)
+    n8 = max_seq_len(model, gpu, multiple_of=8, **kw)
+    assert n8 % 8 == 0 and n - 8 < n8 <= n
+
+
+def test_nothing_fits_is_zero():
+    assert max_batch_size("llama-3.1-70b", "T4") == 0
+    assert max_seq_len("llama-3.1-70b", "T4") == 0
+
+
+def test_fit_is_judged_on_the_device_total():
+    """The rule the docstrings state: estimate's device total (reserved + CUDA context)
+    against the card's usable memory."""
+    c = check("llama-3.1-8b", "H100-80GB", method="lora")
+    est = estimate("llama-3.1-8b", method="lora")
+    assert c.device_total_bytes == est.device_total_bytes
+    assert c.usable_bytes == get_gpu("H100 80GB").usable_bytes
+    assert c.fits == (est.device_total_bytes <= c.usable_bytes)
+    assert c.headroom_bytes == c.usable_bytes - c.device_total_bytes
+
+
+@pytest.mark.parametrize("model, gpu, strategy, kw", [
+    ("llama-3.1-8b", "H100-80GB", "zero3", dict(batch_size=4)),
+    ("llama-3.1-8b", "H100-80GB", "fsdp_full_shard", dict(batch_size=4)),
+    ("llama-3.1-8b", "A100 40GB", "zero2", dict(gradient_checkpointing="full")),
+    ("llama-3.1-70b", "H100-80GB", "zero3", dict(gradient_checkpointing="full")),
+    ("llama-3.1-70b", "H200", "megatron_distopt", dict(tensor_parallel=8, gradient_checkpointing="full")),
+    ("mixtral-8x7b", "H100-80GB", "zero3", dict(expert_parallel=2, gradient_checkpointing="full")),
+])
+def test_min_gpus_is_the_fewest_that_fit(model, gpu, strategy, kw):
+    n = min_gpus(model, gpu, strategy, **kw)
+    assert n is not None
+    assert fits(model, gpu, strategy=strategy, num_gpus=n, **kw)
+    step = kw.get("tensor_parallel", 1) * kw.get("pipeline_parallel", 1) * kw.get("expert_parallel", 1)
+    if n > step:
+        assert not fits(model, gpu, strategy=strategy, num_gpus=n - step, **kw)
+
+
+def test_min_gpus_without_sharding():
+    # DDP replicates: one replica fits or none does
+    assert min_gpus("llama-3.1-8b", "H100-80GB", "ddp", method="lora") == 1
+    assert min_gpus("llama-3.1-70b", "H100-80GB", "ddp") is None
+    # sharding cannot shrink the activations of one replica below the card
+    assert min_gpus("llama-3.1-8b", "T4", "zero3", batch_size=64, seq_len=8192, max_gpus=256) is None
+
+
+@pytest.mark.parametrize("model, gpu, kw", [
+    ("llama-3.1-8b", "H100-80GB", dict(batch_size=4)),
+    ("llama-3.1-8b", "RTX 4090", dict(method="qlora", batch_size=4, seq_len=1024)),
+    ("llama-2-7b", "A100 40GB", dict(method="lora", batch_size=4, seq_len=1024, attn_implementation="eager")),
+    ("qwen2.5-1.5b", "T4", dict(precision="fp32", batch_size=4, seq_len=512)),
+    ("llama-3.1-8b", "H100-80GB", dict(strategy="zero3", num_gpus=2, batch_size=2)),
+])
+def test_suggestions_fit_when_applied_and_are_sorted(model, gpu, kw):
+    """Issue 6: each suggestion, applied and re-estimated, fits when it says so and saves
+    what it says; the list is ranked (fitting first, cheapest kind, smaller cost)."""
+    base = check(model, gpu, **kw).device_total_bytes
+    sug = suggestions(model, gpu, **kw)
+    assert sug, "no suggestion"
+    assert any(s.fits for s in sug)
+    for s in sug:
+        c = check(model, gpu, **s.kwargs)
+        assert c.fits == s.fits, s.title
+        assert c.device_total_bytes == pytest.approx(s.device_total_bytes, rel=1e-12)
+        assert s.saved_bytes == pytest.approx(base - c.device_total_bytes, rel=1e-9)
+        assert s.saved_bytes > 0
+        for k, v in s.changes.items():
+            assert s.kwargs[k] == v
+    keys = [s.sort_key() for s in sug]
+    assert keys == sorted(keys)
+    first_bad = next((i for i, s in enumerate(sug) if not s.fits), len(sug))
+    assert all(s.fits for s in sug[:first_bad]) and not any(s.fits for s in sug[first_bad:])
+
+
+def test_suggestion_costs():
+    sug = {s.title: s for s in suggestions("llama-3.1-8b", "H100-80GB", batch_size=4)}
+    ckpt = sug["full activation checkpointing"]
+    est = estimate("llama-3.1-8b", batch_size=4, gradient_checkpointing="full")
+    assert ckpt.kind == "compute" and ckpt.extra_compute == est.recompute_overhead > 0.2
+    acc = next(s for s in sug.values() if s.title.startswith("micro-batch"))
+    assert acc.changes["batch_size"] * acc.changes["grad_accum_steps"] >= 4 and acc.fits
+    off = next(s for s in sug.values() if "CPU" in s.title)
+    assert off.kind == "offload" and "host memory" in off.cost and off.cpu_bytes_per_node > 0
+    q = next(s for s in sug.values() if s.title.startswith("QLoRA"))
+    assert q.kind == "quality"
+    gpus = [s for s in sug.values() if s.kind == "hardware"]
+    assert gpus and all(s.changes["num_gpus"] > 1 for s in gpus)
+
+
+def test_already_fitting_setup_still_lists_savings():
+    sug = suggestions("qwen2.5-0.5b", "H100-80GB", batch_size=2)
+    assert all(s.fits for s in sug)
+    assert isinstance(sug[0], Suggestion)
+
+
+def test_bad_inputs_name_their_field():
+    with pytest.raises(VramError) as e:
+        max_batch_size("llama-3.1-8b", "H1000")
+    assert e.value.field == "gpu"
+    with pytest.raises(VramError) as e:
+        min_gpus("llama-3.1-8b", "H100", "zero9")
+    assert e.value.field == "strategy"
+    with pytest.raises(VramError) as e:
+        max_batch_size("llama-3.1-8b", "H100", batchsize=3)
+    assert e.value.field == "batchsize"
+
+
+def test_cli(capsys):
+    assert main(["llama-3.1-8b", "--gpu", "H100-80GB", "--batch-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out and "largest batch" in out and "fewest GPUs" in out
+    assert main(["llama-3.1-8b", "--gpu", "H100-80GB", "--method", "lora", "--num-gpus", "8", "--strategy", "zero3",
+                 "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert a["check"]["fits"] is True and a["parallel"]["strategy"] == "zero3"
+    assert a["max_batch_size"] == max_batch_size("llama-3.1-8b", "H100-80GB", method="lora", strategy="zero3",
+                                                 num_gpus=8)
+    assert main(["llama-3.1-8b", "--gpu", "H1000"]) == 2
+    assert "unknown GPU" in capsys.readouterr().err
+    assert main(["llama-3.1-8b"]) == 2
+
+
+def test_answers_match_the_parts():
+    a = answers("llama-3.1-8b", "A100 80GB", method="lora", batch_size=2)
+    assert a["max_batch_size"] == max_batch_size("llama-3.1-8b", "A100 80GB", method="lora")
+    assert a["min_gpus"]["zero3"] == min_gpus("llama-3.1-8b", "A100 80GB", "zero3", method="lora", batch_size=2)
+    pe = estimate_parallel("llama-3.1-8b", method="lora", batch_size=2)
+    assert a["check"]["device_total_bytes"] == int(round(pe.device_total_bytes))

@@ -1,0 +1,564 @@
+"""What fits a GPU: the largest micro-batch, the longest sequence, the fewest GPUs, and the
+single changes that make a setup fit.
+
+**The fit rule.**  A setup fits a card when the estimate's *device total* -- the predicted
+reserved memory of PyTorch's caching allocator plus the CUDA context, i.e. what
+``nvidia-smi`` shows -- is at most the card's usable memory
+(:attr:`vramwidget.gpus.GPU.usable_bytes`: the driver-reported total where known, else the
+capacity on the box).  For a parallel run (any of the keywords of
+:func:`vramwidget.parallel.estimate_parallel`) the worst GPU decides.  Host memory needed by
+CPU offload is reported, not judged.
+
+Every answer is computed by the estimator itself (binary search over its totals), so it is
+consistent with it: the largest batch returned fits and one more does not.
+
+    >>> from vramwidget.fit import max_batch_size, suggestions
+    >>> max_batch_size("llama-3.1-8b", "H100 80GB", method="lora", seq_len=2048)   # doctest: +SKIP
+    >>> for s in suggestions("llama-3.1-8b", "RTX 4090", batch_size=4): print(s)    # doctest: +SKIP
+
+Command line: ``vramwidget fit MODEL --gpu H100-80GB [setup options] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .architecture import Architecture, load
+from .errors import VramError
+from .estimate import estimate_setup
+from .gpus import GPU, get_gpu
+from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
+from .training import TrainingSetup
+from .units import GIB
+
+#: sharding strategies min_gpus and suggestions try, in this order
+SHARDED = ("zero2", "zero3", "fsdp_full_shard")
+#: the longest sequence searched by default (tokens)
+MAX_SEQ_LIMIT = 1 << 20
+MAX_BATCH_LIMIT = 1 << 16
+
+
+# ----------------------------------------------------------------------------------
+# One query: resolved once, probed many times
+# ----------------------------------------------------------------------------------
+
+class _Query:
+    """A model, a card, a validated setup and parallel keywords; ``total(**changes)`` is the
+    device total (bytes) of the worst GPU with some setup fields changed."""
+
+    def __init__(self, model: Any, gpu: Any, kw: Dict[str, Any]):
+        self.arch: Architecture = load(model)
+        self.gpu: GPU = get_gpu(gpu)
+        self.par = {k: kw[k] for k in PARALLEL_KEYS if k in kw}
+        setup_kw = {k: v for k, v in kw.items() if k not in PARALLEL_KEYS}
+        self.setup = TrainingSetup.from_kwargs(**setup_kw)
+        self.usable = self.gpu.usable_bytes
+
+    def estimate(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None):
+        s = self.setup if s is None else s
+        par = self.par if par is None else par
+        if par:
+            return estimate_parallel_setup(self.arch, s, **par)
+        return estimate_setup(self.arch, s)
+
+    def total(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> float:
+        return self.estimate(s, par).device_total_bytes
+
+    def fits(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> bool:
+        return self.total(s, par) <= self.usable
+
+
+def _largest(ok, lo_bad: int, limit: int) -> int:
+    """The largest k in [1, limit] with ok(k), for ok monotone (true up to some k, then
+    false): 0 when ok(1) is false.  Doubling, then bisection: about 2 log2(k) probes."""
+    if limit < 1 or not ok(1):
+        return 0
+    good = 1
+    bad = None
+    while bad is None:
+        nxt = min(good * 2, limit)
+        if nxt == good:
+            return good
+        if ok(nxt):
+            good = nxt
+        else:
+            bad = nxt
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+# ----------------------------------------------------------------------------------
+# Public answers
+# ----------------------------------------------------------------------------------
+
+@dataclass
+class FitCheck:
+    """One setup against one card."""
+
+    fits: bool
+    device_total_bytes: float
+    usable_bytes: float
+    gpu: str
+    estimate: Any   # Estimate or ParallelEstimate
+
+    @property
+    def headroom_bytes(self) -> float:
+        """Usable memory left (negative: how much is missing)."""
+        return self.usable_bytes - self.device_total_bytes
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"fits": self.fits, "gpu": self.gpu, "device_total_bytes": int(round(self.device_total_bytes)),
+                "usable_bytes": int(round(self.usable_bytes)), "headroom_bytes": int(round(self.headroom_bytes)),
+                "device_total_gib": round(self.device_total_bytes / GIB, 3),
+                "usable_gib": round(self.usable_bytes / GIB, 3)}
+
+
+def check(model: Any, gpu: Any, **kw: Any) -> FitCheck:
+    """Whether ``model`` with this setup fits ``gpu``: the estimate's device total (reserved +
+    CUDA context; the worst GPU of a parallel run) against the card's usable memory."""
+    q = _Query(model, gpu, kw)
+    est = q.estimate()
+    total = est.device_total_bytes
+    return FitCheck(total <= q.usable, total, q.usable, q.gpu.name, est)
+
+
+def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: Any) -> int:
+    """The largest micro-batch (``batch_size``; per data-parallel replica in a parallel run)
+    whose device total fits ``gpu``'s usable memory; 0 when even one sequence does not fit.
+    The rest of the setup (``seq_len``, method, precision, parallel keywords...) is fixed."""
+    q = _Query(model, gpu, kw)
+    s0 = q.setup
+    return _largest(lambda b: q.fits(replace(s0, batch_size=b)), 0, int(limit))
+
+
+def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of: int = 1, **kw: Any) -> int:
+    """The longest sequence (tokens, a multiple of ``multiple_of`` and of the context-parallel
+    size) whose device total fits ``gpu``; 0 when none does.  The model's own position
+    limit is not applied (``Architecture.max_position_embeddings`` tells it)."""
+    q = _Query(model, gpu, kw)
+    s0 = q.setup
+    step = int(multiple_of)
+    if step < 1:
+        raise VramError(f"multiple_of: must be a whole number >= 1, got {multiple_of!r}", field="multiple_of")
+    cp = int(q.par.get("context_parallel", 1) or 1)
+    step = step * cp // math.gcd(step, cp)
+    return step * _largest(lambda k: q.fits(replace(s0, seq_len=k * step)), 0, int(limit) // step)
+
+
+def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4096, **kw: Any) -> Optional[int]:
+    """The fewest GPUs of kind ``gpu`` on which the setup fits under ``strategy`` (with the
+    given tensor/pipeline/context/expert parallel sizes, which set the step: the count is a
+    multiple of tensor x pipeline x context); ``None`` when no count up to ``max_gpus``
+    fits -- always the case when one replica does not fit and the strategy does not shard
+    (``none``, ``ddp``, ``zero0``, ``megatron``).  Per-GPU memory never grows with the count
+    under the sharding strategies, which makes the search a bisection."""
+    kw = dict(kw)
+    kw["strategy"] = strategy
+    kw.pop("num_gpus", None)
+    q = _Query(model, gpu, kw)
+    tp = int(q.par.get("tensor_parallel", 1) or 1)
+    pp = int(q.par.get("pipeline_parallel", 1) or 1)
+    cp = int(q.par.get("context_parallel", 1) or 1)
+    ep = int(q.par.get("expert_parallel", 1) or 1)
+    unit = tp * pp * cp
+    dp_step = ep // math.gcd(ep, cp)       # (dp x cp) must be a multiple of ep
+    step = unit * dp_step
+
+    def ok(k: int) -> bool:
+        return q.fits(par={**q.par, "num_gpus": k * step})
+
+    if strategy not in STRATEGIES:
+        q.estimate(par={**q.par, "num_gpus": step})   # raises the strategy error
+    if strategy in ("none", "ddp", "zero0", "megatron"):
+        if strategy == "none" and dp_step > 1:
+            return None
+        return step if step <= max_gpus and ok(1) else None
+    k = _largest(lambda k: not ok(k), 0, int(max_gpus) // step)   # the last count that does not fit
+    n = (k + 1) * step
+    if n > max_gpus or not ok(k + 1):
+        return None
+    return n
+
+
+# ----------------------------------------------------------------------------------
+# Suggestions
+# ----------------------------------------------------------------------------------
+
+#: cost tiers, cheapest first (the rank within the fitting suggestions): free, a little extra
+#: compute (under 10%: selective checkpointing), throughput (smaller micro-batches with more
+#: accumulation: the same FLOPs), more extra compute (full checkpointing, ~30-50%), quality
+#: (8-bit states, bf16, LoRA, QLoRA), hardware (more GPUs), offload (host memory and PCIe
+#: traffic every step)
+_TIER = {"free": 0, "compute": 1, "throughput": 2, "compute_heavy": 3, "quality": 4, "hardware": 5, "offload": 6}
+
+
+@dataclass
+class Suggestion:
+    """One change to the setup, re-estimated.
+
+    ``changes`` are the keywords that change (setup fields or parallel keywords);
+    ``kwargs`` the whole keyword set to pass back to :func:`check` / the estimators.
+    ``saved_bytes`` is the drop in device total; ``cost`` says what the change costs in words,
+    ``extra_compute`` the share of extra FLOPs per step where that is the cost
+    (checkpointing), ``kind`` one of free, compute, throughput, quality, hardware, offload;
+    ``cost_value`` orders changes of one kind (extra compute, accumulation steps, GPUs).
+    """
+
+    title: str
+    changes: Dict[str, Any]
+    kwargs: Dict[str, Any]
+    device_total_bytes: float
+    saved_bytes: float
+    fits: bool
+    kind: str
+    cost: str
+    extra_compute: Optional[float] = None
+    cpu_bytes_per_node: float = 0.0
+    cost_value: float = 0.0
+
+    def sort_key(self) -> Tuple[int, int, float, float]:
+        """Fitting changes first: cheapest kind first, the smaller cost within a kind, then
+        the larger saving; then the changes that do not suffice, largest saving first."""
+        if self.fits:
+            kind = "compute_heavy" if self.kind == "compute" and (self.extra_compute or 0.0) >= 0.1 else self.kind
+            return (0, _TIER.get(kind, 9), self.cost_value, -self.saved_bytes)
+        return (1, 0, 0.0, -self.saved_bytes)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"title": self.title, "changes": self.changes, "fits": self.fits, "kind": self.kind,
+                "cost": self.cost, "extra_compute": self.extra_compute,
+                "device_total_bytes": int(round(self.device_total_bytes)),
+                "device_total_gib": round(self.device_total_bytes / GIB, 3),
+                "saved_bytes": int(round(self.saved_bytes)), "saved_gib": round(self.saved_bytes / GIB, 3),
+                "cpu_bytes_per_node": int(round(self.cpu_bytes_per_node))}
+
+    def __str__(self) -> str:
+        verdict = "fits" if self.fits else "still too big"
+        return (f"{self.title}: saves {self.saved_bytes / GIB:.1f} GiB -> {self.device_total_bytes / GIB:.1f} GiB "
+                f"({verdict}); cost: {self.cost}")
+
+
+def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> List[Suggestion]:
+    """Single changes that lower the device total, each re-estimated, ranked: the ones that
+    make the setup fit ``gpu`` first, cheapest kind first (free, under 10% extra compute,
+    smaller micro-batches, more extra compute, quality, more hardware, CPU offload: see
+    ``_TIER``), the smaller cost within a kind, then by memory
+    saved; then those that help but do not suffice, by memory saved (changes saving under
+    1% that do not make it fit are left out).
+
+    Tried: SDPA instead of eager attention, fused AdamW, selective and full activation
+    checkpointing (cost: the extra compute of ``Estimate.recompute_overhead``), a smaller
+    micro-batch with more gradient accumulation (same sequences per step), 8-bit AdamW,
+    pure bf16 instead of fp32 weights, LoRA, QLoRA, ZeRO-2/ZeRO-3/FSDP across the fewest GPUs
+    that fit, and DeepSpeed CPU offload of the optimizer (and parameters).
+    """
+    q = _Query(model, gpu, kw)
+    s = q.setup
+    base = q.total()
+    par0 = dict(q.par)
+    strategy0 = par0.get("strategy", "none")
+    out: List[Suggestion] = []
+    seen = set()
+
+    def attempt(title: str, kind: str, cost: str, setup_changes: Optional[Dict[str, Any]] = None,
+                par_changes: Optional[Dict[str, Any]] = None, compute_from_estimate: bool = False,
+                cost_value: float = 0.0) -> None:
+        setup_changes = setup_changes or {}
+        par_changes = par_changes or {}
+        key = (tuple(sorted(setup_changes.items())), tuple(sorted(par_changes.items())))
+        if key in seen:
+            return
+        seen.add(key)
+        try:
+            s2 = s.replace(**setup_changes) if setup_changes else s
+            par = {**par0, **par_changes}
+            est = q.estimate(s2, par)
+        except VramError:
+            return
+        total = est.device_total_bytes
+        fits = total <= q.usable
+        if total >= base or (not fits and base - total < 0.01 * base):
+            return   # no saving, or too small to matter (under 1%) and not enough anyway
+        per_gpu = est.per_gpu if isinstance(est, ParallelEstimate) else est
+        extra = per_gpu.recompute_overhead if compute_from_estimate else None
+        if compute_from_estimate:
+            cost = f"{extra * 100:.0f}% more compute per step ({cost})"
+            cost_value = extra
+        kwargs = {**s.to_dict(), **{k: v for k, v in s2.to_dict().items()}, **par}
+        cpu = est.cpu_bytes_per_node if isinstance(est, ParallelEstimate) else 0.0
+        if cpu:
+            cost += f"; needs {cpu / GIB:.0f} GiB of host memory per node"
+        out.append(Suggestion(title, {**setup_changes, **par_changes}, kwargs, total, base - total,
+                              fits, kind, cost, extra, cpu, cost_value))
+
+    if s.attn_implementation == "eager":
+        attempt("SDPA attention instead of eager", "free", "none (the same attention, without b x a x s x s "
+                "score tensors)", {"attn_implementation": "sdpa"})
+    if s.optimizer == "adamw":
+        attempt("fused AdamW", "free", "none (the same update in one kernel, no foreach temporaries)",
+                {"optimizer": "adamw_fused"})
+    if s.gradient_checkpointing == "none":
+        attempt("selective activation checkpointing", "compute", "attention recomputed in backward",
+                {"gradient_checkpointing": "selective"}, compute_from_estimate=True)
+    if s.gradient_checkpointing != "full":
+        attempt("full activation checkpointing", "compute", "every block's forward recomputed in backward",
+                {"gradient_checkpointing": "full"}, compute_from_estimate=True)
+    if s.batch_size > 1:
+        b = _largest(lambda b: q.fits(replace(s, batch_size=b)), 0, s.batch_size - 1)
+        if b >= 1:
+            seqs = s.batch_size * s.grad_accum_steps
+            acc = -(-seqs // b)
+            attempt(f"micro-batch {b} with {acc} gradient accumulation steps", "throughput",
+                    f"the same {b * acc} sequences per step in {acc} smaller micro-steps: lower GPU utilisation",
+                    {"batch_size": b, "grad_accum_steps": acc}, cost_value=acc)
+    if s.optimizer in ("adamw", "adamw_fused", "paged_adamw") and (s.method == "full" or s.method == "freeze"):
+        attempt("8-bit AdamW (bitsandbytes)", "quality", "block-wise 8-bit Adam moments: usually on par with "
+                "32-bit AdamW (Dettmers et al. 2022); watch for instabilities on long runs",
+                {"optimizer": "adamw_8bit"}, cost_value=1)
+    if s.weights_dtype == "float32" and not s.quantized:
+        if q.gpu.bf16:
+            attempt("bf16 instead of fp32", "quality", "pure bf16 weights, gradients and states (8-bit mantissa): "
+                    "small updates can be lost; mixed precision (amp_bf16) keeps fp32 weights for less saving",
+                    {"precision": "bf16"}, cost_value=2)
+            if s.precision == "fp32":
+                attempt("bf16 mixed precision instead of fp32", "quality", "bf16 matmuls with fp32 master weights: "
+                        "the standard recipe, rarely changes results", {"precision": "amp_bf16"}, cost_value=1)
+        elif s.precision == "fp32":
+            attempt("fp16 mixed precision instead of fp32", "quality",
+                    f"{q.gpu.name} has no bf16: fp16 autocast needs loss scaling", {"precision": "amp_fp16"},
+                    cost_value=1)
+    if s.method in ("full", "freeze"):
+        lora_prec = s.precision if s.weights_dtype != "float32" else ("bf16" if q.gpu.bf16 else "fp16")
+        attempt("LoRA (r=16, all linear layers)", "quality",
+                "trains low-rank adapters only: close to full fine-tuning on narrow tasks, below it on broad ones",
+                {"method": "lora", "precision": lora_prec, "lora_r": 16}, cost_value=3)
+        attempt("QLoRA (4-bit NF4 base, r=16)", "quality",
+                "4-bit base weights (QLoRA paper: on par with 16-bit LoRA); dequantization slows matmuls",
+                {"method": "qlora", "quantization": "nf4", "precision": lora_prec, "lora_r": 16}, cost_value=4)
+    elif s.method == "lora":
+        attempt("QLoRA (4-bit NF4 base)", "quality",
+                "4-bit base weights (QLoRA paper: on par with 16-bit LoRA); dequantization slows matmuls",
+                {"method": "qlora", "quantization": "nf4"}, cost_value=4)
+    # more GPUs
+    if strategy0 in ("none", "ddp") and par0.get("num_gpus", 1) >= 1:
+        for strat in SHARDED:
+            try:
+                n = min_gpus(q.arch, q.gpu, strat, max_gpus=max_gpus, **_kw_for(s, par0))
+            except VramError:
+                n = None
+            if n and n > 1:
+                attempt(f"{_STRATEGY_TITLES[strat]} across {n} x {q.gpu.name}", "hardware",
+                        f"{n} GPUs; {_COMM[strat]}", par_changes={"strategy": strat, "num_gpus": n},
+                        cost_value=n)
+    elif strategy0 in SHARDED + ("fsdp_hybrid", "zero1", "fsdp_shard_grad_op", "megatron_distopt"):
+        try:
+            n = min_gpus(q.arch, q.gpu, strategy0, max_gpus=max_gpus, **_kw_for(s, par0))
+        except VramError:
+            n = None
+        if n and n > par0.get("num_gpus", 1):
+            attempt(f"{n} GPUs instead of {par0.get('num_gpus', 1)}", "hardware",
+                    f"{n} GPUs; the same strategy", par_changes={"num_gpus": n}, cost_value=n)
+    # CPU offload (DeepSpeed)
+    n0 = int(par0.get("num_gpus", 1) or 1)
+    if strategy0 in ("none", "ddp", "zero0", "zero1", "zero2") and not par0.get("offload_optimizer"):
+        attempt("DeepSpeed ZeRO-Offload: optimizer on the CPU", "offload",
+                "the optimizer steps on the CPU and gradients/parameters cross PCIe every step: often 1.5-3x slower",
+                par_changes={"strategy": "zero2", "offload_optimizer": True, "num_gpus": n0})
+    if strategy0 in ("none", "ddp", "zero0", "zero1", "zero2", "zero3") and not par0.get("offload_params"):
+        attempt("DeepSpeed ZeRO-3 with optimizer and parameters on the CPU", "offload",
+                "parameters are fetched from host memory for every module: several times slower",
+                par_changes={"strategy": "zero3", "offload_optimizer": True, "offload_params": True, "num_gpus": n0},
+                cost_value=1)
+    out.sort(key=Suggestion.sort_key)
+    return out
+
+
+_STRATEGY_TITLES = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp_full_shard": "FSDP full shard"}
+_COMM = {"zero2": "reduce-scatter of gradients, all-gather of parameters after the step (DDP's traffic)",
+         "zero3": "parameters all-gathered in forward and backward: about 1.5x DDP's traffic",
+         "fsdp_full_shard": "parameters all-gathered in forward and backward: about 1.5x DDP's traffic"}
+
+
+def _kw_for(s: TrainingSetup, par: Dict[str, Any]) -> Dict[str, Any]:
+    kw = {**s.to_dict(), **{k: v for k, v in par.items() if k not in ("strategy", "num_gpus")}}
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+# ----------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------
+
+_PARALLEL_FLAGS = (
+    ("--strategy", "strategy", "choice", "data-parallel strategy: " + ", ".join(STRATEGIES)),
+    ("--num-gpus", "num_gpus", "int", "GPUs of the run (default 1)"),
+    ("--gpus-per-node", "gpus_per_node", "int", "GPUs per node (default 8)"),
+    ("--tensor-parallel", "tensor_parallel", "int", "tensor-parallel size"),
+    ("--pipeline-parallel", "pipeline_parallel", "int", "pipeline stages"),
+    ("--context-parallel", "context_parallel", "int", "context-parallel size"),
+    ("--expert-parallel", "expert_parallel", "int", "expert-parallel size"),
+    ("--micro-batches", "micro_batches", "int", "pipeline micro-batches per step"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``fit`` command's arguments: MODEL, --gpu, the estimate's setup options, the
+    parallel layout, --json."""
+    from .cli import _SETUP_OPTIONS, _float_arg, _int_arg
+    from .training import CHOICES
+
+    parser.add_argument("model", metavar="MODEL",
+                        help="a preset name, a config.json path, a Hub id, or a parameter count like 7B")
+    parser.add_argument("--gpu", required=True, metavar="GPU",
+                        help="a card of the catalog, e.g. H100-80GB, A100 40GB, RTX 4090, T4 (aliases accepted)")
+    for flag, dest, kind, text in _SETUP_OPTIONS:
+        if kind == "choice":
+            parser.add_argument(flag, dest=dest, default=None,
+                                metavar="{" + ",".join(c for c, _ in CHOICES[dest]) + "}", help=text)
+        elif kind == "int":
+            parser.add_argument(flag, dest=dest, default=None, type=_int_arg, metavar="N", help=text)
+        elif kind == "float":
+            parser.add_argument(flag, dest=dest, default=None, type=_float_arg, metavar="X", help=text)
+        else:
+            parser.add_argument(flag, dest=dest, default=None, metavar="A,B", help=text)
+    parser.add_argument("--no-double-quant", dest="double_quant", action="store_const", const=False, default=None,
+                        help="4-bit quantization without double quantization")
+    parser.add_argument("--prepare-kbit", dest="prepare_kbit", action="store_const", const=True, default=None,
+                        help="prepare_model_for_kbit_training")
+    for flag, dest, kind, text in _PARALLEL_FLAGS:
+        if kind == "int":
+            parser.add_argument(flag, dest=dest, default=None, type=_int_arg, metavar="N", help=text)
+        else:
+            parser.add_argument(flag, dest=dest, default=None, metavar="NAME", help=text)
+    parser.add_argument("--sequence-parallel", dest="sequence_parallel", action="store_true", default=None,
+                        help="Megatron sequence parallel (with --tensor-parallel)")
+    parser.add_argument("--offload-optimizer", dest="offload_optimizer", action="store_true", default=None,
+                        help="DeepSpeed: optimizer states on the CPU")
+    parser.add_argument("--offload-params", dest="offload_params", action="store_true", default=None,
+                        help="ZeRO-3 / FSDP: parameters on the CPU")
+    parser.add_argument("--json", action="store_true", help="print the answers as JSON")
+
+
+def _kwargs(args: argparse.Namespace) -> Dict[str, Any]:
+    from .cli import setup_kwargs
+
+    kw = setup_kwargs(args)
+    for _, dest, _, _ in _PARALLEL_FLAGS:
+        v = getattr(args, dest, None)
+        if v is not None:
+            kw[dest] = v
+    for dest in ("sequence_parallel", "offload_optimizer", "offload_params"):
+        v = getattr(args, dest, None)
+        if v is not None:
+            kw[dest] = v
+    if any(k in kw for k in PARALLEL_KEYS) and "strategy" not in kw:
+        kw["strategy"] = "ddp" if int(kw.get("num_gpus", 1)) > int(kw.get("tensor_parallel", 1)) * int(
+            kw.get("pipeline_parallel", 1)) * int(kw.get("context_parallel", 1)) else "none"
+    return kw
+
+
+def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
+    """Everything ``vramwidget fit`` prints, as a dict."""
+    q = _Query(model, gpu, kw)
+    c = check(q.arch, q.gpu, **kw)
+    kw_nb = {k: v for k, v in kw.items() if k != "batch_size"}
+    kw_ns = {k: v for k, v in kw.items() if k != "seq_len"}
+    out: Dict[str, Any] = {
+        "model": q.arch.name, "gpu": q.gpu.to_dict(), "setup": q.setup.to_dict(), "parallel": q.par,
+        "check": c.to_dict(),
+        "max_batch_size": max_batch_size(q.arch, q.gpu, batch_size=1, **kw_nb),
+        "max_seq_len": max_seq_len(q.arch, q.gpu, seq_len=1, **kw_ns),
+        "max_position_embeddings": q.arch.max_position_embeddings,
+    }
+    mg: Dict[str, Optional[int]] = {}
+    base = {k: v for k, v in kw.items() if k not in ("strategy", "num_gpus")}
+    for strat in ("ddp",) + SHARDED + ("fsdp_hybrid",):
+        try:
+            mg[strat] = min_gpus(q.arch, q.gpu, strat, **base)
+        except VramError:
+            mg[strat] = None
+    out["min_gpus"] = mg
+    ok, why = q.gpu.supports(q.setup.precision)
+    out["precision_supported"] = ok
+    out["precision_note"] = why
+    out["suggestions"] = [s.to_dict() for s in suggestions(q.arch, q.gpu, **kw)]
+    return out
+
+
+def format_answers(a: Dict[str, Any]) -> str:
+    g = a["gpu"]
+    c = a["check"]
+    lines = [f"model             {a['model']}",
+             f"GPU               {g['name']}: {g['usable_gib']:.1f} GiB usable"
+             + ("" if g["bf16"] else " (no bf16)")]
+    s = a["setup"]
+    bits = [s["method"], s["precision"], s["optimizer"], f"checkpointing {s['gradient_checkpointing']}",
+            f"batch {s['batch_size']} x seq {s['seq_len']}"]
+    if a["parallel"]:
+        p = a["parallel"]
+        bits.append(f"{p.get('strategy', 'none')} on {p.get('num_gpus', 1)} GPUs")
+    lines.append(f"setup             {', '.join(bits)}")
+    if not a["precision_supported"]:
+        lines.append(f"warning           {a['precision_note']}")
+    verdict = "FITS" if c["fits"] else "DOES NOT FIT"
+    lines.append(f"verdict           {verdict}: device total {c['device_total_gib']:.2f} GiB of "
+                 f"{c['usable_gib']:.2f} GiB ({abs(c['headroom_bytes']) / GIB:.2f} GiB "
+                 f"{'free' if c['fits'] else 'over'})")
+    lines.append("                  (device total = predicted reserved memory + CUDA context, the worst GPU)")
+    lines.append(f"largest batch     {a['max_batch_size']} (at seq {s['seq_len']})")
+    mp = a.get("max_position_embeddings")
+    lines.append(f"longest sequence  {a['max_seq_len']:,} tokens (at batch {s['batch_size']})"
+                 + (f"; the model's position limit is {mp:,}" if mp else ""))
+    lines.append("fewest GPUs       " + ", ".join(f"{k} {v if v else '-'}" for k, v in a["min_gpus"].items()))
+    sug = a["suggestions"]
+    if sug:
+        lines.append("")
+        lines.append("changes that lower the memory (fitting ones first, cheapest first):")
+        for i, x in enumerate(sug, 1):
+            mark = "fits" if x["fits"] else "not enough"
+            lines.append(f"{i:3}. {x['title']}: -{x['saved_gib']:.1f} GiB -> {x['device_total_gib']:.1f} GiB "
+                         f"[{mark}]")
+            lines.append(f"     cost: {x['cost']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace, out=None) -> int:
+    """Run a parsed ``fit`` command; raises :class:`VramError` on bad input."""
+    out = sys.stdout if out is None else out
+    a = answers(args.model, args.gpu, **_kwargs(args))
+    if args.json:
+        out.write(json.dumps(a) + "\n")
+    else:
+        out.write(format_answers(a) + "\n")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``vramwidget fit MODEL --gpu GPU [options]``: exit 0, or 2 with one error line."""
+    from .cli import _Parser, _UsageError, _fail
+
+    parser = _Parser(prog="vramwidget fit", description="What fits a GPU: largest batch, longest sequence, "
+                                                         "fewest GPUs, and changes that make a setup fit.")
+    add_arguments(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:   # --help
+            return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+        return run(args)
+    except (_UsageError, VramError) as exc:
+        return _fail(str(exc))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
