@@ -33,7 +33,7 @@ def marimo_server(tmp_path_factory):
     env["MARIMO_SKIP_UPDATE_CHECK"] = "1"
     port, token = free_port(), secrets.token_hex(16)
     cmd = [sys.executable, "-m", "marimo", "-q", "-y", "run", str(APP), "--host", "127.0.0.1", "--port", str(port),
-           "--headless", "--token-password", token, "--no-sandbox", "--no-skew-protection"]
+           "--headless", "--token-password", token]
     server = Server("marimo run", cmd, env, home, home / "marimo.log", port, token)
     try:
         server.wait_http("/health", timeout=120)
