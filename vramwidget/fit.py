@@ -439,6 +439,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=dest, default=None, type=_int_arg, metavar="N", help=text)
         else:
             parser.add_argument(flag, dest=dest, default=None, metavar="NAME", help=text)
+    parser.add_argument("--bucket-mb", dest="bucket_mb", default=None, type=_float_arg, metavar="MB",
+                        help="gradient reduce bucket in MB (DDP bucket_cap_mb, default 25; DeepSpeed "
+                             "reduce_bucket_size, default 5e8 elements = 1000 MB in 16-bit)")
     parser.add_argument("--sequence-parallel", dest="sequence_parallel", action="store_true", default=None,
                         help="Megatron sequence parallel (with --tensor-parallel)")
     parser.add_argument("--offload-optimizer", dest="offload_optimizer", action="store_true", default=None,
@@ -456,7 +459,7 @@ def _kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         v = getattr(args, dest, None)
         if v is not None:
             kw[dest] = v
-    for dest in ("sequence_parallel", "offload_optimizer", "offload_params"):
+    for dest in ("sequence_parallel", "offload_optimizer", "offload_params", "bucket_mb"):
         v = getattr(args, dest, None)
         if v is not None:
             kw[dest] = v

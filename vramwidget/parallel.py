@@ -31,20 +31,20 @@ on *that GPU's share of the model*, and then applies what the parallel framework
    states": parameters, gradients, optimizer states), over N = data-parallel x
    context-parallel replicas (experts over N/e):
 
-   ========================  ===========  ===========  =================  ===============
-   strategy                  parameters   gradients    optimizer states   also
-   ========================  ===========  ===========  =================  ===============
-   none / ddp                full         full         full               DDP: reducer buckets
-   zero0 (DeepSpeed)         full         full         full + fp32 master  reduce bucket
-   zero1                     full         full         1/N (+ master)     reduce bucket
-   zero2                     full         1/N          1/N (+ master)     reduce bucket
-   zero3                     1/N          1/N          1/N (+ master)     gathered modules
-   fsdp_shard_grad_op        1/N          1/N          1/N                whole model gathered
-   fsdp_full_shard           1/N          1/N          1/N                gathered units
-   fsdp_hybrid               1/n_node     1/n_node     1/n_node           gathered units
-   megatron                  full         fp32 full    full (+ master)    fused Adam
-   megatron_distopt          full         fp32 full    1/N (+ master)     fused Adam
-   ========================  ===========  ===========  =================  ===============
+   ==================  ==========  ==========  ================  ====================
+   strategy            parameters  gradients   optimizer states  also
+   ==================  ==========  ==========  ================  ====================
+   none / ddp          full        full        full              DDP: reducer buckets
+   zero0 (DeepSpeed)   full        full        full (+ master)   reduce bucket
+   zero1               full        full        1/N (+ master)    reduce bucket
+   zero2               full        1/N         1/N (+ master)    reduce bucket
+   zero3               1/N         1/N         1/N (+ master)    gathered modules
+   fsdp_shard_grad_op  1/N         1/N         1/N               whole model gathered
+   fsdp_full_shard     1/N         1/N         1/N               gathered units
+   fsdp_hybrid         1/n_node    1/n_node    1/n_node          gathered units
+   megatron            full        fp32, full  full (+ master)   fused Adam
+   megatron_distopt    full        fp32, full  1/N (+ master)    fused Adam
+   ==================  ==========  ==========  ================  ====================
 
    DeepSpeed's ZeRO optimizer always steps an fp32 copy of its partition ("fp32 master
    weights", 4 B/param/N) with fp32 Adam moments, and converts the partition's gradients to
