@@ -350,15 +350,21 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> Lis
                 "4-bit base weights (QLoRA paper: on par with 16-bit LoRA); dequantization slows matmuls",
                 {"method": "qlora", "quantization": "nf4"}, cost_value=4)
     # more GPUs
-    if strategy0 in ("none", "ddp") and par0.get("num_gpus", 1) >= 1:
+    n_now = int(par0.get("num_gpus", 1) or 1)
+    if strategy0 in ("none", "ddp"):
         for strat in SHARDED:
             try:
                 n = min_gpus(q.arch, q.gpu, strat, max_gpus=max_gpus, **_kw_for(s, par0))
             except VramError:
                 n = None
-            if n and n > 1:
-                attempt(f"{_STRATEGY_TITLES[strat]} across {n} x {q.gpu.name}", "hardware",
-                        f"{n} GPUs; {_COMM[strat]}", par_changes={"strategy": strat, "num_gpus": n},
+            if n is None:
+                continue
+            n = max(n, n_now)   # shard over the GPUs the run already has
+            if n > 1:
+                more = "" if n == n_now else f"{n} GPUs; "
+                kind = "throughput" if n == n_now else "hardware"   # the same GPUs: only traffic changes
+                attempt(f"{_STRATEGY_TITLES[strat]} across {n} x {q.gpu.name}", kind,
+                        f"{more}{_COMM[strat]}", par_changes={"strategy": strat, "num_gpus": n},
                         cost_value=n)
     elif strategy0 in SHARDED + ("fsdp_hybrid", "zero1", "fsdp_shard_grad_op", "megatron_distopt"):
         try:
