@@ -365,7 +365,7 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> Lis
                 kind = "throughput" if n == n_now else "hardware"   # the same GPUs: only traffic changes
                 attempt(f"{_STRATEGY_TITLES[strat]} across {n} x {q.gpu.name}", kind,
                         f"{more}{_COMM[strat]}", par_changes={"strategy": strat, "num_gpus": n},
-                        cost_value=n)
+                        cost_value=n if kind == "hardware" else _TRAFFIC[strat])
     elif strategy0 in SHARDED + ("fsdp_hybrid", "zero1", "fsdp_shard_grad_op", "megatron_distopt"):
         try:
             n = min_gpus(q.arch, q.gpu, strategy0, max_gpus=max_gpus, **_kw_for(s, par0))
@@ -389,6 +389,8 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> Lis
     return out
 
 
+#: communication volume relative to DDP's all-reduce (ZeRO paper, section 7)
+_TRAFFIC = {"zero2": 1.0, "zero3": 1.5, "fsdp_full_shard": 1.5}
 _STRATEGY_TITLES = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp_full_shard": "FSDP full shard"}
 _COMM = {"zero2": "reduce-scatter of gradients, all-gather of parameters after the step (DDP's traffic)",
          "zero3": "parameters all-gathered in forward and backward: about 1.5x DDP's traffic",
