@@ -118,7 +118,7 @@ class Server:
                 self.stop()
                 unavailable(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.base + path, timeout=5) as r:
+                with _NO_PROXY.open(self.base + path, timeout=5) as r:
                     if r.status < 400:
                         return
             except urllib.error.HTTPError as e:
@@ -146,6 +146,10 @@ class Server:
                     pass
                 self.proc.wait(timeout=10)
         self._log.close()
+
+
+#: loopback never goes through a proxy, whatever the environment says
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _write_json(path: Path, data) -> None:
