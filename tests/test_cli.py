@@ -489,3 +489,11 @@ def test_infer_and_estimate_inference(capsys):
     assert cli_main(["estimate", "llama-2-7b", "--inference", "--method", "lora"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "training option" in err[0]
+
+
+def test_fit_subcommand(capsys):
+    from vramwidget.cli import main as cli_main
+
+    assert cli_main(["fit", "llama-3.2-1b", "--gpu", "H100-80GB"]) == 0
+    out = capsys.readouterr().out
+    assert "largest batch" in out and "H100" in out

@@ -9,6 +9,9 @@
 from .architecture import Architecture, custom, from_config, from_param_count, load as load_architecture
 from .errors import VramError
 from .estimate import estimate
+from .fit import max_batch_size, max_seq_len, min_gpus, suggestions
+from .inference import estimate_inference, longest_context
+from .parallel import estimate_parallel
 from .presets import list_presets
 from .result import Estimate, Node
 from .training import CHOICES, TrainingSetup
@@ -16,7 +19,9 @@ from .training import CHOICES, TrainingSetup
 __version__ = "0.1.0"
 
 __all__ = ["Architecture", "CHOICES", "Calculator", "Estimate", "Node", "TrainingSetup", "VramError", "custom",
-           "estimate", "from_config", "from_param_count", "list_presets", "load_architecture", "__version__"]
+           "estimate", "estimate_inference", "estimate_parallel", "from_config", "from_param_count", "list_presets",
+           "load_architecture", "longest_context", "max_batch_size", "max_seq_len", "min_gpus", "suggestions",
+           "__version__"]
 
 
 def __getattr__(name):  # the widget (ipywidgets/anywidget) is imported only when asked for

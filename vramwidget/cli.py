@@ -135,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
                          description="GPU memory of running MODEL for inference.")
     inference.add_arguments(inf)
 
+    from . import fit
+
+    fit_p = sub.add_parser("fit", help="what fits a GPU: largest batch, longest sequence, fewest GPUs, and "
+                                       "the changes that make a setup fit",
+                           description="Answer 'does it fit, and what do I change' for MODEL on a GPU.")
+    fit.add_arguments(fit_p)
+
     val = sub.add_parser("validate", help="compare estimates with measured training steps",
                          description="Estimate each case of a validation file (JSONL) and compare with its "
                                      "measurement. Without CASES: the built-in H200 cases.")
@@ -388,13 +395,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out.write(f"{PROG} {__version__}\n")
             return 0
         if args.command is None:
-            raise _UsageError("give a command: estimate, infer, validate, measure or presets (see vramwidget --help)")
+            raise _UsageError("give a command: estimate, fit, infer, validate, measure or presets (see vramwidget --help)")
         if args.command == "estimate":
             return _cmd_estimate(args, out)
         if args.command == "validate":
             return _cmd_validate(args, out)
         if args.command in ("presets", "models"):
             return _cmd_presets(args, out)
+        if args.command == "fit":
+            from . import fit
+
+            _quiet_hub(args.model)
+            return fit.run(args, out)
         if args.command == "infer":
             from . import inference
 
