@@ -15,6 +15,11 @@ fi
 python3 -m pip install -q --disable-pip-version-check -e ".[test]" "torch==2.13.0" "transformers==5.23.0" \
   "peft==0.21.2" || { echo "error: pip install failed" >&2; exit 1; }
 
+# The widget's JavaScript toolchain, to check that the committed bundle is what js/ builds.
+if command -v npm >/dev/null 2>&1; then
+  (cd js && npm ci --no-audit --no-fund --silent) || echo "warning: npm ci failed; the bundle check will fail in CI" >&2
+fi
+
 python3 -m pytest "$@"
 rc=$?
 if [ "$rc" = 5 ]; then
