@@ -159,3 +159,71 @@ def test_contradictory_spellings_are_rejected():
         A.from_config({"model_type": "gpt2", "n_embd": 64, "hidden_size": 128, "n_layer": 2, "n_head": 4,
                        "vocab_size": 10})
     assert e.value.field == "hidden_size"
+
+
+TINY_CONFIGS = {
+    "llama": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=100),
+    "mistral": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=100),
+    "mixtral": dict(hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, vocab_size=100),
+    "qwen2": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=100),
+    "qwen2_moe": dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=16,
+                      shared_expert_intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, vocab_size=100),
+    "qwen3": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=100),
+    "qwen3_moe": dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                      vocab_size=100, head_dim=16),
+    "gemma": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=1, head_dim=16, vocab_size=100),
+    "gemma2": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, vocab_size=100),
+    "gemma3_text": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=1, head_dim=32, vocab_size=100),
+    "phi3": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=100, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "gpt2": dict(n_embd=64, n_layer=2, n_head=4, vocab_size=100, bos_token_id=0, eos_token_id=0),
+    "gpt_neox": dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                     vocab_size=100, bos_token_id=0, eos_token_id=0),
+    "opt": dict(hidden_size=64, ffn_dim=256, num_hidden_layers=2, num_attention_heads=4, vocab_size=100,
+                word_embed_proj_dim=32, pad_token_id=1, bos_token_id=2, eos_token_id=2),
+    "bloom": dict(hidden_size=64, n_layer=2, n_head=4, vocab_size=100),
+    "falcon": dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, vocab_size=100,
+                   bos_token_id=0, eos_token_id=0),
+    "olmo": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 vocab_size=100, pad_token_id=1, eos_token_id=2),
+    "olmo2": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  vocab_size=100, pad_token_id=1, eos_token_id=2),
+    "olmoe": dict(hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  num_experts=4, num_experts_per_tok=2, vocab_size=100, pad_token_id=1, eos_token_id=2),
+    "deepseek_v2": dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=3,
+                        num_attention_heads=4, n_routed_experts=4, n_shared_experts=2, num_experts_per_tok=2,
+                        first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8,
+                        qk_nope_head_dim=16, v_head_dim=16, vocab_size=100),
+    "deepseek_v3": dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1,
+                        num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=24,
+                        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, vocab_size=100, n_group=1,
+                        topk_group=1),
+    "smollm3": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=100, pad_token_id=1),
+}
+
+
+def test_every_supported_type_has_a_tiny_config():
+    assert set(TINY_CONFIGS) == set(A.SUPPORTED_MODEL_TYPES)
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
+def test_tiny_config_counts_equal_transformers_live(model_type):
+    """Every supported model_type, built by transformers on the meta device (skipped without it)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    conf = transformers.AutoConfig.for_model(model_type, **TINY_CONFIGS[model_type])
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(conf)
+    assert A.from_config(conf.to_dict()).params_total == sum(p.numel() for p in model.parameters())

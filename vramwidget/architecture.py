@@ -409,8 +409,7 @@ def _llama_like(cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
             b.linear(P + "mlp.down_proj", h, i_dense, "mlp_down", bias=mlp_bias)
             b.tensors[-3:] = [_restrict(t, 0, dense_first) for t in b.tensors[-3:]]
         b.layer(P + "mlp.gate.weight", (E, h), "router", first=dense_first)
-        if mt == "deepseek_v3":
-            b.layer(P + "mlp.gate.e_score_correction_bias", (E,), "router", first=dense_first)
+        # (DeepSeek-V3's e_score_correction_bias is a buffer in transformers, not a parameter)
         b.layer(P + "mlp.experts.gate_up_proj", (E, 2 * i_e, h), "expert_gate_up", first=dense_first,
                 linear=True, experts=E)
         b.layer(P + "mlp.experts.down_proj", (E, h, i_e), "expert_down", first=dense_first, linear=True,
