@@ -28,6 +28,8 @@ CASES = [
     ("mixtral", "bf16", "full", "sdpa"), ("qwen2_moe", "bf16", "full", "eager"), ("gpt2", "fp32", "full", "sdpa"),
     ("gpt2", "bf16", "full", "eager"), ("gpt2", "bf16", "lora", "sdpa"), ("opt", "bf16", "full", "sdpa"),
     ("opt", "fp32", "full", "eager"), ("opt", "bf16", "lora", "sdpa"),
+    ("olmo2", "bf16", "full", "sdpa"), ("olmo2", "bf16", "lora", "eager"), ("bloom", "bf16", "full", "eager"),
+    ("gpt_neox", "bf16", "full", "eager"), ("falcon", "bf16", "full", "eager"), ("qwen3_moe", "bf16", "full", "sdpa"),
 ]
 
 

@@ -47,6 +47,14 @@ TINY: Dict[str, Dict[str, Any]] = {
                 word_embed_proj_dim=256, pad_token_id=1, bos_token_id=2, eos_token_id=2),
     "bloom": dict(hidden_size=256, n_head=8, vocab_size=512),
     "falcon": dict(hidden_size=256, num_attention_heads=8, vocab_size=512, bos_token_id=0, eos_token_id=0),
+    "qwen3_moe": dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_attention_heads=8,
+                      num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, vocab_size=512, head_dim=32),
+    "olmo2": dict(hidden_size=256, intermediate_size=512, num_attention_heads=8, vocab_size=512, pad_token_id=1,
+                  eos_token_id=2),
+    "deepseek_v2": dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_attention_heads=8,
+                        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=0,
+                        kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32,
+                        v_head_dim=32, vocab_size=512),
 }
 
 

@@ -189,7 +189,9 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
 
 def rms_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: str = "norms",
              gemma: bool = False, trains: Optional[bool] = None) -> _T:
-    """Llama/Gemma RMSNorm as transformers writes it (fp32 math)."""
+    """Llama RMSNorm as transformers writes it (fp32 math, weight applied after casting
+    back).  ``gemma=True``: the weight multiplies the fp32 normalised tensor and the result
+    is cast back (Gemma's ``* (1 + w)``, OLMo 2's ``(w * x).to(dtype)``)."""
     trains = ctx.norms_train if trains is None else trains
     x32 = tr.cast(x, F32, f"{name} input as fp32")
     if x32 is not x:
@@ -322,6 +324,7 @@ def llama_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
     post_norms = mt in ("gemma2", "gemma3_text")
     if mt == "olmo2":
         n1 = x
+        gemma = True   # OLMo 2's norms apply the weight in fp32 too
     else:
         n1 = rms_norm(tr, ctx, x, "input_layernorm", h, gemma=gemma)
     # --- attention ---
@@ -358,8 +361,8 @@ def llama_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
             q = rms_norm(tr, ctx, q, "q_norm", d, "attention", gemma=gemma)
             k = rms_norm(tr, ctx, k, "k_norm", d, "attention", gemma=gemma)
         elif mt in ("olmoe", "olmo2"):
-            q = rms_norm(tr, ctx, q, "q_norm", a * d, "attention")
-            k = rms_norm(tr, ctx, k, "k_norm", kv * d, "attention")
+            q = rms_norm(tr, ctx, q, "q_norm", a * d, "attention", gemma=gemma)
+            k = rms_norm(tr, ctx, k, "k_norm", kv * d, "attention", gemma=gemma)
         qr = tr.new("q after rope", T * a * d, rope_dtype, q.rg, "T x a*d", "attention")
         kr = tr.new("k after rope", T * kv * d, rope_dtype, k.rg, "T x kv*d", "attention")
         o_in = sdpa_core(tr, ctx, qr, kr, v, d, softcap=bool(arch.attn_logit_softcapping),
@@ -368,7 +371,7 @@ def llama_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
     if post_norms:
         o = rms_norm(tr, ctx, o, "post_attention_layernorm", h, gemma=gemma)
     elif mt == "olmo2":
-        o = rms_norm(tr, ctx, o, "post_attention_layernorm", h)
+        o = rms_norm(tr, ctx, o, "post_attention_layernorm", h, gemma=True)
     x1 = tr.new("residual after attention", x.numel, _promote(x.dtype, o.dtype), True, "T x h", "norms")
     # --- MLP / experts ---
     if mt == "olmo2":
@@ -386,7 +389,7 @@ def llama_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
     if post_norms:
         m = rms_norm(tr, ctx, m, "post_feedforward_layernorm", h, gemma=gemma)
     elif mt == "olmo2":
-        m = rms_norm(tr, ctx, m, "post_feedforward_layernorm", h)
+        m = rms_norm(tr, ctx, m, "post_feedforward_layernorm", h, gemma=True)
     return tr.new("block output", x.numel, _promote(x1.dtype, m.dtype), True, "T x h", "norms")
 
 
@@ -477,6 +480,9 @@ def plain_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
         if mt in ("gpt_neox", "falcon"):  # rotary embeddings make new q and k
             q = tr.new("q after rope", T * a * d, ctx.c, qkv.rg, "T x a*d", "attention")
             k = tr.new("k after rope", T * kv * d, ctx.c, qkv.rg, "T x kv*d", "attention")
+            if ctx.attn_backend == "eager":
+                # the eager matmul copies the strided v view; the fused qkv output is not kept
+                v = tr.new("v (contiguous copy)", T * kv * d, ctx.c, qkv.rg, "T x kv*d", "attention")
     if mt == "bloom":
         # BLOOM's ALiBi attention is eager-style baddbmm + softmax in fp32
         ctx_backend = ctx.attn_backend
@@ -484,8 +490,8 @@ def plain_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
         o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=attn_p)
         ctx.attn_backend = ctx_backend
     else:
-        # GPT-2's eager softmax runs in the compute dtype; OPT, NeoX and Falcon upcast to fp32
-        o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=attn_p, softmax_fp32=(mt != "gpt2"))
+        # GPT-2 and Falcon run the eager softmax in the compute dtype; OPT and NeoX upcast to fp32
+        o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=attn_p, softmax_fp32=mt not in ("gpt2", "falcon"))
     o = linear(tr, ctx, o_in, names[1], h, "attention projection output", "attention", in_features=a * d)
     o = dropout(tr, o, resid_p, "attention residual", ctx.cpu)
     if parallel:
@@ -508,7 +514,10 @@ def activation(tr: Trace, ctx: BlockContext, f: _T, i: int) -> _T:
     T = ctx.T
     if not f.rg:
         return tr.new("activation output", f.numel, f.dtype, False, "T x i", "mlp")
-    if (mt == "gpt2" and name in ("gelu_new", "gelu_fast")) or mt == "bloom":
+    if mt == "bloom":
+        # BLOOM trains with its own autograd Function (GeLUFunction): it keeps only the input
+        tr.save(f)
+    elif mt == "gpt2" and name in ("gelu_new", "gelu_fast"):
         # 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))): pow saves x, tanh its output,
         # the last product both factors.  Autocast runs pow in fp32, so from there on the
         # chain is fp32 (pow saves an fp32 copy of x; only 0.5*x stays 16-bit).
