@@ -9,10 +9,15 @@
  *                        double_quant, quantized_groups, prepare_kbit, optimizer,
  *                        gradient_checkpointing, attn_implementation, batch_size, seq_len,
  *                        grad_accum_steps, lora_r, lora_alpha, lora_dropout, lora_targets,
- *                        trainable_layers, gpu
+ *                        trainable_layers, gpu, mode (training | inference),
+ *                        multi-GPU training: num_gpus, strategy, tensor_parallel,
+ *                        pipeline_parallel, offload_optimizer, offload_params,
+ *                        inference: weights, kv_cache_dtype, context_len,
+ *                        gpu_memory_utilization
  *   outputs (read here): specs {name: vega-lite spec}, rows {name: [row]}, summary, table,
  *                        disabled {trait: reason}, options {trait: [[value, label]]},
- *                        formats [number format], error, error_field
+ *                        formats [number format], error, error_field, suggestions [change],
+ *                        suggestions_status
  *
  * data-testid attributes (stable, for browser tests):
  *   vramwidget                      the root element
@@ -22,6 +27,12 @@
  *   config-upload, config-clear     the config.json file picker and its clear button
  *   error                           the error banner (hidden when the error trait is "")
  *   summary                         peak, phase, device total, GPU fit
+ *   control-mode                    the mode radios (control-mode-training, control-mode-inference)
+ *   parallel, stages                the multi-GPU line and the pipeline-stage table (in summary)
+ *   max-batch                       the largest micro-batch that fits the GPU (in summary)
+ *   kv-cache, longest-context       inference: KV cache per token and in all; longest context
+ *   suggestions                     changes that make the setup fit (shown when it does not);
+ *                                   each row suggestion-<i>, its button suggestion-apply-<i>
  *   chart-detail, chart-comparison, chart-phases   the Vega charts (class vw-ready once drawn)
  *   table                           the component table
  *   formats                         the number-format panel
@@ -47,6 +58,19 @@ const CHARTS = [
   ["comparison", "Scenarios on one scale (twice the memory, twice the area); dashed: the GPU"],
   ["phases", "Memory through one training step"],
 ];
+/** Chart titles that differ by what is shown: multi-GPU training, inference. */
+const TITLES = {
+  parallel: {
+    detail: "Where one GPU's memory goes at the peak (the worst GPU; area ∝ bytes)",
+    comparison: "Scenarios per GPU on one scale (twice the memory, twice the area); dashed: one GPU",
+    phases: "One GPU's memory through one training step",
+  },
+  inference: {
+    detail: "Where the memory goes at the inference peak (area ∝ bytes)",
+    comparison: "Weight formats at your context and batch, on one scale; dashed: the GPU",
+    phases: "Memory through generate(): after load, prefill, decode",
+  },
+};
 
 /** Select controls: trait, label, hint. Their choices come from options[trait]. */
 const SELECTS = [
@@ -56,25 +80,41 @@ const SELECTS = [
   ["gradient_checkpointing", "Checkpointing", "Recompute activations in the backward pass"],
   ["attn_implementation", "Attention", "eager materialises batch x heads x seq x seq scores"],
   ["quantization", "Base weights", "Storage format of the frozen base weights"],
+  ["strategy", "Strategy", "How data-parallel replicas store parameters, gradients and optimizer states"],
+  ["weights", "Weights", "Storage format of the weights for inference"],
+  ["kv_cache_dtype", "KV cache", "dtype of the key/value cache (auto: the compute dtype)"],
 ];
 
-/** Number inputs: trait, label, kind ("int" | "float" | "int?"), min, step. */
+/** Number inputs: trait, label, kind ("int" | "float" | "int?" | "float?"), min, step, hint. */
 const NUMBERS = [
-  ["batch_size", "Batch size", "int", 1, 1],
+  ["batch_size", "Batch size", "int", 1, 1, "Sequences per forward pass (per GPU replica)"],
   ["seq_len", "Sequence length", "int", 1, 1],
+  ["context_len", "Context length", "int", 1, 1, "Tokens per sequence at the end of generation (prompt + generated)"],
   ["grad_accum_steps", "Grad. accumulation", "int", 1, 1],
   ["lora_r", "LoRA rank r", "int", 1, 1],
   ["lora_alpha", "LoRA alpha", "float", 0, "any"],
   ["lora_dropout", "LoRA dropout", "float", 0, 0.05],
   ["trainable_layers", "Trainable last layers", "int?", 1, 1],
+  ["num_gpus", "GPUs", "int", 1, 1, "GPUs of the run; above 1 needs a data-parallel strategy (DDP is picked)"],
+  ["tensor_parallel", "Tensor parallel", "int", 1, 1, "Heads, MLP width and vocabulary split over this many GPUs"],
+  ["pipeline_parallel", "Pipeline stages", "int", 1, 1, "Layers split into this many stages (1F1B)"],
+  ["gpu_memory_utilization", "Serving budget", "float?", 0.05, 0.05, "Blank: generate(). A fraction such as 0.9: a vLLM-style server whose paged KV cache fills that share of the GPU"],
 ];
 
 const INPUT_TRAITS = [
   "model", "config_json", "method", "precision", "quantization", "double_quant",
   "quantized_groups", "prepare_kbit", "optimizer", "gradient_checkpointing",
   "attn_implementation", "batch_size", "seq_len", "grad_accum_steps", "lora_r",
-  "lora_alpha", "lora_dropout", "lora_targets", "trainable_layers", "gpu",
+  "lora_alpha", "lora_dropout", "lora_targets", "trainable_layers", "gpu", "mode",
+  "num_gpus", "strategy", "tensor_parallel", "pipeline_parallel", "offload_optimizer",
+  "offload_params", "weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization",
 ];
+/** Controls (and groups) shown in one mode only; the other mode hides them. */
+const MODE_OF = {
+  seq_len: "training", grad_accum_steps: "training", trainable_layers: "training",
+  context_len: "inference", gpu_memory_utilization: "inference",
+};
+const CHECKBOXES = ["double_quant", "prepare_kbit", "offload_optimizer", "offload_params"];
 
 /** Vega parameter holding the colour of the lines between treemap boxes (charts.GAP_PARAM). */
 const GAP_PARAM = "vw_gap";
@@ -115,6 +155,16 @@ function fmtCount(n) {
     if (n >= /** @type {number} */ (d)) return `${(n / /** @type {number} */ (d)).toPrecision(3)}${s}`;
   }
   return String(n);
+}
+
+/** @param {number | null | undefined} n */
+function fmtInt(n) {
+  return n === null || n === undefined ? "–" : Math.round(n).toLocaleString("en");
+}
+
+/** Bytes per token as KiB (or bytes below 1 KiB). @param {number} b */
+function fmtPerToken(b) {
+  return b >= 1024 ? `${Number((b / 1024).toPrecision(4))} KiB` : `${Math.round(b)} B`;
 }
 
 /** Exact for whole numbers below a million (65504, 57344, 448), else 4 significant digits.
@@ -270,25 +320,27 @@ export default {
     // --- numbers ---------------------------------------------------------------------
     /** @type {Record<string, HTMLElement>} */
     const numberFields = {};
-    for (const [name, label, kind, min, step] of NUMBERS) {
+    for (const [name, label, kind, min, step, hint] of NUMBERS) {
+      const optional = kind === "int?" || kind === "float?";
+      const float = kind === "float" || kind === "float?";
       const inp = /** @type {HTMLInputElement} */ (h("input", {
-        type: "number", min, step, inputmode: kind === "float" ? "decimal" : "numeric",
-        placeholder: kind === "int?" ? "all" : undefined,
+        type: "number", min, step, inputmode: float ? "decimal" : "numeric",
+        placeholder: kind === "int?" ? "all" : kind === "float?" ? "none" : undefined,
       }));
       inp.addEventListener("change", () => {
         const raw = inp.value.trim();
-        if (raw === "" && kind === "int?") { inp.removeAttribute("aria-invalid"); send(name, null); return; }
+        if (raw === "" && optional) { inp.removeAttribute("aria-invalid"); send(name, null); return; }
         const v = Number(raw);
-        const ok = raw !== "" && isFinite(v) && (kind === "float" || Number.isInteger(v));
+        const ok = raw !== "" && isFinite(v) && (float || Number.isInteger(v));
         if (!ok) {
           inp.setAttribute("aria-invalid", "true");
-          inp.title = kind === "float" ? "enter a number" : "enter a whole number";
+          inp.title = float ? "enter a number" : "enter a whole number";
           return;
         }
         inp.removeAttribute("aria-invalid");
         send(name, v);
       });
-      numberFields[name] = field(name, /** @type {string} */ (label), inp);
+      numberFields[name] = field(name, /** @type {string} */ (label), inp, /** @type {string | undefined} */ (hint));
     }
 
     // --- checkboxes and checkbox groups ----------------------------------------------
@@ -332,46 +384,81 @@ export default {
     groupsFs.addEventListener("change", () => send("quantized_groups", checkedValues(groupsFs)));
     targetsList.addEventListener("change", () => send("lora_targets", checkedValues(targetsList)));
 
-    const fsTraining = h("fieldset", { class: "vw-group" }, [
+    // --- mode: training or inference (a segmented pair of radios) ------------------------
+    const modeRow = h("div", { class: "vw-seg-row" });
+    const modeFs = h("fieldset", { class: "vw-mode", testid: "control-mode", "data-field": "mode", role: "radiogroup" }, [
+      h("legend", { text: "Estimate the memory of" }), modeRow,
+    ]);
+    controls.mode = modeFs;
+    /** @type {Record<string, HTMLInputElement>} */
+    const modeRadios = {};
+    for (const [v, label, hint] of [["training", "Training", "One training step: weights, gradients, optimizer states, activations"],
+      ["inference", "Inference", "generate() or a serving budget: weights and the KV cache"]]) {
+      const rb = /** @type {HTMLInputElement} */ (h("input", {
+        type: "radio", name: `${id}-mode`, value: v, id: `${id}-mode-${v}`, testid: `control-mode-${v}`,
+      }));
+      rb.addEventListener("change", () => { if (rb.checked) send("mode", v); });
+      modeRadios[v] = rb;
+      modeRow.append(h("label", { class: "vw-seg", for: rb.id, title: hint }, [rb, label]));
+    }
+
+    const fsTraining = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
       h("legend", { text: "Training" }),
       selectFields.method, selectFields.precision, selectFields.optimizer,
       selectFields.gradient_checkpointing, selectFields.attn_implementation,
     ]);
+    const fsInference = h("fieldset", { class: "vw-group", "data-mode": "inference" }, [
+      h("legend", { text: "Inference" }),
+      selectFields.weights, selectFields.kv_cache_dtype,
+    ]);
     const fsBatch = h("fieldset", { class: "vw-group" }, [
       h("legend", { text: "Batch" }),
-      numberFields.batch_size, numberFields.seq_len, numberFields.grad_accum_steps,
-      numberFields.trainable_layers,
+      numberFields.batch_size, numberFields.seq_len, numberFields.context_len,
+      numberFields.grad_accum_steps, numberFields.trainable_layers,
     ]);
-    const fsQuant = h("fieldset", { class: "vw-group" }, [
+    for (const [name, mode] of Object.entries(MODE_OF)) numberFields[name].dataset.mode = mode;
+    const fsParallel = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
+      h("legend", { text: "Multi-GPU training" }),
+      numberFields.num_gpus, selectFields.strategy, numberFields.tensor_parallel,
+      numberFields.pipeline_parallel,
+      checkbox("offload_optimizer", "Optimizer states on the CPU", "DeepSpeed ZeRO-Offload (ZeRO-1, 2 or 3)"),
+      checkbox("offload_params", "Parameters on the CPU", "ZeRO-3 parameter offload or FSDP CPUOffload"),
+    ]);
+    const fsQuant = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
       h("legend", { text: "Quantization" }),
       selectFields.quantization,
       checkbox("double_quant", "Double quantization", "Quantize the 4-bit quantization constants too"),
       checkbox("prepare_kbit", "prepare_model_for_kbit_training", "Upcasts non-quantized parameters to fp32"),
       groupsFs,
     ]);
-    const fsLora = h("fieldset", { class: "vw-group" }, [
+    const fsLora = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
       h("legend", { text: "LoRA" }),
       numberFields.lora_r, numberFields.lora_alpha, numberFields.lora_dropout, targetsFs,
     ]);
     const fsGpu = h("fieldset", { class: "vw-group" }, [
       h("legend", { text: "GPU" }),
-      field("gpu", "Fit on", gpuSel, "Draws the GPU's memory on the charts"),
+      field("gpu", "Fit on", gpuSel, "Draws the GPU's memory on the charts; with several GPUs, each is this kind"),
+      numberFields.gpu_memory_utilization,
     ]);
-    form.append(fsModel, fsTraining, fsBatch, fsQuant, fsLora, fsGpu);
+    form.append(modeFs, fsModel, fsTraining, fsInference, fsBatch, fsGpu, fsParallel, fsQuant, fsLora);
 
     // --- charts, table, number formats -----------------------------------------------
     /** @type {Record<string, ChartSlot>} */
     const slots = {};
     const chartsBox = h("div", { class: "vw-charts" });
+    /** @type {Record<string, HTMLElement>} */
+    const chartTitles = {};
     for (const [name, title] of CHARTS) {
       const target = h("div", { class: "vw-chart", testid: `chart-${name}` });
-      chartsBox.append(h("section", { class: "vw-chart-box" }, [h("h4", { text: title }), target]));
+      chartTitles[name] = h("h4", { text: title });
+      chartsBox.append(h("section", { class: "vw-chart-box" }, [chartTitles[name], target]));
       slots[name] = { el: target, view: null, token: 0, pending: null };
     }
     const tableBox = h("div", { class: "vw-table", testid: "table" });
     const formatsBox = h("details", { class: "vw-formats", testid: "formats" });
+    const suggBox = h("section", { class: "vw-suggestions", testid: "suggestions", hidden: true, "aria-live": "polite" });
 
-    const main = h("div", { class: "vw-main" }, [chartsBox, tableBox, formatsBox]);
+    const main = h("div", { class: "vw-main" }, [suggBox, chartsBox, tableBox, formatsBox]);
     root.append(errorBox, summaryBox, h("div", { class: "vw-layout" }, [form, main]));
     el.append(root);
 
@@ -438,10 +525,23 @@ export default {
         inp.value = v === null ? "" : String(v);
         inp.removeAttribute("aria-invalid");
       }
-      for (const name of ["double_quant", "prepare_kbit"]) {
+      for (const name of CHECKBOXES) {
         /** @type {HTMLInputElement} */ (controls[name]).checked = !!model.get(name);
       }
+      syncMode();
       syncOptions();
+    };
+
+    /** Show the controls of the current mode; the attention choice serves both. */
+    const syncMode = () => {
+      const mode = model.get("mode") === "inference" ? "inference" : "training";
+      root.dataset.vwMode = mode;
+      for (const [v, rb] of Object.entries(modeRadios)) rb.checked = v === model.get("mode");
+      root.querySelectorAll("[data-mode]").forEach((n) => {
+        /** @type {HTMLElement} */ (n).hidden = /** @type {HTMLElement} */ (n).dataset.mode !== mode;
+      });
+      const home = mode === "inference" ? fsInference : fsTraining;
+      if (selectFields.attn_implementation.parentElement !== home) home.append(selectFields.attn_implementation);
     };
 
     const syncDisabled = () => {
@@ -478,23 +578,131 @@ export default {
 
     const syncSummary = () => {
       const s = model.get("summary") || {};
+      const par = s.parallel || null;
+      const inf = s.inference || null;
+      const titles = inf ? TITLES.inference : par ? TITLES.parallel : null;
+      for (const [name, title] of CHARTS) {
+        chartTitles[name].textContent = (titles && titles[/** @type {"detail"} */ (name)]) || title;
+      }
       if (s.peak_gib === undefined) { summaryBox.textContent = ""; return; }
       const fit = s.fits === null || s.fits === undefined ? null
         : h("span", { class: `vw-badge ${s.fits ? "vw-fits" : "vw-over"}`, "data-fits": String(s.fits),
-          text: s.fits ? `fits ${s.gpu}: ${fmtGiB(s.headroom_gib)} to spare`
-            : `does not fit ${s.gpu}: ${fmtGiB(-s.headroom_gib)} over` });
+          text: s.fits ? `fits ${par ? `${par.num_gpus} × ` : ""}${s.gpu}: ${fmtGiB(s.headroom_gib)} to spare`
+            : `does not fit ${par ? `${par.num_gpus} × ` : ""}${s.gpu}: ${fmtGiB(-s.headroom_gib)} over` });
+      const perGpu = par ? ` per GPU (the worst of ${par.num_gpus})` : "";
       const head = h("div", { class: "vw-headline" }, [
         h("span", { class: "vw-peak", "data-peak-gib": s.peak_gib.toFixed(4) }, [
-          h("strong", { text: fmtGiB(s.peak_gib) }), ` peak allocated, at ${s.peak_phase_label}`,
+          h("strong", { text: fmtGiB(s.peak_gib) }), ` peak allocated${perGpu}, at ${s.peak_phase_label}`,
         ]),
         h("span", { title: "what nvidia-smi would show: memory PyTorch's caching allocator reserves (allocated + cached blocks) plus the CUDA context",
           text: `device total ${fmtGiB(s.device_total_gib)} (reserved by PyTorch ${fmtGiB(s.reserved_gib)} + CUDA context ${fmtGiB(s.cuda_context_gib)})` }),
         ...(fit ? [fit] : []),
       ]);
-      const sub = h("div", { class: "vw-sub", text: `${s.model} · ${fmtCount(s.params_total)} parameters, ${fmtCount(s.params_trainable)} trainable` + (s.recompute_overhead ? ` · recompute +${Math.round(100 * s.recompute_overhead)}% compute` : "") });
+      const params = inf ? `${fmtCount(s.params_total)} parameters`
+        : `${fmtCount(s.params_total)} parameters, ${fmtCount(s.params_trainable)} trainable`;
+      const sub = h("div", { class: "vw-sub", text: `${s.model} · ${params}` + (!inf && s.recompute_overhead ? ` · recompute +${Math.round(100 * s.recompute_overhead)}% compute` : "") });
+      /** @type {HTMLElement[]} */
+      const facts = [];
+      if (par) {
+        const parts = [`${par.strategy_label} on ${par.num_gpus} GPU${par.num_gpus > 1 ? "s" : ""}`];
+        const dims = [`${par.data_parallel} data-parallel`];
+        if (par.tensor_parallel > 1) dims.push(`${par.tensor_parallel} tensor-parallel`);
+        if (par.pipeline_parallel > 1) dims.push(`${par.pipeline_parallel} pipeline stages`);
+        parts.push(dims.join(" × "));
+        if (par.shard > 1) parts.push(`model states sharded ${par.shard} ways`);
+        if (par.nodes > 1) parts.push(`${par.nodes} nodes`);
+        const cpu = par.cpu_per_gpu_gib > 0
+          ? h("span", { class: "vw-cpu", title: "host memory the offloaded states need; per node with the framework's buffer factor",
+            text: `CPU offload: ${fmtGiB(par.cpu_per_gpu_gib)} per GPU, ${fmtGiB(par.cpu_per_node_gib)} per node` })
+          : null;
+        facts.push(h("div", { class: "vw-fact", testid: "parallel" }, [parts.join(" · "), ...(cpu ? [" · ", cpu] : [])]));
+        if (par.stages && par.stages.length) {
+          const rows = par.stages.map((/** @type {any} */ st) => h("tr", { class: st.worst ? "vw-worst" : undefined }, [
+            h("th", { scope: "row", text: `${st.stage + 1}${st.worst ? " (worst)" : ""}` }),
+            h("td", { text: st.layers }),
+            h("td", { text: st.holds || "–" }),
+            h("td", { class: "vw-num", text: String(st.in_flight) }),
+            h("td", { class: "vw-num", text: fmtGiB(st.peak_gib) }),
+            h("td", { class: "vw-num", text: fmtGiB(st.device_total_gib) }),
+            ...(par.cpu_per_gpu_gib > 0 ? [h("td", { class: "vw-num", text: fmtGiB(st.cpu_gib) })] : []),
+          ]));
+          const cols = ["stage", "layers", "also holds", "micro-batches in flight", "peak", "device total",
+            ...(par.cpu_per_gpu_gib > 0 ? ["CPU"] : [])];
+          facts.push(h("table", { class: "vw-stages", testid: "stages" }, [
+            h("caption", { text: "Pipeline stages (1F1B), per GPU" }),
+            h("thead", {}, [h("tr", {}, cols.map((c) => h("th", { scope: "col", text: c })))]),
+            h("tbody", {}, rows),
+          ]));
+        }
+      }
+      if (s.max_batch_size !== null && s.max_batch_size !== undefined && !inf) {
+        facts.push(h("div", { class: "vw-fact", testid: "max-batch", "data-value": String(s.max_batch_size),
+          text: s.max_batch_size > 0 ? `largest micro-batch that fits ${s.gpu}: ${fmtInt(s.max_batch_size)} (at sequence length ${fmtInt(model.get("seq_len"))})`
+            : `not even a micro-batch of 1 fits ${s.gpu}` }));
+      }
+      if (inf) {
+        facts.push(h("div", { class: "vw-fact", testid: "kv-cache", "data-kv-bytes": String(inf.kv_cache_bytes) }, [
+          "KV cache ", h("strong", { text: fmtPerToken(inf.kv_bytes_per_token) }), " per token",
+          ` (${inf.kv_cache_dtype}); ${fmtInt(inf.context_len)} tokens × batch ${inf.batch_size}: `,
+          h("strong", { text: fmtGiB(inf.kv_cache_gib) }),
+          ` · weights (${inf.weights}) ${fmtGiB(inf.weights_gib)}`,
+        ]));
+        if (inf.serving) {
+          const sv = inf.serving;
+          facts.push(h("div", { class: "vw-fact", testid: "serving",
+            text: `serving at ${Math.round(100 * sv.gpu_memory_utilization)}% of the GPU: ${fmtInt(sv.kv_tokens)} KV tokens, ${fmtInt(sv.max_concurrent_sequences)} sequences of ${fmtInt(sv.context_len)} tokens at once` }));
+        }
+        if (inf.longest_context !== null && inf.longest_context !== undefined) {
+          const limit = inf.max_position_embeddings;
+          const extra = inf.longest_context_capped ? " (the search limit)" : limit && inf.longest_context > limit ? ` (the model's position limit is ${fmtInt(limit)})` : "";
+          facts.push(h("div", { class: "vw-fact", testid: "longest-context", "data-value": String(inf.longest_context) }, [
+            `longest context that fits ${s.gpu}: `, h("strong", { text: `${fmtInt(inf.longest_context)} tokens` }),
+            `${inf.batch_size > 1 ? ` (batch ${inf.batch_size})` : ""}${extra}`,
+          ]));
+        }
+      }
       const notes = [...(s.warnings || []).map((/** @type {string} */ w) => h("li", { class: "vw-warn", text: w })),
         ...(s.notes || []).map((/** @type {string} */ n) => h("li", { text: n }))];
-      summaryBox.replaceChildren(head, sub, ...(notes.length ? [h("ul", { class: "vw-notes" }, notes)] : []));
+      summaryBox.replaceChildren(head, sub, ...facts, ...(notes.length ? [h("ul", { class: "vw-notes" }, notes)] : []));
+      syncSuggestions();
+    };
+
+    const syncSuggestions = () => {
+      const status = model.get("suggestions_status") || "";
+      const items = model.get("suggestions") || [];
+      const s = model.get("summary") || {};
+      suggBox.hidden = !status;
+      suggBox.dataset.status = status;
+      if (!status) { suggBox.replaceChildren(); return; }
+      const where = s.parallel ? `${s.parallel.num_gpus} × ${s.gpu}` : s.gpu || "the GPU";
+      const headline = h("h4", { text: `Does not fit ${where}: single changes that lower the memory` });
+      /** @type {HTMLElement} */
+      let body;
+      if (status === "computing") body = h("p", { class: "vw-sub", text: "working out which changes make it fit…" });
+      else if (status.startsWith("failed")) body = h("p", { class: "vw-warn", text: status });
+      else if (!items.length) body = h("p", { class: "vw-sub", text: "no single change found that lowers the memory" });
+      else {
+        body = h("table", {}, [
+          h("thead", {}, [h("tr", {}, ["change", "saves", "total", "", "cost", ""].map((c) => h("th", { scope: "col", text: c })))]),
+          h("tbody", {}, items.map((/** @type {any} */ x, /** @type {number} */ i) => {
+            const apply = h("button", { type: "button", testid: `suggestion-apply-${i}`, text: "apply",
+              title: `set ${Object.entries(x.changes).map(([k, v]) => `${k} = ${v}`).join(", ")}` });
+            apply.addEventListener("click", () => {
+              for (const [k, v] of Object.entries(x.changes)) model.set(k, v);
+              model.save_changes();
+            });
+            return h("tr", { testid: `suggestion-${i}`, "data-fits": String(x.fits) }, [
+              h("td", { text: x.title }),
+              h("td", { class: "vw-num", text: `−${fmtGiB(x.saved_gib)}` }),
+              h("td", { class: "vw-num", text: fmtGiB(x.device_total_gib) }),
+              h("td", { class: x.fits ? "vw-yes" : "vw-no", text: x.fits ? "✓ fits" : "✗ not enough" }),
+              h("td", { class: "vw-note", text: x.cost }),
+              h("td", {}, [apply]),
+            ]);
+          })),
+        ]);
+      }
+      suggBox.replaceChildren(headline, body);
     };
 
     const syncTable = () => {
@@ -507,7 +715,7 @@ export default {
         h("td", { class: "vw-groups", text: (r.groups || []).slice(0, 4).map((/** @type {any} */ g) => `${g.name} ${fmtGiB(g.gib)}`).join(", ") }),
       ]));
       tableBox.replaceChildren(h("table", {}, [
-        h("caption", { text: "Memory live at the peak, by component" }),
+        h("caption", { text: `Memory live at the peak, by component${(model.get("summary") || {}).parallel ? " (one GPU: the worst)" : ""}` }),
         h("thead", {}, [h("tr", {}, ["component", "GiB", "share", "largest parts"].map((c) => h("th", { scope: "col", text: c })))]),
         h("tbody", {}, body),
         h("tfoot", {}, [h("tr", {}, [h("th", { scope: "row", text: "total" }), h("td", { class: "vw-num", text: fmtGiB(total) }), h("td", { class: "vw-num", text: "100%" }), h("td")])]),
@@ -593,6 +801,8 @@ export default {
     on("change:error", syncError);
     on("change:error_field", syncDisabled);
     on("change:summary", syncSummary);
+    on("change:suggestions", syncSuggestions);
+    on("change:suggestions_status", syncSuggestions);
     on("change:table", syncTable);
     on("change:formats", syncFormats);
     on("change:rows", updateRows);
