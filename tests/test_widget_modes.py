@@ -448,3 +448,42 @@ def test_bad_inference_input_keeps_the_last_estimate(calc, name, value, field):
     calc.mode = "training"                    # a bad inference-only value does not matter here
     if name in INFERENCE_INPUTS:
         assert calc.error == ""
+
+
+# ---------------------------------------------------------------------------------------
+# the new rows draw with the bundled Vega (headless, as tests/test_bundle.py does)
+# ---------------------------------------------------------------------------------------
+
+def test_multi_gpu_and_inference_rows_render_with_the_bundled_vega():
+    import json
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    js = Path(__file__).resolve().parents[1] / "js"
+    node = shutil.which("node")
+    if not (node and (js / "node_modules" / "vega-lite").is_dir()):
+        pytest.skip("needs node and js/node_modules (run `cd js && npm ci`)")
+    c = Calculator(MODEL, gpu=GPU, num_gpus=4, strategy="zero3", pipeline_parallel=2)
+    c.suggestions_delay = None
+    first_specs, first = c.specs, c.rows
+    c.mode = "inference"
+    c.gpu_memory_utilization = 0.9
+    serving = c.rows
+    c.gpu_memory_utilization = None
+    c.context_len = 8192
+    generate = c.rows
+    for specs, updates in ((first_specs, [first]), (c.specs, [serving, generate])):
+        for name, spec in specs.items():
+            payload = {"spec": dict(spec, datasets={name: updates[0][name]}),
+                       "updates": [{name: u[name]} for u in updates]}
+            out = subprocess.run([node, "test/render.mjs"], cwd=js, input=json.dumps(payload),
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stderr[-2000:]
+            res = json.loads(out.stdout)
+            assert res["counts"][-1] == {name: len(updates[-1][name])}
+            assert res["warnings"] == [], (name, res["warnings"])
+            if name == "comparison":      # the verdict lines are drawn
+                assert "fits" in res["svg"] or "over" in res["svg"]
+            if name == "phases" and specs is c.specs:
+                assert "prefill" in res["svg"] and "decode" in res["svg"]
