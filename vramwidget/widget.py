@@ -240,15 +240,21 @@ def _doc(text: str) -> Dict[str, Any]:
 
 
 class Calculator(anywidget.AnyWidget):
-    """GPU memory of one training step, as a live notebook widget.
+    """GPU memory of one training step (on one GPU or per GPU of a parallel run) or of
+    inference, as a live notebook widget.
 
     >>> calc = Calculator("llama-3.1-8b", method="qlora", batch_size=4)   # doctest: +SKIP
     >>> calc                                # the widget: controls, treemaps, summary
     >>> calc.estimate.peak_gib              # the current numbers, without the UI
     >>> calc.chart(); calc.to_dataframe()
+    >>> calc.gpu = "RTX 4090"; calc.summary["fits"], calc.summary["max_batch_size"]
+    >>> calc.fit_suggestions()              # what to change when it does not fit
+    >>> calc.num_gpus = 8; calc.strategy = "zero3"     # per-GPU estimate (the worst GPU)
+    >>> calc.mode = "inference"; calc.context_len = 32768
 
-    Keyword arguments are the input traits (the names of ``estimate()``'s arguments plus
-    ``config_json`` and ``gpu``); an unknown one raises ``TypeError``.
+    Keyword arguments are the input traits (the names of the keyword arguments of
+    ``estimate()``, ``estimate_parallel()`` and ``estimate_inference()`` plus ``config_json``,
+    ``gpu`` and ``mode``); an unknown one raises ``TypeError``.
     """
 
     _esm = _STATIC / "widget.js"
@@ -929,7 +935,8 @@ class Calculator(anywidget.AnyWidget):
         text = (f"{who}peak {fmt_gib(est.peak_allocated_bytes)} allocated at {peak_label}; "
                 f"device total {fmt_gib(est.device_total_bytes)}")
         if par and par["cpu_per_gpu_gib"]:
-            text += f"; CPU offload {par['cpu_per_gpu_gib']:.2f} GiB per GPU, {par['cpu_per_node_gib']:.1f} GiB per node"
+            text += (f"; CPU offload {par['cpu_per_gpu_gib']:.2f} GiB per GPU, "
+                     f"{par['cpu_per_node_gib']:.1f} GiB per node")
         if gpu:
             text += f"; {'fits' if fits else 'does not fit'} {gpu.name} ({gpu.usable_gib:.1f} GiB)"
             if out["max_batch_size"] is not None:
