@@ -18,9 +18,9 @@ from .training import CHOICES, TrainingSetup
 
 __version__ = "0.1.0"
 
-__all__ = ["Architecture", "CHOICES", "Calculator", "Estimate", "Node", "TrainingSetup", "VramError", "custom",
+__all__ = ["Architecture", "CHOICES", "Calculator", "ChartView", "Estimate", "Node", "TrainingSetup", "VramError", "custom",
            "estimate", "estimate_inference", "estimate_parallel", "from_config", "from_param_count", "list_presets",
-           "load_architecture", "longest_context", "max_batch_size", "max_seq_len", "min_gpus", "suggestions",
+           "load_architecture", "longest_context", "max_batch_size", "max_seq_len", "min_gpus", "show", "suggestions",
            "__version__"]
 
 
@@ -29,4 +29,8 @@ def __getattr__(name):  # the widget (ipywidgets/anywidget) is imported only whe
         from .widget import Calculator
 
         return Calculator
+    if name in ("ChartView", "show"):
+        from . import chartview
+
+        return getattr(chartview, name)
     raise AttributeError(f"module 'vramwidget' has no attribute {name!r}")

@@ -228,6 +228,37 @@ function withRows(spec, name, rows) {
   return { ...spec, datasets: { ...(spec.datasets || {}), [name]: rows || [] } };
 }
 
+/**
+ * A single Altair/Vega-Lite chart (vramwidget.ChartView): the same bundled Vega, no CDN.
+ * Trait `spec` holds the whole spec; a new spec re-embeds it.
+ * @param {Model} model @param {HTMLElement} el
+ */
+function renderChart(model, el) {
+  const box = h("div", { class: "vw-root vw-chart-only", testid: "chart-view" });
+  el.appendChild(box);
+  /** @type {any} */
+  let view = null;
+  let token = 0;
+  const draw = async () => {
+    const mine = ++token;
+    const spec = model.get("spec");
+    if (view) { view.finalize(); view = null; }
+    if (!spec || !Object.keys(spec).length) return;
+    const result = await embed(box, spec, { actions: false, renderer: "svg" });
+    if (mine !== token) { result.finalize(); return; }
+    view = result;
+    box.classList.add("vw-ready");
+  };
+  const onSpec = () => { draw(); };
+  model.on("change:spec", onSpec);
+  draw();
+  return () => {
+    token++;
+    model.off("change:spec", onSpec);
+    if (view) view.finalize();
+  };
+}
+
 export default {
   /** @param {{ model: Model }} ctx */
   initialize({ model }) {
@@ -237,6 +268,7 @@ export default {
 
   /** @param {{ model: Model, el: HTMLElement }} ctx */
   render({ model, el }) {
+    if (model.get("_view_kind") === "chart") return renderChart(model, el);
     const id = `vw${++uid}`;
     /** @type {Array<[string, () => void]>} */
     const handlers = [];

@@ -5,9 +5,9 @@ A copy of the notebook goes into the server's temporary root, so the committed f
 never rewritten. The test runs every cell through JupyterLab's "run all cells" command
 and checks four things: no cell raised; the widget drew its treemaps (rectangles with
 "GiB" labels); the Altair charts of the five questions rendered; and no request left
-loopback. The charts are drawn offline as SVG when vl-convert-python is installed, which
-the test extras include. Without it, Altair's HTML output would ask a CDN for Vega, and
-the test fails on that request.
+loopback. The notebook enables vramwidget's Altair renderer, which draws every chart with
+the Vega bundled in the package (Altair's default would ask a CDN for Vega, and the test
+fails on that request).
 """
 
 from __future__ import annotations
@@ -53,9 +53,8 @@ def test_quickstart_runs_in_jupyterlab_and_draws_treemaps(browser, jupyter_lab, 
             "() => document.querySelector('[data-testid=control-gradient_checkpointing]').value === 'full'")
         assert widget.first.locator("[data-testid=error]").is_hidden()
 
-        # the Altair charts of the five questions: SVG images (vl-convert) or live Vega views
-        svg_outputs = page.locator(".jp-OutputArea-output.jp-RenderedSVG img, "
-                                   ".jp-OutputArea-output .vega-embed svg.marks")
+        # the Altair charts of the five questions, drawn by the offline "vramwidget" renderer
+        svg_outputs = page.locator(".jp-OutputArea-output [data-testid=chart-view].vw-ready svg.marks")
         svg_outputs.nth(MIN_ALTAIR_CHARTS - 1).wait_for(state="attached", timeout=60_000)
         sizes = svg_outputs.evaluate_all("els => els.map(e => [e.naturalWidth || e.clientWidth, "
                                          "e.naturalHeight || e.clientHeight])")
