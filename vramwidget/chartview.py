@@ -36,12 +36,14 @@ class ChartView(anywidget.AnyWidget):
 
 
 def _to_spec(chart: Any) -> Dict[str, Any]:
+    from .result import Estimate
+
     if isinstance(chart, dict):
         return chart
+    if isinstance(chart, Estimate):
+        return chart.chart().to_dict()
     if hasattr(chart, "to_dict"):
         return chart.to_dict()
-    if hasattr(chart, "chart"):  # an Estimate
-        return chart.chart().to_dict()
     raise TypeError(f"show() takes an Altair chart, a Vega-Lite dict or an Estimate, not {type(chart).__name__}")
 
 
