@@ -266,8 +266,10 @@ def phase_chart(est: Optional[Estimate] = None, *, width: float = 640, height: f
     rule = base.transform_filter(alt.datum.level == "capacity").mark_rule(
         color="#e45756", strokeDash=[5, 3], strokeWidth=1.5,
     ).encode(y=alt.Y("gib:Q"), opacity=shown, tooltip=[alt.Tooltip("text:N", title="GPU")])
+    # the GPU's name at the left end of its line, above the first phase (after load: the
+    # lowest bar), where it does not collide with the totals printed on the tall bars
     rule_text = base.transform_filter(alt.datum.level == "capacity").mark_text(
-        align="right", baseline="bottom", dy=-2, color="#e45756", fontSize=_FONT,
-    ).encode(y=alt.Y("gib:Q"), x=alt.value(width), text="text:N")
+        align="left", baseline="bottom", dx=2, dy=-2, color="#e45756", fontSize=_FONT,
+    ).encode(y=alt.Y("gib:Q"), x=alt.value(0), text="text:N")
     chart = alt.layer(bars, totals, rule, rule_text).properties(width=width, height=height)
     return _with_rows(chart.configure_view(stroke=None), name, rows)
