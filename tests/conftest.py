@@ -20,3 +20,10 @@ def cases():
     from vramwidget.validate import BUILTIN_CASES, load_cases
 
     return load_cases(BUILTIN_CASES)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the browser tests last: Playwright's sync API keeps an asyncio loop marked as
+    running in the main thread for as long as its session-wide browser lives, which would
+    confuse tests that use asyncio afterwards (the widget's deferred suggestions)."""
+    items.sort(key=lambda item: "browser" in item.nodeid.split("::")[0].split("/"))
