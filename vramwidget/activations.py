@@ -70,6 +70,7 @@ class Trace:
         self.transient_bytes = 0.0   # the largest not-saved tensor seen (forward working memory)
 
     def new(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
+        """Record a new forward tensor (not yet saved)."""
         t = _T(name, numel, dtype, rg, formula, group)
         nb = numel * DTYPE_BYTES[dtype]
         if nb > self.transient_bytes:
@@ -77,6 +78,7 @@ class Trace:
         return t
 
     def save(self, t: _T) -> None:
+        """Mark ``t`` as kept for backward (once per storage)."""
         if t.name not in self.saved:
             self.saved[t.name] = SavedTensor(t.name, t.group, t.numel * DTYPE_BYTES[t.dtype], t.dtype, t.numel,
                                              t.formula)
@@ -395,6 +397,7 @@ def llama_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
 
 def gated_mlp(tr: Trace, ctx: BlockContext, x: _T, i: int, *, fused: bool = False, prefix: str = "",
               group: str = "mlp", trains: Optional[bool] = None, tokens: Optional[float] = None) -> _T:
+    """``down(act(gate(x)) * up(x))``: gate, up, act(gate) and the product are kept."""
     T = tokens if tokens is not None else ctx.T
     if fused:
         gu = linear(tr, ctx, x, "gate_up_proj", 2 * i, prefix + "gate_up_proj output", group, trains=trains)

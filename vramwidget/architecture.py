@@ -105,6 +105,7 @@ class ParamTensor:
         return self.name.endswith(".bias")
 
     def to_dict(self) -> Dict[str, Any]:
+        """A plain dict of this object (JSON-able)."""
         return {"name": self.name, "shape": list(self.shape), "role": self.role, "group": self.group,
                 "module": self.module, "count": self.repeat, "numel": self.numel,
                 "linear": self.linear, "layers": list(self.layers) if self.layers else None}
@@ -174,12 +175,14 @@ class Architecture:
         return seen
 
     def params_by_group(self) -> Dict[str, int]:
+        """Parameters per module group (embedding, attention, mlp, experts, ...)."""
         out: Dict[str, int] = {}
         for t in self.tensors:
             out[t.group] = out.get(t.group, 0) + t.numel
         return out
 
     def params_by_role(self) -> Dict[str, int]:
+        """Parameters per role (attn_q, mlp_up, output_head, ...)."""
         out: Dict[str, int] = {}
         for t in self.tensors:
             out[t.role] = out.get(t.role, 0) + t.numel
@@ -190,10 +193,12 @@ class Architecture:
         return sum(r * (t.in_features + t.out_features) * t.repeat for t in self.lora_tensors(targets))
 
     def lora_tensors(self, targets: Optional[Iterable[str]] = None) -> List[ParamTensor]:
+        """The linear weights LoRA wraps for ``targets`` (all linear layers when None)."""
         tset = set(self.linear_modules() if targets is None else resolve_targets(self, targets))
         return [t for t in self.tensors if t.linear and t.module in tset and not t.experts]
 
     def to_dict(self) -> Dict[str, Any]:
+        """A plain dict of this object (JSON-able)."""
         return {
             "name": self.name, "model_type": self.model_type, "hub_id": self.hub_id,
             "exact": self.exact, "assumption": self.assumption,

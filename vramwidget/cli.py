@@ -89,6 +89,7 @@ def _choices_text(field: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of every subcommand."""
     from .training import CHOICES, QUANT_GROUPS, STATE_DTYPES
 
     parser = _Parser(prog=PROG, description="How much GPU memory a training step needs, and where it goes.")
@@ -189,6 +190,7 @@ def inventory(arch) -> Dict[str, Dict[str, Any]]:
 
 
 def estimate_json(arch, est) -> Dict[str, Any]:
+    """The JSON object ``estimate --json`` prints."""
     d = est.to_dict()
     a = arch.to_dict()
     a.pop("tensors", None)
@@ -233,6 +235,7 @@ def _group_formula(node) -> str:
 
 
 def format_estimate(arch, est, units: str = "gib") -> str:
+    """The table ``estimate`` prints."""
     unit_div, unit_name = (GIB, "GiB") if units == "gib" else (GB, "GB")
     s = est.setup
     lines: List[str] = []

@@ -745,6 +745,7 @@ def _autocast_cache(arch: Architecture, s: TrainingSetup, P: _Params) -> Node:
 
 
 def gc_mode(s: TrainingSetup) -> bool:
+    """Whether full activation checkpointing is on."""
     return s.gradient_checkpointing == "full"
 
 

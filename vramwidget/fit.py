@@ -117,6 +117,7 @@ class FitCheck:
         return self.usable_bytes - self.device_total_bytes
 
     def to_dict(self) -> Dict[str, Any]:
+        """A plain dict of this object (JSON-able)."""
         return {"fits": self.fits, "gpu": self.gpu, "device_total_bytes": int(round(self.device_total_bytes)),
                 "usable_bytes": int(round(self.usable_bytes)), "headroom_bytes": int(round(self.headroom_bytes)),
                 "device_total_gib": round(self.device_total_bytes / GIB, 3),
@@ -235,6 +236,7 @@ class Suggestion:
         return (1, 0, 0.0, -self.saved_bytes)
 
     def to_dict(self) -> Dict[str, Any]:
+        """A plain dict of this object (JSON-able)."""
         return {"title": self.title, "changes": self.changes, "fits": self.fits, "kind": self.kind,
                 "cost": self.cost, "extra_compute": self.extra_compute,
                 "device_total_bytes": int(round(self.device_total_bytes)),
@@ -506,6 +508,7 @@ def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
 
 
 def format_answers(a: Dict[str, Any]) -> str:
+    """The ``fit`` answers as the text the CLI prints."""
     g = a["gpu"]
     c = a["check"]
     lines = [f"model             {a['model']}",

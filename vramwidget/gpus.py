@@ -70,6 +70,7 @@ class GPU:
         return True, ""
 
     def to_dict(self) -> Dict[str, Any]:
+        """A plain dict of this object (JSON-able)."""
         return {
             "name": self.name,
             "vendor": self.vendor,
@@ -125,6 +126,7 @@ def list_gpus() -> List[GPU]:
 
 
 def gpu_names() -> List[str]:
+    """Names of every GPU in the catalog."""
     return [g.name for g in list_gpus()]
 
 

@@ -172,6 +172,7 @@ class InferenceSetup:
         return w  # fp8, int8, nf4, fp4
 
     def to_dict(self) -> Dict[str, Any]:
+        """A plain dict of this object (JSON-able)."""
         return {k: getattr(self, k) for k in self.FIELDS}
 
     @classmethod
@@ -925,6 +926,7 @@ class InferenceEstimate(Estimate):
         self.fits = fits
 
     def to_dict(self) -> Dict[str, Any]:
+        """A plain dict of this object (JSON-able)."""
         d = super().to_dict()
         d.update({"mode": "serving" if self.serving else "generate",
                   "kv_cache_bytes": int(round(self.kv_cache_bytes)),
@@ -1356,6 +1358,7 @@ def run(args: argparse.Namespace, out=None) -> int:
 
 
 def format_table(est: InferenceEstimate, longest: Optional[int] = None) -> str:
+    """An inference estimate as the text the CLI prints."""
     s = est.setup
     lines = [f"{est.model_name}: inference, weights {s['weights']}, KV cache {s['kv_cache_dtype']}, "
              f"batch {s['batch_size']} x {s['context_len']} tokens (prompt {s['prompt_len']}), "

@@ -164,6 +164,7 @@ class StageEstimate:
         return self.estimate.device_total_bytes
 
     def to_dict(self) -> Dict[str, Any]:
+        """A plain dict of this object (JSON-able)."""
         return {"stage": self.stage, "layers": list(self.layers), "embedding": self.embedding, "head": self.head,
                 "in_flight_micro_batches": self.in_flight, "params_local": self.params_local,
                 "peak_allocated_bytes": int(round(self.estimate.peak_allocated_bytes)),
@@ -234,6 +235,7 @@ class ParallelEstimate:
         return self.device_total_bytes <= get_gpu(gpu).usable_bytes
 
     def to_dict(self) -> Dict[str, Any]:
+        """A plain dict of this object (JSON-able)."""
         return {"model": self.model_name, "strategy": self.strategy, "layout": dict(self.layout),
                 "setup": self.setup, "worst_stage": self.worst_stage,
                 "device_total_bytes": int(round(self.device_total_bytes)),

@@ -52,12 +52,14 @@ def get(name: str) -> Dict[str, Any]:
 
 
 def find(name: str) -> Optional[Dict[str, Any]]:
+    """The preset record for a name, Hub id or alias (case-insensitive), or None."""
     presets = _load()
     key = _INDEX.get(name.strip().lower())
     return presets[key] if key else None
 
 
 def unknown_preset_error(name: str) -> UnknownPresetError:
+    """The error for an unknown preset name, naming close matches."""
     names = list(_load())
     keys = list(_INDEX)
     close = difflib.get_close_matches(name.lower(), keys, n=4, cutoff=0.5)

@@ -46,10 +46,12 @@ class Node:
     children: List["Node"] = field(default_factory=list)
 
     def add(self, child: "Node") -> "Node":
+        """Append ``child`` and return it."""
         self.children.append(child)
         return child
 
     def total_bytes(self) -> float:
+        """Bytes of this node: its own, or the sum of its children's."""
         if not self.children:
             return self.bytes
         return sum(c.total_bytes() for c in self.children)
@@ -66,17 +68,20 @@ class Node:
         return self
 
     def walk(self, path: Tuple[str, ...] = ()) -> Iterator[Tuple[Tuple[str, ...], "Node"]]:
+        """Every node below (this one first), with its path of names."""
         here = path + (self.name,)
         yield here, self
         for c in self.children:
             yield from c.walk(here)
 
     def leaves(self, path: Tuple[str, ...] = ()) -> Iterator[Tuple[Tuple[str, ...], "Node"]]:
+        """The nodes without children, with their paths."""
         for p, n in self.walk(path):
             if not n.children:
                 yield p, n
 
     def to_dict(self) -> Dict[str, Any]:
+        """A plain dict of this object (JSON-able)."""
         d: Dict[str, Any] = {"name": self.name, "bytes": int(round(self.bytes)), "formula": self.formula}
         if self.dtype:
             d["dtype"] = self.dtype
@@ -178,6 +183,7 @@ class Estimate:
         return root
 
     def component_bytes(self, phase: Optional[str] = None) -> Dict[str, float]:
+        """Bytes per top-level component at the peak (or at ``phase``)."""
         comps = self.components if phase is None else self.phase_components[phase]
         return {c.name: c.bytes for c in comps}
 
@@ -210,6 +216,7 @@ class Estimate:
         return pd.DataFrame(self.rows(phase))
 
     def to_dict(self) -> Dict[str, Any]:
+        """A plain dict of this object (JSON-able)."""
         return {
             "model": self.model_name,
             "setup": self.setup,
@@ -230,6 +237,7 @@ class Estimate:
         }
 
     def to_json(self, **kw) -> str:
+        """``to_dict()`` as a JSON string."""
         return json.dumps(self.to_dict(), **kw)
 
     def chart(self, **kw):

@@ -123,9 +123,11 @@ class TrainingSetup:
         return self.batch_size * self.seq_len
 
     def replace(self, **changes: Any) -> "TrainingSetup":
+        """A new validated setup with ``changes`` applied."""
         return TrainingSetup.from_kwargs(**{**self.to_dict(), **changes})
 
     def to_dict(self) -> Dict[str, Any]:
+        """The setup as plain JSON-able values (tuples become lists)."""
         d = {f: getattr(self, f) for f in _FIELDS}
         for k in ("quantized_groups", "lora_targets", "optimizer_state_dtypes"):
             if d[k] is not None:

@@ -39,16 +39,20 @@ def canonical_dtype(name: str) -> str:
 
 
 def dtype_bytes(name: str) -> float:
+    """Bytes per element of a dtype name ('bf16' -> 2.0)."""
     return DTYPE_BYTES[canonical_dtype(name)]
 
 
 def to_mib(nbytes: float) -> float:
+    """Bytes in MiB (2**20)."""
     return nbytes / MIB
 
 
 def to_gib(nbytes: float) -> float:
+    """Bytes in GiB (2**30)."""
     return nbytes / GIB
 
 
 def to_gb(nbytes: float) -> float:
+    """Bytes in GB (10**9)."""
     return nbytes / GB

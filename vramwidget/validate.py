@@ -121,6 +121,7 @@ def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
 
 
 def format_report(result: Dict[str, Any]) -> str:
+    """The comparison as a text table plus the summary lines."""
     lines = [f"{'id':6} {'name':14} {'setup':44} {'measured':>10} {'estimate':>10} {'error':>7}"]
     for r in result["cases"]:
         if "error_message" in r:
