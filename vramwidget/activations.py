@@ -279,10 +279,11 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
     n_rep = a // kv if kv else 1
     if rg:
         tr.save(tr.cast(q, c, "q cast"))
-        ke = k if n_rep == 1 else tr.new("k repeated to all heads", T * a * ctx.arch.head_dim, c, True,
-                                         "T x a*d (repeat_kv copy)", group)
-        ve = v if n_rep == 1 else tr.new("v repeated to all heads", T * a * v_head_dim, c, True,
-                                         "T x a*d (repeat_kv copy)", group)
+        # repeat_kv copies k and v to every head; the matmuls (under autocast: their 16-bit casts) keep them
+        ke = tr.cast(k, c, "k cast") if n_rep == 1 else tr.new("k repeated to all heads", T * a * ctx.arch.head_dim,
+                                                                c, True, "T x a*d (repeat_kv copy)", group)
+        ve = tr.cast(v, c, "v cast") if n_rep == 1 else tr.new("v repeated to all heads", T * a * v_head_dim, c,
+                                                                True, "T x a*d (repeat_kv copy)", group)
         tr.save(ke)
         tr.save(ve)
         if softcap:
