@@ -46,9 +46,10 @@ def load_cases(path_or_lines: Union[str, Iterable[str]]) -> List[Dict[str, Any]]
             raise VramError(f"cases: line {n} is not valid JSON ({e.msg})", field="cases") from None
         if "env" in c and "model" not in c:
             continue  # a raw file's header line
-        for key in ("model", "training"):
-            if key not in c:
-                raise VramError(f"cases: line {n} has no {key!r} field", field="cases")
+        if "model" not in c:
+            raise VramError(f"cases: line {n} has no 'model' field", field="cases")
+        if "training" not in c and "inference" not in c:
+            raise VramError(f"cases: line {n} has neither a 'training' nor an 'inference' field", field="cases")
         c.setdefault("id", f"line{n}")
         cases.append(c)
     return cases
@@ -80,24 +81,86 @@ def predict_case(case: Dict[str, Any], *, cold_process: bool = False) -> Dict[st
     }
 
 
+#: measured fields of inference cases (generate() runs), where a file has them
+INFERENCE_FIELDS = ("weights_mib", "kv_cache_mib", "prefill_peak_mib", "decode_peak_mib", "peak_allocated_mib")
+
+
+def inference_setup_from_case(inference: Dict[str, Any]) -> Dict[str, Any]:
+    """An inference case's record -> estimate_inference keywords.
+
+    Reads the spellings a generate() measurement would naturally record: ``weights_dtype``
+    (or ``dtype``), a ``quantization`` dict as in training cases (``load_in_4bit`` with
+    ``quant_type``, ``load_in_8bit``) or a ``weights`` format name, ``batch_size``,
+    ``prompt_len`` (or ``seq_len`` / ``input_len``), ``max_new_tokens`` (or
+    ``new_tokens``), ``kv_cache_dtype`` and ``attn_implementation``.
+    """
+    kw: Dict[str, Any] = {}
+    q = inference.get("quantization") or {}
+    if inference.get("weights"):
+        kw["weights"] = inference["weights"]
+    elif q.get("load_in_4bit"):
+        kw["weights"] = q.get("quant_type", "nf4")
+        kw["double_quant"] = bool(q.get("double_quant", False))
+    elif q.get("load_in_8bit"):
+        kw["weights"] = "int8"
+    else:
+        kw["weights"] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
+            inference.get("weights_dtype") or inference.get("dtype") or "bfloat16", "bf16")
+    prompt = inference.get("prompt_len", inference.get("seq_len", inference.get("input_len")))
+    new = inference.get("max_new_tokens", inference.get("new_tokens", 0)) or 0
+    if prompt is not None:
+        kw["prompt_len"] = int(prompt)
+        kw["context_len"] = int(prompt) + int(new)
+    for key in ("batch_size", "attn_implementation", "kv_cache_dtype"):
+        if inference.get(key) is not None:
+            kw[key] = inference[key]
+    return kw
+
+
+def predict_inference_case(case: Dict[str, Any], *, cold_process: bool = False) -> Dict[str, Any]:
+    """The inference estimate of one case in MiB (weights, KV cache, prefill and decode peaks)."""
+    from .inference import estimate_inference
+
+    arch = from_config(case["model"], name=case.get("name") or case["model"].get("model_type"))
+    est = estimate_inference(arch, **inference_setup_from_case(case["inference"]))
+    ph = est.phases_bytes
+    return {
+        "params_total": est.params_total,
+        "params_trainable": 0,
+        # after_load is the weights alone; an earlier case's matmul left the cuBLAS workspace
+        "weights_mib": (ph["after_load"] + (0.0 if cold_process else CUBLAS_WORKSPACE_BYTES)) / MIB,
+        "kv_cache_mib": est.kv_cache_bytes / MIB,
+        "prefill_peak_mib": ph.get("prefill", est.peak_allocated_bytes) / MIB,
+        "decode_peak_mib": ph.get("decode", est.peak_allocated_bytes) / MIB,
+        "peak_allocated_mib": est.peak_allocated_bytes / MIB,
+        "max_reserved_mib": est.reserved_bytes / MIB,
+    }
+
+
 def validate(cases: Union[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
     """Predict every case and compare; returns per-case rows and summary statistics."""
     if isinstance(cases, str):
         cases = load_cases(cases)
     rows = []
     for n, c in enumerate(cases):
+        inference = "training" not in c
         try:
-            pred = predict_case(c, cold_process=(n == 0))
+            if inference:
+                pred = predict_inference_case(c, cold_process=(n == 0))
+            else:
+                pred = predict_case(c, cold_process=(n == 0))
         except VramError as e:
             rows.append({"id": c["id"], "name": c.get("name"), "error_message": str(e)})
             continue
         meas = c.get("measured") or {}
         err: Dict[str, Optional[float]] = {}
-        for f in FIELDS:
+        for f in pred:
             m = meas.get(f)
-            err[f] = (pred[f] - m) / m if m else None
-        rows.append({"id": c["id"], "name": c.get("name"), "training": c["training"], "predicted": pred,
-                     "measured": meas, "error": err})
+            if f.endswith("_mib"):
+                err[f] = (pred[f] - m) / m if m else None
+        rows.append({"id": c["id"], "name": c.get("name"), "training": c.get("training") or c.get("inference"),
+                     "kind": "inference" if inference else "training", "predicted": pred, "measured": meas,
+                     "error": err})
     return {"cases": rows, "summary": summarize(rows)}
 
 
@@ -113,7 +176,7 @@ def _pct(sorted_vals: List[float], q: float) -> float:
 def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
     """Median, 90th percentile and max of |error| for each measured field."""
     out: Dict[str, Dict[str, float]] = {}
-    for f in FIELDS:
+    for f in dict.fromkeys(FIELDS + INFERENCE_FIELDS):
         vals = sorted(abs(r["error"][f]) for r in rows if "error" in r and r["error"].get(f) is not None)
         if vals:
             out[f] = {"n": len(vals), "median": _pct(vals, 0.5), "p90": _pct(vals, 0.9), "max": vals[-1]}
@@ -128,9 +191,14 @@ def format_report(result: Dict[str, Any]) -> str:
             lines.append(f"{r['id']:6} {str(r['name'])[:14]:14} cannot estimate: {r['error_message']}")
             continue
         t = r["training"]
-        desc = (f"{t.get('method')} {t.get('weights_dtype', '')[:4]}{'+ac' if t.get('autocast_dtype') else ''} "
-                f"{t.get('optimizer')} {'gc ' if t.get('gradient_checkpointing') else ''}"
-                f"{t.get('attn_implementation')} b{t.get('batch_size')} s{t.get('seq_len')}")
+        if r.get("kind") == "inference":
+            desc = (f"inference {t.get('weights') or t.get('weights_dtype', '')} {t.get('attn_implementation', '')} "
+                    f"b{t.get('batch_size')} p{t.get('prompt_len', t.get('seq_len'))} "
+                    f"+{t.get('max_new_tokens', t.get('new_tokens', 0))}")
+        else:
+            desc = (f"{t.get('method')} {t.get('weights_dtype', '')[:4]}{'+ac' if t.get('autocast_dtype') else ''} "
+                    f"{t.get('optimizer')} {'gc ' if t.get('gradient_checkpointing') else ''}"
+                    f"{t.get('attn_implementation')} b{t.get('batch_size')} s{t.get('seq_len')}")
         m = r["measured"].get("peak_allocated_mib")
         p = r["predicted"]["peak_allocated_mib"]
         e = r["error"]["peak_allocated_mib"]
@@ -139,7 +207,8 @@ def format_report(result: Dict[str, Any]) -> str:
                      f"{(e * 100 if e is not None else float('nan')):+6.1f}%")
     s = result["summary"]
     lines.append("")
-    for f in ("weights_mib", "persistent_after_step_mib", "peak_allocated_mib", "max_reserved_mib"):
+    for f in ("weights_mib", "persistent_after_step_mib", "kv_cache_mib", "prefill_peak_mib", "decode_peak_mib",
+              "peak_allocated_mib", "max_reserved_mib"):
         if f in s:
             v = s[f]
             lines.append(f"{f:28} |error| median {v['median'] * 100:5.2f}%  p90 {v['p90'] * 100:5.2f}%  "
@@ -155,11 +224,12 @@ def to_json_rows(result: Dict[str, Any]) -> List[Dict[str, Any]]:
             out.append({"id": r["id"], "error_message": r["error_message"]})
             continue
         p = r["predicted"]
+        keys = ("params_total", "params_trainable", "weights_mib", "peak_allocated_mib", "max_reserved_mib")
+        if r.get("kind") == "inference":
+            keys += ("kv_cache_mib", "prefill_peak_mib", "decode_peak_mib")
         out.append({
             "id": r["id"],
-            "predicted": {k: (round(p[k], 1) if isinstance(p[k], float) else p[k]) for k in
-                          ("params_total", "params_trainable", "weights_mib", "peak_allocated_mib",
-                           "max_reserved_mib")},
+            "predicted": {k: (round(p[k], 1) if isinstance(p[k], float) else p[k]) for k in keys},
             "error": {k: (round(v, 4) if v is not None else None) for k, v in r["error"].items()},
         })
     return out
