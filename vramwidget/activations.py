@@ -238,7 +238,8 @@ def dropout(tr: Trace, x: _T, p: float, name: str, cpu: bool = False) -> _T:
 
 
 def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int, group: str = "attention",
-              softcap: bool = False, dropout_p: float = 0.0, softmax_fp32: bool = True) -> _T:
+              softcap: bool = False, dropout_p: float = 0.0, softmax_fp32: bool = True,
+              q_heads_major: bool = False) -> _T:
     """The attention core for the chosen backend; returns the (b, s, a*d) output."""
     a, kv = ctx.arch.num_heads, ctx.arch.num_kv_heads
     b, s, T = ctx.b, ctx.s, ctx.T
@@ -261,6 +262,11 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         out = tr.new("attention output", out_numel, q.dtype, rg, "T x a*d", group)
         if rg:
             tr.save(out)  # the kernel's backward needs its own output
+        if q_heads_major and backend == "flash":
+            # flash attention allocates its output in q's memory layout; a q built by torch.cat
+            # (partial RoPE: Phi-3, GPT-NeoX) is (b, a, s, d)-contiguous, so transformers'
+            # transpose(1, 2).contiguous() copies the output before the projection
+            return tr.new("attention output (transposed copy)", out_numel, q.dtype, rg, "T x a*d", group)
         return out
     if backend == "math":
         c = q.dtype
@@ -369,7 +375,8 @@ def llama_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
         qr = tr.new("q after rope", T * a * d, rope_dtype, q.rg, "T x a*d", "attention")
         kr = tr.new("k after rope", T * kv * d, rope_dtype, k.rg, "T x kv*d", "attention")
         o_in = sdpa_core(tr, ctx, qr, kr, v, d, softcap=bool(arch.attn_logit_softcapping),
-                         dropout_p=float(arch.config.get("attention_dropout") or 0.0))
+                         dropout_p=float(arch.config.get("attention_dropout") or 0.0),
+                         q_heads_major=(mt == "phi3"))
     o = linear(tr, ctx, o_in, "o_proj", h, "o_proj output", "attention", in_features=o_in.numel / T)
     if post_norms:
         o = rms_norm(tr, ctx, o, "post_attention_layernorm", h, gemma=gemma)
@@ -495,7 +502,8 @@ def plain_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
         ctx.attn_backend = ctx_backend
     else:
         # GPT-2 and Falcon run the eager softmax in the compute dtype; OPT and NeoX upcast to fp32
-        o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=attn_p, softmax_fp32=mt not in ("gpt2", "falcon"))
+        o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=attn_p, softmax_fp32=mt not in ("gpt2", "falcon"),
+                         q_heads_major=(mt == "gpt_neox"))
     o = linear(tr, ctx, o_in, names[1], h, "attention projection output", "attention", in_features=a * d)
     o = dropout(tr, o, resid_p, "attention residual", ctx.cpu)
     if parallel:
