@@ -137,6 +137,8 @@ def attention_backend(arch: Architecture, setup: TrainingSetup, compute_dtype: s
     if (arch.attn_logit_softcapping or arch.model_type == "bloom") and impl != "flash_attention_2":
         # SDPA cannot soft-cap (Gemma 2) or add ALiBi (BLOOM): transformers runs them eager
         return "eager"
+    if arch.mla and arch.mla["v_head_dim"] != arch.mla["qk_rope_head_dim"] + arch.mla["qk_nope_head_dim"]:
+        return "efficient"  # flash needs one head dim for q, k and v; MLA's v is narrower
     if sixteen and d <= 256:
         return "flash"
     if arch.num_kv_heads == arch.num_heads or arch.mla:
@@ -349,12 +351,18 @@ def llama_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
             q = linear(tr, ctx, n1, "q_proj", a * qh, "q", "attention")
         kva = linear(tr, ctx, n1, "kv_a_proj_with_mqa", m["kv_lora_rank"] + m["qk_rope_head_dim"], "kv_a",
                      "attention")
-        kvn = rms_norm(tr, ctx, kva, "kv_a_layernorm", m["kv_lora_rank"] + m["qk_rope_head_dim"], "attention")
-        kvb = linear(tr, ctx, kvn, "kv_b_proj", a * (m["qk_nope_head_dim"] + m["v_head_dim"]), "kv_b", "attention",
-                     in_features=m["kv_lora_rank"])
-        qr = tr.new("q after rope", T * a * qh, rope_dtype, True, "T x a x (nope+rope)", "attention")
-        kr = tr.new("k after rope", T * a * qh, rope_dtype, True, "T x a x (nope+rope)", "attention")
-        v = tr.new("v", T * a * m["v_head_dim"], ctx.c, kvb.rg, "T x a x v_d", "attention")
+        # the latent (kv_lora_rank wide) is normalised; the rope part goes through complex RoPE
+        latent = tr.new("kv latent", T * m["kv_lora_rank"], kva.dtype, kva.rg, "T x kv_lora_rank", "attention")
+        kvn = rms_norm(tr, ctx, latent, "kv_a_layernorm", m["kv_lora_rank"], "attention")
+        kvb = linear(tr, ctx, kvn, "kv_b_proj", a * (m["qk_nope_head_dim"] + m["v_head_dim"]), "kv_b output",
+                     "attention", in_features=m["kv_lora_rank"])
+        # query = cat(q_nope, rope(q_pe)) and key = a new tensor filled from k_nope and rope(k_pe);
+        # value is a view of kv_b_proj's output, so the attention keeps all of that output
+        qr = tr.new("q (nope + rope, concatenated)", T * a * qh, rope_dtype, True, "T x a x (nope+rope)",
+                    "attention")
+        kr = tr.new("k (nope + rope, new tensor)", T * a * qh, rope_dtype, True, "T x a x (nope+rope)",
+                    "attention")
+        v = kvb
         o_in = sdpa_core(tr, ctx, qr, kr, v, m["v_head_dim"])
     else:
         if mt == "phi3":
