@@ -25,7 +25,7 @@ CASES = [
     ("qwen3", "bf16", "full", "sdpa"), ("mistral", "fp32", "full", "eager"), ("gemma", "bf16", "full", "sdpa"),
     ("gemma2", "bf16", "full", "eager"), ("gemma2", "bf16", "lora", "eager"), ("gemma3_text", "bf16", "full", "sdpa"),
     ("phi3", "bf16", "full", "eager"), ("phi3", "bf16", "lora", "sdpa"), ("phi3", "bf16", "full", "sdpa"),
-    ("gpt_neox", "bf16", "full", "sdpa"), ("olmoe", "bf16", "full", "sdpa"),
+    ("gpt_neox", "bf16", "full", "sdpa"), ("olmoe", "bf16", "lora", "sdpa"), ("mixtral", "bf16", "lora", "eager"), ("olmoe", "bf16", "full", "sdpa"),
     ("mixtral", "bf16", "full", "sdpa"), ("qwen2_moe", "bf16", "full", "eager"), ("gpt2", "fp32", "full", "sdpa"),
     ("gpt2", "bf16", "full", "eager"), ("gpt2", "bf16", "lora", "sdpa"), ("opt", "bf16", "full", "sdpa"),
     ("opt", "fp32", "full", "eager"), ("opt", "bf16", "lora", "sdpa"),

@@ -80,7 +80,10 @@ def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str 
 
             from vramwidget.architecture import from_config
 
-            targets = from_config(cfg.to_dict()).linear_modules()
+            arch = from_config(cfg.to_dict())
+            # the blocks' nn.Linear modules (what peft's "all-linear" selects): not the fused
+            # 3-D expert parameters, which peft would wrap as parameters
+            targets = sorted({t.module for t in arch.tensors if t.linear and not t.experts})
             model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
                                                                target_modules=targets))
         model.train()
