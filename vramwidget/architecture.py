@@ -167,10 +167,11 @@ class Architecture:
         return self.num_kv_heads * self.head_dim
 
     def linear_modules(self) -> List[str]:
-        """Names of the linear modules inside the blocks (what ``target_modules`` may name)."""
+        """Names of the nn.Linear modules inside the blocks (what ``target_modules`` may name;
+        fused MoE expert parameters are not nn.Linear modules)."""
         seen: List[str] = []
         for t in self.tensors:
-            if t.linear and t.module not in seen:
+            if t.linear and not t.experts and t.module not in seen:
                 seen.append(t.module)
         return seen
 
@@ -225,6 +226,11 @@ def resolve_targets(arch: Architecture, targets: Iterable[str]) -> List[str]:
     if any(t in ("all-linear", "all_linear", "all") for t in targets):
         return have
     missing = [t for t in targets if t not in have]
+    experts = sorted({t.module for t in arch.tensors if t.experts} & set(missing))
+    if experts:
+        raise VramError(f"lora_targets: {', '.join(experts)} in {arch.name} are fused expert parameters "
+                        f"(E x out x in), not nn.Linear modules; LoRA on experts is not modelled. Linear "
+                        f"modules: {', '.join(have)}", field="lora_targets")
     if missing:
         raise VramError(
             f"lora_targets: {arch.name} has no module named {', '.join(missing)}; "
