@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 MODULES = ["architecture", "estimate", "training", "result", "validate", "scenarios", "fit", "parallel",
-           "inference", "chartview", "widget", "charts", "treemap", "gpus", "presets", "hub", "measure", "cli",
+           "inference", "chartview", "widget", "charts", "treemap", "gpus", "presets", "hub", "measure", "measure_inference",
+           "cli",
            "units", "errors", "activations"]
 
 

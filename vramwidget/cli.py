@@ -152,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("measure", help="measure real training steps on a GPU (see `vramwidget measure --help`)",
                    add_help=False)
+    mi = sub.add_parser("measure-inference", help="measure real generate() runs on a GPU (cases with 'inference')",
+                        description="Run prefill + generate() for each case of CASES.jsonl and append records "
+                                    "that `vramwidget validate` reads.")
+    mi.add_argument("cases", metavar="CASES.jsonl")
+    mi.add_argument("--out", required=True, metavar="OUT.jsonl")
+    mi.add_argument("--device", default="cuda")
 
     for name in ("presets", "models"):
         p = sub.add_parser(name, help="list the built-in model presets" + (" (alias of presets)" if name == "models"
@@ -405,6 +411,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _cmd_validate(args, out)
         if args.command in ("presets", "models"):
             return _cmd_presets(args, out)
+        if args.command == "measure-inference":
+            from .measure_inference import measure_inference_file
+
+            n = measure_inference_file(args.cases, args.out, device=args.device)
+            out.write(f"{n} case(s) measured; records appended to {args.out}\n")
+            return 0
         if args.command == "fit":
             from . import fit
 

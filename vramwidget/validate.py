@@ -82,7 +82,7 @@ def predict_case(case: Dict[str, Any], *, cold_process: bool = False) -> Dict[st
 
 
 #: measured fields of inference cases (generate() runs), where a file has them
-INFERENCE_FIELDS = ("weights_mib", "kv_cache_mib", "prefill_peak_mib", "decode_peak_mib", "peak_allocated_mib")
+INFERENCE_FIELDS = ("weights_mib", "kv_cache_mib", "prefill_peak_mib", "generate_peak_mib", "peak_allocated_mib")
 
 
 def inference_setup_from_case(inference: Dict[str, Any]) -> Dict[str, Any]:
@@ -109,8 +109,9 @@ def inference_setup_from_case(inference: Dict[str, Any]) -> Dict[str, Any]:
     prompt = inference.get("prompt_len", inference.get("seq_len", inference.get("input_len")))
     new = inference.get("max_new_tokens", inference.get("new_tokens", 0)) or 0
     if prompt is not None:
+        # generate() never feeds its last token back: the cache ends at prompt + new - 1
         kw["prompt_len"] = int(prompt)
-        kw["context_len"] = int(prompt) + int(new)
+        kw["context_len"] = int(prompt) + max(int(new) - 1, 0)
     for key in ("batch_size", "attn_implementation", "kv_cache_dtype"):
         if inference.get(key) is not None:
             kw[key] = inference[key]
@@ -132,6 +133,7 @@ def predict_inference_case(case: Dict[str, Any], *, cold_process: bool = False) 
         "kv_cache_mib": est.kv_cache_bytes / MIB,
         "prefill_peak_mib": ph.get("prefill", est.peak_allocated_bytes) / MIB,
         "decode_peak_mib": ph.get("decode", est.peak_allocated_bytes) / MIB,
+        "generate_peak_mib": est.peak_allocated_bytes / MIB,   # generate() runs the prefill, then decodes
         "peak_allocated_mib": est.peak_allocated_bytes / MIB,
         "max_reserved_mib": est.reserved_bytes / MIB,
     }
@@ -207,7 +209,7 @@ def format_report(result: Dict[str, Any]) -> str:
                      f"{(e * 100 if e is not None else float('nan')):+6.1f}%")
     s = result["summary"]
     lines.append("")
-    for f in ("weights_mib", "persistent_after_step_mib", "kv_cache_mib", "prefill_peak_mib", "decode_peak_mib",
+    for f in ("weights_mib", "persistent_after_step_mib", "kv_cache_mib", "prefill_peak_mib", "generate_peak_mib",
               "peak_allocated_mib", "max_reserved_mib"):
         if f in s:
             v = s[f]
@@ -226,7 +228,7 @@ def to_json_rows(result: Dict[str, Any]) -> List[Dict[str, Any]]:
         p = r["predicted"]
         keys = ("params_total", "params_trainable", "weights_mib", "peak_allocated_mib", "max_reserved_mib")
         if r.get("kind") == "inference":
-            keys += ("kv_cache_mib", "prefill_peak_mib", "decode_peak_mib")
+            keys += ("kv_cache_mib", "prefill_peak_mib", "decode_peak_mib", "generate_peak_mib")
         out.append({
             "id": r["id"],
             "predicted": {k: (round(p[k], 1) if isinstance(p[k], float) else p[k]) for k in keys},
