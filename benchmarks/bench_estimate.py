@@ -24,7 +24,6 @@ import pstats
 import random
 import sys
 import time
-from typing import Callable, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import ROOT, fmt_ms, percentile, time_calls  # noqa: E402,F401

@@ -1,6 +1,5 @@
 """The fit solver (vramwidget.fit): its answers agree with the estimator."""
 
-import io
 import json
 
 import pytest

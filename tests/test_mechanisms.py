@@ -4,7 +4,7 @@ import pytest
 
 from vramwidget import estimate
 from vramwidget.architecture import load
-from vramwidget.units import GB, GIB, MIB
+from vramwidget.units import GIB, MIB
 
 P7 = 6_738_415_616  # Llama-2-7B parameters (transformers count)
 

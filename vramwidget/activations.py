@@ -28,8 +28,8 @@ dim, s seq, b batch, V vocab, E experts, k experts per token, r LoRA rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
 
 from .architecture import Architecture
 from .training import TrainingSetup
@@ -275,12 +275,12 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         if rg:
             tr.save(tr.new("q scaled (math SDPA)", q.numel, c, True, "T x a*d", group))
             tr.save(tr.new("k repeated and scaled (math SDPA)", T * a * ctx.arch.head_dim, c, True, "T x a*d", group))
-            tr.save(tr.new("attention probabilities (math SDPA)", scores, c, True, f"b x a x s x s", group))
+            tr.save(tr.new("attention probabilities (math SDPA)", scores, c, True, "b x a x s x s", group))
             if kv != a:
                 tr.save(tr.new("v repeated (math SDPA)", T * a * v_head_dim, c, True, "T x a*d", group))
             else:
                 tr.save(v)
-        raw = tr.new("attention output (b, a, s, d)", out_numel, c, rg, "T x a*d", group)
+        # the math kernel's output is (b, a, s, d)-contiguous: transformers copies it before o_proj
         return tr.new("attention output", out_numel, c, rg, "T x a*d (transposed copy)", group)
     # eager: explicit scores and softmax
     c = ctx.c
@@ -307,7 +307,6 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
                        group))
             p = tr.new("attention probabilities after dropout", scores, c, True, "b x a x s x s", group)
         tr.save(p)
-    tr.new("attention output (b, a, s, d)", out_numel, c, rg, "T x a*d", group)
     return tr.new("attention output", out_numel, c, rg, "T x a*d (transposed copy)", group)
 
 
@@ -369,7 +368,7 @@ def llama_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
             qkv = linear(tr, ctx, n1, "qkv_proj", (a + 2 * kv) * d, "qkv", "attention")
             q = tr.new("q", T * a * d, qkv.dtype, qkv.rg, "T x a*d", "attention")
             k = tr.new("k", T * kv * d, qkv.dtype, qkv.rg, "T x kv*d", "attention")
-            v = tr.new("qkv_proj output", qkv.numel, qkv.dtype, qkv.rg, f"T x (a+2kv)*d", "attention")
+            v = tr.new("qkv_proj output", qkv.numel, qkv.dtype, qkv.rg, "T x (a+2kv)*d", "attention")
         else:
             q = linear(tr, ctx, n1, "q_proj", a * d, "q_proj output", "attention")
             k = linear(tr, ctx, n1, "k_proj", kv * d, "k_proj output", "attention")

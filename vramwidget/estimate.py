@@ -24,7 +24,7 @@ from .architecture import Architecture, ParamTensor, _restrict, load, resolve_ta
 from .errors import VramError
 from .result import Estimate, Node
 from .training import TrainingSetup
-from .units import DTYPE_BYTES, GIB, MIB
+from .units import DTYPE_BYTES, MIB
 
 #: cuBLAS + cuBLASLt workspaces the caching allocator holds after the first matmul
 #: (measured on an H200 with PyTorch 2.11: weights_mib is 64 MiB above the weights
@@ -814,7 +814,7 @@ def _finish(nodes: List[Node]) -> List[Node]:
 def _logit_formula(k: str, arch: Architecture, s: TrainingSetup) -> str:
     V = arch.vocab_size
     return {"logits": f"b x s x V ({s.batch_size} x {s.seq_len} x {V}) x {DTYPE_BYTES[s.compute_dtype]:g} B",
-            "logits upcast to fp32": f"b x s x V x 4 B (HF loss calls logits.float())",
+            "logits upcast to fp32": "b x s x V x 4 B (HF loss calls logits.float())",
             "log_softmax output (fp32)": "b x s x V x 4 B (cross_entropy keeps it for backward)",
             "soft-capped logits tanh": "b x s x V (final_logit_softcapping)"}.get(k, "")
 

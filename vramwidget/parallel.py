@@ -742,7 +742,6 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
     Q = sum(c.bytes for c in E.phase_components["after_load"] if c.name in ("quantization constants", "adapters"))
     tr_e = sum(n for _, g, n, _, _ in P.trainable_tensors if g == "experts")
     tr = P.trainable_numel - tr_e
-    wdt = DTYPE_BYTES[s_loc.weights_dtype]
 
     adds: Dict[str, List[Node]] = {p: [] for p in _PHASES}
     ms: Dict[str, float] = {"weights": W * fw + We * fwe, "quantization constants + adapters": Q * fw,
