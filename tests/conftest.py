@@ -27,3 +27,15 @@ def pytest_collection_modifyitems(config, items):
     running in the main thread for as long as its session-wide browser lives, which would
     confuse tests that use asyncio afterwards (the widget's deferred suggestions)."""
     items.sort(key=lambda item: "browser" in item.nodeid.split("::")[0].split("/"))
+
+
+# Property tests explore new examples on every local run; CI replays a fixed derandomized
+# set so that a submission's result does not depend on the luck of the draw.
+try:
+    from hypothesis import settings as _hsettings
+
+    _hsettings.register_profile("ci", derandomize=True, print_blob=True)
+    if os.environ.get("CI", "").lower() in ("1", "true"):
+        _hsettings.load_profile("ci")
+except ImportError:  # pragma: no cover - hypothesis is a test dependency
+    pass
