@@ -252,9 +252,13 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
     out_numel = T * a * v_head_dim
     scores = b * a * s * s
     if backend == "recompute":
+        # the checkpointed core keeps its inputs; v is kept as its own (contiguous) tensor,
+        # not as a view that would hold a fused QKV output alive
         if rg:
-            for t in (q, k, v):
-                tr.save(t)
+            for t, n, label in ((q, T * a * ctx.arch.head_dim, "q"), (k, T * kv * ctx.arch.head_dim, "k"),
+                                (v, T * kv * v_head_dim, "v")):
+                tr.save(t if t.numel == n else tr.new(f"{label} (kept for the recomputed core)", n, t.dtype, True,
+                                                      "T x heads*d", group))
         return tr.new("attention output", out_numel, q.dtype, rg, "T x a*d", group)
     if backend in ("flash", "efficient"):
         if rg:
@@ -501,16 +505,11 @@ def plain_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
             if ctx.attn_backend == "eager":
                 # the eager matmul copies the strided v view; the fused qkv output is not kept
                 v = tr.new("v (contiguous copy)", T * kv * d, ctx.c, qkv.rg, "T x kv*d", "attention")
-    if mt == "bloom":
-        # BLOOM's ALiBi attention is eager-style baddbmm + softmax in fp32
-        ctx_backend = ctx.attn_backend
-        ctx.attn_backend = "eager" if ctx_backend != "flash" else ctx_backend
-        o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=attn_p)
-        ctx.attn_backend = ctx_backend
-    else:
-        # GPT-2 and Falcon run the eager softmax in the compute dtype; OPT and NeoX upcast to fp32
-        o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=attn_p, softmax_fp32=mt not in ("gpt2", "falcon"),
-                         q_heads_major=(mt == "gpt_neox"))
+    # BLOOM's ALiBi attention has no SDPA path: attention_backend() already chose eager,
+    # flash_attention_2 or the recomputed core for it.  GPT-2 and Falcon run the eager
+    # softmax in the compute dtype; OPT, NeoX and BLOOM upcast to fp32.
+    o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=attn_p, softmax_fp32=mt not in ("gpt2", "falcon"),
+                     q_heads_major=(mt == "gpt_neox"))
     o = linear(tr, ctx, o_in, names[1], h, "attention projection output", "attention", in_features=a * d)
     o = dropout(tr, o, resid_p, "attention residual", ctx.cpu)
     if parallel:

@@ -565,7 +565,7 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
     accum_grads = grads_bytes if s.grad_accum_steps > 1 else 0.0
     # forward: saved activations + the loss's working set (or a recomputed layer under gc)
     recompute = A.recompute_layer_bytes if gc else 0.0
-    fwd_extra = max(logits_fwd_bytes, recompute)
+    fwd_extra = max(logits_fwd_bytes, max(recompute, A.first_layer_bytes) if gc else 0.0)
     forward = persistent + accum_grads + cache_bytes + acts_bytes + fwd_extra + deq
 
     # backward: the loss gradient, then the layers one by one; the phase's peak is the
@@ -584,7 +584,9 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
         "last layer's backward": (acts_bytes - head_acts) + recompute + max(head_grad + layer_grad / 3, accum_grads)
         + bwd_cache + work,
         # the first block, last in backward: every gradient but the embedding's and most of its own
-        "first layer's backward": (A.checkpoint_bytes_per_layer if gc else A.first_layer_bytes) + recompute
+        # (under checkpointing it is the first block itself that is recomputed: a dense block in
+        # DeepSeek-style MoE models, the same as the others elsewhere)
+        "first layer's backward": (A.checkpoint_bytes_per_layer + A.first_layer_bytes if gc else A.first_layer_bytes)
         + max(grads_bytes - embed_grad - layer_grad * 2 / 3, accum_grads)
         + (head_cache if gc else cache_per_layer) + work,
         "end of backward": max(grads_bytes, accum_grads) + (embed_grad if arch.tie_word_embeddings else 0.0),
@@ -688,10 +690,10 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
                 cache_part(bwd_cache)] + work_part()
         elif bwd_event == "first layer's backward":
             bwd = [Node("activations", children=[
-                Node("first block's saved tensors", bytes=0.0 if gc else A.first_layer_bytes,
-                     formula="the first block's saved tensors"),
+                Node("first block's saved tensors" + (" (recomputed)" if gc else ""), bytes=A.first_layer_bytes,
+                     formula="the first block's saved tensors" + (", rebuilt for its backward" if gc else "")),
                 Node("first block's checkpointed input", bytes=A.checkpoint_bytes_per_layer if gc else 0.0,
-                     formula="T x h"), recomputed]),
+                     formula="T x h")]),
                 grads_part(grads_bytes - embed_grad - layer_grad * 2 / 3,
                            "all gradients but the embedding's and most of the first block's"),
                 cache_part(head_cache if gc else cache_per_layer)] + work_part()
