@@ -67,15 +67,10 @@ class Trace:
 
     def __init__(self) -> None:
         self.saved: Dict[str, SavedTensor] = {}
-        self.transient_bytes = 0.0   # the largest not-saved tensor seen (forward working memory)
 
     def new(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
         """Record a new forward tensor (not yet saved)."""
-        t = _T(name, numel, dtype, rg, formula, group)
-        nb = numel * DTYPE_BYTES[dtype]
-        if nb > self.transient_bytes:
-            self.transient_bytes = nb
-        return t
+        return _T(name, numel, dtype, rg, formula, group)
 
     def save(self, t: _T) -> None:
         """Mark ``t`` as kept for backward (once per storage)."""

@@ -82,12 +82,6 @@ def _float_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
 
 
-def _choices_text(field: str) -> str:
-    from .training import CHOICES
-
-    return ", ".join(c for c, _ in CHOICES[field])
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of every subcommand."""
     from .training import CHOICES, QUANT_GROUPS, STATE_DTYPES

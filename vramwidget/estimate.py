@@ -82,7 +82,6 @@ class _Params:
     adapter_dtype: str
     lora_modules: Tuple[str, ...]
     trainable_numel: int
-    trainable_bytes_by_group: Dict[str, float]
     trainable_tensors: List[Tuple[str, str, int, str, int]]  # (name, group, numel, dtype, numel of one instance)
     largest_trainable_numel: int
 
@@ -150,7 +149,6 @@ def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
         trainable_layers = (arch.num_layers - s.trainable_layers, arch.num_layers - 1)
     weights, consts = [], []
     trainable = 0
-    by_group: Dict[str, float] = {}
     tlist: List[Tuple[str, str, int, str]] = []
     largest = 0
     tensors: List[Tuple[ParamTensor, bool]] = []
@@ -181,8 +179,6 @@ def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
         weights.append((t, dtype, nbytes, trains))
         if trains:
             trainable += t.numel
-            gbytes = t.numel * DTYPE_BYTES[dtype]
-            by_group[t.group] = by_group.get(t.group, 0.0) + gbytes
             tlist.append((t.name, t.group, t.numel, dtype, t.numel_each))
             largest = max(largest, t.numel_each)
     adapters = []
@@ -194,11 +190,10 @@ def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
             n = numel_a + numel_b
             adapters.append((t.module, t.group, n * DTYPE_BYTES[adapter_dtype], n))
             trainable += n
-            by_group["adapters"] = by_group.get("adapters", 0.0) + n * DTYPE_BYTES[adapter_dtype]
             tlist.append((f"{t.module} lora_A", "adapters", numel_a, adapter_dtype, s.lora_r * t.in_features))
             tlist.append((f"{t.module} lora_B", "adapters", numel_b, adapter_dtype, s.lora_r * t.out_features))
             largest = max(largest, s.lora_r * max(t.in_features, t.out_features))
-    return _Params(weights, consts, adapters, adapter_dtype, lora_modules, trainable, by_group, tlist, largest)
+    return _Params(weights, consts, adapters, adapter_dtype, lora_modules, trainable, tlist, largest)
 
 
 def _quant_const_bytes(numel: float, quant: str, double_quant: bool) -> float:
@@ -337,7 +332,6 @@ class _Acts:
     first_layer_bytes: float              # the first trained block (its input may need no grad)
     n_saving_layers: int                  # blocks that save anything
     checkpoint_bytes_per_layer: float     # gradient checkpointing: each block's input
-    recompute_layer_bytes: float          # one block's saved tensors, rebuilt in backward
     head: List[Tuple[str, float, str]]    # final norm and output-head saves
     transient_layer_bytes: float          # backward working buffers of one layer
     backend: str
@@ -402,7 +396,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     per_layer = [SavedTensor(name, group, ab * T + bb * T2, dtype, an * T + bn * T2, formula)
                  for name, group, dtype, formula, ab, bb, an, bn in prof.per_layer]
     head = [(name, per_tok * T, formula) for name, formula, per_tok in prof.head]
-    return _Acts(per_layer, per, first, n_layers, ckpt, per, head, transient, prof.backend, layers)
+    return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers)
 
 
 def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Profile:
@@ -564,7 +558,7 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
     grads_bytes = grads.bytes
     accum_grads = grads_bytes if s.grad_accum_steps > 1 else 0.0
     # forward: saved activations + the loss's working set (or a recomputed layer under gc)
-    recompute = A.recompute_layer_bytes if gc else 0.0
+    recompute = A.per_layer_bytes if gc else 0.0   # one block's saved tensors, rebuilt in backward
     fwd_extra = max(logits_fwd_bytes, max(recompute, A.first_layer_bytes) if gc else 0.0)
     forward = persistent + accum_grads + cache_bytes + acts_bytes + fwd_extra + deq
 

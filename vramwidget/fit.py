@@ -73,7 +73,7 @@ class _Query:
         return self.total(s, par) <= self.usable
 
 
-def _largest(ok, lo_bad: int, limit: int) -> int:
+def _largest(ok, limit: int) -> int:
     """The largest k in [1, limit] with ok(k), for ok monotone (true up to some k, then
     false): 0 when ok(1) is false.  Doubling, then bisection: about 2 log2(k) probes."""
     if limit < 1 or not ok(1):
@@ -139,7 +139,7 @@ def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: 
     The rest of the setup (``seq_len``, method, precision, parallel keywords...) is fixed."""
     q = _Query(model, gpu, kw)
     s0 = q.setup
-    return _largest(lambda b: q.fits(replace(s0, batch_size=b)), 0, int(limit))
+    return _largest(lambda b: q.fits(replace(s0, batch_size=b)), int(limit))
 
 
 def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of: int = 1, **kw: Any) -> int:
@@ -153,7 +153,7 @@ def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of
         raise VramError(f"multiple_of: must be a whole number >= 1, got {multiple_of!r}", field="multiple_of")
     cp = int(q.par.get("context_parallel", 1) or 1)
     step = step * cp // math.gcd(step, cp)
-    return step * _largest(lambda k: q.fits(replace(s0, seq_len=k * step)), 0, int(limit) // step)
+    return step * _largest(lambda k: q.fits(replace(s0, seq_len=k * step)), int(limit) // step)
 
 
 def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4096, **kw: Any) -> Optional[int]:
@@ -184,7 +184,7 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4
         if strategy == "none" and dp_step > 1:
             return None
         return step if step <= max_gpus and ok(1) else None
-    k = _largest(lambda k: not ok(k), 0, int(max_gpus) // step)   # the last count that does not fit
+    k = _largest(lambda k: not ok(k), int(max_gpus) // step)   # the last count that does not fit
     n = (k + 1) * step
     if n > max_gpus or not ok(k + 1):
         return None
@@ -316,7 +316,7 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> Lis
         attempt("full activation checkpointing", "compute", "every block's forward recomputed in backward",
                 {"gradient_checkpointing": "full"}, compute_from_estimate=True)
     if s.batch_size > 1:
-        b = _largest(lambda b: q.fits(replace(s, batch_size=b)), 0, s.batch_size - 1)
+        b = _largest(lambda b: q.fits(replace(s, batch_size=b)), s.batch_size - 1)
         if b >= 1:
             seqs = s.batch_size * s.grad_accum_steps
             acc = -(-seqs // b)

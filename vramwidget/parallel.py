@@ -117,7 +117,6 @@ DDP_BUCKET_BYTES = 25 * 1024 * 1024
 DS_REDUCE_BUCKET_ELEMENTS = int(5e8)
 DS_ALLGATHER_BUCKET_ELEMENTS = int(5e8)
 DS_PREFETCH_BUCKET_ELEMENTS = int(5e7)
-DS_SUB_GROUP_SIZE = int(1e9)
 #: DeepSpeed's memory estimators multiply host memory by this ("to be conservative")
 DS_ADDITIONAL_BUFFER_FACTOR = 1.5
 

@@ -244,19 +244,22 @@ class TrainingSetup:
 _FIELDS = tuple(TrainingSetup.__dataclass_fields__)
 
 
+#: other spellings accepted for choice fields (transformers' and peft's names among them)
+_ALIASES: Dict[str, Dict[Any, str]] = {
+    "optimizer": {"adamw_torch": "adamw", "adamw_torch_fused": "adamw_fused", "adamw8bit": "adamw_8bit",
+                  "adamw_bnb_8bit": "adamw_8bit", "paged_adamw_32bit": "paged_adamw", "sgd_nesterov": "sgd_momentum"},
+    "attn_implementation": {"flash_attention": "flash_attention_2", "flash": "flash_attention_2"},
+    "precision": {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "mixed": "amp_bf16", "amp": "amp_bf16"},
+    "method": {"full_finetune": "full", "frozen": "freeze"},
+    "quantization": {"4bit": "nf4", "8bit": "int8", None: "none", "": "none"},
+    "gradient_checkpointing": {"true": "full", "false": "none", "on": "full", "off": "none"},
+}
+
+
 def _choice(name: str, value: Any) -> str:
     allowed = [c for c, _ in CHOICES[name]]
-    aliases = {"optimizer": {"adamw_torch": "adamw", "adamw_torch_fused": "adamw_fused", "adamw8bit": "adamw_8bit",
-                             "adamw_bnb_8bit": "adamw_8bit", "paged_adamw_32bit": "paged_adamw",
-                             "sgd_nesterov": "sgd_momentum"},
-               "attn_implementation": {"flash_attention": "flash_attention_2", "flash": "flash_attention_2"},
-               "precision": {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "mixed": "amp_bf16",
-                             "amp": "amp_bf16"},
-               "method": {"full_finetune": "full", "frozen": "freeze"},
-               "quantization": {"4bit": "nf4", "8bit": "int8", None: "none", "": "none"},
-               "gradient_checkpointing": {"true": "full", "false": "none", "on": "full", "off": "none"}}
     s = str(value).strip().lower() if isinstance(value, str) else value
-    s = aliases.get(name, {}).get(s, s)
+    s = _ALIASES.get(name, {}).get(s, s)
     if s not in allowed:
         raise VramError(f"{name}: {value!r} is not one of {', '.join(allowed)}", field=name)
     return s
