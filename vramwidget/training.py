@@ -86,6 +86,10 @@ class TrainingSetup:
     lora_dropout: float = 0.0
     lora_targets: Optional[Tuple[str, ...]] = None
     trainable_layers: Optional[int] = None
+    #: fp32 matmuls on TF32 tensor cores.  PyTorch's default is off
+    #: (``torch.backends.cuda.matmul.allow_tf32 = False``): fp32 matmuls run on the CUDA
+    #: cores at the plain fp32 rate.  Changes the step time only, never the memory.
+    tf32: bool = False
 
     # -- derived dtypes ---------------------------------------------------------------
     @property
@@ -224,6 +228,7 @@ FIELDS: Dict[str, Field] = {f.name: f for f in (
     Field("lora_targets", "names", None, "modules LoRA adapts (or 'all-linear')", none="none",
           empty="name at least one module, or 'all-linear'"),
     Field("trainable_layers", "int", None, "last layers trained by method='freeze'", lo=1, none="none"),
+    Field("tf32", "bool", False, "TF32 matmuls for fp32 (torch.backends.cuda.matmul.allow_tf32)"),
 )}
 assert set(FIELDS) == set(_FIELDS), "every TrainingSetup field has one declaration in FIELDS"
 
@@ -274,4 +279,6 @@ def setup_from_case(training: Dict[str, Any]) -> TrainingSetup:
         kw["prepare_kbit"] = bool(training.get("prepare_model_for_kbit_training", False))
     if training.get("method") == "qlora":
         kw.setdefault("quantization", "nf4")
+    if training.get("tf32") is not None:
+        kw["tf32"] = bool(training["tf32"])
     return TrainingSetup.from_kwargs(**kw)
