@@ -423,7 +423,7 @@ _PARALLEL_FLAGS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``fit`` command's arguments: MODEL, --gpu, the estimate's setup options, the
     parallel layout, --json."""
-    from .cli import _SETUP_OPTIONS, _float_arg, _int_arg
+    from .cli import _SETUP_OPTIONS, _SETUP_SWITCHES, _float_arg, _int_arg
     from .training import CHOICES
 
     parser.add_argument("model", metavar="MODEL",
@@ -440,6 +440,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=dest, default=None, type=_float_arg, metavar="X", help=text)
         else:
             parser.add_argument(flag, dest=dest, default=None, metavar="A,B", help=text)
+    for flag, dest, text in _SETUP_SWITCHES:
+        parser.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
     parser.add_argument("--no-double-quant", dest="double_quant", action="store_const", const=False, default=None,
                         help="4-bit quantization without double quantization")
     parser.add_argument("--prepare-kbit", dest="prepare_kbit", action="store_const", const=True, default=None,
