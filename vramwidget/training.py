@@ -121,6 +121,10 @@ class TrainingSetup:
     compile: bool = False
     versions: Tuple[Tuple[str, str], ...] = ()
     stack: str = "hf"
+    #: fp32 matmuls on TF32 tensor cores.  PyTorch's default is off
+    #: (``torch.backends.cuda.matmul.allow_tf32 = False``): fp32 matmuls run on the CUDA
+    #: cores at the plain fp32 rate.  Changes the step time only, never the memory.
+    tf32: bool = False
 
     # -- derived dtypes ---------------------------------------------------------------
     @property
@@ -252,7 +256,7 @@ class TrainingSetup:
         if kw.get("versions") is not None:
             v["versions"] = _versions(kw["versions"])
         for name in ("double_quant", "prepare_kbit", "activation_offloading", "optimizer_in_backward", "packing",
-                     "compile"):
+                     "compile", "tf32"):
             if name in kw and kw[name] is not None:
                 if not isinstance(kw[name], bool):
                     raise VramError(f"{name}: must be true or false, got {kw[name]!r}", field=name)
@@ -441,4 +445,6 @@ def setup_from_case(training: Dict[str, Any]) -> TrainingSetup:
         kw["prepare_kbit"] = bool(training.get("prepare_model_for_kbit_training", False))
     if training.get("method") == "qlora":
         kw.setdefault("quantization", "nf4")
+    if training.get("tf32") is not None:
+        kw["tf32"] = bool(training["tf32"])
     return TrainingSetup.from_kwargs(**kw)
