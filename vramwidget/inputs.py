@@ -166,7 +166,8 @@ def check_choice(name: str, value: Any, allowed: Sequence[str], aliases: Optiona
 
 
 def check_names(name: str, value: Any, *, allowed: Optional[Sequence[str]] = None,
-                canon: Optional[Callable[[str], Optional[str]]] = None, empty: str = "name at least one") -> Tuple[str, ...]:
+                canon: Optional[Callable[[str], Optional[str]]] = None, empty: str = "name at least one",
+                min_items: int = 1) -> Tuple[str, ...]:
     """A list of names (or one comma-separated string): each a string, each allowed."""
     if isinstance(value, str):
         if len(value) > MAX_TEXT_CHARS:
@@ -182,9 +183,9 @@ def check_names(name: str, value: Any, *, allowed: Optional[Sequence[str]] = Non
             raise fail(name, "each entry must be a name (text)", x)
         c = canon(x) if canon else x.strip()
         if allowed is not None and c not in allowed:
-            raise fail(name, f"unknown entry {shown(x)}; allowed: {', '.join(allowed)}", show_value=False)
+            raise fail(name, f"{shown(x)} is not one of {', '.join(allowed)}", show_value=False)
         out.append(c)
-    if not out:
+    if len(out) < min_items:
         raise fail(name, empty + (f"; allowed: {', '.join(allowed)}" if allowed else ""), show_value=False)
     return tuple(dict.fromkeys(out))
 
@@ -225,8 +226,8 @@ class Field:
 
     kinds: ``choice`` (``choices``: a callable returning the allowed values, ``aliases``),
     ``int`` (``lo``/``hi``), ``number`` (``lo``/``hi``, ``lo_open``/``hi_open``), ``bool``,
-    ``names`` (a list of strings; ``choices`` restricts them, ``canon`` maps spellings),
-    ``text``.  ``none`` says what None means: ``"default"`` (use the default),
+    ``names`` (a list of strings; ``choices`` restricts them, ``canon`` maps spellings,
+    ``min_items``), ``text``, ``custom`` (``parse`` checks and converts).  ``none`` says what None means: ``"default"`` (use the default),
     ``"none"`` (None is a value of its own) or ``"error"``.
     """
 
@@ -243,6 +244,8 @@ class Field:
     canon: Optional[Callable[[str], Optional[str]]] = None
     none: str = "default"
     empty: str = "name at least one"
+    min_items: int = 1
+    parse: Optional[Callable[[Any], Any]] = None
 
     def check(self, value: Any) -> Any:
         """The canonical value, or a VramError naming this field and the value."""
@@ -261,7 +264,9 @@ class Field:
             return check_bool(self.name, value)
         if k == "names":
             return check_names(self.name, value, allowed=tuple(self.choices()) if self.choices else None,
-                               canon=self.canon, empty=self.empty)
+                               canon=self.canon, empty=self.empty, min_items=self.min_items)
+        if k == "custom":
+            return self.parse(value)
         if k == "text":
             return check_text(self.name, value)
         raise AssertionError(f"unknown field kind {k!r}")
