@@ -42,3 +42,50 @@ def test_every_preset_estimate_is_unchanged_by_the_move():
     now = json.loads(json.dumps(snapshot()))
     for name, row in before.items():
         assert now[name] == row, name
+
+
+def test_no_model_type_branch_outside_the_family_modules():
+    """Only the families compare model types: the other modules ask ``arch.family``."""
+    import re
+
+    pat = re.compile(r"model_type\s*(==|!=|in\s*\(|\.startswith)|mt\s*(==|in)\s*[(\"']")
+    hits = []
+    for fn in sorted(os.listdir(os.path.join(ROOT, "vramwidget"))):
+        if fn.endswith(".py"):
+            with open(os.path.join(ROOT, "vramwidget", fn), encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    if pat.search(line):
+                        hits.append(f"{fn}:{n}: {line.strip()}")
+    assert not hits, hits
+
+
+def test_every_supported_type_has_a_family_that_builds_and_traces():
+    from vramwidget import architecture as A
+    from vramwidget.families import REGISTRY, family_for
+
+    assert set(A.SUPPORTED_MODEL_TYPES) == set(REGISTRY)
+    for mt in A.SUPPORTED_MODEL_TYPES:
+        fam = family_for(mt)
+        assert mt in fam.model_types
+        assert type(fam).params is not object and callable(fam.block)
+
+
+def test_unknown_model_type_names_the_supported_ones():
+    from vramwidget import VramError
+    from vramwidget.architecture import from_config
+
+    with pytest.raises(VramError) as e:
+        from_config({"model_type": "no_such_family", "hidden_size": 8})
+    assert e.value.field == "model_type" and "llama" in str(e.value) and "no_such_family" in str(e.value)
+
+
+def test_a_family_is_llama_with_x():
+    """Mistral is Llama plus a sliding window; Mixtral is Mistral plus experts (inheritance,
+    as transformers' modular files write them)."""
+    from vramwidget.families import family_for
+    from vramwidget.families.llama import Llama
+    from vramwidget.families.mistral import Mistral
+
+    assert isinstance(family_for("mistral"), Llama) and family_for("mistral").sliding
+    assert isinstance(family_for("mixtral"), Mistral) and family_for("mixtral").moe
+    assert not family_for("llama").sliding

@@ -24,6 +24,7 @@ class DeepseekV2(Llama):
     moe = True
 
     def attention_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
+        """MLA: low-rank q (or q_proj), the compressed KV latent and its norm, kv_b_proj, o_proj."""
         h, a = info["hidden_size"], info["num_heads"]
         attn_bias = self.attention_bias(cfg)
         q_lora = _get(cfg, "q_lora_rank")

@@ -62,15 +62,18 @@ class GPT2(Family):
 
     def info(self, h: int, L: int, a: int, kv: int, d: int, i: int, V: int, tied: bool, b: _Builder
              ) -> Dict[str, Any]:
+        """The Architecture fields of a plain decoder."""
         return dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=kv, head_dim=d, intermediate_size=i,
                     vocab_size=V, tie_word_embeddings=tied, tensors=b.tensors, mlp_kind=self.mlp_kind,
                     norm_kind=self.norm_kind)
 
     # -- training trace -----------------------------------------------------------------
     def resid_dropout(self, cfg: Mapping[str, Any]) -> float:
+        """Dropout after the attention and MLP projections (``resid_pdrop``)."""
         return float(cfg.get("resid_pdrop", cfg.get("dropout", cfg.get("hidden_dropout", 0.0))) or 0.0)
 
     def attn_dropout(self, cfg: Mapping[str, Any]) -> float:
+        """Dropout on the attention probabilities (``attn_pdrop``)."""
         return float(cfg.get("attn_pdrop", cfg.get("attention_dropout", 0.0)) or 0.0)
 
     def parallel(self, cfg: Mapping[str, Any]) -> bool:
@@ -112,6 +115,7 @@ class GPT2(Family):
         return tr.new("block output", x.numel, x.dtype, True, "T x h", "norms")
 
     def act_name(self, cfg: Mapping[str, Any]) -> str:
+        """The MLP's activation function name."""
         return str(cfg.get("activation_function", cfg.get("hidden_act", "gelu")))
 
     def composite_gelu(self, arch: Any) -> bool:

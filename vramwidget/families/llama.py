@@ -78,14 +78,17 @@ class Llama(Family):
         return info
 
     def attention_bias(self, cfg: Mapping[str, Any]) -> bool:
+        """Biases on q, k, v and o (``attention_bias``, default false)."""
         return bool(_get(cfg, "attention_bias", default=False))
 
     def attention_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
+        """The attention projections of one layer (q, k, v, o here)."""
         bias = self.attention_bias(cfg)
         attention_params(b, P, info["hidden_size"], info["num_heads"], info["num_kv_heads"], info["head_dim"],
                          qkv_bias=bias, o_bias=bias)
 
     def qk_norm_params(self, b: _Builder, P: str, info: Dict[str, Any]) -> None:
+        """q_norm / k_norm weights when the family normalises queries and keys."""
         a, kv, d = info["num_heads"], info["num_kv_heads"], info["head_dim"]
         if self.qk_norm == "head":
             b.norm(P + "self_attn.q_norm", d, role="attn_norm")
@@ -95,6 +98,7 @@ class Llama(Family):
             b.norm(P + "self_attn.k_norm", kv * d, role="attn_norm")
 
     def num_experts(self, cfg: Mapping[str, Any]) -> int:
+        """Routed experts the config names (0: a dense MLP)."""
         return int(_get(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
 
     def check_moe(self, cfg: Mapping[str, Any], E: int) -> int:
@@ -107,6 +111,8 @@ class Llama(Family):
 
     def mlp_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any],
                    i: Optional[int]) -> None:
+        """The MLP of one layer, or (for an MoE family with experts) the dense prefix layers, the
+        router, the fused experts and any shared expert."""
         h = info["hidden_size"]
         mlp_bias = bool(_get(cfg, "mlp_bias", default=False))
         E = self.num_experts(cfg)
@@ -135,6 +141,7 @@ class Llama(Family):
             info.update(intermediate_size=i)
 
     def norm_params(self, b: _Builder, P: str, h: int) -> None:
+        """The per-layer norms, in the order the decoder layer declares them."""
         if self.pre_norms:
             b.norm(P + "input_layernorm", h)
         b.norm(P + "post_attention_layernorm", h)
@@ -144,6 +151,7 @@ class Llama(Family):
             b.norm(P + "post_feedforward_layernorm", h)
 
     def final_norm_params(self, b: _Builder, h: int) -> None:
+        """The norm after the last layer (``model.norm``)."""
         b.norm("model.norm", h, per_layer=False)
 
     def default_sliding_layers(self, cfg: Mapping[str, Any], L: int) -> int:
@@ -151,6 +159,7 @@ class Llama(Family):
         return L
 
     def sliding_info(self, cfg: Mapping[str, Any], L: int, info: Dict[str, Any]) -> None:
+        """Sliding-window size and how many layers use it (``layer_types`` when given)."""
         sw = _get(cfg, "sliding_window")
         use_sw = _get(cfg, "use_sliding_window", default=True)
         if sw and use_sw:
@@ -163,6 +172,7 @@ class Llama(Family):
 
     # -- training trace -----------------------------------------------------------------
     def norm(self, tr: Any, ctx: Any, x: Any, name: str, dim: float, group: str = "norms") -> Any:
+        """The family's RMSNorm (Llama-style, or Gemma-style with ``gemma_norm``)."""
         return rms_norm(tr, ctx, x, name, dim, group, gemma=self.gemma_norm)
 
     def block(self, tr: Any, ctx: Any, x: Any) -> Any:
@@ -213,6 +223,8 @@ class Llama(Family):
     q_heads_major: bool = False
 
     def mlp(self, tr: Any, ctx: Any, n2: Any) -> Any:
+        """The MLP of one block: routed experts, or a gated MLP (dense layers of an MoE model
+        use ``intermediate_size``)."""
         arch = ctx.arch
         if arch.is_moe and not ctx.dense_layer:
             return moe(tr, ctx, n2, shared_gate=self.shared_expert_gate)

@@ -15,9 +15,11 @@ class Olmo(Llama):
     gguf_arch = "olmo"
 
     def norm_params(self, b: _Builder, P: str, h: int) -> None:
+        """No per-layer norm weights."""
         pass
 
     def final_norm_params(self, b: _Builder, h: int) -> None:
+        """No final norm weight."""
         pass
 
     def final_norm(self, tr: Any, ctx: Any, x: Any) -> Any:

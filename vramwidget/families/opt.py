@@ -62,6 +62,7 @@ class OPT(GPT2):
         return False
 
     def resid_dropout(self, cfg: Mapping[str, Any]) -> float:
+        """OPT's ``dropout`` (0.1 when the config has none)."""
         return float(cfg.get("dropout", 0.1) if "dropout" in cfg else 0.1)
 
     def qkv(self, tr: Any, ctx: Any, n1: Any) -> Tuple[Any, Any, Any]:

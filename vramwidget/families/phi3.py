@@ -20,6 +20,7 @@ class Phi3(Llama):
     default_lora_targets = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
     def attention_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
+        """One fused qkv_proj and o_proj, no biases."""
         fused_qkv_params(b, P, info["hidden_size"], info["num_heads"], info["num_kv_heads"], info["head_dim"])
 
     def qkv(self, tr: Any, ctx: Any, n1: Any) -> Tuple[Any, Any, Any]:

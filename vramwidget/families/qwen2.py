@@ -15,5 +15,6 @@ class Qwen2(Llama):
     sliding = True
 
     def attention_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
+        """Biases on q, k and v; none on o_proj."""
         attention_params(b, P, info["hidden_size"], info["num_heads"], info["num_kv_heads"], info["head_dim"],
                          qkv_bias=True, o_bias=False)

@@ -17,4 +17,5 @@ class Qwen3(Qwen2):
     qk_norm = "head"
 
     def attention_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
+        """Llama's projections: biases only with ``attention_bias``."""
         Llama.attention_params(self, b, cfg, P, info)
