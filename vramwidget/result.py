@@ -240,12 +240,6 @@ class Estimate:
         """``to_dict()`` as a JSON string."""
         return json.dumps(self.to_dict(), **kw)
 
-    def chart(self, **kw):
-        """An Altair treemap of this estimate (altair imported only here)."""
-        from .charts import detail_chart
-
-        return detail_chart(self, **kw)
-
     def __repr__(self) -> str:
         return (f"Estimate({self.model_name!r}, peak {self.peak_gib:.2f} GiB at {self.peak_phase}, "
                 f"device total {self.device_total_gib:.2f} GiB)")
