@@ -29,9 +29,8 @@ dim, s seq, b batch, V vocab, E experts, k experts per token, r LoRA rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-from .architecture import Architecture
 from .training import TrainingSetup
 from .units import DTYPE_BYTES
 
@@ -93,7 +92,7 @@ class Trace:
 class BlockContext:
     """What one block's trace needs to know about the run."""
 
-    arch: Architecture
+    arch: Any
     setup: TrainingSetup
     T: int
     b: int
@@ -111,7 +110,7 @@ class BlockContext:
     cpu: bool = False           # CPU kernels (for checking against torch without a GPU)
 
 
-def attention_backend(arch: Architecture, setup: TrainingSetup, compute_dtype: str) -> str:
+def attention_backend(arch: Any, setup: TrainingSetup, compute_dtype: str) -> str:
     """Which kernel scaled_dot_product_attention picks on a CUDA GPU (PyTorch 2.x).
 
     Flash attention needs 16-bit inputs and head dim <= 256; memory-efficient attention

@@ -17,7 +17,7 @@ from typing import Any, Dict, Mapping, Tuple
 
 from ..activations import (F32, BlockContext, Trace, _T, _promote, dropout, gated_mlp, layer_norm,  # noqa: F401
                            linear, moe, rms_norm, sdpa_core)
-from ..architecture import _Builder, _get, _posint, _require, _restrict  # noqa: F401
+from ..tensors import _Builder, _get, _posint, _require, _restrict  # noqa: F401
 from ..errors import VramError
 
 __all__ = ["F32", "BlockContext", "Trace", "dropout", "gated_mlp", "layer_norm", "linear", "moe", "rms_norm",
