@@ -46,6 +46,23 @@ _SETUP_OPTIONS = (
     ("--lora-targets", "lora_targets", "list", "LoRA target modules, comma-separated, or all-linear "
                                                "(default: every linear layer of the blocks)"),
     ("--trainable-layers", "trainable_layers", "int", "with --method freeze: how many last layers train"),
+    ("--stack", "stack", "choice", "training stack whose defaults and code paths to assume (default hf)"),
+    ("--loss", "loss", "choice", "cross-entropy implementation"),
+    ("--loss-chunks", "loss_chunks", "int", "with --loss chunked: number of chunks (default 8)"),
+    ("--lora-variant", "lora_variant", "choice", "LoRA or DoRA"),
+    ("--modules-to-save", "modules_to_save", "list", "modules trained in full beside the adapters "
+                                                     "(lm_head, embed_tokens)"),
+    ("--galore-rank", "galore_rank", "int", "GaLore projection rank (default 128)"),
+    ("--versions", "versions", "versions", "library releases, e.g. bitsandbytes=0.41.1,transformers=4.40 "
+                                           "(default: current releases)"),
+)
+
+#: on/off setup switches: (flag, TrainingSetup field, help)
+_SETUP_SWITCHES = (
+    ("--activation-offloading", "activation_offloading", "move saved activations to the CPU (torchtune)"),
+    ("--optimizer-in-backward", "optimizer_in_backward", "step each parameter as its gradient is ready"),
+    ("--packing", "packing", "packed sequences with varlen attention (no padding)"),
+    ("--compile", "compile", "torch.compile (needs --gradient-checkpointing full)"),
 )
 
 
@@ -75,6 +92,18 @@ def _int_arg(text: str) -> int:
     return int(f)
 
 
+def _versions_arg(text: str) -> Dict[str, str]:
+    out = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise argparse.ArgumentTypeError(f"expected PACKAGE=VERSION, got {part.strip()!r}")
+        k, v = part.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
 def _float_arg(text: str) -> float:
     try:
         return float(text.strip())  # nan/inf pass through: TrainingSetup names the field
@@ -92,9 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     est = sub.add_parser("estimate", help="estimate the memory of one training step",
                          description="Estimate the GPU memory of one training step of MODEL.")
-    est.add_argument("model", metavar="MODEL",
+    est.add_argument("model", metavar="MODEL", nargs="?", default=None,
                      help="a preset name (see `vramwidget presets`), a config.json path, a Hub id, or a "
-                          "parameter count like 7B")
+                          "parameter count like 7B; may be left out with --from when the file names the model")
+    est.add_argument("--from", dest="from_config", default=None, metavar="FILE",
+                     help="read the setup from your training config: HF TrainingArguments/TRL JSON, axolotl, "
+                          "torchtune, LLaMA-Factory or LitGPT YAML, a DeepSpeed JSON or an accelerate YAML; "
+                          "options given here override the file")
+    est.add_argument("--num-gpus", dest="num_gpus", default=None, type=_int_arg, metavar="N",
+                     help="with --from: the number of GPUs the launcher starts (not in most config files)")
     for flag, dest, kind, text in _SETUP_OPTIONS:
         if kind == "choice":
             est.add_argument(flag, dest=dest, default=None, metavar="{" + ",".join(c for c, _ in CHOICES[dest]) + "}",
@@ -103,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
             est.add_argument(flag, dest=dest, default=None, type=_int_arg, metavar="N", help=text)
         elif kind == "float":
             est.add_argument(flag, dest=dest, default=None, type=_float_arg, metavar="X", help=text)
+        elif kind == "versions":
+            est.add_argument(flag, dest=dest, default=None, type=_versions_arg, metavar="PKG=VER,...", help=text)
         else:
             extra = ""
             if dest == "quantized_groups":
@@ -116,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="4-bit quantization with double quantization (the default)")
     est.add_argument("--prepare-kbit", dest="prepare_kbit", action="store_const", const=True, default=None,
                      help="prepare_model_for_kbit_training: upcast the non-quantized parameters to fp32")
+    for flag, dest, text in _SETUP_SWITCHES:
+        est.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
     est.add_argument("--json", action="store_true", help="print the estimate as JSON")
     est.add_argument("--units", choices=("gib", "gb"), default="gib",
                      help="units of the component table: GiB (2**30 B, default) or GB (10**9 B)")
@@ -169,8 +208,8 @@ def setup_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         v = getattr(args, dest)
         if v is not None:
             kw[dest] = v
-    for dest in ("double_quant", "prepare_kbit"):
-        v = getattr(args, dest)
+    for dest in ("double_quant", "prepare_kbit") + tuple(d for _, d, _ in _SETUP_SWITCHES):
+        v = getattr(args, dest, None)
         if v is not None:
             kw[dest] = v
     return kw
@@ -309,6 +348,13 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
     from .estimate import estimate_setup
     from .training import TrainingSetup
 
+    if args.from_config is not None:
+        return _cmd_estimate_from(args, out)
+    if args.model is None:
+        raise _UsageError("estimate: give MODEL (or --from FILE with a config that names the model)")
+    if args.num_gpus is not None:
+        raise _UsageError("--num-gpus goes with --from FILE; for a sharded run without a config file use "
+                          "vramwidget fit or the Python API's estimate_parallel")
     _quiet_hub(args.model)
     if args.inference:
         training_only = sorted(set(setup_kwargs(args)) - {"batch_size", "attn_implementation"})
@@ -325,6 +371,54 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
         out.write(json.dumps(estimate_json(arch, est)) + "\n")
     else:
         out.write(format_estimate(arch, est, args.units) + "\n")
+    return 0
+
+
+def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
+    """``estimate [MODEL] --from FILE``: the user's training config, with command-line overrides."""
+    from .readers import from_training_config
+
+    if args.inference:
+        raise _UsageError("--from reads a training config; it does not go with --inference")
+    cfg = from_training_config(args.from_config)
+    overrides = setup_kwargs(args)
+    if args.num_gpus is not None:
+        overrides["num_gpus"] = args.num_gpus
+    model = args.model if args.model is not None else cfg.model
+    if isinstance(model, str):
+        _quiet_hub(model)
+    result = cfg.estimate(model, **overrides)
+    per_gpu = getattr(result, "per_gpu", None)
+    est = per_gpu if per_gpu is not None else result
+    from .architecture import load
+
+    arch = load(model)
+    if args.json:
+        d = estimate_json(arch, est)
+        d["config"] = cfg.to_dict()
+        if per_gpu is not None:
+            d["parallel"] = {"strategy": "ddp", **cfg.parallel,
+                             **({"num_gpus": args.num_gpus} if args.num_gpus is not None else {})}
+        out.write(json.dumps(d) + "\n")
+        return 0
+    lines = [f"read {cfg.source} as a {cfg.format} config: {len(cfg.mapped)} field(s) used, "
+             f"{len(cfg.ignored)} ignored"]
+    for f, k, v in cfg.mapped:
+        lines.append(f"  {f} -> {k}={v!r}")
+    from .readers._common import QUIET_REASONS
+
+    for f, why in cfg.ignored:
+        if why not in QUIET_REASONS:
+            lines.append(f"  ignored {f}: {why}")
+    quiet = sum(1 for _, why in cfg.ignored if why in QUIET_REASONS)
+    if quiet:
+        lines.append(f"  ({quiet} more field(s) with no effect on memory ignored; --json lists them)")
+    for n in cfg.notes:
+        lines.append(f"  note: {n}")
+    if per_gpu is not None:
+        lay = {"strategy": "ddp", **cfg.parallel, **({"num_gpus": args.num_gpus} if args.num_gpus is not None else {})}
+        lines.append("per GPU (" + ", ".join(f"{k}={v}" for k, v in lay.items()) + "):")
+    out.write("\n".join(lines) + "\n" + format_estimate(arch, est, args.units) + "\n")
     return 0
 
 
@@ -403,6 +497,8 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=dest, default=None, type=_float_arg, metavar="X", help=text)
         else:
             parser.add_argument(flag, dest=dest, default=None, metavar="A,B", help=text)
+    for flag, dest, text in _SETUP_SWITCHES:
+        parser.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
     parser.add_argument("--no-double-quant", dest="double_quant", action="store_const", const=False, default=None,
                         help="4-bit quantization without double quantization")
     parser.add_argument("--prepare-kbit", dest="prepare_kbit", action="store_const", const=True, default=None,
