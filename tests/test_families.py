@@ -4,7 +4,10 @@ The refactor that moved every family into ``vramwidget/families/`` must not chan
 ``validate``'s text and JSON output on the shipped H200 cases are compared byte for byte
 with the output recorded from main before the move (tests/data/validate_h200_training_a.*),
 and every preset's training and inference estimates with tools/refactor_snapshot.py's
-record (tests/data/refactor_snapshot.json).
+record (tests/data/refactor_snapshot.json).  A change that alters validate's output on
+purpose (a new column, a better mechanism) re-records them from the commit before it:
+``python -m vramwidget validate vramwidget/data/h200_training_a.jsonl [--json] > tests/data/...``
+and ``python tools/refactor_snapshot.py > tests/data/refactor_snapshot.json``.
 """
 
 import json
