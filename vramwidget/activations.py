@@ -67,9 +67,15 @@ class Trace:
 
     def __init__(self) -> None:
         self.saved: Dict[str, SavedTensor] = {}
+        #: every forward tensor created, for the step time (timing.py): one kernel each,
+        #: and the bytes each writes (what bandwidth-bound kernels move)
+        self.created_ops = 0
+        self.created_bytes = 0.0
 
     def new(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
         """Record a new forward tensor (not yet saved)."""
+        self.created_ops += 1
+        self.created_bytes += numel * DTYPE_BYTES[dtype]
         return _T(name, numel, dtype, rg, formula, group)
 
     def save(self, t: _T) -> None:

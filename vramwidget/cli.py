@@ -92,9 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     est = sub.add_parser("estimate", help="estimate the memory of one training step",
                          description="Estimate the GPU memory of one training step of MODEL.")
-    est.add_argument("model", metavar="MODEL",
+    est.add_argument("model", metavar="MODEL", nargs="?", default=None,
                      help="a preset name (see `vramwidget presets`), a config.json path, a Hub id, or a "
-                          "parameter count like 7B")
+                          "parameter count like 7B; may be left out with --from when the file names the model")
+    est.add_argument("--from", dest="from_config", default=None, metavar="FILE",
+                     help="read the setup from your training config: HF TrainingArguments/TRL JSON, axolotl, "
+                          "torchtune, LLaMA-Factory or LitGPT YAML, a DeepSpeed JSON or an accelerate YAML; "
+                          "options given here override the file")
+    est.add_argument("--num-gpus", dest="num_gpus", default=None, type=_int_arg, metavar="N",
+                     help="with --from: the number of GPUs the launcher starts (not in most config files)")
     for flag, dest, kind, text in _SETUP_OPTIONS:
         if kind == "choice":
             est.add_argument(flag, dest=dest, default=None, metavar="{" + ",".join(c for c, _ in CHOICES[dest]) + "}",
@@ -309,6 +315,13 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
     from .estimate import estimate_setup
     from .training import TrainingSetup
 
+    if args.from_config is not None:
+        return _cmd_estimate_from(args, out)
+    if args.model is None:
+        raise _UsageError("estimate: give MODEL (or --from FILE with a config that names the model)")
+    if args.num_gpus is not None:
+        raise _UsageError("--num-gpus goes with --from FILE; for a sharded run without a config file use "
+                          "vramwidget fit or the Python API's estimate_parallel")
     _quiet_hub(args.model)
     if args.inference:
         training_only = sorted(set(setup_kwargs(args)) - {"batch_size", "attn_implementation"})
@@ -325,6 +338,54 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
         out.write(json.dumps(estimate_json(arch, est)) + "\n")
     else:
         out.write(format_estimate(arch, est, args.units) + "\n")
+    return 0
+
+
+def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
+    """``estimate [MODEL] --from FILE``: the user's training config, with command-line overrides."""
+    from .readers import from_training_config
+
+    if args.inference:
+        raise _UsageError("--from reads a training config; it does not go with --inference")
+    cfg = from_training_config(args.from_config)
+    overrides = setup_kwargs(args)
+    if args.num_gpus is not None:
+        overrides["num_gpus"] = args.num_gpus
+    model = args.model if args.model is not None else cfg.model
+    if isinstance(model, str):
+        _quiet_hub(model)
+    result = cfg.estimate(model, **overrides)
+    per_gpu = getattr(result, "per_gpu", None)
+    est = per_gpu if per_gpu is not None else result
+    from .architecture import load
+
+    arch = load(model)
+    if args.json:
+        d = estimate_json(arch, est)
+        d["config"] = cfg.to_dict()
+        if per_gpu is not None:
+            d["parallel"] = {"strategy": "ddp", **cfg.parallel,
+                             **({"num_gpus": args.num_gpus} if args.num_gpus is not None else {})}
+        out.write(json.dumps(d) + "\n")
+        return 0
+    lines = [f"read {cfg.source} as a {cfg.format} config: {len(cfg.mapped)} field(s) used, "
+             f"{len(cfg.ignored)} ignored"]
+    for f, k, v in cfg.mapped:
+        lines.append(f"  {f} -> {k}={v!r}")
+    from .readers._common import QUIET_REASONS
+
+    for f, why in cfg.ignored:
+        if why not in QUIET_REASONS:
+            lines.append(f"  ignored {f}: {why}")
+    quiet = sum(1 for _, why in cfg.ignored if why in QUIET_REASONS)
+    if quiet:
+        lines.append(f"  ({quiet} more field(s) with no effect on memory ignored; --json lists them)")
+    for n in cfg.notes:
+        lines.append(f"  note: {n}")
+    if per_gpu is not None:
+        lay = {"strategy": "ddp", **cfg.parallel, **({"num_gpus": args.num_gpus} if args.num_gpus is not None else {})}
+        lines.append("per GPU (" + ", ".join(f"{k}={v}" for k, v in lay.items()) + "):")
+    out.write("\n".join(lines) + "\n" + format_estimate(arch, est, args.units) + "\n")
     return 0
 
 

@@ -42,7 +42,7 @@ BNB_8BIT_MIN_SIZE = 4096       # smaller tensors keep fp32 optimizer states
 Model = Union[str, Dict[str, Any], Architecture]
 
 
-def estimate(model: Model, **setup: Any) -> Estimate:
+def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
     """Estimate the GPU memory of one training step.
 
     Parameters
@@ -56,7 +56,10 @@ def estimate(model: Model, **setup: Any) -> Estimate:
         ``prepare_kbit``, ``optimizer``, ``optimizer_state_dtypes``,
         ``gradient_checkpointing``, ``attn_implementation``, ``batch_size``, ``seq_len``,
         ``grad_accum_steps``, ``lora_r``, ``lora_alpha``, ``lora_dropout``,
-        ``lora_targets``, ``trainable_layers``.
+        ``lora_targets``, ``trainable_layers``, ``tf32``.
+    gpu:
+        A catalogue GPU name (``"H100 80GB"``): the estimate then also gives the step time
+        (``step_seconds``, ``tokens_per_second``, ``mfu``, ``time_breakdown``, ``run_cost``).
 
     Raises
     ------
@@ -65,7 +68,7 @@ def estimate(model: Model, **setup: Any) -> Estimate:
     """
     arch = load(model)
     s = setup if isinstance(setup, TrainingSetup) else TrainingSetup.from_kwargs(**setup)
-    return estimate_setup(arch, s)
+    return estimate_setup(arch, s, gpu=gpu)
 
 
 # ----------------------------------------------------------------------------------
@@ -336,6 +339,12 @@ class _Acts:
     transient_layer_bytes: float          # backward working buffers of one layer
     backend: str
     layers_bytes: float = 0.0             # every saving block together (no checkpointing)
+    # forward work of one block, for the step time (timing.py): tensors created (one
+    # kernel each) and the bytes they write; the steady block and the first one
+    fwd_ops_per_layer: float = 0.0
+    fwd_written_bytes_per_layer: float = 0.0
+    head_fwd_ops: float = 0.0
+    head_fwd_written_bytes: float = 0.0
 
 
 @dataclass
@@ -350,6 +359,10 @@ class _Profile:
     dense: Tuple[float, float]
     head: List[Tuple[str, str, float]]    # name, formula, bytes per token
     backend: str
+    written: Tuple[float, float] = (0.0, 0.0)       # bytes the block's forward writes (a T + b T s)
+    ops: float = 0.0                                # kernels of one block's forward
+    head_written: Tuple[float, float] = (0.0, 0.0)
+    head_ops: float = 0.0
 
 
 _PROFILES: Dict[Tuple[Any, ...], _Profile] = {}
@@ -401,7 +414,9 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     per_layer = [SavedTensor(name, group, ab * T + bb * T2, dtype, an * T + bn * T2, formula)
                  for name, group, dtype, formula, ab, bb, an, bn in prof.per_layer]
     head = [(name, per_tok * T, formula) for name, formula, per_tok in prof.head]
-    return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers)
+    return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers,
+                 fwd_ops_per_layer=prof.ops, fwd_written_bytes_per_layer=prof.written[0] * T + prof.written[1] * T2,
+                 head_fwd_ops=prof.head_ops, head_fwd_written_bytes=prof.head_written[0] * T + prof.head_written[1] * T2)
 
 
 def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Profile:
@@ -421,7 +436,8 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
     return _Profile(arch=arch, per_layer=per_layer, per=coeffs(one["per"], two["per"]),
                     first=coeffs(one["first"], two["first"]), dense=coeffs(one["dense"], two["dense"]),
                     head=[(name, formula, nbytes) for name, nbytes, formula in one["head"]],
-                    backend=one["backend"])
+                    backend=one["backend"], written=coeffs(one["written"], two["written"]), ops=one["ops"],
+                    head_written=coeffs(one["head_written"], two["head_written"]), head_ops=one["head_ops"])
 
 
 def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: int, sq: int) -> Dict[str, Any]:
@@ -473,7 +489,9 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
         if float(arch.config.get("embd_pdrop", 0.1) or 0.0) > 0:
             head.append(("embedding dropout mask", T * arch.hidden_size * 1.0, "T x h bool"))
     return {"per_layer": list(tr.saved.values()), "per": tr.total_bytes, "first": tr_first.total_bytes,
-            "dense": dense_bytes, "head": head, "backend": backend}
+            "dense": dense_bytes, "head": head, "backend": backend,
+            "written": tr.created_bytes, "ops": tr.created_ops,
+            "head_written": htr.created_bytes, "head_ops": htr.created_ops}
 
 
 def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
@@ -510,7 +528,7 @@ def logits_bytes(arch: Architecture, s: TrainingSetup, tokens: Any = None) -> Di
 # The estimate
 # ----------------------------------------------------------------------------------
 
-def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
+def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Estimate:
     """The estimate for an already-resolved architecture and validated setup.
 
     The totals are computed here; the component trees (one per phase, every tensor with
@@ -742,11 +760,22 @@ def _estimate(arch: Architecture, s: TrainingSetup, sizes: Optional[Tuple[Any, A
         ]
         return components, phase_components
 
-    return Estimate(model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total,
-                    params_trainable=P.trainable_numel, components=None, phases_bytes=phases,
-                    peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
-                    cuda_context_bytes=context, flops_per_step=flops, recompute_overhead=overhead,
-                    notes=notes, builder=build)
+    def work() -> Any:
+        """The step's work for the step time (timing.py), computed when first asked for."""
+        from .timing import step_work
+
+        return step_work(arch, s, P, A, lg, logits_dtype(arch, s), lambda d: _state_dtypes(s, d))
+
+    est = Estimate(model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total,
+                   params_trainable=P.trainable_numel, components=None, phases_bytes=phases,
+                   peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
+                   cuda_context_bytes=context, flops_per_step=flops, recompute_overhead=overhead,
+                   notes=notes, builder=build)
+    est._work = work
+    est._setup_obj = s
+    if gpu is not None:
+        est.set_gpu(gpu)
+    return est
 
 
 def _autocast_cache(arch: Architecture, s: TrainingSetup, P: _Params) -> Node:

@@ -86,6 +86,10 @@ class TrainingSetup:
     lora_dropout: float = 0.0
     lora_targets: Optional[Tuple[str, ...]] = None
     trainable_layers: Optional[int] = None
+    #: fp32 matmuls on TF32 tensor cores.  PyTorch's default is off
+    #: (``torch.backends.cuda.matmul.allow_tf32 = False``): fp32 matmuls run on the CUDA
+    #: cores at the plain fp32 rate.  Changes the step time only, never the memory.
+    tf32: bool = False
 
     # -- derived dtypes ---------------------------------------------------------------
     @property
@@ -181,7 +185,7 @@ class TrainingSetup:
             v["lora_targets"] = t
         if kw.get("trainable_layers") is not None:
             v["trainable_layers"] = _posint("trainable_layers", kw["trainable_layers"])
-        for name in ("double_quant", "prepare_kbit"):
+        for name in ("double_quant", "prepare_kbit", "tf32"):
             if name in kw and kw[name] is not None:
                 if not isinstance(kw[name], bool):
                     raise VramError(f"{name}: must be true or false, got {kw[name]!r}", field=name)
@@ -316,4 +320,6 @@ def setup_from_case(training: Dict[str, Any]) -> TrainingSetup:
         kw["prepare_kbit"] = bool(training.get("prepare_model_for_kbit_training", False))
     if training.get("method") == "qlora":
         kw.setdefault("quantization", "nf4")
+    if training.get("tf32") is not None:
+        kw["tf32"] = bool(training["tf32"])
     return TrainingSetup.from_kwargs(**kw)
