@@ -534,7 +534,7 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
     The totals are computed here; the component trees (one per phase, every tensor with
     its formula) are built on first access of ``Estimate.components``.
     """
-    return _estimate(arch, s)
+    return _estimate(arch, s, gpu=gpu)
 
 
 def size_grid_totals(arch: Architecture, s: TrainingSetup, b: Any, sq: Any,
@@ -548,7 +548,7 @@ def size_grid_totals(arch: Architecture, s: TrainingSetup, b: Any, sq: Any,
     return _estimate(arch, s, sizes=(b, sq), mx=mx)
 
 
-def _estimate(arch: Architecture, s: TrainingSetup, sizes: Optional[Tuple[Any, Any]] = None,
+def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Optional[Tuple[Any, Any]] = None,
               mx: Callable[..., Any] = max) -> Any:
     """estimate_setup's body; with ``sizes`` it stops at the totals (see size_grid_totals)."""
     if s.trains_adapters and s.lora_targets:
