@@ -20,7 +20,7 @@ from typing import Any, List, Optional, Sequence
 
 from .architecture import load
 from .errors import VramError
-from .estimate import size_grid_totals
+from .estimate import estimate_setup, size_grid_totals
 from .gpus import get_gpu
 from .training import TrainingSetup
 
@@ -45,6 +45,13 @@ def _sizes(name: str, values: Optional[Sequence[int]], default: Sequence[int]) -
     return out
 
 
+def _array_safe(s: TrainingSetup) -> bool:
+    """Whether the estimator's size-dependent operations take arrays for this setup: Liger's
+    chunk rows (a power of two) and activation offloading's stash (a min) are steps, so
+    those setups are estimated cell by cell."""
+    return getattr(s, "loss", "standard") != "liger" and not getattr(s, "activation_offloading", False)
+
+
 def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None,
             seq_lens: Optional[Sequence[int]] = None, **setup: Any):
     """A pandas DataFrame with one row per (batch_size, seq_len): ``batch_size``,
@@ -67,10 +74,17 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
     s = TrainingSetup.from_kwargs(**kw)
     b = np.repeat(np.asarray(bs, dtype=np.int64), len(ss))
     sq = np.tile(np.asarray(ss, dtype=np.int64), len(bs))
-    tot = size_grid_totals(arch, s, b, sq, lambda *xs: reduce(np.maximum, xs))
-    peak = np.broadcast_to(np.asarray(tot["peak_allocated_bytes"], dtype=float), b.shape)
-    reserved = np.broadcast_to(np.asarray(tot["reserved_bytes"], dtype=float), b.shape)
-    device = reserved + tot["cuda_context_bytes"]
+    if _array_safe(s):
+        tot = size_grid_totals(arch, s, b, sq, lambda *xs: reduce(np.maximum, xs))
+        peak = np.broadcast_to(np.asarray(tot["peak_allocated_bytes"], dtype=float), b.shape)
+        reserved = np.broadcast_to(np.asarray(tot["reserved_bytes"], dtype=float), b.shape)
+        context = tot["cuda_context_bytes"]
+    else:  # a mechanism with integer steps in the sizes: one estimate per cell (still exact)
+        ests = [estimate_setup(arch, s.replace(batch_size=int(x), seq_len=int(y))) for x, y in zip(b, sq)]
+        peak = np.array([e.peak_allocated_bytes for e in ests], dtype=float)
+        reserved = np.array([e.reserved_bytes for e in ests], dtype=float)
+        context = ests[0].cuda_context_bytes
+    device = reserved + context
     band = reserved * verdict.uncertainty()["rel_error"]
     cap = float(g.usable_bytes)
     tight = np.abs(cap - device) <= band
