@@ -25,15 +25,12 @@ from .errors import VramError
 from .result import Estimate, Node
 from .stacks import behaviour
 from .training import TrainingSetup
-from .units import DTYPE_BYTES, MIB
+from .units import CUDA_CONTEXT_BYTES, DTYPE_BYTES, MIB
 
 #: cuBLAS + cuBLASLt workspaces the caching allocator holds after the first matmul
 #: (measured on an H200 with PyTorch 2.11: weights_mib is 64 MiB above the weights
 #: in every case but the first of a process).
 CUBLAS_WORKSPACE_BYTES = 64 * MIB
-#: CUDA context (not in torch's allocated memory; nvidia-smi shows it): measured 620.8 MiB
-#: on the H200 (driver for CUDA 13); 300-700 MiB across GPUs and drivers.
-CUDA_CONTEXT_BYTES = 620.8 * MIB
 #: bitsandbytes block sizes
 NF4_BLOCK = 64                 # 4-bit weights: one absmax per 64 weights
 NF4_DQ_BLOCK = 256             # double quantization: one fp32 scale per 256 absmax values

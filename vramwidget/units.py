@@ -8,6 +8,11 @@ GIB = 2**30
 TIB = 2**40
 GB = 10**9
 
+#: CUDA context (not in torch's allocated memory; nvidia-smi shows it): measured 620.8 MiB
+#: on the H200 (driver for CUDA 13); 300-700 MiB across GPUs and drivers.  The default of
+#: every estimate (vramwidget.estimate re-exports it) and of GPUs without a measured one.
+CUDA_CONTEXT_BYTES = 620.8 * MIB
+
 #: bytes per element of each storage dtype we model
 DTYPE_BYTES = {
     "float32": 4.0,
