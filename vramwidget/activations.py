@@ -114,6 +114,7 @@ class BlockContext:
     attn_backend: str      # flash | efficient | math | eager
     quant_base: bool
     dense_layer: bool = False   # a dense (non-MoE) block inside an MoE model
+    fused_qkv_lora: bool = False  # q, k and v adapters share one input (LitGPT's fused qkv)
     cpu: bool = False           # CPU kernels (for checking against torch without a GPU)
 
 
@@ -168,6 +169,11 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         if ctx.setup.precision == "fp8":
             xin = tr.new(f"{module} input (fp8)", x.numel, "float8", x.rg, f"T x {_dim(in_f)} fp8 copy", group)
         tr.save(xin)
+    elif ctx.quant_base and x.rg and ctx.setup.quantization in ("nf4", "fp4") \
+            and ctx.setup.before("bitsandbytes", "0.43.2"):
+        # bitsandbytes < 0.43.2: MatMul4Bit kept its input on ctx whenever it needed a gradient
+        # (ctx.tensors = (A, B)); "fix QLoRA mem bug" (bitsandbytes PR #1270, 0.43.2) keeps B only
+        tr.save(xin)
     out_dtype = ctx.c if (ctx.setup.autocast or ctx.quant_base) else (xin.dtype if not ctx.quant_base else ctx.c)
     if ctx.quant_base and x.dtype == F32:
         out_dtype = F32  # bnb Linear4bit returns the input's dtype
@@ -176,6 +182,9 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         rg = True
         r = ctx.setup.lora_r
         tag = f"{module} ({name})"   # GPT-2 has two modules named c_proj
+        if module in ("q_proj", "k_proj", "v_proj") and ctx.fused_qkv_lora:
+            # LitGPT's LoRAQKVLinear: one dropout and one lora_A input for the fused qkv
+            tag = "qkv (fused LoRA)"
         xa = tr.cast(x, ctx.adapter_dtype, f"{tag} LoRA input as {ctx.adapter_dtype}")
         if xa is not x:
             xa.formula = f"T x {_dim(in_f)} ({module} input cast to the adapter dtype)"

@@ -46,6 +46,24 @@ _SETUP_OPTIONS = (
     ("--lora-targets", "lora_targets", "list", "LoRA target modules, comma-separated, or all-linear "
                                                "(default: every linear layer of the blocks)"),
     ("--trainable-layers", "trainable_layers", "int", "with --method freeze: how many last layers train"),
+    ("--stack", "stack", "choice", "training stack whose defaults and code paths to assume (default hf)"),
+    ("--loss", "loss", "choice", "cross-entropy implementation"),
+    ("--loss-chunks", "loss_chunks", "int", "with --loss chunked: number of chunks (default 8)"),
+    ("--lora-variant", "lora_variant", "choice", "LoRA or DoRA"),
+    ("--modules-to-save", "modules_to_save", "list", "modules trained in full beside the adapters "
+                                                     "(lm_head, embed_tokens)"),
+    ("--galore-rank", "galore_rank", "int", "GaLore projection rank (default 128)"),
+    ("--versions", "versions", "versions", "library releases, e.g. bitsandbytes=0.41.1,transformers=4.40 "
+                                           "(default: current releases)"),
+)
+
+#: on/off setup switches: (flag, TrainingSetup field, help)
+_SETUP_SWITCHES = (
+    ("--activation-offloading", "activation_offloading", "move saved activations to the CPU (torchtune)"),
+    ("--optimizer-in-backward", "optimizer_in_backward", "step each parameter as its gradient is ready"),
+    ("--packing", "packing", "packed sequences with varlen attention (no padding)"),
+    ("--compile", "compile", "torch.compile (needs --gradient-checkpointing full)"),
+    ("--tf32", "tf32", "fp32 matmuls on TF32 tensor cores (PyTorch's default is off); changes the time only"),
 )
 
 
@@ -73,6 +91,18 @@ def _int_arg(text: str) -> int:
     if f != f or f in (float("inf"), float("-inf")) or f != int(f):
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}")
     return int(f)
+
+
+def _versions_arg(text: str) -> Dict[str, str]:
+    out = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise argparse.ArgumentTypeError(f"expected PACKAGE=VERSION, got {part.strip()!r}")
+        k, v = part.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
 
 
 def _float_arg(text: str) -> float:
@@ -109,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
             est.add_argument(flag, dest=dest, default=None, type=_int_arg, metavar="N", help=text)
         elif kind == "float":
             est.add_argument(flag, dest=dest, default=None, type=_float_arg, metavar="X", help=text)
+        elif kind == "versions":
+            est.add_argument(flag, dest=dest, default=None, type=_versions_arg, metavar="PKG=VER,...", help=text)
         else:
             extra = ""
             if dest == "quantized_groups":
@@ -122,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="4-bit quantization with double quantization (the default)")
     est.add_argument("--prepare-kbit", dest="prepare_kbit", action="store_const", const=True, default=None,
                      help="prepare_model_for_kbit_training: upcast the non-quantized parameters to fp32")
-    est.add_argument("--tf32", dest="tf32", action="store_const", const=True, default=None,
-                     help="fp32 matmuls on TF32 tensor cores (PyTorch's default is off); changes the time only")
+    for flag, dest, text in _SETUP_SWITCHES:
+        est.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
     est.add_argument("--gpu", dest="gpu", default=None, metavar="GPU",
                      help="a GPU from the catalogue (e.g. H100-80GB): the step time, tokens/s, MFU and a run's "
                           "cost on it (with --inference: the fit check)")
@@ -184,7 +216,7 @@ def setup_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         v = getattr(args, dest)
         if v is not None:
             kw[dest] = v
-    for dest in ("double_quant", "prepare_kbit", "tf32"):
+    for dest in ("double_quant", "prepare_kbit") + tuple(d for _, d, _ in _SETUP_SWITCHES):
         v = getattr(args, dest, None)
         if v is not None:
             kw[dest] = v
@@ -511,6 +543,8 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=dest, default=None, type=_float_arg, metavar="X", help=text)
         else:
             parser.add_argument(flag, dest=dest, default=None, metavar="A,B", help=text)
+    for flag, dest, text in _SETUP_SWITCHES:
+        parser.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
     parser.add_argument("--no-double-quant", dest="double_quant", action="store_const", const=False, default=None,
                         help="4-bit quantization without double quantization")
     parser.add_argument("--prepare-kbit", dest="prepare_kbit", action="store_const", const=True, default=None,

@@ -23,16 +23,14 @@ from .activations import (BlockContext, SavedTensor, Trace, attention_backend, l
 from .architecture import Architecture, ParamTensor, _restrict, load, resolve_targets
 from .errors import VramError
 from .result import Estimate, Node
+from .stacks import behaviour
 from .training import TrainingSetup
-from .units import DTYPE_BYTES, MIB
+from .units import CUDA_CONTEXT_BYTES, DTYPE_BYTES, MIB
 
 #: cuBLAS + cuBLASLt workspaces the caching allocator holds after the first matmul
 #: (measured on an H200 with PyTorch 2.11: weights_mib is 64 MiB above the weights
 #: in every case but the first of a process).
 CUBLAS_WORKSPACE_BYTES = 64 * MIB
-#: CUDA context (not in torch's allocated memory; nvidia-smi shows it): measured 620.8 MiB
-#: on the H200 (driver for CUDA 13); 300-700 MiB across GPUs and drivers.
-CUDA_CONTEXT_BYTES = 620.8 * MIB
 #: bitsandbytes block sizes
 NF4_BLOCK = 64                 # 4-bit weights: one absmax per 64 weights
 NF4_DQ_BLOCK = 256             # double quantization: one fp32 scale per 256 absmax values
@@ -120,7 +118,7 @@ def _quantizable(t: ParamTensor, groups: Tuple[str, ...]) -> bool:
 _PARAMS: Dict[Tuple[Any, ...], Tuple[Architecture, _Params]] = {}
 #: the setup fields that decide which parameters train and how they are stored
 _PARAM_FIELDS = ("method", "precision", "quantization", "double_quant", "quantized_groups", "prepare_kbit",
-                 "lora_r", "lora_targets", "trainable_layers")
+                 "lora_r", "lora_targets", "trainable_layers", "stack", "lora_variant", "modules_to_save")
 
 
 def _params(arch: Architecture, s: TrainingSetup) -> _Params:
@@ -185,7 +183,11 @@ def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
             tlist.append((t.name, t.group, t.numel, dtype, t.numel_each))
             largest = max(largest, t.numel_each)
     adapters = []
-    adapter_dtype = "float32"  # peft keeps adapters in fp32 when the base is 16-bit
+    # peft keeps adapters in fp32 when the base is 16-bit; torchtune and LitGPT build them in
+    # the model's dtype (stacks.py)
+    adapter_dtype = "float32" if behaviour(s.stack)["adapter_dtype"] == "float32" else s.weights_dtype
+    if quant != "none" and adapter_dtype != "float32":
+        adapter_dtype = base_dtype16
     if s.trains_adapters:
         for t in arch.lora_tensors(lora_modules):
             numel_a = s.lora_r * t.in_features * t.repeat
@@ -368,7 +370,8 @@ class _Profile:
 _PROFILES: Dict[Tuple[Any, ...], _Profile] = {}
 #: the setup fields a block trace depends on (not the sizes, the optimizer or LoRA's alpha)
 _TRACE_FIELDS = ("method", "precision", "quantization", "prepare_kbit", "gradient_checkpointing",
-                 "attn_implementation", "lora_r", "lora_dropout", "lora_targets")
+                 "attn_implementation", "lora_r", "lora_dropout", "lora_targets", "stack", "versions", "lora_variant",
+                 "modules_to_save", "compile")
 
 
 def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False) -> _Acts:
@@ -447,7 +450,8 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     full = s.method == "full"
     ctx = BlockContext(arch=arch, setup=s, T=T, b=b, s=sq, c=c, resid=resid, norm_w_dtype=norm_w,
                        linear_trains=full, norms_train=full, lora_modules=P.lora_modules,
-                       adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu)
+                       adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu,
+                       fused_qkv_lora=bool(behaviour(s.stack).get("fused_qkv_lora")))
     if s.method == "freeze":
         ctx.linear_trains = True
         ctx.norms_train = True
@@ -500,23 +504,109 @@ def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
 
 
 def logits_bytes(arch: Architecture, s: TrainingSetup) -> Dict[str, float]:
-    """The output head's logits and HF's causal-LM loss.
+    """The output head's logits and the loss: what is live at the loss's forward peak
+    (name -> bytes; see :func:`loss_memory`)."""
+    return {k: b for k, b, _ in loss_memory(arch, s)[0]}
 
-    ``logits`` (b x s x V) come out of the head; the loss upcasts them to fp32 (a copy
-    unless already fp32) and ``cross_entropy``'s log_softmax keeps an fp32 (T x V) output
-    for backward.  In backward, nll_loss's gradient and log_softmax's input gradient are
-    two more fp32 (T x V) tensors beside the saved output.
+
+#: Liger's fused linear cross-entropy: rows per chunk so that a chunk's logits match the input
+#: (src/liger_kernel/ops/fused_linear_cross_entropy.py: inc_factor = cdiv(V, H),
+#: chunk_size = next_power_of_2(cdiv(BT, inc_factor)))
+def _liger_chunk_rows(T: int, V: int, h: int) -> int:
+    inc = -(-V // h)
+    rows = -(-T // inc)
+    return min(T, 1 << max(0, (rows - 1).bit_length()))
+
+
+def loss_memory(arch: Architecture, s: TrainingSetup) -> Tuple[List[Tuple[str, float, str]],
+                                                                List[Tuple[str, float, str]]]:
+    """The output head's logits and the cross-entropy, in one place: (forward, backward).
+
+    ``forward``: tensors live at the loss's forward peak; ``backward``: those live at the
+    peak of the loss's backward (beside the blocks' saved activations).  T = b x s tokens,
+    V vocabulary, c the logits' dtype, n = ``loss_chunks``.
+
+    * ``standard`` (transformers ForCausalLMLoss): logits (T x V x c) held by the output,
+      ``logits.float()`` (T x V x 4), log_softmax's fp32 output saved for backward; in
+      backward nll_loss's and log_softmax's fp32 gradients beside it (3 x T x V x 4).
+      Older transformers (``versions``): before 4.46 the model itself returns
+      ``lm_head(h).float()`` (LlamaForCausalLM; the 16-bit logits are a transient) and
+      before 4.49 the loss copies the shifted fp32 logits (``shift_logits =
+      logits[..., :-1, :].contiguous()``; removed by transformers PR #35646).
+      torchtune's models return ``output(h).float()`` too; LitGPT's loss does not upcast.
+    * ``chunked`` (torchtune CEWithChunkedOutputLoss, LitGPT chunked_cross_entropy): the
+      head runs per chunk, every chunk's 16-bit logits are kept, each chunk is upcast and
+      log_softmax'ed alone: the fp32 upcast is T/n x V, but every chunk's log_softmax
+      output is still saved (T x V x 4 in all); in backward one chunk's two gradients.
+    * compiled or fused cross-entropy (``compile=True``: torchtune compiles the loss;
+      Unsloth's cross-entropy kernel): the upcast, log_softmax and nll_loss are one kernel
+      that keeps only its input and a per-row logsumexp (T x 4) and writes the gradient of
+      its input in backward (T x V in the input's dtype, per chunk when chunked).
+    * ``liger`` (Liger FusedLinearCrossEntropy): no full logits. Rows are processed in
+      chunks (cdiv(T, cdiv(V, h)) rounded up to a power of two); each chunk's logits
+      (rows x V x c) get the softmax gradient in place, and the gradient of the head's
+      input (T x h x c) and, if the head trains, of its weight (V x h) are computed in the
+      forward pass and kept for backward.
     """
-    T, V = s.tokens, arch.vocab_size
+    bh = behaviour(s.stack)
+    T, V, h = s.tokens, arch.vocab_size, arch.hidden_size
     c = DTYPE_BYTES[logits_dtype(arch, s)]
-    out = {
-        "logits": T * V * c,
-        "logits upcast to fp32": T * V * 4 if c != 4 else 0.0,
-        "log_softmax output (fp32)": T * V * 4,
-    }
-    if arch.final_logit_softcapping:
-        out["soft-capped logits tanh"] = T * V * c
-    return out
+    TV = T * V
+    fwd: List[Tuple[str, float, str]] = []
+    bwd: List[Tuple[str, float, str]] = []
+    softcap = bool(arch.final_logit_softcapping)
+    if s.loss == "liger":
+        rows = _liger_chunk_rows(T, V, h)
+        head_trains = s.method in ("full", "freeze") and not (s.method == "freeze" and arch.tie_word_embeddings)
+        head_trains = head_trains or ("lm_head" in (s.modules_to_save or ()))
+        fwd.append(("gradient of the head's input (Liger, kept)", T * h * c, f"T x h x {c:g} B"))
+        if head_trains:
+            fwd.append(("gradient of the head's weight (Liger)", V * h * c, f"V x h x {c:g} B"))
+        fwd.append(("logits of one chunk of rows (Liger)", rows * V * c,
+                    f"{rows} rows x V x {c:g} B (rows = next_pow2(T / ceil(V/h)))"))
+        fwd.append(("per-token loss (fp32)", T * 4.0, "T x 4 B"))
+        bwd = [x for x in fwd if "gradient" in x[0]]
+        return fwd, bwd
+    fused = s.compile or bool(bh.get("fused_loss"))
+    upcast = bool(bh["loss_upcast"])
+    in_model = s.loss == "standard" and (bool(bh["logits_fp32_in_model"]) or s.before("transformers", "4.46"))
+    d = 4.0 if upcast else c            # the dtype the cross-entropy runs in
+    n = s.loss_chunks if s.loss == "chunked" else 1
+    held = 4.0 if in_model else c       # the logits the caller holds while the loss runs
+    if in_model:
+        fwd.append(("logits upcast to fp32 in the model", TV * 4.0,
+                    "T x V x 4 B (the model returns output(h).float())"))
+    else:
+        fwd.append(("logits", TV * c, f"b x s x V ({s.batch_size} x {s.seq_len} x {V}) x {c:g} B"
+                    + (f", {n} chunks" if n > 1 else "")))
+    if softcap:
+        fwd.append(("soft-capped logits tanh", TV * c, "T x V (final_logit_softcapping)"))
+    if fused:
+        fwd.append(("per-row logsumexp (fused cross-entropy)", T * 4.0,
+                    "T x 4 B: the fused kernel keeps its input and one fp32 value per row"))
+        bwd.append(("logits kept by the fused cross-entropy", TV * held,
+                    f"T x V x {held:g} B"))
+        bwd.append(("gradient of the logits (fused cross-entropy)", TV * held / n,
+                    f"T{'/' + str(n) if n > 1 else ''} x V x {held:g} B"))
+        bwd += [x for x in fwd if x[0] == "soft-capped logits tanh"]
+        return fwd, bwd
+    shift_copy = s.loss == "standard" and s.before("transformers", "4.49") and not bh.get("no_shift_copy")
+    if upcast and not in_model and c != 4:
+        fwd.append(("logits upcast to fp32", TV * 4.0 / n,
+                    "b x s x V x 4 B (HF loss calls logits.float())" if n == 1 else
+                    f"T/{n} x V x 4 B (one chunk upcast at a time)"))
+    if shift_copy:
+        fwd.append(("shifted logits copy (fp32)", TV * 4.0, "T x V x 4 B (logits[..., :-1, :].contiguous())"))
+    ls = "log_softmax output (fp32)" if d == 4 else "log_softmax output"
+    fwd.append((ls, TV * d, f"b x s x V x {d:g} B (cross_entropy keeps it for backward)"
+                + (f", every chunk's" if n > 1 else "")))
+    bwd.append((ls + ", saved", TV * d, f"T x V x {d:g} B"))
+    bwd.append(("gradient of log_softmax output" + (" (fp32)" if d == 4 else ""), TV * d / n,
+                f"T{'/' + str(n) if n > 1 else ''} x V x {d:g} B (nll_loss backward)"))
+    bwd.append(("gradient of logits" + (" (fp32)" if d == 4 else ""), TV * d / n,
+                f"T{'/' + str(n) if n > 1 else ''} x V x {d:g} B (log_softmax backward)"))
+    bwd += [(k + " (saved)", b, f) for k, b, f in fwd if k == "soft-capped logits tanh"]
+    return fwd, bwd
 
 
 # ----------------------------------------------------------------------------------
@@ -536,6 +626,7 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
         raise VramError(f"lora_targets: none of the targets are linear layers of {arch.name}", field="lora_targets")
     T = s.tokens
     gc = gc_mode(s)
+    _check_knobs(arch, s)
 
     # -- model states ---------------------------------------------------------------------
     w_bytes = (sum(w[2] for w in P.weights) + sum(q[1] for q in P.quant_consts) + sum(a[2] for a in P.adapters))
@@ -566,8 +657,12 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
         layer_acts = A.checkpoint_bytes_per_layer * L_save
     else:
         layer_acts = A.layers_bytes
+    offloaded = 0.0
+    if s.activation_offloading:
+        offloaded, layer_acts = _offload(A, layer_acts, gc)
     acts_bytes = layer_acts + head_acts
-    lg = logits_bytes(arch, s)
+    loss_fwd, loss_bwd_items = loss_memory(arch, s)
+    lg = {k: b for k, b, _ in loss_fwd}
     logits_fwd_bytes = sum(lg.values())
 
     # -- phases -------------------------------------------------------------------------------
@@ -582,13 +677,23 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
 
     # backward: the loss gradient, then the layers one by one; the phase's peak is the
     # largest of these events (each lists what is live beside the persistent state).
-    fp32_TV = T * arch.vocab_size * 4
-    loss_bwd = 3 * fp32_TV + lg.get("soft-capped logits tanh", 0.0)
+    loss_bwd = sum(b for _, b, _ in loss_bwd_items)
     head_grad = sum(g for n, g in _head_grad_bytes(P, arch))
     embed_grad = _embed_grad_bytes(P, arch)
     layer_grad = (grads_bytes - head_grad) / max(arch.num_layers, 1)
     cache_per_layer = cache_bytes / max(arch.num_layers, 1)
     work = A.transient_layer_bytes + deq
+    if s.optimizer_in_backward:
+        # each parameter steps in its post-accumulate-grad hook and its gradient is freed:
+        # at most one parameter's gradient (+ that step's temporaries) is ever live
+        live = _step_in_backward_bytes(P, s)
+        head_grad = layer_grad = embed_grad_live = 0.0
+        grads_live_first = grads_live_end = live
+        head_grad = live
+    else:
+        embed_grad_live = embed_grad if arch.tie_word_embeddings else 0.0
+        grads_live_first = grads_bytes - embed_grad - layer_grad * 2 / 3
+        grads_live_end = grads_bytes
     ev = {
         # the loss: three fp32 T x V tensors beside every saved activation
         "loss backward": acts_bytes + loss_bwd + bwd_cache + accum_grads,
@@ -599,13 +704,13 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
         # (under checkpointing it is the first block itself that is recomputed: a dense block in
         # DeepSeek-style MoE models, the same as the others elsewhere)
         "first layer's backward": (A.checkpoint_bytes_per_layer + A.first_layer_bytes if gc else A.first_layer_bytes)
-        + max(grads_bytes - embed_grad - layer_grad * 2 / 3, accum_grads)
+        + max(grads_live_first, accum_grads)
         + (head_cache if gc else cache_per_layer) + work,
-        "end of backward": max(grads_bytes, accum_grads) + (embed_grad if arch.tie_word_embeddings else 0.0),
+        "end of backward": max(grads_live_end, accum_grads) + embed_grad_live,
     }
     bwd_event = max(ev, key=ev.get)
     backward = persistent + ev[bwd_event]
-    optimizer = persistent + grads_bytes + temps.bytes
+    optimizer = persistent + (grads_live_end if s.optimizer_in_backward else grads_bytes + temps.bytes)
     phases = {"after_load": base, "forward": forward, "backward": backward, "optimizer_step": optimizer}
     peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
     peak = phases[peak_phase]
@@ -626,6 +731,12 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
         notes.append("paged optimizer states live in unified memory and move to the CPU under memory pressure")
     if s.precision == "fp8":
         notes.append("fp8: linear inputs saved as fp8 copies (torchao-style); derived, not measured")
+    if offloaded:
+        notes.append(f"activation offloading keeps {offloaded / 2**30:.2f} GiB of saved activations in CPU memory")
+    if s.optimizer_in_backward:
+        notes.append("optimizer in backward: each parameter is stepped as its gradient is ready (no full gradient "
+                     "set; no gradient accumulation or clipping)")
+    notes.append(_versions_note(s))
     flops, overhead = _flops(arch, s, P)
 
     def build() -> Tuple[List[Node], Dict[str, List[Node]]]:
@@ -641,12 +752,17 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
         adapters = Node("adapters")
         for module, group, nbytes, numel in P.adapters:
             adapters.add(Node(f"{module} lora_A + lora_B", bytes=nbytes, count=numel, dtype=P.adapter_dtype,
-                              formula=f"r x (in + out) x layers x 4 B (r={s.lora_r}, fp32)"))
+                              formula=f"r x (in + out) x layers x {DTYPE_BYTES[P.adapter_dtype]:g} B "
+                                    f"(r={s.lora_r}, {P.adapter_dtype})"))
         workspace = Node("workspace", children=[Node(
             "cuBLAS workspace", bytes=CUBLAS_WORKSPACE_BYTES,
             formula="cuBLAS + cuBLASLt workspaces, 64 MiB (measured, H200, PyTorch 2.11)")])
         acts = Node("activations")
-        if gc:
+        if s.activation_offloading:
+            acts.add(Node("saved tensors still on the GPU (the rest offloaded)", bytes=layer_acts,
+                          formula=("the 5 most recent checkpointed layer inputs (forward stash)" if gc else
+                                   "one block's saved tensors (in flight to or from the CPU)")))
+        elif gc:
             acts.add(Node(f"layer inputs kept by checkpointing ({L_save} layers)", bytes=layer_acts,
                           formula=f"{L_save} x T x h x {DTYPE_BYTES[_resid(s)]:g} B"))
         else:
@@ -661,8 +777,7 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
                           formula="the first block's saved tensors (its input may need no gradient)"))
         for name, nbytes, formula in A.head:
             _child(acts, "output head").add(Node(name, bytes=nbytes, formula=formula))
-        logits_fwd = Node("logits and loss", children=[
-            Node(k, bytes=v, formula=_logit_formula(k, arch, s)) for k, v in lg.items()])
+        logits_fwd = Node("logits and loss", children=[Node(k, bytes=v, formula=f) for k, v, f in loss_fwd])
         state_node = Node("optimizer states", children=list(states))
 
         def grads_part(nbytes: float, formula: str) -> Node:
@@ -686,13 +801,8 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
         recomputed = Node("recomputed layer (checkpointing)", bytes=recompute,
                           formula="one block's saved tensors, rebuilt for its backward")
         if bwd_event == "loss backward":
-            bwd = [acts, Node("logits and loss", children=[
-                Node("log_softmax output (fp32, saved)", bytes=fp32_TV, formula="T x V x 4 B"),
-                Node("gradient of log_softmax output (fp32)", bytes=fp32_TV,
-                     formula="T x V x 4 B (nll_loss backward)"),
-                Node("gradient of logits (fp32)", bytes=fp32_TV, formula="T x V x 4 B (log_softmax backward)"),
-                Node("soft-capped logits tanh (saved)", bytes=lg.get("soft-capped logits tanh", 0.0),
-                     formula="T x V")]),
+            bwd = [acts, Node("logits and loss", children=[Node(k, bytes=v, formula=f)
+                                                           for k, v, f in loss_bwd_items]),
                 cache_part(bwd_cache), grads_part(0.0, "accumulated gradients")]
         elif bwd_event == "last layer's backward":
             bwd = [Node("activations", children=[
@@ -751,6 +861,77 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
     if gpu is not None:
         est.set_gpu(gpu)
     return est
+
+
+#: torchtune OffloadActivations: max_fwd_stash_size (tensors whose GPU copy waits for its
+#: transfer) and min_offload_size (smaller tensors stay on the GPU)
+OFFLOAD_FWD_STASH = 5
+
+
+def _offload(A: _Acts, layer_acts: float, gc: bool) -> Tuple[float, float]:
+    """Activation offloading: (bytes moved to the CPU, bytes still on the GPU).
+
+    torchtune ``OffloadActivations`` (torchtune/training/_activation_offloading.py) packs
+    every saved tensor of at least 1 KiB that is not a parameter into pinned CPU memory; the
+    GPU copy waits in a forward stash until 5 newer tensors are packed, and in backward each
+    tensor is brought back just before its node runs.  The output head is excluded (a
+    NoOpManager around ``model.output``), so the head's tensors and the logits stay.  What is
+    left on the GPU is the stash: 5 checkpointed layer inputs under full checkpointing (the
+    recomputed layer is not packed: backward runs outside the context), else about one
+    block's saved tensors.  Unsloth's offloaded checkpointing moves the same layer inputs.
+    """
+    if gc:
+        kept = min(OFFLOAD_FWD_STASH, A.n_saving_layers) * A.checkpoint_bytes_per_layer
+    else:
+        kept = A.per_layer_bytes
+    kept = min(kept, layer_acts)
+    return layer_acts - kept, kept
+
+
+def _step_in_backward_bytes(P: _Params, s: TrainingSetup) -> float:
+    """Optimizer in backward (torchtune ``optimizer_in_bwd``: one optimizer per parameter,
+    stepped in a ``register_post_accumulate_grad_hook`` hook that then calls ``zero_grad``:
+    torchtune/training/memory.py ``register_optim_in_bwd_hooks``):
+    the largest parameter's gradient plus what its step allocates (foreach AdamW: one
+    state-sized sqrt(exp_avg_sq) of that parameter)."""
+    g = 0.0
+    for name, group, numel, dtype, each in P.trainable_tensors:
+        b = each * DTYPE_BYTES[dtype]
+        if s.optimizer in ("adamw", "galore_adamw"):
+            b += each * DTYPE_BYTES[_state_dtypes(s, dtype)[1]] if s.optimizer == "adamw" else 0.0
+        g = max(g, b)
+    return g
+
+
+def _versions_note(s: TrainingSetup) -> str:
+    """Which library releases the estimate assumes."""
+    named = dict(s.versions)
+    parts = [f"{k} {v}" for k, v in sorted(named.items())]
+    rest = [k for k in ("transformers", "peft", "bitsandbytes", "torch") if k not in named]
+    txt = "versions: " + (", ".join(parts) + "; " if parts else "")
+    return txt + "current releases of " + ", ".join(rest) if rest else txt.rstrip("; ")
+
+
+def _check_knobs(arch: Architecture, s: TrainingSetup) -> None:
+    """Knobs that the estimator refuses rather than guess."""
+    if s.compile and s.gradient_checkpointing != "full":
+        raise VramError("compile: without full activation checkpointing, which tensors inductor's partitioner "
+                        "saves in each block depends on its recompute heuristics and is not modelled; use "
+                        "gradient_checkpointing='full' (then only the loss's fusion matters) or compile=False",
+                        field="compile")
+    todo = []
+    if s.lora_variant != "lora":
+        todo.append(("lora_variant", s.lora_variant))
+    if s.modules_to_save:
+        todo.append(("modules_to_save", ",".join(s.modules_to_save)))
+    if s.method == "norms":
+        todo.append(("method", "norms"))
+    if s.optimizer.startswith("galore"):
+        todo.append(("optimizer", s.optimizer))
+    if s.packing:
+        todo.append(("packing", True))
+    for field, value in todo:
+        raise VramError(f"{field}: {value!r} is not modelled yet", field=field)
 
 
 def _autocast_cache(arch: Architecture, s: TrainingSetup, P: _Params) -> Node:
@@ -834,14 +1015,6 @@ def _finish(nodes: List[Node]) -> List[Node]:
         if n.bytes > 0:
             out.append(n)
     return _merge_named(out)
-
-
-def _logit_formula(k: str, arch: Architecture, s: TrainingSetup) -> str:
-    V = arch.vocab_size
-    return {"logits": f"b x s x V ({s.batch_size} x {s.seq_len} x {V}) x {DTYPE_BYTES[s.compute_dtype]:g} B",
-            "logits upcast to fp32": "b x s x V x 4 B (HF loss calls logits.float())",
-            "log_softmax output (fp32)": "b x s x V x 4 B (cross_entropy keeps it for backward)",
-            "soft-capped logits tanh": "b x s x V (final_logit_softcapping)"}.get(k, "")
 
 
 def _reserved(peak: float, persistent: float, gc: bool) -> float:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import VramError
-from .units import GIB, MIB
+from .units import CUDA_CONTEXT_BYTES, GIB, MIB
 
 _DATA = Path(__file__).parent / "data" / "gpus.json"
 
@@ -40,6 +40,10 @@ class GPU:
     compute_capability: Optional[str] = None
     notes: str = ""
     aliases: Tuple[str, ...] = field(default=())
+    cuda_total_mib: Optional[float] = None
+    cuda_total_from: str = ""
+    cuda_context_mib: Optional[float] = None
+    cuda_context_from: str = ""
     #: dense peak TFLOP/s per matmul dtype (fp32 without TF32, tf32, bf16, fp16, fp8); None: unsupported
     tflops: Tuple[Tuple[str, Optional[float]], ...] = field(default=())
     memory_bandwidth_gb_per_s: Optional[float] = None
@@ -81,6 +85,29 @@ class GPU:
     @property
     def usable_gib(self) -> float:
         return self.usable_bytes / GIB
+
+    @property
+    def cuda_total_bytes(self) -> float:
+        """The total ``torch.cuda.mem_get_info()`` reports (what serving engines multiply by
+        ``gpu_memory_utilization``): below nvidia-smi's figure by the driver's own reserve.
+        Where the catalog has no such measurement, nvidia-smi's total (:attr:`usable_bytes`)."""
+        return self.cuda_total_mib * MIB if self.cuda_total_mib else self.usable_bytes
+
+    @property
+    def cuda_total_source(self) -> str:
+        """Where :attr:`cuda_total_bytes` comes from ("nvidia-smi" when it is that figure)."""
+        return self.cuda_total_from if self.cuda_total_mib else "nvidia-smi"
+
+    @property
+    def cuda_context_bytes(self) -> float:
+        """The CUDA context (non-torch memory at start-up) measured on this GPU, else the
+        package's default (620.8 MiB, measured on the H200)."""
+        return self.cuda_context_mib * MIB if self.cuda_context_mib else CUDA_CONTEXT_BYTES
+
+    @property
+    def cuda_context_source(self) -> str:
+        """Where :attr:`cuda_context_bytes` comes from."""
+        return self.cuda_context_from if self.cuda_context_mib else "default: 620.8 MiB measured on an H200"
 
     @property
     def label(self) -> str:
@@ -136,6 +163,10 @@ def _catalog() -> Tuple[GPU, ...]:
             compute_capability=g.get("compute_capability"),
             notes=g.get("notes", ""),
             aliases=tuple(g.get("aliases", ())),
+            cuda_total_mib=g.get("cuda_total_mib"),
+            cuda_total_from=g.get("cuda_total_source", ""),
+            cuda_context_mib=g.get("cuda_context_mib"),
+            cuda_context_from=g.get("cuda_context_source", ""),
             tflops=tuple((k, None if v is None else float(v)) for k, v in (g.get("tflops") or {}).items()),
             memory_bandwidth_gb_per_s=g.get("memory_bandwidth_gb_per_s"),
             pcie_gb_per_s=g.get("pcie_gb_per_s"),

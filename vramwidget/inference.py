@@ -41,7 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -85,6 +85,7 @@ _FORMAT_ALIASES = {
 }
 
 KV_CACHE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
+ENGINES = ("hf", "vllm", "sglang")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 MLA_CACHE_CHOICES = ("compressed", "decompressed")
 LOGITS_CHOICES = ("last", "all")
@@ -147,16 +148,37 @@ class InferenceSetup:
     gpu: Optional[str] = None
     gpu_memory_utilization: Optional[float] = None
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_num_batched_tokens: Optional[int] = None   # None: the engine's default for the release
     block_size: int = BLOCK_SIZE
+    engine: str = "hf"                   # "hf" (generate()), "vllm" or "sglang"
+    versions: Dict[str, str] = field(default_factory=dict)
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    data_parallel: int = 1
+    expert_parallel: int = 1
+    enforce_eager: bool = False
+    enable_chunked_prefill: Optional[bool] = None
+    mem_fraction_static: Optional[float] = None
+    disable_custom_all_reduce: bool = False
 
     FIELDS = ("weights", "dtype", "group_size", "double_quant", "kv_cache_dtype", "batch_size", "context_len",
               "prompt_len", "attn_implementation", "mla_cache", "use_sliding_window", "logits", "gpu",
-              "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "block_size")
+              "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "block_size", "engine",
+              "versions", "tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel",
+              "enforce_eager", "enable_chunked_prefill", "mem_fraction_static", "disable_custom_all_reduce")
 
     @property
     def serving(self) -> bool:
-        return self.gpu_memory_utilization is not None
+        """A serving engine (vLLM, SGLang) sizes a paged KV cache instead of generate()."""
+        return self.engine in ("vllm", "sglang")
+
+    @property
+    def chunked_prefill_set(self) -> bool:
+        return self.enable_chunked_prefill is not None and bool(self.enable_chunked_prefill)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
 
     @property
     def fmt_kind(self) -> str:
@@ -259,15 +281,61 @@ class InferenceSetup:
             from .gpus import get_gpu
 
             v["gpu"] = get_gpu(g).name
-        u = kw.get("gpu_memory_utilization")
-        if u is not None:
-            if isinstance(u, bool) or not isinstance(u, (int, float)) or u != u or not 0 < u <= 1:
-                raise VramError(f"gpu_memory_utilization: must be a fraction in (0, 1], e.g. 0.9, got {u!r}",
-                                field="gpu_memory_utilization")
-            if v.get("gpu") is None:
-                raise VramError("gpu_memory_utilization: a serving budget needs a GPU (set gpu, e.g. 'H100-80GB')",
-                                field="gpu")
-            v["gpu_memory_utilization"] = float(u)
+        for name in ("gpu_memory_utilization", "mem_fraction_static"):
+            u = kw.get(name)
+            if u is not None:
+                if isinstance(u, bool) or not isinstance(u, (int, float)) or u != u or not 0 < u <= 1:
+                    raise VramError(f"{name}: must be a fraction in (0, 1], e.g. 0.9, got {u!r}", field=name)
+                if v.get("gpu") is None:
+                    raise VramError(f"{name}: a serving budget needs a GPU (set gpu, e.g. 'H100-80GB')",
+                                    field="gpu")
+                v[name] = float(u)
+        eng = kw.get("engine")
+        if eng is None or eng == "":
+            eng = ("sglang" if v.get("mem_fraction_static") is not None
+                   else "vllm" if v.get("gpu_memory_utilization") is not None else "hf")
+        eng = str(eng).strip().lower()
+        eng = {"transformers": "hf", "generate": "hf", "huggingface": "hf"}.get(eng, eng)
+        if eng not in ENGINES:
+            raise VramError(f"engine: unknown {kw.get('engine')!r}; allowed: {', '.join(ENGINES)}", field="engine")
+        v["engine"] = eng
+        if eng == "hf" and v.get("gpu_memory_utilization") is not None:
+            raise VramError("engine: generate() ('hf') has no gpu_memory_utilization; use engine='vllm'",
+                            field="engine")
+        if eng in ("vllm", "sglang") and v.get("gpu") is None:
+            raise VramError(f"gpu: the {eng} engine sizes its KV cache from a GPU's memory (set gpu, e.g. "
+                            f"'H100-80GB')", field="gpu")
+        if eng == "sglang" and v.get("gpu_memory_utilization") is not None:
+            raise VramError("gpu_memory_utilization: SGLang's budget is mem_fraction_static", field="engine")
+        if eng == "vllm" and v.get("mem_fraction_static") is not None:
+            raise VramError("mem_fraction_static: that is SGLang's setting; vLLM uses gpu_memory_utilization",
+                            field="engine")
+        ver = kw.get("versions")
+        if ver is not None:
+            if isinstance(ver, str):
+                ver = {eng if eng != "hf" else "vllm": ver}
+            if not isinstance(ver, dict):
+                raise VramError(f"versions: a dict like {{'vllm': '0.6.4'}}, got {ver!r}", field="versions")
+            from .engines import parse_version
+
+            for k2, val in ver.items():
+                if k2 not in ("vllm", "sglang", "transformers"):
+                    raise VramError(f"versions: unknown engine {k2!r}; allowed: vllm, sglang, transformers",
+                                    field="versions")
+                parse_version(val)
+            if "vllm" in ver:
+                from .engines import vllm_release
+
+                vllm_release(ver["vllm"])
+            v["versions"] = {str(k2): str(val) for k2, val in ver.items()}
+        for name in ("tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel"):
+            if kw.get(name) is not None:
+                v[name] = _posint(name, kw[name])
+        for name in ("enforce_eager", "disable_custom_all_reduce", "enable_chunked_prefill"):
+            if kw.get(name) is not None:
+                if not isinstance(kw[name], bool):
+                    raise VramError(f"{name}: must be true or false, got {kw[name]!r}", field=name)
+                v[name] = kw[name]
         return cls(**v)
 
 
@@ -1025,6 +1093,14 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     notes: List[str] = []
     if not arch.exact:
         notes.append(arch.assumption)
+    if not s.serving and (s.tensor_parallel > 1 or s.pipeline_parallel > 1 or s.expert_parallel > 1):
+        from .engines import check_layout, gpu_share
+
+        check_layout(arch, s.tensor_parallel, s.pipeline_parallel, s.expert_parallel)
+        arch = gpu_share(arch, s.tensor_parallel, s.pipeline_parallel, s.expert_parallel, stage=-1)
+        notes.append(f"generate() with tensor_parallel={s.tensor_parallel}, pipeline_parallel="
+                     f"{s.pipeline_parallel}: the last stage's rank-0 share (transformers' tp_plan column/row "
+                     f"split; KV heads replicated when fewer than the TP size)")
     stored = weight_storage(arch, s)
     w_node = _group_node("weights", stored, consts=False)
     q_node = _group_node("quantization constants", stored, consts=True)
@@ -1044,7 +1120,7 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
 
         gpu = get_gpu(s.gpu)
     if s.serving:
-        return _serving_estimate(arch, s, stored, w_node, q_node, w_bytes, lay, gpu, notes)
+        return _serving_estimate(arch, s, lay, gpu, notes)
 
     b, p, ctx = s.batch_size, s.prompt_len, s.context_len
     if arch.mla and s.mla_cache == "compressed":
@@ -1126,94 +1202,112 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
 # Serving: a paged KV cache inside a gpu_memory_utilization budget
 # ----------------------------------------------------------------------------------
 
-def serving_budget(arch: Architecture, s: InferenceSetup, weights: float, activations: float, capacity: float,
-                   lay: KVLayout) -> Dict[str, Any]:
-    """How a vLLM-style server sizes its paged KV cache.
-
-    budget = u x C - weights - activation peak (a profiling forward of
-    ``max_num_batched_tokens`` tokens) - CUDA context;  blocks = budget // (block x bytes
-    per token of every layer);  KV tokens = blocks x block (16).  A sequence of
-    ``context_len`` tokens takes ceil(context_len / block) blocks in every full-attention
-    layer (a sliding layer: at most ceil(W / block) + 1); concurrent sequences =
-    budget // bytes per sequence (= KV tokens // context_len when context_len is a multiple
-    of the block and no layer slides).
-    """
-    u = s.gpu_memory_utilization or 0.0
-    blk = s.block_size
-    budget = u * capacity - weights - activations - CUDA_CONTEXT_BYTES
-    bpt = lay.bytes_per_token
-    blocks = int(max(budget, 0) // (blk * bpt)) if bpt else 0
+def serving_budget(plan: Any, lay: KVLayout, s: InferenceSetup) -> Dict[str, Any]:
+    """The engine's KV budget as a dict: the engine's own start-up figures (blocks, tokens,
+    maximum concurrency for ``context_len``) plus how many sequences of ``context_len`` fit
+    when sliding-window layers hold at most ceil(W / block) + 1 blocks."""
+    blk = plan.block_size
+    budget = plan.kv_budget_bytes
     seq_blocks = -(-s.context_len // blk)
-    per_seq = seq_blocks * blk * lay.layer_bytes_per_token * lay.full_layers
-    if lay.sliding_layers:
-        wb = seq_blocks if not lay.window else min(seq_blocks, -(-lay.window // blk) + 1)
-        per_seq += wb * blk * lay.layer_bytes_per_token * lay.sliding_layers
+    bpt = plan.kv_bytes_per_token
+    per_layer_token = bpt / max(lay.full_layers + lay.sliding_layers, 1)
+    per_seq = seq_blocks * blk * bpt
+    if lay.sliding_layers and lay.window and s.engine == "vllm":
+        sl = lay.sliding_layers
+        wb = min(seq_blocks, -(-lay.window // blk) + 1)
+        per_seq = seq_blocks * blk * per_layer_token * (lay.full_layers) + wb * blk * per_layer_token * sl
     seqs = int(max(budget, 0) // per_seq) if per_seq else 0
     return {
-        "gpu_memory_utilization": u,
-        "capacity_bytes": int(round(capacity)),
-        "budget_bytes": int(round(u * capacity)),
-        "weights_bytes": int(round(weights)),
-        "activation_peak_bytes": int(round(activations)),
-        "cuda_context_bytes": int(round(CUDA_CONTEXT_BYTES)),
+        "engine": plan.engine,
+        "version": plan.version,
+        "runtime": plan.runtime,
+        "budget_rule": plan.rule,
+        "tensor_parallel": plan.tensor_parallel,
+        "pipeline_parallel": plan.pipeline_parallel,
+        "data_parallel": plan.data_parallel,
+        "expert_parallel": plan.expert_parallel,
+        "num_gpus": plan.num_gpus,
+        "gpu_memory_utilization": plan.utilization,
+        "capacity_bytes": int(round(plan.total_bytes)),
+        "budget_bytes": int(round(plan.utilization * plan.total_bytes)),
+        "weights_bytes": int(round(plan.weights_bytes)),
+        "activation_peak_bytes": int(round(plan.activation_bytes)),
+        "profile_tokens": plan.profile_tokens,
+        "non_torch_bytes": int(round(plan.non_torch_bytes)),
         "kv_budget_bytes": int(round(budget)),
         "kv_bytes_per_token": bpt,
         "block_size": blk,
-        "kv_blocks": blocks,
-        "kv_tokens": blocks * blk,
+        "kv_blocks": plan.num_blocks,
+        "kv_tokens": plan.kv_tokens,
+        "max_concurrency": round(plan.max_concurrency, 4),
         "bytes_per_sequence": per_seq,
         "max_concurrent_sequences": seqs,
         "running_sequences": min(seqs, s.max_num_seqs),
         "context_len": s.context_len,
-        "fits": budget > 0 and seqs >= 1,
+        "cuda_graph_bytes": int(round(plan.cuda_graph_bytes)),
+        "cuda_graphs": plan.cuda_graph_count,
+        "startup_lines": plan.startup_lines(),
+        "fits": budget > 0 and plan.kv_tokens >= s.context_len,
     }
 
 
-def _serving_estimate(arch: Architecture, s: InferenceSetup, stored: List[_Stored], w_node: Node, q_node: Node,
-                      w_bytes: float, lay: KVLayout, gpu: Any, notes: List[str]) -> InferenceEstimate:
-    """Serving: after load, the profiling forward, then the KV pool filling the budget."""
-    c = DTYPE_BYTES[s.dtype]
-    Tb = s.max_num_batched_tokens
-    # the profiling forward: flash attention over Tb tokens (varlen), no p x p scores
-    prof = InferenceSetup(**{**s.to_dict(), "batch_size": 1, "attn_implementation": "flash_attention_2",
-                             "context_len": Tb, "prompt_len": Tb, "gpu_memory_utilization": None})
-    step_name, step = _pick(layer_steps(arch, prof, Tb, Tb))
-    sampler = [("sampler logits (max_num_seqs x V, c + fp32 + fp32 probabilities)",
-                s.max_num_seqs * arch.vocab_size * (c + 8.0), "max_num_seqs x V x (c + 8 B)")]
-    act_items = [(f"{step_name}: {n}", v, f) for n, v, f in step] + _dequant_transient(stored, prof, Tb)
-    act = _list_node("activations", act_items + sampler,
-                     formula=f"profiling forward of max_num_batched_tokens = {Tb} tokens")
-    workspace = Node("workspace", children=[Node("cuBLAS workspace", bytes=CUBLAS_WORKSPACE_BYTES,
-                                                 formula="cuBLAS + cuBLASLt workspaces, 64 MiB")])
-    workspace.finalize()
-    act_total = act.bytes + workspace.bytes
-    info = serving_budget(arch, s, w_bytes, act_total, gpu.usable_bytes, lay)
-    pool = max(info["kv_blocks"] * s.block_size * lay.bytes_per_token, 0.0)
-    kv = Node("kv cache", children=[Node(f"paged KV pool ({info['kv_blocks']} blocks of {s.block_size} tokens)",
-                                         bytes=pool, formula=f"blocks x {s.block_size} x {lay.bytes_per_token:g} B "
-                                                             f"per token ({lay.formula} x {arch.num_layers} layers)")])
+def _serving_estimate(arch: Architecture, s: InferenceSetup, lay: KVLayout, gpu: Any, notes: List[str]
+                      ) -> InferenceEstimate:
+    """Serving: the engine's start-up on one GPU of the layout (:mod:`vramwidget.engines`):
+    after load, the profiling forward, then the KV pool filling the budget, then CUDA graphs."""
+    from .engines import plan as engine_plan
+
+    p = engine_plan(arch, s, gpu)
+    notes.extend(p.notes)
+    w_node = Node("weights", children=[Node(f"weight shard (tp {p.tensor_parallel}, pp {p.pipeline_parallel}"
+                                            f"{', ep ' + str(p.expert_parallel) if p.expert_parallel > 1 else ''})",
+                                            bytes=p.weights_bytes,
+                                            formula="this GPU's share of every tensor in the stored format "
+                                                    "(+ vLLM's rotary cos/sin cache)")])
+    w_node.finalize()
+    act = _list_node("activations", p.activation_items,
+                     formula=f"profiling forward of {p.profile_tokens} tokens" if p.profile_tokens else "")
+    nt = _list_node("non-torch memory", p.non_torch_items)
+    pool = max(p.num_blocks * p.block_size * p.kv_bytes_per_token, 0.0)
+    unit = "tokens" if p.engine == "sglang" else f"blocks of {p.block_size} tokens"
+    kv = Node("kv cache", children=[Node(f"paged KV pool ({p.num_blocks} {unit})", bytes=pool,
+                                         formula=f"{p.kv_tokens} tokens x {p.kv_bytes_per_token:g} B per token "
+                                                 f"(this GPU's layers and KV heads)")])
     kv.finalize()
-    after = _order([w_node, q_node])
-    profile = _order([w_node, q_node, act, workspace])
-    serving = _order([w_node, q_node, kv, act, workspace])
-    phases = {"after_load": w_bytes, "profile": w_bytes + act_total, "serving": w_bytes + act_total + pool}
+    graphs = Node("cuda graphs", bytes=p.cuda_graph_bytes,
+                  formula=f"{p.cuda_graph_count} captured decode graphs (enforce_eager: none)")
+    after = _order([w_node])
+    profile = _order([w_node, act])
+    serving = _order([w_node, kv, act])
+    phases = {"after_load": p.weights_bytes, "profile": p.weights_bytes + p.activation_bytes,
+              "serving": p.weights_bytes + p.activation_bytes + pool}
     peak = phases["serving"]
-    reserved = max(peak, info["budget_bytes"] - CUDA_CONTEXT_BYTES)
+    reserved = max(peak, p.utilization * p.total_bytes - p.non_torch_bytes)
     components = list(serving) + [
         Node("allocator reserve", bytes=reserved - peak, formula="budget not used by whole KV blocks"),
-        Node("cuda context", bytes=CUDA_CONTEXT_BYTES, formula="CUDA context + kernels: ~620 MiB on an H200")]
+        Node("cuda context", bytes=gpu.cuda_context_bytes, formula=gpu.cuda_context_source)]
+    if nt.bytes:
+        comm = [x for x in p.non_torch_items if x[0] != "CUDA context"]
+        if comm:
+            components.append(_list_node("communication buffers", comm))
+    if graphs.bytes:
+        components.append(graphs)
+    info = serving_budget(p, lay, s)
     if not info["fits"]:
-        notes.append(f"no room for the KV cache of one {s.context_len}-token sequence: budget "
-                     f"{info['kv_budget_bytes'] / GIB:.2f} GiB after weights and activations")
-    notes.append("serving: vLLM-style paged KV cache; CUDA-graph memory and per-request sampler state are not "
-                 "modelled")
+        notes.append(f"does not start: the KV cache holds {p.kv_tokens:,} tokens, less than one "
+                     f"{s.context_len:,}-token request (budget {p.kv_budget_bytes / GIB:.2f} GiB after weights, "
+                     f"activations and non-torch memory)")
+    ctx = gpu.cuda_context_bytes
     est = InferenceEstimate(
         model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total, params_trainable=0,
         components=components, phases_bytes=phases, peak_phase="serving", peak_allocated_bytes=peak,
-        reserved_bytes=reserved, cuda_context_bytes=CUDA_CONTEXT_BYTES, notes=notes,
+        reserved_bytes=reserved + sum(x[1] for x in p.non_torch_items if x[0] != "CUDA context")
+        + p.cuda_graph_bytes, cuda_context_bytes=ctx, notes=notes,
         phase_components={"after_load": after, "profile": profile, "serving": serving},
-        kv_cache_bytes=pool, kv_cache_prefill_bytes=0.0, kv_bytes_per_token=lay.bytes_per_token,
-        weights_bytes=w_bytes, serving=info, gpu=gpu.name, gpu_usable_bytes=gpu.usable_bytes, fits=info["fits"])
+        kv_cache_bytes=pool, kv_cache_prefill_bytes=0.0, kv_bytes_per_token=p.kv_bytes_per_token,
+        weights_bytes=p.weights_bytes, serving=info, gpu=gpu.name, gpu_usable_bytes=gpu.usable_bytes,
+        fits=info["fits"])
+    est.plan = p
     return est
 
 

@@ -7,6 +7,11 @@ MIB = 2**20
 GIB = 2**30
 GB = 10**9
 
+#: CUDA context (not in torch's allocated memory; nvidia-smi shows it): measured 620.8 MiB
+#: on the H200 (driver for CUDA 13); 300-700 MiB across GPUs and drivers.  Here, not in
+#: estimate.py, so that the GPU catalogue can use it without importing the estimator.
+CUDA_CONTEXT_BYTES = 620.8 * MIB
+
 #: bytes per element of each storage dtype we model
 DTYPE_BYTES = {
     "float32": 4.0,
