@@ -12,7 +12,10 @@ MODULES = ["architecture", "estimate", "training", "result", "validate", "scenar
            "inference", "chartview", "widget", "charts", "treemap", "gpus", "presets", "hub", "measure", "measure_inference",
            "cli", "widget.state", "widget.training", "widget.multigpu", "widget.inference",
            "widget.suggestions", "widget.views", "widget.formats", "widget.calculator",
-           "units", "errors", "activations"]
+           "units", "errors", "activations", "families"]
+# every family module too (vramwidget/families/*.py)
+MODULES += ["families." + p.stem for p in sorted((Path(__file__).parent.parent / "vramwidget" / "families").glob("*.py"))
+            if p.stem != "__init__"]
 
 
 @pytest.mark.parametrize("modname", MODULES)

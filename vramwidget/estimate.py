@@ -18,8 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from .activations import (BlockContext, SavedTensor, Trace, attention_backend, layer_norm, rms_norm,
-                          trace_block)
+from .activations import BlockContext, SavedTensor, Trace, attention_backend, trace_block
 from .architecture import Architecture, ParamTensor, _restrict, load, resolve_targets
 from .errors import VramError
 from .result import Estimate, Node
@@ -471,13 +470,7 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     head_trains = full or (s.method == "freeze" and not arch.tie_word_embeddings)
     ctx_head = BlockContext(**{**ctx.__dict__, "linear_trains": head_trains, "quant_base": False,
                                "lora_modules": ()})
-    if arch.model_type == "olmo":
-        n = x
-    elif arch.norm_kind == "layernorm":
-        n = layer_norm(htr, ctx_head, x, "final norm", arch.hidden_size, group="output head")
-    else:
-        n = rms_norm(htr, ctx_head, x, "final norm", arch.hidden_size, group="output head",
-                     gemma=arch.model_type.startswith("gemma"))
+    n = arch.family.final_norm(htr, ctx_head, x)
     if s.autocast or s.precision == "fp8":
         if head_trains or n.rg:
             n_c = htr.cast(n, c, "output head input cast")
@@ -486,10 +479,7 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     elif head_trains:
         htr.save(n)
     head = [(t.name, t.nbytes, t.formula) for t in htr.saved.values()]
-    if arch.model_type == "gpt2" and full:
-        # GPT-2 drops out the sum of token and position embeddings (embd_pdrop)
-        if float(arch.config.get("embd_pdrop", 0.1) or 0.0) > 0:
-            head.append(("embedding dropout mask", T * arch.hidden_size * 1.0, "T x h bool"))
+    head += arch.family.head_saved(arch, T, full)
     return {"per_layer": list(tr.saved.values()), "per": tr.total_bytes, "first": tr_first.total_bytes,
             "dense": dense_bytes, "head": head, "backend": backend,
             "written": tr.created_bytes, "ops": tr.created_ops,

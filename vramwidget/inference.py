@@ -531,8 +531,8 @@ def gguf_tensor_type(mix: str, category: str, layer: int, n_layers: int, arch: A
         return "F16"
     gqa = arch.num_heads // max(arch.num_kv_heads, 1)
     n_expert = arch.num_experts
-    falcon = arch.model_type == "falcon"
-    is70b = arch.model_type == "llama" and arch.num_layers == 80 and arch.num_kv_heads < arch.num_heads
+    falcon = arch.family.gguf_arch == "falcon"
+    is70b = arch.family.gguf_arch == "llama" and arch.num_layers == 80 and arch.num_kv_heads < arch.num_heads
     if category == "output" or (category == "token_embd" and arch.tie_word_embeddings):
         if falcon or row % _GGML_BLOCK[base] != 0:
             t = "Q8_0"
@@ -835,18 +835,8 @@ def layer_steps(arch: Architecture, s: InferenceSetup, q: int, S: int) -> Dict[s
         if arch.dense_layers:
             i_dense = int(arch.config.get("intermediate_size") or i)
             steps["mlp (dense layers)"] = base + _items(("act(gate), up, product", 3 * T * i_dense * c, "3 x T x i"))
-    elif arch.mlp_kind == "gated":
-        if arch.model_type == "phi3":
-            steps["mlp"] = base + _items(("gate_up output", 2 * T * i * c, "T x 2i"),
-                                         ("act(gate), product", 2 * T * i * c, "2 x T x i"))
-        else:
-            steps["mlp"] = base + _items(("act(gate), up, product", 3 * T * i * c, "3 x T x i"))
     else:
-        act = str(arch.config.get("activation_function", arch.config.get("hidden_act", "gelu")))
-        composite = (arch.model_type == "gpt2" and act in ("gelu_new", "gelu_fast")) or arch.model_type == "bloom"
-        n = 4 if composite else 2
-        steps["mlp"] = base + _items(("fc output + activation temporaries", n * T * i * c,
-                                      f"{n} x T x i" + (" (GELU written as tanh composite)" if composite else "")))
+        steps["mlp"] = base + _items(*arch.family.inference_mlp(arch, T, c))
     return steps
 
 
@@ -890,7 +880,7 @@ def _persistent_prefill(arch: Architecture, s: InferenceSetup, q: int, S: int) -
     b = s.batch_size
     out = []
     rope = arch.mla["qk_rope_head_dim"] if arch.mla else arch.head_dim
-    if arch.mlp_kind == "gated" or arch.model_type in ("gpt_neox", "falcon"):
+    if arch.family.rotary:
         out.append(("RoPE cos and sin", 2 * b * q * rope * c, "2 x b x q x d_rope"))
     if _backend(arch, s, False) == "eager":
         n_masks = 2 if (arch.sliding_layers and arch.sliding_layers < arch.num_layers) else 1
