@@ -196,7 +196,8 @@ setups = st.fixed_dictionaries({
     "batch_size": st.integers(1, 8),
     "seq_len": st.integers(1, 4096),
     "stack": st.sampled_from(["hf", "torchtune", "litgpt", "axolotl"]),
-    "loss_chunks": st.integers(1, 32),
+    # one "chunk" is no chunking: torchtune's in-model upcast then holds less (fp32 only)
+    "loss_chunks": st.integers(2, 32),
 })
 
 
