@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import VramError
-from .units import GIB, MIB
+from .units import CUDA_CONTEXT_BYTES, GIB, MIB
 
 _DATA = Path(__file__).parent / "data" / "gpus.json"
 
@@ -102,8 +102,6 @@ class GPU:
     def cuda_context_bytes(self) -> float:
         """The CUDA context (non-torch memory at start-up) measured on this GPU, else the
         package's default (620.8 MiB, measured on the H200)."""
-        from .estimate import CUDA_CONTEXT_BYTES
-
         return self.cuda_context_mib * MIB if self.cuda_context_mib else CUDA_CONTEXT_BYTES
 
     @property
