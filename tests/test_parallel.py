@@ -202,7 +202,7 @@ def test_more_gpus_never_need_more_memory_per_gpu_under_zero3(model, batch, seq,
               offload_optimizer=offload[0], offload_params=offload[1])
     ns = sorted(gpus)
     totals = [estimate_parallel(model, strategy="zero3", num_gpus=n, **kw).device_total_bytes for n in ns]
-    comm = 2 * NCCL_CHANNELS * NCCL_BUFFSIZE_BYTES * 1.05   # 1.05: the allocator's reserve on top
+    comm = 2 * NCCL_CHANNELS * NCCL_BUFFSIZE_BYTES * 1.05 + 1.0   # 1.05: the allocator reserve; 1 B: rounding
     assert all(b <= a + (comm if n == 1 else 0) for n, a, b in zip(ns, totals, totals[1:])), totals
 
 
