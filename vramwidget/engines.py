@@ -620,5 +620,5 @@ def fewest_gpus(arch: Architecture, s: Any, gpu: Any, concurrency: int, max_gpus
             need = concurrency * (-(-s.context_len // p.block_size) * p.block_size)
             if p.kv_tokens >= need and p.kv_tokens >= s.context_len:
                 return p
-        n = n * 2 if n < 8 else n + 8
+        n = n + 1 if n < 8 else n + 8
     return None

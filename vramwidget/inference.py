@@ -1324,9 +1324,8 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     kw["gpu"] = gpu
     kw.pop("context_len", None)
     prompt = kw.pop("prompt_len", None)
-    InferenceSetup.from_kwargs(**kw)   # validate once, with the field names
+    serving = InferenceSetup.from_kwargs(**kw).serving   # validate once, with the field names
     blk = _posint("block_size", kw.get("block_size", BLOCK_SIZE))
-    serving = kw.get("gpu_memory_utilization") is not None
     batch = kw.get("batch_size") or 1
 
     def fits(n_blocks: int) -> bool:
@@ -1368,7 +1367,8 @@ _CLI_OPTIONS = (
     ("--group-size", "group_size", int, "GPTQ/AWQ group size (default 128; -1: GPTQ without groups)"),
     ("--kv-cache-dtype", "kv_cache_dtype", str, "KV cache dtype: " + ", ".join(KV_CACHE_DTYPES)),
     ("--batch-size", "batch_size", int, "sequences (default 1)"),
-    ("--context-len", "context_len", int, "tokens per sequence: prompt + generated (default 4096)"),
+    ("--context-len", "context_len", int, "tokens per sequence: prompt + generated (default 4096); serving: "
+                                          "the engine's max_model_len (--max-model-len)"),
     ("--prompt-len", "prompt_len", int, "prompt tokens (default: the whole context)"),
     ("--attn-implementation", "attn_implementation", str, "sdpa, eager or flash_attention_2"),
     ("--mla-cache", "mla_cache", str, "MLA cache: compressed (transformers 5) or decompressed"),
@@ -1378,8 +1378,22 @@ _CLI_OPTIONS = (
      "serving: fraction of the GPU a vLLM-style server may use (e.g. 0.9)"),
     ("--max-num-seqs", "max_num_seqs", int, f"serving: most sequences at once (default {DEFAULT_MAX_NUM_SEQS})"),
     ("--max-num-batched-tokens", "max_num_batched_tokens", int,
-     f"serving: tokens of the profiling forward (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})"),
+     "serving: tokens of the profiling forward (default: the engine release's own)"),
+    ("--engine", "engine", str, "hf (generate(), default), vllm or sglang: whose start-up to reproduce"),
+    ("--tensor-parallel-size", "tensor_parallel", int, "GPUs a layer is split over (default 1)"),
+    ("--pipeline-parallel-size", "pipeline_parallel", int, "pipeline stages (default 1)"),
+    ("--data-parallel-size", "data_parallel", int, "model replicas (default 1)"),
+    ("--expert-parallel-size", "expert_parallel", int, "GPUs the experts are spread over (default 1)"),
+    ("--vllm-version", "vllm_version", str, "the vLLM release whose memory profile to use (e.g. 0.6.4)"),
+    ("--sglang-version", "sglang_version", str, "the SGLang release"),
+    ("--mem-fraction-static", "mem_fraction_static", float, "SGLang's share of the GPU for weights + KV pool"),
+    ("--concurrency", "concurrency", int,
+     "with --engine vllm/sglang and --gpu: the fewest GPUs (and TP/PP layout) that hold this many "
+     "requests of --context-len tokens at once"),
 )
+
+#: options that are not estimate_inference() settings
+_RUN_ONLY = ("vllm_version", "sglang_version", "concurrency")
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, model: bool = True) -> argparse.ArgumentParser:
@@ -1393,8 +1407,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: bool = True) -> arg
     for flag, dest, typ, text in _CLI_OPTIONS:
         if flag in have:
             continue
-        parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
+        aliases = {"--context-len": ("--max-model-len",), "--tensor-parallel-size": ("--tp",),
+                   "--pipeline-parallel-size": ("--pp",)}.get(flag, ())
+        parser.add_argument(flag, *[a for a in aliases if a not in have], dest=dest, type=typ, default=None,
+                            help=text)
     for flag, dest, val, text in (("--double-quant", "double_quant", True, "bitsandbytes 4-bit double quantization"),
+                                  ("--enforce-eager", "enforce_eager", True, "serving: no CUDA graphs"),
                                   ("--no-sliding-window", "use_sliding_window", False,
                                    "cache sliding-window layers in full"),
                                   ("--longest-context", "longest_context", True,
@@ -1411,9 +1429,13 @@ def setup_from_args(args: argparse.Namespace) -> Dict[str, Any]:
     kw: Dict[str, Any] = {}
     for _, dest, _, _ in _CLI_OPTIONS:
         v = getattr(args, dest, None)
-        if v is not None:
+        if v is not None and dest not in _RUN_ONLY:
             kw[dest] = v
-    for dest in ("double_quant", "use_sliding_window"):
+    versions = {k: getattr(args, f"{k}_version", None) for k in ("vllm", "sglang")}
+    versions = {k: v for k, v in versions.items() if v}
+    if versions:
+        kw["versions"] = versions
+    for dest in ("double_quant", "use_sliding_window", "enforce_eager"):
         v = getattr(args, dest, None)
         if v is not None:
             kw[dest] = v
@@ -1422,22 +1444,91 @@ def setup_from_args(args: argparse.Namespace) -> Dict[str, Any]:
 
 def run(args: argparse.Namespace, out=None) -> int:
     """Run the inference estimate for parsed ``args``; prints a table or JSON, returns 0.
-    Raises VramError on bad input (the caller prints it as one line)."""
+    Raises VramError on bad input (the caller prints it as one line).  With ``--concurrency``
+    (and a serving engine and GPU) it plans the deployment instead: the fewest GPUs and the
+    TP/PP layout."""
     out = out or sys.stdout
     kw = setup_from_args(args)
+    concurrency = getattr(args, "concurrency", None)
+    if concurrency is not None:
+        return _run_plan(args.model, kw, _posint("concurrency", concurrency), out, getattr(args, "json", False))
     est = estimate_inference(args.model, **kw)
     longest = None
     if getattr(args, "longest_context", None):
         if not kw.get("gpu"):
             raise VramError("longest_context: needs --gpu", field="gpu")
         longest = longest_context(args.model, **kw)
+    extra: Dict[str, Any] = {}
+    if est.serving:
+        extra = serving_report(args.model, kw)
     if getattr(args, "json", False):
         d = est.to_dict()
         if longest is not None:
             d["longest_context"] = longest
+        d.update(extra)
         out.write(json.dumps(d, indent=2) + "\n")
         return 0
     out.write(format_table(est, longest) + "\n")
+    if extra:
+        out.write(f"  largest max_model_len that starts: {extra['largest_max_model_len']:,} tokens\n")
+        out.write(f"  command: {extra['command']}\n")
+    return 0
+
+
+def serving_report(model: Model, kw: Dict[str, Any]) -> Dict[str, Any]:
+    """What a serving estimate adds: the engine's start-up lines, the largest
+    ``max_model_len`` that starts with this layout, and a copyable command line."""
+    from .engines import largest_max_model_len, plan
+    from .gpus import get_gpu
+
+    arch = load(model)
+    s = InferenceSetup.from_kwargs(**kw)
+    gpu = get_gpu(s.gpu)
+    p = plan(arch, s, gpu)
+    name = arch.hub_id or arch.name
+    return {"startup_lines": p.startup_lines(), "largest_max_model_len": largest_max_model_len(arch, s, gpu),
+            "command": p.command(name)}
+
+
+def _run_plan(model: Model, kw: Dict[str, Any], concurrency: int, out, as_json: bool) -> int:
+    from .engines import fewest_gpus
+    from .gpus import get_gpu
+
+    if not kw.get("gpu"):
+        raise VramError("concurrency: planning needs --gpu (the card to deploy on)", field="gpu")
+    if kw.get("engine", "vllm") == "hf" or "engine" not in kw:
+        kw = {**kw, "engine": kw.get("engine") if kw.get("engine") not in (None, "hf") else "vllm"}
+    arch = load(model)
+    s = InferenceSetup.from_kwargs(**kw)
+    p = fewest_gpus(arch, s, get_gpu(s.gpu), concurrency)
+    name = arch.hub_id or arch.name
+    if p is None:
+        msg = (f"{arch.name}: no layout of up to 64 x {s.gpu} holds {concurrency} requests of {s.context_len:,} "
+               f"tokens")
+        if as_json:
+            out.write(json.dumps({"model": arch.name, "fits": False, "message": msg}, indent=2) + "\n")
+        else:
+            out.write(msg + "\n")
+        return 0
+    d = {"model": arch.name, "gpu": s.gpu, "engine": p.engine, "version": p.version, "concurrency": concurrency,
+         "context_len": s.context_len, "num_gpus": p.num_gpus, "tensor_parallel": p.tensor_parallel,
+         "pipeline_parallel": p.pipeline_parallel, "kv_tokens_per_replica": p.kv_tokens,
+         "max_concurrency": round(p.max_concurrency, 2), "startup_lines": p.startup_lines(),
+         "command": p.command(name), "plan": p.to_dict()}
+    if as_json:
+        out.write(json.dumps(d, indent=2) + "\n")
+        return 0
+    out.write(f"{arch.name} on {s.gpu} with {p.engine} {p.version}: {concurrency} requests of "
+              f"{s.context_len:,} tokens at once\n")
+    out.write(f"  fewest GPUs: {p.num_gpus} (tensor parallel {p.tensor_parallel}, pipeline parallel "
+              f"{p.pipeline_parallel})\n")
+    out.write(f"  per GPU: weights {p.weights_bytes / GIB:.2f} GiB, profile activations "
+              f"{p.activation_bytes / GIB:.2f} GiB, non-torch {p.non_torch_bytes / GIB:.2f} GiB, KV cache "
+              f"{p.kv_budget_bytes / GIB:.2f} GiB; CUDA graphs {p.cuda_graph_bytes / GIB:.2f} GiB on top\n")
+    out.write("  the engine will print:\n")
+    for line in p.startup_lines():
+        out.write(f"    {line}\n")
+    out.write(f"  command: {p.command(name)}\n")
     return 0
 
 
@@ -1458,6 +1549,14 @@ def format_table(est: InferenceEstimate, longest: Optional[int] = None) -> str:
     lines.append(f"  device total (reserve + CUDA context): {est.device_total_gib:.3f} GiB")
     if est.serving:
         v = est.serving
+        lines.append(f"  {v['engine']} {v['version']} ({v['runtime']}) on {v['num_gpus']} x {est.gpu}: tensor parallel "
+                     f"{v['tensor_parallel']}, pipeline parallel {v['pipeline_parallel']}; per GPU: weights "
+                     f"{v['weights_bytes'] / GIB:.2f} GiB, profile activations {v['activation_peak_bytes'] / GIB:.2f} "
+                     f"GiB ({v['profile_tokens']} tokens), non-torch {v['non_torch_bytes'] / GIB:.2f} GiB, CUDA "
+                     f"graphs {v['cuda_graph_bytes'] / GIB:.2f} GiB")
+        lines.append("  the engine prints:")
+        for line in v["startup_lines"]:
+            lines.append(f"    {line}")
         lines.append(f"  serving on {est.gpu} at {v['gpu_memory_utilization']:g}: KV budget "
                      f"{v['kv_budget_bytes'] / GIB:.2f} GiB = {v['kv_tokens']:,} tokens ({v['kv_blocks']:,} blocks), "
                      f"{v['max_concurrent_sequences']} sequences of {v['context_len']} tokens "
