@@ -226,6 +226,44 @@ class ParallelEstimate:
         total = sum(sum(st.cpu.values()) for st in self.stages) / len(self.stages)
         return total * per * self.cpu_buffer_factor
 
+    # -- time (timing.py) ---------------------------------------------------------
+    def set_gpu(self, gpu: Any) -> "ParallelEstimate":
+        """Time every stage's step on ``gpu`` (a catalogue name); returns self."""
+        for st in self.stages:
+            st.estimate.set_gpu(gpu)
+        return self
+
+    @property
+    def slowest(self) -> Estimate:
+        """The per-GPU estimate of the stage that takes longest (it sets the step's pace)."""
+        timed = [st.estimate for st in self.stages if st.estimate.step_seconds is not None]
+        if not timed:
+            return self.per_gpu
+        return max(timed, key=lambda e: e.step_seconds)
+
+    @property
+    def step_seconds(self) -> Optional[float]:
+        """Seconds per optimizer step, communication and pipeline bubble included; None without a GPU."""
+        return self.slowest.step_seconds
+
+    @property
+    def tokens_per_second(self) -> Optional[float]:
+        """Tokens per second of the whole run (all data-parallel replicas)."""
+        return self.slowest.tokens_per_second
+
+    @property
+    def mfu(self) -> Optional[float]:
+        return self.slowest.mfu
+
+    @property
+    def time_breakdown(self) -> Optional[Dict[str, Any]]:
+        """The slowest stage's breakdown, with its communication (collectives, exposed seconds)."""
+        return self.slowest.time_breakdown
+
+    def run_cost(self, tokens: float, usd_per_gpu_hour: Optional[float] = None) -> Dict[str, Any]:
+        """Steps, hours, GPU-hours and dollars (all ``num_gpus``) to train on ``tokens`` tokens."""
+        return self.slowest.run_cost(tokens, usd_per_gpu_hour)
+
     def fits(self, gpu: Any) -> bool:
         """Whether the worst GPU's device total (reserved + CUDA context) stays within
         the card's usable memory (:attr:`vramwidget.gpus.GPU.usable_bytes`)."""
@@ -244,7 +282,8 @@ class ParallelEstimate:
                 "cpu_bytes_per_node": int(round(self.cpu_bytes_per_node)),
                 "cpu_buffer_factor": self.cpu_buffer_factor,
                 "buffers": self.buffers, "stages": [s.to_dict() for s in self.stages],
-                "per_gpu": self.per_gpu.to_dict(), "notes": list(self.notes)}
+                "per_gpu": self.per_gpu.to_dict(), "notes": list(self.notes),
+                "time": self.slowest._time_dict()}
 
     def __repr__(self) -> str:
         return (f"ParallelEstimate({self.model_name!r}, {self.strategy}, {self.layout['num_gpus']} GPUs: "
@@ -534,7 +573,7 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
                       offload_optimizer: bool = False, offload_params: bool = False,
                       bucket_mb: Optional[float] = None, prefetch_elements: Optional[int] = None,
                       overlap_comm: Optional[bool] = None, ddp_bucket_view: bool = False,
-                      cpu_buffer_factor: Optional[float] = None, **setup: Any) -> ParallelEstimate:
+                      cpu_buffer_factor: Optional[float] = None, gpu: Any = None, **setup: Any) -> ParallelEstimate:
     """Per-GPU memory of one training step run across ``num_gpus`` GPUs.
 
     Parameters
@@ -569,6 +608,9 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
     cpu_buffer_factor:
         host-memory headroom factor for the per-node figure (default 1.5 with DeepSpeed,
         its ``additional_buffer_factor``; 1.0 otherwise).
+    gpu:
+        a catalogue GPU: the step time with the strategy's communication over its NVLink or
+        PCIe (and 50 GB/s per GPU between nodes), tokens/s of the whole run and its cost.
     """
     arch = load(model)
     s = setup.pop("setup") if "setup" in setup and isinstance(setup.get("setup"), TrainingSetup) else None
@@ -576,13 +618,16 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
         s = TrainingSetup.from_kwargs(**setup)
     elif setup:
         raise VramError(f"unknown setup field {sorted(setup)[0]!r} beside setup=", field=sorted(setup)[0])
-    return estimate_parallel_setup(
+    pe = estimate_parallel_setup(
         arch, s, strategy=strategy, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
         tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, sequence_parallel=sequence_parallel,
         context_parallel=context_parallel, expert_parallel=expert_parallel, micro_batches=micro_batches,
         offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
         prefetch_elements=prefetch_elements, overlap_comm=overlap_comm, ddp_bucket_view=ddp_bucket_view,
         cpu_buffer_factor=cpu_buffer_factor)
+    if gpu is not None:
+        pe.set_gpu(gpu)
+    return pe
 
 
 #: the keyword arguments of estimate_parallel beyond the training setup
@@ -651,6 +696,13 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
         est, ms, cpu, n_local, _notes = cache[key]
         stages.append(StageEstimate(i, (first, last), embed, head, k, est, ms, cpu, n_local))
     worst = max(range(len(stages)), key=lambda j: stages[j].device_total_bytes)
+    comm_layout = {"strategy": strategy, "num_gpus": lay.num_gpus, "gpus_per_node": lay.gpus_per_node,
+                   "data_parallel": lay.dp, "tensor_parallel": lay.tp, "pipeline_parallel": lay.pp,
+                   "context_parallel": lay.cp, "expert_parallel": lay.ep, "micro_batches": lay.micro_batches,
+                   "shard": lay.shard, "overlap_comm": opts["overlap_comm"],
+                   "offload_optimizer": offload_optimizer, "offload_params": offload_params}
+    for st in stages:
+        _attach_comm(st.estimate, comm_layout, s, lay)
     notes = list(cache[next(iter(cache))][4])
     layout = {"strategy": strategy, "num_gpus": lay.num_gpus, "gpus_per_node": lay.gpus_per_node,
               "nodes": lay.nodes, "gpus_on_node": lay.gpus_on_node, "data_parallel": lay.dp,
@@ -661,6 +713,20 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
     return ParallelEstimate(model_name=arch.name, strategy=strategy, layout=layout, setup=s.to_dict(), stages=stages,
                             worst_stage=worst, buffers=_buffer_settings(strategy, opts),
                             cpu_buffer_factor=float(cpu_buffer_factor), notes=notes)
+
+
+def _attach_comm(est: Estimate, comm_layout: Dict[str, Any], s: TrainingSetup, lay: _Layout) -> None:
+    """Give a stage's per-GPU estimate its communication (timing.communication) and the run's
+    GPU count and tokens per step, for ``set_gpu`` / ``step_seconds`` / ``run_cost``."""
+    from .timing import communication
+
+    sizes = getattr(est, "_comm_sizes", None)
+    if sizes is None:
+        return
+    est.gpus = lay.num_gpus
+    est.tokens_per_step = s.batch_size * s.seq_len * max(s.grad_accum_steps, lay.micro_batches if lay.pp > 1 else 1) \
+        * lay.dp
+    est._comm = lambda gpu, st: communication(gpu, comm_layout, sizes, st)
 
 
 def _buffer_settings(strategy: str, opts: Dict[str, Any]) -> Dict[str, Any]:
@@ -924,8 +990,37 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
                        phase_components=phase_components)
     # the per-GPU estimate reports the whole model's parameter counts and the user's setup
     est = _relabel(est, arch, s, E)
+    # the step time (timing.py): this GPU's slice, its share of the optimizer update, and
+    # the sizes its communication moves (estimate_parallel_setup attaches the collectives)
+    est._setup_obj = s_loc
+    est._work = _sharded_work(E._work, o_gpu if not (off_opt or (fsdp and off_par)) else 0.0)
+    c = DTYPE_BYTES[s_loc.compute_dtype]
+    T = s_loc.tokens
+    n_moe = 0
+    if cut.is_moe:
+        n_moe = max(0, cut.num_layers - min(cut.dense_layers, cut.num_layers))
+    est._comm_sizes = {
+        "grad_bytes": (4.0 * P.trainable_numel) if mega else (G + Ge),
+        "param_bytes": (P.trainable_numel if s.method in ("full", "freeze") else 0) * c
+        if s.autocast else (W + We),
+        "act_bytes": T * cut.hidden_size * c,
+        "layers": cut.num_layers,
+        "moe_bytes": T * max(cut.experts_per_token, 1) * cut.hidden_size * c if n_moe else 0.0,
+        "moe_layers": n_moe,
+        "kv_bytes": T * 2 * cut.num_kv_heads * cut.head_dim * c * lay.tp,
+        "trainable": float(P.trainable_numel),
+    }
     n_local = cut.params_total
     return est, ms, cpu, n_local, notes
+
+
+def _sharded_work(base: Any, optimizer_share: float):
+    """The single-GPU estimate's step work with the optimizer update over this GPU's share of
+    the states (ZeRO/FSDP shards; none left when the optimizer runs on the CPU)."""
+    def work():
+        fwd, bwd, rec, opt = base()
+        return fwd, bwd, rec, opt.scaled(optimizer_share)
+    return work
 
 
 def _relabel(est: Estimate, arch: Architecture, s: TrainingSetup, E: Estimate) -> Estimate:
