@@ -85,7 +85,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
-from .estimate import _merge_named, _params, _reserved, estimate_setup, gc_mode
+from .inputs import Field, check_choice, check_int
+from .estimate import check_physical, _merge_named, _params, _reserved, estimate_setup, gc_mode
 from .result import Estimate, Node
 from .training import TrainingSetup
 from .units import DTYPE_BYTES, GIB
@@ -321,20 +322,12 @@ class _Layout:
 
 
 def _posint(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")) \
-            or v != int(v) or v < 1:
-        raise VramError(f"{name}: must be a whole number >= 1, got {v!r}", field=name)
-    return int(v)
+    return check_int(name, v, lo=1)
 
 
 def _layout(arch: Architecture, s: TrainingSetup, strategy: str, num_gpus: Any, gpus_per_node: Any, tp: Any,
             pp: Any, sp: Any, cp: Any, ep: Any, micro_batches: Any) -> _Layout:
-    if strategy not in STRATEGIES:
-        import difflib
-
-        m = difflib.get_close_matches(str(strategy), list(STRATEGIES), n=1)
-        raise VramError(f"strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}"
-                        + (f" (did you mean {m[0]!r}?)" if m else ""), field="strategy")
+    strategy = check_choice("strategy", strategy, tuple(STRATEGIES))
     n = _posint("num_gpus", num_gpus)
     gpn = _posint("gpus_per_node", gpus_per_node)
     tp, pp, cp, ep = (_posint(k, v) for k, v in (("tensor_parallel", tp), ("pipeline_parallel", pp),
@@ -625,6 +618,7 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
         offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
         prefetch_elements=prefetch_elements, overlap_comm=overlap_comm, ddp_bucket_view=ddp_bucket_view,
         cpu_buffer_factor=cpu_buffer_factor)
+    check_physical(pe.per_gpu, arch, s)
     if gpu is not None:
         pe.set_gpu(gpu)
     return pe
@@ -637,6 +631,29 @@ PARALLEL_KEYS = ("strategy", "num_gpus", "gpus_per_node", "tensor_parallel", "pi
                  "cpu_buffer_factor")
 
 
+#: each keyword of estimate_parallel beyond the setup, declared once (kind and range; the
+#: links between them and the model are checked in ``_layout``)
+PARALLEL_FIELDS: Dict[str, Field] = {f.name: f for f in (
+    Field("strategy", "choice", "none", choices=lambda: tuple(STRATEGIES), none="error"),
+    Field("num_gpus", "int", 1, lo=1, none="error"),
+    Field("gpus_per_node", "int", 8, lo=1, none="error"),
+    Field("tensor_parallel", "int", 1, lo=1, none="error"),
+    Field("pipeline_parallel", "int", 1, lo=1, none="error"),
+    Field("sequence_parallel", "bool", False, none="error"),
+    Field("context_parallel", "int", 1, lo=1, none="error"),
+    Field("expert_parallel", "int", 1, lo=1, none="error"),
+    Field("micro_batches", "int", None, lo=1, none="none"),
+    Field("offload_optimizer", "bool", False, none="error"),
+    Field("offload_params", "bool", False, none="error"),
+    Field("bucket_mb", "number", None, lo=0, lo_open=True, none="none"),
+    Field("prefetch_elements", "int", None, lo=1, none="none"),
+    Field("overlap_comm", "bool", None, none="none"),
+    Field("ddp_bucket_view", "bool", False, none="error"),
+    Field("cpu_buffer_factor", "number", None, lo=1, none="none"),
+)}
+assert set(PARALLEL_FIELDS) == set(PARALLEL_KEYS)
+
+
 def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: str = "none", num_gpus: int = 1,
                             gpus_per_node: int = 8, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                             sequence_parallel: bool = False, context_parallel: int = 1, expert_parallel: int = 1,
@@ -646,6 +663,16 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                             ddp_bucket_view: bool = False,
                             cpu_buffer_factor: Optional[float] = None) -> ParallelEstimate:
     """:func:`estimate_parallel` for a resolved architecture and a validated setup."""
+    given = dict(strategy=strategy, num_gpus=num_gpus, gpus_per_node=gpus_per_node, tensor_parallel=tensor_parallel,
+                 pipeline_parallel=pipeline_parallel, sequence_parallel=sequence_parallel,
+                 context_parallel=context_parallel, expert_parallel=expert_parallel, micro_batches=micro_batches,
+                 offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
+                 prefetch_elements=prefetch_elements, overlap_comm=overlap_comm, ddp_bucket_view=ddp_bucket_view,
+                 cpu_buffer_factor=cpu_buffer_factor)
+    for k, v in given.items():
+        if v is not None or PARALLEL_FIELDS[k].none == "error":
+            PARALLEL_FIELDS[k].check(v)
+    strategy = PARALLEL_FIELDS["strategy"].check(strategy)
     lay = _layout(arch, s, strategy, num_gpus, gpus_per_node, tensor_parallel, pipeline_parallel,
                   sequence_parallel, context_parallel, expert_parallel, micro_batches)
     for name, v in (("offload_optimizer", offload_optimizer), ("offload_params", offload_params),
