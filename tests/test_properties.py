@@ -43,16 +43,18 @@ def test_longer_sequences_never_need_less(d, extra):
 @given(setups)
 def test_checkpointing_never_needs_more(d):
     """Up to one block's input in fp32 plus its checkpoint and the norm's statistics
-    (8 x T x h + 8 x T bytes): with PEFT, checkpointing calls enable_input_require_grads, so
+    (8 x T x h + 16 x T bytes): with PEFT, checkpointing calls enable_input_require_grads, so
     the first block keeps its norm's fp32 input that it otherwise would not; this shows only
-    at a handful of tokens."""
+    at a handful of tokens.  Statistics: mean and rstd (8 B a token) of each norm that reads
+    the block input, two in GPT-NeoX's parallel block (pythia-1b, QLoRA, one token: 8 x h +
+    16 bytes more with full checkpointing)."""
     drawn(d)
     none = run(d, gradient_checkpointing="none").peak_allocated_bytes
     sel = run(d, gradient_checkpointing="selective").peak_allocated_bytes
     full = run(d, gradient_checkpointing="full").peak_allocated_bytes
 
     tokens = d["batch_size"] * d["seq_len"]
-    slack = 8 * tokens * load(d["model"]).hidden_size + 8 * tokens
+    slack = 8 * tokens * load(d["model"]).hidden_size + 16 * tokens
     assert full <= none + slack and sel <= none + slack
 
 
