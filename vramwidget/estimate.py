@@ -56,15 +56,30 @@ def estimate(model: Model, **setup: Any) -> Estimate:
         ``prepare_kbit``, ``optimizer``, ``optimizer_state_dtypes``,
         ``gradient_checkpointing``, ``attn_implementation``, ``batch_size``, ``seq_len``,
         ``grad_accum_steps``, ``lora_r``, ``lora_alpha``, ``lora_dropout``,
-        ``lora_targets``, ``trainable_layers``.
+        ``lora_targets``, ``trainable_layers``, ``backend`` ("auto": analytic where the
+        model's family is modelled, else traced; "analytic"; "trace": see ``vramwidget.trace``).
 
     Raises
     ------
     VramError
         naming the field that is wrong and what is allowed.
     """
-    arch = load(model)
     s = setup if isinstance(setup, TrainingSetup) else TrainingSetup.from_kwargs(**setup)
+    if s.backend == "trace":
+        from .trace import estimate_traced
+
+        return estimate_traced(model, s)
+    try:
+        arch = load(model)
+    except VramError as e:
+        # the one place the backends meet: a family with no analytic model is traced
+        if s.backend != "auto" or e.field != "model_type":
+            raise
+        from . import trace
+
+        if not trace.available():
+            raise VramError(f"{e} (or trace it: {trace.INSTALL_HINT})", field="model_type") from None
+        return trace.estimate_traced(model, s)
     return estimate_setup(arch, s)
 
 

@@ -57,6 +57,11 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
         ("flash_attention_2", "FlashAttention 2"),
         ("eager", "Eager (scores materialised)"),
     ],
+    "backend": [
+        ("auto", "Analytic where the family is modelled, else traced"),
+        ("analytic", "Analytic (the modelled families)"),
+        ("trace", "Traced: one step of the transformers model on fake tensors (extra [trace])"),
+    ],
 }
 
 QUANT_GROUPS = ("attn_qk", "attn_vo", "mlp", "embedding", "lm_head")
@@ -86,6 +91,7 @@ class TrainingSetup:
     lora_dropout: float = 0.0
     lora_targets: Optional[Tuple[str, ...]] = None
     trainable_layers: Optional[int] = None
+    backend: str = "auto"
 
     # -- derived dtypes ---------------------------------------------------------------
     @property
@@ -149,7 +155,7 @@ class TrainingSetup:
             raise VramError(f"unknown setup field {', '.join(hints)}; allowed: {', '.join(sorted(allowed))}",
                             field=unknown[0])
         v: Dict[str, Any] = {}
-        for name in ("method", "precision", "quantization", "optimizer", "attn_implementation"):
+        for name in ("method", "precision", "quantization", "optimizer", "attn_implementation", "backend"):
             if name in kw and kw[name] is not None:
                 v[name] = _choice(name, kw[name])
         if "gradient_checkpointing" in kw and kw["gradient_checkpointing"] is not None:
