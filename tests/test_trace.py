@@ -77,8 +77,8 @@ def test_profile_equals_an_exact_trace_at_another_size():
     assert prof.size_fns is not None
     s1 = s0.replace(batch_size=3, seq_len=200)
     exact = P._trace(cfg, s1, "causal-lm")
-    direct = phases_from_log(exact.allocs, exact.marks, [cuda_rounded(a.nbytes) for a in exact.allocs])[0]
-    replayed = phases_from_log(prof.base.allocs, prof.base.marks, prof.sizes(3, 200))[0]
+    direct = phases_from_log(exact.allocs, exact.marks, [cuda_rounded(a.nbytes) for a in exact.allocs], 0)[0]
+    replayed = phases_from_log(prof.base.allocs, prof.base.marks, prof.sizes(3, 200), 0)[0]
     assert replayed == direct
 
 

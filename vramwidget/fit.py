@@ -16,15 +16,13 @@ consistent with it: the largest batch returned fits and one more does not.
     >>> max_batch_size("llama-3.1-8b", "H100 80GB", method="lora", seq_len=2048)   # doctest: +SKIP
     >>> for s in suggestions("llama-3.1-8b", "RTX 4090", batch_size=4): print(s)    # doctest: +SKIP
 
-Command line: ``vramwidget fit MODEL --gpu H100-80GB [setup options] [--json]``.
+Command line: ``vramwidget fit MODEL --gpu H100-80GB [setup options] [--json]`` (in
+:mod:`vramwidget.cli`; this module has no command-line code).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -404,81 +402,6 @@ def _kw_for(s: TrainingSetup, par: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None}
 
 
-# ----------------------------------------------------------------------------------
-# Command line
-# ----------------------------------------------------------------------------------
-
-_PARALLEL_FLAGS = (
-    ("--strategy", "strategy", "choice", "data-parallel strategy: " + ", ".join(STRATEGIES)),
-    ("--num-gpus", "num_gpus", "int", "GPUs of the run (default 1)"),
-    ("--gpus-per-node", "gpus_per_node", "int", "GPUs per node (default 8)"),
-    ("--tensor-parallel", "tensor_parallel", "int", "tensor-parallel size"),
-    ("--pipeline-parallel", "pipeline_parallel", "int", "pipeline stages"),
-    ("--context-parallel", "context_parallel", "int", "context-parallel size"),
-    ("--expert-parallel", "expert_parallel", "int", "expert-parallel size"),
-    ("--micro-batches", "micro_batches", "int", "pipeline micro-batches per step"),
-)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``fit`` command's arguments: MODEL, --gpu, the estimate's setup options, the
-    parallel layout, --json."""
-    from .cli import _SETUP_OPTIONS, _float_arg, _int_arg
-    from .training import CHOICES
-
-    parser.add_argument("model", metavar="MODEL",
-                        help="a preset name, a config.json path, a Hub id, or a parameter count like 7B")
-    parser.add_argument("--gpu", required=True, metavar="GPU",
-                        help="a card of the catalog, e.g. H100-80GB, A100 40GB, RTX 4090, T4 (aliases accepted)")
-    for flag, dest, kind, text in _SETUP_OPTIONS:
-        if kind == "choice":
-            parser.add_argument(flag, dest=dest, default=None,
-                                metavar="{" + ",".join(c for c, _ in CHOICES[dest]) + "}", help=text)
-        elif kind == "int":
-            parser.add_argument(flag, dest=dest, default=None, type=_int_arg, metavar="N", help=text)
-        elif kind == "float":
-            parser.add_argument(flag, dest=dest, default=None, type=_float_arg, metavar="X", help=text)
-        else:
-            parser.add_argument(flag, dest=dest, default=None, metavar="A,B", help=text)
-    parser.add_argument("--no-double-quant", dest="double_quant", action="store_const", const=False, default=None,
-                        help="4-bit quantization without double quantization")
-    parser.add_argument("--prepare-kbit", dest="prepare_kbit", action="store_const", const=True, default=None,
-                        help="prepare_model_for_kbit_training")
-    for flag, dest, kind, text in _PARALLEL_FLAGS:
-        if kind == "int":
-            parser.add_argument(flag, dest=dest, default=None, type=_int_arg, metavar="N", help=text)
-        else:
-            parser.add_argument(flag, dest=dest, default=None, metavar="NAME", help=text)
-    parser.add_argument("--bucket-mb", dest="bucket_mb", default=None, type=_float_arg, metavar="MB",
-                        help="gradient reduce bucket in MB (DDP bucket_cap_mb, default 25; DeepSpeed "
-                             "reduce_bucket_size, default 5e8 elements = 1000 MB in 16-bit)")
-    parser.add_argument("--sequence-parallel", dest="sequence_parallel", action="store_true", default=None,
-                        help="Megatron sequence parallel (with --tensor-parallel)")
-    parser.add_argument("--offload-optimizer", dest="offload_optimizer", action="store_true", default=None,
-                        help="DeepSpeed: optimizer states on the CPU")
-    parser.add_argument("--offload-params", dest="offload_params", action="store_true", default=None,
-                        help="ZeRO-3 / FSDP: parameters on the CPU")
-    parser.add_argument("--json", action="store_true", help="print the answers as JSON")
-
-
-def _kwargs(args: argparse.Namespace) -> Dict[str, Any]:
-    from .cli import setup_kwargs
-
-    kw = setup_kwargs(args)
-    for _, dest, _, _ in _PARALLEL_FLAGS:
-        v = getattr(args, dest, None)
-        if v is not None:
-            kw[dest] = v
-    for dest in ("sequence_parallel", "offload_optimizer", "offload_params", "bucket_mb"):
-        v = getattr(args, dest, None)
-        if v is not None:
-            kw[dest] = v
-    if any(k in kw for k in PARALLEL_KEYS) and "strategy" not in kw:
-        kw["strategy"] = "ddp" if int(kw.get("num_gpus", 1)) > int(kw.get("tensor_parallel", 1)) * int(
-            kw.get("pipeline_parallel", 1)) * int(kw.get("context_parallel", 1)) else "none"
-    return kw
-
-
 def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
     """Everything ``vramwidget fit`` prints, as a dict."""
     q = _Query(model, gpu, kw)
@@ -505,74 +428,3 @@ def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
     out["precision_note"] = why
     out["suggestions"] = [s.to_dict() for s in suggestions(q.arch, q.gpu, **kw)]
     return out
-
-
-def format_answers(a: Dict[str, Any]) -> str:
-    """The ``fit`` answers as the text the CLI prints."""
-    g = a["gpu"]
-    c = a["check"]
-    lines = [f"model             {a['model']}",
-             f"GPU               {g['name']}: {g['usable_gib']:.1f} GiB usable"
-             + ("" if g["bf16"] else " (no bf16)")]
-    s = a["setup"]
-    bits = [s["method"], s["precision"], s["optimizer"], f"checkpointing {s['gradient_checkpointing']}",
-            f"batch {s['batch_size']} x seq {s['seq_len']}"]
-    if a["parallel"]:
-        p = a["parallel"]
-        bits.append(f"{p.get('strategy', 'none')} on {p.get('num_gpus', 1)} GPUs")
-    lines.append(f"setup             {', '.join(bits)}")
-    if not a["precision_supported"]:
-        lines.append(f"warning           {a['precision_note']}")
-    verdict = "FITS" if c["fits"] else "DOES NOT FIT"
-    lines.append(f"verdict           {verdict}: device total {c['device_total_gib']:.2f} GiB of "
-                 f"{c['usable_gib']:.2f} GiB ({abs(c['headroom_bytes']) / GIB:.2f} GiB "
-                 f"{'free' if c['fits'] else 'over'})")
-    lines.append("                  (device total = predicted reserved memory + CUDA context, the worst GPU)")
-    lines.append(f"largest batch     {a['max_batch_size']} (at seq {s['seq_len']})")
-    mp = a.get("max_position_embeddings")
-    lines.append(f"longest sequence  {a['max_seq_len']:,} tokens (at batch {s['batch_size']})"
-                 + (f"; the model's position limit is {mp:,}" if mp else ""))
-    lines.append("fewest GPUs       " + ", ".join(f"{k} {v if v else '-'}" for k, v in a["min_gpus"].items()))
-    sug = a["suggestions"]
-    if sug:
-        lines.append("")
-        lines.append("changes that lower the memory (fitting ones first, cheapest first):")
-        for i, x in enumerate(sug, 1):
-            mark = "fits" if x["fits"] else "not enough"
-            lines.append(f"{i:3}. {x['title']}: -{x['saved_gib']:.1f} GiB -> {x['device_total_gib']:.1f} GiB "
-                         f"[{mark}]")
-            lines.append(f"     cost: {x['cost']}")
-    return "\n".join(lines)
-
-
-def run(args: argparse.Namespace, out=None) -> int:
-    """Run a parsed ``fit`` command; raises :class:`VramError` on bad input."""
-    out = sys.stdout if out is None else out
-    a = answers(args.model, args.gpu, **_kwargs(args))
-    if args.json:
-        out.write(json.dumps(a) + "\n")
-    else:
-        out.write(format_answers(a) + "\n")
-    return 0
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``vramwidget fit MODEL --gpu GPU [options]``: exit 0, or 2 with one error line."""
-    from .cli import _Parser, _UsageError, _fail
-
-    parser = _Parser(prog="vramwidget fit", description="What fits a GPU: largest batch, longest sequence, "
-                                                         "fewest GPUs, and changes that make a setup fit.")
-    add_arguments(parser)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        try:
-            args = parser.parse_args(argv)
-        except SystemExit as exc:   # --help
-            return int(exc.code or 0) if not isinstance(exc.code, str) else 2
-        return run(args)
-    except (_UsageError, VramError) as exc:
-        return _fail(str(exc))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -20,6 +20,7 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
         ("lora", "LoRA (frozen 16-bit base)"),
         ("qlora", "QLoRA (frozen 4-bit base)"),
         ("freeze", "Train only the last layers"),
+        ("norms", "Train only the LayerNorm/RMSNorm weights"),
     ],
     "precision": [
         ("bf16", "Pure BF16 (weights, grads, optimizer states in bf16)"),
@@ -46,6 +47,8 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
         ("sgd", "SGD"),
         ("sgd_momentum", "SGD with momentum"),
         ("lion", "Lion"),
+        ("galore_adamw", "GaLore AdamW (low-rank projected moments)"),
+        ("galore_adamw_8bit", "GaLore AdamW 8-bit (bitsandbytes moments)"),
     ],
     "gradient_checkpointing": [
         ("none", "None"),
@@ -62,7 +65,28 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
         ("analytic", "Analytic (the modelled families)"),
         ("trace", "Traced: one step of the transformers model on fake tensors (extra [trace])"),
     ],
+    "loss": [
+        ("standard", "Cross-entropy on the full logits (HF, torchtune default)"),
+        ("chunked", "Chunked cross-entropy (torchtune CEWithChunkedOutputLoss, LitGPT)"),
+        ("liger", "Fused linear cross-entropy (Liger kernels): no full logits"),
+    ],
+    "lora_variant": [
+        ("lora", "LoRA"),
+        ("dora", "DoRA (weight-decomposed LoRA, peft use_dora)"),
+    ],
+    "stack": [
+        ("hf", "Hugging Face Trainer / TRL / PEFT"),
+        ("torchtune", "torchtune recipes"),
+        ("litgpt", "LitGPT"),
+        ("unsloth", "Unsloth"),
+        ("axolotl", "axolotl"),
+    ],
 }
+
+#: the libraries whose release changes a modelled mechanism (see ``TrainingSetup.before``)
+VERSIONED_PACKAGES = ("bitsandbytes", "transformers", "peft", "torch")
+#: modules peft can train in full beside the adapters (``modules_to_save``)
+SAVE_MODULES = ("lm_head", "embed_tokens")
 
 QUANT_GROUPS = ("attn_qk", "attn_vo", "mlp", "embedding", "lm_head")
 DEFAULT_QUANT_GROUPS = ("attn_qk", "attn_vo", "mlp")
@@ -91,6 +115,21 @@ class TrainingSetup:
     lora_dropout: float = 0.0
     lora_targets: Optional[Tuple[str, ...]] = None
     trainable_layers: Optional[int] = None
+    loss: str = "standard"
+    loss_chunks: int = 8
+    activation_offloading: bool = False
+    optimizer_in_backward: bool = False
+    lora_variant: str = "lora"
+    modules_to_save: Tuple[str, ...] = ()
+    galore_rank: int = 128
+    packing: bool = False
+    compile: bool = False
+    versions: Tuple[Tuple[str, str], ...] = ()
+    stack: str = "hf"
+    #: fp32 matmuls on TF32 tensor cores.  PyTorch's default is off
+    #: (``torch.backends.cuda.matmul.allow_tf32 = False``): fp32 matmuls run on the CUDA
+    #: cores at the plain fp32 rate.  Changes the step time only, never the memory.
+    tf32: bool = False
     backend: str = "auto"
 
     # -- derived dtypes ---------------------------------------------------------------
@@ -128,6 +167,19 @@ class TrainingSetup:
     def tokens(self) -> int:
         return self.batch_size * self.seq_len
 
+    def version(self, package: str) -> Optional[Tuple[int, ...]]:
+        """The release of ``package`` the user named in ``versions`` (None: the current one)."""
+        for name, v in self.versions:
+            if name == package:
+                return _parse_version(v)
+        return None
+
+    def before(self, package: str, release: str) -> bool:
+        """Whether the user runs a ``package`` older than ``release`` (False when not named:
+        the estimate assumes current releases)."""
+        v = self.version(package)
+        return v is not None and v < _parse_version(release)
+
     def replace(self, **changes: Any) -> "TrainingSetup":
         """A new validated setup with ``changes`` applied."""
         return TrainingSetup.from_kwargs(**{**self.to_dict(), **changes})
@@ -135,9 +187,10 @@ class TrainingSetup:
     def to_dict(self) -> Dict[str, Any]:
         """The setup as plain JSON-able values (tuples become lists)."""
         d = {f: getattr(self, f) for f in _FIELDS}
-        for k in ("quantized_groups", "lora_targets", "optimizer_state_dtypes"):
+        for k in ("quantized_groups", "lora_targets", "optimizer_state_dtypes", "modules_to_save"):
             if d[k] is not None:
                 d[k] = list(d[k])
+        d["versions"] = dict(self.versions)
         return d
 
     # -- construction and validation --------------------------------------------------
@@ -155,7 +208,14 @@ class TrainingSetup:
             raise VramError(f"unknown setup field {', '.join(hints)}; allowed: {', '.join(sorted(allowed))}",
                             field=unknown[0])
         v: Dict[str, Any] = {}
-        for name in ("method", "precision", "quantization", "optimizer", "attn_implementation", "backend"):
+        from .stacks import stack_defaults
+
+        stack = _choice("stack", kw["stack"]) if kw.get("stack") is not None else "hf"
+        # a stack's defaults, where the user did not say otherwise (stacks.py, from each stack's source)
+        kw = {**{k: v for k, v in stack_defaults(stack, kw).items() if kw.get(k) is None}, **kw}
+        v: Dict[str, Any] = {"stack": stack} if stack != "hf" else {}
+        for name in ("method", "precision", "quantization", "optimizer", "attn_implementation", "loss",
+                     "lora_variant", "backend"):
             if name in kw and kw[name] is not None:
                 v[name] = _choice(name, kw[name])
         if "gradient_checkpointing" in kw and kw["gradient_checkpointing"] is not None:
@@ -187,7 +247,22 @@ class TrainingSetup:
             v["lora_targets"] = t
         if kw.get("trainable_layers") is not None:
             v["trainable_layers"] = _posint("trainable_layers", kw["trainable_layers"])
-        for name in ("double_quant", "prepare_kbit"):
+        for name in ("loss_chunks", "galore_rank"):
+            if kw.get(name) is not None:
+                v[name] = _posint(name, kw[name])
+        if kw.get("modules_to_save") is not None:
+            m = kw["modules_to_save"]
+            if isinstance(m, str):
+                m = [x.strip() for x in m.split(",") if x.strip()]
+            bad = [x for x in m if x not in SAVE_MODULES]
+            if bad:
+                raise VramError(f"modules_to_save: {bad[0]!r} is not one of {', '.join(SAVE_MODULES)}",
+                                field="modules_to_save")
+            v["modules_to_save"] = tuple(dict.fromkeys(m))
+        if kw.get("versions") is not None:
+            v["versions"] = _versions(kw["versions"])
+        for name in ("double_quant", "prepare_kbit", "activation_offloading", "optimizer_in_backward", "packing",
+                     "compile", "tf32"):
             if name in kw and kw[name] is not None:
                 if not isinstance(kw[name], bool):
                     raise VramError(f"{name}: must be true or false, got {kw[name]!r}", field=name)
@@ -241,6 +316,18 @@ class TrainingSetup:
         if method == "freeze" and v.get("trainable_layers") is None:
             raise VramError("trainable_layers: method='freeze' needs how many last layers train (e.g. 2)",
                             field="trainable_layers")
+        if v.get("modules_to_save") and method not in ("lora", "qlora"):
+            raise VramError("modules_to_save: trains whole modules beside LoRA adapters; use method='lora' or 'qlora'",
+                            field="modules_to_save")
+        if v.get("lora_variant", "lora") != "lora" and method not in ("lora", "qlora"):
+            raise VramError(f"lora_variant: {v['lora_variant']!r} needs method='lora' or 'qlora'", field="lora_variant")
+        if v.get("optimizer", "adamw").startswith("galore") and method != "full":
+            raise VramError("optimizer: GaLore projects the gradients of full weight matrices; use method='full'",
+                            field="optimizer")
+        if v.get("optimizer_in_backward") and v.get("grad_accum_steps", 1) > 1:
+            raise VramError("optimizer_in_backward: steps each parameter as its gradient is ready, which "
+                            "gradient accumulation cannot do (torchtune refuses it too); use grad_accum_steps=1",
+                            field="optimizer_in_backward")
         if v.get("precision") == "fp8" and v.get("quantization", "none") != "none":
             raise VramError("precision: fp8 compute with a bitsandbytes-quantized base is not modelled; "
                             "use bf16", field="precision")
@@ -256,10 +343,52 @@ _ALIASES: Dict[str, Dict[Any, str]] = {
                   "adamw_bnb_8bit": "adamw_8bit", "paged_adamw_32bit": "paged_adamw", "sgd_nesterov": "sgd_momentum"},
     "attn_implementation": {"flash_attention": "flash_attention_2", "flash": "flash_attention_2"},
     "precision": {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "mixed": "amp_bf16", "amp": "amp_bf16"},
-    "method": {"full_finetune": "full", "frozen": "freeze"},
+    "method": {"full_finetune": "full", "frozen": "freeze", "layernorm": "norms"},
+    "loss": {"cross_entropy": "standard", "ce": "standard", "chunked_ce": "chunked", "fused_linear": "liger",
+             "flce": "liger"},
     "quantization": {"4bit": "nf4", "8bit": "int8", None: "none", "": "none"},
     "gradient_checkpointing": {"true": "full", "false": "none", "on": "full", "off": "none"},
 }
+
+
+def _parse_version(text: str) -> Tuple[int, ...]:
+    """'0.43.2' -> (0, 43, 2); '4.40' -> (4, 40); pre-release tails ('0.44.0rc1', '2.5.0+cu121') cut."""
+    import re
+
+    parts = []
+    for p in str(text).strip().lstrip("v").split(".")[:3]:
+        m = re.match(r"\d+", p)
+        if not m:
+            break
+        parts.append(int(m.group()))
+        if m.end() < len(p):
+            break
+    if not parts:
+        raise VramError(f"versions: {text!r} is not a release number like '0.43.2'", field="versions")
+    return tuple(parts)
+
+
+def _versions(value: Any) -> Tuple[Tuple[str, str], ...]:
+    if isinstance(value, str):   # "bitsandbytes=0.41.1,transformers=4.40" (command line)
+        pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
+        if not all(len(p) == 2 for p in pairs):
+            raise VramError(f"versions: expected PACKAGE=VERSION,..., got {value!r}", field="versions")
+        value = {k.strip(): v.strip() for k, v in pairs}
+    if not isinstance(value, dict):
+        if isinstance(value, (list, tuple)) and all(isinstance(x, (list, tuple)) and len(x) == 2 for x in value):
+            value = dict(value)
+        else:
+            raise VramError(f"versions: must be a mapping like {{'bitsandbytes': '0.41.1'}}, got {value!r}",
+                            field="versions")
+    out = []
+    for k, ver in value.items():
+        name = str(k).strip().lower().replace("_", "-")
+        if name not in VERSIONED_PACKAGES:
+            raise VramError(f"versions: unknown package {k!r}; known: {', '.join(VERSIONED_PACKAGES)}",
+                            field="versions")
+        _parse_version(str(ver))
+        out.append((name, str(ver).strip()))
+    return tuple(sorted(out))
 
 
 def _choice(name: str, value: Any) -> str:
@@ -322,4 +451,6 @@ def setup_from_case(training: Dict[str, Any]) -> TrainingSetup:
         kw["prepare_kbit"] = bool(training.get("prepare_model_for_kbit_training", False))
     if training.get("method") == "qlora":
         kw.setdefault("quantization", "nf4")
+    if training.get("tf32") is not None:
+        kw["tf32"] = bool(training["tf32"])
     return TrainingSetup.from_kwargs(**kw)

@@ -98,6 +98,27 @@ def refusal(config: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
+#: setup fields whose non-default values the traced step does not run (their stacks' code is
+#: not transformers' + peft's): the analytic path models them
+_UNTRACED = {"loss": "standard", "activation_offloading": False, "optimizer_in_backward": False,
+             "packing": False, "compile": False, "stack": "hf", "optimizer_state_dtypes": None}
+_UNTRACED_PRECISION = ("bf16_fp32_states", "fp8")
+
+
+def _check_setup(s: TrainingSetup) -> None:
+    for f, default in _UNTRACED.items():
+        v = getattr(s, f, default)
+        if v != default and not (f == "loss" and v is None):
+            raise VramError(f"{f}: the trace backend runs Hugging Face transformers + peft as they are and cannot "
+                            f"trace {f}={v!r}; use backend='analytic' (a modelled family) or {f}={default!r}",
+                            field=f)
+    if s.precision in _UNTRACED_PRECISION:
+        raise VramError(f"precision: {s.precision!r} needs a training stack beyond transformers + PyTorch optimizers "
+                        f"(fp32 optimizer states of bf16 weights, fp8 matmuls); the trace backend runs bf16, fp16, "
+                        f"fp32, amp_bf16 and amp_fp16; use backend='analytic' for a modelled family",
+                        field="precision")
+
+
 def _key(config: Mapping[str, Any], s: TrainingSetup, task: str) -> str:
     return json.dumps([config, s.to_dict(), task], sort_keys=True, default=str)
 
@@ -105,21 +126,24 @@ def _key(config: Mapping[str, Any], s: TrainingSetup, task: str) -> str:
 _CACHE: Dict[str, Estimate] = {}
 
 
-def estimate_traced(model: Any, s: TrainingSetup, *, task: str = "causal-lm") -> Estimate:
+def estimate_traced(model: Any, s: TrainingSetup, cuda: Any, *, task: str = "causal-lm") -> Estimate:
     """The Estimate of one training step of ``model`` under ``s``, traced (see the module docstring).
 
-    Raises VramError with one line when the extra is missing or the model cannot be built.
+    ``cuda`` is :class:`~vramwidget.trace.assemble.CudaAccounting` (estimate.py makes it:
+    the workspace, context and reserve the analytic path counts too).  Raises VramError with
+    one line when the extra is missing or the model cannot be built.
     """
     if not available():
         raise VramError(f"backend: the trace backend needs torch, transformers and peft: {INSTALL_HINT}",
                         field="backend")
+    _check_setup(s)
     name, config = resolve_config(model)
     why = refusal(config)
     if why:
         raise VramError(why, field="model")
     from . import profile
 
-    return profile.estimate(name, config, s, task)
+    return profile.estimate(name, config, s, cuda, task)
 
 
 def cache_clear() -> None:

@@ -13,15 +13,17 @@ persistent       what stays between steps (weights + states)
 The sequence of allocations and frees of step 2 is that of step 1 with the states live
 throughout, so its peaks are step 1's plus the states' bytes.  Every phase also holds the
 cuBLAS workspace the analytic path counts (``estimate.CUBLAS_WORKSPACE_BYTES``): a CPU
-trace runs no cuBLAS.
+trace runs no cuBLAS.  The device's constants (that workspace, the CUDA context, the
+allocator-reserve rule) come from ``estimate.py`` as a :class:`CudaAccounting`, so both
+backends share one definition of each.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Dict, List, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Tuple
 
-from ..estimate import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, _reserved
 from ..result import COMPONENT_KINDS, Estimate, Node
 from ..training import TrainingSetup
 from .events import Alloc, live_at, replay
@@ -30,14 +32,23 @@ from .events import Alloc, live_at, replay
 _STEADY = ("forward", "backward", "optimizer_step")
 
 
-def phases_from_log(allocs: List[Alloc], marks: List[Tuple[str, int]], sizes: List[int]
+@dataclass(frozen=True)
+class CudaAccounting:
+    """What a GPU holds beyond the traced tensors (defined once, in estimate.py)."""
+
+    workspace_bytes: float                          # cuBLAS workspaces, held from the first matmul
+    context_bytes: float                            # CUDA context (outside torch's allocator)
+    reserved: Callable[[float, float, bool], float]  # (peak, persistent, checkpointing) -> reserved bytes
+
+
+def phases_from_log(allocs: List[Alloc], marks: List[Tuple[str, int]], sizes: List[int], workspace_bytes: float
                     ) -> Tuple[Dict[str, float], Dict[str, int], float]:
     """Per-phase peak bytes (steady state), the event time of each step-1 peak, and the states' bytes."""
     ph = replay(sizes, allocs, marks)
     t_end = dict(marks).get("end")
     states = float(sum(n for a, n in zip(allocs, sizes) if a.kind == "optimizer states" and n
                        and (a.t_free is None or (t_end is not None and a.t_free > t_end))))
-    w = CUBLAS_WORKSPACE_BYTES
+    w = workspace_bytes
     after_load = ph["end:load"][0] + w
     fwd1, bwd1, opt1 = (ph[p][0] + w for p in _STEADY)
     phases = {"after_load": after_load, "forward": fwd1 + states, "backward": bwd1 + states,
@@ -48,7 +59,7 @@ def phases_from_log(allocs: List[Alloc], marks: List[Tuple[str, int]], sizes: Li
     return phases, times, states
 
 
-def _tree(live: List[Tuple[Alloc, int]], extra: List[Tuple[Alloc, int]]) -> List[Node]:
+def _tree(live: List[Tuple[Alloc, int]], extra: List[Tuple[Alloc, int]], workspace_bytes: float) -> List[Node]:
     """component > group > op, each leaf the summed bytes of the storages one op made there."""
     agg: Dict[Tuple[str, str, str], List[float]] = defaultdict(lambda: [0.0, 0])
     for a, n in list(live) + list(extra):
@@ -66,7 +77,7 @@ def _tree(live: List[Tuple[Alloc, int]], extra: List[Tuple[Alloc, int]]) -> List
             g = groups[(kind, group)] = comp.add(Node(group))
         g.add(Node(op, bytes=nbytes, formula=f"{count} storage(s) made by aten.{op}, traced "
                                                f"(sizes rounded up to 512 B as the CUDA caching allocator does)"))
-    w = Node("workspace", children=[Node("cuBLAS workspace", bytes=CUBLAS_WORKSPACE_BYTES,
+    w = Node("workspace", children=[Node("cuBLAS workspace", bytes=workspace_bytes,
                                          formula="cuBLAS + cuBLASLt workspaces, 64 MiB (measured, H200, PyTorch 2.11)")])
     order = {k: i for i, k in enumerate(COMPONENT_KINDS)}
     out = [c.finalize() for c in comps.values()] + [w.finalize()]
@@ -74,13 +85,14 @@ def _tree(live: List[Tuple[Alloc, int]], extra: List[Tuple[Alloc, int]]) -> List
 
 
 def estimate_from_log(name: str, s: TrainingSetup, allocs: List[Alloc], marks: List[Tuple[str, int]],
-                      sizes: List[int], params_total: int, params_trainable: int, notes: List[str]) -> Estimate:
+                      sizes: List[int], params_total: int, params_trainable: int, notes: List[str],
+                      cuda: CudaAccounting) -> Estimate:
     """The Estimate of one traced setup (sizes: the rounded bytes of every allocation)."""
-    phases, times, states_bytes = phases_from_log(allocs, marks, sizes)
+    phases, times, states_bytes = phases_from_log(allocs, marks, sizes, cuda.workspace_bytes)
     peak_phase = max(_STEADY, key=lambda p: phases[p])
     peak = phases[peak_phase]
     persistent = phases["persistent"]
-    reserved = _reserved(peak, persistent, s.gradient_checkpointing == "full")
+    reserved = cuda.reserved(peak, persistent, s.gradient_checkpointing == "full")
     t_end = dict(marks).get("end")
     states = [(a, n) for a, n in zip(allocs, sizes) if a.kind == "optimizer states" and n
               and (a.t_free is None or (t_end is not None and a.t_free > t_end))]
@@ -90,11 +102,11 @@ def estimate_from_log(name: str, s: TrainingSetup, allocs: List[Alloc], marks: L
         for p, t in times.items():
             live = live_at(allocs, sizes, t)
             extra = states if p in ("forward", "backward") else []
-            per_phase[p] = _tree(live, extra)
+            per_phase[p] = _tree(live, extra, cuda.workspace_bytes)
         comps = list(per_phase[peak_phase]) + [
             Node("allocator reserve", bytes=max(0.0, reserved - peak),
                  formula="caching allocator: freed blocks kept for reuse (predicted)"),
-            Node("cuda context", bytes=CUDA_CONTEXT_BYTES, formula="CUDA context + kernels: ~620 MiB on an H200 (CUDA 13)"),
+            Node("cuda context", bytes=cuda.context_bytes, formula="CUDA context + kernels: ~620 MiB on an H200 (CUDA 13)"),
         ]
         return comps, per_phase
 
@@ -102,5 +114,5 @@ def estimate_from_log(name: str, s: TrainingSetup, allocs: List[Alloc], marks: L
     setup["backend"] = "trace"
     return Estimate(model_name=name, setup=setup, params_total=params_total, params_trainable=params_trainable,
                     components=None, phases_bytes=phases, peak_phase=peak_phase, peak_allocated_bytes=peak,
-                    reserved_bytes=reserved, cuda_context_bytes=CUDA_CONTEXT_BYTES, notes=notes, builder=build,
+                    reserved_bytes=reserved, cuda_context_bytes=cuda.context_bytes, notes=notes, builder=build,
                     backend="trace")

@@ -20,11 +20,14 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..result import Estimate
 from ..training import TrainingSetup
 from .events import Alloc, cuda_rounded
+
+if TYPE_CHECKING:
+    from .assemble import CudaAccounting
 
 #: the setup fields a trace's structure depends on (sizes excluded)
 _SIZE_FIELDS = ("batch_size", "seq_len")
@@ -174,8 +177,8 @@ def cached_profile(config: Mapping[str, Any], s: TrainingSetup, task: str = "cau
         return _PROFILES.get(_key(config, s, task, False))
 
 
-def estimate(name: str, config: Mapping[str, Any], s: TrainingSetup, task: str = "causal-lm",
-             profile: bool = True) -> Estimate:
+def estimate(name: str, config: Mapping[str, Any], s: TrainingSetup, cuda: "CudaAccounting",
+             task: str = "causal-lm", profile: bool = True) -> Estimate:
     """The traced Estimate: from the profile when there is one that fits, else from a trace at this size."""
     from .assemble import estimate_from_log
 
@@ -188,4 +191,4 @@ def estimate(name: str, config: Mapping[str, Any], s: TrainingSetup, task: str =
         tr = _trace(config, s, task)
         sizes = [cuda_rounded(a.nbytes) for a in tr.allocs]
         notes = list(tr.notes) + ["traced (backend='trace') at this batch and sequence"]
-    return estimate_from_log(name, s, tr.allocs, tr.marks, sizes, tr.params_total, tr.params_trainable, notes)
+    return estimate_from_log(name, s, tr.allocs, tr.marks, sizes, tr.params_total, tr.params_trainable, notes, cuda)

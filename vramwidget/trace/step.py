@@ -89,8 +89,8 @@ def _optimizer(name: str, params: List[torch.nn.Parameter]):
         return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, foreach=True)
     if name == "sgd":
         return torch.optim.SGD(params, lr=LEARNING_RATE, foreach=True)
-    raise VramError(f"optimizer: {name!r} runs bitsandbytes' or lion-pytorch's CUDA kernels, which the trace "
-                    f"backend cannot run on a CPU; use adamw, adamw_fused, adafactor, sgd or sgd_momentum, or "
+    raise VramError(f"optimizer: {name!r} runs bitsandbytes', lion-pytorch's or GaLore's own code, which the trace "
+                    f"backend does not run on a CPU; use adamw, adamw_fused, adafactor, sgd or sgd_momentum, or "
                     f"backend='analytic' for a modelled family", field="optimizer")
 
 
@@ -129,7 +129,9 @@ def _peft_wrap(model, s: TrainingSetup):
     targets: Any = list(s.lora_targets) if s.lora_targets else "all-linear"
     conv1d = any(type(m).__name__ == "Conv1D" for m in model.modules())
     cfg = peft.LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
-                          target_modules=targets, fan_in_fan_out=conv1d)
+                          target_modules=targets, fan_in_fan_out=conv1d,
+                          use_dora=getattr(s, "lora_variant", "lora") == "dora",
+                          modules_to_save=list(getattr(s, "modules_to_save", ()) or ()) or None)
     try:
         model = peft.get_peft_model(model, cfg)
     except ValueError as exc:
