@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from .activations import BlockContext, SavedTensor, Trace, attention_backend, trace_block
 from .architecture import Architecture, ParamTensor, _restrict, load, resolve_targets
 from .errors import VramError
+from .inputs import MAX_BYTES, check_total
 from .result import Estimate, Node
 from .stacks import behaviour
 from .training import TrainingSetup
@@ -65,6 +66,7 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
         naming the field that is wrong and what is allowed.
     """
     s = setup if isinstance(setup, TrainingSetup) else TrainingSetup.from_kwargs(**setup)
+<<<<<<< HEAD
     if s.backend == "trace":
         from .trace import estimate_traced
 
@@ -81,6 +83,25 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
             raise VramError(f"{e} (or trace it: {trace.INSTALL_HINT})", field="model_type") from None
         return trace.estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
     return estimate_setup(arch, s, gpu=gpu)
+=======
+    est = estimate_setup(arch, s, gpu=gpu)
+    check_physical(est, arch, s)
+    return est
+
+
+def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
+    """More than 1 PiB on one GPU is an input error (:data:`~vramwidget.inputs.MAX_BYTES`),
+    not an estimate: it names the model when the weights alone exceed it, else the inputs
+    that scale the activations."""
+    if est.device_total_bytes <= MAX_BYTES:
+        return
+    if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES:
+        check_total(est.device_total_bytes, f"{arch.name}'s weights", {"model": arch.name})
+    scaling = {"seq_len": s.seq_len, "batch_size": s.batch_size}
+    if s.batch_size > s.seq_len / 2048:   # name first the one furthest above its default
+        scaling = {"batch_size": s.batch_size, "seq_len": s.seq_len}
+    check_total(est.device_total_bytes, "this training step", dict(scaling, model=arch.name))
+>>>>>>> main
 
 
 def _cuda_accounting():

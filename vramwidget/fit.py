@@ -30,6 +30,7 @@ from .architecture import Architecture, load
 from .errors import VramError
 from .estimate import estimate_setup
 from .gpus import GPU, get_gpu
+from .inputs import check_choice, check_int
 from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
 from .training import TrainingSetup
 from .units import GIB
@@ -135,23 +136,23 @@ def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: 
     """The largest micro-batch (``batch_size``; per data-parallel replica in a parallel run)
     whose device total fits ``gpu``'s usable memory; 0 when even one sequence does not fit.
     The rest of the setup (``seq_len``, method, precision, parallel keywords...) is fixed."""
+    limit = check_int("limit", limit, lo=1)
     q = _Query(model, gpu, kw)
     s0 = q.setup
-    return _largest(lambda b: q.fits(replace(s0, batch_size=b)), int(limit))
+    return _largest(lambda b: q.fits(replace(s0, batch_size=b)), limit)
 
 
 def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of: int = 1, **kw: Any) -> int:
     """The longest sequence (tokens, a multiple of ``multiple_of`` and of the context-parallel
     size) whose device total fits ``gpu``; 0 when none does.  The model's own position
     limit is not applied (``Architecture.max_position_embeddings`` tells it)."""
+    limit = check_int("limit", limit, lo=1)
+    step = check_int("multiple_of", multiple_of, lo=1)
     q = _Query(model, gpu, kw)
     s0 = q.setup
-    step = int(multiple_of)
-    if step < 1:
-        raise VramError(f"multiple_of: must be a whole number >= 1, got {multiple_of!r}", field="multiple_of")
     cp = int(q.par.get("context_parallel", 1) or 1)
     step = step * cp // math.gcd(step, cp)
-    return step * _largest(lambda k: q.fits(replace(s0, seq_len=k * step)), int(limit) // step)
+    return step * _largest(lambda k: q.fits(replace(s0, seq_len=k * step)), limit // step)
 
 
 def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4096, **kw: Any) -> Optional[int]:
@@ -161,6 +162,8 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4
     fits -- always the case when one replica does not fit and the strategy does not shard
     (``none``, ``ddp``, ``zero0``, ``megatron``).  Per-GPU memory never grows with the count
     under the sharding strategies, which makes the search a bisection."""
+    max_gpus = check_int("max_gpus", max_gpus, lo=1)
+    strategy = check_choice("strategy", strategy, tuple(STRATEGIES))
     kw = dict(kw)
     kw["strategy"] = strategy
     kw.pop("num_gpus", None)
@@ -182,7 +185,7 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4
         if strategy == "none" and dp_step > 1:
             return None
         return step if step <= max_gpus and ok(1) else None
-    k = _largest(lambda k: not ok(k), int(max_gpus) // step)   # the last count that does not fit
+    k = _largest(lambda k: not ok(k), max_gpus // step)   # the last count that does not fit
     n = (k + 1) * step
     if n > max_gpus or not ok(k + 1):
         return None
@@ -262,6 +265,7 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> Lis
     pure bf16 instead of fp32 weights, LoRA, QLoRA, ZeRO-2/ZeRO-3/FSDP across the fewest GPUs
     that fit, and DeepSpeed CPU offload of the optimizer (and parameters).
     """
+    max_gpus = check_int("max_gpus", max_gpus, lo=1)
     q = _Query(model, gpu, kw)
     s = q.setup
     base = q.total()

@@ -47,6 +47,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
+from .inputs import MAX_BYTES, check_bool, check_total, check_int, check_keywords, check_number, check_text, close_match, shown
 from .estimate import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, _quant_const_bytes, _quantizable
 from .result import Estimate, Node
 from .units import DTYPE_BYTES, GIB, canonical_dtype
@@ -199,16 +200,10 @@ class InferenceSetup:
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> "InferenceSetup":
-        unknown = sorted(set(kw) - set(cls.FIELDS))
-        if unknown:
-            import difflib
-
-            hints = []
-            for u in unknown:
-                m = difflib.get_close_matches(u, list(cls.FIELDS), n=1)
-                hints.append(f"{u!r}" + (f" (did you mean {m[0]!r}?)" if m else ""))
-            raise VramError(f"unknown inference setting {', '.join(hints)}; allowed: {', '.join(cls.FIELDS)}",
-                            field=unknown[0])
+        check_keywords("inference setting", kw, cls.FIELDS)
+        for name in ("weights", "dtype", "kv_cache_dtype", "attn_implementation", "mla_cache", "logits", "engine"):
+            if kw.get(name) is not None:
+                check_text(name, kw[name], max_chars=64, what="must be a name (text)")
         v: Dict[str, Any] = {}
         w = kw.get("weights")
         v["weights"] = _weights_format(w if w is not None else "bf16")
@@ -224,18 +219,14 @@ class InferenceSetup:
             default = "float16" if kind in ("gptq", "awq") else "bfloat16"
             v["dtype"] = _dtype16("dtype", d, allow32=False) if d is not None else default
         if kw.get("group_size") is not None:
-            g = kw["group_size"]
-            if isinstance(g, bool) or not isinstance(g, (int, float)) or g != g or int(g) != g or (g <= 0 and g != -1):
-                raise VramError(f"group_size: must be a positive whole number (or -1 for GPTQ's one group per "
-                                f"column), got {g!r}", field="group_size")
+            g = check_int("group_size", kw["group_size"], lo=1, also=(-1,),
+                          what="must be a positive whole number (or -1 for GPTQ's one group per column)")
             if int(g) == -1 and kind == "awq":
                 raise VramError("group_size: AWQ needs a positive group size (e.g. 128); -1 is GPTQ-only",
                                 field="group_size")
             v["group_size"] = int(g)
         if kw.get("double_quant") is not None:
-            if not isinstance(kw["double_quant"], bool):
-                raise VramError(f"double_quant: must be true or false, got {kw['double_quant']!r}",
-                                field="double_quant")
+            check_bool("double_quant", kw["double_quant"])
             v["double_quant"] = kw["double_quant"]
         kvd = kw.get("kv_cache_dtype")
         if kvd is None or (isinstance(kvd, str) and kvd.strip().lower() == "auto"):
@@ -247,7 +238,7 @@ class InferenceSetup:
             except KeyError:
                 cd = None
             if cd not in ("bfloat16", "float16", "float32", "float8"):
-                raise VramError(f"kv_cache_dtype: unknown {kvd!r}; allowed: {', '.join(KV_CACHE_DTYPES)} (or auto: "
+                raise VramError(f"kv_cache_dtype: unknown {shown(kvd)}; allowed: {', '.join(KV_CACHE_DTYPES)} (or auto: "
                                 f"the compute dtype)", field="kv_cache_dtype")
             v["kv_cache_dtype"] = cd
         for name in ("batch_size", "context_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -269,12 +260,10 @@ class InferenceSetup:
                 if val == "flash_attention" or val == "fa2":
                     val = "flash_attention_2"
                 if val not in allowed:
-                    raise VramError(f"{name}: unknown {kw[name]!r}; allowed: {', '.join(allowed)}", field=name)
+                    raise VramError(f"{name}: unknown {shown(kw[name])}; allowed: {', '.join(allowed)}", field=name)
                 v[name] = val
         if kw.get("use_sliding_window") is not None:
-            if not isinstance(kw["use_sliding_window"], bool):
-                raise VramError(f"use_sliding_window: must be true or false, got {kw['use_sliding_window']!r}",
-                                field="use_sliding_window")
+            check_bool("use_sliding_window", kw["use_sliding_window"])
             v["use_sliding_window"] = kw["use_sliding_window"]
         g = kw.get("gpu")
         if g is not None and g != "":
@@ -284,8 +273,7 @@ class InferenceSetup:
         for name in ("gpu_memory_utilization", "mem_fraction_static"):
             u = kw.get(name)
             if u is not None:
-                if isinstance(u, bool) or not isinstance(u, (int, float)) or u != u or not 0 < u <= 1:
-                    raise VramError(f"{name}: must be a fraction in (0, 1], e.g. 0.9, got {u!r}", field=name)
+                check_number(name, u, lo=0, hi=1, lo_open=True, what="must be a fraction in (0, 1], e.g. 0.9")
                 if v.get("gpu") is None:
                     raise VramError(f"{name}: a serving budget needs a GPU (set gpu, e.g. 'H100-80GB')",
                                     field="gpu")
@@ -297,7 +285,7 @@ class InferenceSetup:
         eng = str(eng).strip().lower()
         eng = {"transformers": "hf", "generate": "hf", "huggingface": "hf"}.get(eng, eng)
         if eng not in ENGINES:
-            raise VramError(f"engine: unknown {kw.get('engine')!r}; allowed: {', '.join(ENGINES)}", field="engine")
+            raise VramError(f"engine: unknown {shown(kw.get('engine'))}; allowed: {', '.join(ENGINES)}", field="engine")
         v["engine"] = eng
         if eng == "hf" and v.get("gpu_memory_utilization") is not None:
             raise VramError("engine: generate() ('hf') has no gpu_memory_utilization; use engine='vllm'",
@@ -315,12 +303,12 @@ class InferenceSetup:
             if isinstance(ver, str):
                 ver = {eng if eng != "hf" else "vllm": ver}
             if not isinstance(ver, dict):
-                raise VramError(f"versions: a dict like {{'vllm': '0.6.4'}}, got {ver!r}", field="versions")
+                raise VramError(f"versions: a dict like {{'vllm': '0.6.4'}}, got {shown(ver)}", field="versions")
             from .engines import parse_version
 
             for k2, val in ver.items():
                 if k2 not in ("vllm", "sglang", "transformers"):
-                    raise VramError(f"versions: unknown engine {k2!r}; allowed: vllm, sglang, transformers",
+                    raise VramError(f"versions: unknown engine {shown(k2)}; allowed: vllm, sglang, transformers",
                                     field="versions")
                 parse_version(val)
             if "vllm" in ver:
@@ -333,13 +321,13 @@ class InferenceSetup:
                 v[name] = _posint(name, kw[name])
         for name in ("enforce_eager", "disable_custom_all_reduce", "enable_chunked_prefill"):
             if kw.get(name) is not None:
-                if not isinstance(kw[name], bool):
-                    raise VramError(f"{name}: must be true or false, got {kw[name]!r}", field=name)
-                v[name] = kw[name]
+                v[name] = check_bool(name, kw[name])
         return cls(**v)
 
 
 def _weights_format(w: Any) -> str:
+    if w is not None:
+        check_text("weights", w, max_chars=64, what="must be a weights format name (text)")
     key = str(w).strip().lower().replace("_", "-") if w is not None else ""
     key = key.replace("gguf-", "gguf-", 1)
     if key.startswith("gguf-"):
@@ -348,11 +336,9 @@ def _weights_format(w: Any) -> str:
         key = "gguf-" + key.replace("-", "_")
     key = _FORMAT_ALIASES.get(key, key)
     if key not in WEIGHT_FORMATS:
-        import difflib
-
-        close = difflib.get_close_matches(key, list(WEIGHT_FORMATS), n=2)
+        close = close_match(key, list(WEIGHT_FORMATS), n=2)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise VramError(f"weights: unknown format {w!r}{hint}; allowed: {', '.join(WEIGHT_FORMATS)}",
+        raise VramError(f"weights: unknown format {shown(w)}{hint}; allowed: {', '.join(WEIGHT_FORMATS)}",
                         field="weights")
     return key
 
@@ -364,15 +350,12 @@ def _dtype16(name: str, value: Any, allow32: bool) -> str:
         d = None
     ok = ("bfloat16", "float16") + (("float32",) if allow32 else ())
     if d not in ok:
-        raise VramError(f"{name}: must be one of {', '.join(ok)}, got {value!r}", field=name)
+        raise VramError(f"{name}: must be one of {', '.join(ok)}, got {shown(value)}", field=name)
     return d
 
 
 def _posint(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-            or value in (float("inf"), float("-inf")) or int(value) != value or value < 1:
-        raise VramError(f"{name}: must be a whole number >= 1, got {value!r}", field=name)
-    return int(value)
+    return check_int(name, value, lo=1)
 
 
 # ----------------------------------------------------------------------------------
@@ -1043,7 +1026,12 @@ def estimate_inference(model: Model, **setup: Any) -> InferenceEstimate:
     """
     arch = load(model)
     s = setup if isinstance(setup, InferenceSetup) else InferenceSetup.from_kwargs(**setup)
-    return estimate_inference_setup(arch, s)
+    est = estimate_inference_setup(arch, s)
+    if est.device_total_bytes > MAX_BYTES:   # an input error, not an estimate
+        field = "model" if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES else "context_len"
+        check_total(est.device_total_bytes, "this inference run" if field != "model" else f"{arch.name}'s weights",
+                    {field: arch.name if field == "model" else s.context_len, "batch_size": s.batch_size})
+    return est
 
 
 def _group_node(name: str, stored: List[_Stored], consts: bool) -> Node:
@@ -1325,6 +1313,8 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     kw.pop("context_len", None)
     prompt = kw.pop("prompt_len", None)
     serving = InferenceSetup.from_kwargs(**kw).serving   # validate once, with the field names
+    if prompt is not None:
+        prompt = _posint("prompt_len", prompt)
     blk = _posint("block_size", kw.get("block_size", BLOCK_SIZE))
     batch = kw.get("batch_size") or 1
 

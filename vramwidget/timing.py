@@ -269,11 +269,14 @@ class StepTime:
     peak_flops_per_second: float         # the compute dtype's dense peak
     recompute_seconds: float = 0.0       # included in backward
     communication_seconds: float = 0.0   # exposed (not overlapped) communication, multi-GPU
+    pipeline_bubble_seconds: float = 0.0
+    communication: Optional[Dict[str, Any]] = None
 
     @property
     def step_seconds(self) -> float:
         micro = self.forward.seconds + self.backward.seconds
-        return micro * self.grad_accum_steps + self.optimizer_step.seconds + self.communication_seconds
+        return (micro * self.grad_accum_steps + self.optimizer_step.seconds + self.communication_seconds
+                + self.pipeline_bubble_seconds)
 
     @property
     def tokens_per_second(self) -> float:
@@ -305,16 +308,23 @@ class StepTime:
             kinds["waiting for the host"] = host_wait
         if self.communication_seconds:
             kinds["communication"] = self.communication_seconds
+        if self.pipeline_bubble_seconds:
+            kinds["pipeline bubble"] = self.pipeline_bubble_seconds
         total = self.step_seconds or 1.0
         dominant = max(kinds, key=kinds.get)
         return {
             "gpu": self.gpu_name,
             "step_seconds": self.step_seconds,
-            "phases_seconds": {n: p.seconds * (k if n != "optimizer_step" else 1) for n, p in phases.items()},
+            "phases_seconds": {**{n: p.seconds * (k if n != "optimizer_step" else 1) for n, p in phases.items()},
+                               **({"communication": self.communication_seconds} if self.communication_seconds else {}),
+                               **({"pipeline bubble": self.pipeline_bubble_seconds}
+                                  if self.pipeline_bubble_seconds else {})},
             "phases": {n: p.to_dict() for n, p in phases.items()},
             "kinds_seconds": kinds,
             "recompute_seconds": self.recompute_seconds * k,
             "communication_seconds": self.communication_seconds,
+            "pipeline_bubble_seconds": self.pipeline_bubble_seconds,
+            "communication": self.communication,
             "dominant": dominant,
             "dominant_share": kinds[dominant] / total,
             "grad_accum_steps": k,
@@ -480,3 +490,138 @@ def step_time(gpu: Any, s: Any, works: Tuple[Work, Work, Work, Work], communicat
                     tokens_per_step=s.tokens * s.grad_accum_steps, model_flops_per_step=model_flops * s.grad_accum_steps,
                     peak_flops_per_second=_peak(gpu, s.compute_dtype, s.tf32), recompute_seconds=r.seconds,
                     communication_seconds=communication_seconds)
+
+
+# ----------------------------------------------------------------------------------
+# Several GPUs: communication (estimate_parallel)
+# ----------------------------------------------------------------------------------
+
+#: fraction of a link's per-direction peak that NCCL's ring collectives reach (nccl-tests'
+#: "bus bandwidth" on NVLink/InfiniBand is typically 70-85% of the link rate).  Not fitted:
+#: no multi-GPU step was measured here.
+COMM_EFFICIENCY = 0.75
+#: network bandwidth per GPU between nodes, per direction (one 400 Gb/s NIC per GPU, the
+#: usual H100/H200 cluster): an assumption, override with ``inter_node_gb_per_s``
+INTER_NODE_GB_PER_S = 50.0
+#: host memory bandwidth of a node, shared by its GPUs' CPU optimizers (ZeRO-Offload)
+HOST_MEMORY_GB_PER_S = 100.0
+
+
+def _ring(kind: str, nbytes: float, n: int, bw: float) -> float:
+    """Seconds of one ring collective over ``n`` ranks of ``nbytes`` (the full tensor) at
+    ``bw`` bytes/s per direction: all-reduce moves 2 (n-1)/n of it, reduce-scatter and
+    all-gather (n-1)/n (Patarasuk & Yuan 2009; NCCL's busBw)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    f = 2.0 if kind == "all_reduce" else 1.0
+    return f * (n - 1) / n * nbytes / (bw * COMM_EFFICIENCY)
+
+
+def communication(gpu: Any, lay: Dict[str, Any], sizes: Dict[str, float], st: "StepTime",
+                  inter_node_gb_per_s: float = INTER_NODE_GB_PER_S) -> Dict[str, Any]:
+    """Per-step communication of one GPU of a parallel run, and how much of it is exposed.
+
+    ``lay``: the layout (strategy, num_gpus, gpus_per_node, data_parallel, tensor_parallel,
+    pipeline_parallel, context_parallel, expert_parallel, micro_batches, shard, overlap_comm,
+    offload flags); ``sizes``: per-GPU bytes of the stage's gradients (``grad_bytes``), of its
+    parameters as gathered (``param_bytes``), of one layer's T x h activation
+    (``act_bytes``), its layers (``layers``), routed-token bytes per layer (``moe_bytes``),
+    K/V bytes per layer (``kv_bytes``), trainable parameters (``trainable``).
+
+    Volumes (the ZeRO paper, Rajbhandari et al. 2020, sec. 7): DDP, ZeRO-1/2 and Megatron
+    all-reduce (or reduce-scatter + all-gather) the gradients once per step: 2 x Psi;
+    ZeRO-3 and FSDP all-gather the parameters in forward and again in backward and
+    reduce-scatter the gradients: 3 x Psi.  Megatron tensor parallelism all-reduces a
+    T x h activation twice per layer in forward and twice in backward (Shoeybi et al. 2019);
+    expert parallelism sends every routed token to its expert and back (all-to-all); ring
+    attention passes K and V around the context-parallel ranks; the 1F1B pipeline idles
+    (p - 1) micro-batch slots per step (Narayanan et al. 2021).
+
+    Overlap: DDP buckets overlap the all-reduce with the last micro-batch's backward; ZeRO-3
+    (``overlap_comm``, on by default) and FSDP prefetch parameters during forward and
+    backward; DeepSpeed ZeRO-1/2 (``overlap_comm`` off by default), Megatron's gradient
+    reduce, tensor-parallel all-reduces and all-to-alls sit on the critical path.
+    """
+    n_gpus = int(lay["num_gpus"])
+    gpn = int(lay["gpus_per_node"])
+    intra = (gpu.nvlink_gb_per_s or gpu.pcie_gb_per_s or 16.0) * 1e9
+    inter = min(intra, inter_node_gb_per_s * 1e9)
+    tp, pp, cp, ep = (int(lay.get(k, 1)) for k in ("tensor_parallel", "pipeline_parallel", "context_parallel",
+                                                    "expert_parallel"))
+    dp = int(lay.get("data_parallel", 1))
+    shard = int(lay.get("shard", 1))
+    m = int(lay.get("micro_batches", 1))
+    strategy = lay["strategy"]
+    # data-parallel groups span nodes when the model-parallel ranks fill a node first
+    dp_bw = intra if dp * cp * tp <= gpn else inter
+    reps = dp * cp
+    G, W = sizes.get("grad_bytes", 0.0), sizes.get("param_bytes", 0.0)
+    out: Dict[str, float] = {}
+    overlappable = 0.0      # seconds that can hide behind compute
+    exposed = 0.0
+    fwd, bwd = st.forward.seconds, st.backward.seconds
+    if strategy in ("ddp", "zero0", "megatron") and reps > 1:
+        t = _ring("all_reduce", G, reps, dp_bw)
+        out["gradient all-reduce"] = t
+        if strategy == "ddp" or lay.get("overlap_comm"):
+            exposed += max(0.0, t - bwd)
+        else:
+            exposed += t
+    elif strategy in ("zero1", "zero2", "megatron_distopt") and reps > 1:
+        rs = _ring("reduce_scatter", G, reps, dp_bw)
+        ag = _ring("all_gather", W, reps, dp_bw)
+        out["gradient reduce-scatter"] = rs
+        out["parameter all-gather after the step"] = ag
+        exposed += (max(0.0, rs - bwd) if lay.get("overlap_comm") else rs) + ag
+    elif strategy in ("zero3", "fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_hybrid") and reps > 1:
+        n = shard if strategy == "fsdp_hybrid" else reps
+        bw = intra if strategy == "fsdp_hybrid" else dp_bw
+        gathers = 1 if strategy == "fsdp_shard_grad_op" else 2
+        ag = gathers * _ring("all_gather", W, n, bw) * (m if strategy != "fsdp_shard_grad_op" else 1)
+        rs = _ring("reduce_scatter", G, n, bw)
+        out["parameter all-gathers (forward and backward)"] = ag
+        out["gradient reduce-scatter"] = rs
+        overlappable += ag + rs
+        if strategy == "fsdp_hybrid" and reps > n:
+            t = _ring("all_reduce", G / n, reps // n, inter)
+            out["gradient all-reduce across nodes"] = t
+            exposed += t
+    if tp > 1:
+        recompute = 1.5 if st.recompute_seconds else 1.0
+        t = 4 * sizes.get("layers", 0) * _ring("all_reduce", sizes.get("act_bytes", 0.0), tp, intra) * m * recompute
+        out["tensor-parallel all-reduces"] = t
+        exposed += t
+    if ep > 1 and sizes.get("moe_bytes"):
+        # dispatch and combine in forward, their gradients in backward; (e-1)/e of the tokens leave the GPU
+        bw = intra if ep * tp <= gpn else inter
+        t = 4 * sizes.get("moe_layers", 0) * sizes["moe_bytes"] * (ep - 1) / ep / (bw * COMM_EFFICIENCY) * m
+        out["expert all-to-all"] = t
+        exposed += t
+    if cp > 1:
+        bw = intra if cp * tp <= gpn else inter
+        t = 3 * sizes.get("layers", 0) * sizes.get("kv_bytes", 0.0) * (cp - 1) / (bw * COMM_EFFICIENCY) * m
+        out["ring-attention K/V passes"] = t
+        exposed += max(0.0, t - (st.forward.attention_seconds + st.backward.attention_seconds) * m)
+    if pp > 1:
+        bw = intra if n_gpus <= gpn else inter
+        t = 2 * 2 * sizes.get("act_bytes", 0.0) / (bw * COMM_EFFICIENCY) * m
+        out["pipeline sends"] = t
+        exposed += t
+    if lay.get("offload_optimizer"):
+        pcie = gpu.pcie_gb_per_s * 1e9 * COMM_EFFICIENCY
+        t = (G / max(shard, 1) + W / max(shard, 1)) / pcie
+        host = sizes.get("trainable", 0.0) / max(shard, 1) * 28 * min(gpn, n_gpus) / (HOST_MEMORY_GB_PER_S * 1e9)
+        out["offload: gradients down, parameters up (PCIe)"] = t
+        out["offload: optimizer step on the CPU"] = host
+        exposed += t + host
+    if lay.get("offload_params"):
+        pcie = gpu.pcie_gb_per_s * 1e9 * COMM_EFFICIENCY
+        t = 2 * W / max(shard, 1) / pcie * m
+        out["offload: parameters fetched from the host (PCIe)"] = t
+        exposed += t
+    compute = (fwd + bwd) * m
+    exposed += max(0.0, overlappable - compute)
+    bubble = (pp - 1) * (fwd + bwd) if pp > 1 else 0.0
+    return {"collectives_seconds": out, "total_seconds": sum(out.values()), "exposed_seconds": exposed,
+            "pipeline_bubble_seconds": bubble, "intra_node_gb_per_s": intra / 1e9,
+            "inter_node_gb_per_s": inter / 1e9}
