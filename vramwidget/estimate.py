@@ -66,7 +66,6 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
         naming the field that is wrong and what is allowed.
     """
     s = setup if isinstance(setup, TrainingSetup) else TrainingSetup.from_kwargs(**setup)
-<<<<<<< HEAD
     if s.backend == "trace":
         from .trace import estimate_traced
 
@@ -82,8 +81,6 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
         if not trace.available():
             raise VramError(f"{e} (or trace it: {trace.INSTALL_HINT})", field="model_type") from None
         return trace.estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
-    return estimate_setup(arch, s, gpu=gpu)
-=======
     est = estimate_setup(arch, s, gpu=gpu)
     check_physical(est, arch, s)
     return est
@@ -101,7 +98,6 @@ def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
     if s.batch_size > s.seq_len / 2048:   # name first the one furthest above its default
         scaling = {"batch_size": s.batch_size, "seq_len": s.seq_len}
     check_total(est.device_total_bytes, "this training step", dict(scaling, model=arch.name))
->>>>>>> main
 
 
 def _cuda_accounting():
