@@ -616,10 +616,21 @@ def format_fit_answers(a: Dict[str, Any]) -> str:
     lines.append(f"longest sequence  {a['max_seq_len']:,} tokens (at batch {s['batch_size']})"
                  + (f"; the model's position limit is {mp:,}" if mp else ""))
     lines.append("fewest GPUs       " + ", ".join(f"{k} {v if v else '-'}" for k, v in a["min_gpus"].items()))
+    t = a.get("time")
+    if t:
+        b = t["breakdown"]
+        lines.append(f"step time         {t['step_seconds']:.3g} s, {t['tokens_per_second']:,.0f} tokens/s, "
+                     f"MFU {t['mfu'] * 100:.0f}% ({b['dominant']} {b['dominant_share'] * 100:.0f}% of the step)")
+        c = a.get("run_cost")
+        if c:
+            lines.append(f"run cost          {c['tokens']:.3g} tokens: {c['hours']:,.2f} h on {c['gpus']} GPU(s)"
+                         + (f", ${c['dollars']:,.2f} at ${c['usd_per_gpu_hour']:g}/GPU-hour ({c['price_source']})"
+                            if c["dollars"] is not None else " (no price known)"))
     sug = a["suggestions"]
     if sug:
         lines.append("")
-        lines.append("changes that lower the memory (fitting ones first, cheapest first):")
+        lines.append("changes that lower the memory (fitting ones first; those that train the same way first; "
+                     "each by GPU time per token):")
         for i, x in enumerate(sug, 1):
             mark = "fits" if x["fits"] else "not enough"
             lines.append(f"{i:3}. {x['title']}: -{x['saved_gib']:.1f} GiB -> {x['device_total_gib']:.1f} GiB "

@@ -417,7 +417,13 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
     # q, k, v come in the residual stream's dtype: fp32 after prepare_model_for_kbit_training
     # (Linear4bit returns its input's dtype), the compute dtype otherwise
     ad = "float32" if (s.quantized and s.prepare_kbit) else c
-    if A.backend in ("flash", "efficient", "recompute"):
+    # selective checkpointing wraps the core in a checkpoint: the kernel is the one the
+    # attention implementation picks (eager stays eager), run again in backward
+    kernel = A.backend
+    if kernel == "recompute":
+        kernel = "eager" if s.attn_implementation == "eager" else "flash"
+    eager_scores = Work()
+    if kernel in ("flash", "efficient"):
         fwd_blocks.add_flops(ad, core, attention=True)
         bwd_extra.add_flops(ad, FLASH_BACKWARD_FLOPS_RATIO * core, attention=True)
     else:
@@ -431,6 +437,11 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
         fwd_blocks.kernels += 3 * L
         fwd_blocks.model_ops += 3 * L
         bwd_extra.kernels += 6 * L
+        if A.backend == "recompute":
+            # the trace saved no probabilities (the core is recomputed): the softmax's fp32
+            # output and its 16-bit copy are written and read in forward and again in recompute
+            eager_scores.add_bytes("attention scores", b * arch.num_heads * sq * sq * L * (4 + DTYPE_BYTES[ad]) * 2)
+            fwd_blocks.add_bytes("attention scores", eager_scores.memory_bytes)
     # the blocks' other kernels: every tensor the forward creates is written once and read
     # at least once; backward runs about two kernels and twice the traffic per forward op
     n_layers = A.n_saving_layers
@@ -471,9 +482,16 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
         recompute.ops += hooks
     if s.gradient_checkpointing == "selective":
         recompute = Work()
-        recompute.add_flops(c, core, attention=True)
-        recompute.kernels += 4 * L
-        recompute.model_ops += 4 * L
+        if kernel == "eager":
+            recompute.add_flops(ad, 2 * core)
+            recompute.add_bytes("attention scores", b * arch.num_heads * sq * sq * L * DTYPE_BYTES[ad] * 6
+                                + eager_scores.memory_bytes)
+            recompute.kernels += 6 * L
+            recompute.model_ops += 6 * L
+        else:
+            recompute.add_flops(ad, core, attention=True)
+            recompute.kernels += 4 * L
+            recompute.model_ops += 4 * L
     opt = optimizer_work(s, P.trainable_tensors, state_dtypes)
     return fwd, bwd_extra, recompute, opt
 
