@@ -118,6 +118,11 @@ DDP_BUCKET_BYTES = 25 * 1024 * 1024
 DS_REDUCE_BUCKET_ELEMENTS = int(5e8)
 DS_ALLGATHER_BUCKET_ELEMENTS = int(5e8)
 DS_PREFETCH_BUCKET_ELEMENTS = int(5e7)
+DS_MAX_LIVE_PARAMETERS = int(1e9)
+#: NCCL: NCCL_BUFFSIZE default (4 MiB) and the channels of one communicator assumed (NCCL
+#: chooses 2 or more by topology; NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS set them)
+NCCL_BUFFSIZE_BYTES = 4 * 2**20
+NCCL_CHANNELS = 2
 #: DeepSpeed's memory estimators multiply host memory by this ("to be conservative")
 DS_ADDITIONAL_BUFFER_FACTOR = 1.5
 
@@ -566,7 +571,9 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
                       offload_optimizer: bool = False, offload_params: bool = False,
                       bucket_mb: Optional[float] = None, prefetch_elements: Optional[int] = None,
                       overlap_comm: Optional[bool] = None, ddp_bucket_view: bool = False,
-                      cpu_buffer_factor: Optional[float] = None, gpu: Any = None, **setup: Any) -> ParallelEstimate:
+                      cpu_buffer_factor: Optional[float] = None, max_live_parameters: Optional[int] = None,
+                      nccl_buffsize_mb: Optional[float] = None, nccl_channels: Optional[int] = None,
+                      gpu: Any = None, **setup: Any) -> ParallelEstimate:
     """Per-GPU memory of one training step run across ``num_gpus`` GPUs.
 
     Parameters
@@ -601,6 +608,12 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
     cpu_buffer_factor:
         host-memory headroom factor for the per-node figure (default 1.5 with DeepSpeed,
         its ``additional_buffer_factor``; 1.0 otherwise).
+    max_live_parameters:
+        ZeRO-3 ``stage3_max_live_parameters`` (default 1e9 elements): the most parameters
+        gathered at once.
+    nccl_buffsize_mb, nccl_channels:
+        NCCL's ``NCCL_BUFFSIZE`` in MiB (default 4) and channels per communicator (default 2;
+        NCCL picks more on NVLink systems, up to ``NCCL_MAX_NCHANNELS``).
     gpu:
         a catalogue GPU: the step time with the strategy's communication over its NVLink or
         PCIe (and 50 GB/s per GPU between nodes), tokens/s of the whole run and its cost.
@@ -617,7 +630,8 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
         context_parallel=context_parallel, expert_parallel=expert_parallel, micro_batches=micro_batches,
         offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
         prefetch_elements=prefetch_elements, overlap_comm=overlap_comm, ddp_bucket_view=ddp_bucket_view,
-        cpu_buffer_factor=cpu_buffer_factor)
+        cpu_buffer_factor=cpu_buffer_factor, max_live_parameters=max_live_parameters,
+        nccl_buffsize_mb=nccl_buffsize_mb, nccl_channels=nccl_channels)
     check_physical(pe.per_gpu, arch, s)
     if gpu is not None:
         pe.set_gpu(gpu)
@@ -628,7 +642,8 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
 PARALLEL_KEYS = ("strategy", "num_gpus", "gpus_per_node", "tensor_parallel", "pipeline_parallel",
                  "sequence_parallel", "context_parallel", "expert_parallel", "micro_batches", "offload_optimizer",
                  "offload_params", "bucket_mb", "prefetch_elements", "overlap_comm", "ddp_bucket_view",
-                 "cpu_buffer_factor")
+                 "cpu_buffer_factor", "max_live_parameters", "nccl_buffsize_mb",
+                 "nccl_channels")
 
 
 #: each keyword of estimate_parallel beyond the setup, declared once (kind and range; the
@@ -650,6 +665,9 @@ PARALLEL_FIELDS: Dict[str, Field] = {f.name: f for f in (
     Field("overlap_comm", "bool", None, none="none"),
     Field("ddp_bucket_view", "bool", False, none="error"),
     Field("cpu_buffer_factor", "number", None, lo=1, none="none"),
+    Field("max_live_parameters", "int", None, lo=1, none="none"),
+    Field("nccl_buffsize_mb", "number", None, lo=0, lo_open=True, none="none"),
+    Field("nccl_channels", "int", None, lo=1, none="none"),
 )}
 assert set(PARALLEL_FIELDS) == set(PARALLEL_KEYS)
 
@@ -661,7 +679,9 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                             offload_params: bool = False, bucket_mb: Optional[float] = None,
                             prefetch_elements: Optional[int] = None, overlap_comm: Optional[bool] = None,
                             ddp_bucket_view: bool = False,
-                            cpu_buffer_factor: Optional[float] = None) -> ParallelEstimate:
+                            cpu_buffer_factor: Optional[float] = None, max_live_parameters: Optional[int] = None,
+                            nccl_buffsize_mb: Optional[float] = None,
+                            nccl_channels: Optional[int] = None) -> ParallelEstimate:
     """:func:`estimate_parallel` for a resolved architecture and a validated setup."""
     given = dict(strategy=strategy, num_gpus=num_gpus, gpus_per_node=gpus_per_node, tensor_parallel=tensor_parallel,
                  pipeline_parallel=pipeline_parallel, sequence_parallel=sequence_parallel,
@@ -691,6 +711,13 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
         raise VramError(f"bucket_mb: must be a number > 0, got {bucket_mb!r}", field="bucket_mb")
     if prefetch_elements is not None:
         prefetch_elements = _posint("prefetch_elements", prefetch_elements)
+    if max_live_parameters is not None:
+        max_live_parameters = _posint("max_live_parameters", max_live_parameters)
+    if nccl_channels is not None:
+        nccl_channels = _posint("nccl_channels", nccl_channels)
+    if nccl_buffsize_mb is not None and (isinstance(nccl_buffsize_mb, bool) or not isinstance(
+            nccl_buffsize_mb, (int, float)) or not nccl_buffsize_mb > 0 or nccl_buffsize_mb == float("inf")):
+        raise VramError(f"nccl_buffsize_mb: must be a number > 0, got {nccl_buffsize_mb!r}", field="nccl_buffsize_mb")
     if cpu_buffer_factor is None:
         cpu_buffer_factor = DS_ADDITIONAL_BUFFER_FACTOR if strategy in DEEPSPEED else 1.0
     elif isinstance(cpu_buffer_factor, bool) or not isinstance(cpu_buffer_factor, (int, float)) \
@@ -700,7 +727,10 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
     opts = dict(offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
                 prefetch_elements=prefetch_elements if prefetch_elements is not None else DS_PREFETCH_BUCKET_ELEMENTS,
                 overlap_comm=(strategy == "zero3") if overlap_comm is None else bool(overlap_comm),
-                ddp_bucket_view=ddp_bucket_view)
+                ddp_bucket_view=ddp_bucket_view,
+                max_live_parameters=max_live_parameters if max_live_parameters is not None else DS_MAX_LIVE_PARAMETERS,
+                nccl_buffsize_bytes=(nccl_buffsize_mb if nccl_buffsize_mb is not None else 4) * 2**20,
+                nccl_channels=nccl_channels if nccl_channels is not None else NCCL_CHANNELS)
 
     # the setup each GPU runs
     s_loc = s
@@ -765,6 +795,7 @@ def _buffer_settings(strategy: str, opts: Dict[str, Any]) -> Dict[str, Any]:
         return {"reduce_bucket_elements": int(mb * 1e6 / 2) if mb else DS_REDUCE_BUCKET_ELEMENTS,
                 "allgather_bucket_elements": DS_ALLGATHER_BUCKET_ELEMENTS,
                 "prefetch_bucket_elements": opts["prefetch_elements"] if strategy == "zero3" else 0,
+                "max_live_parameters": opts["max_live_parameters"] if strategy == "zero3" else 0,
                 "overlap_comm": opts["overlap_comm"]}
     return {}
 
@@ -815,7 +846,12 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
         if a_cut > 0:
             sp_ratio = (a_full / lay.tp) / a_cut
 
-    factors = {"weights": (w_gpu, wE_gpu), "quantization constants": (w_gpu, wE_gpu),
+    # bitsandbytes keeps each 4-bit weight's quantization state (absmax, nested absmax and
+    # scale, code: bitsandbytes/nn/modules.py Params4bit.quant_state, a QuantState object) as
+    # a Python attribute of the parameter, not as a parameter or buffer: FSDP's flat
+    # parameters and ZeRO-3's partitioning see only the packed storage, so every GPU keeps
+    # the whole state and parameter offload does not move it.
+    factors = {"weights": (w_gpu, wE_gpu), "quantization constants": (1.0, 1.0),
                "adapters": (w_gpu, wE_gpu), "gradients": (g_gpu, gE_gpu), "optimizer states": (o_gpu, oE_gpu),
                "optimizer temporaries": (t_gpu, tE_gpu), "activations": (sp_ratio, sp_ratio)}
     keep = ("dequantized weight (transient)",)
@@ -831,12 +867,13 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
     Tt, Tte = _bytes_split(temps_node)
     Wn = next((c for c in E.phase_components["after_load"] if c.name == "weights"), None)
     W, We = _bytes_split(Wn)
-    Q = sum(c.bytes for c in E.phase_components["after_load"] if c.name in ("quantization constants", "adapters"))
+    Qc = sum(c.bytes for c in E.phase_components["after_load"] if c.name == "quantization constants")
+    Qa = sum(c.bytes for c in E.phase_components["after_load"] if c.name == "adapters")
     tr_e = sum(n for _, g, n, _, _ in P.trainable_tensors if g == "experts")
     tr = P.trainable_numel - tr_e
 
     adds: Dict[str, List[Node]] = {p: [] for p in _PHASES}
-    ms: Dict[str, float] = {"weights": W * fw + We * fwe, "quantization constants + adapters": Q * fw,
+    ms: Dict[str, float] = {"weights": W * fw + We * fwe, "quantization constants + adapters": Qc + Qa * fw,
                             "gradients": (G * fg + Ge * fge) if not mega else 0.0,
                             "optimizer states": S * fo + Se * foe}
 
@@ -877,7 +914,7 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
         if fsdp:
             cpu["gradients"] = G * fg + Ge * fge
     if off_par:
-        cpu["parameters"] = W * fw + We * fwe + Q * fw
+        cpu["parameters"] = W * fw + We * fwe + Qa * fw
 
     # communication buffers
     comm = 0.0
@@ -922,7 +959,10 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
     if gathers:
         gmod, gmod_grad, root, root_grad, block, block_grad, total_g = _gather_sizes(P, s_loc, fsdp)
         if strategy == "zero3":
-            pre = min(opts["prefetch_elements"] * dt16, max(0.0, total_g - gmod))
+            # stage3_max_live_parameters caps what is gathered at once (default 1e9 elements)
+            live_cap = opts["max_live_parameters"] * dt16
+            gmod = min(gmod, live_cap)
+            pre = min(opts["prefetch_elements"] * dt16, max(0.0, total_g - gmod), max(0.0, live_cap - gmod))
             add(("forward", "backward"), "weights", "gathered parameters (largest module)", gmod,
                 "16-bit parameters of the module running, all-gathered (DeepSpeed: 2 B x largest layer)")
             add(("forward", "backward"), "weights", "prefetched parameters", pre,
@@ -947,9 +987,26 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
                 "gradients before reduce-scatter; the root unit's wait for its embedding, computed last")
             ms["gathered parameters"] = live
             ms["gathered gradients"] = root_grad + block_grad
+            if off_par:
+                # FlatParamHandle.pre_unshard: an offloaded shard is first copied to the GPU
+                # (flat_param_to(device, non_blocking=True)), then all-gathered
+                # (torch/distributed/fsdp/_flat_param.py)
+                add(("forward", "backward"), "weights", "offloaded shards copied to the GPU", live / N,
+                    f"(root unit + 2 blocks) / {N}: each unit's CPU shard is copied over before its all-gather")
+                ms["offloaded shards on the GPU"] = live / N
     if gathers and s_loc.autocast:
         notes.append("sharded parameters are gathered in the compute dtype (FSDP MixedPrecision / DeepSpeed), so "
                      "the autocast weight cache is not counted")
+
+    # NCCL: every communicator this GPU belongs to keeps send and receive buffers of
+    # NCCL_BUFFSIZE (default 4 MiB) per channel (NCCL environment variables, "NCCL_BUFFSIZE")
+    groups = sum(1 for size in (lay.dp * lay.cp, lay.tp, lay.pp, lay.ep) if size > 1)
+    nccl = groups * 2 * opts["nccl_channels"] * opts["nccl_buffsize_bytes"]
+    if nccl:
+        add(ALL, "workspace", "NCCL communicator buffers", nccl,
+            f"{groups} communicator(s) x 2 (send, receive) x {opts['nccl_channels']} channels x NCCL_BUFFSIZE "
+            f"({opts['nccl_buffsize_bytes'] / 2**20:g} MiB)")
+        ms["NCCL buffers"] = nccl
 
     # pipeline: other micro-batches' activations in flight (1F1B)
     fwd_acts = 0.0

@@ -60,6 +60,11 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
         ("flash_attention_2", "FlashAttention 2"),
         ("eager", "Eager (scores materialised)"),
     ],
+    "backend": [
+        ("auto", "Analytic where the family is modelled, else traced"),
+        ("analytic", "Analytic (the modelled families)"),
+        ("trace", "Traced: one step of the transformers model on fake tensors (extra [trace])"),
+    ],
     "loss": [
         ("standard", "Cross-entropy on the full logits (HF, torchtune default)"),
         ("chunked", "Chunked cross-entropy (torchtune CEWithChunkedOutputLoss, LitGPT)"),
@@ -125,6 +130,7 @@ class TrainingSetup:
     #: (``torch.backends.cuda.matmul.allow_tf32 = False``): fp32 matmuls run on the CUDA
     #: cores at the plain fp32 rate.  Changes the step time only, never the memory.
     tf32: bool = False
+    backend: str = "auto"
 
     # -- derived dtypes ---------------------------------------------------------------
     @property
@@ -361,6 +367,8 @@ FIELDS: Dict[str, Field] = {f.name: f for f in (
     Field("versions", "custom", (), "releases of the libraries whose mechanisms changed", parse=_versions),
     _choice_field("stack"),
     Field("tf32", "bool", False, "TF32 matmuls for fp32 (torch.backends.cuda.matmul.allow_tf32)"),
+    _choice_field("backend", "analytic (modelled families), trace (a traced step) or auto (analytic where "
+                             "modelled, else traced)"),
 )}
 assert set(FIELDS) == set(_FIELDS), "every TrainingSetup field has one declaration in FIELDS"
 
