@@ -43,7 +43,7 @@ def test_params_total_equals_transformers(key, param_counts):
 
 @pytest.mark.parametrize("key", ["llama-2-7b", "gpt2", "mixtral-8x7b", "deepseek-v2-lite", "phi-3-mini",
                                  "gemma-2-2b", "opt-1.3b", "bloom-7b1", "falcon-7b", "qwen1.5-moe-a2.7b",
-                                 "olmoe-1b-7b", "pythia-1b", "qwen3-8b"])
+                                 "olmoe-1b-7b", "pythia-1b", "qwen3-8b", "gpt-oss-20b"])
 def test_tensor_shapes_equal_transformers(key, param_counts):
     """Every tensor: the same name pattern, shape and number of instances as transformers."""
     arch = _arch_for(key)

@@ -125,6 +125,11 @@ class TrainingSetup:
     #: (``torch.backends.cuda.matmul.allow_tf32 = False``): fp32 matmuls run on the CUDA
     #: cores at the plain fp32 rate.  Changes the step time only, never the memory.
     tf32: bool = False
+    #: images per training sample (vision-language models): the vision tower encodes them all
+    images_per_sample: int = 0
+    #: patches the vision tower sees per image (0: the model's own fixed count, e.g. Gemma 3's
+    #: 896 x 896 / 14^2 = 4096; needed for dynamic-resolution towers such as Qwen2.5-VL)
+    image_patches: int = 0
 
     # -- derived dtypes ---------------------------------------------------------------
     @property
@@ -244,6 +249,12 @@ class TrainingSetup:
         for name in ("loss_chunks", "galore_rank"):
             if kw.get(name) is not None:
                 v[name] = _posint(name, kw[name])
+        for name in ("images_per_sample", "image_patches"):
+            if kw.get(name) is not None:
+                x = kw[name]
+                if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+                    raise VramError(f"{name}: must be a whole number >= 0, got {x!r}", field=name)
+                v[name] = x
         if kw.get("modules_to_save") is not None:
             m = kw["modules_to_save"]
             if isinstance(m, str):
