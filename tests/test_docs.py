@@ -10,7 +10,7 @@ import pytest
 
 MODULES = ["architecture", "estimate", "training", "result", "validate", "scenarios", "fit", "parallel",
            "inference", "chartview", "widget", "charts", "treemap", "gpus", "presets", "hub", "measure", "measure_inference",
-           "cli", "widget.state", "widget.training", "widget.multigpu", "widget.inference",
+           "cli", "verdict", "fitmap", "widget.state", "widget.training", "widget.multigpu", "widget.inference",
            "widget.suggestions", "widget.views", "widget.formats", "widget.calculator",
            "units", "errors", "activations", "families"]
 # every family module too (vramwidget/families/*.py)

@@ -10,6 +10,7 @@ from .architecture import Architecture, custom, from_config, from_param_count, l
 from .errors import VramError
 from .estimate import estimate
 from .fit import max_batch_size, max_seq_len, min_gpus, suggestions
+from .fitmap import fit_map
 from .inference import estimate_inference, longest_context
 from .parallel import estimate_parallel
 from .presets import list_presets
@@ -20,7 +21,7 @@ from .training import CHOICES, TrainingSetup
 __version__ = "0.1.0"
 
 __all__ = ["Architecture", "CHOICES", "Calculator", "ChartView", "Estimate", "Node", "TrainingConfig", "TrainingSetup", "VramError", "chart", "custom",
-           "estimate", "estimate_inference", "estimate_parallel", "from_config", "from_param_count", "from_training_config", "list_presets",
+           "estimate", "estimate_inference", "estimate_parallel", "fit_map", "from_config", "from_param_count", "from_training_config", "list_presets",
            "load_architecture", "longest_context", "max_batch_size", "max_seq_len", "min_gpus", "show", "suggestions",
            "__version__"]
 

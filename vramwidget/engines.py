@@ -71,11 +71,10 @@ defaults by TP size (``python/sglang/srt/server_args.py``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from .architecture import Architecture, ParamTensor
+from .architecture import Architecture
 from .errors import VramError
 from .units import DTYPE_BYTES, GIB, MIB
 
@@ -570,8 +569,6 @@ def largest_max_model_len(arch: Architecture, s: Any, gpu: Any, limit: Optional[
     """The largest ``max_model_len`` that starts: one request of that length fits the KV cache
     the engine sizes *for that length* (V0's profile grows with it).  A multiple of 16; 0 if
     not even one block fits."""
-    from .inference import InferenceSetup
-
     cap = int(limit or arch.max_position_embeddings or (1 << 20))
 
     def fits(n: int) -> bool:
@@ -590,7 +587,6 @@ def largest_max_model_len(arch: Architecture, s: Any, gpu: Any, limit: Optional[
             lo = mid
         else:
             hi = mid
-    _ = InferenceSetup
     return lo * blk
 
 
@@ -624,9 +620,5 @@ def fewest_gpus(arch: Architecture, s: Any, gpu: Any, concurrency: int, max_gpus
             need = concurrency * (-(-s.context_len // p.block_size) * p.block_size)
             if p.kv_tokens >= need and p.kv_tokens >= s.context_len:
                 return p
-        n = n * 2 if n < 8 else n + 8
+        n = n + 1 if n < 8 else n + 8
     return None
-
-
-def _unused() -> None:  # keep imports honest for linters
-    _ = (math, ParamTensor)

@@ -16,23 +16,21 @@ function below, next to its formula; the per-op activation rules are in ``activa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from .activations import BlockContext, SavedTensor, Trace, attention_backend, trace_block
 from .architecture import Architecture, ParamTensor, _restrict, load, resolve_targets
 from .errors import VramError
+from .inputs import MAX_BYTES, check_total
 from .result import Estimate, Node
 from .stacks import behaviour
 from .training import TrainingSetup
-from .units import DTYPE_BYTES, MIB
+from .units import CUDA_CONTEXT_BYTES, DTYPE_BYTES, MIB
 
 #: cuBLAS + cuBLASLt workspaces the caching allocator holds after the first matmul
 #: (measured on an H200 with PyTorch 2.11: weights_mib is 64 MiB above the weights
 #: in every case but the first of a process).
 CUBLAS_WORKSPACE_BYTES = 64 * MIB
-#: CUDA context (not in torch's allocated memory; nvidia-smi shows it): measured 620.8 MiB
-#: on the H200 (driver for CUDA 13); 300-700 MiB across GPUs and drivers.
-CUDA_CONTEXT_BYTES = 620.8 * MIB
 #: bitsandbytes block sizes
 NF4_BLOCK = 64                 # 4-bit weights: one absmax per 64 weights
 NF4_DQ_BLOCK = 256             # double quantization: one fp32 scale per 256 absmax values
@@ -68,7 +66,23 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
     """
     arch = load(model, task=setup.pop("task", None))
     s = setup if isinstance(setup, TrainingSetup) else TrainingSetup.from_kwargs(**setup)
-    return estimate_setup(arch, s, gpu=gpu)
+    est = estimate_setup(arch, s, gpu=gpu)
+    check_physical(est, arch, s)
+    return est
+
+
+def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
+    """More than 1 PiB on one GPU is an input error (:data:`~vramwidget.inputs.MAX_BYTES`),
+    not an estimate: it names the model when the weights alone exceed it, else the inputs
+    that scale the activations."""
+    if est.device_total_bytes <= MAX_BYTES:
+        return
+    if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES:
+        check_total(est.device_total_bytes, f"{arch.name}'s weights", {"model": arch.name})
+    scaling = {"seq_len": s.seq_len, "batch_size": s.batch_size}
+    if s.batch_size > s.seq_len / 2048:   # name first the one furthest above its default
+        scaling = {"batch_size": s.batch_size, "seq_len": s.seq_len}
+    check_total(est.device_total_bytes, "this training step", dict(scaling, model=arch.name))
 
 
 # ----------------------------------------------------------------------------------
@@ -379,7 +393,8 @@ _TRACE_FIELDS = ("method", "precision", "quantization", "prepare_kbit", "gradien
                  "modules_to_save", "compile")
 
 
-def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False) -> _Acts:
+def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False,
+                 sizes: Optional[Tuple[Any, Any]] = None, mx: Callable[..., Any] = max) -> _Acts:
     """Saved activations per block and around the head, for this batch and sequence.
 
     The block is traced op by op (activations.py) at two small sizes and the result scaled:
@@ -388,6 +403,10 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     size-free setup.  ``cpu=True`` picks the kernels PyTorch uses on a CPU (SDPA keeps q,
     k, v, output and logsumexp whatever the dtype), for checking against torch without a
     GPU (tools/saved_tensors.py).
+
+    ``sizes = (b, sq)`` replaces the setup's batch and sequence, e.g. with numpy arrays
+    (``mx = _elementwise_max``): every size-dependent figure is then an array of the same
+    floating-point operations (:func:`vramwidget.fitmap.fit_map`).
     """
     key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS)
     prof = _PROFILES.get(key)
@@ -396,7 +415,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
         if len(_PROFILES) > 8192:
             _PROFILES.clear()
         _PROFILES[key] = prof
-    b, sq = s.batch_size, s.seq_len
+    b, sq = sizes if sizes is not None else (s.batch_size, s.seq_len)
     T = b * sq
     T2 = b * sq * sq
     per = prof.per[0] * T + prof.per[1] * T2
@@ -413,7 +432,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     gw = DTYPE_BYTES[c] if not s.autocast else 4
     transient = 2 * T * i_width * DTYPE_BYTES[c] + T * arch.hidden_size * gw
     if prof.backend in ("eager", "math") or (prof.backend == "recompute" and s.attn_implementation == "eager"):
-        transient = max(transient, 2 * b * arch.num_heads * sq * sq * 4)
+        transient = mx(transient, 2 * b * arch.num_heads * sq * sq * 4)
     per_layer = [SavedTensor(name, group, ab * T + bb * T2, dtype, an * T + bn * T2, formula)
                  for name, group, dtype, formula, ab, bb, an, bn in prof.per_layer]
     head = [(name, per_tok * T, formula) for name, formula, per_tok in prof.head]
@@ -565,10 +584,10 @@ def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
     return s.weights_dtype
 
 
-def logits_bytes(arch: Architecture, s: TrainingSetup) -> Dict[str, float]:
+def logits_bytes(arch: Architecture, s: TrainingSetup, tokens: Any = None) -> Dict[str, float]:
     """The output head's logits and the loss: what is live at the loss's forward peak
     (name -> bytes; see :func:`loss_memory`)."""
-    return {k: b for k, b, _ in loss_memory(arch, s)[0]}
+    return {k: b for k, b, _ in loss_memory(arch, s, tokens)[0]}
 
 
 #: Liger's fused linear cross-entropy: rows per chunk so that a chunk's logits match the input
@@ -580,8 +599,8 @@ def _liger_chunk_rows(T: int, V: int, h: int) -> int:
     return min(T, 1 << max(0, (rows - 1).bit_length()))
 
 
-def loss_memory(arch: Architecture, s: TrainingSetup) -> Tuple[List[Tuple[str, float, str]],
-                                                                List[Tuple[str, float, str]]]:
+def loss_memory(arch: Architecture, s: TrainingSetup, tokens: Any = None
+                ) -> Tuple[List[Tuple[str, float, str]], List[Tuple[str, float, str]]]:
     """The output head's logits and the cross-entropy, in one place: (forward, backward).
 
     ``forward``: tensors live at the loss's forward peak; ``backward``: those live at the
@@ -611,7 +630,8 @@ def loss_memory(arch: Architecture, s: TrainingSetup) -> Tuple[List[Tuple[str, f
       forward pass and kept for backward.
     """
     bh = behaviour(s.stack)
-    T, V, h = s.tokens, arch.vocab_size, arch.hidden_size
+    # ``tokens`` replaces b x s (an array of sizes for fit_map)
+    T, V, h = (s.tokens if tokens is None else tokens), arch.vocab_size, arch.hidden_size
     c = DTYPE_BYTES[logits_dtype(arch, s)]
     TV = T * V
     fwd: List[Tuple[str, float, str]] = []
@@ -681,12 +701,29 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
     The totals are computed here; the component trees (one per phase, every tensor with
     its formula) are built on first access of ``Estimate.components``.
     """
+    return _estimate(arch, s, gpu=gpu)
+
+
+def size_grid_totals(arch: Architecture, s: TrainingSetup, b: Any, sq: Any,
+                     mx: Callable[..., Any]) -> Dict[str, Any]:
+    """The totals of ``s`` at every (batch ``b``, sequence ``sq``) of two broadcastable
+    arrays, computed by the very operations :func:`estimate_setup` does for one size
+    (``mx``: an element-wise max of any number of arrays): ``phases`` (forward, backward,
+    optimizer_step, first_step, ...), ``peak_allocated_bytes``, ``reserved_bytes`` and
+    ``cuda_context_bytes``.  Saved activations are exact polynomials in b and s (see
+    :class:`_Profile`), so one trace serves the whole grid."""
+    return _estimate(arch, s, sizes=(b, sq), mx=mx)
+
+
+def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Optional[Tuple[Any, Any]] = None,
+              mx: Callable[..., Any] = max) -> Any:
+    """estimate_setup's body; with ``sizes`` it stops at the totals (see size_grid_totals)."""
     if s.trains_adapters and s.lora_targets:
         resolve_targets(arch, s.lora_targets)
     P = _params(arch, s)
     if s.method in ("lora", "qlora") and not P.adapters:
         raise VramError(f"lora_targets: none of the targets are linear layers of {arch.name}", field="lora_targets")
-    T = s.tokens
+    T = s.tokens if sizes is None else sizes[0] * sizes[1]
     gc = gc_mode(s)
     _check_knobs(arch, s)
 
@@ -712,7 +749,7 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
     bwd_cache = head_cache if gc else cache_bytes
 
     # -- activations and logits ---------------------------------------------------------------
-    A = _activations(arch, s, P)
+    A = _activations(arch, s, P, sizes=sizes, mx=mx)
     L_save = A.n_saving_layers
     head_acts = sum(n for _, n, _ in A.head)
     if gc:
@@ -724,7 +761,7 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
         offloaded, layer_acts = _offload(A, layer_acts, gc)
     tower_acts = sum(n for _, n, _ in A.tower)
     acts_bytes = layer_acts + head_acts + tower_acts
-    loss_fwd, loss_bwd_items = loss_memory(arch, s)
+    loss_fwd, loss_bwd_items = loss_memory(arch, s, T if sizes is not None else None)
     lg = {k: b for k, b, _ in loss_fwd}
     logits_fwd_bytes = sum(lg.values())
 
@@ -735,7 +772,7 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
     accum_grads = grads_bytes if s.grad_accum_steps > 1 else 0.0
     # forward: saved activations + the loss's working set (or a recomputed layer under gc)
     recompute = A.per_layer_bytes if gc else 0.0   # one block's saved tensors, rebuilt in backward
-    fwd_extra = max(logits_fwd_bytes, max(recompute, A.first_layer_bytes) if gc else 0.0)
+    fwd_extra = mx(logits_fwd_bytes, mx(recompute, A.first_layer_bytes) if gc else 0.0)
     forward = persistent + accum_grads + cache_bytes + acts_bytes + fwd_extra + deq
 
     # backward: the loss gradient, then the layers one by one; the phase's peak is the
@@ -771,16 +808,19 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
         + (head_cache if gc else cache_per_layer) + work,
         "end of backward": max(grads_live_end, accum_grads) + embed_grad_live,
     }
-    bwd_event = max(ev, key=ev.get)
-    backward = persistent + ev[bwd_event]
+    backward = persistent + mx(*ev.values())
     optimizer = persistent + (grads_live_end if s.optimizer_in_backward else grads_bytes + temps.bytes)
     phases = {"after_load": base, "forward": forward, "backward": backward, "optimizer_step": optimizer}
-    peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
-    peak = phases[peak_phase]
-    phases["first_step"] = max(forward - states_bytes, backward - states_bytes, optimizer)
+    peak = mx(forward, backward, optimizer)
+    phases["first_step"] = mx(forward - states_bytes, backward - states_bytes, optimizer)
     phases["persistent"] = persistent
     reserved = _reserved(peak, persistent, gc)
     context = CUDA_CONTEXT_BYTES
+    if sizes is not None:  # a grid of sizes: the totals only
+        return {"phases": phases, "peak_allocated_bytes": peak, "reserved_bytes": reserved,
+                "cuda_context_bytes": context}
+    bwd_event = max(ev, key=ev.get)
+    peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
 
     notes: List[str] = list(arch.family.notes(arch))
     if not arch.exact:

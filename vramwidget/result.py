@@ -140,7 +140,9 @@ class Estimate:
         self._setup_obj: Any = None
         self.gpu: Any = None
         self.gpus: int = 1                       # GPUs the run uses (estimate_parallel sets it)
-        self.communication_seconds: float = 0.0  # exposed communication per step (estimate_parallel)
+        self.tokens_per_step: Optional[int] = None   # all replicas' tokens per step (estimate_parallel)
+        #: estimate_parallel: (gpu, StepTime) -> the step's communication (timing.communication)
+        self._comm: Optional[Callable[[Any, Any], Dict[str, Any]]] = None
         self._step_time: Any = None
 
     def _build(self) -> None:
@@ -177,7 +179,13 @@ class Estimate:
             from .timing import has_timing, step_time
 
             if has_timing(self.gpu):
-                self._step_time = step_time(self.gpu, self._setup_obj, self._work(), self.communication_seconds)
+                st = step_time(self.gpu, self._setup_obj, self._work())
+                if self._comm is not None:
+                    c = self._comm(self.gpu, st)
+                    st.communication = c
+                    st.communication_seconds = c["exposed_seconds"]
+                    st.pipeline_bubble_seconds = c["pipeline_bubble_seconds"]
+                self._step_time = st
         return self._step_time
 
     @property
@@ -190,7 +198,9 @@ class Estimate:
     def tokens_per_second(self) -> Optional[float]:
         """Training tokens per second over all the run's GPUs; None without a GPU."""
         st = self.step_time
-        return st.tokens_per_second * self.gpus if st else None
+        if not st:
+            return None
+        return (self.tokens_per_step or st.tokens_per_step) / st.step_seconds
 
     @property
     def mfu(self) -> Optional[float]:
@@ -225,7 +235,7 @@ class Estimate:
             raise VramError("gpu: a run's cost needs a GPU; pass gpu=... to the estimate", field="gpu")
         import math
 
-        tokens_per_step = st.tokens_per_step * self.gpus
+        tokens_per_step = self.tokens_per_step or st.tokens_per_step
         steps = math.ceil(tokens / tokens_per_step)
         hours = steps * st.step_seconds / 3600.0
         price = usd_per_gpu_hour if usd_per_gpu_hour is not None else self.gpu.usd_per_gpu_hour

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import VramError
+from .inputs import MAX_COUNT, shown
 
 # Roles a tensor can have.  Module groups (for treemaps) are derived from them.
 ROLE_GROUP = {
@@ -110,10 +111,9 @@ def _get(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
 
 
 def _posint(cfg: Mapping[str, Any], value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise VramError(f"config: {what} must be a positive whole number, got {value!r}", field=what)
-    if value <= 0 or int(value) != value:
-        raise VramError(f"config: {what} must be a positive whole number, got {value!r}", field=what)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+            or value in (float("inf"), float("-inf")) or value <= 0 or value > MAX_COUNT or int(value) != value:
+        raise VramError(f"config: {what} must be a positive whole number, got {shown(value)}", field=what)
     return int(value)
 
 

@@ -25,12 +25,11 @@ training stacks themselves: the files are read as data.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, Mapping, Optional, Union
 
 from ..errors import VramError
-from ._common import Mapper, TrainingConfig
+from ._common import Mapper, TrainingConfig, load_file
 from . import accelerate, axolotl, deepspeed, hf, litgpt, llamafactory, torchtune
 
 #: format name -> reader module (each has ``detect(raw) -> int`` and ``read(raw, mapper)``)
@@ -48,40 +47,6 @@ FORMATS = tuple(READERS)
 
 __all__ = ["FORMATS", "TrainingConfig", "from_training_config", "load_file"]
 
-_MAX_FILE_BYTES = 4 * 2**20  # a training config is a few KB; refuse anything absurd
-
-
-def load_file(path: str) -> Dict[str, Any]:
-    """A JSON or YAML file's top-level mapping (VramError naming the file otherwise)."""
-    shown = path if len(path) <= 80 else path[:77] + "..."
-    if not os.path.isfile(path):
-        raise VramError(f"config: no such file {shown!r}", field="config")
-    if os.path.getsize(path) > _MAX_FILE_BYTES:
-        raise VramError(f"config: {shown!r} is larger than {_MAX_FILE_BYTES // 2**20} MiB; "
-                        f"a training config is a few KB", field="config")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    data: Any
-    if path.lower().endswith(".json"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise VramError(f"config: {shown!r} is not valid JSON ({e.msg} at line {e.lineno})",
-                            field="config") from None
-    else:
-        try:
-            import yaml
-        except ImportError:  # pragma: no cover - pyyaml is a dependency
-            raise VramError("config: reading YAML needs PyYAML (pip install pyyaml)", field="config") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise VramError(f"config: {shown!r} is not valid YAML ({str(e).splitlines()[0][:60]})",
-                            field="config") from None
-    if not isinstance(data, dict):
-        raise VramError(f"config: {shown!r} holds a {type(data).__name__}, not a mapping of settings",
-                        field="config")
-    return data
 
 
 def detect(raw: Mapping[str, Any]) -> str:

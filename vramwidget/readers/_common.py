@@ -3,6 +3,7 @@ the :class:`TrainingConfig` it produces."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -158,8 +159,6 @@ class Mapper:
         """A file the config names by path (relative to the config's folder), read when it exists."""
         if not isinstance(rel, str) or self.base_dir is None:
             return None
-        from . import load_file
-
         for cand in (rel, os.path.join(self.base_dir, rel)):
             if os.path.isfile(cand):
                 return load_file(cand)
@@ -318,3 +317,41 @@ def dtype_name(value: Any) -> Optional[str]:
     v = value.strip().lower().replace("torch.", "")
     return {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16",
             "float32": "float32", "fp32": "float32", "float": "float32", "auto": "auto"}.get(v)
+
+
+# the file reader lives here, beside its one caller, so the package's __init__ and this
+# module do not import each other (readers/__init__ re-exports it)
+_MAX_FILE_BYTES = 4 * 2**20  # a training config is a few KB; refuse anything absurd
+
+
+def load_file(path: str) -> Dict[str, Any]:
+    """A JSON or YAML file's top-level mapping (VramError naming the file otherwise)."""
+    shown = path if len(path) <= 80 else path[:77] + "..."
+    if not os.path.isfile(path):
+        raise VramError(f"config: no such file {shown!r}", field="config")
+    if os.path.getsize(path) > _MAX_FILE_BYTES:
+        raise VramError(f"config: {shown!r} is larger than {_MAX_FILE_BYTES // 2**20} MiB; "
+                        f"a training config is a few KB", field="config")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    data: Any
+    if path.lower().endswith(".json"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise VramError(f"config: {shown!r} is not valid JSON ({e.msg} at line {e.lineno})",
+                            field="config") from None
+    else:
+        try:
+            import yaml
+        except ImportError:  # pragma: no cover - pyyaml is a dependency
+            raise VramError("config: reading YAML needs PyYAML (pip install pyyaml)", field="config") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise VramError(f"config: {shown!r} is not valid YAML ({str(e).splitlines()[0][:60]})",
+                            field="config") from None
+    if not isinstance(data, dict):
+        raise VramError(f"config: {shown!r} holds a {type(data).__name__}, not a mapping of settings",
+                        field="config")
+    return data
