@@ -54,7 +54,8 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
         ``prepare_kbit``, ``optimizer``, ``optimizer_state_dtypes``,
         ``gradient_checkpointing``, ``attn_implementation``, ``batch_size``, ``seq_len``,
         ``grad_accum_steps``, ``lora_r``, ``lora_alpha``, ``lora_dropout``,
-        ``lora_targets``, ``trainable_layers``, ``tf32``.
+        ``lora_targets``, ``trainable_layers``, ``tf32``, ``backend`` ("auto": analytic where
+        the model's family is modelled, else traced; "analytic"; "trace": see ``vramwidget.trace``).
     gpu:
         A catalogue GPU name (``"H100 80GB"``): the estimate then also gives the step time
         (``step_seconds``, ``tokens_per_second``, ``mfu``, ``time_breakdown``, ``run_cost``).
@@ -64,8 +65,23 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
     VramError
         naming the field that is wrong and what is allowed.
     """
-    arch = load(model, task=setup.pop("task", None))
+    task = setup.pop("task", None)
     s = setup if isinstance(setup, TrainingSetup) else TrainingSetup.from_kwargs(**setup)
+    if s.backend == "trace":
+        from .trace import estimate_traced
+
+        return estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
+    try:
+        arch = load(model, task=task)
+    except VramError as e:
+        # the one place the backends meet: a family with no analytic model is traced
+        if s.backend != "auto" or e.field != "model_type":
+            raise
+        from . import trace
+
+        if not trace.available():
+            raise VramError(f"{e} (or trace it: {trace.INSTALL_HINT})", field="model_type") from None
+        return trace.estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
     est = estimate_setup(arch, s, gpu=gpu)
     check_physical(est, arch, s)
     return est
@@ -83,6 +99,13 @@ def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
     if s.batch_size > s.seq_len / 2048:   # name first the one furthest above its default
         scaling = {"batch_size": s.batch_size, "seq_len": s.seq_len}
     check_total(est.device_total_bytes, "this training step", dict(scaling, model=arch.name))
+
+
+def _cuda_accounting():
+    """The device constants a traced step adds (the same ones this module counts)."""
+    from .trace.assemble import CudaAccounting
+
+    return CudaAccounting(CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, _reserved)
 
 
 # ----------------------------------------------------------------------------------
