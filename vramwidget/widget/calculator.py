@@ -184,6 +184,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         new = change["new"] if change else None
         self._link_training(name, new)
         self._link_parallel(name, new)
+        self._link_inference(name, new)
         if name in ("model", "config_json"):
             self._arch_key = None
         self.disabled = self._disabled()
