@@ -115,6 +115,7 @@ class BlockContext:
     dense_layer: bool = False   # a dense (non-MoE) block inside an MoE model
     fused_qkv_lora: bool = False  # q, k and v adapters share one input (LitGPT's fused qkv)
     cpu: bool = False           # CPU kernels (for checking against torch without a GPU)
+    kind: str = ""              # the block's kind in a mixed stack (Architecture.layer_kinds)
 
 
 def attention_backend(arch: Any, setup: TrainingSetup, compute_dtype: str) -> str:

@@ -15,7 +15,7 @@ function below, next to its formula; the per-op activation rules are in ``activa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from .activations import BlockContext, SavedTensor, Trace, attention_backend, trace_block
@@ -54,7 +54,8 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
         ``prepare_kbit``, ``optimizer``, ``optimizer_state_dtypes``,
         ``gradient_checkpointing``, ``attn_implementation``, ``batch_size``, ``seq_len``,
         ``grad_accum_steps``, ``lora_r``, ``lora_alpha``, ``lora_dropout``,
-        ``lora_targets``, ``trainable_layers``, ``tf32``.
+        ``lora_targets``, ``trainable_layers``, ``tf32``, ``backend`` ("auto": analytic where
+        the model's family is modelled, else traced; "analytic"; "trace": see ``vramwidget.trace``).
     gpu:
         A catalogue GPU name (``"H100 80GB"``): the estimate then also gives the step time
         (``step_seconds``, ``tokens_per_second``, ``mfu``, ``time_breakdown``, ``run_cost``).
@@ -64,8 +65,23 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
     VramError
         naming the field that is wrong and what is allowed.
     """
-    arch = load(model)
+    task = setup.pop("task", None)
     s = setup if isinstance(setup, TrainingSetup) else TrainingSetup.from_kwargs(**setup)
+    if s.backend == "trace":
+        from .trace import estimate_traced
+
+        return estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
+    try:
+        arch = load(model, task=task)
+    except VramError as e:
+        # the one place the backends meet: a family with no analytic model is traced
+        if s.backend != "auto" or e.field != "model_type":
+            raise
+        from . import trace
+
+        if not trace.available():
+            raise VramError(f"{e} (or trace it: {trace.INSTALL_HINT})", field="model_type") from None
+        return trace.estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
     est = estimate_setup(arch, s, gpu=gpu)
     check_physical(est, arch, s)
     return est
@@ -83,6 +99,13 @@ def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
     if s.batch_size > s.seq_len / 2048:   # name first the one furthest above its default
         scaling = {"batch_size": s.batch_size, "seq_len": s.seq_len}
     check_total(est.device_total_bytes, "this training step", dict(scaling, model=arch.name))
+
+
+def _cuda_accounting():
+    """The device constants a traced step adds (the same ones this module counts)."""
+    from .trace.assemble import CudaAccounting
+
+    return CudaAccounting(CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, _reserved)
 
 
 # ----------------------------------------------------------------------------------
@@ -188,11 +211,12 @@ def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
             nbytes = t.numel * qbytes
             consts.append((t, _quant_const_bytes(t.numel, quant, s.double_quant), _quant_const_formula(quant, s.double_quant)))
         elif quant != "none":
-            dtype = "float32" if s.prepare_kbit else base_dtype16
+            dtype = "float32" if (s.prepare_kbit or t.keep_fp32) else base_dtype16
             nbytes = t.numel * DTYPE_BYTES[dtype]
         else:
-            dtype = wd
-            nbytes = t.numel * DTYPE_BYTES[wd]
+            # transformers' _keep_in_fp32_modules stay fp32 whatever the load dtype
+            dtype = "float32" if t.keep_fp32 else wd
+            nbytes = t.numel * DTYPE_BYTES[dtype]
         weights.append((t, dtype, nbytes, trains))
         if trains:
             trainable += t.numel
@@ -359,6 +383,8 @@ class _Acts:
     layers_bytes: float = 0.0             # every saving block together (no checkpointing)
     # forward work of one block, for the step time (timing.py): tensors created (one
     # kernel each) and the bytes they write; the steady block and the first one
+    # side towers (a VLM's vision encoder): saved tensors, not scaled by the text tokens
+    tower: List[Tuple[str, float, str]] = field(default_factory=list)
     fwd_ops_per_layer: float = 0.0
     fwd_written_bytes_per_layer: float = 0.0
     head_fwd_ops: float = 0.0
@@ -433,9 +459,50 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     per_layer = [SavedTensor(name, group, ab * T + bb * T2, dtype, an * T + bn * T2, formula)
                  for name, group, dtype, formula, ab, bb, an, bn in prof.per_layer]
     head = [(name, per_tok * T, formula) for name, formula, per_tok in prof.head]
-    return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers,
-                 fwd_ops_per_layer=prof.ops, fwd_written_bytes_per_layer=prof.written[0] * T + prof.written[1] * T2,
-                 head_fwd_ops=prof.head_ops, head_fwd_written_bytes=prof.head_written[0] * T + prof.head_written[1] * T2)
+    tower = _tower_activations(arch, s, P, cpu) if arch.towers else []
+    return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers, tower=tower,
+                 **_timing_fields(prof, T, T2))
+
+
+def _timing_fields(prof: "_Profile", T: float, T2: float) -> Dict[str, float]:
+    return dict(
+fwd_ops_per_layer=prof.ops, fwd_written_bytes_per_layer=prof.written[0] * T + prof.written[1] * T2,
+                head_fwd_ops=prof.head_ops, head_fwd_written_bytes=prof.head_written[0] * T + prof.head_written[1] * T2)
+
+
+def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool
+                       ) -> List[Tuple[str, float, str]]:
+    """A side tower's saved tensors (a VLM's vision encoder over ``images_per_sample`` images
+    of each sample): its blocks traced at its own token count (patches per image), each
+    image attending within itself.  Under checkpointing each tower layer keeps its input."""
+    out: List[Tuple[str, float, str]] = []
+    for name, tarch in arch.towers.items():
+        per_sample = arch.family.tower_tokens(arch, name, s)
+        if not per_sample or not s.images_per_sample:
+            continue
+        patches = per_sample // s.images_per_sample
+        n_img = s.batch_size * s.images_per_sample
+        T = n_img * patches
+        c = s.compute_dtype
+        backend = attention_backend(tarch, s, c)
+        if cpu and backend in ("math", "efficient"):
+            backend = "flash"
+        full = s.method == "full"
+        ctx = BlockContext(arch=tarch, setup=s, T=T, b=n_img, s=patches, c=c, resid=_resid(s),
+                           norm_w_dtype="float32" if (s.autocast or s.precision == "fp32") else s.weights_dtype,
+                           linear_trains=full, norms_train=full, lora_modules=P.lora_modules,
+                           adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu)
+        L = tarch.num_layers
+        if gc_mode(s):
+            nbytes = L * T * tarch.hidden_size * DTYPE_BYTES[_resid(s)]
+            out.append((f"{name} tower layer inputs kept by checkpointing ({L} layers)", nbytes,
+                        f"{L} x images x patches x h_{name} ({n_img} x {patches} x {tarch.hidden_size})"))
+            continue
+        steady = trace_block(ctx, input_rg=True).total_bytes
+        first = trace_block(ctx, input_rg=full).total_bytes
+        out.append((f"{name} tower saved tensors ({L} layers)", first + (L - 1) * steady,
+                    f"{L} blocks over images x patches ({n_img} x {patches})"))
+    return out
 
 
 def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Profile:
@@ -480,8 +547,12 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     # embedding trains.  PEFT: only with checkpointing (enable_input_require_grads).
     first_rg = full or (s.trains_adapters and s.gradient_checkpointing == "full")
     dense = bool(arch.dense_layers and arch.is_moe)
-    tr = trace_block(ctx, input_rg=True)
-    tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=dense)
+    kinds = arch.family.layer_kinds(arch)
+    if kinds:
+        tr, tr_first = _mixed_stack(ctx, kinds, first_rg)
+    else:
+        tr = trace_block(ctx, input_rg=True)
+        tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=dense)
     dense_bytes = trace_block(ctx, input_rg=True, dense_layer=True).total_bytes if dense else tr.total_bytes
     # final norm + output head input
     htr = Trace()
@@ -503,6 +574,27 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
             "dense": dense_bytes, "head": head, "backend": backend,
             "written": tr.created_bytes, "ops": tr.created_ops,
             "head_written": htr.created_bytes, "head_ops": htr.created_ops}
+
+
+def _mixed_stack(ctx: BlockContext, kinds: List[Tuple[str, int]], first_rg: bool) -> Tuple[Trace, Trace]:
+    """A stack of blocks of several kinds (a hybrid's linear-attention and attention layers,
+    an encoder-decoder's two stacks): the average block, each kind's saved tensors weighted by
+    its share of the layers (so L x the average is the stack's total), and the first block."""
+    n = sum(c for _, c in kinds)
+    avg = Trace()
+    for kind, count in kinds:
+        ctx.kind = kind
+        trk = trace_block(ctx, input_rg=True)
+        w = count / n
+        for t in trk.saved.values():
+            name = f"{t.name} ({kind}, {count} of {n} layers)"
+            avg.saved[name] = SavedTensor(name, t.group, t.nbytes * w, t.dtype, t.numel * w, t.formula)
+        avg.created_ops += trk.created_ops * w
+        avg.created_bytes += trk.created_bytes * w
+    ctx.kind = kinds[0][0]
+    first = trace_block(ctx, input_rg=first_rg)
+    ctx.kind = ""
+    return avg, first
 
 
 def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
@@ -690,7 +782,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     offloaded = 0.0
     if s.activation_offloading:
         offloaded, layer_acts = _offload(A, layer_acts, gc)
-    acts_bytes = layer_acts + head_acts
+    tower_acts = sum(n for _, n, _ in A.tower)
+    acts_bytes = layer_acts + head_acts + tower_acts
     loss_fwd, loss_bwd_items = loss_memory(arch, s, T if sizes is not None else None)
     lg = {k: b for k, b, _ in loss_fwd}
     logits_fwd_bytes = sum(lg.values())
@@ -756,7 +849,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     bwd_event = max(ev, key=ev.get)
     peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
 
-    notes: List[str] = []
+    notes: List[str] = list(arch.family.notes(arch))
     if not arch.exact:
         notes.append(arch.assumption)
     if A.backend == "math":
@@ -816,6 +909,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                           formula="the first block's saved tensors (its input may need no gradient)"))
         for name, nbytes, formula in A.head:
             _child(acts, "output head").add(Node(name, bytes=nbytes, formula=formula))
+        for name, nbytes, formula in A.tower:
+            _child(acts, "vision tower").add(Node(name, bytes=nbytes, formula=formula))
         logits_fwd = Node("logits and loss", children=[Node(k, bytes=v, formula=f) for k, v, f in loss_fwd])
         state_node = Node("optimizer states", children=list(states))
 
