@@ -246,3 +246,60 @@ def test_parallel_overlap_and_throughput():
     b = pp.time_breakdown
     assert b["pipeline_bubble_seconds"] == pytest.approx(
         b["phases"]["forward"]["seconds"] + b["phases"]["backward"]["seconds"])
+
+
+def test_suggestions_rank_by_time_per_token():
+    """Changes that fit are ranked by the GPU time (so the money) a training token costs with
+    them, those that keep training the same before those that change it (8-bit states, LoRA);
+    checkpointing's cost is its recompute, offload's the PCIe and host-side step."""
+    sug = [x for x in vw.suggestions("llama-3.2-1b", "L40S", batch_size=4, seq_len=2048) if x.fits]
+    same = [x for x in sug if x.kind != "quality"]
+    assert [x.gpu_seconds_per_token for x in same] == sorted(x.gpu_seconds_per_token for x in same)
+    assert sug.index(same[-1]) < min(sug.index(x) for x in sug if x.kind == "quality")
+    by = {x.title: x for x in sug}
+    sel, full = by["selective activation checkpointing"], by["full activation checkpointing"]
+    assert 0 < sel.time_change < 0.05 < full.time_change < 1 / 3
+    off = by["DeepSpeed ZeRO-Offload: optimizer on the CPU"]
+    assert off.time_change > full.time_change
+    assert off.usd_per_million_tokens == pytest.approx(off.gpu_seconds_per_token * 1e6 / 3600 * 1.40)
+
+
+def test_fit_answers_carry_time_and_cost(capsys):
+    from vramwidget.fit import answers
+
+    a = answers("llama-3.2-1b", "RTX 4090", batch_size=2)
+    est = vw.estimate("llama-3.2-1b", gpu="RTX 4090", batch_size=2)
+    assert a["time"]["step_seconds"] == pytest.approx(est.step_seconds)
+    assert a["run_cost"]["dollars"] == pytest.approx(est.run_cost(tokens=1e9)["dollars"])
+    code, out, err = _cli(capsys, "fit", "llama-3.2-1b", "--gpu", "RTX 4090", "--batch-size", "2")
+    assert code == 0, err
+    assert f"step time         {est.step_seconds:.3g} s" in out and "run cost" in out
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_seed_checkpointing_tradeoff_in_time(attn):
+    """The seeds: full checkpointing ~36% extra compute, selective ~4%.  In FLOPs full adds
+    one forward of the blocks (~1/3); in time a little less, since the loss, the memory-bound
+    optimizer step and the head are not recomputed; selective recomputes only the attention
+    core (llama-2-7b, b8 x s2048, on an H100)."""
+    from vramwidget.scenarios import checkpointing_tradeoff
+
+    rows = {r["checkpointing"]: r for r in checkpointing_tradeoff(attn_implementation=attn)["rows"]}
+    assert rows["none"]["extra_time"] == 0.0
+    assert 0.0 < rows["selective"]["extra_time"] < 0.05
+    assert 0.25 < rows["full"]["extra_time"] < rows["full"]["extra_compute"] < 1 / 3
+
+
+def test_widget_shows_time_beside_the_verdict():
+    """The widget's summary carries the step time, tokens/s and a run's cost when a GPU is
+    chosen (the frontend draws them beside the fits badge), none without a GPU."""
+    calc = vw.Calculator("llama-3.2-1b")
+    assert calc.summary["time"] is None
+    calc.gpu = "H100 80GB"
+    t = calc.summary["time"]
+    est = vw.estimate("llama-3.2-1b", gpu="H100 80GB", **{k: v for k, v in calc.setup().items() if k != "model"})
+    assert t["step_seconds"] == pytest.approx(est.step_seconds)
+    assert t["tokens_per_second"] == pytest.approx(est.tokens_per_second)
+    cost = est.run_cost(tokens=1e9)
+    assert t["run_dollars"] == pytest.approx(cost["dollars"]) and t["run_gpu_hours"] == pytest.approx(cost["gpu_hours"])
+    assert t["text"] in calc.summary["text"]

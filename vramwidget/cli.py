@@ -46,6 +46,7 @@ _SETUP_OPTIONS = (
     ("--lora-targets", "lora_targets", "list", "LoRA target modules, comma-separated, or all-linear "
                                                "(default: every linear layer of the blocks)"),
     ("--trainable-layers", "trainable_layers", "int", "with --method freeze: how many last layers train"),
+    ("--backend", "backend", "choice", "auto (analytic where modelled, else traced), analytic or trace"),
     ("--stack", "stack", "choice", "training stack whose defaults and code paths to assume (default hf)"),
     ("--loss", "loss", "choice", "cross-entropy implementation"),
     ("--loss-chunks", "loss_chunks", "int", "with --loss chunked: number of chunks (default 8)"),
@@ -188,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("cases", nargs="?", default=None, metavar="CASES.jsonl",
                      help="cases in the validation format (default: the built-in H200 cases)")
     val.add_argument("--json", action="store_true", help="print a JSON list of {id, predicted, error}")
+    val.add_argument("--backend", default="analytic", choices=("analytic", "trace", "auto"),
+                     help="analytic (default), trace (needs the [trace] extra) or auto")
 
     sub.add_parser("measure", help="measure real training steps on a GPU (see `vramwidget measure --help`)",
                    add_help=False)
@@ -478,7 +481,7 @@ def _cmd_validate(args: argparse.Namespace, out) -> int:
     path = args.cases if args.cases is not None else V.BUILTIN_CASES
     if os.path.isdir(path):
         raise VramError(f"cases: {path!r} is a folder; give a .jsonl file", field="cases")
-    result = V.validate(V.load_cases(path))
+    result = V.validate(V.load_cases(path), backend=args.backend)
     if args.json:
         out.write(json.dumps(V.to_json_rows(result)) + "\n")
     else:
@@ -613,10 +616,21 @@ def format_fit_answers(a: Dict[str, Any]) -> str:
     lines.append(f"longest sequence  {a['max_seq_len']:,} tokens (at batch {s['batch_size']})"
                  + (f"; the model's position limit is {mp:,}" if mp else ""))
     lines.append("fewest GPUs       " + ", ".join(f"{k} {v if v else '-'}" for k, v in a["min_gpus"].items()))
+    t = a.get("time")
+    if t:
+        b = t["breakdown"]
+        lines.append(f"step time         {t['step_seconds']:.3g} s, {t['tokens_per_second']:,.0f} tokens/s, "
+                     f"MFU {t['mfu'] * 100:.0f}% ({b['dominant']} {b['dominant_share'] * 100:.0f}% of the step)")
+        c = a.get("run_cost")
+        if c:
+            lines.append(f"run cost          {c['tokens']:.3g} tokens: {c['hours']:,.2f} h on {c['gpus']} GPU(s)"
+                         + (f", ${c['dollars']:,.2f} at ${c['usd_per_gpu_hour']:g}/GPU-hour ({c['price_source']})"
+                            if c["dollars"] is not None else " (no price known)"))
     sug = a["suggestions"]
     if sug:
         lines.append("")
-        lines.append("changes that lower the memory (fitting ones first, cheapest first):")
+        lines.append("changes that lower the memory (fitting ones first; those that train the same way first; "
+                     "each by GPU time per token):")
         for i, x in enumerate(sug, 1):
             mark = "fits" if x["fits"] else "not enough"
             lines.append(f"{i:3}. {x['title']}: -{x['saved_gib']:.1f} GiB -> {x['device_total_gib']:.1f} GiB "

@@ -196,11 +196,9 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4
 # Suggestions
 # ----------------------------------------------------------------------------------
 
-#: cost tiers, cheapest first (the rank within the fitting suggestions): free, a little extra
-#: compute (under 10%: selective checkpointing), throughput (smaller micro-batches with more
-#: accumulation: the same FLOPs), more extra compute (full checkpointing, ~30-50%), quality
-#: (8-bit states, bf16, LoRA, QLoRA), hardware (more GPUs), offload (host memory and PCIe
-#: traffic every step)
+#: cost tiers, cheapest first: the rank within the fitting suggestions only when the GPU has
+#: no throughput figures to time them (every catalogue GPU has); otherwise changes are
+#: ranked by the GPU time (so the money) each training token costs with them
 _TIER = {"free": 0, "compute": 1, "throughput": 2, "compute_heavy": 3, "quality": 4, "hardware": 5, "offload": 6}
 
 
@@ -227,14 +225,28 @@ class Suggestion:
     extra_compute: Optional[float] = None
     cpu_bytes_per_node: float = 0.0
     cost_value: float = 0.0
+    #: the step timed on the GPU (timing.py): seconds per step, tokens/s of the whole run,
+    #: GPU-seconds per training token (what a token costs), its change against the current
+    #: setup, and dollars per million tokens at the catalogue's indicative price
+    step_seconds: Optional[float] = None
+    tokens_per_second: Optional[float] = None
+    gpu_seconds_per_token: Optional[float] = None
+    time_change: Optional[float] = None
+    usd_per_million_tokens: Optional[float] = None
 
-    def sort_key(self) -> Tuple[int, int, float, float]:
-        """Fitting changes first: cheapest kind first, the smaller cost within a kind, then
-        the larger saving; then the changes that do not suffice, largest saving first."""
+    def sort_key(self) -> Tuple[int, int, float, float, float]:
+        """Fitting changes first: those that train the same model the same way before those
+        that change what is trained (8-bit states, bf16, LoRA, QLoRA: ``kind == "quality"``),
+        each by the GPU time a training token costs with the change (so by time and money),
+        then the larger saving; then the changes that do not suffice, largest saving first.
+        Without a timed GPU, by the cheapest kind and the smaller cost within it."""
         if self.fits:
+            quality = 1 if self.kind == "quality" else 0
+            if self.gpu_seconds_per_token is not None:
+                return (0, quality, self.gpu_seconds_per_token, 0.0, -self.saved_bytes)
             kind = "compute_heavy" if self.kind == "compute" and (self.extra_compute or 0.0) >= 0.1 else self.kind
-            return (0, _TIER.get(kind, 9), self.cost_value, -self.saved_bytes)
-        return (1, 0, 0.0, -self.saved_bytes)
+            return (0, quality, float(_TIER.get(kind, 9)), self.cost_value, -self.saved_bytes)
+        return (1, 0, 0.0, 0.0, -self.saved_bytes)
 
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
@@ -243,7 +255,10 @@ class Suggestion:
                 "device_total_bytes": int(round(self.device_total_bytes)),
                 "device_total_gib": round(self.device_total_bytes / GIB, 3),
                 "saved_bytes": int(round(self.saved_bytes)), "saved_gib": round(self.saved_bytes / GIB, 3),
-                "cpu_bytes_per_node": int(round(self.cpu_bytes_per_node))}
+                "cpu_bytes_per_node": int(round(self.cpu_bytes_per_node)),
+                "step_seconds": self.step_seconds, "tokens_per_second": self.tokens_per_second,
+                "gpu_seconds_per_token": self.gpu_seconds_per_token, "time_change": self.time_change,
+                "usd_per_million_tokens": self.usd_per_million_tokens}
 
     def __str__(self) -> str:
         verdict = "fits" if self.fits else "still too big"
@@ -268,7 +283,9 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> Lis
     max_gpus = check_int("max_gpus", max_gpus, lo=1)
     q = _Query(model, gpu, kw)
     s = q.setup
-    base = q.total()
+    base_est = q.estimate()
+    base = base_est.device_total_bytes
+    base_time = _timed(base_est, q.gpu)
     par0 = dict(q.par)
     strategy0 = par0.get("strategy", "none")
     out: List[Suggestion] = []
@@ -302,8 +319,17 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> Lis
         cpu = est.cpu_bytes_per_node if isinstance(est, ParallelEstimate) else 0.0
         if cpu:
             cost += f"; needs {cpu / GIB:.0f} GiB of host memory per node"
+        t = _timed(est, q.gpu)
+        change = None
+        if t is not None:
+            if base_time is not None:
+                change = t[2] / base_time[2] - 1.0
+            cost += (f"; {t[0]:.3g} s per step, {t[1]:,.0f} tokens/s"
+                     + (f" ({change * 100:+.0f}% GPU time per token)" if change is not None else ""))
         out.append(Suggestion(title, {**setup_changes, **par_changes}, kwargs, total, base - total,
-                              fits, kind, cost, extra, cpu, cost_value))
+                              fits, kind, cost, extra, cpu, cost_value,
+                              *(t if t is not None else (None, None, None)), change,
+                              (t[2] * 1e6 / 3600 * q.gpu.usd_per_gpu_hour) if t and q.gpu.usd_per_gpu_hour else None))
 
     if s.attn_implementation == "eager":
         attempt("SDPA attention instead of eager", "free", "none (the same attention, without b x a x s x s "
@@ -393,6 +419,18 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> Lis
     return out
 
 
+def _timed(est: Any, gpu: GPU) -> Optional[Tuple[float, float, float]]:
+    """(seconds per step, tokens/s of the run, GPU-seconds per token) of an estimate on
+    ``gpu`` (timing.py), or None when the GPU has no throughput figures."""
+    est.set_gpu(gpu)
+    step = est.step_seconds
+    tps = est.tokens_per_second
+    if not step or not tps:
+        return None
+    gpus = est.layout["num_gpus"] if isinstance(est, ParallelEstimate) else est.gpus
+    return step, tps, gpus / tps
+
+
 #: communication volume relative to DDP's all-reduce (ZeRO paper, section 7)
 _TRAFFIC = {"zero2": 1.0, "zero3": 1.5, "fsdp_full_shard": 1.5}
 _STRATEGY_TITLES = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp_full_shard": "FSDP full shard"}
@@ -431,4 +469,13 @@ def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
     out["precision_supported"] = ok
     out["precision_note"] = why
     out["suggestions"] = [s.to_dict() for s in suggestions(q.arch, q.gpu, **kw)]
+    # the step time and a run's cost on this GPU (timing.py), as the setup stands
+    est = c.estimate.set_gpu(q.gpu)
+    one = est.slowest if isinstance(est, ParallelEstimate) else est
+    out["time"] = one._time_dict()
+    out["run_cost"] = one.run_cost(tokens=RUN_TOKENS) if one.step_seconds else None
     return out
+
+
+#: the run whose cost ``answers`` (``vramwidget fit``) reports
+RUN_TOKENS = 1e9
