@@ -726,7 +726,6 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
             "head_written": htr.created_bytes, "head_ops": htr.created_ops}
 
 
-<<<<<<< HEAD
 def _dora_weight_copies_per_layer(arch: Architecture, s: TrainingSetup, P: _Params) -> float:
     """What DoRA keeps per layer that does not scale with tokens (peft DoraLinearLayer.forward):
     the weight norm, ``mag_norm_scale`` and ``mag_norm_scale - 1`` (out each, fp32); with
@@ -761,7 +760,8 @@ def dora_norm_bytes(arch: Architecture, s: TrainingSetup, P: _Params) -> float:
 def _head_targets(s: TrainingSetup) -> Tuple[str, ...]:
     """The LoRA targets outside the blocks (``lm_head``, ``embed_tokens``)."""
     return tuple(t for t in (s.lora_targets or ()) if t in HEAD_TARGETS) if s.trains_adapters else ()
-=======
+
+
 def _mixed_stack(ctx: BlockContext, kinds: List[Tuple[str, int]], first_rg: bool) -> Tuple[Trace, Trace]:
     """A stack of blocks of several kinds (a hybrid's linear-attention and attention layers,
     an encoder-decoder's two stacks): the average block, each kind's saved tensors weighted by
@@ -781,7 +781,6 @@ def _mixed_stack(ctx: BlockContext, kinds: List[Tuple[str, int]], first_rg: bool
     first = trace_block(ctx, input_rg=first_rg)
     ctx.kind = ""
     return avg, first
->>>>>>> main
 
 
 def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
