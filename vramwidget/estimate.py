@@ -828,7 +828,11 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         # DeepSeek-style MoE models, the same as the others elsewhere)
         "first layer's backward": (A.checkpoint_bytes_per_layer + A.first_layer_bytes if gc else A.first_layer_bytes)
         + max(grads_live_first, accum_grads)
-        + (head_cache if gc else cache_per_layer) + work,
+        # autocast's 16-bit weight copies live only as saved tensors once forward's autocast
+        # context exits (torch.autocast.__exit__ clears the cache): here the first block's own,
+        # from forward or (checkpointing) from its recomputation, which re-enters autocast;
+        # the head's copy went with the head's backward, long before
+        + cache_per_layer + work,
         "end of backward": max(grads_live_end, accum_grads) + embed_grad_live,
     }
     backward = persistent + mx(*ev.values())
@@ -862,6 +866,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     if s.optimizer_in_backward:
         notes.append("optimizer in backward: each parameter is stepped as its gradient is ready (no full gradient "
                      "set; no gradient accumulation or clipping)")
+    notes.extend(unusual_input_notes(arch, s))
+    notes.extend(_unquantized_notes(arch, s, P))
     notes.append(_versions_note(s))
     flops, overhead = _flops(arch, s, P)
 
@@ -946,7 +952,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                      formula="T x h")]),
                 grads_part(grads_bytes - embed_grad - layer_grad * 2 / 3,
                            "all gradients but the embedding's and most of the first block's"),
-                cache_part(head_cache if gc else cache_per_layer)] + work_part()
+                cache_part(cache_per_layer)] + work_part()
         else:
             bwd = [grads_part(grads_bytes, "every gradient"),
                    Node("activations", children=[Node("embedding gradient being accumulated",
@@ -1029,6 +1035,53 @@ def _step_in_backward_bytes(P: _Params, s: TrainingSetup) -> float:
             b += each * DTYPE_BYTES[_state_dtypes(s, dtype)[1]] if s.optimizer == "adamw" else 0.0
         g = max(g, b)
     return g
+
+
+def unusual_input_notes(arch: Architecture, s: TrainingSetup) -> List[str]:
+    """Warnings for legal but unusual input: it is estimated, and the note says why it may
+    not be what the user meant (the widget shows them beside the estimate)."""
+    out = []
+    pos = arch.max_position_embeddings
+    if pos and s.seq_len > pos:
+        learned = any(t.role == "position_embedding" for t in arch.tensors)
+        out.append(f"warning: seq_len {s.seq_len:,} is beyond {arch.name}'s {pos:,} positions from training ("
+                   + ("its learned position table has no row past that: the model cannot run it as is"
+                      if learned else "it was not trained that long: RoPE scaling or a longer-context model")
+                   + "); memory estimated anyway")
+    if s.trains_adapters and s.lora_r > arch.hidden_size:
+        out.append(f"warning: lora_r {s.lora_r:,} is above the hidden size {arch.hidden_size:,}: an adapter's rank "
+                   f"cannot exceed min(in, out) features, so the extra rank adds memory and no capacity")
+    return out
+
+
+def _unquantized_notes(arch: Architecture, s: TrainingSetup, P: _Params) -> List[str]:
+    """Where a "quantized" base keeps weights in 16 or 32 bits, and why.
+
+    transformers' ``replace_with_bnb_linear`` (integrations/bitsandbytes.py) swaps only
+    ``nn.Linear``/``Conv1D`` modules for bitsandbytes ones, and the 4-bit quantizer's
+    ``param_needs_quantization`` (quantizers/quantizer_bnb_4bit.py) only their weights:
+    fused MoE experts (``MixtralExperts.gate_up_proj``/``down_proj``, 3-D ``nn.Parameter``)
+    stay in the load dtype.  peft's ``prepare_model_for_kbit_training`` (utils/other.py)
+    then casts every fp16/bf16 parameter that is not ``Params4bit`` to fp32.  Both read in
+    transformers 5.23 and peft 0.21.
+    """
+    if not s.quantized:
+        return []
+    qtypes = ("nf4", "fp4", "int8")
+    experts = sum(nb for t, dt, nb, _ in P.weights if t.experts and dt not in qtypes)
+    rest = sum(nb for t, dt, nb, _ in P.weights if dt not in qtypes)
+    out = []
+    dt = "fp32" if s.prepare_kbit else "16-bit"
+    if experts:
+        out.append(f"4-bit loading leaves the fused MoE expert weights unquantized ({experts / 2**30:.2f} GiB in {dt}): "
+                   f"bitsandbytes replaces only nn.Linear modules and the experts are 3-D parameters"
+                   + ("; prepare_model_for_kbit_training upcasts them to fp32" if s.prepare_kbit else ""))
+    whole16 = sum(t.numel for t in arch.tensors) * 2.0
+    if s.prepare_kbit and sum(nb for _, _, nb, _ in P.weights) > whole16:
+        out.append(f"prepare_model_for_kbit_training upcasts every unquantized parameter to fp32 ({rest / 2**30:.2f} GiB): "
+                   f"this base is larger than the whole model in 16 bits ({whole16 / 2**30:.2f} GiB); "
+                   f"prepare_kbit=False or more quantized_groups keep it smaller")
+    return out
 
 
 def _versions_note(s: TrainingSetup) -> str:
