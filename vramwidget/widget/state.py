@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 import anywidget
 import traitlets as t
 
+from ..inputs import guard_traits
 from ..result import Estimate
 
 _STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
@@ -204,3 +205,7 @@ class State(anywidget.AnyWidget):
     #: seconds after the last change before suggestions are worked out; None = at once,
     #: inside the update (scripts and tests that want them synchronously)
     suggestions_delay: Optional[float] = 0.15
+
+
+# every input trait checks its value's type before traitlets does: a VramError naming it
+guard_traits(State, INPUTS)
