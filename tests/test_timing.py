@@ -176,7 +176,7 @@ def test_cli_estimate_prints_time_and_cost(capsys):
                           "--tokens", "2e9", "--usd-per-gpu-hour", "3")
     assert code == 0, err
     est = vw.estimate("llama-3.2-1b", gpu="H200", batch_size=2)
-    assert f"step time         {est.step_seconds:.3g} s on H200" in out
+    assert f"step time         {est.step_seconds * 1e3:.3g} ms on H200" in out
     assert f"{est.tokens_per_second:,.0f} tokens/s" in out
     cost = est.run_cost(tokens=2e9, usd_per_gpu_hour=3)
     assert f"${cost['dollars']:,.2f} at $3/GPU-hour (given)" in out
