@@ -389,7 +389,7 @@ def _quiet_hub(model: str) -> None:
 
 def _cmd_estimate(args: argparse.Namespace, out) -> int:
     from .architecture import load
-    from .estimate import estimate_setup
+    from .estimate import check_physical, estimate_setup
     from .training import TrainingSetup
 
     if args.from_config is not None:
@@ -412,6 +412,7 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
     setup = TrainingSetup.from_kwargs(**setup_kwargs(args))
     _time_options(args)
     est = estimate_setup(arch, setup)
+    check_physical(est, arch, setup)   # more than 1 PiB is an input error
     if args.gpu is not None:
         est.set_gpu(args.gpu)
     if args.json:
