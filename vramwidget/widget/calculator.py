@@ -37,13 +37,14 @@ from .multigpu import ParallelPanel, strategy_options
 from .state import DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, run_estimate, shown
 from .suggestions import SuggestionsPanel, suggestion_dict
 from .training import YOUR_SETUP, TrainingPanel, _choices
+from .trainingconfig import TrainingConfigPanel
 from .views import (COMPARISON_HEADER, COMPARISON_HEADER_TIME, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
                     add_verdicts, build_specs, table_rows)
 
 _MISSING = object()
 
 
-class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel, State):
+class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel, TrainingConfigPanel, State):
     """GPU memory of one training step (on one GPU or per GPU of a parallel run) or of
     inference, as a live notebook widget.
 
@@ -176,7 +177,12 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         self._cancel_pending()
         super().close()
 
-    # -- the one observer --------------------------------------------------------------------
+    # -- the observers ----------------------------------------------------------------------
+    @t.observe("training_config")
+    def _training_config_changed(self, change: Dict[str, Any]) -> None:
+        if self._ready and not self._busy:
+            self._on_training_config(change)
+
     @t.observe(*INPUTS)
     def _on_input(self, change: Dict[str, Any]) -> None:
         if not self._ready or self._busy:

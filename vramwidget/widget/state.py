@@ -190,6 +190,12 @@ class State(anywidget.AnyWidget):
     options = t.Dict(**_doc(
         "Control -> list of [value, label] choices; also presets, gpus and lora_targets.")).tag(sync=True)
     formats = t.List(**_doc("Number formats: bits, range and precision (FP32 ... NF4).")).tag(sync=True)
+    training_config = t.Unicode("", **_doc(
+        "Text of a training config (axolotl/torchtune/LLaMA-Factory/LitGPT YAML, HF/TRL or DeepSpeed "
+        "JSON, accelerate YAML); setting it fills the controls it names.")).tag(sync=True)
+    training_config_report = t.Dict(**_doc(
+        "What the last training config set: format, applied {trait: value}, not_controls, ignored "
+        "[[field, reason]], notes, error.")).tag(sync=True)
     error = t.Unicode("", **_doc(
         "Why the current input cannot be estimated ('' when it can); the charts keep the "
         "last valid estimate.")).tag(sync=True)
