@@ -255,7 +255,7 @@ def test_text_summaries():
     assert text.startswith("Estimate: llama-3.2-1b (lora, bf16), batch 1 x 2048 tokens")
     assert f"peak allocated {est.peak_gib:.2f} GiB (backward)" in text and "activations" in text
     c = vw.Calculator("llama-3.2-1b", method="lora")
-    assert repr(c).startswith("Calculator(llama-3.2-1b, mode=training)\nEstimate: llama-3.2-1b (lora")
+    assert repr(c).startswith("Calculator('llama-3.2-1b', mode='training')\nEstimate: llama-3.2-1b (lora")
     assert "object at 0x" not in str(c)
     c.close()
 
