@@ -266,6 +266,13 @@ def gpu_share(arch: Architecture, tp: int = 1, pp: int = 1, ep: int = 1, stage: 
     stages = pp_stages(a.num_layers, pp)
     i = stage % pp
     first, last = stages[i]
+    if ep > 1 and tp > 1:
+        # vLLM's expert parallel (--enable-expert-parallel): whole experts spread over the EP ranks,
+        # not split by TP (vllm/model_executor/layers/fused_moe/layer.py); the rest is TP-split
+        dense, _ = _slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=tp, ep=1)
+        experts, _ = _slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=1, ep=ep)
+        tensors = [t for t in dense.tensors if not t.experts] + [t for t in experts.tensors if t.experts]
+        return replace(dense, tensors=tensors, expert_intermediate_size=a.expert_intermediate_size)
     cut, _ = _slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=tp, ep=ep)
     return cut
 

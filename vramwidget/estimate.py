@@ -555,7 +555,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     (``mx = _elementwise_max``): every size-dependent figure is then an array of the same
     floating-point operations (:func:`vramwidget.fitmap.fit_map`).
     """
-    key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS)
+    key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS) + (arch.family.trace_key(arch, s),)
     prof = _PROFILES.get(key)
     if prof is None or prof.arch is not arch:
         prof = _profile(arch, s, P, cpu)
