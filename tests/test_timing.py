@@ -316,3 +316,20 @@ def test_eight_bit_adamw_costs_what_was_measured(measured):
     # llama-2-7b (a20): the optimizer step is most of the step
     big = _case_est(measured["a20"])
     assert big.time_breakdown["phases_seconds"]["optimizer_step"] > 0.4 * big.step_seconds
+
+
+def test_activation_offloading_costs_pcie_time_where_it_outlasts_compute():
+    """torchtune's OffloadActivations copies every saved activation to pinned host memory in
+    forward and back in backward on a side stream: the copies cost time only when PCIe is
+    slower than the phase's kernels (H100: PCIe Gen5, 64 GB/s per direction)."""
+    kw = dict(gpu="H100 80GB", batch_size=8, seq_len=2048, stack="torchtune")
+    plain = vw.estimate("llama-3.2-3b", **kw)
+    off = vw.estimate("llama-3.2-3b", activation_offloading=True, **kw)
+    fwd = off.time_breakdown["phases"]["forward"]
+    moved = plain.phases_bytes["forward"] - off.phases_bytes["forward"]   # what left the GPU
+    assert fwd["pcie_seconds"] == pytest.approx(moved / (64e9 * timing.COMM_EFFICIENCY), rel=0.05)
+    assert fwd["bound"] == "PCIe" and off.step_seconds > 2 * plain.step_seconds
+    # with full checkpointing only the layer inputs move: the copies hide behind the kernels
+    gc = dict(kw, gradient_checkpointing="full")
+    assert vw.estimate("llama-3.2-3b", activation_offloading=True, **gc).step_seconds == pytest.approx(
+        vw.estimate("llama-3.2-3b", **gc).step_seconds)

@@ -1177,7 +1177,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         """The step's work for the step time (timing.py), computed when first asked for."""
         from .timing import step_work
 
-        return step_work(arch, s, P, A, lg, logits_dtype(arch, s), lambda d: _state_dtypes(s, d))
+        return step_work(arch, s, P, A, lg, logits_dtype(arch, s), lambda d: _state_dtypes(s, d),
+                         offloaded_bytes=offloaded)
 
     est = Estimate(model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total,
                    params_trainable=P.trainable_numel, components=None, phases_bytes=phases,
