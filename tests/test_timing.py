@@ -333,3 +333,22 @@ def test_activation_offloading_costs_pcie_time_where_it_outlasts_compute():
     gc = dict(kw, gradient_checkpointing="full")
     assert vw.estimate("llama-3.2-3b", activation_offloading=True, **gc).step_seconds == pytest.approx(
         vw.estimate("llama-3.2-3b", **gc).step_seconds)
+
+
+def test_smaller_micro_batches_pay_the_fixed_costs_again():
+    """Micro-batch 1 with 8 accumulation steps runs the FLOPs of micro-batch 8, but every
+    micro-step pays the host's op dispatch and the kernel launches again: a small model
+    becomes host-bound (qwen2.5-0.5b), a large one barely notices (llama-3.1-8b)."""
+    def ratio(model):
+        kw = dict(gpu="H100 80GB", seq_len=1024)
+        big = vw.estimate(model, batch_size=8, **kw)
+        small = vw.estimate(model, batch_size=1, grad_accum_steps=8, **kw)
+        fl = lambda e: sum(p["flops"] * (8 if n != "optimizer_step" and e is small else 1)  # noqa: E731
+                           for n, p in e.time_breakdown["phases"].items())
+        assert fl(small) == pytest.approx(fl(big), rel=1e-9)
+        assert small.tokens_per_second < big.tokens_per_second
+        return small.step_seconds / big.step_seconds
+    assert ratio("qwen2.5-0.5b") > 2.0
+    assert 1.0 < ratio("llama-3.1-8b") < 1.2
+    assert vw.estimate("qwen2.5-0.5b", gpu="H100 80GB", batch_size=1, seq_len=1024,
+                       grad_accum_steps=8).time_breakdown["phases"]["forward"]["bound"] == "host (op dispatch)"
