@@ -106,6 +106,13 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
                 self._link({"name": "method", "old": "full", "new": "freeze"})
             if "num_gpus" in kwargs and "strategy" not in kwargs:
                 self._link({"name": "num_gpus", "old": 1, "new": self.num_gpus})
+            if kwargs.get("stack", "hf") != "hf":
+                # the stack's defaults for what the keywords leave open
+                from ..stacks import stack_defaults
+
+                for k, v in stack_defaults(self.stack, {"seq_len": self.seq_len}).items():
+                    if k not in kwargs and hasattr(self, k):
+                        setattr(self, k, list(v) if isinstance(v, tuple) else v)
             self._link(None)
         finally:
             self._busy = False
