@@ -21,6 +21,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from .errors import VramError
+from .inputs import shown
 from .units import GB, GIB
 
 PROG = "vramwidget"
@@ -81,6 +82,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _int_arg(text: str) -> int:
     s = text.strip()
+    if len(s) > 40:   # more digits than any real count (2**53 has 16); int() of 5,000 digits raises
+        raise argparse.ArgumentTypeError(f"must be a whole number of at most 40 digits, got {shown(text)}")
     try:
         return int(s)
     except ValueError:
@@ -88,9 +91,9 @@ def _int_arg(text: str) -> int:
     try:
         f = float(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {shown(text)}") from None
     if f != f or f in (float("inf"), float("-inf")) or f != int(f):
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {shown(text)}")
     return int(f)
 
 
@@ -110,7 +113,7 @@ def _float_arg(text: str) -> float:
     try:
         return float(text.strip())  # nan/inf pass through: TrainingSetup names the field
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be a number, got {shown(text)}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
