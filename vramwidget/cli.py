@@ -513,7 +513,7 @@ def _cmd_validate(args: argparse.Namespace, out) -> int:
 
     path = args.cases if args.cases is not None else V.BUILTIN_CASES
     if os.path.isdir(path):
-        raise VramError(f"cases: {path!r} is a folder; give a .jsonl file", field="cases")
+        raise VramError(f"cases: {shown(path)} is a folder; give a .jsonl file", field="cases")
     result = V.validate(V.load_cases(path), backend=args.backend)
     if args.json:
         out.write(json.dumps(V.to_json_rows(result)) + "\n")
@@ -754,7 +754,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             _quiet_hub(args.model)
             return inference.run(args, out)
-        raise _UsageError(f"unknown command {args.command!r}")  # pragma: no cover
+        raise _UsageError(f"unknown command {shown(args.command)}")  # pragma: no cover
     except _UsageError as exc:
         return _fail(str(exc))
     except VramError as exc:

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from ..errors import VramError
+from ..inputs import shown
 from ..training import TrainingSetup
 from .events import Alloc
 from .kernels import cuda_kernels
@@ -69,7 +70,7 @@ def make_config(config: Mapping[str, Any]):
         return AutoConfig.for_model(mt, **kw)
     except Exception as exc:  # noqa: BLE001 - the config class's own validators
         msg = " ".join(str(exc).split())[:200]
-        raise VramError(f"model: transformers cannot build a {mt!r} config from this config.json ({msg})",
+        raise VramError(f"model: transformers cannot build a {shown(mt)} config from this config.json ({msg})",
                         field="model") from None
 
 
@@ -89,7 +90,7 @@ def _optimizer(name: str, params: List[torch.nn.Parameter]):
         return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, foreach=True)
     if name == "sgd":
         return torch.optim.SGD(params, lr=LEARNING_RATE, foreach=True)
-    raise VramError(f"optimizer: {name!r} runs bitsandbytes', lion-pytorch's or GaLore's own code, which the trace "
+    raise VramError(f"optimizer: {shown(name)} runs bitsandbytes', lion-pytorch's or GaLore's own code, which the trace "
                     f"backend does not run on a CPU; use adamw, adamw_fused, adafactor, sgd or sgd_momentum, or "
                     f"backend='analytic' for a modelled family", field="optimizer")
 
@@ -112,7 +113,7 @@ def build_model(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal
         model = auto.from_config(cfg, dtype=dtype, attn_implementation=attn)
     except (ValueError, ImportError, KeyError) as exc:
         msg = " ".join(str(exc).split())[:200]
-        raise VramError(f"model: transformers cannot build {auto.__name__} for model_type {cfg.model_type!r} "
+        raise VramError(f"model: transformers cannot build {auto.__name__} for model_type {shown(cfg.model_type)} "
                         f"({msg})", field="model") from None
     model.config.use_cache = False
     return model
