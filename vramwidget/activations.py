@@ -29,7 +29,7 @@ dim, s seq, b batch, V vocab, E experts, k experts per token, r LoRA rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .architecture import Architecture
 from .training import TrainingSetup
@@ -67,10 +67,20 @@ class Trace:
 
     def __init__(self) -> None:
         self.saved: Dict[str, SavedTensor] = {}
+        #: every tensor the forward creates and every parameter it uses, in order (the
+        #: allocation events of the caching-allocator replay, ``events.py``)
+        self.ops: List[Tuple[str, object]] = []
 
     def new(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
         """Record a new forward tensor (not yet saved)."""
-        return _T(name, numel, dtype, rg, formula, group)
+        t = _T(name, numel, dtype, rg, formula, group)
+        self.ops.append(("new", t))
+        return t
+
+    def param(self, module: str) -> None:
+        """Record that the op just traced used ``module``'s parameters (their gradients are
+        made when backward reaches it)."""
+        self.ops.append(("param", module))
 
     def save(self, t: _T) -> None:
         """Mark ``t`` as kept for backward (once per storage)."""
@@ -183,7 +193,9 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         tr.save(xa)
         a_dtype = ctx.c if ctx.setup.autocast else ctx.adapter_dtype
         tr.save(tr.new(f"{tag} lora_A output", n_tok * r, a_dtype, True, f"T x r (r={r})", LORA_GROUP))
-    return tr.new(name, n_tok * out_features, out_dtype, rg, f"T x {_dim(out_features)}", group)
+    out = tr.new(name, n_tok * out_features, out_dtype, rg, f"T x {_dim(out_features)}", group)
+    tr.param(module)
+    return out
 
 
 def rms_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: str = "norms",
@@ -204,6 +216,7 @@ def rms_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: 
         if trains:
             tr.save(n32)
         out32 = tr.new(f"{name} output fp32", x.numel, F32, x.rg or trains, f"T x {_dim(dim)}", group)
+        tr.param(name)
         return tr.cast(out32, x.dtype, f"{name} output")
     n_c = tr.cast(n32, x.dtype, f"{name} normalised")
     if n_c is not n32:
@@ -211,7 +224,9 @@ def rms_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: 
     if trains:
         tr.save(n_c)
     out_dtype = _promote(ctx.norm_w_dtype, x.dtype)
-    return tr.new(f"{name} output", x.numel, out_dtype, x.rg or trains, f"T x {_dim(dim)}", group)
+    out = tr.new(f"{name} output", x.numel, out_dtype, x.rg or trains, f"T x {_dim(dim)}", group)
+    tr.param(name)
+    return out
 
 
 def layer_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: str = "norms") -> _T:
@@ -220,7 +235,9 @@ def layer_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group
     if x.rg or ctx.norms_train:
         tr.save(xin)
         tr.save(tr.new(f"{name} mean and rstd", 2 * x.numel / dim, F32, True, "2 x T fp32", group))
-    return tr.new(f"{name} output", x.numel, xin.dtype, x.rg or ctx.norms_train, f"T x {_dim(dim)}", group)
+    out = tr.new(f"{name} output", x.numel, xin.dtype, x.rg or ctx.norms_train, f"T x {_dim(dim)}", group)
+    tr.param(name)
+    return out
 
 
 def dropout(tr: Trace, x: _T, p: float, name: str, cpu: bool = False) -> _T:

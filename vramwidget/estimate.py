@@ -350,6 +350,9 @@ class _Profile:
     dense: Tuple[float, float]
     head: List[Tuple[str, str, float]]    # name, formula, bytes per token
     backend: str
+    #: the block's forward in order, for the allocator replay: ("new", name, dtype, rg, saved,
+    #: numel a, numel b) per created tensor, ("param", module) per parameter use; steady and first block
+    ops: Tuple[List[Tuple[Any, ...]], List[Tuple[Any, ...]]] = ([], [])
 
 
 _PROFILES: Dict[Tuple[Any, ...], _Profile] = {}
@@ -368,13 +371,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     k, v, output and logsumexp whatever the dtype), for checking against torch without a
     GPU (tools/saved_tensors.py).
     """
-    key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS)
-    prof = _PROFILES.get(key)
-    if prof is None or prof.arch is not arch:
-        prof = _profile(arch, s, P, cpu)
-        if len(_PROFILES) > 8192:
-            _PROFILES.clear()
-        _PROFILES[key] = prof
+    prof = _get_profile(arch, s, P, cpu)
     b, sq = s.batch_size, s.seq_len
     T = b * sq
     T2 = b * sq * sq
@@ -399,6 +396,18 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers)
 
 
+def _get_profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False) -> _Profile:
+    """The block trace of this architecture and size-free setup (cached)."""
+    key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS)
+    prof = _PROFILES.get(key)
+    if prof is None or prof.arch is not arch:
+        prof = _profile(arch, s, P, cpu)
+        if len(_PROFILES) > 8192:
+            _PROFILES.clear()
+        _PROFILES[key] = prof
+    return prof
+
+
 def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Profile:
     """Trace one block (steady, first, dense) and the head at (b, s) = (1, 1) and (1, 2)."""
     one = _trace_all(arch, s, P, cpu, 1, 1)
@@ -413,10 +422,20 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
         ab, bb = coeffs(t1.nbytes, t2.nbytes)
         an, bn = coeffs(t1.numel, t2.numel)
         per_layer.append((t1.name, t1.group, t1.dtype, t1.formula, ab, bb, an, bn))
+    def ops(key: str) -> List[Tuple[Any, ...]]:
+        out: List[Tuple[Any, ...]] = []
+        for (kind, t1), (_, t2) in zip(one[key][0], two[key][0]):
+            if kind == "param":
+                out.append(("param", t1))
+            else:
+                an, bn = coeffs(t1.numel, t2.numel)
+                out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in one[key][1], an, bn))
+        return out
+
     return _Profile(arch=arch, per_layer=per_layer, per=coeffs(one["per"], two["per"]),
                     first=coeffs(one["first"], two["first"]), dense=coeffs(one["dense"], two["dense"]),
                     head=[(name, formula, nbytes) for name, nbytes, formula in one["head"]],
-                    backend=one["backend"])
+                    backend=one["backend"], ops=(ops("ops"), ops("ops_first")))
 
 
 def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: int, sq: int) -> Dict[str, Any]:
@@ -468,7 +487,8 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
         if float(arch.config.get("embd_pdrop", 0.1) or 0.0) > 0:
             head.append(("embedding dropout mask", T * arch.hidden_size * 1.0, "T x h bool"))
     return {"per_layer": list(tr.saved.values()), "per": tr.total_bytes, "first": tr_first.total_bytes,
-            "dense": dense_bytes, "head": head, "backend": backend}
+            "dense": dense_bytes, "head": head, "backend": backend,
+            "ops": (tr.ops, set(tr.saved)), "ops_first": (tr_first.ops, set(tr_first.saved))}
 
 
 def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
