@@ -176,10 +176,16 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
     if ctx.quant_base and x.dtype == F32:
         out_dtype = F32  # bnb Linear4bit returns the input's dtype
     rg = trains or x.rg
+    if ctx.quant_base:
+        # bitsandbytes' MatMul4Bit dequantizes the weight for each matmul (a transient; not saved)
+        tr.new(f"{module} dequantized weight", out_features * in_f, ctx.c, False,
+               f"{_dim(out_features)} x {_dim(in_f)} (transient)", group)
     if module in ctx.lora_modules:
         rg = True
         r = ctx.setup.lora_r
         tag = f"{module} ({name})"   # GPT-2 has two modules named c_proj
+        # peft's Linear.forward: result = base_layer(x) first, the adapter's path after it
+        tr.new(f"{tag} base layer output", n_tok * out_features, out_dtype, rg, "T x out (transient)", group)
         xa = tr.cast(x, ctx.adapter_dtype, f"{tag} LoRA input as {ctx.adapter_dtype}")
         if xa is not x:
             xa.formula = f"T x {_dim(in_f)} ({module} input cast to the adapter dtype)"
@@ -193,6 +199,14 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         tr.save(xa)
         a_dtype = ctx.c if ctx.setup.autocast else ctx.adapter_dtype
         tr.save(tr.new(f"{tag} lora_A output", n_tok * r, a_dtype, True, f"T x r (r={r})", LORA_GROUP))
+        # lora_B(...) * scaling, added to the base result (promoted to the adapter dtype) and
+        # cast back with result.to(torch_result_dtype): transients the trace need not keep
+        tr.new(f"{tag} lora_B output", n_tok * out_features, a_dtype, True, "T x out (transient)", LORA_GROUP)
+        tr.new(f"{tag} lora_B output x scaling", n_tok * out_features, a_dtype, True, "T x out (transient)",
+               LORA_GROUP)
+        if _promote(a_dtype, out_dtype) != out_dtype:
+            tr.new(f"{tag} base + LoRA", n_tok * out_features, _promote(a_dtype, out_dtype), True,
+                   "T x out (transient)", LORA_GROUP)
     out = tr.new(name, n_tok * out_features, out_dtype, rg, f"T x {_dim(out_features)}", group)
     tr.param(module)
     return out
@@ -291,6 +305,8 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         if rg:
             tr.save(tr.new("q scaled (math SDPA)", q.numel, c, True, "T x a*d", group))
             tr.save(tr.new("k repeated and scaled (math SDPA)", T * a * ctx.arch.head_dim, c, True, "T x a*d", group))
+            # q @ k^T, masked in place; the softmax keeps only its output
+            tr.new("attention scores (math SDPA)", scores, c, True, "b x a x s x s (transient)", group)
             tr.save(tr.new("attention probabilities (math SDPA)", scores, c, True, "b x a x s x s", group))
             if kv != a:
                 tr.save(tr.new("v repeated (math SDPA)", T * a * v_head_dim, c, True, "T x a*d", group))
@@ -310,6 +326,9 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
                                                                 True, "T x a*d (repeat_kv copy)", group)
         tr.save(ke)
         tr.save(ve)
+        # matmul(q, k^T) * scaling + causal mask: three b x a x s x s transients before the softmax
+        for label in ("attention scores", "attention scores scaled", "attention scores masked"):
+            tr.new(label, scores, c, True, "b x a x s x s (transient)", group)
         if softcap:
             tr.save(tr.new("soft-capped scores tanh", scores, c, True, "b x a x s x s", group))
         sm_dtype = F32 if softmax_fp32 else c

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import VramError
 from .units import MIB
@@ -223,14 +223,25 @@ def allocation_size(size: int) -> int:
     return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
 
 
+def _label(label: Any) -> str:
+    """Event labels are strings or (prefix, name) pairs, joined only when shown."""
+    if isinstance(label, tuple):
+        return " ".join(str(x) for x in label if x != "")
+    return str(label)
+
+
 class OutOfMemory(Exception):
     """The replayed request that no segment and no new cudaMalloc could satisfy."""
 
     def __init__(self, index: int, size: int, label: str, reserved: int, allocated: int, capacity: int):
-        super().__init__(f"event {index} ({label}): {size} B requested with {reserved} B reserved, "
-                         f"{allocated} B allocated, capacity {capacity} B")
+        super().__init__(label)
         self.index, self.size, self.label = index, size, label
         self.reserved, self.allocated, self.capacity = reserved, allocated, capacity
+
+    def __str__(self) -> str:
+        return (f"allocation {self.index} ({self.label}): {self.size / MIB:.1f} MiB requested with "
+                f"{self.reserved / MIB:.1f} MiB reserved, {self.allocated / MIB:.1f} MiB allocated, "
+                f"capacity {self.capacity / MIB:.1f} MiB")
 
 
 class _Block:
@@ -299,6 +310,8 @@ class CachingAllocator:
         self._segments: Dict[int, _Segment] = {}
         self._expandable: Dict[bool, Optional[_Segment]] = {True: None, False: None}
         self.record = record
+        self._simple = (self.cfg.max_split_size_bytes >= NO_LIMIT and not self.cfg.expandable_segments
+                        and self.cfg.garbage_collection_threshold <= 0)
         self.trace: List[Tuple[str, int, int, str]] = []
         self.labels: Dict[int, str] = {}
         self._live: Dict[int, _Block] = {}
@@ -501,13 +514,27 @@ class CachingAllocator:
             if not freed:
                 return
 
-    def malloc(self, size: int, label: str = "") -> _Block:
+    def malloc(self, size: int, label: Any = "") -> _Block:
         """``DeviceCachingAllocator::malloc`` for one request of ``size`` bytes."""
-        size = round_size(int(size), self.cfg)
+        cfg = self.cfg
+        if cfg.roundup_power2_divisions or cfg.roundup_power2_intervals or size < K_MIN_BLOCK_SIZE:
+            size = round_size(int(size), cfg)
+        else:
+            size = (int(size) + 511) & ~511
         small = size <= K_SMALL_SIZE
-        b = self._get_free_block(small, size)
+        if self._simple:
+            # get_free_block without the oversize and expandable rules (the default settings)
+            lst = self._free[small]
+            i = bisect.bisect_left(lst, (size, -1))
+            if i < len(lst):
+                key = lst.pop(i)
+                b = self._by_key.pop(key)
+            else:
+                b = None
+        else:
+            b = self._get_free_block(small, size)
         if b is None:
-            if self.cfg.garbage_collection_threshold > 0:
+            if cfg.garbage_collection_threshold > 0:
                 self._garbage_collect()
             b = self._alloc_new(small, size)
             if b is None:
@@ -516,20 +543,25 @@ class CachingAllocator:
                     self._release_cached()
                     b = self._alloc_new(small, size)
                 if b is None:
-                    raise OutOfMemory(-1, size, label, self.reserved, self.allocated, self.capacity or 0)
-        if self._should_split(b, size):
-            rest = _Block(b.addr + size, b.size - size, b.seg, b.small)
+                    raise OutOfMemory(-1, size, _label(label), self.reserved, self.allocated, self.capacity or 0)
+        remaining = b.size - size
+        if (remaining >= K_MIN_BLOCK_SIZE if (small or cfg.expandable_segments)
+                else (remaining > K_SMALL_SIZE and size < cfg.max_split_size_bytes)):
+            rest = _Block(b.addr + size, remaining, b.seg, small)
             rest.prev, rest.next = b, b.next
             if b.next is not None:
                 b.next.prev = rest
             b.next = rest
             b.size = size
-            self._insert_free(rest)
+            key = (remaining, rest.addr)
+            bisect.insort(self._free[small], key)
+            self._by_key[key] = rest
         b.allocated = True
         b.requested = size
         self.allocated += b.size
         self._live[b.addr] = b
         if self.record:
+            label = _label(label)
             self.trace.append(("alloc", b.addr, b.size, label))
             self.labels[b.addr] = label
         if self.allocated > self.max_allocated:
@@ -539,13 +571,19 @@ class CachingAllocator:
             self.frag_at_max = self.reserved - self.allocated
         return b
 
+    def signature(self) -> Tuple[Any, ...]:
+        """The allocator's state: every block's address, size and use (equal states replay
+        equal event streams identically)."""
+        return (tuple(sorted((b.addr, b.size) for b in self._live.values())),
+                tuple(self._free[False]), tuple(self._free[True]), self.reserved)
+
     def _alloc_new(self, small: bool, size: int) -> Optional[_Block]:
         if self.cfg.expandable_segments:
             return self._expand(small, size)
         return self._new_segment(small, allocation_size(size))
 
     def free(self, b: _Block) -> None:
-        """``free_block``: back to the pool, merged with free neighbours."""
+        """``free_block``: back to the pool, merged with free neighbours (``try_merge_blocks``)."""
         if not b.allocated:
             raise ValueError("double free in the replay")
         b.allocated = False
@@ -554,20 +592,31 @@ class CachingAllocator:
         if self.record:
             self.trace.append(("free_requested", b.addr, b.size, self.labels.get(b.addr, "")))
             self.trace.append(("free_completed", b.addr, b.size, self.labels.pop(b.addr, "")))
-        for nb in (b.prev, b.next):
-            if nb is not None and not nb.allocated:
-                self._remove_free(nb)
-                if nb is b.prev:
-                    b.addr = nb.addr
-                    b.prev = nb.prev
-                    if nb.prev is not None:
-                        nb.prev.next = b
-                else:
-                    b.next = nb.next
-                    if nb.next is not None:
-                        nb.next.prev = b
-                b.size += nb.size
-        self._insert_free(b)
+        lst = self._free[b.small]
+        by_key = self._by_key
+        nb = b.prev
+        if nb is not None and not nb.allocated:
+            key = (nb.size, nb.addr)
+            del lst[bisect.bisect_left(lst, key)]
+            del by_key[key]
+            b.addr = nb.addr
+            b.prev = nb.prev
+            if nb.prev is not None:
+                nb.prev.next = b
+            b.size += nb.size
+        nb = b.next
+        if nb is not None and not nb.allocated:
+            key = (nb.size, nb.addr)
+            del lst[bisect.bisect_left(lst, key)]
+            del by_key[key]
+            b.next = nb.next
+            if nb.next is not None:
+                nb.next.prev = b
+            b.size += nb.size
+        key = (b.size, b.addr)
+        bisect.insort(lst, key)
+        by_key[key] = b
+        b.gc_age = 0
 
     def empty_cache(self) -> None:
         """``torch.cuda.empty_cache()``: release every whole cached segment."""
@@ -616,16 +665,27 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
     live: Dict[object, _Block] = {}
     res = ReplayResult()
     n = 0
+    malloc, free = al.malloc, al.free
+    last_sig: Optional[Tuple[Any, ...]] = None
     for n, (kind, key, nbytes, label) in enumerate(events):
         if kind == "alloc":
             try:
-                live[key] = al.malloc(int(nbytes), label)
+                live[key] = malloc(nbytes, label)
             except OutOfMemory as e:
                 e.index = n
                 res.oom = e
                 break
         elif kind == "free":
-            al.free(live.pop(key))
+            free(live.pop(key))
+        elif kind == "step_end":
+            # steps after the first repeat the same events: once a step leaves the allocator
+            # as it found it, every later step replays identically (same peaks), so stop
+            if record or capacity_bytes is not None:
+                continue
+            sig = al.signature()
+            if key >= 2 and sig == last_sig:
+                break
+            last_sig = sig
         elif kind == "reset_peak":
             al.reset_peak()
         elif kind == "empty_cache":

@@ -613,8 +613,11 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
     peak = phases[peak_phase]
     phases["first_step"] = max(forward - states_bytes, backward - states_bytes, optimizer)
     phases["persistent"] = persistent
-    reserved = _reserved(peak, persistent, gc)
     context = CUDA_CONTEXT_BYTES
+
+    def reserved() -> float:
+        """max_memory_reserved(): the caching allocator replayed over the run (allocator.py)."""
+        return max(float(replay_training(arch, s).max_reserved_bytes), peak)
 
     notes: List[str] = []
     if not arch.exact:
@@ -731,17 +734,20 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
             "optimizer_step": _finish([weights, qconst, adapters, state_node, grads, temps, workspace]),
         }
         components = list(phase_components[peak_phase]) + [
-            Node("allocator reserve", bytes=max(0.0, reserved - peak),
-                 formula="caching allocator: freed blocks kept for reuse (predicted)"),
+            Node("allocator reserve", bytes=max(0.0, reserved() - peak),
+                 formula="caching allocator: cached free blocks and rounding when reserved memory peaks "
+                         "(replay of CUDACachingAllocator over this run's allocations)"),
             Node("cuda context", bytes=context, formula="CUDA context + kernels: ~620 MiB on an H200 (CUDA 13)"),
         ]
         return components, phase_components
 
-    return Estimate(model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total,
+    est = Estimate(model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total,
                     params_trainable=P.trainable_numel, components=None, phases_bytes=phases,
                     peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
                     cuda_context_bytes=context, flops_per_step=flops, recompute_overhead=overhead,
                     notes=notes, builder=build)
+    est._replay_fn = lambda capacity_bytes=None, record=False: replay_training(arch, s, capacity_bytes, record)
+    return est
 
 
 def _autocast_cache(arch: Architecture, s: TrainingSetup, P: _Params) -> Node:
@@ -835,15 +841,28 @@ def _logit_formula(k: str, arch: Architecture, s: TrainingSetup) -> str:
             "soft-capped logits tanh": "b x s x V (final_logit_softcapping)"}.get(k, "")
 
 
-def _reserved(peak: float, persistent: float, gc: bool) -> float:
-    """What the caching allocator holds at most: the peak plus blocks freed but kept.
+_REPLAYS: Dict[Tuple[Any, ...], Any] = {}
 
-    An empirical rule fitted on validation/ (max_reserved - peak_allocated): about 5% of
-    the peak is held in cached blocks of other sizes; with checkpointing, recomputation
-    allocates each layer's tensors anew while earlier blocks sit in the cache, which adds
-    about a fifth of the step's working memory.  Median error 3.1%, worst 19% there.
-    """
-    return peak * 1.05 + (0.2 * (peak - persistent) if gc else 0.0)
+
+def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Optional[float] = None,
+                    record: bool = False):
+    """Replay the caching allocator over this setup's load + three training steps
+    (``events.training_events`` -> ``allocator.replay``); cached per architecture and setup
+    when no capacity and no recording is asked for."""
+    from .allocator import parse_alloc_conf, replay
+    from .events import training_events
+
+    key = (id(arch), s)
+    if capacity_bytes is None and not record:
+        hit = _REPLAYS.get(key)
+        if hit is not None and hit[0] is arch:
+            return hit[1]
+    res = replay(training_events(arch, s), parse_alloc_conf(s.allocator), capacity_bytes, record)
+    if capacity_bytes is None and not record:
+        if len(_REPLAYS) > 4096:
+            _REPLAYS.clear()
+        _REPLAYS[key] = (arch, res)
+    return res
 
 
 def _flops(arch: Architecture, s: TrainingSetup, P: _Params) -> Tuple[float, float]:

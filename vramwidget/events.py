@@ -46,11 +46,11 @@ class _Stream:
         self.events: List[Event] = []
         self._n = 0
 
-    def alloc(self, nbytes: float, label: str) -> Optional[int]:
+    def alloc(self, nbytes: float, label: Any) -> Optional[int]:
         if nbytes <= 0:
             return None
         self._n += 1
-        self.events.append(("alloc", self._n, float(nbytes), label))
+        self.events.append(("alloc", self._n, int(nbytes), label))
         return self._n
 
     def free(self, key: Optional[int]) -> None:
@@ -105,9 +105,9 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         t, dtype, nbytes, trains, numel = inst
         if dtype in ("nf4", "fp4", "int8"):
             # transformers loads the 16-bit checkpoint tensor, bitsandbytes quantizes it on the GPU
-            tmp = st.alloc(numel * DTYPE_BYTES[base16], f"{t.name} (16-bit, before quantization)")
+            tmp = st.alloc(numel * DTYPE_BYTES[base16], (t.name, "(16-bit, before quantization)"))
             weight_keys[(t.name, layer)] = st.alloc(nbytes, t.name)
-            st.alloc(consts.get(t.name, 0.0), f"{t.name} quantization constants")
+            st.alloc(consts.get(t.name, 0.0), (t.name, "quantization constants"))
             st.free(tmp)
         elif s.quantized and s.prepare_kbit and dtype == "float32":
             tmp = st.alloc(numel * DTYPE_BYTES[base16], t.name)
@@ -141,8 +141,8 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             for layer in range(t.layers[0] if t.layers else 0, (t.layers[1] + 1) if t.layers else 1):
                 a = s.lora_r * t.in_features * 4
                 bb = s.lora_r * t.out_features * 4
-                st.alloc(a, f"{module} lora_A")
-                st.alloc(bb, f"{module} lora_B")
+                st.alloc(a, (module, "lora_A"))
+                st.alloc(bb, (module, "lora_B"))
                 adapters.setdefault((module, layer), []).extend([a, bb])
 
     # what trains, per block: module -> gradient bytes of each parameter instance
@@ -184,7 +184,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
     backend = attention_backend(arch, s, c)
 
     def forward_block(ops: List[Tuple[Any, ...]], x_key: Optional[int], keep_saved: bool,
-                      label: str) -> Tuple[Optional[int], List[int]]:
+                      label: Tuple[Any, ...]) -> Tuple[Optional[int], List[int]]:
         """Allocate one block's tensors; returns the block output's key and the kept keys."""
         saved: List[int] = []
         pending: Optional[int] = None     # the last transient, freed once its consumer ran
@@ -194,16 +194,19 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             if op[0] == "param":
                 continue
             _, name, nbytes, rg, is_saved = op
-            key = st.alloc(nbytes, f"{label} {name}")
+            key = st.alloc(nbytes, label + (name,))
             if pending is not None:
                 st.free(pending)
                 pending = None
             if name in ("residual after attention", "block output"):
-                if resid is not None and resid != x_key:
+                # the residual stream lives until the next residual add; a norm may save it
+                if resid is not None and resid != x_key and resid not in saved:
                     st.free(resid)
                 resid = key
                 if name == "block output":
                     out_key = key
+                elif is_saved and keep_saved and key is not None:
+                    saved.append(key)
                 continue
             if is_saved and keep_saved:
                 if key is not None:
@@ -215,7 +218,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         return out_key, saved
 
     def backward_block(ops: List[Tuple[Any, ...]], grad_key: Optional[int], saved: List[int], layer: int,
-                       label: str, grads: Dict[Tuple[str, int], List[int]]) -> Optional[int]:
+                       label: Tuple[Any, ...], grads: Dict[Tuple[str, int], List[int]]) -> Optional[int]:
         """Walk one block's ops in reverse: each op makes its input's gradient and frees its
         output's; parameter gradients appear where their op ran; saved tensors go as passed."""
         params = {}
@@ -226,22 +229,26 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         for op in reversed(ops[1:]):
             if op[0] == "param":
                 for nb in params.pop(op[1], []):
-                    grads.setdefault(("layer", layer), []).append(st.alloc(nb, f"{label} {op[1]} grad"))
+                    grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + (op[1], "grad")))
                 continue
             _, name, nbytes, rg, is_saved = op
             if is_saved and saved_iter:
                 st.free(saved_iter.pop())
+            if name.endswith("dequantized weight"):
+                # MatMul4Bit.backward dequantizes again for the input gradient
+                st.free(st.alloc(nbytes, label + (name,)))
+                continue
             if rg:
-                ng = st.alloc(nbytes, f"{label} grad of {name}'s input")
+                ng = st.alloc(nbytes, label + ("grad of", name, "input"))
                 st.free(g)
                 g = ng
         for rest in params.values():      # parameters no op of the trace named (biases...)
             for nb in rest:
-                grads.setdefault(("layer", layer), []).append(st.alloc(nb, f"{label} grad"))
+                grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + ("grad",)))
         for k in saved_iter:
             st.free(k)
         # the block input's gradient, the size of the residual stream
-        ng = st.alloc(resid_bytes, f"{label} grad of block input")
+        ng = st.alloc(resid_bytes, label + ("grad of block input",))
         st.free(g)
         return ng
 
@@ -260,22 +267,22 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                           and dt == "float32"]
 
     ids = st.alloc(T * 8, "input_ids")
-    for step in range(steps):
+    for step in range(1, steps + 1):
         # -- forward ----------------------------------------------------------------------
         x = st.alloc(resid_bytes, "embedding output")
         mask = st.alloc(b * sq * sq * DTYPE_BYTES[c], "causal mask (eager)") if backend == "eager" else None
         keep: List[Tuple[Optional[int], List[int], List[int]]] = []   # per block: input, saved, casts
         for layer in range(L):
             ops = first_ops if layer == first_train else steady_ops
-            casts = [k for k in (st.alloc(nb, f"layer {layer} weight cast") for nb in cast_bytes.get(layer, []))
+            casts = [k for k in (st.alloc(nb, ("layer", layer, "weight cast")) for nb in cast_bytes.get(layer, []))
                      if k is not None]
             if gc:
-                out, saved = forward_block(ops, x, False, f"layer {layer}")
+                out, saved = forward_block(ops, x, False, ("layer", layer))
                 for k in casts:
                     st.free(k)
                 casts = []
             else:
-                out, saved = forward_block(ops, x, layer >= first_train, f"layer {layer}")
+                out, saved = forward_block(ops, x, layer >= first_train, ("layer", layer))
             if gc or layer < first_train:
                 keep.append((x, [], casts))
             else:
@@ -308,7 +315,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         grads: Dict[Tuple[str, int], List[int]] = {}
         if head_trains:
             for module, nb, dtype, numel, _shape in head_params:
-                grads.setdefault(("head", 0), []).append(st.alloc(nb, f"{module} grad"))
+                grads.setdefault(("head", 0), []).append(st.alloc(nb, (module, "grad")))
             if arch.tie_word_embeddings and s.method == "full":
                 grads.setdefault(("head", 0), []).append(st.alloc(V * h * DTYPE_BYTES[s.weights_dtype],
                                                                   "lm_head grad (tied to the embedding)"))
@@ -326,11 +333,11 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             ops = first_ops if layer == first_train else steady_ops
             if gc:
                 # non-reentrant checkpointing: the block's forward runs again, keeping its saves
-                recasts = [st.alloc(nb, f"layer {layer} weight cast (recompute)") for nb in cast_bytes.get(layer, [])]
-                out, saved = forward_block(ops, xin, True, f"layer {layer} (recomputed)")
+                recasts = [st.alloc(nb, ("layer", layer, "weight cast (recompute)")) for nb in cast_bytes.get(layer, [])]
+                out, saved = forward_block(ops, xin, True, ("layer", layer, "(recomputed)"))
                 st.free(out)      # the recomputed block's output is not needed again
                 casts = recasts
-            g = backward_block(ops, g, saved, layer, f"layer {layer}", grads)
+            g = backward_block(ops, g, saved, layer, ("layer", layer), grads)
             for k in casts:
                 st.free(k)
             if xin is not None:
@@ -343,7 +350,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                     tmp = st.alloc(nb, "embedding gradient (accumulated into the tied head's)")
                     st.free(tmp)
                 else:
-                    grads.setdefault(("embed", 0), []).append(st.alloc(nb, f"{module} grad"))
+                    grads.setdefault(("embed", 0), []).append(st.alloc(nb, (module, "grad")))
         st.free(g)
         # -- optimizer ------------------------------------------------------------------------
         if not states_made:
@@ -353,6 +360,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         for keys in grads.values():
             for k in keys:
                 st.free(k)
+        st.events.append(("step_end", step, 0.0, ""))
     st.free(ids)
     return st.events
 
@@ -367,20 +375,20 @@ def _optimizer_states(st: _Stream, s: TrainingSetup, ordered: List[Tuple[Any, ..
     for module, nb, dtype, numel, shape in ordered:
         if opt in ("adamw_8bit", "paged_adamw_8bit"):
             if numel < BNB_8BIT_MIN_SIZE:
-                st.alloc(numel * 4, f"{module} state1 (fp32)")
-                st.alloc(numel * 4, f"{module} state2 (fp32)")
+                st.alloc(numel * 4, (module, "state1 (fp32)"))
+                st.alloc(numel * 4, (module, "state2 (fp32)"))
             else:
                 blocks = -(-numel // BNB_8BIT_OPT_BLOCK)
-                st.alloc(numel, f"{module} state1 (8-bit)")
-                st.alloc(numel, f"{module} state2 (8-bit)")
-                st.alloc(blocks * 4, f"{module} absmax1")
-                st.alloc(blocks * 4, f"{module} absmax2")
+                st.alloc(numel, (module, "state1 (8-bit)"))
+                st.alloc(numel, (module, "state2 (8-bit)"))
+                st.alloc(blocks * 4, (module, "absmax1"))
+                st.alloc(blocks * 4, (module, "absmax2"))
         elif opt == "adafactor":
             if len(shape) >= 2:   # factored: one fp32 value per row and per column
-                st.alloc(numel // shape[-1] * 4, f"{module} exp_avg_sq_row (fp32)")
-                st.alloc(numel // shape[-2] * 4, f"{module} exp_avg_sq_col (fp32)")
+                st.alloc(numel // shape[-1] * 4, (module, "exp_avg_sq_row (fp32)"))
+                st.alloc(numel // shape[-2] * 4, (module, "exp_avg_sq_col (fp32)"))
             else:
-                st.alloc(numel * 4, f"{module} exp_avg_sq (fp32)")
+                st.alloc(numel * 4, (module, "exp_avg_sq (fp32)"))
         else:
             for sd in _state_dtypes(s, dtype):
                 st.alloc(numel * DTYPE_BYTES[sd], f"{module} state ({sd})")
@@ -391,7 +399,7 @@ def _optimizer_step(st: _Stream, s: TrainingSetup, ordered: List[Tuple[Any, ...]
     opt = s.optimizer
     if opt == "adamw":
         # torch.optim.adamw._multi_tensor_adamw: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)
-        keys = [st.alloc(numel * DTYPE_BYTES[_state_dtypes(s, dtype)[1]], f"{module} sqrt(exp_avg_sq)")
+        keys = [st.alloc(numel * DTYPE_BYTES[_state_dtypes(s, dtype)[1]], (module, "sqrt(exp_avg_sq)"))
                 for module, nb, dtype, numel, _shape in ordered]
         for k in keys:
             st.free(k)
@@ -400,9 +408,9 @@ def _optimizer_step(st: _Stream, s: TrainingSetup, ordered: List[Tuple[Any, ...]
         for module, nb, dtype, numel, _shape in ordered:
             keys = []
             if DTYPE_BYTES[dtype] < 4:
-                keys.append(st.alloc(numel * 4, f"{module} grad as fp32"))
-                keys.append(st.alloc(numel * 4, f"{module} parameter as fp32"))
-            keys.append(st.alloc(numel * 4, f"{module} update"))
-            keys.append(st.alloc(numel * 4, f"{module} update (normalised)"))
+                keys.append(st.alloc(numel * 4, (module, "grad as fp32")))
+                keys.append(st.alloc(numel * 4, (module, "parameter as fp32")))
+            keys.append(st.alloc(numel * 4, (module, "update")))
+            keys.append(st.alloc(numel * 4, (module, "update (normalised)")))
             for k in keys:
                 st.free(k)

@@ -86,6 +86,8 @@ class TrainingSetup:
     lora_dropout: float = 0.0
     lora_targets: Optional[Tuple[str, ...]] = None
     trainable_layers: Optional[int] = None
+    #: the caching allocator's settings: "default", "expandable_segments" or a PYTORCH_CUDA_ALLOC_CONF string
+    allocator: str = "default"
 
     # -- derived dtypes ---------------------------------------------------------------
     @property
@@ -179,6 +181,13 @@ class TrainingSetup:
             if not t:
                 raise VramError("lora_targets: name at least one module, or 'all-linear'", field="lora_targets")
             v["lora_targets"] = t
+        if kw.get("allocator") is not None:
+            from .allocator import parse_alloc_conf
+
+            if not isinstance(kw["allocator"], str):
+                raise VramError(f"allocator: must be 'default', 'expandable_segments' or a PYTORCH_CUDA_ALLOC_CONF "
+                                f"string, got {kw['allocator']!r}", field="allocator")
+            v["allocator"] = parse_alloc_conf(kw["allocator"]).text
         if kw.get("trainable_layers") is not None:
             v["trainable_layers"] = _posint("trainable_layers", kw["trainable_layers"])
         for name in ("double_quant", "prepare_kbit"):
