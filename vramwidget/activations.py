@@ -332,6 +332,10 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         if softcap:
             tr.save(tr.new("soft-capped scores tanh", scores, c, True, "b x a x s x s", group))
         sm_dtype = F32 if softmax_fp32 else c
+        if sm_dtype != c:
+            # softmax(x, dtype=float32) converts its input first (at::softmax: input.toType(dtype))
+            tr.new("attention scores as fp32 (softmax input)", scores, F32, True, "b x a x s x s fp32 (transient)",
+                   group)
         p32 = tr.new("softmax output" + (" fp32" if softmax_fp32 else ""), scores, sm_dtype, True,
                      "b x a x s x s" + (" fp32" if softmax_fp32 else ""), group)
         tr.save(p32)
@@ -373,7 +377,9 @@ def llama_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
     else:
         n1 = rms_norm(tr, ctx, x, "input_layernorm", h, gemma=gemma)
     # --- attention ---
-    rope_dtype = _promote(ctx.resid, ctx.c) if ctx.setup.autocast else ctx.c
+    # RoPE: q * cos + rotate_half(q) * sin with cos/sin in the hidden states' dtype
+    # (fp32 under autocast, and after prepare_model_for_kbit_training where 4-bit linears return fp32)
+    rope_dtype = _promote(ctx.resid, ctx.c) if (ctx.setup.autocast or ctx.quant_base) else ctx.c
     if arch.mla:
         m = arch.mla
         qh = m["qk_rope_head_dim"] + m["qk_nope_head_dim"]

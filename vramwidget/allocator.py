@@ -571,6 +571,10 @@ class CachingAllocator:
             self.frag_at_max = self.reserved - self.allocated
         return b
 
+    def cached_bytes(self) -> int:
+        """Bytes of cached free blocks: reserved = allocated + cached (the fragmentation)."""
+        return sum(k[0] for pool in self._free.values() for k in pool)
+
     def signature(self) -> Tuple[Any, ...]:
         """The allocator's state: every block's address, size and use (equal states replay
         equal event streams identically)."""
@@ -661,6 +665,10 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
     request that fails even after the free-and-retry is reported in ``oom`` and the replay
     stops there.
     """
+    cfg = config or AllocatorConfig()
+    if (not record and capacity_bytes is None and cfg.max_split_size_bytes >= NO_LIMIT and not cfg.expandable_segments
+            and not cfg.roundup_power2_divisions and not cfg.roundup_power2_intervals):
+        return _replay_default(events)
     al = CachingAllocator(config, capacity_bytes, record)
     live: Dict[object, _Block] = {}
     res = ReplayResult()
@@ -708,3 +716,95 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
 def sizes_only(events: Sequence[Event]) -> List[float]:
     """The requested sizes of the alloc events (for tests and summaries)."""
     return [e[2] for e in events if e[0] == "alloc"]
+
+
+def _replay_default(events: Iterable[Event]) -> ReplayResult:
+    """``replay`` with the default settings, no capacity and no recording: the same rules as
+    ``CachingAllocator`` (best fit, split above 1 MiB / 512 B, merge on free, segments from
+    ``get_allocation_size``) in one loop over plain lists, for speed.  A block is a list
+    ``[addr, size, prev, next, allocated, small]``."""
+    free_lists = {True: [], False: []}       # (size, addr) sorted, per pool
+    free_blocks: Dict[Tuple[int, int], list] = {}
+    live: Dict[object, list] = {}
+    insort, bisect_left = bisect.insort, bisect.bisect_left
+    reserved = allocated = max_reserved = max_allocated = frag = segs = 0
+    next_addr = 1 << 40
+    last_sig = None
+    n = 0
+    for n, (kind, key, nbytes, _label) in enumerate(events):
+        if kind == "alloc":
+            size = (int(nbytes) + 511) & ~511 if nbytes >= K_MIN_BLOCK_SIZE else K_MIN_BLOCK_SIZE
+            small = size <= K_SMALL_SIZE
+            lst = free_lists[small]
+            i = bisect_left(lst, (size, -1))
+            if i < len(lst):
+                b = free_blocks.pop(lst.pop(i))
+            else:
+                if small:
+                    seg = K_SMALL_BUFFER
+                elif size < K_MIN_LARGE_ALLOC:
+                    seg = K_LARGE_BUFFER
+                else:
+                    seg = -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
+                b = [next_addr, seg, None, None, False, small]
+                next_addr += seg + (1 << 21)
+                reserved += seg
+                segs += 1
+            remaining = b[1] - size
+            if remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE:
+                rest = [b[0] + size, remaining, b, b[3], False, small]
+                if b[3] is not None:
+                    b[3][2] = rest
+                b[3] = rest
+                b[1] = size
+                k2 = (remaining, rest[0])
+                insort(lst, k2)
+                free_blocks[k2] = rest
+            b[4] = True
+            allocated += b[1]
+            live[key] = b
+            if allocated > max_allocated:
+                max_allocated = allocated
+            if reserved > max_reserved:
+                max_reserved = reserved
+                frag = reserved - allocated
+        elif kind == "free":
+            b = live.pop(key)
+            b[4] = False
+            allocated -= b[1]
+            lst = free_lists[b[5]]
+            nb = b[2]
+            if nb is not None and not nb[4]:
+                k2 = (nb[1], nb[0])
+                del lst[bisect_left(lst, k2)]
+                del free_blocks[k2]
+                b[0] = nb[0]
+                b[2] = nb[2]
+                if nb[2] is not None:
+                    nb[2][3] = b
+                b[1] += nb[1]
+            nb = b[3]
+            if nb is not None and not nb[4]:
+                k2 = (nb[1], nb[0])
+                del lst[bisect_left(lst, k2)]
+                del free_blocks[k2]
+                b[3] = nb[3]
+                if nb[3] is not None:
+                    nb[3][2] = b
+                b[1] += nb[1]
+            k2 = (b[1], b[0])
+            insort(lst, k2)
+            free_blocks[k2] = b
+        elif kind == "step_end":
+            sig = (tuple(sorted((b[0], b[1]) for b in live.values())), tuple(free_lists[False]),
+                   tuple(free_lists[True]), reserved)
+            if key >= 2 and sig == last_sig:
+                break
+            last_sig = sig
+        elif kind == "reset_peak":
+            max_reserved, max_allocated, frag = reserved, allocated, reserved - allocated
+        else:
+            raise ValueError(f"unknown replay event {kind!r}")
+    return ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_allocated, reserved_bytes=reserved,
+                        allocated_bytes=allocated, fragmentation_at_max_bytes=frag, segments_allocated=segs,
+                        num_events=n + 1)

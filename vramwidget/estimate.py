@@ -444,7 +444,9 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     resid = _resid(s)
     norm_w = "float32" if (s.autocast or s.precision == "fp32" or (s.quantized and s.prepare_kbit)) else (
         s.weights_dtype if not s.quantized else c)
-    backend = attention_backend(arch, s, c)
+    # after prepare_model_for_kbit_training the residual stream is fp32, 4-bit linears return
+    # their input's dtype and RoPE's cos/sin follow the hidden states: attention sees fp32
+    backend = attention_backend(arch, s, "float32" if (s.quantized and s.prepare_kbit) else c)
     if cpu and backend in ("math", "efficient"):  # CPU SDPA: one flash-style kernel
         backend = "flash"
     full = s.method == "full"

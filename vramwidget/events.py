@@ -35,6 +35,12 @@ from .units import DTYPE_BYTES
 
 Event = Tuple[str, Any, float, str]
 
+#: transformers' loader (core_model_loading.convert_and_load_state_dict_in_model) materializes
+#: checkpoint tensors on the GPU on GLOBAL_WORKERS = 4 threads while the main thread converts
+#: them one by one; with on-the-fly (bitsandbytes) quantization, up to this many 16-bit tensors
+#: wait beside the one being quantized.  transformers PR #44576 made quantized loading
+#: synchronous (0 here); the measured cases (transformers 5.17) load asynchronously.
+ASYNC_LOAD_WORKERS = 4
 #: cuBLAS keeps two workspaces (cuBLAS and cuBLASLt), each its own 32 MiB allocation
 CUBLAS_WORKSPACES = 2
 
@@ -101,20 +107,33 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
     weight_keys: Dict[Tuple[str, int], Optional[int]] = {}
     base16 = "bfloat16" if c == "float32" else c
 
-    def load_param(inst: Tuple[Any, ...], layer: int) -> None:
+    pending: List[Tuple[Any, ...]] = []     # checkpoint tensors materialized, not yet converted
+
+    def convert(item: Tuple[Any, ...]) -> None:
+        inst, layer, tmp = item
         t, dtype, nbytes, trains, numel = inst
         if dtype in ("nf4", "fp4", "int8"):
-            # transformers loads the 16-bit checkpoint tensor, bitsandbytes quantizes it on the GPU
-            tmp = st.alloc(numel * DTYPE_BYTES[base16], (t.name, "(16-bit, before quantization)"))
+            # bitsandbytes quantizes the 16-bit tensor on the GPU, then it is dropped
             weight_keys[(t.name, layer)] = st.alloc(nbytes, t.name)
             st.alloc(consts.get(t.name, 0.0), (t.name, "quantization constants"))
             st.free(tmp)
         elif s.quantized and s.prepare_kbit and dtype == "float32":
-            tmp = st.alloc(numel * DTYPE_BYTES[base16], t.name)
             weight_keys[(t.name, layer)] = None
             weight_keys[(t.name, layer, "tmp")] = tmp  # type: ignore[index]
         else:
+            weight_keys[(t.name, layer)] = tmp
+
+    def load_param(inst: Tuple[Any, ...], layer: int) -> None:
+        t, dtype, nbytes, trains, numel = inst
+        if not s.quantized:
+            # built on the GPU in its dtype (from_config under torch.device)
             weight_keys[(t.name, layer)] = st.alloc(nbytes, t.name)
+            return
+        # from_pretrained with on-the-fly quantization: the 16-bit checkpoint tensor first
+        size = numel * DTYPE_BYTES[base16] if dtype in ("nf4", "fp4", "int8", "float32") else nbytes
+        pending.append((inst, layer, st.alloc(size, (t.name, "(checkpoint tensor)"))))
+        if len(pending) > ASYNC_LOAD_WORKERS:
+            convert(pending.pop(0))
 
     for inst in before:
         load_param(inst, -1)
@@ -123,6 +142,8 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             load_param(inst, layer)
     for inst in after:
         load_param(inst, -1)
+    while pending:
+        convert(pending.pop(0))
     if arch.tie_word_embeddings:
         # the head is built with its own weight, then tied to the embedding (the copy is dropped)
         head = st.alloc(V * h * DTYPE_BYTES[base16 if s.quantized else s.weights_dtype], "lm_head (before tying)")
@@ -232,14 +253,16 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                     grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + (op[1], "grad")))
                 continue
             _, name, nbytes, rg, is_saved = op
-            if is_saved and saved_iter:
-                st.free(saved_iter.pop())
+            # the consumer of this tensor runs: it makes the tensor's gradient, then autograd
+            # releases what the node saved, then the consumer's own incoming gradient goes
             if name.endswith("dequantized weight"):
                 # MatMul4Bit.backward dequantizes again for the input gradient
                 st.free(st.alloc(nbytes, label + (name,)))
                 continue
+            ng = st.alloc(nbytes, label + ("grad of", name)) if rg else None
+            if is_saved and saved_iter:
+                st.free(saved_iter.pop())
             if rg:
-                ng = st.alloc(nbytes, label + ("grad of", name, "input"))
                 st.free(g)
                 g = ng
         for rest in params.values():      # parameters no op of the trace named (biases...)
