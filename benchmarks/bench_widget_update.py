@@ -43,6 +43,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from vramwidget import widget as W
+    from vramwidget.treemap import unit_box
+    from vramwidget.widget.state import estimate_fn
     from vramwidget.treemap import comparison_rows, layout_rows
 
     calc = W.Calculator(args.model, gpu=args.gpu)
@@ -70,7 +72,7 @@ def main() -> int:
     # where the time goes, measured separately on the last setup
     arch = calc._resolve_model()
     kw = calc.setup()
-    estimate = W._estimate_fn()
+    estimate = estimate_fn()
 
     def best_of(fn, n=50):
         out = []
@@ -81,7 +83,7 @@ def main() -> int:
         return statistics.median(out)
 
     est_ms = best_of(lambda: estimate(arch, **{k: v for k, v in kw.items() if k != "model"}))
-    boxes = [(name, W.unit_box(e, name)) for name, e in calc.scenarios]
+    boxes = [(name, unit_box(e, name)) for name, e in calc.scenarios]
     layout_ms = best_of(lambda: (layout_rows(calc.estimate, *W.DETAIL_SIZE),
                                  comparison_rows(boxes, *W.COMPARISON_SIZE, capacity_bytes=24 * 2**30)))
     n_scen = len(W.SCENARIOS)

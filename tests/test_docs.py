@@ -10,8 +10,12 @@ import pytest
 
 MODULES = ["architecture", "estimate", "training", "result", "validate", "scenarios", "fit", "parallel",
            "inference", "chartview", "widget", "charts", "treemap", "gpus", "presets", "hub", "measure", "measure_inference",
-           "cli",
-           "units", "errors", "activations"]
+           "cli", "verdict", "fitmap", "widget.state", "widget.training", "widget.multigpu", "widget.inference",
+           "widget.suggestions", "widget.views", "widget.formats", "widget.calculator",
+           "units", "errors", "activations", "families"]
+# every family module too (vramwidget/families/*.py)
+MODULES += ["families." + p.stem for p in sorted((Path(__file__).parent.parent / "vramwidget" / "families").glob("*.py"))
+            if p.stem != "__init__"]
 
 
 @pytest.mark.parametrize("modname", MODULES)

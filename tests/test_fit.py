@@ -5,7 +5,8 @@ import json
 import pytest
 
 from vramwidget import VramError, estimate
-from vramwidget.fit import (Suggestion, answers, check, main, max_batch_size, max_seq_len, min_gpus,
+from vramwidget.cli import fit_main as main
+from vramwidget.fit import (Suggestion, answers, check, max_batch_size, max_seq_len, min_gpus,
                             suggestions)
 from vramwidget.gpus import get_gpu
 from vramwidget.parallel import estimate_parallel

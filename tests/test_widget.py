@@ -261,8 +261,8 @@ def test_chart_is_a_standalone_altair_chart(calc, tmp_path):
     chart.save(tmp_path / "chart.html")
     chart.save(tmp_path / "chart.json")
     assert json.loads((tmp_path / "chart.json").read_text())["datasets"]["detail"]
-    # the same through Estimate.chart(), with only the components drawn in the legend
-    spec = calc.estimate.chart().to_dict()
+    # the same through vw.chart(estimate), with only the components drawn in the legend
+    spec = vw.chart(calc.estimate).to_dict()
     legend = [layer for layer in spec["layer"] if "color" in layer.get("encoding", {})][0]
     values = legend["encoding"]["color"]["legend"]["values"]
     assert set(values) == {c.name for c in calc.estimate.components}
@@ -333,7 +333,7 @@ def test_no_widget_update_raises(calc):
 
 def test_an_internal_failure_is_reported_not_raised(calc, monkeypatch):
     """A bug in the layout must not raise into the comm handler either."""
-    import vramwidget.widget as W
+    import vramwidget.widget.calculator as W
 
     est, rows = calc.estimate, calc.rows
 

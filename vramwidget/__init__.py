@@ -2,7 +2,7 @@
 
     import vramwidget as vw
     est = vw.estimate("llama-3.1-8b", method="qlora", batch_size=4, seq_len=2048)
-    est.peak_gib, est.to_dataframe(), est.chart()
+    est.peak_gib, est.to_dataframe(), vw.chart(est)
     vw.Calculator("llama-2-7b")          # the notebook widget
 """
 
@@ -10,25 +10,32 @@ from .architecture import Architecture, custom, from_config, from_param_count, l
 from .errors import VramError
 from .estimate import estimate
 from .fit import max_batch_size, max_seq_len, min_gpus, suggestions
+from .fitmap import fit_map
 from .inference import estimate_inference, longest_context
 from .parallel import estimate_parallel
 from .presets import list_presets
+from .readers import TrainingConfig, from_training_config
 from .result import Estimate, Node
+from .snapshot import load_snapshot
 from .training import CHOICES, TrainingSetup
 
 __version__ = "0.1.0"
 
-__all__ = ["Architecture", "CHOICES", "Calculator", "ChartView", "Estimate", "Node", "TrainingSetup", "VramError", "custom",
-           "estimate", "estimate_inference", "estimate_parallel", "from_config", "from_param_count", "list_presets",
-           "load_architecture", "longest_context", "max_batch_size", "max_seq_len", "min_gpus", "show", "suggestions",
+__all__ = ["Architecture", "CHOICES", "Calculator", "ChartView", "Estimate", "Node", "TrainingConfig", "TrainingSetup", "VramError", "chart", "custom",
+           "estimate", "estimate_inference", "estimate_parallel", "fit_map", "from_config", "from_param_count", "from_training_config", "list_presets",
+           "load_architecture", "load_snapshot", "longest_context", "max_batch_size", "max_seq_len", "min_gpus", "show", "suggestions",
            "__version__"]
 
 
-def __getattr__(name):  # the widget (ipywidgets/anywidget) is imported only when asked for
+def __getattr__(name):  # the widget (ipywidgets/anywidget) and charts (altair) are imported only when asked for
     if name == "Calculator":
         from .widget import Calculator
 
         return Calculator
+    if name == "chart":  # altair is imported only when a chart is asked for
+        from .charts import detail_chart
+
+        return detail_chart
     if name in ("ChartView", "show"):
         from . import chartview
 

@@ -29,9 +29,8 @@ dim, s seq, b batch, V vocab, E experts, k experts per token, r LoRA rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from .architecture import Architecture
 from .training import TrainingSetup
 from .units import DTYPE_BYTES
 
@@ -67,12 +66,25 @@ class Trace:
 
     def __init__(self) -> None:
         self.saved: Dict[str, SavedTensor] = {}
+        #: every forward tensor created, for the step time (timing.py): one kernel each,
+        #: and the bytes each writes (what bandwidth-bound kernels move)
+        self.created_ops = 0
+        self.created_bytes = 0.0
         #: every tensor the forward creates and every parameter it uses, in order (the
         #: allocation events of the caching-allocator replay, ``events.py``)
-        self.ops: List[Tuple[str, object]] = []
+        self.ops: List[Tuple[str, Any]] = []
 
     def new(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
         """Record a new forward tensor (not yet saved)."""
+        self.created_ops += 1
+        self.created_bytes += numel * DTYPE_BYTES[dtype]
+        t = _T(name, numel, dtype, rg, formula, group)
+        self.ops.append(("new", t))
+        return t
+
+    def temp(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
+        """A short-lived tensor that only the allocator replay needs to see (not saved and not
+        counted in ``created_ops``/``created_bytes``, which the step-time model reads)."""
         t = _T(name, numel, dtype, rg, formula, group)
         self.ops.append(("new", t))
         return t
@@ -103,7 +115,7 @@ class Trace:
 class BlockContext:
     """What one block's trace needs to know about the run."""
 
-    arch: Architecture
+    arch: Any
     setup: TrainingSetup
     T: int
     b: int
@@ -118,10 +130,11 @@ class BlockContext:
     attn_backend: str      # flash | efficient | math | eager
     quant_base: bool
     dense_layer: bool = False   # a dense (non-MoE) block inside an MoE model
+    fused_qkv_lora: bool = False  # q, k and v adapters share one input (LitGPT's fused qkv)
     cpu: bool = False           # CPU kernels (for checking against torch without a GPU)
 
 
-def attention_backend(arch: Architecture, setup: TrainingSetup, compute_dtype: str) -> str:
+def attention_backend(arch: Any, setup: TrainingSetup, compute_dtype: str) -> str:
     """Which kernel scaled_dot_product_attention picks on a CUDA GPU (PyTorch 2.x).
 
     Flash attention needs 16-bit inputs and head dim <= 256; memory-efficient attention
@@ -139,7 +152,7 @@ def attention_backend(arch: Architecture, setup: TrainingSetup, compute_dtype: s
         return "flash"
     sixteen = compute_dtype in ("bfloat16", "float16")
     d = arch.head_dim
-    if (arch.attn_logit_softcapping or arch.model_type == "bloom") and impl != "flash_attention_2":
+    if (arch.attn_logit_softcapping or not arch.family.sdpa_supported) and impl != "flash_attention_2":
         # SDPA cannot soft-cap (Gemma 2) or add ALiBi (BLOOM): transformers runs them eager
         return "eager"
     if arch.mla and arch.mla["v_head_dim"] != arch.mla["qk_rope_head_dim"] + arch.mla["qk_nope_head_dim"]:
@@ -172,20 +185,28 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         if ctx.setup.precision == "fp8":
             xin = tr.new(f"{module} input (fp8)", x.numel, "float8", x.rg, f"T x {_dim(in_f)} fp8 copy", group)
         tr.save(xin)
+    elif ctx.quant_base and x.rg and ctx.setup.quantization in ("nf4", "fp4") \
+            and ctx.setup.before("bitsandbytes", "0.43.2"):
+        # bitsandbytes < 0.43.2: MatMul4Bit kept its input on ctx whenever it needed a gradient
+        # (ctx.tensors = (A, B)); "fix QLoRA mem bug" (bitsandbytes PR #1270, 0.43.2) keeps B only
+        tr.save(xin)
     out_dtype = ctx.c if (ctx.setup.autocast or ctx.quant_base) else (xin.dtype if not ctx.quant_base else ctx.c)
     if ctx.quant_base and x.dtype == F32:
         out_dtype = F32  # bnb Linear4bit returns the input's dtype
     rg = trains or x.rg
     if ctx.quant_base:
         # bitsandbytes' MatMul4Bit dequantizes the weight for each matmul (a transient; not saved)
-        tr.new(f"{module} dequantized weight", out_features * in_f, ctx.c, False,
+        tr.temp(f"{module} dequantized weight", out_features * in_f, ctx.c, False,
                f"{_dim(out_features)} x {_dim(in_f)} (transient)", group)
     if module in ctx.lora_modules:
         rg = True
         r = ctx.setup.lora_r
         tag = f"{module} ({name})"   # GPT-2 has two modules named c_proj
+        if module in ("q_proj", "k_proj", "v_proj") and ctx.fused_qkv_lora:
+            # LitGPT's LoRAQKVLinear: one dropout and one lora_A input for the fused qkv
+            tag = "qkv (fused LoRA)"
         # peft's Linear.forward: result = base_layer(x) first, the adapter's path after it
-        tr.new(f"{tag} base layer output", n_tok * out_features, out_dtype, rg, "T x out (transient)", group)
+        tr.temp(f"{tag} base layer output", n_tok * out_features, out_dtype, rg, "T x out (transient)", group)
         xa = tr.cast(x, ctx.adapter_dtype, f"{tag} LoRA input as {ctx.adapter_dtype}")
         if xa is not x:
             xa.formula = f"T x {_dim(in_f)} ({module} input cast to the adapter dtype)"
@@ -201,11 +222,11 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         tr.save(tr.new(f"{tag} lora_A output", n_tok * r, a_dtype, True, f"T x r (r={r})", LORA_GROUP))
         # lora_B(...) * scaling, added to the base result (promoted to the adapter dtype) and
         # cast back with result.to(torch_result_dtype): transients the trace need not keep
-        tr.new(f"{tag} lora_B output", n_tok * out_features, a_dtype, True, "T x out (transient)", LORA_GROUP)
-        tr.new(f"{tag} lora_B output x scaling", n_tok * out_features, a_dtype, True, "T x out (transient)",
+        tr.temp(f"{tag} lora_B output", n_tok * out_features, a_dtype, True, "T x out (transient)", LORA_GROUP)
+        tr.temp(f"{tag} lora_B output x scaling", n_tok * out_features, a_dtype, True, "T x out (transient)",
                LORA_GROUP)
         if _promote(a_dtype, out_dtype) != out_dtype:
-            tr.new(f"{tag} base + LoRA", n_tok * out_features, _promote(a_dtype, out_dtype), True,
+            tr.temp(f"{tag} base + LoRA", n_tok * out_features, _promote(a_dtype, out_dtype), True,
                    "T x out (transient)", LORA_GROUP)
     out = tr.new(name, n_tok * out_features, out_dtype, rg, f"T x {_dim(out_features)}", group)
     tr.param(module)
@@ -306,7 +327,7 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
             tr.save(tr.new("q scaled (math SDPA)", q.numel, c, True, "T x a*d", group))
             tr.save(tr.new("k repeated and scaled (math SDPA)", T * a * ctx.arch.head_dim, c, True, "T x a*d", group))
             # q @ k^T, masked in place; the softmax keeps only its output
-            tr.new("attention scores (math SDPA)", scores, c, True, "b x a x s x s (transient)", group)
+            tr.temp("attention scores (math SDPA)", scores, c, True, "b x a x s x s (transient)", group)
             tr.save(tr.new("attention probabilities (math SDPA)", scores, c, True, "b x a x s x s", group))
             if kv != a:
                 tr.save(tr.new("v repeated (math SDPA)", T * a * v_head_dim, c, True, "T x a*d", group))
@@ -328,13 +349,13 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         tr.save(ve)
         # matmul(q, k^T) * scaling + causal mask: three b x a x s x s transients before the softmax
         for label in ("attention scores", "attention scores scaled", "attention scores masked"):
-            tr.new(label, scores, c, True, "b x a x s x s (transient)", group)
+            tr.temp(label, scores, c, True, "b x a x s x s (transient)", group)
         if softcap:
             tr.save(tr.new("soft-capped scores tanh", scores, c, True, "b x a x s x s", group))
         sm_dtype = F32 if softmax_fp32 else c
         if sm_dtype != c:
             # softmax(x, dtype=float32) converts its input first (at::softmax: input.toType(dtype))
-            tr.new("attention scores as fp32 (softmax input)", scores, F32, True, "b x a x s x s fp32 (transient)",
+            tr.temp("attention scores as fp32 (softmax input)", scores, F32, True, "b x a x s x s fp32 (transient)",
                    group)
         p32 = tr.new("softmax output" + (" fp32" if softmax_fp32 else ""), scores, sm_dtype, True,
                      "b x a x s x s" + (" fp32" if softmax_fp32 else ""), group)
@@ -361,95 +382,8 @@ def _dim(x: float) -> str:
 
 
 # ---------------------------------------------------------------------------------
-# Blocks
+# Shared blocks (the families in vramwidget/families compose these)
 # ---------------------------------------------------------------------------------
-
-def llama_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
-    """One decoder layer of the Llama family (Mistral, Qwen, Gemma, Phi-3, OLMoE, DeepSeek...)."""
-    arch, T = ctx.arch, ctx.T
-    mt = arch.model_type
-    h, a, kv, d = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim
-    gemma = mt.startswith("gemma")
-    post_norms = mt in ("gemma2", "gemma3_text")
-    if mt == "olmo2":
-        n1 = x
-        gemma = True   # OLMo 2's norms apply the weight in fp32 too
-    else:
-        n1 = rms_norm(tr, ctx, x, "input_layernorm", h, gemma=gemma)
-    # --- attention ---
-    # RoPE: q * cos + rotate_half(q) * sin with cos/sin in the hidden states' dtype
-    # (fp32 under autocast, and after prepare_model_for_kbit_training where 4-bit linears return fp32)
-    rope_dtype = _promote(ctx.resid, ctx.c) if (ctx.setup.autocast or ctx.quant_base) else ctx.c
-    if arch.mla:
-        m = arch.mla
-        qh = m["qk_rope_head_dim"] + m["qk_nope_head_dim"]
-        if m["q_lora_rank"]:
-            qa = linear(tr, ctx, n1, "q_a_proj", m["q_lora_rank"], "q_a", "attention")
-            qa_n = rms_norm(tr, ctx, qa, "q_a_layernorm", m["q_lora_rank"], "attention")
-            q = linear(tr, ctx, qa_n, "q_b_proj", a * qh, "q", "attention", in_features=m["q_lora_rank"])
-        else:
-            q = linear(tr, ctx, n1, "q_proj", a * qh, "q", "attention")
-        kva = linear(tr, ctx, n1, "kv_a_proj_with_mqa", m["kv_lora_rank"] + m["qk_rope_head_dim"], "kv_a",
-                     "attention")
-        # the latent (kv_lora_rank wide) is normalised; the rope part goes through complex RoPE
-        latent = tr.new("kv latent", T * m["kv_lora_rank"], kva.dtype, kva.rg, "T x kv_lora_rank", "attention")
-        kvn = rms_norm(tr, ctx, latent, "kv_a_layernorm", m["kv_lora_rank"], "attention")
-        kvb = linear(tr, ctx, kvn, "kv_b_proj", a * (m["qk_nope_head_dim"] + m["v_head_dim"]), "kv_b output",
-                     "attention", in_features=m["kv_lora_rank"])
-        # query = cat(q_nope, rope(q_pe)) and key = a new tensor filled from k_nope and rope(k_pe);
-        # value is a view of kv_b_proj's output, so the attention keeps all of that output
-        qr = tr.new("q (nope + rope, concatenated)", T * a * qh, rope_dtype, True, "T x a x (nope+rope)",
-                    "attention")
-        kr = tr.new("k (nope + rope, new tensor)", T * a * qh, rope_dtype, True, "T x a x (nope+rope)",
-                    "attention")
-        v = kvb
-        o_in = sdpa_core(tr, ctx, qr, kr, v, m["v_head_dim"])
-    else:
-        if mt == "phi3":
-            qkv = linear(tr, ctx, n1, "qkv_proj", (a + 2 * kv) * d, "qkv", "attention")
-            q = tr.new("q", T * a * d, qkv.dtype, qkv.rg, "T x a*d", "attention")
-            k = tr.new("k", T * kv * d, qkv.dtype, qkv.rg, "T x kv*d", "attention")
-            v = tr.new("qkv_proj output", qkv.numel, qkv.dtype, qkv.rg, "T x (a+2kv)*d", "attention")
-        else:
-            q = linear(tr, ctx, n1, "q_proj", a * d, "q_proj output", "attention")
-            k = linear(tr, ctx, n1, "k_proj", kv * d, "k_proj output", "attention")
-            v = linear(tr, ctx, n1, "v_proj", kv * d, "v", "attention")
-        if mt in ("qwen3", "qwen3_moe", "gemma3_text"):
-            q = rms_norm(tr, ctx, q, "q_norm", d, "attention", gemma=gemma)
-            k = rms_norm(tr, ctx, k, "k_norm", d, "attention", gemma=gemma)
-        elif mt in ("olmoe", "olmo2"):
-            q = rms_norm(tr, ctx, q, "q_norm", a * d, "attention", gemma=gemma)
-            k = rms_norm(tr, ctx, k, "k_norm", kv * d, "attention", gemma=gemma)
-        qr = tr.new("q after rope", T * a * d, rope_dtype, q.rg, "T x a*d", "attention")
-        kr = tr.new("k after rope", T * kv * d, rope_dtype, k.rg, "T x kv*d", "attention")
-        o_in = sdpa_core(tr, ctx, qr, kr, v, d, softcap=bool(arch.attn_logit_softcapping),
-                         dropout_p=float(arch.config.get("attention_dropout") or 0.0),
-                         q_heads_major=(mt == "phi3"))
-    o = linear(tr, ctx, o_in, "o_proj", h, "o_proj output", "attention", in_features=o_in.numel / T)
-    if post_norms:
-        o = rms_norm(tr, ctx, o, "post_attention_layernorm", h, gemma=gemma)
-    elif mt == "olmo2":
-        o = rms_norm(tr, ctx, o, "post_attention_layernorm", h, gemma=True)
-    x1 = tr.new("residual after attention", x.numel, _promote(x.dtype, o.dtype), True, "T x h", "norms")
-    # --- MLP / experts ---
-    if mt == "olmo2":
-        n2 = x1
-    else:
-        n2 = rms_norm(tr, ctx, x1, "pre_feedforward_layernorm" if post_norms else "post_attention_layernorm", h,
-                      gemma=gemma)
-    if arch.is_moe and not ctx.dense_layer:
-        m = moe(tr, ctx, n2)
-    else:
-        i = arch.intermediate_size
-        if arch.is_moe:
-            i = int(arch.config.get("intermediate_size") or i)
-        m = gated_mlp(tr, ctx, n2, i, fused=(mt == "phi3"))
-    if post_norms:
-        m = rms_norm(tr, ctx, m, "post_feedforward_layernorm", h, gemma=gemma)
-    elif mt == "olmo2":
-        m = rms_norm(tr, ctx, m, "post_feedforward_layernorm", h, gemma=True)
-    return tr.new("block output", x.numel, _promote(x1.dtype, m.dtype), True, "T x h", "norms")
-
 
 def gated_mlp(tr: Trace, ctx: BlockContext, x: _T, i: int, *, fused: bool = False, prefix: str = "",
               group: str = "mlp", trains: Optional[bool] = None, tokens: Optional[float] = None) -> _T:
@@ -474,8 +408,9 @@ def gated_mlp(tr: Trace, ctx: BlockContext, x: _T, i: int, *, fused: bool = Fals
                   tokens=T, in_features=i)
 
 
-def moe(tr: Trace, ctx: BlockContext, x: _T) -> _T:
-    """Router + routed experts (+ shared experts); experts see T x k token copies."""
+def moe(tr: Trace, ctx: BlockContext, x: _T, *, shared_gate: bool = False) -> _T:
+    """Router + routed experts (+ shared experts); experts see T x k token copies.
+    ``shared_gate``: a sigmoid gate (1 output) scales the shared expert (Qwen2-MoE)."""
     arch, T = ctx.arch, ctx.T
     E, k, ie, h = arch.num_experts, arch.experts_per_token, arch.expert_intermediate_size, arch.hidden_size
     logits = linear(tr, ctx, x, "gate", E, "router logits", "router")
@@ -500,7 +435,7 @@ def moe(tr: Trace, ctx: BlockContext, x: _T) -> _T:
     out = tr.new("experts output", T * h, ctx.c, rg, "T x h", "experts")
     if arch.shared_expert_intermediate_size:
         sh = gated_mlp(tr, ctx, x, arch.shared_expert_intermediate_size, prefix="shared expert ", group="experts")
-        if arch.model_type == "qwen2_moe":
+        if shared_gate:
             gate = linear(tr, ctx, x, "shared_expert_gate", 1, "shared expert gate", "router")
             if gate.rg:
                 tr.save(tr.new("shared expert gate sigmoid", T, ctx.c, True, "T x 1", "router"))
@@ -509,99 +444,10 @@ def moe(tr: Trace, ctx: BlockContext, x: _T) -> _T:
     return out
 
 
-def plain_block(tr: Trace, ctx: BlockContext, x: _T) -> _T:
-    """GPT-2, GPT-NeoX, OPT, BLOOM, Falcon: LayerNorm, fused or separate QKV, plain MLP."""
-    arch, T = ctx.arch, ctx.T
-    mt = arch.model_type
-    h, a, kv, d, i = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim, arch.intermediate_size
-    cfg = arch.config
-    resid_p = float(cfg.get("resid_pdrop", cfg.get("dropout", cfg.get("hidden_dropout", 0.0))) or 0.0)
-    attn_p = float(cfg.get("attn_pdrop", cfg.get("attention_dropout", 0.0)) or 0.0)
-    if mt == "opt":
-        resid_p = float(cfg.get("dropout", 0.1) if "dropout" in cfg else 0.1)
-    parallel = (mt == "gpt_neox" and cfg.get("use_parallel_residual", True)) or (
-        mt == "falcon" and cfg.get("parallel_attn", True))
-    n1 = layer_norm(tr, ctx, x, "ln_1", h)
-    names = {"gpt2": ("c_attn", "c_proj", "c_fc", "c_proj"), "gpt_neox": ("query_key_value", "dense",
-                                                                          "dense_h_to_4h", "dense_4h_to_h"),
-             "bloom": ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
-             "falcon": ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
-             "opt": ("q_proj", "out_proj", "fc1", "fc2")}[mt]
-    if mt == "opt":
-        q = linear(tr, ctx, n1, "q_proj", h, "q", "attention")
-        k = linear(tr, ctx, n1, "k_proj", h, "k", "attention")
-        v = linear(tr, ctx, n1, "v_proj", h, "v", "attention")
-        if q.rg:
-            q = tr.new("q scaled", q.numel, q.dtype, True, "T x h", "attention")
-    else:
-        qkv = linear(tr, ctx, n1, names[0], (a + 2 * kv) * d, "qkv", "attention")
-        q, k, v = qkv, qkv, qkv   # views of one storage
-        if mt in ("gpt_neox", "falcon"):  # rotary embeddings make new q and k
-            q = tr.new("q after rope", T * a * d, ctx.c, qkv.rg, "T x a*d", "attention")
-            k = tr.new("k after rope", T * kv * d, ctx.c, qkv.rg, "T x kv*d", "attention")
-            if ctx.attn_backend == "eager":
-                # the eager matmul copies the strided v view; the fused qkv output is not kept
-                v = tr.new("v (contiguous copy)", T * kv * d, ctx.c, qkv.rg, "T x kv*d", "attention")
-    # BLOOM's ALiBi attention has no SDPA path: attention_backend() already chose eager,
-    # flash_attention_2 or the recomputed core for it.  GPT-2 and Falcon run the eager
-    # softmax in the compute dtype; OPT, NeoX and BLOOM upcast to fp32.
-    o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=attn_p, softmax_fp32=mt not in ("gpt2", "falcon"),
-                     q_heads_major=(mt == "gpt_neox"))
-    o = linear(tr, ctx, o_in, names[1], h, "attention projection output", "attention", in_features=a * d)
-    o = dropout(tr, o, resid_p, "attention residual", ctx.cpu)
-    if parallel:
-        n2 = n1 if mt == "falcon" else layer_norm(tr, ctx, x, "ln_2", h)
-    else:
-        x1 = tr.new("residual after attention", x.numel, _promote(x.dtype, o.dtype), True, "T x h", "norms")
-        n2 = layer_norm(tr, ctx, x1, "ln_2", h)
-    f = linear(tr, ctx, n2, names[2], i, "fc output", "mlp")
-    act = activation(tr, ctx, f, i)
-    m = linear(tr, ctx, act, names[3], h, "mlp projection output", "mlp", in_features=i)
-    m = dropout(tr, m, resid_p, "mlp residual", ctx.cpu)
-    return tr.new("block output", x.numel, x.dtype, True, "T x h", "norms")
-
-
-def activation(tr: Trace, ctx: BlockContext, f: _T, i: int) -> _T:
-    """The plain MLP's activation; GPT-2's gelu_new and BLOOM's gelu are Python composites."""
-    cfg = ctx.arch.config
-    name = str(cfg.get("activation_function", cfg.get("hidden_act", "gelu")))
-    mt = ctx.arch.model_type
-    T = ctx.T
-    if not f.rg:
-        return tr.new("activation output", f.numel, f.dtype, False, "T x i", "mlp")
-    if mt == "bloom":
-        # BLOOM trains with its own autograd Function (GeLUFunction): it keeps only the input
-        tr.save(f)
-    elif mt == "gpt2" and name in ("gelu_new", "gelu_fast"):
-        # 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))): pow saves x, tanh its output,
-        # the last product both factors.  Autocast runs pow in fp32, so from there on the
-        # chain is fp32 (pow saves an fp32 copy of x; only 0.5*x stays 16-bit).
-        if ctx.setup.autocast and f.dtype != F32:
-            tr.save(tr.new("gelu input as fp32 (autocast pow)", T * i, F32, True, "T x i fp32", "mlp"))
-            wide = F32
-        else:
-            tr.save(f)
-            wide = f.dtype
-        tr.save(tr.new("gelu tanh output", T * i, wide, True, "T x i", "mlp"))
-        tr.save(tr.new("gelu 0.5 * x", T * i, f.dtype, True, "T x i", "mlp"))
-        tr.save(tr.new("gelu 1 + tanh", T * i, wide, True, "T x i", "mlp"))
-        return tr.new("activation output", f.numel, wide, True, "T x i", "mlp")
-    elif name == "relu":
-        out = tr.new("activation output", f.numel, f.dtype, True, "T x i", "mlp")
-        tr.save(out)
-        return out
-    else:
-        tr.save(f)
-    return tr.new("activation output", f.numel, f.dtype, True, "T x i", "mlp")
-
-
 def trace_block(ctx: BlockContext, *, input_rg: bool = True, dense_layer: bool = False) -> Trace:
     """The tensors one block saves for backward, given whether its input needs a gradient."""
     tr = Trace()
     x = tr.new("block input", ctx.T * ctx.arch.hidden_size, ctx.resid, input_rg, "T x h", "norms")
     ctx.dense_layer = dense_layer
-    if ctx.arch.mlp_kind == "plain":
-        plain_block(tr, ctx, x)
-    else:
-        llama_block(tr, ctx, x)
+    ctx.arch.family.block(tr, ctx, x)
     return tr

@@ -5,7 +5,7 @@ with the bundle in ``vramwidget/static/widget.js`` instead, so charts work with 
 (JupyterLab, Notebook 7, VS Code, Colab, marimo).  Two ways to use it::
 
     import vramwidget as vw
-    vw.show(est.chart())                 # one chart
+    vw.show(vw.chart(est))               # one chart
     import altair as alt
     alt.renderers.enable("vramwidget")   # every Altair chart in this notebook
 """
@@ -41,7 +41,9 @@ def _to_spec(chart: Any) -> Dict[str, Any]:
     if isinstance(chart, dict):
         return chart
     if isinstance(chart, Estimate):
-        return chart.chart().to_dict()
+        from .charts import detail_chart
+
+        return detail_chart(chart).to_dict()
     if hasattr(chart, "to_dict"):
         return chart.to_dict()
     raise TypeError(f"show() takes an Altair chart, a Vega-Lite dict or an Estimate, not {type(chart).__name__}")

@@ -46,6 +46,24 @@ _SETUP_OPTIONS = (
     ("--lora-targets", "lora_targets", "list", "LoRA target modules, comma-separated, or all-linear "
                                                "(default: every linear layer of the blocks)"),
     ("--trainable-layers", "trainable_layers", "int", "with --method freeze: how many last layers train"),
+    ("--stack", "stack", "choice", "training stack whose defaults and code paths to assume (default hf)"),
+    ("--loss", "loss", "choice", "cross-entropy implementation"),
+    ("--loss-chunks", "loss_chunks", "int", "with --loss chunked: number of chunks (default 8)"),
+    ("--lora-variant", "lora_variant", "choice", "LoRA or DoRA"),
+    ("--modules-to-save", "modules_to_save", "list", "modules trained in full beside the adapters "
+                                                     "(lm_head, embed_tokens)"),
+    ("--galore-rank", "galore_rank", "int", "GaLore projection rank (default 128)"),
+    ("--versions", "versions", "versions", "library releases, e.g. bitsandbytes=0.41.1,transformers=4.40 "
+                                           "(default: current releases)"),
+)
+
+#: on/off setup switches: (flag, TrainingSetup field, help)
+_SETUP_SWITCHES = (
+    ("--activation-offloading", "activation_offloading", "move saved activations to the CPU (torchtune)"),
+    ("--optimizer-in-backward", "optimizer_in_backward", "step each parameter as its gradient is ready"),
+    ("--packing", "packing", "packed sequences with varlen attention (no padding)"),
+    ("--compile", "compile", "torch.compile (needs --gradient-checkpointing full)"),
+    ("--tf32", "tf32", "fp32 matmuls on TF32 tensor cores (PyTorch's default is off); changes the time only"),
 )
 
 
@@ -75,6 +93,18 @@ def _int_arg(text: str) -> int:
     return int(f)
 
 
+def _versions_arg(text: str) -> Dict[str, str]:
+    out = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise argparse.ArgumentTypeError(f"expected PACKAGE=VERSION, got {part.strip()!r}")
+        k, v = part.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
 def _float_arg(text: str) -> float:
     try:
         return float(text.strip())  # nan/inf pass through: TrainingSetup names the field
@@ -92,9 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     est = sub.add_parser("estimate", help="estimate the memory of one training step",
                          description="Estimate the GPU memory of one training step of MODEL.")
-    est.add_argument("model", metavar="MODEL",
+    est.add_argument("model", metavar="MODEL", nargs="?", default=None,
                      help="a preset name (see `vramwidget presets`), a config.json path, a Hub id, or a "
-                          "parameter count like 7B")
+                          "parameter count like 7B; may be left out with --from when the file names the model")
+    est.add_argument("--from", dest="from_config", default=None, metavar="FILE",
+                     help="read the setup from your training config: HF TrainingArguments/TRL JSON, axolotl, "
+                          "torchtune, LLaMA-Factory or LitGPT YAML, a DeepSpeed JSON or an accelerate YAML; "
+                          "options given here override the file")
+    est.add_argument("--num-gpus", dest="num_gpus", default=None, type=_int_arg, metavar="N",
+                     help="with --from: the number of GPUs the launcher starts (not in most config files)")
     for flag, dest, kind, text in _SETUP_OPTIONS:
         if kind == "choice":
             est.add_argument(flag, dest=dest, default=None, metavar="{" + ",".join(c for c, _ in CHOICES[dest]) + "}",
@@ -103,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
             est.add_argument(flag, dest=dest, default=None, type=_int_arg, metavar="N", help=text)
         elif kind == "float":
             est.add_argument(flag, dest=dest, default=None, type=_float_arg, metavar="X", help=text)
+        elif kind == "versions":
+            est.add_argument(flag, dest=dest, default=None, type=_versions_arg, metavar="PKG=VER,...", help=text)
         else:
             extra = ""
             if dest == "quantized_groups":
@@ -116,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="4-bit quantization with double quantization (the default)")
     est.add_argument("--prepare-kbit", dest="prepare_kbit", action="store_const", const=True, default=None,
                      help="prepare_model_for_kbit_training: upcast the non-quantized parameters to fp32")
+    for flag, dest, text in _SETUP_SWITCHES:
+        est.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
+    est.add_argument("--gpu", dest="gpu", default=None, metavar="GPU",
+                     help="a GPU from the catalogue (e.g. H100-80GB): the step time, tokens/s, MFU and a run's "
+                          "cost on it (with --inference: the fit check)")
+    est.add_argument("--tokens", dest="tokens", default=None, type=_float_arg, metavar="N",
+                     help="with --gpu: the run's cost for N training tokens (default 1e9)")
+    est.add_argument("--usd-per-gpu-hour", dest="usd_per_gpu_hour", default=None, type=_float_arg, metavar="X",
+                     help="with --gpu: the price per GPU-hour (default: the catalogue's indicative on-demand price)")
     est.add_argument("--json", action="store_true", help="print the estimate as JSON")
     est.add_argument("--units", choices=("gib", "gb"), default="gib",
                      help="units of the component table: GiB (2**30 B, default) or GB (10**9 B)")
@@ -130,12 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
                          description="GPU memory of running MODEL for inference.")
     inference.add_arguments(inf)
 
-    from . import fit
-
     fit_p = sub.add_parser("fit", help="what fits a GPU: largest batch, longest sequence, fewest GPUs, and "
                                        "the changes that make a setup fit",
                            description="Answer 'does it fit, and what do I change' for MODEL on a GPU.")
-    fit.add_arguments(fit_p)
+    add_fit_arguments(fit_p)
 
     val = sub.add_parser("validate", help="compare estimates with measured training steps",
                          description="Estimate each case of a validation file (JSONL) and compare with its "
@@ -171,8 +216,8 @@ def setup_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         v = getattr(args, dest)
         if v is not None:
             kw[dest] = v
-    for dest in ("double_quant", "prepare_kbit"):
-        v = getattr(args, dest)
+    for dest in ("double_quant", "prepare_kbit") + tuple(d for _, d, _ in _SETUP_SWITCHES):
+        v = getattr(args, dest, None)
         if v is not None:
             kw[dest] = v
     return kw
@@ -189,9 +234,12 @@ def inventory(arch) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def estimate_json(arch, est) -> Dict[str, Any]:
-    """The JSON object ``estimate --json`` prints."""
+def estimate_json(arch, est, tokens: Optional[float] = None,
+                  usd_per_gpu_hour: Optional[float] = None) -> Dict[str, Any]:
+    """The JSON object ``estimate --json`` prints (with ``time`` and ``run_cost`` when a GPU is set)."""
     d = est.to_dict()
+    if est.step_seconds is not None:
+        d["run_cost"] = est.run_cost(tokens=tokens or DEFAULT_RUN_TOKENS, usd_per_gpu_hour=usd_per_gpu_hour)
     a = arch.to_dict()
     a.pop("tensors", None)
     d["architecture"] = a
@@ -201,6 +249,27 @@ def estimate_json(arch, est) -> Dict[str, Any]:
     d["device_total_gib"] = round(est.device_total_bytes / GIB, 3)
     d["device_total_gb"] = round(est.device_total_bytes / GB, 3)
     return d
+
+
+#: the run whose cost ``estimate --gpu`` prints when --tokens is not given
+DEFAULT_RUN_TOKENS = 1e9
+
+
+def format_time(est, tokens: Optional[float] = None, usd_per_gpu_hour: Optional[float] = None) -> List[str]:
+    """The step-time and run-cost lines of ``estimate --gpu`` and ``fit`` (empty without a GPU)."""
+    if est.step_seconds is None:
+        return []
+    b = est.time_breakdown
+    ph = b["phases_seconds"]
+    lines = [f"step time         {est.step_seconds:.3g} s on {est.gpu.name} (forward {ph['forward'] * 1e3:.3g} ms, "
+             f"backward {ph['backward'] * 1e3:.3g} ms, optimizer step {ph['optimizer_step'] * 1e3:.3g} ms)",
+             f"throughput        {est.tokens_per_second:,.0f} tokens/s, MFU {est.mfu * 100:.0f}%",
+             f"dominated by      {b['dominant']} ({b['dominant_share'] * 100:.0f}% of the step)"]
+    c = est.run_cost(tokens=tokens or DEFAULT_RUN_TOKENS, usd_per_gpu_hour=usd_per_gpu_hour)
+    cost = (f", ${c['dollars']:,.2f} at ${c['usd_per_gpu_hour']:g}/GPU-hour ({c['price_source']})"
+            if c["dollars"] is not None else " (no price known: give --usd-per-gpu-hour)")
+    lines.append(f"run cost          {c['tokens']:.3g} tokens: {c['steps']:,} steps, {c['hours']:,.2f} h" + cost)
+    return lines
 
 
 _PHASE_LABELS = {
@@ -234,7 +303,8 @@ def _group_formula(node) -> str:
     return ""
 
 
-def format_estimate(arch, est, units: str = "gib") -> str:
+def format_estimate(arch, est, units: str = "gib", tokens: Optional[float] = None,
+                    usd_per_gpu_hour: Optional[float] = None) -> str:
     """The table ``estimate`` prints."""
     unit_div, unit_name = (GIB, "GiB") if units == "gib" else (GB, "GB")
     s = est.setup
@@ -270,6 +340,7 @@ def format_estimate(arch, est, units: str = "gib") -> str:
     if est.flops_per_step:
         lines.append(f"compute           {est.flops_per_step:.3g} FLOPs per step"
                      + (f", +{est.recompute_overhead * 100:.0f}% recomputation" if est.recompute_overhead else ""))
+    lines.extend(format_time(est, tokens, usd_per_gpu_hour))
     lines.append("")
     total = sum(c.bytes for c in est.components) or 1.0
     lines.append(f"at the peak ({_PHASE_LABELS.get(est.peak_phase, est.peak_phase)}):")
@@ -311,6 +382,13 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
     from .estimate import estimate_setup
     from .training import TrainingSetup
 
+    if args.from_config is not None:
+        return _cmd_estimate_from(args, out)
+    if args.model is None:
+        raise _UsageError("estimate: give MODEL (or --from FILE with a config that names the model)")
+    if args.num_gpus is not None:
+        raise _UsageError("--num-gpus goes with --from FILE; for a sharded run without a config file use "
+                          "vramwidget fit or the Python API's estimate_parallel")
     _quiet_hub(args.model)
     if args.inference:
         training_only = sorted(set(setup_kwargs(args)) - {"batch_size", "attn_implementation"})
@@ -322,11 +400,71 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
         return inference.run(args, out)
     arch = load(args.model)
     setup = TrainingSetup.from_kwargs(**setup_kwargs(args))
+    _time_options(args)
     est = estimate_setup(arch, setup)
+    if args.gpu is not None:
+        est.set_gpu(args.gpu)
     if args.json:
-        out.write(json.dumps(estimate_json(arch, est)) + "\n")
+        out.write(json.dumps(estimate_json(arch, est, args.tokens, args.usd_per_gpu_hour)) + "\n")
     else:
-        out.write(format_estimate(arch, est, args.units) + "\n")
+        out.write(format_estimate(arch, est, args.units, args.tokens, args.usd_per_gpu_hour) + "\n")
+    return 0
+
+
+def _time_options(args: argparse.Namespace) -> None:
+    if args.gpu is None and (args.tokens is not None or args.usd_per_gpu_hour is not None):
+        raise _UsageError("--tokens and --usd-per-gpu-hour need --gpu (the GPU the step is timed on)")
+
+
+def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
+    """``estimate [MODEL] --from FILE``: the user's training config, with command-line overrides."""
+    from .readers import from_training_config
+
+    if args.inference:
+        raise _UsageError("--from reads a training config; it does not go with --inference")
+    cfg = from_training_config(args.from_config)
+    overrides = setup_kwargs(args)
+    if args.num_gpus is not None:
+        overrides["num_gpus"] = args.num_gpus
+    model = args.model if args.model is not None else cfg.model
+    if isinstance(model, str):
+        _quiet_hub(model)
+    result = cfg.estimate(model, **overrides)
+    per_gpu = getattr(result, "per_gpu", None)
+    est = per_gpu if per_gpu is not None else result
+    _time_options(args)
+    if args.gpu is not None and per_gpu is None:
+        est.set_gpu(args.gpu)
+    from .architecture import load
+
+    arch = load(model)
+    if args.json:
+        d = estimate_json(arch, est, args.tokens, args.usd_per_gpu_hour)
+        d["config"] = cfg.to_dict()
+        if per_gpu is not None:
+            d["parallel"] = {"strategy": "ddp", **cfg.parallel,
+                             **({"num_gpus": args.num_gpus} if args.num_gpus is not None else {})}
+        out.write(json.dumps(d) + "\n")
+        return 0
+    lines = [f"read {cfg.source} as a {cfg.format} config: {len(cfg.mapped)} field(s) used, "
+             f"{len(cfg.ignored)} ignored"]
+    for f, k, v in cfg.mapped:
+        lines.append(f"  {f} -> {k}={v!r}")
+    from .readers._common import QUIET_REASONS
+
+    for f, why in cfg.ignored:
+        if why not in QUIET_REASONS:
+            lines.append(f"  ignored {f}: {why}")
+    quiet = sum(1 for _, why in cfg.ignored if why in QUIET_REASONS)
+    if quiet:
+        lines.append(f"  ({quiet} more field(s) with no effect on memory ignored; --json lists them)")
+    for n in cfg.notes:
+        lines.append(f"  note: {n}")
+    if per_gpu is not None:
+        lay = {"strategy": "ddp", **cfg.parallel, **({"num_gpus": args.num_gpus} if args.num_gpus is not None else {})}
+        lines.append("per GPU (" + ", ".join(f"{k}={v}" for k, v in lay.items()) + "):")
+    out.write("\n".join(lines) + "\n" + format_estimate(arch, est, args.units, args.tokens, args.usd_per_gpu_hour)
+              + "\n")
     return 0
 
 
@@ -368,6 +506,164 @@ def _cmd_presets(args: argparse.Namespace, out) -> int:
 # ----------------------------------------------------------------------------------------
 # main
 # ----------------------------------------------------------------------------------------
+
+# ----------------------------------------------------------------------------------
+# vramwidget fit: the answers come from vramwidget.fit (pure); the flags and text are here
+# ----------------------------------------------------------------------------------
+
+_PARALLEL_FLAGS = (
+    ("--strategy", "strategy", "choice", "data-parallel strategy: {strategies}"),
+    ("--num-gpus", "num_gpus", "int", "GPUs of the run (default 1)"),
+    ("--gpus-per-node", "gpus_per_node", "int", "GPUs per node (default 8)"),
+    ("--tensor-parallel", "tensor_parallel", "int", "tensor-parallel size"),
+    ("--pipeline-parallel", "pipeline_parallel", "int", "pipeline stages"),
+    ("--context-parallel", "context_parallel", "int", "context-parallel size"),
+    ("--expert-parallel", "expert_parallel", "int", "expert-parallel size"),
+    ("--micro-batches", "micro_batches", "int", "pipeline micro-batches per step"),
+)
+
+
+def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``fit`` command's arguments: MODEL, --gpu, the estimate's setup options, the
+    parallel layout, --json."""
+    from .parallel import STRATEGIES
+    from .training import CHOICES
+
+    parser.add_argument("model", metavar="MODEL",
+                        help="a preset name, a config.json path, a Hub id, or a parameter count like 7B")
+    parser.add_argument("--gpu", required=True, metavar="GPU",
+                        help="a card of the catalog, e.g. H100-80GB, A100 40GB, RTX 4090, T4 (aliases accepted)")
+    for flag, dest, kind, text in _SETUP_OPTIONS:
+        if kind == "choice":
+            parser.add_argument(flag, dest=dest, default=None,
+                                metavar="{" + ",".join(c for c, _ in CHOICES[dest]) + "}", help=text)
+        elif kind == "int":
+            parser.add_argument(flag, dest=dest, default=None, type=_int_arg, metavar="N", help=text)
+        elif kind == "float":
+            parser.add_argument(flag, dest=dest, default=None, type=_float_arg, metavar="X", help=text)
+        else:
+            parser.add_argument(flag, dest=dest, default=None, metavar="A,B", help=text)
+    for flag, dest, text in _SETUP_SWITCHES:
+        parser.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
+    parser.add_argument("--no-double-quant", dest="double_quant", action="store_const", const=False, default=None,
+                        help="4-bit quantization without double quantization")
+    parser.add_argument("--prepare-kbit", dest="prepare_kbit", action="store_const", const=True, default=None,
+                        help="prepare_model_for_kbit_training")
+    for flag, dest, kind, text in _PARALLEL_FLAGS:
+        text = text.format(strategies=", ".join(STRATEGIES))
+        if kind == "int":
+            parser.add_argument(flag, dest=dest, default=None, type=_int_arg, metavar="N", help=text)
+        else:
+            parser.add_argument(flag, dest=dest, default=None, metavar="NAME", help=text)
+    parser.add_argument("--bucket-mb", dest="bucket_mb", default=None, type=_float_arg, metavar="MB",
+                        help="gradient reduce bucket in MB (DDP bucket_cap_mb, default 25; DeepSpeed "
+                             "reduce_bucket_size, default 5e8 elements = 1000 MB in 16-bit)")
+    parser.add_argument("--sequence-parallel", dest="sequence_parallel", action="store_true", default=None,
+                        help="Megatron sequence parallel (with --tensor-parallel)")
+    parser.add_argument("--offload-optimizer", dest="offload_optimizer", action="store_true", default=None,
+                        help="DeepSpeed: optimizer states on the CPU")
+    parser.add_argument("--offload-params", dest="offload_params", action="store_true", default=None,
+                        help="ZeRO-3 / FSDP: parameters on the CPU")
+    parser.add_argument("--json", action="store_true", help="print the answers as JSON")
+
+
+def fit_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
+    """The keyword arguments of :func:`vramwidget.fit.answers` for parsed ``fit`` flags (a
+    parallel layout without a strategy gets DDP when it has several replicas)."""
+    from .parallel import PARALLEL_KEYS
+
+    kw = setup_kwargs(args)
+    for _, dest, _, _ in _PARALLEL_FLAGS:
+        v = getattr(args, dest, None)
+        if v is not None:
+            kw[dest] = v
+    for dest in ("sequence_parallel", "offload_optimizer", "offload_params", "bucket_mb"):
+        v = getattr(args, dest, None)
+        if v is not None:
+            kw[dest] = v
+    if any(k in kw for k in PARALLEL_KEYS) and "strategy" not in kw:
+        kw["strategy"] = "ddp" if int(kw.get("num_gpus", 1)) > int(kw.get("tensor_parallel", 1)) * int(
+            kw.get("pipeline_parallel", 1)) * int(kw.get("context_parallel", 1)) else "none"
+    return kw
+
+
+def format_fit_answers(a: Dict[str, Any]) -> str:
+    """The ``fit`` answers as the text the CLI prints."""
+    g = a["gpu"]
+    c = a["check"]
+    lines = [f"model             {a['model']}",
+             f"GPU               {g['name']}: {g['usable_gib']:.1f} GiB usable"
+             + ("" if g["bf16"] else " (no bf16)")]
+    s = a["setup"]
+    bits = [s["method"], s["precision"], s["optimizer"], f"checkpointing {s['gradient_checkpointing']}",
+            f"batch {s['batch_size']} x seq {s['seq_len']}"]
+    if a["parallel"]:
+        p = a["parallel"]
+        bits.append(f"{p.get('strategy', 'none')} on {p.get('num_gpus', 1)} GPUs")
+    lines.append(f"setup             {', '.join(bits)}")
+    if not a["precision_supported"]:
+        lines.append(f"warning           {a['precision_note']}")
+    verdict = "FITS" if c["fits"] else "DOES NOT FIT"
+    lines.append(f"verdict           {verdict}: device total {c['device_total_gib']:.2f} GiB of "
+                 f"{c['usable_gib']:.2f} GiB ({abs(c['headroom_bytes']) / GIB:.2f} GiB "
+                 f"{'free' if c['fits'] else 'over'})")
+    lines.append("                  (device total = predicted reserved memory + CUDA context, the worst GPU)")
+    lines.append(f"largest batch     {a['max_batch_size']} (at seq {s['seq_len']})")
+    mp = a.get("max_position_embeddings")
+    lines.append(f"longest sequence  {a['max_seq_len']:,} tokens (at batch {s['batch_size']})"
+                 + (f"; the model's position limit is {mp:,}" if mp else ""))
+    lines.append("fewest GPUs       " + ", ".join(f"{k} {v if v else '-'}" for k, v in a["min_gpus"].items()))
+    t = a.get("time")
+    if t:
+        b = t["breakdown"]
+        lines.append(f"step time         {t['step_seconds']:.3g} s, {t['tokens_per_second']:,.0f} tokens/s, "
+                     f"MFU {t['mfu'] * 100:.0f}% ({b['dominant']} {b['dominant_share'] * 100:.0f}% of the step)")
+        c = a.get("run_cost")
+        if c:
+            lines.append(f"run cost          {c['tokens']:.3g} tokens: {c['hours']:,.2f} h on {c['gpus']} GPU(s)"
+                         + (f", ${c['dollars']:,.2f} at ${c['usd_per_gpu_hour']:g}/GPU-hour ({c['price_source']})"
+                            if c["dollars"] is not None else " (no price known)"))
+    sug = a["suggestions"]
+    if sug:
+        lines.append("")
+        lines.append("changes that lower the memory (fitting ones first; those that train the same way first; "
+                     "each by GPU time per token):")
+        for i, x in enumerate(sug, 1):
+            mark = "fits" if x["fits"] else "not enough"
+            lines.append(f"{i:3}. {x['title']}: -{x['saved_gib']:.1f} GiB -> {x['device_total_gib']:.1f} GiB "
+                         f"[{mark}]")
+            lines.append(f"     cost: {x['cost']}")
+    return "\n".join(lines)
+
+
+def run_fit(args: argparse.Namespace, out=None) -> int:
+    """Run a parsed ``fit`` command; raises :class:`VramError` on bad input."""
+    out = sys.stdout if out is None else out
+    from .fit import answers
+
+    a = answers(args.model, args.gpu, **fit_kwargs(args))
+    if args.json:
+        out.write(json.dumps(a) + "\n")
+    else:
+        out.write(format_fit_answers(a) + "\n")
+    return 0
+
+
+def fit_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``vramwidget fit MODEL --gpu GPU [options]``: exit 0, or 2 with one error line."""
+    parser = _Parser(prog="vramwidget fit", description="What fits a GPU: largest batch, longest sequence, "
+                                                         "fewest GPUs, and changes that make a setup fit.")
+    add_fit_arguments(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:   # --help
+            return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+        return run_fit(args)
+    except (_UsageError, VramError) as exc:
+        return _fail(str(exc))
+
 
 def _one_line(message: str) -> str:
     return " ".join(str(message).split())
@@ -412,10 +708,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out.write(f"{n} case(s) measured; records appended to {args.out}\n")
             return 0
         if args.command == "fit":
-            from . import fit
-
             _quiet_hub(args.model)
-            return fit.run(args, out)
+            return run_fit(args, out)
         if args.command == "infer":
             from . import inference
 

@@ -16,23 +16,21 @@ function below, next to its formula; the per-op activation rules are in ``activa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from .activations import (BlockContext, SavedTensor, Trace, attention_backend, layer_norm, rms_norm,
-                          trace_block)
+from .activations import BlockContext, SavedTensor, Trace, attention_backend, trace_block
 from .architecture import Architecture, ParamTensor, _restrict, load, resolve_targets
 from .errors import VramError
+from .inputs import MAX_BYTES, check_total
 from .result import Estimate, Node
+from .stacks import behaviour
 from .training import TrainingSetup
-from .units import DTYPE_BYTES, MIB
+from .units import CUDA_CONTEXT_BYTES, DTYPE_BYTES, MIB
 
 #: cuBLAS + cuBLASLt workspaces the caching allocator holds after the first matmul
 #: (measured on an H200 with PyTorch 2.11: weights_mib is 64 MiB above the weights
 #: in every case but the first of a process).
 CUBLAS_WORKSPACE_BYTES = 64 * MIB
-#: CUDA context (not in torch's allocated memory; nvidia-smi shows it): measured 620.8 MiB
-#: on the H200 (driver for CUDA 13); 300-700 MiB across GPUs and drivers.
-CUDA_CONTEXT_BYTES = 620.8 * MIB
 #: bitsandbytes block sizes
 NF4_BLOCK = 64                 # 4-bit weights: one absmax per 64 weights
 NF4_DQ_BLOCK = 256             # double quantization: one fp32 scale per 256 absmax values
@@ -42,7 +40,7 @@ BNB_8BIT_MIN_SIZE = 4096       # smaller tensors keep fp32 optimizer states
 Model = Union[str, Dict[str, Any], Architecture]
 
 
-def estimate(model: Model, **setup: Any) -> Estimate:
+def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
     """Estimate the GPU memory of one training step.
 
     Parameters
@@ -56,7 +54,10 @@ def estimate(model: Model, **setup: Any) -> Estimate:
         ``prepare_kbit``, ``optimizer``, ``optimizer_state_dtypes``,
         ``gradient_checkpointing``, ``attn_implementation``, ``batch_size``, ``seq_len``,
         ``grad_accum_steps``, ``lora_r``, ``lora_alpha``, ``lora_dropout``,
-        ``lora_targets``, ``trainable_layers``.
+        ``lora_targets``, ``trainable_layers``, ``tf32``.
+    gpu:
+        A catalogue GPU name (``"H100 80GB"``): the estimate then also gives the step time
+        (``step_seconds``, ``tokens_per_second``, ``mfu``, ``time_breakdown``, ``run_cost``).
 
     Raises
     ------
@@ -65,7 +66,23 @@ def estimate(model: Model, **setup: Any) -> Estimate:
     """
     arch = load(model)
     s = setup if isinstance(setup, TrainingSetup) else TrainingSetup.from_kwargs(**setup)
-    return estimate_setup(arch, s)
+    est = estimate_setup(arch, s, gpu=gpu)
+    check_physical(est, arch, s)
+    return est
+
+
+def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
+    """More than 1 PiB on one GPU is an input error (:data:`~vramwidget.inputs.MAX_BYTES`),
+    not an estimate: it names the model when the weights alone exceed it, else the inputs
+    that scale the activations."""
+    if est.device_total_bytes <= MAX_BYTES:
+        return
+    if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES:
+        check_total(est.device_total_bytes, f"{arch.name}'s weights", {"model": arch.name})
+    scaling = {"seq_len": s.seq_len, "batch_size": s.batch_size}
+    if s.batch_size > s.seq_len / 2048:   # name first the one furthest above its default
+        scaling = {"batch_size": s.batch_size, "seq_len": s.seq_len}
+    check_total(est.device_total_bytes, "this training step", dict(scaling, model=arch.name))
 
 
 # ----------------------------------------------------------------------------------
@@ -117,7 +134,7 @@ def _quantizable(t: ParamTensor, groups: Tuple[str, ...]) -> bool:
 _PARAMS: Dict[Tuple[Any, ...], Tuple[Architecture, _Params]] = {}
 #: the setup fields that decide which parameters train and how they are stored
 _PARAM_FIELDS = ("method", "precision", "quantization", "double_quant", "quantized_groups", "prepare_kbit",
-                 "lora_r", "lora_targets", "trainable_layers")
+                 "lora_r", "lora_targets", "trainable_layers", "stack", "lora_variant", "modules_to_save")
 
 
 def _params(arch: Architecture, s: TrainingSetup) -> _Params:
@@ -182,7 +199,11 @@ def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
             tlist.append((t.name, t.group, t.numel, dtype, t.numel_each))
             largest = max(largest, t.numel_each)
     adapters = []
-    adapter_dtype = "float32"  # peft keeps adapters in fp32 when the base is 16-bit
+    # peft keeps adapters in fp32 when the base is 16-bit; torchtune and LitGPT build them in
+    # the model's dtype (stacks.py)
+    adapter_dtype = "float32" if behaviour(s.stack)["adapter_dtype"] == "float32" else s.weights_dtype
+    if quant != "none" and adapter_dtype != "float32":
+        adapter_dtype = base_dtype16
     if s.trains_adapters:
         for t in arch.lora_tensors(lora_modules):
             numel_a = s.lora_r * t.in_features * t.repeat
@@ -336,6 +357,12 @@ class _Acts:
     transient_layer_bytes: float          # backward working buffers of one layer
     backend: str
     layers_bytes: float = 0.0             # every saving block together (no checkpointing)
+    # forward work of one block, for the step time (timing.py): tensors created (one
+    # kernel each) and the bytes they write; the steady block and the first one
+    fwd_ops_per_layer: float = 0.0
+    fwd_written_bytes_per_layer: float = 0.0
+    head_fwd_ops: float = 0.0
+    head_fwd_written_bytes: float = 0.0
 
 
 @dataclass
@@ -350,18 +377,24 @@ class _Profile:
     dense: Tuple[float, float]
     head: List[Tuple[str, str, float]]    # name, formula, bytes per token
     backend: str
+    written: Tuple[float, float] = (0.0, 0.0)       # bytes the block's forward writes (a T + b T s)
+    ops: float = 0.0                                # kernels of one block's forward
+    head_written: Tuple[float, float] = (0.0, 0.0)
+    head_ops: float = 0.0
     #: the block's forward in order, for the allocator replay: ("new", name, dtype, rg, saved,
     #: numel a, numel b) per created tensor, ("param", module) per parameter use; steady and first block
-    ops: Tuple[List[Tuple[Any, ...]], List[Tuple[Any, ...]]] = ([], [])
+    alloc_ops: Tuple[List[Tuple[Any, ...]], List[Tuple[Any, ...]]] = ([], [])
 
 
 _PROFILES: Dict[Tuple[Any, ...], _Profile] = {}
 #: the setup fields a block trace depends on (not the sizes, the optimizer or LoRA's alpha)
 _TRACE_FIELDS = ("method", "precision", "quantization", "prepare_kbit", "gradient_checkpointing",
-                 "attn_implementation", "lora_r", "lora_dropout", "lora_targets")
+                 "attn_implementation", "lora_r", "lora_dropout", "lora_targets", "stack", "versions", "lora_variant",
+                 "modules_to_save", "compile")
 
 
-def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False) -> _Acts:
+def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False,
+                 sizes: Optional[Tuple[Any, Any]] = None, mx: Callable[..., Any] = max) -> _Acts:
     """Saved activations per block and around the head, for this batch and sequence.
 
     The block is traced op by op (activations.py) at two small sizes and the result scaled:
@@ -370,9 +403,13 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     size-free setup.  ``cpu=True`` picks the kernels PyTorch uses on a CPU (SDPA keeps q,
     k, v, output and logsumexp whatever the dtype), for checking against torch without a
     GPU (tools/saved_tensors.py).
+
+    ``sizes = (b, sq)`` replaces the setup's batch and sequence, e.g. with numpy arrays
+    (``mx = _elementwise_max``): every size-dependent figure is then an array of the same
+    floating-point operations (:func:`vramwidget.fitmap.fit_map`).
     """
     prof = _get_profile(arch, s, P, cpu)
-    b, sq = s.batch_size, s.seq_len
+    b, sq = sizes if sizes is not None else (s.batch_size, s.seq_len)
     T = b * sq
     T2 = b * sq * sq
     per = prof.per[0] * T + prof.per[1] * T2
@@ -389,11 +426,13 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     gw = DTYPE_BYTES[c] if not s.autocast else 4
     transient = 2 * T * i_width * DTYPE_BYTES[c] + T * arch.hidden_size * gw
     if prof.backend in ("eager", "math") or (prof.backend == "recompute" and s.attn_implementation == "eager"):
-        transient = max(transient, 2 * b * arch.num_heads * sq * sq * 4)
+        transient = mx(transient, 2 * b * arch.num_heads * sq * sq * 4)
     per_layer = [SavedTensor(name, group, ab * T + bb * T2, dtype, an * T + bn * T2, formula)
                  for name, group, dtype, formula, ab, bb, an, bn in prof.per_layer]
     head = [(name, per_tok * T, formula) for name, formula, per_tok in prof.head]
-    return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers)
+    return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers,
+                 fwd_ops_per_layer=prof.ops, fwd_written_bytes_per_layer=prof.written[0] * T + prof.written[1] * T2,
+                 head_fwd_ops=prof.head_ops, head_fwd_written_bytes=prof.head_written[0] * T + prof.head_written[1] * T2)
 
 
 def _get_profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False) -> _Profile:
@@ -422,7 +461,7 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
         ab, bb = coeffs(t1.nbytes, t2.nbytes)
         an, bn = coeffs(t1.numel, t2.numel)
         per_layer.append((t1.name, t1.group, t1.dtype, t1.formula, ab, bb, an, bn))
-    def ops(key: str) -> List[Tuple[Any, ...]]:
+    def alloc_ops(key: str) -> List[Tuple[Any, ...]]:
         out: List[Tuple[Any, ...]] = []
         for (kind, t1), (_, t2) in zip(one[key][0], two[key][0]):
             if kind == "param":
@@ -435,7 +474,9 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
     return _Profile(arch=arch, per_layer=per_layer, per=coeffs(one["per"], two["per"]),
                     first=coeffs(one["first"], two["first"]), dense=coeffs(one["dense"], two["dense"]),
                     head=[(name, formula, nbytes) for name, nbytes, formula in one["head"]],
-                    backend=one["backend"], ops=(ops("ops"), ops("ops_first")))
+                    backend=one["backend"], written=coeffs(one["written"], two["written"]), ops=one["ops"],
+                    head_written=coeffs(one["head_written"], two["head_written"]), head_ops=one["head_ops"],
+                    alloc_ops=(alloc_ops("alloc_ops"), alloc_ops("alloc_ops_first")))
 
 
 def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: int, sq: int) -> Dict[str, Any]:
@@ -452,7 +493,8 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     full = s.method == "full"
     ctx = BlockContext(arch=arch, setup=s, T=T, b=b, s=sq, c=c, resid=resid, norm_w_dtype=norm_w,
                        linear_trains=full, norms_train=full, lora_modules=P.lora_modules,
-                       adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu)
+                       adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu,
+                       fused_qkv_lora=bool(behaviour(s.stack).get("fused_qkv_lora")))
     if s.method == "freeze":
         ctx.linear_trains = True
         ctx.norms_train = True
@@ -469,13 +511,7 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     head_trains = full or (s.method == "freeze" and not arch.tie_word_embeddings)
     ctx_head = BlockContext(**{**ctx.__dict__, "linear_trains": head_trains, "quant_base": False,
                                "lora_modules": ()})
-    if arch.model_type == "olmo":
-        n = x
-    elif arch.norm_kind == "layernorm":
-        n = layer_norm(htr, ctx_head, x, "final norm", arch.hidden_size, group="output head")
-    else:
-        n = rms_norm(htr, ctx_head, x, "final norm", arch.hidden_size, group="output head",
-                     gemma=arch.model_type.startswith("gemma"))
+    n = arch.family.final_norm(htr, ctx_head, x)
     if s.autocast or s.precision == "fp8":
         if head_trains or n.rg:
             n_c = htr.cast(n, c, "output head input cast")
@@ -484,13 +520,12 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     elif head_trains:
         htr.save(n)
     head = [(t.name, t.nbytes, t.formula) for t in htr.saved.values()]
-    if arch.model_type == "gpt2" and full:
-        # GPT-2 drops out the sum of token and position embeddings (embd_pdrop)
-        if float(arch.config.get("embd_pdrop", 0.1) or 0.0) > 0:
-            head.append(("embedding dropout mask", T * arch.hidden_size * 1.0, "T x h bool"))
+    head += arch.family.head_saved(arch, T, full)
     return {"per_layer": list(tr.saved.values()), "per": tr.total_bytes, "first": tr_first.total_bytes,
             "dense": dense_bytes, "head": head, "backend": backend,
-            "ops": (tr.ops, set(tr.saved)), "ops_first": (tr_first.ops, set(tr_first.saved))}
+            "written": tr.created_bytes, "ops": tr.created_ops,
+            "head_written": htr.created_bytes, "head_ops": htr.created_ops,
+            "alloc_ops": (tr.ops, set(tr.saved)), "alloc_ops_first": (tr_first.ops, set(tr_first.saved))}
 
 
 def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
@@ -503,43 +538,148 @@ def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
     return s.weights_dtype
 
 
-def logits_bytes(arch: Architecture, s: TrainingSetup) -> Dict[str, float]:
-    """The output head's logits and HF's causal-LM loss.
+def logits_bytes(arch: Architecture, s: TrainingSetup, tokens: Any = None) -> Dict[str, float]:
+    """The output head's logits and the loss: what is live at the loss's forward peak
+    (name -> bytes; see :func:`loss_memory`)."""
+    return {k: b for k, b, _ in loss_memory(arch, s, tokens)[0]}
 
-    ``logits`` (b x s x V) come out of the head; the loss upcasts them to fp32 (a copy
-    unless already fp32) and ``cross_entropy``'s log_softmax keeps an fp32 (T x V) output
-    for backward.  In backward, nll_loss's gradient and log_softmax's input gradient are
-    two more fp32 (T x V) tensors beside the saved output.
+
+#: Liger's fused linear cross-entropy: rows per chunk so that a chunk's logits match the input
+#: (src/liger_kernel/ops/fused_linear_cross_entropy.py: inc_factor = cdiv(V, H),
+#: chunk_size = next_power_of_2(cdiv(BT, inc_factor)))
+def _liger_chunk_rows(T: int, V: int, h: int) -> int:
+    inc = -(-V // h)
+    rows = -(-T // inc)
+    return min(T, 1 << max(0, (rows - 1).bit_length()))
+
+
+def loss_memory(arch: Architecture, s: TrainingSetup, tokens: Any = None
+                ) -> Tuple[List[Tuple[str, float, str]], List[Tuple[str, float, str]]]:
+    """The output head's logits and the cross-entropy, in one place: (forward, backward).
+
+    ``forward``: tensors live at the loss's forward peak; ``backward``: those live at the
+    peak of the loss's backward (beside the blocks' saved activations).  T = b x s tokens,
+    V vocabulary, c the logits' dtype, n = ``loss_chunks``.
+
+    * ``standard`` (transformers ForCausalLMLoss): logits (T x V x c) held by the output,
+      ``logits.float()`` (T x V x 4), log_softmax's fp32 output saved for backward; in
+      backward nll_loss's and log_softmax's fp32 gradients beside it (3 x T x V x 4).
+      Older transformers (``versions``): before 4.46 the model itself returns
+      ``lm_head(h).float()`` (LlamaForCausalLM; the 16-bit logits are a transient) and
+      before 4.49 the loss copies the shifted fp32 logits (``shift_logits =
+      logits[..., :-1, :].contiguous()``; removed by transformers PR #35646).
+      torchtune's models return ``output(h).float()`` too; LitGPT's loss does not upcast.
+    * ``chunked`` (torchtune CEWithChunkedOutputLoss, LitGPT chunked_cross_entropy): the
+      head runs per chunk, every chunk's 16-bit logits are kept, each chunk is upcast and
+      log_softmax'ed alone: the fp32 upcast is T/n x V, but every chunk's log_softmax
+      output is still saved (T x V x 4 in all); in backward one chunk's two gradients.
+    * compiled or fused cross-entropy (``compile=True``: torchtune compiles the loss;
+      Unsloth's cross-entropy kernel): the upcast, log_softmax and nll_loss are one kernel
+      that keeps only its input and a per-row logsumexp (T x 4) and writes the gradient of
+      its input in backward (T x V in the input's dtype, per chunk when chunked).
+    * ``liger`` (Liger FusedLinearCrossEntropy): no full logits. Rows are processed in
+      chunks (cdiv(T, cdiv(V, h)) rounded up to a power of two); each chunk's logits
+      (rows x V x c) get the softmax gradient in place, and the gradient of the head's
+      input (T x h x c) and, if the head trains, of its weight (V x h) are computed in the
+      forward pass and kept for backward.
     """
-    T, V = s.tokens, arch.vocab_size
+    bh = behaviour(s.stack)
+    # ``tokens`` replaces b x s (an array of sizes for fit_map)
+    T, V, h = (s.tokens if tokens is None else tokens), arch.vocab_size, arch.hidden_size
     c = DTYPE_BYTES[logits_dtype(arch, s)]
-    out = {
-        "logits": T * V * c,
-        "logits upcast to fp32": T * V * 4 if c != 4 else 0.0,
-        "log_softmax output (fp32)": T * V * 4,
-    }
-    if arch.final_logit_softcapping:
-        out["soft-capped logits tanh"] = T * V * c
-    return out
+    TV = T * V
+    fwd: List[Tuple[str, float, str]] = []
+    bwd: List[Tuple[str, float, str]] = []
+    softcap = bool(arch.final_logit_softcapping)
+    if s.loss == "liger":
+        rows = _liger_chunk_rows(T, V, h)
+        head_trains = s.method in ("full", "freeze") and not (s.method == "freeze" and arch.tie_word_embeddings)
+        head_trains = head_trains or ("lm_head" in (s.modules_to_save or ()))
+        fwd.append(("gradient of the head's input (Liger, kept)", T * h * c, f"T x h x {c:g} B"))
+        if head_trains:
+            fwd.append(("gradient of the head's weight (Liger)", V * h * c, f"V x h x {c:g} B"))
+        fwd.append(("logits of one chunk of rows (Liger)", rows * V * c,
+                    f"{rows} rows x V x {c:g} B (rows = next_pow2(T / ceil(V/h)))"))
+        fwd.append(("per-token loss (fp32)", T * 4.0, "T x 4 B"))
+        bwd = [x for x in fwd if "gradient" in x[0]]
+        return fwd, bwd
+    fused = s.compile or bool(bh.get("fused_loss"))
+    upcast = bool(bh["loss_upcast"])
+    in_model = s.loss == "standard" and (bool(bh["logits_fp32_in_model"]) or s.before("transformers", "4.46"))
+    d = 4.0 if upcast else c            # the dtype the cross-entropy runs in
+    n = s.loss_chunks if s.loss == "chunked" else 1
+    held = 4.0 if in_model else c       # the logits the caller holds while the loss runs
+    if in_model:
+        fwd.append(("logits upcast to fp32 in the model", TV * 4.0,
+                    "T x V x 4 B (the model returns output(h).float())"))
+    else:
+        fwd.append(("logits", TV * c, f"b x s x V ({s.batch_size} x {s.seq_len} x {V}) x {c:g} B"
+                    + (f", {n} chunks" if n > 1 else "")))
+    if softcap:
+        fwd.append(("soft-capped logits tanh", TV * c, "T x V (final_logit_softcapping)"))
+    if fused:
+        fwd.append(("per-row logsumexp (fused cross-entropy)", T * 4.0,
+                    "T x 4 B: the fused kernel keeps its input and one fp32 value per row"))
+        bwd.append(("logits kept by the fused cross-entropy", TV * held,
+                    f"T x V x {held:g} B"))
+        bwd.append(("gradient of the logits (fused cross-entropy)", TV * held / n,
+                    f"T{'/' + str(n) if n > 1 else ''} x V x {held:g} B"))
+        bwd += [x for x in fwd if x[0] == "soft-capped logits tanh"]
+        return fwd, bwd
+    shift_copy = s.loss == "standard" and s.before("transformers", "4.49") and not bh.get("no_shift_copy")
+    if upcast and not in_model and c != 4:
+        fwd.append(("logits upcast to fp32", TV * 4.0 / n,
+                    "b x s x V x 4 B (HF loss calls logits.float())" if n == 1 else
+                    f"T/{n} x V x 4 B (one chunk upcast at a time)"))
+    if shift_copy:
+        fwd.append(("shifted logits copy (fp32)", TV * 4.0, "T x V x 4 B (logits[..., :-1, :].contiguous())"))
+    ls = "log_softmax output (fp32)" if d == 4 else "log_softmax output"
+    fwd.append((ls, TV * d, f"b x s x V x {d:g} B (cross_entropy keeps it for backward)"
+                + (f", every chunk's" if n > 1 else "")))
+    bwd.append((ls + ", saved", TV * d, f"T x V x {d:g} B"))
+    bwd.append(("gradient of log_softmax output" + (" (fp32)" if d == 4 else ""), TV * d / n,
+                f"T{'/' + str(n) if n > 1 else ''} x V x {d:g} B (nll_loss backward)"))
+    bwd.append(("gradient of logits" + (" (fp32)" if d == 4 else ""), TV * d / n,
+                f"T{'/' + str(n) if n > 1 else ''} x V x {d:g} B (log_softmax backward)"))
+    bwd += [(k + " (saved)", b, f) for k, b, f in fwd if k == "soft-capped logits tanh"]
+    return fwd, bwd
 
 
 # ----------------------------------------------------------------------------------
 # The estimate
 # ----------------------------------------------------------------------------------
 
-def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
+def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Estimate:
     """The estimate for an already-resolved architecture and validated setup.
 
     The totals are computed here; the component trees (one per phase, every tensor with
     its formula) are built on first access of ``Estimate.components``.
     """
+    return _estimate(arch, s, gpu=gpu)
+
+
+def size_grid_totals(arch: Architecture, s: TrainingSetup, b: Any, sq: Any,
+                     mx: Callable[..., Any]) -> Dict[str, Any]:
+    """The totals of ``s`` at every (batch ``b``, sequence ``sq``) of two broadcastable
+    arrays, computed by the very operations :func:`estimate_setup` does for one size
+    (``mx``: an element-wise max of any number of arrays): ``phases`` (forward, backward,
+    optimizer_step, first_step, ...), ``peak_allocated_bytes``, ``reserved_bytes`` and
+    ``cuda_context_bytes``.  Saved activations are exact polynomials in b and s (see
+    :class:`_Profile`), so one trace serves the whole grid."""
+    return _estimate(arch, s, sizes=(b, sq), mx=mx)
+
+
+def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Optional[Tuple[Any, Any]] = None,
+              mx: Callable[..., Any] = max) -> Any:
+    """estimate_setup's body; with ``sizes`` it stops at the totals (see size_grid_totals)."""
     if s.trains_adapters and s.lora_targets:
         resolve_targets(arch, s.lora_targets)
     P = _params(arch, s)
     if s.method in ("lora", "qlora") and not P.adapters:
         raise VramError(f"lora_targets: none of the targets are linear layers of {arch.name}", field="lora_targets")
-    T = s.tokens
+    T = s.tokens if sizes is None else sizes[0] * sizes[1]
     gc = gc_mode(s)
+    _check_knobs(arch, s)
 
     # -- model states ---------------------------------------------------------------------
     w_bytes = (sum(w[2] for w in P.weights) + sum(q[1] for q in P.quant_consts) + sum(a[2] for a in P.adapters))
@@ -563,15 +703,19 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
     bwd_cache = head_cache if gc else cache_bytes
 
     # -- activations and logits ---------------------------------------------------------------
-    A = _activations(arch, s, P)
+    A = _activations(arch, s, P, sizes=sizes, mx=mx)
     L_save = A.n_saving_layers
     head_acts = sum(n for _, n, _ in A.head)
     if gc:
         layer_acts = A.checkpoint_bytes_per_layer * L_save
     else:
         layer_acts = A.layers_bytes
+    offloaded = 0.0
+    if s.activation_offloading:
+        offloaded, layer_acts = _offload(A, layer_acts, gc)
     acts_bytes = layer_acts + head_acts
-    lg = logits_bytes(arch, s)
+    loss_fwd, loss_bwd_items = loss_memory(arch, s, T if sizes is not None else None)
+    lg = {k: b for k, b, _ in loss_fwd}
     logits_fwd_bytes = sum(lg.values())
 
     # -- phases -------------------------------------------------------------------------------
@@ -581,18 +725,28 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
     accum_grads = grads_bytes if s.grad_accum_steps > 1 else 0.0
     # forward: saved activations + the loss's working set (or a recomputed layer under gc)
     recompute = A.per_layer_bytes if gc else 0.0   # one block's saved tensors, rebuilt in backward
-    fwd_extra = max(logits_fwd_bytes, max(recompute, A.first_layer_bytes) if gc else 0.0)
+    fwd_extra = mx(logits_fwd_bytes, mx(recompute, A.first_layer_bytes) if gc else 0.0)
     forward = persistent + accum_grads + cache_bytes + acts_bytes + fwd_extra + deq
 
     # backward: the loss gradient, then the layers one by one; the phase's peak is the
     # largest of these events (each lists what is live beside the persistent state).
-    fp32_TV = T * arch.vocab_size * 4
-    loss_bwd = 3 * fp32_TV + lg.get("soft-capped logits tanh", 0.0)
+    loss_bwd = sum(b for _, b, _ in loss_bwd_items)
     head_grad = sum(g for n, g in _head_grad_bytes(P, arch))
     embed_grad = _embed_grad_bytes(P, arch)
     layer_grad = (grads_bytes - head_grad) / max(arch.num_layers, 1)
     cache_per_layer = cache_bytes / max(arch.num_layers, 1)
     work = A.transient_layer_bytes + deq
+    if s.optimizer_in_backward:
+        # each parameter steps in its post-accumulate-grad hook and its gradient is freed:
+        # at most one parameter's gradient (+ that step's temporaries) is ever live
+        live = _step_in_backward_bytes(P, s)
+        head_grad = layer_grad = embed_grad_live = 0.0
+        grads_live_first = grads_live_end = live
+        head_grad = live
+    else:
+        embed_grad_live = embed_grad if arch.tie_word_embeddings else 0.0
+        grads_live_first = grads_bytes - embed_grad - layer_grad * 2 / 3
+        grads_live_end = grads_bytes
     ev = {
         # the loss: three fp32 T x V tensors beside every saved activation
         "loss backward": acts_bytes + loss_bwd + bwd_cache + accum_grads,
@@ -603,23 +757,33 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
         # (under checkpointing it is the first block itself that is recomputed: a dense block in
         # DeepSeek-style MoE models, the same as the others elsewhere)
         "first layer's backward": (A.checkpoint_bytes_per_layer + A.first_layer_bytes if gc else A.first_layer_bytes)
-        + max(grads_bytes - embed_grad - layer_grad * 2 / 3, accum_grads)
+        + max(grads_live_first, accum_grads)
         + (head_cache if gc else cache_per_layer) + work,
-        "end of backward": max(grads_bytes, accum_grads) + (embed_grad if arch.tie_word_embeddings else 0.0),
+        "end of backward": max(grads_live_end, accum_grads) + embed_grad_live,
     }
-    bwd_event = max(ev, key=ev.get)
-    backward = persistent + ev[bwd_event]
-    optimizer = persistent + grads_bytes + temps.bytes
+    backward = persistent + mx(*ev.values())
+    optimizer = persistent + (grads_live_end if s.optimizer_in_backward else grads_bytes + temps.bytes)
     phases = {"after_load": base, "forward": forward, "backward": backward, "optimizer_step": optimizer}
-    peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
-    peak = phases[peak_phase]
-    phases["first_step"] = max(forward - states_bytes, backward - states_bytes, optimizer)
+    peak = mx(forward, backward, optimizer)
+    phases["first_step"] = mx(forward - states_bytes, backward - states_bytes, optimizer)
     phases["persistent"] = persistent
     context = CUDA_CONTEXT_BYTES
+    if sizes is not None:  # a grid of sizes: the totals only
+        return {"phases": phases, "peak_allocated_bytes": peak, "reserved_bytes": reserved,
+                "cuda_context_bytes": context}
+    bwd_event = max(ev, key=ev.get)
+    peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
 
     def reserved() -> float:
-        """max_memory_reserved(): the caching allocator replayed over the run (allocator.py)."""
-        return max(float(replay_training(arch, s).max_reserved_bytes), peak)
+        """max_memory_reserved(): the caching allocator replayed over the run (allocator.py).
+        Where the event stream does not lay out this setup's step (events.modelled), the
+        replay's cached free blocks at its peak are added to this estimate's allocated peak."""
+        from .events import modelled
+
+        r = replay_training(arch, s)
+        if modelled(s):
+            return max(float(r.max_reserved_bytes), peak)
+        return peak + max(0.0, float(r.max_reserved_bytes - r.max_allocated_bytes))
 
     notes: List[str] = []
     if not arch.exact:
@@ -633,6 +797,12 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
         notes.append("paged optimizer states live in unified memory and move to the CPU under memory pressure")
     if s.precision == "fp8":
         notes.append("fp8: linear inputs saved as fp8 copies (torchao-style); derived, not measured")
+    if offloaded:
+        notes.append(f"activation offloading keeps {offloaded / 2**30:.2f} GiB of saved activations in CPU memory")
+    if s.optimizer_in_backward:
+        notes.append("optimizer in backward: each parameter is stepped as its gradient is ready (no full gradient "
+                     "set; no gradient accumulation or clipping)")
+    notes.append(_versions_note(s))
     flops, overhead = _flops(arch, s, P)
 
     def build() -> Tuple[List[Node], Dict[str, List[Node]]]:
@@ -648,12 +818,17 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
         adapters = Node("adapters")
         for module, group, nbytes, numel in P.adapters:
             adapters.add(Node(f"{module} lora_A + lora_B", bytes=nbytes, count=numel, dtype=P.adapter_dtype,
-                              formula=f"r x (in + out) x layers x 4 B (r={s.lora_r}, fp32)"))
+                              formula=f"r x (in + out) x layers x {DTYPE_BYTES[P.adapter_dtype]:g} B "
+                                    f"(r={s.lora_r}, {P.adapter_dtype})"))
         workspace = Node("workspace", children=[Node(
             "cuBLAS workspace", bytes=CUBLAS_WORKSPACE_BYTES,
             formula="cuBLAS + cuBLASLt workspaces, 64 MiB (measured, H200, PyTorch 2.11)")])
         acts = Node("activations")
-        if gc:
+        if s.activation_offloading:
+            acts.add(Node("saved tensors still on the GPU (the rest offloaded)", bytes=layer_acts,
+                          formula=("the 5 most recent checkpointed layer inputs (forward stash)" if gc else
+                                   "one block's saved tensors (in flight to or from the CPU)")))
+        elif gc:
             acts.add(Node(f"layer inputs kept by checkpointing ({L_save} layers)", bytes=layer_acts,
                           formula=f"{L_save} x T x h x {DTYPE_BYTES[_resid(s)]:g} B"))
         else:
@@ -668,8 +843,7 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
                           formula="the first block's saved tensors (its input may need no gradient)"))
         for name, nbytes, formula in A.head:
             _child(acts, "output head").add(Node(name, bytes=nbytes, formula=formula))
-        logits_fwd = Node("logits and loss", children=[
-            Node(k, bytes=v, formula=_logit_formula(k, arch, s)) for k, v in lg.items()])
+        logits_fwd = Node("logits and loss", children=[Node(k, bytes=v, formula=f) for k, v, f in loss_fwd])
         state_node = Node("optimizer states", children=list(states))
 
         def grads_part(nbytes: float, formula: str) -> Node:
@@ -693,13 +867,8 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
         recomputed = Node("recomputed layer (checkpointing)", bytes=recompute,
                           formula="one block's saved tensors, rebuilt for its backward")
         if bwd_event == "loss backward":
-            bwd = [acts, Node("logits and loss", children=[
-                Node("log_softmax output (fp32, saved)", bytes=fp32_TV, formula="T x V x 4 B"),
-                Node("gradient of log_softmax output (fp32)", bytes=fp32_TV,
-                     formula="T x V x 4 B (nll_loss backward)"),
-                Node("gradient of logits (fp32)", bytes=fp32_TV, formula="T x V x 4 B (log_softmax backward)"),
-                Node("soft-capped logits tanh (saved)", bytes=lg.get("soft-capped logits tanh", 0.0),
-                     formula="T x V")]),
+            bwd = [acts, Node("logits and loss", children=[Node(k, bytes=v, formula=f)
+                                                           for k, v, f in loss_bwd_items]),
                 cache_part(bwd_cache), grads_part(0.0, "accumulated gradients")]
         elif bwd_event == "last layer's backward":
             bwd = [Node("activations", children=[
@@ -743,13 +912,94 @@ def estimate_setup(arch: Architecture, s: TrainingSetup) -> Estimate:
         ]
         return components, phase_components
 
+    def work() -> Any:
+        """The step's work for the step time (timing.py), computed when first asked for."""
+        from .timing import step_work
+
+        return step_work(arch, s, P, A, lg, logits_dtype(arch, s), lambda d: _state_dtypes(s, d))
+
     est = Estimate(model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total,
-                    params_trainable=P.trainable_numel, components=None, phases_bytes=phases,
-                    peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
-                    cuda_context_bytes=context, flops_per_step=flops, recompute_overhead=overhead,
-                    notes=notes, builder=build)
+                   params_trainable=P.trainable_numel, components=None, phases_bytes=phases,
+                   peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
+                   cuda_context_bytes=context, flops_per_step=flops, recompute_overhead=overhead,
+                   notes=notes, builder=build)
+    est._work = work
+    est._setup_obj = s
     est._replay_fn = lambda capacity_bytes=None, record=False: replay_training(arch, s, capacity_bytes, record)
+    if gpu is not None:
+        est.set_gpu(gpu)
     return est
+
+
+#: torchtune OffloadActivations: max_fwd_stash_size (tensors whose GPU copy waits for its
+#: transfer) and min_offload_size (smaller tensors stay on the GPU)
+OFFLOAD_FWD_STASH = 5
+
+
+def _offload(A: _Acts, layer_acts: float, gc: bool) -> Tuple[float, float]:
+    """Activation offloading: (bytes moved to the CPU, bytes still on the GPU).
+
+    torchtune ``OffloadActivations`` (torchtune/training/_activation_offloading.py) packs
+    every saved tensor of at least 1 KiB that is not a parameter into pinned CPU memory; the
+    GPU copy waits in a forward stash until 5 newer tensors are packed, and in backward each
+    tensor is brought back just before its node runs.  The output head is excluded (a
+    NoOpManager around ``model.output``), so the head's tensors and the logits stay.  What is
+    left on the GPU is the stash: 5 checkpointed layer inputs under full checkpointing (the
+    recomputed layer is not packed: backward runs outside the context), else about one
+    block's saved tensors.  Unsloth's offloaded checkpointing moves the same layer inputs.
+    """
+    if gc:
+        kept = min(OFFLOAD_FWD_STASH, A.n_saving_layers) * A.checkpoint_bytes_per_layer
+    else:
+        kept = A.per_layer_bytes
+    kept = min(kept, layer_acts)
+    return layer_acts - kept, kept
+
+
+def _step_in_backward_bytes(P: _Params, s: TrainingSetup) -> float:
+    """Optimizer in backward (torchtune ``optimizer_in_bwd``: one optimizer per parameter,
+    stepped in a ``register_post_accumulate_grad_hook`` hook that then calls ``zero_grad``:
+    torchtune/training/memory.py ``register_optim_in_bwd_hooks``):
+    the largest parameter's gradient plus what its step allocates (foreach AdamW: one
+    state-sized sqrt(exp_avg_sq) of that parameter)."""
+    g = 0.0
+    for name, group, numel, dtype, each in P.trainable_tensors:
+        b = each * DTYPE_BYTES[dtype]
+        if s.optimizer in ("adamw", "galore_adamw"):
+            b += each * DTYPE_BYTES[_state_dtypes(s, dtype)[1]] if s.optimizer == "adamw" else 0.0
+        g = max(g, b)
+    return g
+
+
+def _versions_note(s: TrainingSetup) -> str:
+    """Which library releases the estimate assumes."""
+    named = dict(s.versions)
+    parts = [f"{k} {v}" for k, v in sorted(named.items())]
+    rest = [k for k in ("transformers", "peft", "bitsandbytes", "torch") if k not in named]
+    txt = "versions: " + (", ".join(parts) + "; " if parts else "")
+    return txt + "current releases of " + ", ".join(rest) if rest else txt.rstrip("; ")
+
+
+def _check_knobs(arch: Architecture, s: TrainingSetup) -> None:
+    """Knobs that the estimator refuses rather than guess."""
+    if s.compile and s.gradient_checkpointing != "full":
+        raise VramError("compile: without full activation checkpointing, which tensors inductor's partitioner "
+                        "saves in each block depends on its recompute heuristics and is not modelled; use "
+                        "gradient_checkpointing='full' (then only the loss's fusion matters) or compile=False",
+                        field="compile")
+    todo = []
+    if s.lora_variant != "lora":
+        todo.append(("lora_variant", s.lora_variant))
+    if s.modules_to_save:
+        todo.append(("modules_to_save", ",".join(s.modules_to_save)))
+    if s.method == "norms":
+        todo.append(("method", "norms"))
+    if s.optimizer.startswith("galore"):
+        todo.append(("optimizer", s.optimizer))
+    if s.packing:
+        todo.append(("packing", True))
+    for field, value in todo:
+        raise VramError(f"{field}: {value!r} is not modelled yet", field=field)
 
 
 def _autocast_cache(arch: Architecture, s: TrainingSetup, P: _Params) -> Node:
@@ -833,14 +1083,6 @@ def _finish(nodes: List[Node]) -> List[Node]:
         if n.bytes > 0:
             out.append(n)
     return _merge_named(out)
-
-
-def _logit_formula(k: str, arch: Architecture, s: TrainingSetup) -> str:
-    V = arch.vocab_size
-    return {"logits": f"b x s x V ({s.batch_size} x {s.seq_len} x {V}) x {DTYPE_BYTES[s.compute_dtype]:g} B",
-            "logits upcast to fp32": "b x s x V x 4 B (HF loss calls logits.float())",
-            "log_softmax output (fp32)": "b x s x V x 4 B (cross_entropy keeps it for backward)",
-            "soft-capped logits tanh": "b x s x V (final_logit_softcapping)"}.get(k, "")
 
 
 _REPLAYS: Dict[Tuple[Any, ...], Any] = {}

@@ -189,7 +189,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
 
     # -- the block's forward, at this size ---------------------------------------------------
     def block_ops(first: bool) -> List[Tuple[Any, ...]]:
-        src = prof.ops[1] if first else prof.ops[0]
+        src = prof.alloc_ops[1] if first else prof.alloc_ops[0]
         out = []
         for op in src:
             if op[0] == "param":
@@ -386,6 +386,15 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         st.events.append(("step_end", step, 0.0, ""))
     st.free(ids)
     return st.events
+
+
+def modelled(s: TrainingSetup) -> bool:
+    """Whether the event stream lays out this setup's step as it runs: transformers' loss on
+    full logits, no activation offloading, no optimizer in backward, one micro-batch per step,
+    transformers + PEFT (the stack the measurements used), no torch.compile."""
+    return (getattr(s, "loss", "standard") == "standard" and not getattr(s, "activation_offloading", False)
+            and not getattr(s, "optimizer_in_backward", False) and getattr(s, "stack", "hf") == "hf"
+            and s.grad_accum_steps == 1 and not getattr(s, "compile", False) and s.precision != "fp8")
 
 
 def _input_saved(ops: List[Tuple[Any, ...]]) -> bool:

@@ -16,15 +16,13 @@ consistent with it: the largest batch returned fits and one more does not.
     >>> max_batch_size("llama-3.1-8b", "H100 80GB", method="lora", seq_len=2048)   # doctest: +SKIP
     >>> for s in suggestions("llama-3.1-8b", "RTX 4090", batch_size=4): print(s)    # doctest: +SKIP
 
-Command line: ``vramwidget fit MODEL --gpu H100-80GB [setup options] [--json]``.
+Command line: ``vramwidget fit MODEL --gpu H100-80GB [setup options] [--json]`` (in
+:mod:`vramwidget.cli`; this module has no command-line code).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -32,6 +30,7 @@ from .architecture import Architecture, load
 from .errors import VramError
 from .estimate import estimate_setup
 from .gpus import GPU, get_gpu
+from .inputs import check_choice, check_int
 from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
 from .training import TrainingSetup
 from .units import GIB
@@ -175,9 +174,10 @@ def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: 
     """The largest micro-batch (``batch_size``; per data-parallel replica in a parallel run)
     whose device total fits ``gpu``'s usable memory; 0 when even one sequence does not fit.
     The rest of the setup (``seq_len``, method, precision, parallel keywords...) is fixed."""
+    limit = check_int("limit", limit, lo=1)
     q = _Query(model, gpu, kw)
     s0 = q.setup
-    return _largest(lambda b: q.fits(replace(s0, batch_size=b)), int(limit),
+    return _largest(lambda b: q.fits(replace(s0, batch_size=b)), limit,
                     cheap=lambda b: q.fits_allocated(replace(s0, batch_size=b)))
 
 
@@ -185,14 +185,13 @@ def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of
     """The longest sequence (tokens, a multiple of ``multiple_of`` and of the context-parallel
     size) whose device total fits ``gpu``; 0 when none does.  The model's own position
     limit is not applied (``Architecture.max_position_embeddings`` tells it)."""
+    limit = check_int("limit", limit, lo=1)
+    step = check_int("multiple_of", multiple_of, lo=1)
     q = _Query(model, gpu, kw)
     s0 = q.setup
-    step = int(multiple_of)
-    if step < 1:
-        raise VramError(f"multiple_of: must be a whole number >= 1, got {multiple_of!r}", field="multiple_of")
     cp = int(q.par.get("context_parallel", 1) or 1)
     step = step * cp // math.gcd(step, cp)
-    return step * _largest(lambda k: q.fits(replace(s0, seq_len=k * step)), int(limit) // step,
+    return step * _largest(lambda k: q.fits(replace(s0, seq_len=k * step)), limit // step,
                            cheap=lambda k: q.fits_allocated(replace(s0, seq_len=k * step)))
 
 
@@ -203,6 +202,8 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4
     fits -- always the case when one replica does not fit and the strategy does not shard
     (``none``, ``ddp``, ``zero0``, ``megatron``).  Per-GPU memory never grows with the count
     under the sharding strategies, which makes the search a bisection."""
+    max_gpus = check_int("max_gpus", max_gpus, lo=1)
+    strategy = check_choice("strategy", strategy, tuple(STRATEGIES))
     kw = dict(kw)
     kw["strategy"] = strategy
     kw.pop("num_gpus", None)
@@ -224,7 +225,7 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4
         if strategy == "none" and dp_step > 1:
             return None
         return step if step <= max_gpus and ok(1) else None
-    k = _largest(lambda k: not ok(k), int(max_gpus) // step)   # the last count that does not fit
+    k = _largest(lambda k: not ok(k), max_gpus // step)   # the last count that does not fit
     n = (k + 1) * step
     if n > max_gpus or not ok(k + 1):
         return None
@@ -235,11 +236,9 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4
 # Suggestions
 # ----------------------------------------------------------------------------------
 
-#: cost tiers, cheapest first (the rank within the fitting suggestions): free, a little extra
-#: compute (under 10%: selective checkpointing), throughput (smaller micro-batches with more
-#: accumulation: the same FLOPs), more extra compute (full checkpointing, ~30-50%), quality
-#: (8-bit states, bf16, LoRA, QLoRA), hardware (more GPUs), offload (host memory and PCIe
-#: traffic every step)
+#: cost tiers, cheapest first: the rank within the fitting suggestions only when the GPU has
+#: no throughput figures to time them (every catalogue GPU has); otherwise changes are
+#: ranked by the GPU time (so the money) each training token costs with them
 _TIER = {"free": 0, "compute": 1, "throughput": 2, "compute_heavy": 3, "quality": 4, "hardware": 5, "offload": 6}
 
 
@@ -266,14 +265,28 @@ class Suggestion:
     extra_compute: Optional[float] = None
     cpu_bytes_per_node: float = 0.0
     cost_value: float = 0.0
+    #: the step timed on the GPU (timing.py): seconds per step, tokens/s of the whole run,
+    #: GPU-seconds per training token (what a token costs), its change against the current
+    #: setup, and dollars per million tokens at the catalogue's indicative price
+    step_seconds: Optional[float] = None
+    tokens_per_second: Optional[float] = None
+    gpu_seconds_per_token: Optional[float] = None
+    time_change: Optional[float] = None
+    usd_per_million_tokens: Optional[float] = None
 
-    def sort_key(self) -> Tuple[int, int, float, float]:
-        """Fitting changes first: cheapest kind first, the smaller cost within a kind, then
-        the larger saving; then the changes that do not suffice, largest saving first."""
+    def sort_key(self) -> Tuple[int, int, float, float, float]:
+        """Fitting changes first: those that train the same model the same way before those
+        that change what is trained (8-bit states, bf16, LoRA, QLoRA: ``kind == "quality"``),
+        each by the GPU time a training token costs with the change (so by time and money),
+        then the larger saving; then the changes that do not suffice, largest saving first.
+        Without a timed GPU, by the cheapest kind and the smaller cost within it."""
         if self.fits:
+            quality = 1 if self.kind == "quality" else 0
+            if self.gpu_seconds_per_token is not None:
+                return (0, quality, self.gpu_seconds_per_token, 0.0, -self.saved_bytes)
             kind = "compute_heavy" if self.kind == "compute" and (self.extra_compute or 0.0) >= 0.1 else self.kind
-            return (0, _TIER.get(kind, 9), self.cost_value, -self.saved_bytes)
-        return (1, 0, 0.0, -self.saved_bytes)
+            return (0, quality, float(_TIER.get(kind, 9)), self.cost_value, -self.saved_bytes)
+        return (1, 0, 0.0, 0.0, -self.saved_bytes)
 
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
@@ -282,7 +295,10 @@ class Suggestion:
                 "device_total_bytes": int(round(self.device_total_bytes)),
                 "device_total_gib": round(self.device_total_bytes / GIB, 3),
                 "saved_bytes": int(round(self.saved_bytes)), "saved_gib": round(self.saved_bytes / GIB, 3),
-                "cpu_bytes_per_node": int(round(self.cpu_bytes_per_node))}
+                "cpu_bytes_per_node": int(round(self.cpu_bytes_per_node)),
+                "step_seconds": self.step_seconds, "tokens_per_second": self.tokens_per_second,
+                "gpu_seconds_per_token": self.gpu_seconds_per_token, "time_change": self.time_change,
+                "usd_per_million_tokens": self.usd_per_million_tokens}
 
     def __str__(self) -> str:
         verdict = "fits" if self.fits else "still too big"
@@ -304,9 +320,12 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> Lis
     pure bf16 instead of fp32 weights, LoRA, QLoRA, ZeRO-2/ZeRO-3/FSDP across the fewest GPUs
     that fit, and DeepSpeed CPU offload of the optimizer (and parameters).
     """
+    max_gpus = check_int("max_gpus", max_gpus, lo=1)
     q = _Query(model, gpu, kw)
     s = q.setup
-    base = q.total()
+    base_est = q.estimate()
+    base = base_est.device_total_bytes
+    base_time = _timed(base_est, q.gpu)
     par0 = dict(q.par)
     strategy0 = par0.get("strategy", "none")
     out: List[Suggestion] = []
@@ -340,8 +359,17 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> Lis
         cpu = est.cpu_bytes_per_node if isinstance(est, ParallelEstimate) else 0.0
         if cpu:
             cost += f"; needs {cpu / GIB:.0f} GiB of host memory per node"
+        t = _timed(est, q.gpu)
+        change = None
+        if t is not None:
+            if base_time is not None:
+                change = t[2] / base_time[2] - 1.0
+            cost += (f"; {t[0]:.3g} s per step, {t[1]:,.0f} tokens/s"
+                     + (f" ({change * 100:+.0f}% GPU time per token)" if change is not None else ""))
         out.append(Suggestion(title, {**setup_changes, **par_changes}, kwargs, total, base - total,
-                              fits, kind, cost, extra, cpu, cost_value))
+                              fits, kind, cost, extra, cpu, cost_value,
+                              *(t if t is not None else (None, None, None)), change,
+                              (t[2] * 1e6 / 3600 * q.gpu.usd_per_gpu_hour) if t and q.gpu.usd_per_gpu_hour else None))
 
     if s.attn_implementation == "eager":
         attempt("SDPA attention instead of eager", "free", "none (the same attention, without b x a x s x s "
@@ -432,6 +460,18 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> Lis
     return out
 
 
+def _timed(est: Any, gpu: GPU) -> Optional[Tuple[float, float, float]]:
+    """(seconds per step, tokens/s of the run, GPU-seconds per token) of an estimate on
+    ``gpu`` (timing.py), or None when the GPU has no throughput figures."""
+    est.set_gpu(gpu)
+    step = est.step_seconds
+    tps = est.tokens_per_second
+    if not step or not tps:
+        return None
+    gpus = est.layout["num_gpus"] if isinstance(est, ParallelEstimate) else est.gpus
+    return step, tps, gpus / tps
+
+
 #: communication volume relative to DDP's all-reduce (ZeRO paper, section 7)
 _TRAFFIC = {"zero2": 1.0, "zero3": 1.5, "fsdp_full_shard": 1.5}
 _STRATEGY_TITLES = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp_full_shard": "FSDP full shard"}
@@ -443,81 +483,6 @@ _COMM = {"zero2": "reduce-scatter of gradients, all-gather of parameters after t
 def _kw_for(s: TrainingSetup, par: Dict[str, Any]) -> Dict[str, Any]:
     kw = {**s.to_dict(), **{k: v for k, v in par.items() if k not in ("strategy", "num_gpus")}}
     return {k: v for k, v in kw.items() if v is not None}
-
-
-# ----------------------------------------------------------------------------------
-# Command line
-# ----------------------------------------------------------------------------------
-
-_PARALLEL_FLAGS = (
-    ("--strategy", "strategy", "choice", "data-parallel strategy: " + ", ".join(STRATEGIES)),
-    ("--num-gpus", "num_gpus", "int", "GPUs of the run (default 1)"),
-    ("--gpus-per-node", "gpus_per_node", "int", "GPUs per node (default 8)"),
-    ("--tensor-parallel", "tensor_parallel", "int", "tensor-parallel size"),
-    ("--pipeline-parallel", "pipeline_parallel", "int", "pipeline stages"),
-    ("--context-parallel", "context_parallel", "int", "context-parallel size"),
-    ("--expert-parallel", "expert_parallel", "int", "expert-parallel size"),
-    ("--micro-batches", "micro_batches", "int", "pipeline micro-batches per step"),
-)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``fit`` command's arguments: MODEL, --gpu, the estimate's setup options, the
-    parallel layout, --json."""
-    from .cli import _SETUP_OPTIONS, _float_arg, _int_arg
-    from .training import CHOICES
-
-    parser.add_argument("model", metavar="MODEL",
-                        help="a preset name, a config.json path, a Hub id, or a parameter count like 7B")
-    parser.add_argument("--gpu", required=True, metavar="GPU",
-                        help="a card of the catalog, e.g. H100-80GB, A100 40GB, RTX 4090, T4 (aliases accepted)")
-    for flag, dest, kind, text in _SETUP_OPTIONS:
-        if kind == "choice":
-            parser.add_argument(flag, dest=dest, default=None,
-                                metavar="{" + ",".join(c for c, _ in CHOICES[dest]) + "}", help=text)
-        elif kind == "int":
-            parser.add_argument(flag, dest=dest, default=None, type=_int_arg, metavar="N", help=text)
-        elif kind == "float":
-            parser.add_argument(flag, dest=dest, default=None, type=_float_arg, metavar="X", help=text)
-        else:
-            parser.add_argument(flag, dest=dest, default=None, metavar="A,B", help=text)
-    parser.add_argument("--no-double-quant", dest="double_quant", action="store_const", const=False, default=None,
-                        help="4-bit quantization without double quantization")
-    parser.add_argument("--prepare-kbit", dest="prepare_kbit", action="store_const", const=True, default=None,
-                        help="prepare_model_for_kbit_training")
-    for flag, dest, kind, text in _PARALLEL_FLAGS:
-        if kind == "int":
-            parser.add_argument(flag, dest=dest, default=None, type=_int_arg, metavar="N", help=text)
-        else:
-            parser.add_argument(flag, dest=dest, default=None, metavar="NAME", help=text)
-    parser.add_argument("--bucket-mb", dest="bucket_mb", default=None, type=_float_arg, metavar="MB",
-                        help="gradient reduce bucket in MB (DDP bucket_cap_mb, default 25; DeepSpeed "
-                             "reduce_bucket_size, default 5e8 elements = 1000 MB in 16-bit)")
-    parser.add_argument("--sequence-parallel", dest="sequence_parallel", action="store_true", default=None,
-                        help="Megatron sequence parallel (with --tensor-parallel)")
-    parser.add_argument("--offload-optimizer", dest="offload_optimizer", action="store_true", default=None,
-                        help="DeepSpeed: optimizer states on the CPU")
-    parser.add_argument("--offload-params", dest="offload_params", action="store_true", default=None,
-                        help="ZeRO-3 / FSDP: parameters on the CPU")
-    parser.add_argument("--json", action="store_true", help="print the answers as JSON")
-
-
-def _kwargs(args: argparse.Namespace) -> Dict[str, Any]:
-    from .cli import setup_kwargs
-
-    kw = setup_kwargs(args)
-    for _, dest, _, _ in _PARALLEL_FLAGS:
-        v = getattr(args, dest, None)
-        if v is not None:
-            kw[dest] = v
-    for dest in ("sequence_parallel", "offload_optimizer", "offload_params", "bucket_mb"):
-        v = getattr(args, dest, None)
-        if v is not None:
-            kw[dest] = v
-    if any(k in kw for k in PARALLEL_KEYS) and "strategy" not in kw:
-        kw["strategy"] = "ddp" if int(kw.get("num_gpus", 1)) > int(kw.get("tensor_parallel", 1)) * int(
-            kw.get("pipeline_parallel", 1)) * int(kw.get("context_parallel", 1)) else "none"
-    return kw
 
 
 def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
@@ -545,75 +510,13 @@ def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
     out["precision_supported"] = ok
     out["precision_note"] = why
     out["suggestions"] = [s.to_dict() for s in suggestions(q.arch, q.gpu, **kw)]
+    # the step time and a run's cost on this GPU (timing.py), as the setup stands
+    est = c.estimate.set_gpu(q.gpu)
+    one = est.slowest if isinstance(est, ParallelEstimate) else est
+    out["time"] = one._time_dict()
+    out["run_cost"] = one.run_cost(tokens=RUN_TOKENS) if one.step_seconds else None
     return out
 
 
-def format_answers(a: Dict[str, Any]) -> str:
-    """The ``fit`` answers as the text the CLI prints."""
-    g = a["gpu"]
-    c = a["check"]
-    lines = [f"model             {a['model']}",
-             f"GPU               {g['name']}: {g['usable_gib']:.1f} GiB usable"
-             + ("" if g["bf16"] else " (no bf16)")]
-    s = a["setup"]
-    bits = [s["method"], s["precision"], s["optimizer"], f"checkpointing {s['gradient_checkpointing']}",
-            f"batch {s['batch_size']} x seq {s['seq_len']}"]
-    if a["parallel"]:
-        p = a["parallel"]
-        bits.append(f"{p.get('strategy', 'none')} on {p.get('num_gpus', 1)} GPUs")
-    lines.append(f"setup             {', '.join(bits)}")
-    if not a["precision_supported"]:
-        lines.append(f"warning           {a['precision_note']}")
-    verdict = "FITS" if c["fits"] else "DOES NOT FIT"
-    lines.append(f"verdict           {verdict}: device total {c['device_total_gib']:.2f} GiB of "
-                 f"{c['usable_gib']:.2f} GiB ({abs(c['headroom_bytes']) / GIB:.2f} GiB "
-                 f"{'free' if c['fits'] else 'over'})")
-    lines.append("                  (device total = predicted reserved memory + CUDA context, the worst GPU)")
-    lines.append(f"largest batch     {a['max_batch_size']} (at seq {s['seq_len']})")
-    mp = a.get("max_position_embeddings")
-    lines.append(f"longest sequence  {a['max_seq_len']:,} tokens (at batch {s['batch_size']})"
-                 + (f"; the model's position limit is {mp:,}" if mp else ""))
-    lines.append("fewest GPUs       " + ", ".join(f"{k} {v if v else '-'}" for k, v in a["min_gpus"].items()))
-    sug = a["suggestions"]
-    if sug:
-        lines.append("")
-        lines.append("changes that lower the memory (fitting ones first, cheapest first):")
-        for i, x in enumerate(sug, 1):
-            mark = "fits" if x["fits"] else "not enough"
-            lines.append(f"{i:3}. {x['title']}: -{x['saved_gib']:.1f} GiB -> {x['device_total_gib']:.1f} GiB "
-                         f"[{mark}]")
-            lines.append(f"     cost: {x['cost']}")
-    return "\n".join(lines)
-
-
-def run(args: argparse.Namespace, out=None) -> int:
-    """Run a parsed ``fit`` command; raises :class:`VramError` on bad input."""
-    out = sys.stdout if out is None else out
-    a = answers(args.model, args.gpu, **_kwargs(args))
-    if args.json:
-        out.write(json.dumps(a) + "\n")
-    else:
-        out.write(format_answers(a) + "\n")
-    return 0
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``vramwidget fit MODEL --gpu GPU [options]``: exit 0, or 2 with one error line."""
-    from .cli import _Parser, _UsageError, _fail
-
-    parser = _Parser(prog="vramwidget fit", description="What fits a GPU: largest batch, longest sequence, "
-                                                         "fewest GPUs, and changes that make a setup fit.")
-    add_arguments(parser)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        try:
-            args = parser.parse_args(argv)
-        except SystemExit as exc:   # --help
-            return int(exc.code or 0) if not isinstance(exc.code, str) else 2
-        return run(args)
-    except (_UsageError, VramError) as exc:
-        return _fail(str(exc))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+#: the run whose cost ``answers`` (``vramwidget fit``) reports
+RUN_TOKENS = 1e9

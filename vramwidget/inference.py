@@ -41,12 +41,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
+from .inputs import MAX_BYTES, check_bool, check_total, check_int, check_keywords, check_number, check_text, close_match, shown
 from .estimate import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, _quant_const_bytes, _quantizable
 from .result import Estimate, Node
 from .units import DTYPE_BYTES, GIB, canonical_dtype
@@ -85,6 +86,7 @@ _FORMAT_ALIASES = {
 }
 
 KV_CACHE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
+ENGINES = ("hf", "vllm", "sglang")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 MLA_CACHE_CHOICES = ("compressed", "decompressed")
 LOGITS_CHOICES = ("last", "all")
@@ -147,16 +149,37 @@ class InferenceSetup:
     gpu: Optional[str] = None
     gpu_memory_utilization: Optional[float] = None
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_num_batched_tokens: Optional[int] = None   # None: the engine's default for the release
     block_size: int = BLOCK_SIZE
+    engine: str = "hf"                   # "hf" (generate()), "vllm" or "sglang"
+    versions: Dict[str, str] = field(default_factory=dict)
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    data_parallel: int = 1
+    expert_parallel: int = 1
+    enforce_eager: bool = False
+    enable_chunked_prefill: Optional[bool] = None
+    mem_fraction_static: Optional[float] = None
+    disable_custom_all_reduce: bool = False
 
     FIELDS = ("weights", "dtype", "group_size", "double_quant", "kv_cache_dtype", "batch_size", "context_len",
               "prompt_len", "attn_implementation", "mla_cache", "use_sliding_window", "logits", "gpu",
-              "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "block_size")
+              "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "block_size", "engine",
+              "versions", "tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel",
+              "enforce_eager", "enable_chunked_prefill", "mem_fraction_static", "disable_custom_all_reduce")
 
     @property
     def serving(self) -> bool:
-        return self.gpu_memory_utilization is not None
+        """A serving engine (vLLM, SGLang) sizes a paged KV cache instead of generate()."""
+        return self.engine in ("vllm", "sglang")
+
+    @property
+    def chunked_prefill_set(self) -> bool:
+        return self.enable_chunked_prefill is not None and bool(self.enable_chunked_prefill)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
 
     @property
     def fmt_kind(self) -> str:
@@ -177,16 +200,10 @@ class InferenceSetup:
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> "InferenceSetup":
-        unknown = sorted(set(kw) - set(cls.FIELDS))
-        if unknown:
-            import difflib
-
-            hints = []
-            for u in unknown:
-                m = difflib.get_close_matches(u, list(cls.FIELDS), n=1)
-                hints.append(f"{u!r}" + (f" (did you mean {m[0]!r}?)" if m else ""))
-            raise VramError(f"unknown inference setting {', '.join(hints)}; allowed: {', '.join(cls.FIELDS)}",
-                            field=unknown[0])
+        check_keywords("inference setting", kw, cls.FIELDS)
+        for name in ("weights", "dtype", "kv_cache_dtype", "attn_implementation", "mla_cache", "logits", "engine"):
+            if kw.get(name) is not None:
+                check_text(name, kw[name], max_chars=64, what="must be a name (text)")
         v: Dict[str, Any] = {}
         w = kw.get("weights")
         v["weights"] = _weights_format(w if w is not None else "bf16")
@@ -202,18 +219,14 @@ class InferenceSetup:
             default = "float16" if kind in ("gptq", "awq") else "bfloat16"
             v["dtype"] = _dtype16("dtype", d, allow32=False) if d is not None else default
         if kw.get("group_size") is not None:
-            g = kw["group_size"]
-            if isinstance(g, bool) or not isinstance(g, (int, float)) or g != g or int(g) != g or (g <= 0 and g != -1):
-                raise VramError(f"group_size: must be a positive whole number (or -1 for GPTQ's one group per "
-                                f"column), got {g!r}", field="group_size")
+            g = check_int("group_size", kw["group_size"], lo=1, also=(-1,),
+                          what="must be a positive whole number (or -1 for GPTQ's one group per column)")
             if int(g) == -1 and kind == "awq":
                 raise VramError("group_size: AWQ needs a positive group size (e.g. 128); -1 is GPTQ-only",
                                 field="group_size")
             v["group_size"] = int(g)
         if kw.get("double_quant") is not None:
-            if not isinstance(kw["double_quant"], bool):
-                raise VramError(f"double_quant: must be true or false, got {kw['double_quant']!r}",
-                                field="double_quant")
+            check_bool("double_quant", kw["double_quant"])
             v["double_quant"] = kw["double_quant"]
         kvd = kw.get("kv_cache_dtype")
         if kvd is None or (isinstance(kvd, str) and kvd.strip().lower() == "auto"):
@@ -225,7 +238,7 @@ class InferenceSetup:
             except KeyError:
                 cd = None
             if cd not in ("bfloat16", "float16", "float32", "float8"):
-                raise VramError(f"kv_cache_dtype: unknown {kvd!r}; allowed: {', '.join(KV_CACHE_DTYPES)} (or auto: "
+                raise VramError(f"kv_cache_dtype: unknown {shown(kvd)}; allowed: {', '.join(KV_CACHE_DTYPES)} (or auto: "
                                 f"the compute dtype)", field="kv_cache_dtype")
             v["kv_cache_dtype"] = cd
         for name in ("batch_size", "context_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -247,31 +260,74 @@ class InferenceSetup:
                 if val == "flash_attention" or val == "fa2":
                     val = "flash_attention_2"
                 if val not in allowed:
-                    raise VramError(f"{name}: unknown {kw[name]!r}; allowed: {', '.join(allowed)}", field=name)
+                    raise VramError(f"{name}: unknown {shown(kw[name])}; allowed: {', '.join(allowed)}", field=name)
                 v[name] = val
         if kw.get("use_sliding_window") is not None:
-            if not isinstance(kw["use_sliding_window"], bool):
-                raise VramError(f"use_sliding_window: must be true or false, got {kw['use_sliding_window']!r}",
-                                field="use_sliding_window")
+            check_bool("use_sliding_window", kw["use_sliding_window"])
             v["use_sliding_window"] = kw["use_sliding_window"]
         g = kw.get("gpu")
         if g is not None and g != "":
             from .gpus import get_gpu
 
             v["gpu"] = get_gpu(g).name
-        u = kw.get("gpu_memory_utilization")
-        if u is not None:
-            if isinstance(u, bool) or not isinstance(u, (int, float)) or u != u or not 0 < u <= 1:
-                raise VramError(f"gpu_memory_utilization: must be a fraction in (0, 1], e.g. 0.9, got {u!r}",
-                                field="gpu_memory_utilization")
-            if v.get("gpu") is None:
-                raise VramError("gpu_memory_utilization: a serving budget needs a GPU (set gpu, e.g. 'H100-80GB')",
-                                field="gpu")
-            v["gpu_memory_utilization"] = float(u)
+        for name in ("gpu_memory_utilization", "mem_fraction_static"):
+            u = kw.get(name)
+            if u is not None:
+                check_number(name, u, lo=0, hi=1, lo_open=True, what="must be a fraction in (0, 1], e.g. 0.9")
+                if v.get("gpu") is None:
+                    raise VramError(f"{name}: a serving budget needs a GPU (set gpu, e.g. 'H100-80GB')",
+                                    field="gpu")
+                v[name] = float(u)
+        eng = kw.get("engine")
+        if eng is None or eng == "":
+            eng = ("sglang" if v.get("mem_fraction_static") is not None
+                   else "vllm" if v.get("gpu_memory_utilization") is not None else "hf")
+        eng = str(eng).strip().lower()
+        eng = {"transformers": "hf", "generate": "hf", "huggingface": "hf"}.get(eng, eng)
+        if eng not in ENGINES:
+            raise VramError(f"engine: unknown {shown(kw.get('engine'))}; allowed: {', '.join(ENGINES)}", field="engine")
+        v["engine"] = eng
+        if eng == "hf" and v.get("gpu_memory_utilization") is not None:
+            raise VramError("engine: generate() ('hf') has no gpu_memory_utilization; use engine='vllm'",
+                            field="engine")
+        if eng in ("vllm", "sglang") and v.get("gpu") is None:
+            raise VramError(f"gpu: the {eng} engine sizes its KV cache from a GPU's memory (set gpu, e.g. "
+                            f"'H100-80GB')", field="gpu")
+        if eng == "sglang" and v.get("gpu_memory_utilization") is not None:
+            raise VramError("gpu_memory_utilization: SGLang's budget is mem_fraction_static", field="engine")
+        if eng == "vllm" and v.get("mem_fraction_static") is not None:
+            raise VramError("mem_fraction_static: that is SGLang's setting; vLLM uses gpu_memory_utilization",
+                            field="engine")
+        ver = kw.get("versions")
+        if ver is not None:
+            if isinstance(ver, str):
+                ver = {eng if eng != "hf" else "vllm": ver}
+            if not isinstance(ver, dict):
+                raise VramError(f"versions: a dict like {{'vllm': '0.6.4'}}, got {shown(ver)}", field="versions")
+            from .engines import parse_version
+
+            for k2, val in ver.items():
+                if k2 not in ("vllm", "sglang", "transformers"):
+                    raise VramError(f"versions: unknown engine {shown(k2)}; allowed: vllm, sglang, transformers",
+                                    field="versions")
+                parse_version(val)
+            if "vllm" in ver:
+                from .engines import vllm_release
+
+                vllm_release(ver["vllm"])
+            v["versions"] = {str(k2): str(val) for k2, val in ver.items()}
+        for name in ("tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel"):
+            if kw.get(name) is not None:
+                v[name] = _posint(name, kw[name])
+        for name in ("enforce_eager", "disable_custom_all_reduce", "enable_chunked_prefill"):
+            if kw.get(name) is not None:
+                v[name] = check_bool(name, kw[name])
         return cls(**v)
 
 
 def _weights_format(w: Any) -> str:
+    if w is not None:
+        check_text("weights", w, max_chars=64, what="must be a weights format name (text)")
     key = str(w).strip().lower().replace("_", "-") if w is not None else ""
     key = key.replace("gguf-", "gguf-", 1)
     if key.startswith("gguf-"):
@@ -280,11 +336,9 @@ def _weights_format(w: Any) -> str:
         key = "gguf-" + key.replace("-", "_")
     key = _FORMAT_ALIASES.get(key, key)
     if key not in WEIGHT_FORMATS:
-        import difflib
-
-        close = difflib.get_close_matches(key, list(WEIGHT_FORMATS), n=2)
+        close = close_match(key, list(WEIGHT_FORMATS), n=2)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise VramError(f"weights: unknown format {w!r}{hint}; allowed: {', '.join(WEIGHT_FORMATS)}",
+        raise VramError(f"weights: unknown format {shown(w)}{hint}; allowed: {', '.join(WEIGHT_FORMATS)}",
                         field="weights")
     return key
 
@@ -296,15 +350,12 @@ def _dtype16(name: str, value: Any, allow32: bool) -> str:
         d = None
     ok = ("bfloat16", "float16") + (("float32",) if allow32 else ())
     if d not in ok:
-        raise VramError(f"{name}: must be one of {', '.join(ok)}, got {value!r}", field=name)
+        raise VramError(f"{name}: must be one of {', '.join(ok)}, got {shown(value)}", field=name)
     return d
 
 
 def _posint(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-            or value in (float("inf"), float("-inf")) or int(value) != value or value < 1:
-        raise VramError(f"{name}: must be a whole number >= 1, got {value!r}", field=name)
-    return int(value)
+    return check_int(name, value, lo=1)
 
 
 # ----------------------------------------------------------------------------------
@@ -463,8 +514,8 @@ def gguf_tensor_type(mix: str, category: str, layer: int, n_layers: int, arch: A
         return "F16"
     gqa = arch.num_heads // max(arch.num_kv_heads, 1)
     n_expert = arch.num_experts
-    falcon = arch.model_type == "falcon"
-    is70b = arch.model_type == "llama" and arch.num_layers == 80 and arch.num_kv_heads < arch.num_heads
+    falcon = arch.family.gguf_arch == "falcon"
+    is70b = arch.family.gguf_arch == "llama" and arch.num_layers == 80 and arch.num_kv_heads < arch.num_heads
     if category == "output" or (category == "token_embd" and arch.tie_word_embeddings):
         if falcon or row % _GGML_BLOCK[base] != 0:
             t = "Q8_0"
@@ -767,18 +818,8 @@ def layer_steps(arch: Architecture, s: InferenceSetup, q: int, S: int) -> Dict[s
         if arch.dense_layers:
             i_dense = int(arch.config.get("intermediate_size") or i)
             steps["mlp (dense layers)"] = base + _items(("act(gate), up, product", 3 * T * i_dense * c, "3 x T x i"))
-    elif arch.mlp_kind == "gated":
-        if arch.model_type == "phi3":
-            steps["mlp"] = base + _items(("gate_up output", 2 * T * i * c, "T x 2i"),
-                                         ("act(gate), product", 2 * T * i * c, "2 x T x i"))
-        else:
-            steps["mlp"] = base + _items(("act(gate), up, product", 3 * T * i * c, "3 x T x i"))
     else:
-        act = str(arch.config.get("activation_function", arch.config.get("hidden_act", "gelu")))
-        composite = (arch.model_type == "gpt2" and act in ("gelu_new", "gelu_fast")) or arch.model_type == "bloom"
-        n = 4 if composite else 2
-        steps["mlp"] = base + _items(("fc output + activation temporaries", n * T * i * c,
-                                      f"{n} x T x i" + (" (GELU written as tanh composite)" if composite else "")))
+        steps["mlp"] = base + _items(*arch.family.inference_mlp(arch, T, c))
     return steps
 
 
@@ -822,7 +863,7 @@ def _persistent_prefill(arch: Architecture, s: InferenceSetup, q: int, S: int) -
     b = s.batch_size
     out = []
     rope = arch.mla["qk_rope_head_dim"] if arch.mla else arch.head_dim
-    if arch.mlp_kind == "gated" or arch.model_type in ("gpt_neox", "falcon"):
+    if arch.family.rotary:
         out.append(("RoPE cos and sin", 2 * b * q * rope * c, "2 x b x q x d_rope"))
     if _backend(arch, s, False) == "eager":
         n_masks = 2 if (arch.sliding_layers and arch.sliding_layers < arch.num_layers) else 1
@@ -985,7 +1026,12 @@ def estimate_inference(model: Model, **setup: Any) -> InferenceEstimate:
     """
     arch = load(model)
     s = setup if isinstance(setup, InferenceSetup) else InferenceSetup.from_kwargs(**setup)
-    return estimate_inference_setup(arch, s)
+    est = estimate_inference_setup(arch, s)
+    if est.device_total_bytes > MAX_BYTES:   # an input error, not an estimate
+        field = "model" if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES else "context_len"
+        check_total(est.device_total_bytes, "this inference run" if field != "model" else f"{arch.name}'s weights",
+                    {field: arch.name if field == "model" else s.context_len, "batch_size": s.batch_size})
+    return est
 
 
 def _group_node(name: str, stored: List[_Stored], consts: bool) -> Node:
@@ -1025,6 +1071,14 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     notes: List[str] = []
     if not arch.exact:
         notes.append(arch.assumption)
+    if not s.serving and (s.tensor_parallel > 1 or s.pipeline_parallel > 1 or s.expert_parallel > 1):
+        from .engines import check_layout, gpu_share
+
+        check_layout(arch, s.tensor_parallel, s.pipeline_parallel, s.expert_parallel)
+        arch = gpu_share(arch, s.tensor_parallel, s.pipeline_parallel, s.expert_parallel, stage=-1)
+        notes.append(f"generate() with tensor_parallel={s.tensor_parallel}, pipeline_parallel="
+                     f"{s.pipeline_parallel}: the last stage's rank-0 share (transformers' tp_plan column/row "
+                     f"split; KV heads replicated when fewer than the TP size)")
     stored = weight_storage(arch, s)
     w_node = _group_node("weights", stored, consts=False)
     q_node = _group_node("quantization constants", stored, consts=True)
@@ -1044,7 +1098,7 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
 
         gpu = get_gpu(s.gpu)
     if s.serving:
-        return _serving_estimate(arch, s, stored, w_node, q_node, w_bytes, lay, gpu, notes)
+        return _serving_estimate(arch, s, lay, gpu, notes)
 
     b, p, ctx = s.batch_size, s.prompt_len, s.context_len
     if arch.mla and s.mla_cache == "compressed":
@@ -1126,94 +1180,112 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
 # Serving: a paged KV cache inside a gpu_memory_utilization budget
 # ----------------------------------------------------------------------------------
 
-def serving_budget(arch: Architecture, s: InferenceSetup, weights: float, activations: float, capacity: float,
-                   lay: KVLayout) -> Dict[str, Any]:
-    """How a vLLM-style server sizes its paged KV cache.
-
-    budget = u x C - weights - activation peak (a profiling forward of
-    ``max_num_batched_tokens`` tokens) - CUDA context;  blocks = budget // (block x bytes
-    per token of every layer);  KV tokens = blocks x block (16).  A sequence of
-    ``context_len`` tokens takes ceil(context_len / block) blocks in every full-attention
-    layer (a sliding layer: at most ceil(W / block) + 1); concurrent sequences =
-    budget // bytes per sequence (= KV tokens // context_len when context_len is a multiple
-    of the block and no layer slides).
-    """
-    u = s.gpu_memory_utilization or 0.0
-    blk = s.block_size
-    budget = u * capacity - weights - activations - CUDA_CONTEXT_BYTES
-    bpt = lay.bytes_per_token
-    blocks = int(max(budget, 0) // (blk * bpt)) if bpt else 0
+def serving_budget(plan: Any, lay: KVLayout, s: InferenceSetup) -> Dict[str, Any]:
+    """The engine's KV budget as a dict: the engine's own start-up figures (blocks, tokens,
+    maximum concurrency for ``context_len``) plus how many sequences of ``context_len`` fit
+    when sliding-window layers hold at most ceil(W / block) + 1 blocks."""
+    blk = plan.block_size
+    budget = plan.kv_budget_bytes
     seq_blocks = -(-s.context_len // blk)
-    per_seq = seq_blocks * blk * lay.layer_bytes_per_token * lay.full_layers
-    if lay.sliding_layers:
-        wb = seq_blocks if not lay.window else min(seq_blocks, -(-lay.window // blk) + 1)
-        per_seq += wb * blk * lay.layer_bytes_per_token * lay.sliding_layers
+    bpt = plan.kv_bytes_per_token
+    per_layer_token = bpt / max(lay.full_layers + lay.sliding_layers, 1)
+    per_seq = seq_blocks * blk * bpt
+    if lay.sliding_layers and lay.window and s.engine == "vllm":
+        sl = lay.sliding_layers
+        wb = min(seq_blocks, -(-lay.window // blk) + 1)
+        per_seq = seq_blocks * blk * per_layer_token * (lay.full_layers) + wb * blk * per_layer_token * sl
     seqs = int(max(budget, 0) // per_seq) if per_seq else 0
     return {
-        "gpu_memory_utilization": u,
-        "capacity_bytes": int(round(capacity)),
-        "budget_bytes": int(round(u * capacity)),
-        "weights_bytes": int(round(weights)),
-        "activation_peak_bytes": int(round(activations)),
-        "cuda_context_bytes": int(round(CUDA_CONTEXT_BYTES)),
+        "engine": plan.engine,
+        "version": plan.version,
+        "runtime": plan.runtime,
+        "budget_rule": plan.rule,
+        "tensor_parallel": plan.tensor_parallel,
+        "pipeline_parallel": plan.pipeline_parallel,
+        "data_parallel": plan.data_parallel,
+        "expert_parallel": plan.expert_parallel,
+        "num_gpus": plan.num_gpus,
+        "gpu_memory_utilization": plan.utilization,
+        "capacity_bytes": int(round(plan.total_bytes)),
+        "budget_bytes": int(round(plan.utilization * plan.total_bytes)),
+        "weights_bytes": int(round(plan.weights_bytes)),
+        "activation_peak_bytes": int(round(plan.activation_bytes)),
+        "profile_tokens": plan.profile_tokens,
+        "non_torch_bytes": int(round(plan.non_torch_bytes)),
         "kv_budget_bytes": int(round(budget)),
         "kv_bytes_per_token": bpt,
         "block_size": blk,
-        "kv_blocks": blocks,
-        "kv_tokens": blocks * blk,
+        "kv_blocks": plan.num_blocks,
+        "kv_tokens": plan.kv_tokens,
+        "max_concurrency": round(plan.max_concurrency, 4),
         "bytes_per_sequence": per_seq,
         "max_concurrent_sequences": seqs,
         "running_sequences": min(seqs, s.max_num_seqs),
         "context_len": s.context_len,
-        "fits": budget > 0 and seqs >= 1,
+        "cuda_graph_bytes": int(round(plan.cuda_graph_bytes)),
+        "cuda_graphs": plan.cuda_graph_count,
+        "startup_lines": plan.startup_lines(),
+        "fits": budget > 0 and plan.kv_tokens >= s.context_len,
     }
 
 
-def _serving_estimate(arch: Architecture, s: InferenceSetup, stored: List[_Stored], w_node: Node, q_node: Node,
-                      w_bytes: float, lay: KVLayout, gpu: Any, notes: List[str]) -> InferenceEstimate:
-    """Serving: after load, the profiling forward, then the KV pool filling the budget."""
-    c = DTYPE_BYTES[s.dtype]
-    Tb = s.max_num_batched_tokens
-    # the profiling forward: flash attention over Tb tokens (varlen), no p x p scores
-    prof = InferenceSetup(**{**s.to_dict(), "batch_size": 1, "attn_implementation": "flash_attention_2",
-                             "context_len": Tb, "prompt_len": Tb, "gpu_memory_utilization": None})
-    step_name, step = _pick(layer_steps(arch, prof, Tb, Tb))
-    sampler = [("sampler logits (max_num_seqs x V, c + fp32 + fp32 probabilities)",
-                s.max_num_seqs * arch.vocab_size * (c + 8.0), "max_num_seqs x V x (c + 8 B)")]
-    act_items = [(f"{step_name}: {n}", v, f) for n, v, f in step] + _dequant_transient(stored, prof, Tb)
-    act = _list_node("activations", act_items + sampler,
-                     formula=f"profiling forward of max_num_batched_tokens = {Tb} tokens")
-    workspace = Node("workspace", children=[Node("cuBLAS workspace", bytes=CUBLAS_WORKSPACE_BYTES,
-                                                 formula="cuBLAS + cuBLASLt workspaces, 64 MiB")])
-    workspace.finalize()
-    act_total = act.bytes + workspace.bytes
-    info = serving_budget(arch, s, w_bytes, act_total, gpu.usable_bytes, lay)
-    pool = max(info["kv_blocks"] * s.block_size * lay.bytes_per_token, 0.0)
-    kv = Node("kv cache", children=[Node(f"paged KV pool ({info['kv_blocks']} blocks of {s.block_size} tokens)",
-                                         bytes=pool, formula=f"blocks x {s.block_size} x {lay.bytes_per_token:g} B "
-                                                             f"per token ({lay.formula} x {arch.num_layers} layers)")])
+def _serving_estimate(arch: Architecture, s: InferenceSetup, lay: KVLayout, gpu: Any, notes: List[str]
+                      ) -> InferenceEstimate:
+    """Serving: the engine's start-up on one GPU of the layout (:mod:`vramwidget.engines`):
+    after load, the profiling forward, then the KV pool filling the budget, then CUDA graphs."""
+    from .engines import plan as engine_plan
+
+    p = engine_plan(arch, s, gpu)
+    notes.extend(p.notes)
+    w_node = Node("weights", children=[Node(f"weight shard (tp {p.tensor_parallel}, pp {p.pipeline_parallel}"
+                                            f"{', ep ' + str(p.expert_parallel) if p.expert_parallel > 1 else ''})",
+                                            bytes=p.weights_bytes,
+                                            formula="this GPU's share of every tensor in the stored format "
+                                                    "(+ vLLM's rotary cos/sin cache)")])
+    w_node.finalize()
+    act = _list_node("activations", p.activation_items,
+                     formula=f"profiling forward of {p.profile_tokens} tokens" if p.profile_tokens else "")
+    nt = _list_node("non-torch memory", p.non_torch_items)
+    pool = max(p.num_blocks * p.block_size * p.kv_bytes_per_token, 0.0)
+    unit = "tokens" if p.engine == "sglang" else f"blocks of {p.block_size} tokens"
+    kv = Node("kv cache", children=[Node(f"paged KV pool ({p.num_blocks} {unit})", bytes=pool,
+                                         formula=f"{p.kv_tokens} tokens x {p.kv_bytes_per_token:g} B per token "
+                                                 f"(this GPU's layers and KV heads)")])
     kv.finalize()
-    after = _order([w_node, q_node])
-    profile = _order([w_node, q_node, act, workspace])
-    serving = _order([w_node, q_node, kv, act, workspace])
-    phases = {"after_load": w_bytes, "profile": w_bytes + act_total, "serving": w_bytes + act_total + pool}
+    graphs = Node("cuda graphs", bytes=p.cuda_graph_bytes,
+                  formula=f"{p.cuda_graph_count} captured decode graphs (enforce_eager: none)")
+    after = _order([w_node])
+    profile = _order([w_node, act])
+    serving = _order([w_node, kv, act])
+    phases = {"after_load": p.weights_bytes, "profile": p.weights_bytes + p.activation_bytes,
+              "serving": p.weights_bytes + p.activation_bytes + pool}
     peak = phases["serving"]
-    reserved = max(peak, info["budget_bytes"] - CUDA_CONTEXT_BYTES)
+    reserved = max(peak, p.utilization * p.total_bytes - p.non_torch_bytes)
     components = list(serving) + [
         Node("allocator reserve", bytes=reserved - peak, formula="budget not used by whole KV blocks"),
-        Node("cuda context", bytes=CUDA_CONTEXT_BYTES, formula="CUDA context + kernels: ~620 MiB on an H200")]
+        Node("cuda context", bytes=gpu.cuda_context_bytes, formula=gpu.cuda_context_source)]
+    if nt.bytes:
+        comm = [x for x in p.non_torch_items if x[0] != "CUDA context"]
+        if comm:
+            components.append(_list_node("communication buffers", comm))
+    if graphs.bytes:
+        components.append(graphs)
+    info = serving_budget(p, lay, s)
     if not info["fits"]:
-        notes.append(f"no room for the KV cache of one {s.context_len}-token sequence: budget "
-                     f"{info['kv_budget_bytes'] / GIB:.2f} GiB after weights and activations")
-    notes.append("serving: vLLM-style paged KV cache; CUDA-graph memory and per-request sampler state are not "
-                 "modelled")
+        notes.append(f"does not start: the KV cache holds {p.kv_tokens:,} tokens, less than one "
+                     f"{s.context_len:,}-token request (budget {p.kv_budget_bytes / GIB:.2f} GiB after weights, "
+                     f"activations and non-torch memory)")
+    ctx = gpu.cuda_context_bytes
     est = InferenceEstimate(
         model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total, params_trainable=0,
         components=components, phases_bytes=phases, peak_phase="serving", peak_allocated_bytes=peak,
-        reserved_bytes=reserved, cuda_context_bytes=CUDA_CONTEXT_BYTES, notes=notes,
+        reserved_bytes=reserved + sum(x[1] for x in p.non_torch_items if x[0] != "CUDA context")
+        + p.cuda_graph_bytes, cuda_context_bytes=ctx, notes=notes,
         phase_components={"after_load": after, "profile": profile, "serving": serving},
-        kv_cache_bytes=pool, kv_cache_prefill_bytes=0.0, kv_bytes_per_token=lay.bytes_per_token,
-        weights_bytes=w_bytes, serving=info, gpu=gpu.name, gpu_usable_bytes=gpu.usable_bytes, fits=info["fits"])
+        kv_cache_bytes=pool, kv_cache_prefill_bytes=0.0, kv_bytes_per_token=p.kv_bytes_per_token,
+        weights_bytes=p.weights_bytes, serving=info, gpu=gpu.name, gpu_usable_bytes=gpu.usable_bytes,
+        fits=info["fits"])
+    est.plan = p
     return est
 
 
@@ -1240,9 +1312,10 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     kw["gpu"] = gpu
     kw.pop("context_len", None)
     prompt = kw.pop("prompt_len", None)
-    InferenceSetup.from_kwargs(**kw)   # validate once, with the field names
+    serving = InferenceSetup.from_kwargs(**kw).serving   # validate once, with the field names
+    if prompt is not None:
+        prompt = _posint("prompt_len", prompt)
     blk = _posint("block_size", kw.get("block_size", BLOCK_SIZE))
-    serving = kw.get("gpu_memory_utilization") is not None
     batch = kw.get("batch_size") or 1
 
     def fits(n_blocks: int) -> bool:
@@ -1284,7 +1357,8 @@ _CLI_OPTIONS = (
     ("--group-size", "group_size", int, "GPTQ/AWQ group size (default 128; -1: GPTQ without groups)"),
     ("--kv-cache-dtype", "kv_cache_dtype", str, "KV cache dtype: " + ", ".join(KV_CACHE_DTYPES)),
     ("--batch-size", "batch_size", int, "sequences (default 1)"),
-    ("--context-len", "context_len", int, "tokens per sequence: prompt + generated (default 4096)"),
+    ("--context-len", "context_len", int, "tokens per sequence: prompt + generated (default 4096); serving: "
+                                          "the engine's max_model_len (--max-model-len)"),
     ("--prompt-len", "prompt_len", int, "prompt tokens (default: the whole context)"),
     ("--attn-implementation", "attn_implementation", str, "sdpa, eager or flash_attention_2"),
     ("--mla-cache", "mla_cache", str, "MLA cache: compressed (transformers 5) or decompressed"),
@@ -1294,8 +1368,22 @@ _CLI_OPTIONS = (
      "serving: fraction of the GPU a vLLM-style server may use (e.g. 0.9)"),
     ("--max-num-seqs", "max_num_seqs", int, f"serving: most sequences at once (default {DEFAULT_MAX_NUM_SEQS})"),
     ("--max-num-batched-tokens", "max_num_batched_tokens", int,
-     f"serving: tokens of the profiling forward (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})"),
+     "serving: tokens of the profiling forward (default: the engine release's own)"),
+    ("--engine", "engine", str, "hf (generate(), default), vllm or sglang: whose start-up to reproduce"),
+    ("--tensor-parallel-size", "tensor_parallel", int, "GPUs a layer is split over (default 1)"),
+    ("--pipeline-parallel-size", "pipeline_parallel", int, "pipeline stages (default 1)"),
+    ("--data-parallel-size", "data_parallel", int, "model replicas (default 1)"),
+    ("--expert-parallel-size", "expert_parallel", int, "GPUs the experts are spread over (default 1)"),
+    ("--vllm-version", "vllm_version", str, "the vLLM release whose memory profile to use (e.g. 0.6.4)"),
+    ("--sglang-version", "sglang_version", str, "the SGLang release"),
+    ("--mem-fraction-static", "mem_fraction_static", float, "SGLang's share of the GPU for weights + KV pool"),
+    ("--concurrency", "concurrency", int,
+     "with --engine vllm/sglang and --gpu: the fewest GPUs (and TP/PP layout) that hold this many "
+     "requests of --context-len tokens at once"),
 )
+
+#: options that are not estimate_inference() settings
+_RUN_ONLY = ("vllm_version", "sglang_version", "concurrency")
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, model: bool = True) -> argparse.ArgumentParser:
@@ -1309,8 +1397,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: bool = True) -> arg
     for flag, dest, typ, text in _CLI_OPTIONS:
         if flag in have:
             continue
-        parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
+        aliases = {"--context-len": ("--max-model-len",), "--tensor-parallel-size": ("--tp",),
+                   "--pipeline-parallel-size": ("--pp",)}.get(flag, ())
+        parser.add_argument(flag, *[a for a in aliases if a not in have], dest=dest, type=typ, default=None,
+                            help=text)
     for flag, dest, val, text in (("--double-quant", "double_quant", True, "bitsandbytes 4-bit double quantization"),
+                                  ("--enforce-eager", "enforce_eager", True, "serving: no CUDA graphs"),
                                   ("--no-sliding-window", "use_sliding_window", False,
                                    "cache sliding-window layers in full"),
                                   ("--longest-context", "longest_context", True,
@@ -1327,9 +1419,13 @@ def setup_from_args(args: argparse.Namespace) -> Dict[str, Any]:
     kw: Dict[str, Any] = {}
     for _, dest, _, _ in _CLI_OPTIONS:
         v = getattr(args, dest, None)
-        if v is not None:
+        if v is not None and dest not in _RUN_ONLY:
             kw[dest] = v
-    for dest in ("double_quant", "use_sliding_window"):
+    versions = {k: getattr(args, f"{k}_version", None) for k in ("vllm", "sglang")}
+    versions = {k: v for k, v in versions.items() if v}
+    if versions:
+        kw["versions"] = versions
+    for dest in ("double_quant", "use_sliding_window", "enforce_eager"):
         v = getattr(args, dest, None)
         if v is not None:
             kw[dest] = v
@@ -1338,22 +1434,91 @@ def setup_from_args(args: argparse.Namespace) -> Dict[str, Any]:
 
 def run(args: argparse.Namespace, out=None) -> int:
     """Run the inference estimate for parsed ``args``; prints a table or JSON, returns 0.
-    Raises VramError on bad input (the caller prints it as one line)."""
+    Raises VramError on bad input (the caller prints it as one line).  With ``--concurrency``
+    (and a serving engine and GPU) it plans the deployment instead: the fewest GPUs and the
+    TP/PP layout."""
     out = out or sys.stdout
     kw = setup_from_args(args)
+    concurrency = getattr(args, "concurrency", None)
+    if concurrency is not None:
+        return _run_plan(args.model, kw, _posint("concurrency", concurrency), out, getattr(args, "json", False))
     est = estimate_inference(args.model, **kw)
     longest = None
     if getattr(args, "longest_context", None):
         if not kw.get("gpu"):
             raise VramError("longest_context: needs --gpu", field="gpu")
         longest = longest_context(args.model, **kw)
+    extra: Dict[str, Any] = {}
+    if est.serving:
+        extra = serving_report(args.model, kw)
     if getattr(args, "json", False):
         d = est.to_dict()
         if longest is not None:
             d["longest_context"] = longest
+        d.update(extra)
         out.write(json.dumps(d, indent=2) + "\n")
         return 0
     out.write(format_table(est, longest) + "\n")
+    if extra:
+        out.write(f"  largest max_model_len that starts: {extra['largest_max_model_len']:,} tokens\n")
+        out.write(f"  command: {extra['command']}\n")
+    return 0
+
+
+def serving_report(model: Model, kw: Dict[str, Any]) -> Dict[str, Any]:
+    """What a serving estimate adds: the engine's start-up lines, the largest
+    ``max_model_len`` that starts with this layout, and a copyable command line."""
+    from .engines import largest_max_model_len, plan
+    from .gpus import get_gpu
+
+    arch = load(model)
+    s = InferenceSetup.from_kwargs(**kw)
+    gpu = get_gpu(s.gpu)
+    p = plan(arch, s, gpu)
+    name = arch.hub_id or arch.name
+    return {"startup_lines": p.startup_lines(), "largest_max_model_len": largest_max_model_len(arch, s, gpu),
+            "command": p.command(name)}
+
+
+def _run_plan(model: Model, kw: Dict[str, Any], concurrency: int, out, as_json: bool) -> int:
+    from .engines import fewest_gpus
+    from .gpus import get_gpu
+
+    if not kw.get("gpu"):
+        raise VramError("concurrency: planning needs --gpu (the card to deploy on)", field="gpu")
+    if kw.get("engine", "vllm") == "hf" or "engine" not in kw:
+        kw = {**kw, "engine": kw.get("engine") if kw.get("engine") not in (None, "hf") else "vllm"}
+    arch = load(model)
+    s = InferenceSetup.from_kwargs(**kw)
+    p = fewest_gpus(arch, s, get_gpu(s.gpu), concurrency)
+    name = arch.hub_id or arch.name
+    if p is None:
+        msg = (f"{arch.name}: no layout of up to 64 x {s.gpu} holds {concurrency} requests of {s.context_len:,} "
+               f"tokens")
+        if as_json:
+            out.write(json.dumps({"model": arch.name, "fits": False, "message": msg}, indent=2) + "\n")
+        else:
+            out.write(msg + "\n")
+        return 0
+    d = {"model": arch.name, "gpu": s.gpu, "engine": p.engine, "version": p.version, "concurrency": concurrency,
+         "context_len": s.context_len, "num_gpus": p.num_gpus, "tensor_parallel": p.tensor_parallel,
+         "pipeline_parallel": p.pipeline_parallel, "kv_tokens_per_replica": p.kv_tokens,
+         "max_concurrency": round(p.max_concurrency, 2), "startup_lines": p.startup_lines(),
+         "command": p.command(name), "plan": p.to_dict()}
+    if as_json:
+        out.write(json.dumps(d, indent=2) + "\n")
+        return 0
+    out.write(f"{arch.name} on {s.gpu} with {p.engine} {p.version}: {concurrency} requests of "
+              f"{s.context_len:,} tokens at once\n")
+    out.write(f"  fewest GPUs: {p.num_gpus} (tensor parallel {p.tensor_parallel}, pipeline parallel "
+              f"{p.pipeline_parallel})\n")
+    out.write(f"  per GPU: weights {p.weights_bytes / GIB:.2f} GiB, profile activations "
+              f"{p.activation_bytes / GIB:.2f} GiB, non-torch {p.non_torch_bytes / GIB:.2f} GiB, KV cache "
+              f"{p.kv_budget_bytes / GIB:.2f} GiB; CUDA graphs {p.cuda_graph_bytes / GIB:.2f} GiB on top\n")
+    out.write("  the engine will print:\n")
+    for line in p.startup_lines():
+        out.write(f"    {line}\n")
+    out.write(f"  command: {p.command(name)}\n")
     return 0
 
 
@@ -1374,6 +1539,14 @@ def format_table(est: InferenceEstimate, longest: Optional[int] = None) -> str:
     lines.append(f"  device total (reserve + CUDA context): {est.device_total_gib:.3f} GiB")
     if est.serving:
         v = est.serving
+        lines.append(f"  {v['engine']} {v['version']} ({v['runtime']}) on {v['num_gpus']} x {est.gpu}: tensor parallel "
+                     f"{v['tensor_parallel']}, pipeline parallel {v['pipeline_parallel']}; per GPU: weights "
+                     f"{v['weights_bytes'] / GIB:.2f} GiB, profile activations {v['activation_peak_bytes'] / GIB:.2f} "
+                     f"GiB ({v['profile_tokens']} tokens), non-torch {v['non_torch_bytes'] / GIB:.2f} GiB, CUDA "
+                     f"graphs {v['cuda_graph_bytes'] / GIB:.2f} GiB")
+        lines.append("  the engine prints:")
+        for line in v["startup_lines"]:
+            lines.append(f"    {line}")
         lines.append(f"  serving on {est.gpu} at {v['gpu_memory_utilization']:g}: KV budget "
                      f"{v['kv_budget_bytes'] / GIB:.2f} GiB = {v['kv_tokens']:,} tokens ({v['kv_blocks']:,} blocks), "
                      f"{v['max_concurrent_sequences']} sequences of {v['context_len']} tokens "

@@ -118,13 +118,6 @@ QUANTIZATION_KEYS = ("load_in_4bit", "quant_type", "double_quant", "compute_dtyp
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 #: architectures whose linear layers are named differently
-LORA_TARGETS_BY_MODEL_TYPE = {
-    "gpt2": ("c_attn", "c_proj", "c_fc"),
-    "gpt_neox": ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
-    "opt": ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"),
-    "phi3": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
-    "falcon": ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
-}
 
 LORA_DEFAULTS = {"r": 16, "alpha": 32, "dropout": 0.0}
 QUANTIZATION_DEFAULTS = {"load_in_4bit": True, "quant_type": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
@@ -150,7 +143,10 @@ LEARNING_RATE = 1e-5
 
 def default_lora_targets(model_type: Optional[str]) -> List[str]:
     """The LoRA target module names used when a case names none."""
-    return list(LORA_TARGETS_BY_MODEL_TYPE.get(str(model_type or "").lower(), DEFAULT_LORA_TARGETS))
+    from .families import REGISTRY, resolve_model_type
+
+    fam = REGISTRY.get(resolve_model_type(str(model_type or "").lower()))
+    return list(fam.default_lora_targets if fam is not None and fam.default_lora_targets else DEFAULT_LORA_TARGETS)
 
 
 # --------------------------------------------------------------------------------------

@@ -139,6 +139,15 @@ class Estimate:
         self._phase_components = phase_components if phase_components is not None else (
             None if builder else {})
         self._builder = builder
+        # the step time (timing.py): set_gpu() picks the GPU; the work is computed lazily
+        self._work: Optional[Callable[[], Any]] = None
+        self._setup_obj: Any = None
+        self.gpu: Any = None
+        self.gpus: int = 1                       # GPUs the run uses (estimate_parallel sets it)
+        self.tokens_per_step: Optional[int] = None   # all replicas' tokens per step (estimate_parallel)
+        #: estimate_parallel: (gpu, StepTime) -> the step's communication (timing.communication)
+        self._comm: Optional[Callable[[Any, Any], Dict[str, Any]]] = None
+        self._step_time: Any = None
 
     def _build(self) -> None:
         if self._builder is not None:
@@ -156,6 +165,97 @@ class Estimate:
         if self._phase_components is None:
             self._build()
         return self._phase_components if self._phase_components is not None else {}
+
+    # -- time -----------------------------------------------------------------------
+    def set_gpu(self, gpu: Any) -> "Estimate":
+        """Time the step on ``gpu`` (a catalogue name or GPU); returns self."""
+        from .gpus import get_gpu
+
+        self.gpu = get_gpu(gpu) if gpu is not None else None
+        self._step_time = None
+        return self
+
+    @property
+    def step_time(self) -> Any:
+        """The step's :class:`~vramwidget.timing.StepTime` on ``gpu`` (None without a GPU or
+        when the catalogue lacks the GPU's throughput and bandwidth)."""
+        if self._step_time is None and self.gpu is not None and self._work is not None:
+            from .timing import has_timing, step_time
+
+            if has_timing(self.gpu):
+                st = step_time(self.gpu, self._setup_obj, self._work())
+                if self._comm is not None:
+                    c = self._comm(self.gpu, st)
+                    st.communication = c
+                    st.communication_seconds = c["exposed_seconds"]
+                    st.pipeline_bubble_seconds = c["pipeline_bubble_seconds"]
+                self._step_time = st
+        return self._step_time
+
+    @property
+    def step_seconds(self) -> Optional[float]:
+        """Seconds per optimizer step (all micro-batches of gradient accumulation); None without a GPU."""
+        st = self.step_time
+        return st.step_seconds if st else None
+
+    @property
+    def tokens_per_second(self) -> Optional[float]:
+        """Training tokens per second over all the run's GPUs; None without a GPU."""
+        st = self.step_time
+        if not st:
+            return None
+        return (self.tokens_per_step or st.tokens_per_step) / st.step_seconds
+
+    @property
+    def mfu(self) -> Optional[float]:
+        """Model FLOPs utilisation (useful matmul FLOPs / time / dense peak); None without a GPU."""
+        st = self.step_time
+        return st.mfu if st else None
+
+    @property
+    def time_breakdown(self) -> Optional[Dict[str, Any]]:
+        """Seconds per phase (forward, backward with recompute, optimizer step) and per kind of
+        work (matmul, attention, memory-bound kernels, launches, host waits), and what dominates."""
+        st = self.step_time
+        return st.breakdown() if st else None
+
+    def run_cost(self, tokens: float, usd_per_gpu_hour: Optional[float] = None) -> Dict[str, Any]:
+        """Steps, hours and dollars to train on ``tokens`` tokens.
+
+        ``usd_per_gpu_hour`` defaults to the catalogue's indicative on-demand price of the GPU
+        (``price_source`` says where it comes from); ``dollars`` is None when neither is known.
+        """
+        from .errors import VramError
+
+        if isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or not tokens > 0 \
+                or tokens != tokens or tokens == float("inf"):
+            raise VramError(f"tokens: must be a number > 0, got {tokens!r}", field="tokens")
+        if usd_per_gpu_hour is not None and (isinstance(usd_per_gpu_hour, bool) or not isinstance(
+                usd_per_gpu_hour, (int, float)) or not usd_per_gpu_hour >= 0 or usd_per_gpu_hour == float("inf")):
+            raise VramError(f"usd_per_gpu_hour: must be a number >= 0, got {usd_per_gpu_hour!r}",
+                            field="usd_per_gpu_hour")
+        st = self.step_time
+        if st is None:
+            raise VramError("gpu: a run's cost needs a GPU; pass gpu=... to the estimate", field="gpu")
+        import math
+
+        tokens_per_step = self.tokens_per_step or st.tokens_per_step
+        steps = math.ceil(tokens / tokens_per_step)
+        hours = steps * st.step_seconds / 3600.0
+        price = usd_per_gpu_hour if usd_per_gpu_hour is not None else self.gpu.usd_per_gpu_hour
+        source = "given" if usd_per_gpu_hour is not None else self.gpu.price_source
+        gpu_hours = hours * self.gpus
+        return {"tokens": tokens, "steps": steps, "hours": hours, "gpu_hours": gpu_hours,
+                "usd_per_gpu_hour": price, "dollars": gpu_hours * price if price is not None else None,
+                "price_source": source, "gpus": self.gpus}
+
+    def _time_dict(self) -> Optional[Dict[str, Any]]:
+        st = self.step_time
+        if st is None:
+            return None
+        return {"gpu": self.gpu.name, "step_seconds": self.step_seconds, "tokens_per_second": self.tokens_per_second,
+                "mfu": self.mfu, "breakdown": self.time_breakdown,
+                "usd_per_gpu_hour": self.gpu.usd_per_gpu_hour, "price_source": self.gpu.price_source}
 
     # -- totals -------------------------------------------------------------------
     @property
@@ -181,6 +281,13 @@ class Estimate:
         if self._replay_fn is None:
             raise ValueError("this estimate has no allocation trace to replay")
         return self._replay_fn(capacity_bytes=capacity_bytes, record=record)
+
+    def to_memory_snapshot(self, capacity_bytes: Optional[float] = None) -> Dict[str, Any]:
+        """The replayed run as a ``torch.cuda.memory._snapshot()`` dict: pickle it and open it
+        in PyTorch's memory visualiser (``torch.cuda._memory_viz``, pytorch.org/memory_viz)."""
+        from .snapshot import to_snapshot
+
+        return to_snapshot(self.replay(capacity_bytes=capacity_bytes, record=True))
 
     @property
     def device_total_bytes(self) -> float:
@@ -262,17 +369,12 @@ class Estimate:
             "recompute_overhead": self.recompute_overhead,
             "components": [c.to_dict() for c in self.components],
             "notes": list(self.notes),
+            "time": self._time_dict(),
         }
 
     def to_json(self, **kw) -> str:
         """``to_dict()`` as a JSON string."""
         return json.dumps(self.to_dict(), **kw)
-
-    def chart(self, **kw):
-        """An Altair treemap of this estimate (altair imported only here)."""
-        from .charts import detail_chart
-
-        return detail_chart(self, **kw)
 
     def __repr__(self) -> str:
         return (f"Estimate({self.model_name!r}, peak {self.peak_gib:.2f} GiB at {self.peak_phase}, "

@@ -7,11 +7,11 @@ and of the widget's traits.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import VramError
+from .inputs import MAX_TEXT_CHARS, Field, check_choice, check_int, check_keywords, check_number, fail, shown
 
 #: choice fields: value -> label shown in the widget and CLI help
 CHOICES: Dict[str, List[Tuple[str, str]]] = {
@@ -20,6 +20,7 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
         ("lora", "LoRA (frozen 16-bit base)"),
         ("qlora", "QLoRA (frozen 4-bit base)"),
         ("freeze", "Train only the last layers"),
+        ("norms", "Train only the LayerNorm/RMSNorm weights"),
     ],
     "precision": [
         ("bf16", "Pure BF16 (weights, grads, optimizer states in bf16)"),
@@ -46,6 +47,8 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
         ("sgd", "SGD"),
         ("sgd_momentum", "SGD with momentum"),
         ("lion", "Lion"),
+        ("galore_adamw", "GaLore AdamW (low-rank projected moments)"),
+        ("galore_adamw_8bit", "GaLore AdamW 8-bit (bitsandbytes moments)"),
     ],
     "gradient_checkpointing": [
         ("none", "None"),
@@ -57,7 +60,28 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
         ("flash_attention_2", "FlashAttention 2"),
         ("eager", "Eager (scores materialised)"),
     ],
+    "loss": [
+        ("standard", "Cross-entropy on the full logits (HF, torchtune default)"),
+        ("chunked", "Chunked cross-entropy (torchtune CEWithChunkedOutputLoss, LitGPT)"),
+        ("liger", "Fused linear cross-entropy (Liger kernels): no full logits"),
+    ],
+    "lora_variant": [
+        ("lora", "LoRA"),
+        ("dora", "DoRA (weight-decomposed LoRA, peft use_dora)"),
+    ],
+    "stack": [
+        ("hf", "Hugging Face Trainer / TRL / PEFT"),
+        ("torchtune", "torchtune recipes"),
+        ("litgpt", "LitGPT"),
+        ("unsloth", "Unsloth"),
+        ("axolotl", "axolotl"),
+    ],
 }
+
+#: the libraries whose release changes a modelled mechanism (see ``TrainingSetup.before``)
+VERSIONED_PACKAGES = ("bitsandbytes", "transformers", "peft", "torch")
+#: modules peft can train in full beside the adapters (``modules_to_save``)
+SAVE_MODULES = ("lm_head", "embed_tokens")
 
 QUANT_GROUPS = ("attn_qk", "attn_vo", "mlp", "embedding", "lm_head")
 DEFAULT_QUANT_GROUPS = ("attn_qk", "attn_vo", "mlp")
@@ -86,7 +110,23 @@ class TrainingSetup:
     lora_dropout: float = 0.0
     lora_targets: Optional[Tuple[str, ...]] = None
     trainable_layers: Optional[int] = None
-    #: the caching allocator's settings: "default", "expandable_segments" or a PYTORCH_CUDA_ALLOC_CONF string
+    loss: str = "standard"
+    loss_chunks: int = 8
+    activation_offloading: bool = False
+    optimizer_in_backward: bool = False
+    lora_variant: str = "lora"
+    modules_to_save: Tuple[str, ...] = ()
+    galore_rank: int = 128
+    packing: bool = False
+    compile: bool = False
+    versions: Tuple[Tuple[str, str], ...] = ()
+    stack: str = "hf"
+    #: fp32 matmuls on TF32 tensor cores.  PyTorch's default is off
+    #: (``torch.backends.cuda.matmul.allow_tf32 = False``): fp32 matmuls run on the CUDA
+    #: cores at the plain fp32 rate.  Changes the step time only, never the memory.
+    tf32: bool = False
+    #: the caching allocator's settings: "default", "expandable_segments" or a
+    #: PYTORCH_CUDA_ALLOC_CONF string (decides reserved memory, never allocated memory)
     allocator: str = "default"
 
     # -- derived dtypes ---------------------------------------------------------------
@@ -124,6 +164,19 @@ class TrainingSetup:
     def tokens(self) -> int:
         return self.batch_size * self.seq_len
 
+    def version(self, package: str) -> Optional[Tuple[int, ...]]:
+        """The release of ``package`` the user named in ``versions`` (None: the current one)."""
+        for name, v in self.versions:
+            if name == package:
+                return _parse_version(v)
+        return None
+
+    def before(self, package: str, release: str) -> bool:
+        """Whether the user runs a ``package`` older than ``release`` (False when not named:
+        the estimate assumes current releases)."""
+        v = self.version(package)
+        return v is not None and v < _parse_version(release)
+
     def replace(self, **changes: Any) -> "TrainingSetup":
         """A new validated setup with ``changes`` applied."""
         return TrainingSetup.from_kwargs(**{**self.to_dict(), **changes})
@@ -131,99 +184,29 @@ class TrainingSetup:
     def to_dict(self) -> Dict[str, Any]:
         """The setup as plain JSON-able values (tuples become lists)."""
         d = {f: getattr(self, f) for f in _FIELDS}
-        for k in ("quantized_groups", "lora_targets", "optimizer_state_dtypes"):
+        for k in ("quantized_groups", "lora_targets", "optimizer_state_dtypes", "modules_to_save"):
             if d[k] is not None:
                 d[k] = list(d[k])
+        d["versions"] = dict(self.versions)
         return d
 
     # -- construction and validation --------------------------------------------------
     @classmethod
     def from_kwargs(cls, **kw: Any) -> "TrainingSetup":
-        allowed = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(kw) - allowed)
-        if unknown:
-            import difflib
+        """A validated setup: each keyword checked by its declaration in :data:`FIELDS`
+        (type, allowed values, range), then the stack's defaults, then the links between fields."""
+        check_keywords("setup field", kw, FIELDS)
+        # None is "not given" (the dataclass default) for every field that says so
+        given: Dict[str, Any] = {name: FIELDS[name].check(x) for name, x in kw.items()
+                                 if not (x is None and FIELDS[name].none == "default")}
+        from .stacks import stack_defaults
 
-            hints = []
-            for u in unknown:
-                m = difflib.get_close_matches(u, sorted(allowed), n=1)
-                hints.append(f"{u!r}" + (f" (did you mean {m[0]!r}?)" if m else ""))
-            raise VramError(f"unknown setup field {', '.join(hints)}; allowed: {', '.join(sorted(allowed))}",
-                            field=unknown[0])
-        v: Dict[str, Any] = {}
-        for name in ("method", "precision", "quantization", "optimizer", "attn_implementation"):
-            if name in kw and kw[name] is not None:
-                v[name] = _choice(name, kw[name])
-        if "gradient_checkpointing" in kw and kw["gradient_checkpointing"] is not None:
-            gc = kw["gradient_checkpointing"]
-            if gc is True:
-                gc = "full"
-            elif gc is False:
-                gc = "none"
-            v["gradient_checkpointing"] = _choice("gradient_checkpointing", gc)
-        for name in ("batch_size", "seq_len", "grad_accum_steps"):
-            if name in kw:
-                v[name] = _posint(name, kw[name])
-        if "lora_r" in kw:
-            v["lora_r"] = _posint("lora_r", kw["lora_r"])
-        if "lora_alpha" in kw:
-            v["lora_alpha"] = _posfloat("lora_alpha", kw["lora_alpha"])
-        if "lora_dropout" in kw:
-            p = _float("lora_dropout", kw["lora_dropout"])
-            if not 0.0 <= p < 1.0:
-                raise VramError(f"lora_dropout: must be in [0, 1), got {p!r}", field="lora_dropout")
-            v["lora_dropout"] = p
-        if kw.get("lora_targets") is not None:
-            t = kw["lora_targets"]
-            if isinstance(t, str):
-                t = [x.strip() for x in t.split(",") if x.strip()]
-            t = tuple(str(x) for x in t)
-            if not t:
-                raise VramError("lora_targets: name at least one module, or 'all-linear'", field="lora_targets")
-            v["lora_targets"] = t
-        if kw.get("allocator") is not None:
-            from .allocator import parse_alloc_conf
-
-            if not isinstance(kw["allocator"], str):
-                raise VramError(f"allocator: must be 'default', 'expandable_segments' or a PYTORCH_CUDA_ALLOC_CONF "
-                                f"string, got {kw['allocator']!r}", field="allocator")
-            v["allocator"] = parse_alloc_conf(kw["allocator"]).text
-        if kw.get("trainable_layers") is not None:
-            v["trainable_layers"] = _posint("trainable_layers", kw["trainable_layers"])
-        for name in ("double_quant", "prepare_kbit"):
-            if name in kw and kw[name] is not None:
-                if not isinstance(kw[name], bool):
-                    raise VramError(f"{name}: must be true or false, got {kw[name]!r}", field=name)
-                v[name] = kw[name]
-        if kw.get("quantized_groups") is not None:
-            g = kw["quantized_groups"]
-            if isinstance(g, str):
-                g = [x.strip() for x in g.split(",") if x.strip()]
-            bad = [x for x in g if x not in QUANT_GROUPS]
-            if bad:
-                raise VramError(f"quantized_groups: unknown group {', '.join(map(repr, bad))}; allowed: "
-                                f"{', '.join(QUANT_GROUPS)}", field="quantized_groups")
-            if not g:
-                raise VramError("quantized_groups: name at least one group; allowed: " + ", ".join(QUANT_GROUPS),
-                                field="quantized_groups")
-            v["quantized_groups"] = tuple(dict.fromkeys(g))
-        if kw.get("optimizer_state_dtypes") is not None:
-            sd = kw["optimizer_state_dtypes"]
-            if isinstance(sd, str):
-                sd = [x.strip() for x in sd.split(",") if x.strip()]
-            from .units import canonical_dtype
-
-            out = []
-            for x in sd:
-                try:
-                    c = canonical_dtype(x)
-                except KeyError:
-                    c = None
-                if c not in STATE_DTYPES:
-                    raise VramError(f"optimizer_state_dtypes: unknown dtype {x!r}; allowed: "
-                                    f"{', '.join(STATE_DTYPES)}", field="optimizer_state_dtypes")
-                out.append(c)
-            v["optimizer_state_dtypes"] = tuple(out)
+        stack = given.get("stack", "hf")
+        # a stack's defaults, where the user did not say otherwise (stacks.py, from each stack's source)
+        v: Dict[str, Any] = {**{k: FIELDS[k].check(x) for k, x in stack_defaults(stack, given).items()
+                                if k not in given}, **given}
+        if stack == "hf":
+            v.pop("stack", None)
 
         # -- links between fields --
         method = v.get("method", "full")
@@ -244,6 +227,18 @@ class TrainingSetup:
         if method == "freeze" and v.get("trainable_layers") is None:
             raise VramError("trainable_layers: method='freeze' needs how many last layers train (e.g. 2)",
                             field="trainable_layers")
+        if v.get("modules_to_save") and method not in ("lora", "qlora"):
+            raise VramError("modules_to_save: trains whole modules beside LoRA adapters; use method='lora' or 'qlora'",
+                            field="modules_to_save")
+        if v.get("lora_variant", "lora") != "lora" and method not in ("lora", "qlora"):
+            raise VramError(f"lora_variant: {v['lora_variant']!r} needs method='lora' or 'qlora'", field="lora_variant")
+        if v.get("optimizer", "adamw").startswith("galore") and method != "full":
+            raise VramError("optimizer: GaLore projects the gradients of full weight matrices; use method='full'",
+                            field="optimizer")
+        if v.get("optimizer_in_backward") and v.get("grad_accum_steps", 1) > 1:
+            raise VramError("optimizer_in_backward: steps each parameter as its gradient is ready, which "
+                            "gradient accumulation cannot do (torchtune refuses it too); use grad_accum_steps=1",
+                            field="optimizer_in_backward")
         if v.get("precision") == "fp8" and v.get("quantization", "none") != "none":
             raise VramError("precision: fp8 compute with a bitsandbytes-quantized base is not modelled; "
                             "use bf16", field="precision")
@@ -259,41 +254,147 @@ _ALIASES: Dict[str, Dict[Any, str]] = {
                   "adamw_bnb_8bit": "adamw_8bit", "paged_adamw_32bit": "paged_adamw", "sgd_nesterov": "sgd_momentum"},
     "attn_implementation": {"flash_attention": "flash_attention_2", "flash": "flash_attention_2"},
     "precision": {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "mixed": "amp_bf16", "amp": "amp_bf16"},
-    "method": {"full_finetune": "full", "frozen": "freeze"},
+    "method": {"full_finetune": "full", "frozen": "freeze", "layernorm": "norms"},
+    "loss": {"cross_entropy": "standard", "ce": "standard", "chunked_ce": "chunked", "fused_linear": "liger",
+             "flce": "liger"},
     "quantization": {"4bit": "nf4", "8bit": "int8", None: "none", "": "none"},
-    "gradient_checkpointing": {"true": "full", "false": "none", "on": "full", "off": "none"},
+    "gradient_checkpointing": {"true": "full", "false": "none", "on": "full", "off": "none", True: "full",
+                               False: "none"},
 }
 
 
+def _parse_version(text: str) -> Tuple[int, ...]:
+    """'0.43.2' -> (0, 43, 2); '4.40' -> (4, 40); pre-release tails ('0.44.0rc1', '2.5.0+cu121') cut."""
+    import re
+
+    parts = []
+    if not isinstance(text, str) or len(text) > 64:
+        raise fail("versions", "a release number is text like '0.43.2'", text)
+    for p in text.strip().lstrip("v").split(".")[:3]:
+        m = re.match(r"\d+", p)
+        if not m:
+            break
+        parts.append(int(m.group()))
+        if m.end() < len(p):
+            break
+    if not parts:
+        raise VramError(f"versions: {shown(text)} is not a release number like '0.43.2'", field="versions")
+    return tuple(parts)
+
+
+def _versions(value: Any) -> Tuple[Tuple[str, str], ...]:
+    if isinstance(value, (str, list, tuple, dict)) and len(value) > MAX_TEXT_CHARS:
+        raise fail("versions", "a few PACKAGE=VERSION pairs", value)
+    if isinstance(value, str):   # "bitsandbytes=0.41.1,transformers=4.40" (command line)
+        pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
+        if not all(len(p) == 2 for p in pairs):
+            raise VramError(f"versions: expected PACKAGE=VERSION,..., got {shown(value)}", field="versions")
+        value = {k.strip(): v.strip() for k, v in pairs}
+    if not isinstance(value, dict):
+        if isinstance(value, (list, tuple)) and all(isinstance(x, (list, tuple)) and len(x) == 2 for x in value):
+            value = dict(value)
+        else:
+            raise VramError(f"versions: must be a mapping like {{'bitsandbytes': '0.41.1'}}, got {shown(value)}",
+                            field="versions")
+    out = []
+    for k, ver in value.items():
+        if not isinstance(k, str) or not isinstance(ver, str):
+            raise fail("versions", "package names and releases are text, like {'bitsandbytes': '0.41.1'}",
+                       {k: ver})
+        name = k.strip().lower().replace("_", "-")
+        if name not in VERSIONED_PACKAGES:
+            raise VramError(f"versions: unknown package {shown(k)}; known: {', '.join(VERSIONED_PACKAGES)}",
+                            field="versions")
+        _parse_version(str(ver))
+        out.append((name, str(ver).strip()))
+    return tuple(sorted(out))
+
+
+
+
+def _allocator(value: Any) -> str:
+    """The caching allocator's settings, checked and written in one canonical spelling."""
+    from .allocator import parse_alloc_conf
+
+    if not isinstance(value, str) or len(value) > MAX_TEXT_CHARS:
+        raise fail("allocator", "'default', 'expandable_segments' or a PYTORCH_CUDA_ALLOC_CONF string such as "
+                   "'max_split_size_mb:128'", value)
+    return parse_alloc_conf(value).text
+
+
+def _state_dtype(x: str) -> Optional[str]:
+    from .units import canonical_dtype
+
+    try:
+        return canonical_dtype(x)
+    except KeyError:
+        return None
+
+
+def _choice_field(name: str, doc: str = "") -> Field:
+    return Field(name, "choice", default=getattr(TrainingSetup, name), doc=doc,
+                 choices=lambda: [c for c, _ in CHOICES[name]], aliases=_ALIASES.get(name, {}))
+
+
+#: every setup keyword, declared once: kind, default, allowed values or range.  Adding a
+#: keyword is a dataclass field above plus one declaration here (and a CHOICES entry for a
+#: choice); ``from_kwargs`` checks it, the fuzz tests feed it any value.
+FIELDS: Dict[str, Field] = {f.name: f for f in (
+    _choice_field("method"),
+    _choice_field("precision"),
+    _choice_field("quantization"),
+    Field("double_quant", "bool", True, "bitsandbytes double quantization of the 4-bit constants"),
+    Field("quantized_groups", "names", DEFAULT_QUANT_GROUPS, "module groups stored in 4/8 bits",
+          choices=lambda: QUANT_GROUPS),
+    Field("prepare_kbit", "bool", False, "peft's prepare_model_for_kbit_training"),
+    _choice_field("optimizer"),
+    Field("optimizer_state_dtypes", "names", None, "dtype of each optimizer state",
+          choices=lambda: STATE_DTYPES, canon=_state_dtype, none="none"),
+    _choice_field("gradient_checkpointing"),
+    _choice_field("attn_implementation"),
+    Field("batch_size", "int", 1, "micro-batch size", lo=1, none="error"),
+    Field("seq_len", "int", 2048, "tokens per sequence", lo=1, none="error"),
+    Field("grad_accum_steps", "int", 1, "micro-batches per optimizer step", lo=1, none="error"),
+    Field("lora_r", "int", 16, "LoRA rank", lo=1, none="error"),
+    Field("lora_alpha", "number", 32.0, "LoRA alpha", lo=0, lo_open=True, none="error"),
+    Field("lora_dropout", "number", 0.0, "LoRA dropout probability", lo=0, hi=1, hi_open=True, none="error"),
+    Field("lora_targets", "names", None, "modules LoRA adapts (or 'all-linear')", none="none",
+          empty="name at least one module, or 'all-linear'"),
+    Field("trainable_layers", "int", None, "last layers trained by method='freeze'", lo=1, none="none"),
+    _choice_field("loss"),
+    Field("loss_chunks", "int", 8, "chunks of the chunked cross-entropy", lo=1, none="default"),
+    Field("activation_offloading", "bool", False, "saved activations offloaded to the CPU"),
+    Field("optimizer_in_backward", "bool", False, "each parameter stepped as its gradient is ready"),
+    _choice_field("lora_variant"),
+    Field("modules_to_save", "names", (), "modules peft trains in full beside the adapters",
+          choices=lambda: SAVE_MODULES, min_items=0),
+    Field("galore_rank", "int", 128, "GaLore projection rank", lo=1),
+    Field("packing", "bool", False, "sequences packed without padding"),
+    Field("compile", "bool", False, "torch.compile"),
+    Field("versions", "custom", (), "releases of the libraries whose mechanisms changed", parse=_versions),
+    _choice_field("stack"),
+    Field("tf32", "bool", False, "TF32 matmuls for fp32 (torch.backends.cuda.matmul.allow_tf32)"),
+    Field("allocator", "custom", "default", "caching allocator: 'default', 'expandable_segments' or a "
+          "PYTORCH_CUDA_ALLOC_CONF string", parse=_allocator),
+)}
+assert set(FIELDS) == set(_FIELDS), "every TrainingSetup field has one declaration in FIELDS"
+
+
+# helpers kept for callers that check one value the old way
 def _choice(name: str, value: Any) -> str:
-    allowed = [c for c, _ in CHOICES[name]]
-    s = str(value).strip().lower() if isinstance(value, str) else value
-    s = _ALIASES.get(name, {}).get(s, s)
-    if s not in allowed:
-        raise VramError(f"{name}: {value!r} is not one of {', '.join(allowed)}", field=name)
-    return s
+    return check_choice(name, value, [c for c, _ in CHOICES[name]], _ALIASES.get(name, {}))
 
 
 def _posint(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and (math.isnan(value) or math.isinf(value) or value != int(value))):
-        raise VramError(f"{name}: must be a whole number >= 1, got {value!r}", field=name)
-    if value < 1:
-        raise VramError(f"{name}: must be a whole number >= 1, got {value!r}", field=name)
-    return int(value)
+    return check_int(name, value, lo=1)
 
 
 def _float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
-        raise VramError(f"{name}: must be a finite number, got {value!r}", field=name)
-    return float(value)
+    return check_number(name, value)
 
 
 def _posfloat(name: str, value: Any) -> float:
-    x = _float(name, value)
-    if x <= 0:
-        raise VramError(f"{name}: must be > 0, got {value!r}", field=name)
-    return x
+    return check_number(name, value, lo=0, lo_open=True)
 
 
 def setup_from_case(training: Dict[str, Any]) -> TrainingSetup:
@@ -325,4 +426,6 @@ def setup_from_case(training: Dict[str, Any]) -> TrainingSetup:
         kw["prepare_kbit"] = bool(training.get("prepare_model_for_kbit_training", False))
     if training.get("method") == "qlora":
         kw.setdefault("quantization", "nf4")
+    if training.get("tf32") is not None:
+        kw["tf32"] = bool(training["tf32"])
     return TrainingSetup.from_kwargs(**kw)

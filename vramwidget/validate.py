@@ -23,6 +23,21 @@ BUILTIN_CASES = os.path.join(DATA_DIR, "h200_training_a.jsonl")
 
 FIELDS = ("weights_mib", "persistent_after_step_mib", "forward_peak_mib", "backward_peak_mib",
           "optimizer_step_peak_mib", "peak_allocated_mib", "first_step_peak_mib", "max_reserved_mib")
+#: timed fields: predicted where the case's ``env.gpu`` names a catalogue GPU (timing.py)
+TIME_FIELDS = ("step_seconds",)
+
+
+def case_gpu(case: Dict[str, Any]) -> Any:
+    """The catalogue GPU a case ran on (``env.gpu``, e.g. "NVIDIA H200"), or None."""
+    from .gpus import get_gpu
+
+    name = (case.get("env") or {}).get("gpu")
+    if not name:
+        return None
+    try:
+        return get_gpu(name)
+    except VramError:
+        return None
 
 
 def load_cases(path_or_lines: Union[str, Iterable[str]]) -> List[Dict[str, Any]]:
@@ -64,7 +79,8 @@ def predict_case(case: Dict[str, Any], *, cold_process: bool = False) -> Dict[st
     """
     arch = from_config(case["model"], name=case.get("name") or case["model"].get("model_type"))
     setup = setup_from_case(case["training"])
-    est = estimate_setup(arch, setup)
+    gpu = case_gpu(case)
+    est = estimate_setup(arch, setup, gpu=gpu)
     ph = est.phases_bytes
     weights = ph["after_load"] - (CUBLAS_WORKSPACE_BYTES if cold_process else 0.0)
     return {
@@ -78,6 +94,7 @@ def predict_case(case: Dict[str, Any], *, cold_process: bool = False) -> Dict[st
         "peak_allocated_mib": est.peak_allocated_bytes / MIB,
         "first_step_peak_mib": ph["first_step"] / MIB,
         "max_reserved_mib": est.reserved_bytes / MIB,
+        "step_seconds": est.step_seconds,
     }
 
 
@@ -158,8 +175,8 @@ def validate(cases: Union[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
         err: Dict[str, Optional[float]] = {}
         for f in pred:
             m = meas.get(f)
-            if f.endswith("_mib"):
-                err[f] = (pred[f] - m) / m if m else None
+            if f.endswith("_mib") or f in TIME_FIELDS:
+                err[f] = (pred[f] - m) / m if (m and pred[f] is not None) else None
         rows.append({"id": c["id"], "name": c.get("name"), "training": c.get("training") or c.get("inference"),
                      "kind": "inference" if inference else "training", "predicted": pred, "measured": meas,
                      "error": err})
@@ -178,7 +195,7 @@ def _pct(sorted_vals: List[float], q: float) -> float:
 def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
     """Median, 90th percentile and max of |error| for each measured field."""
     out: Dict[str, Dict[str, float]] = {}
-    for f in dict.fromkeys(FIELDS + INFERENCE_FIELDS):
+    for f in dict.fromkeys(FIELDS + INFERENCE_FIELDS + TIME_FIELDS):
         vals = sorted(abs(r["error"][f]) for r in rows if "error" in r and r["error"].get(f) is not None)
         if vals:
             out[f] = {"n": len(vals), "median": _pct(vals, 0.5), "p90": _pct(vals, 0.9), "max": vals[-1]}
@@ -187,7 +204,8 @@ def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
 
 def format_report(result: Dict[str, Any]) -> str:
     """The comparison as a text table plus the summary lines."""
-    lines = [f"{'id':6} {'name':14} {'setup':44} {'measured':>10} {'estimate':>10} {'error':>7}"]
+    lines = [f"{'id':6} {'name':14} {'setup':44} {'measured':>10} {'estimate':>10} {'error':>7}"
+             f"   {'step s':>7} {'est. s':>7} {'error':>7}"]
     for r in result["cases"]:
         if "error_message" in r:
             lines.append(f"{r['id']:6} {str(r['name'])[:14]:14} cannot estimate: {r['error_message']}")
@@ -204,13 +222,17 @@ def format_report(result: Dict[str, Any]) -> str:
         m = r["measured"].get("peak_allocated_mib")
         p = r["predicted"]["peak_allocated_mib"]
         e = r["error"]["peak_allocated_mib"]
-        lines.append(f"{r['id']:6} {str(r['name'])[:14]:14} {desc[:44]:44} "
-                     f"{m if m is not None else float('nan'):10.1f} {p:10.1f} "
-                     f"{(e * 100 if e is not None else float('nan')):+6.1f}%")
+        line = (f"{r['id']:6} {str(r['name'])[:14]:14} {desc[:44]:44} "
+                f"{m if m is not None else float('nan'):10.1f} {p:10.1f} "
+                f"{(e * 100 if e is not None else float('nan')):+6.1f}%")
+        ts, tp, te = r["measured"].get("step_seconds"), r["predicted"].get("step_seconds"), r["error"].get("step_seconds")
+        if ts is not None and tp is not None and te is not None:
+            line += f"   {ts:7.3f} {tp:7.3f} {te * 100:+6.1f}%"
+        lines.append(line)
     s = result["summary"]
     lines.append("")
     for f in ("weights_mib", "persistent_after_step_mib", "kv_cache_mib", "prefill_peak_mib", "generate_peak_mib",
-              "peak_allocated_mib", "max_reserved_mib"):
+              "peak_allocated_mib", "max_reserved_mib", "step_seconds"):
         if f in s:
             v = s[f]
             lines.append(f"{f:28} |error| median {v['median'] * 100:5.2f}%  p90 {v['p90'] * 100:5.2f}%  "
@@ -229,9 +251,12 @@ def to_json_rows(result: Dict[str, Any]) -> List[Dict[str, Any]]:
         keys = ("params_total", "params_trainable", "weights_mib", "peak_allocated_mib", "max_reserved_mib")
         if r.get("kind") == "inference":
             keys += ("kv_cache_mib", "prefill_peak_mib", "decode_peak_mib", "generate_peak_mib")
+        pred = {k: (round(p[k], 1) if isinstance(p[k], float) else p[k]) for k in keys}
+        if p.get("step_seconds") is not None:
+            pred["step_seconds"] = round(p["step_seconds"], 4)
         out.append({
             "id": r["id"],
-            "predicted": {k: (round(p[k], 1) if isinstance(p[k], float) else p[k]) for k in keys},
+            "predicted": pred,
             "error": {k: (round(v, 4) if v is not None else None) for k, v in r["error"].items()},
         })
     return out

@@ -1,0 +1,356 @@
+// @ts-check
+/**
+ * The controls panel: model, training, inference, batch, GPU, multi-GPU, quantization and
+ * LoRA fieldsets. Each control reports one trait (ctx.send); the model's traits set the
+ * controls back (syncInputs), their choices (syncOptions) and which ones apply now
+ * (syncDisabled: a disabled control carries its reason as title and data-disabled-reason).
+ */
+import { h } from "./dom.js";
+
+/** @typedef {import("./types.js").Ctx} Ctx @typedef {import("./types.js").Choice} Choice */
+
+/** Select controls: trait, label, hint. Their choices come from options[trait]. */
+const SELECTS = [
+  ["method", "Method", "What trains: every weight, LoRA adapters, or the last layers"],
+  ["precision", "Precision", "Storage and compute dtypes of weights, gradients and states"],
+  ["optimizer", "Optimizer", "Optimizer state per trainable parameter"],
+  ["gradient_checkpointing", "Checkpointing", "Recompute activations in the backward pass"],
+  ["attn_implementation", "Attention", "eager materialises batch x heads x seq x seq scores"],
+  ["quantization", "Base weights", "Storage format of the frozen base weights"],
+  ["strategy", "Strategy", "How data-parallel replicas store parameters, gradients and optimizer states"],
+  ["weights", "Weights", "Storage format of the weights for inference"],
+  ["kv_cache_dtype", "KV cache", "dtype of the key/value cache (auto: the compute dtype)"],
+];
+
+/** Number inputs: trait, label, kind ("int" | "float" | "int?" | "float?"), min, step, hint. */
+const NUMBERS = [
+  ["batch_size", "Batch size", "int", 1, 1, "Sequences per forward pass (per GPU replica)"],
+  ["seq_len", "Sequence length", "int", 1, 1],
+  ["context_len", "Context length", "int", 1, 1, "Tokens per sequence at the end of generation (prompt + generated)"],
+  ["grad_accum_steps", "Grad. accumulation", "int", 1, 1],
+  ["lora_r", "LoRA rank r", "int", 1, 1],
+  ["lora_alpha", "LoRA alpha", "float", 0, "any"],
+  ["lora_dropout", "LoRA dropout", "float", 0, 0.05],
+  ["trainable_layers", "Trainable last layers", "int?", 1, 1],
+  ["num_gpus", "GPUs", "int", 1, 1, "GPUs of the run; above 1 needs a data-parallel strategy (DDP is picked)"],
+  ["tensor_parallel", "Tensor parallel", "int", 1, 1, "Heads, MLP width and vocabulary split over this many GPUs"],
+  ["pipeline_parallel", "Pipeline stages", "int", 1, 1, "Layers split into this many stages (1F1B)"],
+  ["gpu_memory_utilization", "Serving budget", "float?", 0.05, 0.05, "Blank: generate(). A fraction such as 0.9: a vLLM-style server whose paged KV cache fills that share of the GPU"],
+];
+
+/** Controls (and groups) shown in one mode only; the other mode hides them. */
+const MODE_OF = {
+  seq_len: "training", grad_accum_steps: "training", trainable_layers: "training",
+  context_len: "inference", gpu_memory_utilization: "inference",
+};
+const CHECKBOXES = ["double_quant", "prepare_kbit", "offload_optimizer", "offload_params"];
+
+/**
+ * @param {Ctx} ctx
+ * @returns {{ el: HTMLElement, syncInputs: () => void, syncOptions: () => void, syncDisabled: () => void }}
+ */
+export function controlsPanel(ctx) {
+  const { model, el, root, id, send } = ctx;
+  /** @type {Record<string, HTMLElement>} every control by trait name */
+  const controls = {};
+  const form = h("form", { class: "vw-controls", "aria-label": "training setup" });
+  form.addEventListener("submit", (e) => e.preventDefault());
+
+  /**
+   * A labelled row around one control.
+   * @param {string} name @param {string} label @param {HTMLElement} input @param {string} [hint]
+   */
+  const field = (name, label, input, hint) => {
+    input.id = `${id}-${name}`;
+    input.dataset.testid = `control-${name}`;
+    input.setAttribute("name", name);
+    controls[name] = input;
+    const lab = h("label", { for: input.id, text: label, title: hint || label });
+    return h("div", { class: "vw-field", "data-field": name }, [lab, input]);
+  };
+
+  // --- model: preset search, Hub id, pasted or uploaded config.json -----------------
+  const datalist = h("datalist", { id: `${id}-presets` });
+  const modelInput = /** @type {HTMLInputElement} */ (h("input", {
+    type: "text", list: datalist.id, autocomplete: "off", spellcheck: "false",
+    placeholder: "preset, Hub id (org/name) or 7B",
+  }));
+  modelInput.addEventListener("change", () => {
+    const v = modelInput.value.trim();
+    if (v) send("model", v);
+  });
+  const configText = /** @type {HTMLTextAreaElement} */ (h("textarea", {
+    rows: 4, spellcheck: "false", placeholder: "paste a config.json here",
+  }));
+  configText.addEventListener("change", () => send("config_json", configText.value));
+  const upload = /** @type {HTMLInputElement} */ (h("input", {
+    type: "file", accept: ".json,application/json", testid: "config-upload",
+    "aria-label": "upload a config.json",
+  }));
+  upload.addEventListener("change", async () => {
+    const file = upload.files && upload.files[0];
+    if (!file) return;
+    const text = await file.text();
+    configText.value = text;
+    send("config_json", text);
+    upload.value = "";
+  });
+  const clear = h("button", { type: "button", testid: "config-clear", text: "clear config" });
+  clear.addEventListener("click", () => { configText.value = ""; send("config_json", ""); });
+  const configBox = h("details", { class: "vw-config" }, [
+    h("summary", { text: "config.json (paste or upload)" }),
+    field("config_json", "config.json text", configText),
+    h("div", { class: "vw-row" }, [upload, clear]),
+  ]);
+
+  const fsModel = h("fieldset", { class: "vw-group" }, [
+    h("legend", { text: "Model" }),
+    field("model", "Preset or Hub id", modelInput, "Type to search the presets; or a Hub id, e.g. meta-llama/Llama-3.1-8B"),
+    datalist, configBox,
+  ]);
+
+  // --- selects ---------------------------------------------------------------------
+  /** @type {Record<string, HTMLElement>} */
+  const selectFields = {};
+  for (const [name, label, hint] of SELECTS) {
+    const sel = h("select");
+    sel.addEventListener("change", () => send(name, /** @type {HTMLSelectElement} */ (sel).value));
+    selectFields[name] = field(name, label, sel, hint);
+  }
+  const gpuSel = h("select");
+  gpuSel.addEventListener("change", () => send("gpu", /** @type {HTMLSelectElement} */ (gpuSel).value));
+
+  // --- numbers ---------------------------------------------------------------------
+  /** @type {Record<string, HTMLElement>} */
+  const numberFields = {};
+  for (const [name, label, kind, min, step, hint] of NUMBERS) {
+    const optional = kind === "int?" || kind === "float?";
+    const float = kind === "float" || kind === "float?";
+    const inp = /** @type {HTMLInputElement} */ (h("input", {
+      type: "number", min, step, inputmode: float ? "decimal" : "numeric",
+      placeholder: kind === "int?" ? "all" : kind === "float?" ? "none" : undefined,
+    }));
+    inp.addEventListener("change", () => {
+      const raw = inp.value.trim();
+      if (raw === "" && optional) { inp.removeAttribute("aria-invalid"); send(name, null); return; }
+      const v = Number(raw);
+      const ok = raw !== "" && isFinite(v) && (float || Number.isInteger(v));
+      if (!ok) {
+        inp.setAttribute("aria-invalid", "true");
+        inp.title = float ? "enter a number" : "enter a whole number";
+        return;
+      }
+      inp.removeAttribute("aria-invalid");
+      send(name, v);
+    });
+    numberFields[name] = field(name, /** @type {string} */ (label), inp, /** @type {string | undefined} */ (hint));
+  }
+
+  // --- checkboxes and checkbox groups ----------------------------------------------
+  /** @param {string} name @param {string} label @param {string} hint */
+  const checkbox = (name, label, hint) => {
+    const cb = /** @type {HTMLInputElement} */ (h("input", { type: "checkbox" }));
+    cb.addEventListener("change", () => send(name, cb.checked));
+    const f = field(name, label, cb, hint);
+    f.classList.add("vw-check");
+    return f;
+  };
+  /**
+   * A fieldset of checkboxes whose checked values form a list trait.
+   * @param {string} name @param {string} legend
+   */
+  const checkGroup = (name, legend) => {
+    const fs = h("fieldset", { class: "vw-checks", testid: `control-${name}`, "data-field": name }, [
+      h("legend", { text: legend }),
+    ]);
+    controls[name] = fs;
+    return fs;
+  };
+  const groupsFs = checkGroup("quantized_groups", "Quantized module groups");
+  const targetsFs = checkGroup("lora_targets", "LoRA targets");
+  const allTargets = /** @type {HTMLInputElement} */ (h("input", {
+    type: "checkbox", id: `${id}-lora_targets-all`, testid: "control-lora_targets-all",
+  }));
+  const targetsList = h("div", { class: "vw-checklist" });
+  targetsFs.append(h("div", { class: "vw-check" }, [
+    allTargets, h("label", { for: allTargets.id, text: "every linear layer" }),
+  ]), targetsList);
+  const checkedValues = (/** @type {HTMLElement} */ box) =>
+    [...box.querySelectorAll("input[type=checkbox]:checked")].map((x) => /** @type {HTMLInputElement} */ (x).value);
+  allTargets.addEventListener("change", () => {
+    if (allTargets.checked) send("lora_targets", null);
+    else {
+      const picked = checkedValues(targetsList);
+      send("lora_targets", picked.length ? picked : (model.get("options").lora_targets || []).map((/** @type {Choice} */ c) => c[0]));
+    }
+  });
+  groupsFs.addEventListener("change", () => send("quantized_groups", checkedValues(groupsFs)));
+  targetsList.addEventListener("change", () => send("lora_targets", checkedValues(targetsList)));
+
+  // --- mode: training or inference (a segmented pair of radios) ------------------------
+  const modeRow = h("div", { class: "vw-seg-row" });
+  const modeFs = h("fieldset", { class: "vw-mode", testid: "control-mode", "data-field": "mode", role: "radiogroup" }, [
+    h("legend", { text: "Estimate the memory of" }), modeRow,
+  ]);
+  controls.mode = modeFs;
+  /** @type {Record<string, HTMLInputElement>} */
+  const modeRadios = {};
+  for (const [v, label, hint] of [["training", "Training", "One training step: weights, gradients, optimizer states, activations"],
+    ["inference", "Inference", "generate() or a serving budget: weights and the KV cache"]]) {
+    const rb = /** @type {HTMLInputElement} */ (h("input", {
+      type: "radio", name: `${id}-mode`, value: v, id: `${id}-mode-${v}`, testid: `control-mode-${v}`,
+    }));
+    rb.addEventListener("change", () => { if (rb.checked) send("mode", v); });
+    modeRadios[v] = rb;
+    modeRow.append(h("label", { class: "vw-seg", for: rb.id, title: hint }, [rb, label]));
+  }
+
+  const fsTraining = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
+    h("legend", { text: "Training" }),
+    selectFields.method, selectFields.precision, selectFields.optimizer,
+    selectFields.gradient_checkpointing, selectFields.attn_implementation,
+  ]);
+  const fsInference = h("fieldset", { class: "vw-group", "data-mode": "inference" }, [
+    h("legend", { text: "Inference" }),
+    selectFields.weights, selectFields.kv_cache_dtype,
+  ]);
+  const fsBatch = h("fieldset", { class: "vw-group" }, [
+    h("legend", { text: "Batch" }),
+    numberFields.batch_size, numberFields.seq_len, numberFields.context_len,
+    numberFields.grad_accum_steps, numberFields.trainable_layers,
+  ]);
+  for (const [name, mode] of Object.entries(MODE_OF)) numberFields[name].dataset.mode = mode;
+  const fsParallel = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
+    h("legend", { text: "Multi-GPU training" }),
+    numberFields.num_gpus, selectFields.strategy, numberFields.tensor_parallel,
+    numberFields.pipeline_parallel,
+    checkbox("offload_optimizer", "Optimizer states on the CPU", "DeepSpeed ZeRO-Offload (ZeRO-1, 2 or 3)"),
+    checkbox("offload_params", "Parameters on the CPU", "ZeRO-3 parameter offload or FSDP CPUOffload"),
+  ]);
+  const fsQuant = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
+    h("legend", { text: "Quantization" }),
+    selectFields.quantization,
+    checkbox("double_quant", "Double quantization", "Quantize the 4-bit quantization constants too"),
+    checkbox("prepare_kbit", "prepare_model_for_kbit_training", "Upcasts non-quantized parameters to fp32"),
+    groupsFs,
+  ]);
+  const fsLora = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
+    h("legend", { text: "LoRA" }),
+    numberFields.lora_r, numberFields.lora_alpha, numberFields.lora_dropout, targetsFs,
+  ]);
+  const fsGpu = h("fieldset", { class: "vw-group" }, [
+    h("legend", { text: "GPU" }),
+    field("gpu", "Fit on", gpuSel, "Draws the GPU's memory on the charts; with several GPUs, each is this kind"),
+    numberFields.gpu_memory_utilization,
+  ]);
+  form.append(modeFs, fsModel, fsTraining, fsInference, fsBatch, fsGpu, fsParallel, fsQuant, fsLora);
+
+  // --- model -> DOM ---------------------------------------------------------------
+  /**
+   * Replace a select's choices, keeping its value.
+   * @param {HTMLSelectElement} sel @param {Choice[]} choices @param {string} value
+   */
+  const fillSelect = (sel, choices, value) => {
+    const key = JSON.stringify(choices);
+    if (sel.dataset.choices !== key) {
+      sel.replaceChildren(...choices.map(([v, l]) => h("option", { value: v, text: l })));
+      sel.dataset.choices = key;
+    }
+    if (![...sel.options].some((o) => o.value === value)) {
+      sel.append(h("option", { value, text: value }));  // an unknown value stays visible
+      sel.dataset.choices = "";
+    }
+    sel.value = value;
+  };
+  /**
+   * @param {HTMLElement} box @param {string} name @param {Choice[]} choices
+   * @param {string[] | null} picked
+   */
+  const fillChecks = (box, name, choices, picked) => {
+    const key = JSON.stringify(choices);
+    if (box.dataset.choices !== key) {
+      box.querySelectorAll(".vw-check-item").forEach((n) => n.remove());
+      for (const [v, l] of choices) {
+        const cb = h("input", { type: "checkbox", value: v, id: `${id}-${name}-${v}`, testid: `control-${name}-${v}` });
+        box.append(h("div", { class: "vw-check vw-check-item" }, [cb, h("label", { for: cb.id, text: l })]));
+      }
+      box.dataset.choices = key;
+    }
+    const set = new Set(picked || []);
+    box.querySelectorAll(".vw-check-item input").forEach((n) => {
+      const cb = /** @type {HTMLInputElement} */ (n);
+      cb.checked = picked === null ? true : set.has(cb.value);
+    });
+  };
+
+  const syncOptions = () => {
+    const opts = model.get("options") || {};
+    for (const [name] of SELECTS) {
+      fillSelect(/** @type {HTMLSelectElement} */ (controls[name]), opts[name] || [], model.get(name));
+    }
+    fillSelect(/** @type {HTMLSelectElement} */ (gpuSel), [["", "(none)"], ...(opts.gpus || [])], model.get("gpu"));
+    datalist.replaceChildren(...(opts.presets || []).map((/** @type {Choice} */ [v, l]) => h("option", { value: v, label: l || v })));
+    fillChecks(groupsFs, "quantized_groups", opts.quantized_groups || [], model.get("quantized_groups"));
+    fillChecks(targetsList, "lora_targets", opts.lora_targets || [], model.get("lora_targets"));
+    allTargets.checked = model.get("lora_targets") === null;
+    syncDisabled();
+  };
+
+  const syncInputs = () => {
+    const active = el.ownerDocument.activeElement;
+    if (active !== modelInput) modelInput.value = model.get("model") || "";
+    if (active !== configText) configText.value = model.get("config_json") || "";
+    configBox.toggleAttribute("open", !!(model.get("config_json") || "").trim() || configBox.hasAttribute("open"));
+    for (const [name] of NUMBERS) {
+      const inp = /** @type {HTMLInputElement} */ (controls[name]);
+      const v = model.get(name);
+      if (active === inp && inp.getAttribute("aria-invalid") === "true") continue;  // keep the typing
+      inp.value = v === null ? "" : String(v);
+      inp.removeAttribute("aria-invalid");
+    }
+    for (const name of CHECKBOXES) {
+      /** @type {HTMLInputElement} */ (controls[name]).checked = !!model.get(name);
+    }
+    syncMode();
+    syncOptions();
+  };
+
+  /** Show the controls of the current mode; the attention choice serves both. */
+  const syncMode = () => {
+    const mode = model.get("mode") === "inference" ? "inference" : "training";
+    root.dataset.vwMode = mode;
+    for (const [v, rb] of Object.entries(modeRadios)) rb.checked = v === model.get("mode");
+    root.querySelectorAll("[data-mode]").forEach((n) => {
+      /** @type {HTMLElement} */ (n).hidden = /** @type {HTMLElement} */ (n).dataset.mode !== mode;
+    });
+    const home = mode === "inference" ? fsInference : fsTraining;
+    if (selectFields.attn_implementation.parentElement !== home) home.append(selectFields.attn_implementation);
+  };
+
+  const syncDisabled = () => {
+    const off = model.get("disabled") || {};
+    const errField = model.get("error") ? model.get("error_field") : "";
+    for (const [name, ctl] of Object.entries(controls)) {
+      const reason = off[name];
+      const wrap = /** @type {HTMLElement} */ (ctl.closest("[data-field]") || ctl);
+      ctl.toggleAttribute("disabled", !!reason);
+      if (reason) {
+        ctl.title = reason;
+        ctl.dataset.disabledReason = reason;
+        wrap.title = reason;
+      } else {
+        ctl.removeAttribute("title");
+        delete ctl.dataset.disabledReason;
+        wrap.removeAttribute("title");
+      }
+      wrap.classList.toggle("vw-off", !!reason);
+      wrap.classList.toggle("vw-bad", name === errField);
+    }
+    targetsList.querySelectorAll("input").forEach((n) => {
+      n.toggleAttribute("disabled", !!off.lora_targets || allTargets.checked);
+    });
+    allTargets.toggleAttribute("disabled", !!off.lora_targets);
+  };
+
+  return { el: form, syncInputs, syncOptions, syncDisabled };
+}

@@ -1,0 +1,33 @@
+// @ts-check
+/** The inference part of the summary: KV cache per token and in all, the serving budget, the longest context. */
+import { fmtGiB, fmtInt, fmtPerToken, h } from "./dom.js";
+
+/**
+ * The facts an inference estimate adds to the summary (summary.inference).
+ * @param {any} s the summary @returns {HTMLElement[]}
+ */
+export function inferenceFacts(s) {
+  const inf = s.inference;
+  /** @type {HTMLElement[]} */
+  const facts = [];
+  facts.push(h("div", { class: "vw-fact", testid: "kv-cache", "data-kv-bytes": String(inf.kv_cache_bytes) }, [
+    "KV cache ", h("strong", { text: fmtPerToken(inf.kv_bytes_per_token) }), " per token",
+    ` (${inf.kv_cache_dtype}); ${fmtInt(inf.context_len)} tokens × batch ${inf.batch_size}: `,
+    h("strong", { text: fmtGiB(inf.kv_cache_gib) }),
+    ` · weights (${inf.weights}) ${fmtGiB(inf.weights_gib)}`,
+  ]));
+  if (inf.serving) {
+    const sv = inf.serving;
+    facts.push(h("div", { class: "vw-fact", testid: "serving",
+      text: `serving at ${Math.round(100 * sv.gpu_memory_utilization)}% of the GPU: ${fmtInt(sv.kv_tokens)} KV tokens, ${fmtInt(sv.max_concurrent_sequences)} sequences of ${fmtInt(sv.context_len)} tokens at once` }));
+  }
+  if (inf.longest_context !== null && inf.longest_context !== undefined) {
+    const limit = inf.max_position_embeddings;
+    const extra = inf.longest_context_capped ? " (the search limit)" : limit && inf.longest_context > limit ? ` (the model's position limit is ${fmtInt(limit)})` : "";
+    facts.push(h("div", { class: "vw-fact", testid: "longest-context", "data-value": String(inf.longest_context) }, [
+      `longest context that fits ${s.gpu}: `, h("strong", { text: `${fmtInt(inf.longest_context)} tokens` }),
+      `${inf.batch_size > 1 ? ` (batch ${inf.batch_size})` : ""}${extra}`,
+    ]));
+  }
+  return facts;
+}

@@ -1,0 +1,43 @@
+// @ts-check
+/** The multi-GPU part of the summary: the layout line, CPU offload and the pipeline-stage table. */
+import { fmtGiB, h } from "./dom.js";
+
+/**
+ * The facts a parallel run adds to the summary (summary.parallel).
+ * @param {any} par @returns {HTMLElement[]}
+ */
+export function parallelFacts(par) {
+  /** @type {HTMLElement[]} */
+  const facts = [];
+  const parts = [`${par.strategy_label} on ${par.num_gpus} GPU${par.num_gpus > 1 ? "s" : ""}`];
+  const dims = [`${par.data_parallel} data-parallel`];
+  if (par.tensor_parallel > 1) dims.push(`${par.tensor_parallel} tensor-parallel`);
+  if (par.pipeline_parallel > 1) dims.push(`${par.pipeline_parallel} pipeline stages`);
+  parts.push(dims.join(" × "));
+  if (par.shard > 1) parts.push(`model states sharded ${par.shard} ways`);
+  if (par.nodes > 1) parts.push(`${par.nodes} nodes`);
+  const cpu = par.cpu_per_gpu_gib > 0
+    ? h("span", { class: "vw-cpu", title: "host memory the offloaded states need; per node with the framework's buffer factor",
+      text: `CPU offload: ${fmtGiB(par.cpu_per_gpu_gib)} per GPU, ${fmtGiB(par.cpu_per_node_gib)} per node` })
+    : null;
+  facts.push(h("div", { class: "vw-fact", testid: "parallel" }, [parts.join(" · "), ...(cpu ? [" · ", cpu] : [])]));
+  if (par.stages && par.stages.length) {
+    const rows = par.stages.map((/** @type {any} */ st) => h("tr", { class: st.worst ? "vw-worst" : undefined }, [
+      h("th", { scope: "row", text: `${st.stage + 1}${st.worst ? " (worst)" : ""}` }),
+      h("td", { text: st.layers }),
+      h("td", { text: st.holds || "–" }),
+      h("td", { class: "vw-num", text: String(st.in_flight) }),
+      h("td", { class: "vw-num", text: fmtGiB(st.peak_gib) }),
+      h("td", { class: "vw-num", text: fmtGiB(st.device_total_gib) }),
+      ...(par.cpu_per_gpu_gib > 0 ? [h("td", { class: "vw-num", text: fmtGiB(st.cpu_gib) })] : []),
+    ]));
+    const cols = ["stage", "layers", "also holds", "micro-batches in flight", "peak", "device total",
+      ...(par.cpu_per_gpu_gib > 0 ? ["CPU"] : [])];
+    facts.push(h("table", { class: "vw-stages", testid: "stages" }, [
+      h("caption", { text: "Pipeline stages (1F1B), per GPU" }),
+      h("thead", {}, [h("tr", {}, cols.map((c) => h("th", { scope: "col", text: c })))]),
+      h("tbody", {}, rows),
+    ]));
+  }
+  return facts;
+}

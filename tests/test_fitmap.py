@@ -1,0 +1,88 @@
+"""vw.fit_map: every cell equals estimate() exactly, and its state is verdict()'s.
+
+The grid is computed by the estimator's own operations on numpy arrays
+(estimate.size_grid_totals), so equality is exact, not approximate: a formula changed in
+one path and not the other fails here.
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import vramwidget as vw
+from vramwidget import verdict
+from vramwidget.errors import VramError
+
+BATCHES = [1, 2, 3, 8, 17]
+SEQS = [1, 128, 1000, 4096]
+
+SETUPS = [
+    ("llama-3.1-8b", "RTX 4090", dict(method="qlora", gradient_checkpointing="full")),
+    ("llama-3.2-1b", "RTX 4090", dict(method="full", precision="amp_bf16", optimizer="adamw_8bit")),
+    ("gemma-2-2b", "A100 40GB", dict(attn_implementation="eager", method="lora")),       # b x a x s^2 scores
+    ("qwen2.5-0.5b", "T4", dict(precision="fp32", attn_implementation="sdpa", grad_accum_steps=4)),
+    ("mixtral-8x7b", "H200", dict(method="qlora", gradient_checkpointing="selective")),  # MoE
+    ("gpt2", "T4", dict(method="freeze", trainable_layers=3)),
+    # the loss variants and step-shaped mechanisms (Liger's power-of-two chunks and the
+    # offloading stash are estimated cell by cell: still exact)
+    ("llama-3.2-1b", "RTX 4090", dict(loss="chunked", loss_chunks=8)),
+    ("llama-3.2-1b", "RTX 4090", dict(loss="liger")),
+    ("llama-3.2-1b", "RTX 4090", dict(activation_offloading=True, gradient_checkpointing="full")),
+    ("llama-3.2-1b", "RTX 4090", dict(optimizer_in_backward=True, compile=True, gradient_checkpointing="full")),
+]
+
+
+def _check(model, gpu, kw, batches, seqs):
+    df = vw.fit_map(model, gpu, batch_sizes=batches, seq_lens=seqs, **kw)
+    assert list(df.columns) == ["batch_size", "seq_len", "peak_allocated_bytes", "device_total_bytes",
+                                "band_bytes", "state"]
+    assert len(df) == len(batches) * len(seqs)
+    for r in df.itertuples():
+        est = vw.estimate(model, batch_size=int(r.batch_size), seq_len=int(r.seq_len), **kw)
+        assert r.peak_allocated_bytes == est.peak_allocated_bytes, (r.batch_size, r.seq_len)
+        assert r.device_total_bytes == est.device_total_bytes, (r.batch_size, r.seq_len)
+        v = verdict.verdict(est, gpu)
+        assert r.state == v["state"] and r.band_bytes == v["band_bytes"], (r.batch_size, r.seq_len)
+    return df
+
+
+@pytest.mark.parametrize("model, gpu, kw", SETUPS)
+def test_every_cell_equals_estimate_exactly(model, gpu, kw):
+    _check(model, gpu, kw, BATCHES, SEQS)
+
+
+@settings(max_examples=25, deadline=None)
+@given(method=st.sampled_from(["full", "lora", "qlora", "freeze"]),
+       precision=st.sampled_from(["bf16", "amp_bf16", "fp32", "amp_fp16"]),
+       gc=st.sampled_from(["none", "selective", "full"]),
+       attn=st.sampled_from(["sdpa", "eager", "flash_attention_2"]),
+       b=st.integers(1, 64), s=st.integers(1, 9000))
+def test_exact_for_any_setup(method, precision, gc, attn, b, s):
+    if precision == "fp32" and attn == "flash_attention_2":
+        return  # no fp32 flash kernel: estimate() rejects it too
+    kw = dict(method=method, precision=precision, gradient_checkpointing=gc, attn_implementation=attn)
+    if method == "freeze":
+        kw["trainable_layers"] = 2
+    _check("llama-3.2-1b", "RTX 4090", kw, [b, b + 1], [s])
+
+
+def test_states_follow_the_line():
+    """Memory grows with batch and sequence, so along each axis the states go fits ->
+    tight -> does_not_fit and never back (Llama 3.1 8B QLoRA on 24 GB crosses the line)."""
+    df = vw.fit_map("llama-3.1-8b", "RTX 4090", method="qlora", gradient_checkpointing="full")
+    rank = {"fits": 0, "tight": 1, "does_not_fit": 2}
+    for _, row in df.groupby("seq_len"):
+        r = [rank[x] for x in row.sort_values("batch_size")["state"]]
+        assert r == sorted(r)
+    assert set(df["state"]) == {"fits", "tight", "does_not_fit"}
+
+
+def test_defaults_and_bad_sizes():
+    df = vw.fit_map("llama-3.2-1b", "H100-80GB")
+    assert len(df) == 7 * 8 and df["batch_size"].min() == 1 and df["seq_len"].max() == 32768
+    with pytest.raises(VramError, match="batch_sizes.*0"):
+        vw.fit_map("llama-3.2-1b", "H100-80GB", batch_sizes=[0, 1])
+    with pytest.raises(VramError, match="seq_lens"):
+        vw.fit_map("llama-3.2-1b", "H100-80GB", seq_lens=[])
+    with pytest.raises(VramError, match="H1000"):
+        vw.fit_map("llama-3.2-1b", "H1000")

@@ -1,0 +1,107 @@
+"""The family interface and the registry that maps a config's ``model_type`` to a family.
+
+A family is a class with two halves, both built from the shared blocks of
+:mod:`vramwidget.families.blocks`:
+
+* ``params(cfg, model_type)``: every parameter tensor the transformers model class
+  instantiates (the dict becomes an :class:`~vramwidget.architecture.Architecture`);
+* ``block(tr, ctx, x)``: one transformer block's forward, op by op, recording what
+  autograd saves (see :mod:`vramwidget.activations` for the rules).
+
+plus a few small hooks the estimators ask (the final norm before the output head, whether
+SDPA can run the attention, the inference working set of the MLP...).  A family that is
+"Llama with X" subclasses :class:`~vramwidget.families.llama.Llama` and overrides X, the way
+transformers' ``modular_<name>.py`` files do.  ``register`` adds a family for its
+``model_types``; nothing outside ``vramwidget/families`` branches on a model type.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
+
+from ..errors import VramError
+
+#: model_type -> the family instance that models it (registration order is kept)
+REGISTRY: Dict[str, "Family"] = {}
+#: model_type spellings that mean another registered type (e.g. a multimodal wrapper)
+ALIASES: Dict[str, str] = {}
+
+
+class Family:
+    """Base class of a model family (see the module docstring)."""
+
+    #: the config.json ``model_type`` values this family models
+    model_types: Tuple[str, ...] = ()
+    #: other spellings of a model type that resolve to ``model_types[0]``
+    aliases: Tuple[str, ...] = ()
+    #: the transformers model class counted by default ("causal_lm", "image_text_to_text",
+    #: "seq2seq_lm", "masked_lm") and the other tasks a ``task`` keyword may pick
+    task: str = "causal_lm"
+    tasks: Tuple[str, ...] = ("causal_lm",)
+    #: an encoder-decoder (a config's ``is_encoder_decoder`` is refused by other families)
+    encoder_decoder: bool = False
+    #: "gated" (gate, up, down) or "plain" (fc, proj); "rms" or "layernorm"
+    mlp_kind: str = "gated"
+    norm_kind: str = "rms"
+    #: SDPA can run this family's attention (False: ALiBi or another additive bias that
+    #: transformers only implements eagerly)
+    sdpa_supported: bool = True
+    #: rotary position embeddings (their cos/sin live through an inference forward)
+    rotary: bool = True
+    #: llama.cpp's architecture name (LLM_ARCH_*, as convert_hf_to_gguf.py maps the HF class), for
+    #: its quantization-mix rules (src/llama-quant.cpp); Mistral and Mixtral convert as "llama"
+    gguf_arch: str = "llama"
+    #: peft's default LoRA targets for the measuring harness (None: q_proj, k_proj, ...)
+    default_lora_targets: Optional[Tuple[str, ...]] = None
+
+    # -- parameters -------------------------------------------------------------------
+    def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
+        """The Architecture fields (``tensors`` and the shape numbers) for a config."""
+        raise NotImplementedError
+
+    # -- training trace ---------------------------------------------------------------
+    def block(self, tr: Any, ctx: Any, x: Any) -> Any:
+        """One block's forward; records the tensors autograd saves in ``tr``."""
+        raise NotImplementedError
+
+    def final_norm(self, tr: Any, ctx: Any, x: Any) -> Any:
+        """The norm between the last block and the output head."""
+        raise NotImplementedError
+
+    def head_saved(self, arch: Any, T: int, full: bool) -> List[Tuple[str, float, str]]:
+        """Extra tensors saved outside the blocks (name, bytes, formula): none by default."""
+        return []
+
+    # -- inference working sets -------------------------------------------------------
+    def inference_mlp(self, arch: Any, T: int, c: float) -> List[Tuple[str, float, str]]:
+        """Live tensors of a dense MLP during an inference forward of T tokens (c bytes)."""
+        raise NotImplementedError
+
+
+def register(cls: Type[Family]) -> Type[Family]:
+    """Class decorator: make ``cls`` the family of its ``model_types`` (and aliases)."""
+    inst = cls()
+    for mt in cls.model_types:
+        REGISTRY[mt] = inst
+    for al in cls.aliases:
+        ALIASES[al] = cls.model_types[0]
+    return cls
+
+
+def supported_model_types() -> Tuple[str, ...]:
+    """Every model_type with an analytic family, in registration order."""
+    return tuple(REGISTRY)
+
+
+def resolve_model_type(mt: str) -> str:
+    """A config's model_type, aliases resolved (``gemma3`` -> its registered type)."""
+    return ALIASES.get(mt, mt)
+
+
+def family_for(mt: str) -> Family:
+    """The family registered for ``mt``; a VramError listing the supported types otherwise."""
+    fam = REGISTRY.get(resolve_model_type(mt))
+    if fam is None:
+        raise VramError(f"config: model_type {mt!r} is not supported; supported: "
+                        + ", ".join(supported_model_types()), field="model_type")
+    return fam

@@ -1,0 +1,357 @@
+"""What every config reader shares: the :class:`Mapper` that records each field's fate, and
+the :class:`TrainingConfig` it produces."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from ..errors import VramError
+
+#: fields that set nothing about memory (optimiser hyper-parameters, logging, data paths ...)
+_NO_MEMORY_EFFECT = re.compile(
+    r"(^|[._])(lr|learning_rate|min_lr|epochs?|num_train_epochs|warmup\w*|lr_scheduler\w*|scheduler|"
+    r"logging\w*|log_\w+|logger\w*|metric_logger|save\w*|eval\w*|val_\w+|wandb\w*|hub_\w+|push_to_hub|report_to|"
+    r"seed|data_seed|output_dir|out_dir|dataset\w*|data|tokenizer\w*|chat_template|template|special_tokens|"
+    r"profiler|resume\w*|run_name|project|dataloader\w*|weight_decay|adam_\w+|betas?|eps|max_grad_norm|"
+    r"clip_grad_norm|gradient_clipping|max_steps\w*|num_workers|preprocessing_num_workers|overwrite_\w+|"
+    r"plot_loss|do_train|do_eval|stage|strict|max_samples|shuffle|train_on_inputs|group_by_length|"
+    r"early_stopping\w*|debug|local_rank|ddp_timeout|comms_config|monitor_config|compute_environment|"
+    r"machine_rank|main_training_function|rdzv_backend|same_network|tpu_\w+|use_cpu|main_process_\w+|"
+    r"interval|max_new_tokens|max_iters|initial_validation|final_validation|lora_model_dir|"
+    r"lora_fan_in_fan_out|trust_remote_code|recipe_checkpoint|checkpoint_files|model_type|"
+    r"tokenizer_type|device|steps_per_print|wall_clock_breakdown|zero_allow_untested_optimizer|"
+    r"gradient_checkpointing_kwargs|use_reentrant|label_names|remove_unused_columns|neftune\w*|"
+    r"loss_scale\w*|initial_scale_power|hysteresis|min_loss_scale|downcast_bf16|ddp_\w+|"
+    r"dynamo_config|enable_cpu_affinity|gpu_ids|seq_parallel_communication_data_type|"
+    r"average_tokens_across_devices|label_smoothing_factor|auto_find_batch_size|include_\w+|disable_tqdm|"
+    r"prediction_loss_only|per_device_eval_batch_size|accelerator_config|batch_eval_metrics|"
+    r"greater_is_better|ignore_data_skip|length_column_name|load_best_model_at_end|restore_callback_states\w*|"
+    r"skip_memory_metrics|train_sampling_strategy|trackio_\w+|full_determinism|enable_jit_checkpoint|"
+    r"parallelism_config|liger_kernel_config|torch_empty_cache_steps|torch_compile_\w+|fp16_full_eval|"
+    r"bf16_full_eval|dataset_text_field|completion_only_loss|assistant_only_loss|quant_method|_load_in_\w+|"
+    r"llm_int8_\w+|bnb_4bit_compute_dtype|bnb_4bit_quant_storage|max_norm|tie_embeddings|mask_prompt|"
+    r"prompt_style|ignore_index|download_dir|class_path|init_args|val_split_fraction|deepspeed_multinode_launcher|"
+    r"zero3_init_flag|zero3_save_16bit_model|num_machines|distributed_type|sub_group_size|contiguous_gradients|"
+    r"stage3_\w+|pin_memory|train_batch_size|log_peak_memory_stats|output_proj|use_cache|optim_target_modules|"
+    r"task_type|bias|fan_in_fan_out|inference_mode|init_lora_weights|revision|peft_version|ddp_timeout)$")
+
+
+#: the reason given for a switch that is off (false, 0, "no"): nothing to model
+OFF = "off: no effect on memory"
+#: reasons that the CLI's text output summarises instead of listing
+QUIET_REASONS = ("no effect on memory", OFF, "read: the default, nothing to change")
+READ_DEFAULT = QUIET_REASONS[2]
+
+
+def _leaves(d: Mapping[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any]]:
+    for k, v in d.items():
+        p = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            yield from _leaves(v, p)
+        else:
+            yield p, v
+
+
+def _short(value: Any, n: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+@dataclass
+class TrainingConfig:
+    """A training config read into vramwidget's inputs.
+
+    ``model`` is what the file names (a Hub id, a path or a preset), or None; ``setup`` the
+    keywords of :func:`vramwidget.estimate`; ``parallel`` those of
+    :func:`vramwidget.estimate_parallel` beyond the setup; ``mapped`` lists (field,
+    keyword, value) for every field that was used, ``ignored`` (field, reason) for every
+    other field; ``notes`` states what was assumed.
+    """
+
+    format: str
+    source: str
+    model: Optional[Any] = None
+    setup: Dict[str, Any] = field(default_factory=dict)
+    parallel: Dict[str, Any] = field(default_factory=dict)
+    mapped: List[Tuple[str, str, Any]] = field(default_factory=list)
+    ignored: List[Tuple[str, str]] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def is_parallel(self) -> bool:
+        """True when the config describes more than one GPU or a sharding strategy."""
+        return self.parallel.get("num_gpus", 1) > 1 or self.parallel.get("strategy", "none") != "none"
+
+    def estimate(self, model: Any = None, **overrides: Any):
+        """Run the estimate: :func:`vramwidget.estimate` or, for a sharded run,
+        :func:`vramwidget.estimate_parallel`.  ``model`` overrides the file's model;
+        ``overrides`` override setup or parallel keywords."""
+        from ..estimate import estimate
+        from ..parallel import PARALLEL_KEYS, estimate_parallel
+
+        m = model if model is not None else self.model
+        if m is None:
+            raise VramError(f"model: the {self.format} config {self.source} names no model; give one "
+                            f"(vramwidget estimate MODEL --from FILE)", field="model")
+        setup = {**self.setup, **{k: v for k, v in overrides.items() if k not in PARALLEL_KEYS}}
+        par = {**self.parallel, **{k: v for k, v in overrides.items() if k in PARALLEL_KEYS}}
+        if par.get("num_gpus", 1) > 1 or par.get("strategy", "none") != "none":
+            if par.get("strategy", "none") == "none":
+                # several processes and no sharding configured: torchrun/accelerate run the
+                # HF Trainer (and the other stacks' recipes) under DistributedDataParallel
+                par["strategy"] = "ddp"
+            return estimate_parallel(m, **par, **setup)
+        return estimate(m, **setup)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain JSON-able form (what ``estimate --from FILE --json`` reports under ``config``)."""
+        return {"format": self.format, "source": self.source, "model": self.model, "setup": dict(self.setup),
+                "parallel": dict(self.parallel),
+                "mapped": [{"field": f, "keyword": k, "value": v} for f, k, v in self.mapped],
+                "ignored": [{"field": f, "reason": r} for f, r in self.ignored], "notes": list(self.notes)}
+
+    def __repr__(self) -> str:
+        lines = [f"TrainingConfig({self.format}, {self.source}): model {self.model!r}"]
+        if self.setup:
+            lines.append("  setup: " + ", ".join(f"{k}={v!r}" for k, v in self.setup.items()))
+        if self.parallel:
+            lines.append("  parallel: " + ", ".join(f"{k}={v!r}" for k, v in self.parallel.items()))
+        lines.append(f"  {len(self.mapped)} field(s) mapped, {len(self.ignored)} ignored")
+        return "\n".join(lines)
+
+
+class Mapper:
+    """Records, field by field, what a reader makes of a config."""
+
+    def __init__(self, fmt: str, raw: Mapping[str, Any], *, base_dir: Optional[str] = None,
+                 source: str = "<dict>") -> None:
+        self.fmt = fmt
+        self.raw = raw
+        self.base_dir = base_dir
+        self.cfg = TrainingConfig(format=fmt, source=source)
+        self._seen: set = set()
+
+    # -- reading ----------------------------------------------------------------------
+    def get(self, path: str, default: Any = None) -> Any:
+        """The value at a dotted path (``zero_optimization.stage``), marked as read."""
+        cur: Any = self.raw
+        for part in path.split("."):
+            if not isinstance(cur, Mapping) or part not in cur:
+                return default
+            cur = cur[part]
+        self._seen.add(path)
+        return cur
+
+    def has(self, path: str) -> bool:
+        """Whether the dotted path exists (without marking it read)."""
+        cur: Any = self.raw
+        for part in path.split("."):
+            if not isinstance(cur, Mapping) or part not in cur:
+                return False
+            cur = cur[part]
+        return True
+
+    def sibling(self, rel: Any) -> Optional[Dict[str, Any]]:
+        """A file the config names by path (relative to the config's folder), read when it exists."""
+        if not isinstance(rel, str) or self.base_dir is None:
+            return None
+        for cand in (rel, os.path.join(self.base_dir, rel)):
+            if os.path.isfile(cand):
+                return load_file(cand)
+        return None
+
+    # -- recording --------------------------------------------------------------------
+    def set(self, key: str, value: Any, src: str) -> None:
+        """Map a field to a setup keyword of estimate()."""
+        self.cfg.setup[key] = value
+        self.cfg.mapped.append((src, key, value))
+
+    def par(self, key: str, value: Any, src: str) -> None:
+        """Map a field to a keyword of estimate_parallel()."""
+        self.cfg.parallel[key] = value
+        self.cfg.mapped.append((src, key, value))
+
+    def model(self, value: Any, src: str) -> None:
+        """The model the config names."""
+        self.cfg.model = value
+        self.cfg.mapped.append((src, "model", value))
+
+    def ignore(self, path: str, why: str) -> None:
+        """A field that was read but not used, with the reason."""
+        self._seen.add(path)
+        self.cfg.ignored.append((path, why))
+
+    def note(self, text: str) -> None:
+        """An assumption the reader made."""
+        if text not in self.cfg.notes:
+            self.cfg.notes.append(text)
+
+    # -- the end ----------------------------------------------------------------------
+    def _covered(self, path: str) -> bool:
+        parts = path.split(".")
+        return any(".".join(parts[:i]) in self._seen for i in range(1, len(parts) + 1))
+
+    def finish(self) -> TrainingConfig:
+        """Every unread field into ``ignored``; setup keywords this version cannot take too."""
+        from ..parallel import PARALLEL_KEYS
+        from ..training import CHOICES, TrainingSetup, _choice
+
+        cfg = self.cfg
+        accounted = {f for f, _, _ in cfg.mapped} | {f for f, _ in cfg.ignored}
+        for path, value in _leaves(self.raw):
+            parts = path.split(".")
+            if any(".".join(parts[:i]) in accounted for i in range(1, len(parts) + 1)):
+                continue
+            if value is None or value == "" or value == [] or value == {}:
+                continue  # an unset field
+            if value is False or value == 0 or (isinstance(value, str) and value.lower() in ("no", "none", "false")):
+                cfg.ignored.append((path, OFF))
+                continue
+            if self._covered(path):
+                cfg.ignored.append((path, READ_DEFAULT))
+                continue
+            why = "no effect on memory" if any(_NO_MEMORY_EFFECT.search(p) for p in path.split(".")) \
+                else f"not understood ({_short(value, 30)}): check it does not change memory"
+            cfg.ignored.append((path, why))
+        fields = set(TrainingSetup.__dataclass_fields__)
+        for key in list(cfg.setup):
+            value = cfg.setup[key]
+            src = next((f for f, k, _ in reversed(cfg.mapped) if k == key), key)
+            if key not in fields:
+                cfg.setup.pop(key)
+                cfg.ignored.append((src, f"{key}={_short(value)} is not modelled by this version of vramwidget"))
+            elif key in CHOICES:
+                try:
+                    cfg.setup[key] = _choice(key, value)
+                except VramError as e:
+                    cfg.setup.pop(key)
+                    cfg.ignored.append((src, f"not modelled: {e}"))
+        for key in list(cfg.parallel):
+            if key not in PARALLEL_KEYS:
+                src = next((f for f, k, _ in reversed(cfg.mapped) if k == key), key)
+                cfg.ignored.append((src, f"{key}={_short(cfg.parallel.pop(key))} is not modelled by this version"))
+        try:
+            TrainingSetup.from_kwargs(**cfg.setup)
+        except VramError as e:
+            raise VramError(f"config ({self.fmt}, {cfg.source}): {e}", field=e.field) from None
+        return cfg
+
+
+# -- values shared by several formats ------------------------------------------------------
+
+def truthy(value: Any) -> bool:
+    """YAML/JSON booleans as written in the wild: true/"true"/"yes"/1/"auto" are true."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "1", "auto", "on")
+    return bool(value)
+
+
+def is_auto(value: Any) -> bool:
+    """DeepSpeed's and HF's "auto": filled in from elsewhere at launch."""
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def number(value: Any) -> Optional[float]:
+    """A number written as 5e8, "5e8" or 500000000; None for "auto" or anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def integer(value: Any) -> Optional[int]:
+    """A whole number (see :func:`number`), else None."""
+    x = number(value)
+    return int(x) if x is not None and x == int(x) else None
+
+
+#: HF Trainer / TRL / axolotl / LLaMA-Factory ``optim`` names -> vramwidget optimizers.
+#: transformers/training_args.py ``OptimizerNames`` lists the names.
+HF_OPTIMIZERS = {
+    "adamw_torch": "adamw", "adamw_hf": "adamw", "adamw": "adamw", "adamw_torch_fused": "adamw_fused",
+    "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit", "bnb_8bit": "adamw_8bit",
+    "paged_adamw_8bit": "paged_adamw_8bit", "paged_adamw_32bit": "paged_adamw", "paged_adamw": "paged_adamw",
+    "adafactor": "adafactor", "sgd": "sgd", "lion_32bit": "lion", "lion": "lion", "paged_lion_32bit": "lion",
+    "galore_adamw": "galore_adamw", "galore_adamw_8bit": "galore_adamw_8bit",
+}
+
+#: module names people write -> the names vramwidget's LoRA targets use (transformers' names)
+LORA_MODULE_NAMES = {
+    "q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj": "o_proj",
+    "output_proj": "o_proj",  # torchtune
+    "gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj",
+    "w1": "gate_proj", "w3": "up_proj", "w2": "down_proj",  # torchtune's FeedForward
+    "lm_head": "lm_head", "output": "lm_head", "embed_tokens": "embed_tokens",
+}
+
+
+def lora_targets(value: Any) -> Optional[Tuple[str, ...]]:
+    """A target_modules value (list, comma string, or "all-linear"/"all") in vramwidget's spelling."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        items = [x.strip() for x in value.split(",") if x.strip()]
+    elif isinstance(value, (list, tuple)):
+        items = [str(x) for x in value]
+    else:
+        return None
+    if any(x in ("all", "all-linear", "all_linear") for x in items):
+        return ("all-linear",)
+    return tuple(dict.fromkeys(LORA_MODULE_NAMES.get(x, x) for x in items)) or None
+
+
+def dtype_name(value: Any) -> Optional[str]:
+    """"bfloat16" / "torch.bfloat16" / "bf16" -> "bfloat16" (likewise float16, float32); else None."""
+    if not isinstance(value, str):
+        return None
+    v = value.strip().lower().replace("torch.", "")
+    return {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16",
+            "float32": "float32", "fp32": "float32", "float": "float32", "auto": "auto"}.get(v)
+
+
+# the file reader lives here, beside its one caller, so the package's __init__ and this
+# module do not import each other (readers/__init__ re-exports it)
+_MAX_FILE_BYTES = 4 * 2**20  # a training config is a few KB; refuse anything absurd
+
+
+def load_file(path: str) -> Dict[str, Any]:
+    """A JSON or YAML file's top-level mapping (VramError naming the file otherwise)."""
+    shown = path if len(path) <= 80 else path[:77] + "..."
+    if not os.path.isfile(path):
+        raise VramError(f"config: no such file {shown!r}", field="config")
+    if os.path.getsize(path) > _MAX_FILE_BYTES:
+        raise VramError(f"config: {shown!r} is larger than {_MAX_FILE_BYTES // 2**20} MiB; "
+                        f"a training config is a few KB", field="config")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    data: Any
+    if path.lower().endswith(".json"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise VramError(f"config: {shown!r} is not valid JSON ({e.msg} at line {e.lineno})",
+                            field="config") from None
+    else:
+        try:
+            import yaml
+        except ImportError:  # pragma: no cover - pyyaml is a dependency
+            raise VramError("config: reading YAML needs PyYAML (pip install pyyaml)", field="config") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise VramError(f"config: {shown!r} is not valid YAML ({str(e).splitlines()[0][:60]})",
+                            field="config") from None
+    if not isinstance(data, dict):
+        raise VramError(f"config: {shown!r} holds a {type(data).__name__}, not a mapping of settings",
+                        field="config")
+    return data

@@ -1,0 +1,113 @@
+"""Training stacks as data: the setup defaults each one really uses, and where its model or
+loss code keeps different tensors than transformers + PEFT.
+
+A stack is two dictionaries, read from that stack's own source (cited per entry):
+
+``defaults``   setup fields the stack sets when the user does not (``TrainingSetup.from_kwargs``
+               fills them in; anything the user passes wins);
+``behaviour``  how its code differs from transformers + PEFT, as switches the estimator reads
+               (it never looks at the stack's name):
+
+  ``adapter_dtype``        "float32": PEFT keeps LoRA weights in fp32 and casts each adapted
+                           input to fp32 (peft tuners/lora/layer.py); "weights": the adapters
+                           are created in the model's dtype and use its input as it is.
+  ``logits_fp32_in_model`` the model itself returns ``output(h).float()`` (torchtune
+                           modules/transformer.py ``unembed``), so the fp32 logits are held by
+                           the caller and the 16-bit ones are a transient.
+  ``loss_upcast``          the loss casts the logits to fp32 before log_softmax (HF's
+                           ForCausalLMLoss, torchtune's losses); LitGPT's
+                           ``chunked_cross_entropy`` runs on the 16-bit logits.
+  ``fused_qkv_lora``       one LoRA input (dropout mask, dropped copy) for the fused qkv
+                           projection (LitGPT's LoRAQKVLinear) instead of one per q/k/v.
+  ``fused_loss``           the cross-entropy is one kernel that keeps the logits and a
+                           per-row logsumexp (Unsloth's cross-entropy kernel).
+
+Adding a stack is adding an entry here; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict
+
+#: behaviour of transformers + PEFT (the measured stack); other stacks override entries
+HF_BEHAVIOUR: Dict[str, Any] = {
+    "adapter_dtype": "float32",
+    "logits_fp32_in_model": False,
+    "loss_upcast": True,
+}
+
+STACKS: Dict[str, Dict[str, Any]] = {
+    "hf": {
+        "label": "Hugging Face Trainer / TRL / PEFT",
+        # transformers TrainingArguments: optim="adamw_torch", no checkpointing, no packing;
+        # TRL SFTConfig leaves the loss to the model (use_liger_kernel=False)
+        "defaults": {},
+        "behaviour": {},
+        "sources": ("transformers src/transformers/training_args.py", "peft src/peft/tuners/lora/layer.py"),
+    },
+    "axolotl": {
+        "label": "axolotl",
+        # axolotl builds HF Trainer + PEFT models (src/axolotl/core/builders/causal.py); its
+        # schema's defaults (src/axolotl/utils/schemas/config.py) leave checkpointing, packing
+        # (sample_packing) and Liger off; the loss is transformers' unless `liger_*` is set.
+        "defaults": {},
+        "behaviour": {},
+        "sources": ("axolotl src/axolotl/utils/schemas/config.py",),
+    },
+    "torchtune": {
+        "label": "torchtune",
+        # recipes/configs/llama3_2/3B_lora_single_device.yaml (and 150 other configs): dtype
+        # bf16 (model, LoRA and optimizer states in bf16: training.set_default_dtype),
+        # torch.optim.AdamW with fused: True, compile False, optimizer_in_bwd only where a
+        # config sets it, enable_activation_offloading False.  LoRA layers
+        # (torchtune/modules/peft/lora.py) are built in the model's dtype and take x as it is.
+        # The model returns output(h).float() unless the loss chunks the output.
+        "defaults": {"precision": "bf16", "optimizer": "adamw_fused"},
+        "behaviour": {"adapter_dtype": "weights", "logits_fp32_in_model": True},
+        "sources": ("torchtune recipes/configs/llama3_2/3B_full_single_device.yaml",
+                    "torchtune torchtune/modules/transformer.py (unembed: output(h).float())",
+                    "torchtune torchtune/modules/peft/lora.py"),
+    },
+    "litgpt": {
+        "label": "LitGPT",
+        # finetune/lora.py: precision bf16-true, r=8, alpha=16, LoRA on the query and value
+        # slices of the fused qkv (lora_query, lora_value; key, projection, mlp, head off),
+        # model(..., lm_head_chunk_size=128) + utils.chunked_cross_entropy (cross_entropy per
+        # 128-token chunk, no fp32 upcast); adapters in the model's dtype (lit_gpt/lora.py).
+        # The fused qkv's q, k, v are reshaped copies, the same bytes as separate projections.
+        "defaults": {"precision": "bf16", "lora_r": 8, "lora_alpha": 16.0, "lora_dropout": 0.05,
+                     "lora_targets": ("q_proj", "v_proj"), "loss": "chunked"},
+        "behaviour": {"adapter_dtype": "weights", "loss_upcast": False, "loss_chunk_tokens": 128,
+                      "fused_qkv_lora": True},
+        "sources": ("litgpt finetune/lora.py (2023: lm_head_chunk_size=128, chunked_cross_entropy)",
+                    "litgpt lit_gpt/utils.py chunked_cross_entropy", "litgpt lit_gpt/lora.py LoRAQKVLinear"),
+    },
+    "unsloth": {
+        "label": "Unsloth",
+        # unsloth/models/_utils.py: use_gradient_checkpointing="unsloth" offloads each
+        # checkpointed layer input to the CPU (Unsloth_Offloaded_Gradient_Checkpointer);
+        # unsloth/kernels/cross_entropy_loss.py: fused cross-entropy that keeps the logits and
+        # a per-row logsumexp and writes the gradient in place (modelled as the compiled, fused
+        # loss); LoRA via PEFT.
+        "defaults": {"gradient_checkpointing": "full", "activation_offloading": True, "precision": "bf16"},
+        "behaviour": {"fused_loss": True},
+        "sources": ("unsloth unsloth/models/_utils.py (Unsloth_Offloaded_Gradient_Checkpointer)",
+                    "unsloth unsloth/kernels/cross_entropy_loss.py"),
+    },
+}
+
+
+def stack_defaults(stack: str, given: Dict[str, Any]) -> Dict[str, Any]:
+    """The setup fields ``stack`` sets when the user has not (``given``: the user's keywords)."""
+    d = dict(STACKS[stack]["defaults"])
+    tokens = STACKS[stack]["behaviour"].get("loss_chunk_tokens")
+    if tokens and given.get("loss_chunks") is None:
+        # LitGPT splits the head and the loss every 128 tokens of the sequence
+        d["loss_chunks"] = max(1, math.ceil(int(given.get("seq_len") or 2048) / tokens))
+    return d
+
+
+def behaviour(stack: str) -> Dict[str, Any]:
+    """How ``stack``'s code differs from transformers + PEFT (see the module docstring)."""
+    return {**HF_BEHAVIOUR, **STACKS[stack]["behaviour"]}

@@ -1,0 +1,119 @@
+"""Does it fit?  One measure, three states, and a margin from the estimator's own error.
+
+The measure is the **device total**: what the GPU must hold, the caching allocator's
+reserved memory plus the CUDA context (:attr:`vramwidget.result.Estimate.device_total_bytes`),
+against the card's usable capacity (:attr:`vramwidget.gpus.GPU.usable_bytes`).  Allocated
+memory is a part of it, never the figure judged.
+
+Three states:
+
+``fits``           need + band < capacity: fits even if the prediction is off by the band;
+``tight``          |capacity - need| <= band: the estimator's own uncertainty decides;
+``does_not_fit``   need - band > capacity.
+
+The band is the uncertainty of the predicted figure: the reserved memory times the
+``QUANTILE`` of the relative error of the predicted ``max_reserved`` over the measured
+validation cases shipped with the package (``data/h200_training_a.jsonl``).  It is computed
+from those cases on first use, so it tightens by itself when the reserved-memory prediction
+improves.  The CUDA context is a measured constant and adds no band.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Dict, Optional
+
+#: the validation field whose error sets the band: the predicted reserved memory
+FIELD = "max_reserved_mib"
+#: the band is the 90th percentile of |relative error| over the validation cases
+#: (validate.summarize's p90): nine cases in ten were predicted closer than that
+QUANTILE = 0.9
+STATES = ("fits", "tight", "does_not_fit")
+MEASURE = "device_total"
+
+
+@lru_cache(maxsize=1)
+def uncertainty() -> Dict[str, Any]:
+    """The relative error band of the predicted reserved memory, with its provenance.
+
+    ``rel_error``: the ``QUANTILE`` of |predicted / measured - 1| of ``max_reserved`` over
+    the shipped validation cases; ``median`` and ``max`` beside it; ``n_cases``, ``source``.
+    """
+    from . import validate as V
+
+    result = V.validate(V.BUILTIN_CASES)
+    stats = result["summary"][FIELD]
+    return {
+        "field": FIELD,
+        "quantile": QUANTILE,
+        "rel_error": stats["p90"],
+        "median": stats["median"],
+        "max": stats["max"],
+        "n_cases": stats["n"],
+        "source": "vramwidget/data/h200_training_a.jsonl (measured on an H200, PyTorch's caching allocator)",
+    }
+
+
+def band_bytes(reserved_bytes: float) -> float:
+    """The uncertainty of a predicted device total whose reserved part is ``reserved_bytes``."""
+    return float(reserved_bytes) * uncertainty()["rel_error"]
+
+
+def state_of(need_bytes: float, capacity_bytes: float, band: float) -> str:
+    """fits | tight | does_not_fit for a need against a capacity with a band."""
+    if abs(capacity_bytes - need_bytes) <= band:
+        return "tight"
+    return "fits" if need_bytes < capacity_bytes else "does_not_fit"
+
+
+def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
+    """The verdict of an estimate (an Estimate, or a ParallelEstimate: its worst GPU) on a GPU.
+
+    Returns ``{"state", "measure": "device_total", "need_bytes", "capacity_bytes",
+    "headroom_bytes", "band_bytes", "headroom_pct", "band_rel", "gpu", "num_gpus"}``;
+    ``headroom_bytes`` is negative when it does not fit.  A serving estimate that judges
+    its own fit (``est.fits`` with a serving budget: the KV pool must hold a sequence)
+    gives ``does_not_fit`` when it says so.
+    """
+    from .gpus import get_gpu
+
+    g = get_gpu(gpu)
+    shown = getattr(est, "per_gpu", est)
+    need = float(getattr(est, "device_total_bytes", shown.device_total_bytes))
+    reserved = float(getattr(est, "reserved_bytes", shown.reserved_bytes))
+    cap = float(g.usable_bytes)
+    band = band_bytes(reserved)
+    state = state_of(need, cap, band)
+    own = getattr(est, "fits", None) if getattr(est, "serving", None) else None
+    if own is False:
+        state = "does_not_fit"
+    return {
+        "state": state,
+        "measure": MEASURE,
+        "need_bytes": need,
+        "capacity_bytes": cap,
+        "headroom_bytes": cap - need,
+        "band_bytes": band,
+        "headroom_pct": (cap - need) / cap * 100.0 if cap else 0.0,
+        "band_rel": uncertainty()["rel_error"],
+        "gpu": g.name,
+        "num_gpus": int(num_gpus),
+    }
+
+
+def describe(v: Optional[Dict[str, Any]]) -> str:
+    """One line: 'fits RTX 4090: 3.2 GiB (13%) to spare' / 'tight ...' / 'does not fit ...'."""
+    if not v:
+        return ""
+    from .units import fmt_bytes
+
+    who = f"{v['num_gpus']} × {v['gpu']}" if v.get("num_gpus", 1) > 1 else v["gpu"]
+    h = v["headroom_bytes"]
+    if v["state"] == "fits":
+        return f"fits {who}: {fmt_bytes(h)} ({v['headroom_pct']:.0f}%) to spare"
+    if v["state"] == "tight":
+        side = f"{fmt_bytes(h)} to spare" if h >= 0 else f"{fmt_bytes(-h)} over"
+        return f"tight on {who}: {side}, within the ±{fmt_bytes(v['band_bytes'])} uncertainty"
+    return f"does not fit {who}: {fmt_bytes(-h)} over"
+
+

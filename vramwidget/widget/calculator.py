@@ -1,0 +1,463 @@
+"""The Calculator widget: the state (traits) joined with the panels, one observer, one update.
+
+Data flows one way: a user changes a control, the frontend sets that trait, Python
+estimates, lays out the treemaps and sets the output traits; the frontend only draws.
+
+Three kinds of estimate, chosen by the traits:
+
+* training on one GPU: :func:`vramwidget.estimate` (the default; :mod:`.training`);
+* training on several GPUs, as soon as a parallel trait (``num_gpus``, ``strategy``,
+  ``tensor_parallel``, ``pipeline_parallel``, ``offload_optimizer``, ``offload_params``)
+  leaves its default: :func:`vramwidget.parallel.estimate_parallel`, and the widget shows
+  the worst GPU's per-GPU estimate (:mod:`.multigpu`);
+* ``mode = "inference"``: :func:`vramwidget.inference.estimate_inference` (:mod:`.inference`).
+
+With a GPU chosen, every scenario of the comparison carries a fits / does-not-fit verdict;
+when the setup does not fit, :mod:`.suggestions` works out what would make it fit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Tuple
+
+import traitlets as t
+
+from .. import charts, gpus
+from ..errors import VramError
+from ..result import Estimate
+from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
+from ..units import GIB
+from .formats import number_formats
+from .inference import INFERENCE_SCENARIOS, InferencePanel, inference_options, inference_phase_rows
+from .multigpu import ParallelPanel, strategy_options
+from .state import DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, run_estimate, shown
+from .suggestions import SuggestionsPanel, suggestion_dict
+from .training import YOUR_SETUP, TrainingPanel, _choices
+from .views import (COMPARISON_HEADER, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
+                    add_verdicts, build_specs, table_rows)
+
+_MISSING = object()
+
+
+class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel, State):
+    """GPU memory of one training step (on one GPU or per GPU of a parallel run) or of
+    inference, as a live notebook widget.
+
+    >>> calc = Calculator("llama-3.1-8b", method="qlora", batch_size=4)   # doctest: +SKIP
+    >>> calc                                # the widget: controls, treemaps, summary
+    >>> calc.estimate.peak_gib              # the current numbers, without the UI
+    >>> calc.chart(); calc.to_dataframe()
+    >>> calc.gpu = "RTX 4090"; calc.summary["fits"], calc.summary["max_batch_size"]
+    >>> calc.fit_suggestions()              # what to change when it does not fit
+    >>> calc.num_gpus = 8; calc.strategy = "zero3"     # per-GPU estimate (the worst GPU)
+    >>> calc.mode = "inference"; calc.context_len = 32768
+
+    Keyword arguments are the input traits (the names of the keyword arguments of
+    ``estimate()``, ``estimate_parallel()`` and ``estimate_inference()`` plus ``config_json``,
+    ``gpu`` and ``mode``); an unknown one raises ``TypeError``.
+    """
+
+    def __init__(self, model: Any = DEFAULT_MODEL, **kwargs: Any) -> None:
+        unknown = sorted(set(kwargs) - set(INPUTS) - {"layout"})
+        if unknown:
+            raise TypeError(
+                f"Calculator() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+                f"accepted: {', '.join(INPUTS)}")
+        if not isinstance(model, str):  # a dict/Architecture/path: show it as config text
+            model, kwargs = self._model_from_object(model, kwargs)
+        self._ready = False
+        self._busy = False
+        self._lock = threading.RLock()
+        self._estimate: Optional[Estimate] = None
+        self._result: Any = None          # the Estimate, ParallelEstimate or InferenceEstimate
+        self._scenario_kw: List[Tuple[str, str, Dict[str, Any]]] = []
+        self._cache: "OrderedDict[Tuple, Any]" = OrderedDict()
+        self._boxes: "OrderedDict[Tuple, UnitBox]" = OrderedDict()
+        self._box_fits: Dict[Tuple, Optional[bool]] = {}
+        self._answers: "OrderedDict[Tuple, Any]" = OrderedDict()   # max batch, longest context
+        self._sugg_cache: "OrderedDict[Tuple, List[Any]]" = OrderedDict()
+        self._sugg_token = 0
+        self._sugg_job: Optional[Tuple[Tuple, Any, Dict[str, Any]]] = None
+        self._pending: Any = None
+        self._arch_key: Optional[Tuple[str, str]] = None
+        self._arch: Any = None
+        super().__init__(model=model, **kwargs)
+        self._specs_cache: Dict[str, Dict[str, Any]] = {}
+        self.specs = self._specs_for(self.mode)
+        self.formats = number_formats()
+        # the links, for what the keywords set (observers are off during __init__)
+        try:
+            self._resolve_model()
+        except Exception:
+            pass  # reported by the first _update
+        self._busy = True
+        try:
+            if "method" in kwargs and "quantization" not in kwargs:
+                self._link({"name": "method", "old": "full", "new": self.method})
+            elif "quantization" in kwargs and "method" not in kwargs:
+                self._link({"name": "quantization", "old": "none", "new": self.quantization})
+            elif self.method == "freeze" and self.trainable_layers is None:
+                self._link({"name": "method", "old": "full", "new": "freeze"})
+            if "num_gpus" in kwargs and "strategy" not in kwargs:
+                self._link({"name": "num_gpus", "old": 1, "new": self.num_gpus})
+            self._link(None)
+        finally:
+            self._busy = False
+        self._ready = True
+        self._update()
+        if self.error:  # nothing valid to show yet: say so in Python, where it was typed
+            raise VramError(self.error, field=self.error_field or None)
+
+    @staticmethod
+    def _model_from_object(model: Any, kwargs: Dict[str, Any]):
+        import json
+        import os
+
+        if isinstance(model, os.PathLike):
+            return os.fspath(model), kwargs
+        if isinstance(model, dict):
+            kwargs = dict(kwargs, config_json=json.dumps(model, indent=1))
+            return model.get("_name_or_path") or model.get("model_type") or "custom", kwargs
+        cfg = getattr(model, "config", None)  # an Architecture
+        if isinstance(cfg, dict) and cfg.get("model_type"):
+            kwargs = dict(kwargs, config_json=json.dumps(cfg, indent=1))
+            return getattr(model, "name", "custom"), kwargs
+        raise TypeError(f"Calculator(model=...): expected a preset name, Hub id, config.json path or "
+                        f"dict, got {type(model).__name__}")
+
+    # -- public API ------------------------------------------------------------------------
+    @property
+    def estimate(self) -> Estimate:
+        """The current (last valid) estimate: one GPU's training step; with a parallel
+        layout the worst GPU's per-GPU estimate; in inference mode the InferenceEstimate."""
+        assert self._estimate is not None
+        return self._estimate
+
+    @property
+    def scenarios(self) -> List[Tuple[str, Estimate]]:
+        """(name, Estimate) of the comparison: your setup, then FP32 full, BF16 mixed, pure
+        BF16 and 4-bit QLoRA with your batch, sequence length, checkpointing and parallel
+        layout (per GPU) -- or, in inference mode, BF16, int8, NF4 and AWQ weights at your
+        context and batch (estimated anew: the widget keeps only their layouts)."""
+        arch = self._resolve_model()
+        out = []
+        for name, kind, kw in self._scenario_kw:
+            try:
+                out.append((name, shown(self._cached_estimate(arch, kind, kw))))
+            except VramError:
+                pass
+        return out
+
+    def chart(self, **kw: Any):
+        """An Altair treemap of the current estimate (works and saves without the widget)."""
+        return charts.detail_chart(self.estimate, **kw)
+
+    def to_dataframe(self, phase: Optional[str] = None):
+        """The current estimate's leaves as a pandas DataFrame."""
+        return self.estimate.to_dataframe(phase)
+
+    def close(self) -> None:
+        self._cancel_pending()
+        super().close()
+
+    # -- the one observer --------------------------------------------------------------------
+    @t.observe(*INPUTS)
+    def _on_input(self, change: Dict[str, Any]) -> None:
+        if not self._ready or self._busy:
+            return
+        with self._lock:
+            self._busy = True
+            try:
+                self._link(change)
+            finally:
+                self._busy = False
+            self._update()
+
+    def _link(self, change: Optional[Dict[str, Any]]) -> None:
+        """Linked controls (the rules of TrainingSetup): a choice that implies another sets it
+        (each panel's rules: ``_link_training``, ``_link_parallel``)."""
+        name = change["name"] if change else None
+        new = change["new"] if change else None
+        self._link_training(name, new)
+        self._link_parallel(name, new)
+        if name in ("model", "config_json"):
+            self._arch_key = None
+        self.disabled = self._disabled()
+
+    def _disabled(self) -> Dict[str, str]:
+        off: Dict[str, str] = {}
+        if self.config_json.strip():
+            off["model"] = "a pasted config.json is the model: clear it to use a preset or Hub id"
+        self._disabled_training(off)
+        self._disabled_parallel(off)
+        if not self.gpu.strip():
+            off["gpu_memory_utilization"] = "a serving budget is a share of a GPU: choose the GPU first"
+        if self.mode == "inference":
+            for k in TRAINING_ONLY:
+                off[k] = "training only (the mode is inference)"
+        else:
+            for k in INFERENCE_INPUTS:
+                off[k] = "inference only (switch the mode to inference)"
+        return off
+
+    # -- recompute -------------------------------------------------------------------------
+    def _resolve_model(self) -> Any:
+        """The Architecture for the model or pasted config (cached while they stay)."""
+        from .. import architecture
+
+        key = ("config", hashlib.sha1(self.config_json.encode()).hexdigest()) if self.config_json.strip() \
+            else ("model", self.model.strip())
+        if key != self._arch_key:
+            if key[0] == "config":
+                cfg = architecture.parse_config_text(self.config_json, source="pasted config.json")
+                name = cfg.get("_name_or_path") or f"pasted config ({cfg.get('model_type', '?')})"
+                self._arch = architecture.from_config(cfg, name=str(name))
+            else:
+                self._arch = architecture.load(self.model)
+            self._arch_key = key
+        return self._arch
+
+    def _key(self, kind: str, kw: Dict[str, Any]) -> Tuple:
+        return (self._arch_key, kind, tuple(sorted((k, v) for k, v in kw.items() if k != "model")))
+
+    def _cached_estimate(self, arch: Any, kind: str, kw: Dict[str, Any]) -> Any:
+        """The estimate of one setup (``kind``: see :func:`_run`); the last few are kept
+        (toggling back is free)."""
+        key = self._key(kind, kw)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        est = run_estimate(arch, kind, {k: v for k, v in kw.items() if k != "model"})
+        self._cache[key] = est
+        if len(self._cache) > 8:
+            self._cache.popitem(last=False)
+        return est
+
+    def _scenario_box(self, arch: Any, name: str, kind: str, kw: Dict[str, Any]
+                      ) -> Tuple[UnitBox, Optional[bool]]:
+        """A comparison scenario as a unit-square layout, and the estimate's own fits flag
+        where it has one (a serving budget); only these are kept, not the estimate (a
+        scenario equal to the user's setup reuses its estimate)."""
+        key = self._key(kind, kw)
+        hit = self._boxes.get(key)
+        if hit is not None:
+            self._boxes.move_to_end(key)
+            return hit, self._box_fits.get(key)
+        est = self._cache.get(key) or run_estimate(arch, kind, {k: v for k, v in kw.items() if k != "model"})
+        box = unit_box(shown(est), name)
+        serving = getattr(est, "serving", None)
+        self._boxes[key] = box
+        self._box_fits[key] = bool(est.fits) if serving else None
+        if len(self._boxes) > 64:
+            old, _ = self._boxes.popitem(last=False)
+            self._box_fits.pop(old, None)
+        return box, self._box_fits[key]
+
+    def _update(self) -> None:
+        """Estimate the setup and the scenarios; set every output trait at once.
+
+        Nothing raises out of here (it runs in the comm handler when a frontend changes a
+        trait): a failure sets ``error`` and leaves the last valid outputs in place.
+        """
+        with self._lock:
+            try:
+                outputs = self._compute()
+            except VramError as e:
+                self._set_error(str(e), getattr(e, "field", None) or "")
+                return
+            except Exception as e:  # a bug, not bad input: still never raise into the frontend
+                self._set_error(f"internal error ({type(e).__name__}: {e}); please report it", "")
+                return
+            result, scenario_kw, traits, job = outputs
+            self._result = result
+            self._estimate = shown(result)
+            self._scenario_kw = scenario_kw
+            # suggestions: from the cache, or worked out after this update (off the hot path)
+            self._cancel_pending()
+            self._sugg_token += 1
+            self._sugg_job = job
+            cached = self._sugg_cache.get(job[0]) if job else None
+            if job is None:
+                traits.update(suggestions=[], suggestions_status="")
+            elif cached is not None:
+                traits.update(suggestions=[suggestion_dict(x) for x in cached], suggestions_status="ready")
+            else:
+                traits.update(suggestions=[], suggestions_status="computing")
+            if traits["specs"] is self.specs:
+                del traits["specs"]    # unchanged: the frontend keeps its embedded views
+            with self.hold_sync():
+                for name, value in traits.items():
+                    setattr(self, name, value)
+                self.error = ""
+                self.error_field = ""
+            if job is not None and cached is None:
+                self._schedule_suggestions(self._sugg_token, job)
+
+    def _compute(self) -> Tuple[Any, List[Tuple[str, str, Dict[str, Any]]], Dict[str, Any], Any]:
+        """Everything an update sets, computed before any trait changes: the estimate, the
+        comparison's setups, the output traits, and the suggestions job (None when the
+        setup fits, there is no GPU or the mode is inference)."""
+        if self.mode not in MODES:
+            raise VramError(f"mode: {self.mode!r} is not one of {', '.join(MODES)}", field="mode")
+        arch = self._resolve_model()
+        gpu = self._gpu_or_none()
+        if self.mode == "inference":
+            kind, kw = "infer", self.inference_setup()
+            setups = [(name, dict(kw, **change)) for name, change in INFERENCE_SCENARIOS]
+        else:
+            par = self.parallel_setup()
+            kind, kw = ("par", dict(self.setup(), **par)) if par else ("train", self.setup())
+            setups = self._scenario_setups(self.setup(), par)
+        result = self._cached_estimate(arch, kind, kw)
+        est = shown(result)
+        scenario_kw = [(YOUR_SETUP, kind, kw)] + [(name, kind, s) for name, s in setups]
+        scenarios: List[Tuple[str, UnitBox]] = []
+        own_fits: Dict[str, Optional[bool]] = {}
+        skipped: List[str] = []
+        for name, k, s in scenario_kw:
+            try:
+                box, own = self._scenario_box(arch, name, k, s)
+            except VramError as e:  # a scenario the model cannot do: leave it out, say why
+                skipped.append(f"{name}: {e}")
+                continue
+            scenarios.append((name, box))
+            own_fits[name] = own
+        cap = gpu.usable_bytes if gpu else None
+        cap_label = f"{gpu.name} ({gpu.usable_gib:.1f} GiB)" if gpu else ""
+        comparison = comparison_rows(
+            scenarios, *COMPARISON_SIZE, capacity_bytes=cap, capacity_label=cap_label,
+            header=COMPARISON_HEADER_VERDICT if gpu else COMPARISON_HEADER)
+        if gpu is not None:
+            add_verdicts(comparison, gpu, own_fits)
+        if self.mode == "inference":
+            phases = inference_phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
+            summary = self._summary_inference(result, arch, gpu, kw, skipped)
+        else:
+            phases = charts.phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
+            summary = self._summary(result, arch, gpu, skipped, kind, kw)
+        rows = {
+            charts.DETAIL: layout_rows(est, *DETAIL_SIZE),
+            charts.COMPARISON: comparison,
+            charts.PHASES_DATA: phases,
+        }
+        traits = {
+            "rows": rows,
+            "specs": self._specs_for(self.mode),
+            "summary": summary,
+            "table": table_rows(est),
+            "options": self._options(arch),
+        }
+        job = None
+        if self.mode == "training" and gpu is not None and summary["fits"] is False:
+            job = (self._key(kind, kw) + (gpu.name,), arch, dict(kw, gpu=gpu.name))
+        return result, scenario_kw, traits, job
+
+    def _set_error(self, message: str, field: str) -> None:
+        with self.hold_sync():
+            self.error = message.splitlines()[0] if message else "invalid input"
+            self.error_field = field
+
+    def _gpu_or_none(self) -> Optional[gpus.GPU]:
+        if not self.gpu.strip():
+            return None
+        try:
+            return gpus.get_gpu(self.gpu)
+        except VramError:
+            return None
+
+    # -- output builders ------------------------------------------------------------------
+    def _specs_for(self, mode: str) -> Dict[str, Any]:
+        """The chart specs of a mode, built once each (switching modes re-embeds the charts;
+        other updates send only rows)."""
+        mode = mode if mode in MODES else "training"
+        hit = self._specs_cache.get(mode)
+        if hit is None:
+            hit = self._specs_cache[mode] = build_specs(mode)
+        return hit
+
+    def _base_summary(self, est: Estimate, arch: Any, gpu: Optional[gpus.GPU], skipped: List[str],
+                      fits: Optional[bool], phase_labels: Dict[str, str]) -> Dict[str, Any]:
+        """The keys every mode's summary has."""
+        warnings: List[str] = []
+        if self.gpu.strip() and gpu is None:
+            try:
+                gpus.get_gpu(self.gpu)
+            except VramError as e:
+                warnings.append(str(e))
+        warnings += [f"comparison left out {s}" for s in skipped]
+        peak_label = phase_labels.get(est.peak_phase, est.peak_phase)
+        return {
+            "mode": self.mode,
+            "model": est.model_name,
+            "hub_id": getattr(arch, "hub_id", None) or "",
+            "params_total": est.params_total,
+            "params_trainable": est.params_trainable,
+            "peak_bytes": est.peak_allocated_bytes,
+            "peak_gib": est.peak_allocated_bytes / GIB,
+            "peak_phase": est.peak_phase,
+            "peak_phase_label": peak_label,
+            "reserved_gib": est.reserved_bytes / GIB,
+            "cuda_context_gib": est.cuda_context_bytes / GIB,
+            "device_total_bytes": est.device_total_bytes,
+            "device_total_gib": est.device_total_gib,
+            "gpu": gpu.name if gpu else "",
+            "gpu_gib": gpu.usable_gib if gpu else None,
+            "fits": fits,
+            "headroom_gib": (gpu.usable_bytes - est.device_total_bytes) / GIB if gpu else None,
+            "phases_gib": {k: v / GIB for k, v in est.phases_bytes.items()},
+            "recompute_overhead": est.recompute_overhead,
+            "notes": list(est.notes),
+            "warnings": warnings,
+            "parallel": None,
+            "max_batch_size": None,
+            "inference": None,
+        }
+
+    def _answer(self, key: Tuple, fn) -> Any:
+        """A fit answer (largest batch, longest context), cached by the setup it depends on."""
+        hit = self._answers.get(key, _MISSING)
+        if hit is not _MISSING:
+            self._answers.move_to_end(key)
+            return hit
+        try:
+            value = fn()
+        except VramError:
+            value = None
+        self._answers[key] = value
+        if len(self._answers) > 32:
+            self._answers.popitem(last=False)
+        return value
+
+    def _options(self, arch: Any) -> Dict[str, Any]:
+        if getattr(self, "_options_key", None) == self._arch_key and self.options:
+            return self.options
+        self._options_key = self._arch_key
+        opts: Dict[str, Any] = {k: [list(x) for x in v] for k, v in _choices().items()}
+
+        opts["mode"] = [["training", "Training (one step)"], ["inference", "Inference (generate / serve)"]]
+        opts["strategy"] = strategy_options()
+        opts.update(inference_options())
+        opts["presets"] = _preset_options()
+        opts["gpus"] = [[g.name, g.label] for g in gpus.list_gpus()]
+        try:
+            opts["lora_targets"] = [[m, m] for m in arch.linear_modules()]
+        except Exception:
+            opts["lora_targets"] = []
+        return opts
+
+
+def _preset_options() -> List[List[str]]:
+    try:
+        from .. import presets
+    except ImportError:
+        return []
+    out = []
+    for name in presets.list_presets():
+        p = presets.find(name) or {}
+        label = " · ".join(x for x in (p.get("family"), p.get("params_label")) if x)
+        out.append([name, label])
+    return out

@@ -1,0 +1,134 @@
+"""The inference panel: estimate_inference()'s keyword arguments, the weight formats compared,
+the phase chart's rows for generate() / serving, and the inference summary (KV cache,
+serving budget, longest context)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from .. import charts, gpus
+from ..result import Estimate
+from ..treemap import KNOWN_COMPONENTS, component_kind, fmt_gib
+from ..units import GIB
+from .state import INFERENCE_KEYWORDS
+
+#: the comparison in inference mode: the same context and batch in three weight formats
+INFERENCE_SCENARIOS: Tuple[Tuple[str, Dict[str, Any]], ...] = (
+    ("BF16", dict(weights="bf16")),
+    ("8-bit (int8)", dict(weights="int8")),
+    ("4-bit (NF4)", dict(weights="nf4")),
+    ("4-bit (AWQ)", dict(weights="awq-4bit")),
+)
+_KV_LABELS = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "fp8": "fp8 (E4M3, 1 byte)"}
+
+#: how each phase of an inference estimate is called on the phase chart
+_INFERENCE_PHASE_LABELS: Dict[str, str] = {
+    "after_load": "after load",
+    "prefill": "prefill",
+    "decode": "decode",
+    "profile": "profiling forward",
+    "serving": "serving (KV pool full)",
+}
+
+
+def _short(text: str) -> str:
+    """The first clause of a format's description ('bitsandbytes 4-bit NF4')."""
+    return text.split(":")[0].split(";")[0].strip()
+
+
+def inference_options() -> Dict[str, Any]:
+    """The weights and KV-cache drop-downs' [value, label] pairs."""
+    from ..inference import KV_CACHE_DTYPES, WEIGHT_FORMATS
+
+    return {
+        "weights": [[k, f"{k}: {_short(v)}"] for k, v in WEIGHT_FORMATS.items()],
+        "kv_cache_dtype": [["auto", "auto (the compute dtype)"]] + [
+            [k, _KV_LABELS.get(k, k)] for k in KV_CACHE_DTYPES],
+    }
+
+
+class InferencePanel:
+    """Inference: generate() or a serving budget."""
+
+    def inference_setup(self) -> Dict[str, Any]:
+        """The keyword arguments estimate_inference() gets in inference mode (``gpu`` when a
+        known GPU is chosen; ``gpu_memory_utilization`` when set)."""
+        kw = {k: getattr(self, k) for k in INFERENCE_KEYWORDS}
+        if kw["gpu_memory_utilization"] is None:
+            del kw["gpu_memory_utilization"]
+        gpu = self._gpu_or_none()
+        if gpu is not None:
+            kw["gpu"] = gpu.name
+        return kw
+
+    def _summary_inference(self, est: Any, arch: Any, gpu: Optional[gpus.GPU], kw: Dict[str, Any],
+                           skipped: List[str]) -> Dict[str, Any]:
+        """Inference: the KV cache (per token and in total), weights, the serving budget and
+        the longest context that fits the GPU."""
+        from ..inference import MAX_SEARCH_TOKENS
+
+        fits = (bool(est.fits) if est.fits is not None else est.device_total_bytes <= gpu.usable_bytes) \
+            if gpu is not None else None
+        out = self._base_summary(est, arch, gpu, skipped, fits, _INFERENCE_PHASE_LABELS)
+        longest = self._longest(arch, gpu, kw) if gpu is not None else None
+        serving = est.serving
+        inf = {
+            "weights": est.setup.get("weights"),
+            "kv_cache_dtype": est.setup.get("kv_cache_dtype"),
+            "weights_gib": est.weights_bytes / GIB,
+            "kv_bytes_per_token": est.kv_bytes_per_token,
+            "kv_cache_bytes": est.kv_cache_bytes,
+            "kv_cache_gib": est.kv_cache_bytes / GIB,
+            "kv_cache_prefill_gib": est.kv_cache_prefill_bytes / GIB,
+            "context_len": est.setup.get("context_len"),
+            "batch_size": est.setup.get("batch_size"),
+            "longest_context": longest,
+            "longest_context_capped": bool(longest) and longest >= MAX_SEARCH_TOKENS,
+            "max_position_embeddings": getattr(arch, "max_position_embeddings", None),
+            "serving": dict(serving) if serving else None,
+        }
+        out["inference"] = inf
+        text = (f"peak {fmt_gib(est.peak_allocated_bytes)} allocated at {out['peak_phase_label']}; "
+                f"device total {fmt_gib(est.device_total_bytes)}; KV cache "
+                f"{est.kv_bytes_per_token / 1024:g} KiB per token, {fmt_gib(est.kv_cache_bytes)} in all")
+        if gpu:
+            text += f"; {'fits' if fits else 'does not fit'} {gpu.name} ({gpu.usable_gib:.1f} GiB)"
+            if longest is not None:
+                text += f"; longest context that fits {gpu.name}: {longest:,} tokens"
+        out["text"] = text
+        return out
+
+    def _longest(self, arch: Any, gpu: gpus.GPU, kw: Dict[str, Any]) -> Optional[int]:
+        """inference.longest_context for the setup (every field but the context)."""
+        from ..inference import longest_context
+
+        rest = {k: v for k, v in kw.items() if k not in ("context_len", "gpu")}
+        return self._answer(("longest", self._key("infer", rest), gpu.name),
+                            lambda: longest_context(arch, gpu.name, **rest))
+
+
+def inference_phase_rows(est: Estimate, *, capacity_bytes: Optional[float] = None,
+                          capacity_label: str = "") -> List[Dict[str, Any]]:
+    """The phase chart's rows for an inference estimate (after load, prefill, decode; or
+    after load, profiling forward, serving), in the format of :func:`charts.phase_rows`."""
+    rows: List[Dict[str, Any]] = []
+    order = {k: i for i, k in enumerate(KNOWN_COMPONENTS)}
+    for i, (phase, total) in enumerate(est.phases_bytes.items()):
+        label = _INFERENCE_PHASE_LABELS.get(phase, phase)
+        comps = est.phase_components.get(phase) or []
+        for c in comps:
+            rows.append({"level": "bar", "phase": label, "order": i, "component": c.name,
+                         "kind": component_kind(c.name), "corder": order.get(c.name, 99),
+                         "bytes": c.bytes, "gib": c.bytes / GIB, "text": ""})
+        if not comps:
+            rows.append({"level": "bar", "phase": label, "order": i, "component": charts.ALL_COMPONENTS,
+                         "kind": charts.ALL_COMPONENTS, "corder": 99, "bytes": total, "gib": total / GIB,
+                         "text": ""})
+        peak = " (peak)" if phase == est.peak_phase else ""
+        rows.append({"level": "total", "phase": label, "order": i, "component": "", "kind": "",
+                     "corder": 0, "bytes": total, "gib": total / GIB, "text": fmt_gib(total) + peak})
+    cap = capacity_bytes or 0.0
+    rows.append({"level": "capacity", "phase": "", "order": 0, "component": "", "kind": "",
+                 "corder": 0, "bytes": cap, "gib": cap / GIB,
+                 "text": (capacity_label or fmt_gib(cap)) if cap else ""})
+    return rows

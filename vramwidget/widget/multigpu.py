@@ -1,0 +1,101 @@
+"""The multi-GPU panel: estimate_parallel()'s keyword arguments, the rules that link the
+layout controls, and what the summary shows of a parallel run (layout, stages, CPU offload)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from ..units import GIB
+from .state import PARALLEL_DEFAULTS, PARALLEL_INPUTS
+
+#: short names of the parallel strategies for the drop-down (the long ones are parallel.STRATEGIES)
+_STRATEGY_LABELS: Dict[str, str] = {
+    "none": "none (one replica)", "ddp": "DDP", "zero0": "DeepSpeed ZeRO-0", "zero1": "DeepSpeed ZeRO-1",
+    "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp_full_shard": "FSDP full shard",
+    "fsdp_shard_grad_op": "FSDP shard grad + optimizer", "fsdp_hybrid": "FSDP hybrid shard",
+    "megatron": "Megatron-LM DDP", "megatron_distopt": "Megatron-LM distributed optimizer",
+}
+_OFFLOAD_OPTIMIZER = ("zero1", "zero2", "zero3")
+_OFFLOAD_PARAMS = ("zero3", "fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_hybrid")
+
+
+class ParallelPanel:
+    """Training on several GPUs: the worst GPU's per-GPU estimate is shown."""
+
+    @property
+    def parallel_estimate(self) -> Any:
+        """The :class:`~vramwidget.parallel.ParallelEstimate` behind :attr:`estimate` (every
+        stage, CPU offload), or None on the single-GPU and inference paths."""
+        from ..parallel import ParallelEstimate
+
+        return self._result if isinstance(self._result, ParallelEstimate) else None
+
+    def parallel_setup(self) -> Dict[str, Any]:
+        """The parallel keyword arguments of estimate_parallel(); {} while every one is at its
+        default (then the single-GPU estimate is shown)."""
+        par = {k: getattr(self, k) for k in PARALLEL_INPUTS}
+        return {} if par == PARALLEL_DEFAULTS else par
+
+    def _link_parallel(self, name: Optional[str], new: Any) -> None:
+        if name in ("num_gpus", "tensor_parallel", "pipeline_parallel"):
+            # several data-parallel replicas need a strategy: DDP unless one is chosen
+            mp = max(self.tensor_parallel, 1) * max(self.pipeline_parallel, 1)
+            if self.strategy == "none" and self.num_gpus > mp and self.num_gpus % mp == 0:
+                self.strategy = "ddp"
+        elif name == "strategy":
+            # offload that the new strategy cannot do is dropped
+            if self.offload_optimizer and new not in _OFFLOAD_OPTIMIZER:
+                self.offload_optimizer = False
+            if self.offload_params and new not in _OFFLOAD_PARAMS:
+                self.offload_params = False
+
+    def _disabled_parallel(self, off: Dict[str, str]) -> None:
+        if self.strategy not in _OFFLOAD_OPTIMIZER:
+            off["offload_optimizer"] = "needs DeepSpeed ZeRO-1, 2 or 3 (choose strategy zero1, zero2 or zero3)"
+        if self.strategy not in _OFFLOAD_PARAMS:
+            off["offload_params"] = "needs ZeRO-3 or FSDP (choose strategy zero3 or fsdp_*)"
+
+
+def strategy_options():
+    """The strategy drop-down's [value, label] pairs."""
+    from ..parallel import STRATEGIES
+
+    return [[k, _STRATEGY_LABELS.get(k, k)] for k in STRATEGIES]
+
+
+def parallel_summary(p: Any) -> Dict[str, Any]:
+    """What the summary shows of a ParallelEstimate: layout, worst GPU, CPU offload, stages."""
+    lay = p.layout
+    stages = []
+    if lay["pipeline_parallel"] > 1:
+        for st in p.stages:
+            first, last = st.layers
+            stages.append({
+                "stage": st.stage,
+                "layers": f"{first}-{last}" if last >= first else "none",
+                "holds": ", ".join(x for x, on in (("embeddings", st.embedding), ("output head", st.head)) if on),
+                "in_flight": st.in_flight,
+                "peak_gib": st.estimate.peak_allocated_bytes / GIB,
+                "device_total_gib": st.device_total_bytes / GIB,
+                "cpu_gib": sum(st.cpu.values()) / GIB,
+                "worst": st.stage == p.worst_stage,
+            })
+    return {
+        "strategy": p.strategy,
+        "strategy_label": _STRATEGY_LABELS.get(p.strategy, p.strategy),
+        "num_gpus": lay["num_gpus"],
+        "data_parallel": lay["data_parallel"],
+        "tensor_parallel": lay["tensor_parallel"],
+        "pipeline_parallel": lay["pipeline_parallel"],
+        "micro_batches": lay["micro_batches"],
+        "shard": lay["shard"],
+        "nodes": lay["nodes"],
+        "offload_optimizer": lay["offload_optimizer"],
+        "offload_params": lay["offload_params"],
+        "per_gpu_device_total_gib": p.device_total_bytes / GIB,
+        "per_gpu_peak_gib": p.peak_allocated_bytes / GIB,
+        "cpu_per_gpu_gib": p.cpu_bytes_per_gpu / GIB,
+        "cpu_per_node_gib": p.cpu_bytes_per_node / GIB,
+        "worst_stage": p.worst_stage,
+        "stages": stages,
+    }

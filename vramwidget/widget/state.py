@@ -1,0 +1,198 @@
+"""The widget's state: every input and output trait, and the names that group them.
+
+The input traits carry the names of the keyword arguments of :func:`vramwidget.estimate`,
+:func:`vramwidget.parallel.estimate_parallel` and
+:func:`vramwidget.inference.estimate_inference` (plus ``config_json``, ``gpu`` and ``mode``);
+the output traits hold what the frontend draws.  Behaviour lives in the panel modules
+(training, multigpu, inference, suggestions) and in :mod:`.calculator`, which joins them.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Dict, Optional, Tuple
+
+import anywidget
+import traitlets as t
+
+from ..result import Estimate
+
+_STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
+
+DEFAULT_MODEL = "llama-3.2-1b"
+
+#: the two kinds of question the widget answers
+MODES: Tuple[str, ...] = ("training", "inference")
+
+#: the keyword arguments of estimate() that the widget exposes, in order
+ESTIMATE_INPUTS: Tuple[str, ...] = (
+    "model", "method", "precision", "quantization", "double_quant", "quantized_groups",
+    "prepare_kbit", "optimizer", "gradient_checkpointing", "attn_implementation",
+    "batch_size", "seq_len", "grad_accum_steps", "lora_r", "lora_alpha", "lora_dropout",
+    "lora_targets", "trainable_layers",
+)
+#: the keyword arguments of estimate_parallel() beyond the setup, with their defaults: when
+#: every one is at its default the widget runs the single-GPU estimate
+PARALLEL_DEFAULTS: Dict[str, Any] = {
+    "strategy": "none", "num_gpus": 1, "tensor_parallel": 1, "pipeline_parallel": 1,
+    "offload_optimizer": False, "offload_params": False,
+}
+PARALLEL_INPUTS: Tuple[str, ...] = tuple(PARALLEL_DEFAULTS)
+#: the keyword arguments of estimate_inference() the widget exposes (gpu too)
+INFERENCE_KEYWORDS: Tuple[str, ...] = (
+    "weights", "kv_cache_dtype", "batch_size", "context_len", "attn_implementation",
+    "gpu_memory_utilization",
+)
+#: input traits used only in inference mode
+INFERENCE_INPUTS: Tuple[str, ...] = ("weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization")
+#: every input trait (what ``Calculator(...)`` accepts as keyword arguments)
+INPUTS: Tuple[str, ...] = (ESTIMATE_INPUTS + ("config_json", "gpu", "mode") + PARALLEL_INPUTS
+                           + INFERENCE_INPUTS)
+#: input traits used only in training mode
+TRAINING_ONLY: Tuple[str, ...] = tuple(
+    k for k in ESTIMATE_INPUTS + PARALLEL_INPUTS if k not in ("model", "batch_size", "attn_implementation"))
+
+
+def _doc(text: str) -> Dict[str, Any]:
+    return {"help": text}
+
+
+def estimate_fn():
+    """vramwidget.estimate.estimate, imported on first use."""
+    from ..estimate import estimate
+
+    return estimate
+
+
+def run_estimate(arch: Any, kind: str, kw: Dict[str, Any]) -> Any:
+    """One estimate: ``kind`` is "train" (estimate), "par" (estimate_parallel: a
+    ParallelEstimate) or "infer" (estimate_inference)."""
+    if kind == "train":
+        return estimate_fn()(arch, **kw)
+    if kind == "par":
+        from ..parallel import estimate_parallel
+
+        return estimate_parallel(arch, **kw)
+    from ..inference import estimate_inference
+
+    return estimate_inference(arch, **kw)
+
+
+def shown(result: Any) -> Estimate:
+    """The Estimate the charts draw: a parallel run's worst GPU, else the estimate itself."""
+    return getattr(result, "per_gpu", result)
+
+
+
+class State(anywidget.AnyWidget):
+    """The traits of :class:`~vramwidget.widget.Calculator` (no behaviour here)."""
+
+    _esm = _STATIC / "widget.js"
+    _css = _STATIC / "widget.css"
+
+    # -- inputs: the same names as estimate()'s keyword arguments ------------------------
+    model = t.Unicode(DEFAULT_MODEL, **_doc(
+        "Preset name ('llama-3.1-8b'), Hub id ('org/name'), config.json path or a parameter "
+        "count ('7B'). Ignored while config_json holds a pasted config.")).tag(sync=True)
+    config_json = t.Unicode("", **_doc(
+        "Text of a pasted or uploaded config.json; when not empty it is the model.")).tag(sync=True)
+    method = t.Unicode("full", **_doc("full | lora | qlora | freeze")).tag(sync=True)
+    precision = t.Unicode("bf16", **_doc(
+        "fp32 | amp_bf16 | amp_fp16 | bf16 | fp16 | bf16_fp32_states | fp8")).tag(sync=True)
+    quantization = t.Unicode("none", **_doc(
+        "Storage of the frozen base weights: none | nf4 | fp4 | int8 (qlora implies nf4).")).tag(sync=True)
+    double_quant = t.Bool(True, **_doc(
+        "4-bit double quantization: quantize the quantization constants too.")).tag(sync=True)
+    quantized_groups = t.List(t.Unicode(), default_value=["attn_qk", "attn_vo", "mlp"], **_doc(
+        "Which module groups are stored quantized: attn_qk, attn_vo, mlp, embedding.")).tag(sync=True)
+    prepare_kbit = t.Bool(False, **_doc(
+        "peft's prepare_model_for_kbit_training: upcasts non-quantized parameters to fp32.")).tag(sync=True)
+    optimizer = t.Unicode("adamw", **_doc(
+        "adamw | adamw_fused | adamw_8bit | paged_adamw_8bit | adafactor | sgd | sgd_momentum | lion"
+    )).tag(sync=True)
+    gradient_checkpointing = t.Unicode("none", **_doc("none | selective | full")).tag(sync=True)
+    attn_implementation = t.Unicode("sdpa", **_doc("sdpa | eager | flash_attention_2")).tag(sync=True)
+    batch_size = t.Int(1, **_doc("Micro-batch size per GPU (sequences per forward pass).")).tag(sync=True)
+    seq_len = t.Int(2048, **_doc("Tokens per sequence.")).tag(sync=True)
+    grad_accum_steps = t.Int(1, **_doc(
+        "Gradient accumulation steps (memory of one micro-batch; more steps, same peak).")).tag(sync=True)
+    lora_r = t.Int(16, **_doc("LoRA rank r.")).tag(sync=True)
+    lora_alpha = t.Float(32.0, **_doc("LoRA alpha (scales the update; no memory effect).")).tag(sync=True)
+    lora_dropout = t.Float(0.0, **_doc(
+        "LoRA dropout; above 0 it keeps a dropout mask/copy of each adapter input.")).tag(sync=True)
+    lora_targets = t.List(t.Unicode(), default_value=None, allow_none=True, **_doc(
+        "Linear modules LoRA adapts (e.g. ['q_proj', 'v_proj']); None = every linear layer "
+        "of the blocks.")).tag(sync=True)
+    trainable_layers = t.Int(None, allow_none=True, **_doc(
+        "For method='freeze': how many of the last layers train.")).tag(sync=True)
+    gpu = t.Unicode("", **_doc(
+        "GPU to fit on (a name from vramwidget.gpus), '' for none; with several GPUs, the kind "
+        "of every one of them.")).tag(sync=True)
+    mode = t.Unicode("training", **_doc(
+        "training | inference: what the estimate is of (one training step, or generate() / "
+        "serving with the inference settings).")).tag(sync=True)
+
+    # -- multi-GPU training: the names of estimate_parallel()'s keyword arguments ----------
+    num_gpus = t.Int(1, **_doc(
+        "GPUs of the run (data parallel = num_gpus / (tensor_parallel x pipeline_parallel)); "
+        "more than one replica with strategy 'none' makes the strategy 'ddp'.")).tag(sync=True)
+    strategy = t.Unicode("none", **_doc(
+        "How data-parallel replicas store the model states: none | ddp | zero0 | zero1 | zero2 | "
+        "zero3 | fsdp_full_shard | fsdp_shard_grad_op | fsdp_hybrid | megatron | megatron_distopt "
+        "(vramwidget.parallel.STRATEGIES).")).tag(sync=True)
+    tensor_parallel = t.Int(1, **_doc(
+        "Tensor-parallel size: attention heads, MLP width and vocabulary split over this many "
+        "GPUs (must divide the heads).")).tag(sync=True)
+    pipeline_parallel = t.Int(1, **_doc(
+        "Pipeline stages (1F1B schedule): the layers split into this many stages; the worst "
+        "stage is shown and every stage listed.")).tag(sync=True)
+    offload_optimizer = t.Bool(False, **_doc(
+        "DeepSpeed ZeRO-Offload: optimizer states, fp32 master weights and gradients in CPU "
+        "memory (strategy zero1, zero2 or zero3).")).tag(sync=True)
+    offload_params = t.Bool(False, **_doc(
+        "Parameters in CPU memory: ZeRO-3 parameter offload or FSDP CPUOffload (strategy zero3 "
+        "or fsdp_*).")).tag(sync=True)
+
+    # -- inference: the names of estimate_inference()'s keyword arguments ------------------
+    weights = t.Unicode("bf16", **_doc(
+        "Inference: storage format of the weights: bf16 | fp16 | fp32 | fp8 | int8 | nf4 | fp4 | "
+        "gptq-4bit | gptq-8bit | awq-4bit | gguf-q4_k_m ... (vramwidget.inference.WEIGHT_FORMATS)."
+    )).tag(sync=True)
+    kv_cache_dtype = t.Unicode("auto", **_doc(
+        "Inference: dtype of the KV cache: auto (the compute dtype) | bf16 | fp16 | fp32 | fp8."
+    )).tag(sync=True)
+    context_len = t.Int(4096, **_doc(
+        "Inference: tokens per sequence at the end of generation (prompt + generated); the "
+        "whole context is taken as the prompt (the worst prefill).")).tag(sync=True)
+    gpu_memory_utilization = t.Float(None, allow_none=True, **_doc(
+        "Inference: None for generate(); a fraction in (0, 1] (e.g. 0.9) for a vLLM-style server "
+        "whose paged KV cache fills that share of the GPU (needs gpu).")).tag(sync=True)
+
+    # -- outputs: set by Python, drawn by the frontend ------------------------------------
+    specs = t.Dict(**_doc(
+        "Vega-Lite spec of each chart (detail, comparison, phases), set once; each reads the "
+        "named dataset of the same name.")).tag(sync=True)
+    rows = t.Dict(**_doc("Dataset name -> list of row dicts, replaced on every update.")).tag(sync=True)
+    summary = t.Dict(**_doc(
+        "Peak, phase, device total, GPU fit, notes and warnings of the current estimate.")).tag(sync=True)
+    table = t.List(**_doc("One row per component: name, colour, GiB, bytes, share.")).tag(sync=True)
+    disabled = t.Dict(**_doc(
+        "Control (trait name) -> why it does not apply now; absent = enabled.")).tag(sync=True)
+    options = t.Dict(**_doc(
+        "Control -> list of [value, label] choices; also presets, gpus and lora_targets.")).tag(sync=True)
+    formats = t.List(**_doc("Number formats: bits, range and precision (FP32 ... NF4).")).tag(sync=True)
+    error = t.Unicode("", **_doc(
+        "Why the current input cannot be estimated ('' when it can); the charts keep the "
+        "last valid estimate.")).tag(sync=True)
+    error_field = t.Unicode("", **_doc("The control the error is about, if known.")).tag(sync=True)
+    suggestions = t.List(**_doc(
+        "When the setup does not fit the GPU (training): fit.suggestions as dicts (title, changes, "
+        "saved_gib, device_total_gib, fits, cost, ...), ranked; [] otherwise.")).tag(sync=True)
+    suggestions_status = t.Unicode("", **_doc(
+        "'' (fits, no GPU or inference mode), 'computing' (the setup does not fit and its "
+        "suggestions are being worked out after the update), 'ready', or 'failed: why'."
+    )).tag(sync=True)
+
+    #: seconds after the last change before suggestions are worked out; None = at once,
+    #: inside the update (scripts and tests that want them synchronously)
+    suggestions_delay: Optional[float] = 0.15

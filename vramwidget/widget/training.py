@@ -1,0 +1,170 @@
+"""The training panel: the setup estimate() gets, the comparison's scenarios, the rules that
+link the training controls, and the training summary (largest micro-batch that fits)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from .. import charts, gpus
+from ..treemap import fmt_gib
+from ..units import GIB
+from .multigpu import parallel_summary
+from .state import ESTIMATE_INPUTS, shown
+
+#: the scenario comparison: name -> what it changes in the user's setup
+SCENARIOS: Tuple[Tuple[str, Dict[str, Any]], ...] = (
+    ("FP32 full", dict(method="full", precision="fp32", quantization="none")),
+    ("BF16 mixed", dict(method="full", precision="amp_bf16", quantization="none")),
+    ("pure BF16", dict(method="full", precision="bf16", quantization="none")),
+    ("4-bit QLoRA", dict(method="qlora", precision="bf16", quantization="nf4",
+                         double_quant=True)),
+)
+YOUR_SETUP = "your setup"
+
+#: choices shown until ``vramwidget.training.CHOICES`` provides them
+_FALLBACK_CHOICES: Dict[str, List[Tuple[str, str]]] = {
+    "method": [("full", "full fine-tuning"), ("lora", "LoRA"), ("qlora", "QLoRA (4-bit base)"),
+               ("freeze", "freeze all but the last layers")],
+    "precision": [("fp32", "FP32"), ("amp_bf16", "BF16 mixed (autocast, fp32 weights)"),
+                  ("amp_fp16", "FP16 mixed (autocast, fp32 weights)"), ("bf16", "pure BF16"),
+                  ("fp16", "pure FP16"), ("bf16_fp32_states", "BF16 weights, FP32 optimizer states"),
+                  ("fp8", "FP8 matmuls")],
+    "quantization": [("none", "none (16/32-bit base)"), ("nf4", "4-bit NF4"), ("fp4", "4-bit FP4"),
+                     ("int8", "8-bit LLM.int8")],
+    "quantized_groups": [("attn_qk", "attention Q, K"), ("attn_vo", "attention V, O"),
+                         ("mlp", "MLP / FFN"), ("embedding", "embeddings"), ("lm_head", "output head")],
+    "optimizer": [("adamw", "AdamW (foreach)"), ("adamw_fused", "AdamW (fused)"),
+                  ("adamw_8bit", "AdamW 8-bit"), ("paged_adamw", "paged AdamW 32-bit"),
+                  ("paged_adamw_8bit", "paged AdamW 8-bit"),
+                  ("adafactor", "Adafactor"), ("sgd", "SGD"), ("sgd_momentum", "SGD + momentum"),
+                  ("lion", "Lion")],
+    "gradient_checkpointing": [("none", "none"), ("selective", "selective (attention)"),
+                               ("full", "full (every layer)")],
+    "attn_implementation": [("sdpa", "SDPA"), ("eager", "eager (materialises scores)"),
+                            ("flash_attention_2", "FlashAttention 2")],
+}
+
+_FOUR_BIT = ("nf4", "fp4")
+_LORA_METHODS = ("lora", "qlora")
+
+
+def _choices() -> Dict[str, List[Tuple[str, str]]]:
+    try:
+        from ..training import CHOICES  # type: ignore[attr-defined]
+    except ImportError:
+        return dict(_FALLBACK_CHOICES)
+    out = dict(_FALLBACK_CHOICES)
+    out.update({k: [tuple(x) for x in v] for k, v in CHOICES.items()})
+    return out
+
+
+class TrainingPanel:
+    """Training on one GPU: estimate()'s keyword arguments, linked controls, summary."""
+
+    def setup(self) -> Dict[str, Any]:
+        """The keyword arguments estimate() gets for the current traits (training)."""
+        kw = {name: getattr(self, name) for name in ESTIMATE_INPUTS}
+        kw["quantized_groups"] = tuple(kw["quantized_groups"])
+        if kw["lora_targets"] is not None:
+            kw["lora_targets"] = tuple(kw["lora_targets"])
+        return kw
+
+    def _link_training(self, name: Optional[str], new: Any) -> None:
+        """A quantized base trains only through adapters, so quantization != "none" means
+        QLoRA; leaving QLoRA drops the quantization; "freeze" needs a layer count."""
+        if name == "method":
+            if new == "qlora" and self.quantization == "none":
+                self.quantization = "nf4"
+            elif new != "qlora" and self.quantization != "none":
+                self.quantization = "none"
+            if new == "freeze" and self.trainable_layers is None:
+                layers = getattr(self._arch, "num_layers", 8) or 8
+                self.trainable_layers = max(1, layers // 4)
+        elif name == "quantization":
+            if new == "none" and self.method == "qlora":
+                self.method = "lora"
+            elif new != "none" and self.method in ("lora", "full", "freeze"):
+                self.method = "qlora"
+        if self.quantization == "none" and self.prepare_kbit:
+            self.prepare_kbit = False
+
+    def _disabled_training(self, off: Dict[str, str]) -> None:
+        if self.quantization == "none":
+            why = "applies only to a quantized base (choose nf4, fp4 or int8)"
+            off["quantized_groups"] = why
+            off["prepare_kbit"] = why
+        if self.quantization not in _FOUR_BIT:
+            off["double_quant"] = "applies only to 4-bit quantization (nf4 or fp4)"
+        if self.method not in _LORA_METHODS:
+            why = "LoRA settings apply to method lora or qlora"
+            for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_targets"):
+                off[k] = why
+        if self.method != "freeze":
+            off["trainable_layers"] = "applies only to method freeze (train the last N layers)"
+
+    def _scenario_setups(self, kw: Dict[str, Any], par: Optional[Dict[str, Any]] = None
+                         ) -> List[Tuple[str, Dict[str, Any]]]:
+        """The comparison's setups: the user's batch, sequence, checkpointing, attention and
+        parallel layout with each scenario's method and precision (AdamW, default
+        quantization settings).
+
+        Built from the user's own keyword set, so a scenario equal to the user's setup has
+        the same cache key and is not estimated twice.
+        """
+        out = []
+        for name, change in SCENARIOS:
+            s = dict(kw, **change, optimizer="adamw", prepare_kbit=False, trainable_layers=None)
+            if change["method"] != "qlora":
+                s.update(quantization="none", double_quant=True,
+                         quantized_groups=("attn_qk", "attn_vo", "mlp"))
+            if change["method"] not in _LORA_METHODS:  # LoRA fields do not matter: keep defaults
+                s.update(lora_r=16, lora_alpha=32.0, lora_dropout=0.0, lora_targets=None)
+            if s["precision"] == "fp32" and s["attn_implementation"] == "flash_attention_2":
+                s["attn_implementation"] = "sdpa"  # flash attention has no fp32 kernel
+            if par:
+                s.update(par)
+            out.append((name, s))
+        return out
+
+    def _summary(self, result: Any, arch: Any, gpu: Optional[gpus.GPU], skipped: List[str],
+                 kind: str, kw: Dict[str, Any]) -> Dict[str, Any]:
+        """Training: one GPU's numbers (the worst GPU's with a parallel layout), the layout,
+        CPU offload, pipeline stages and the largest micro-batch that fits."""
+        est = shown(result)
+        fits = est.device_total_bytes <= gpu.usable_bytes if gpu is not None else None
+        out = self._base_summary(est, arch, gpu, skipped, fits, charts.PHASE_LABELS)
+        if gpu is not None:
+            ok, why = gpu.supports(self.precision)
+            if not ok:
+                out["warnings"].append(why)
+            if self.quantization != "none" and gpu.vendor != "NVIDIA":
+                out["warnings"].append(
+                    f"bitsandbytes quantization on {gpu.vendor} GPUs is less mature than on CUDA")
+            out["max_batch_size"] = self._max_batch(arch, gpu, kind, kw)
+        par = None
+        if kind == "par":
+            par = parallel_summary(result)
+            out["parallel"] = par
+            out["notes"] = list(dict.fromkeys(list(result.notes) + out["notes"]))
+        peak_label = out["peak_phase_label"]
+        who = f"per GPU (worst of {par['num_gpus']}) " if par else ""
+        text = (f"{who}peak {fmt_gib(est.peak_allocated_bytes)} allocated at {peak_label}; "
+                f"device total {fmt_gib(est.device_total_bytes)}")
+        if par and par["cpu_per_gpu_gib"]:
+            text += (f"; CPU offload {par['cpu_per_gpu_gib']:.2f} GiB per GPU, "
+                     f"{par['cpu_per_node_gib']:.1f} GiB per node")
+        if gpu:
+            text += f"; {'fits' if fits else 'does not fit'} {gpu.name} ({gpu.usable_gib:.1f} GiB)"
+            if out["max_batch_size"] is not None:
+                text += f"; largest micro-batch that fits: {out['max_batch_size']}"
+        out["text"] = text
+        return out
+
+    def _max_batch(self, arch: Any, gpu: gpus.GPU, kind: str, kw: Dict[str, Any]) -> Optional[int]:
+        """fit.max_batch_size for the setup (every field but the batch): one search per setup,
+        so changing the batch itself costs nothing."""
+        from .. import fit
+
+        rest = {k: v for k, v in kw.items() if k not in ("batch_size", "model")}
+        return self._answer(("max_batch", self._key(kind, rest), gpu.name),
+                            lambda: fit.max_batch_size(arch, gpu, **rest))
