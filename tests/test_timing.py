@@ -288,3 +288,18 @@ def test_seed_checkpointing_tradeoff_in_time(attn):
     assert rows["none"]["extra_time"] == 0.0
     assert 0.0 < rows["selective"]["extra_time"] < 0.05
     assert 0.25 < rows["full"]["extra_time"] < rows["full"]["extra_compute"] < 1 / 3
+
+
+def test_widget_shows_time_beside_the_verdict():
+    """The widget's summary carries the step time, tokens/s and a run's cost when a GPU is
+    chosen (the frontend draws them beside the fits badge), none without a GPU."""
+    calc = vw.Calculator("llama-3.2-1b")
+    assert calc.summary["time"] is None
+    calc.gpu = "H100 80GB"
+    t = calc.summary["time"]
+    est = vw.estimate("llama-3.2-1b", gpu="H100 80GB", **{k: v for k, v in calc.setup().items() if k != "model"})
+    assert t["step_seconds"] == pytest.approx(est.step_seconds)
+    assert t["tokens_per_second"] == pytest.approx(est.tokens_per_second)
+    cost = est.run_cost(tokens=1e9)
+    assert t["run_dollars"] == pytest.approx(cost["dollars"]) and t["run_gpu_hours"] == pytest.approx(cost["gpu_hours"])
+    assert t["text"] in calc.summary["text"]

@@ -55,6 +55,9 @@ TINY: Dict[str, Dict[str, Any]] = {
                         n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=0,
                         kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32,
                         v_head_dim=32, vocab_size=512),
+    # issue 11's families
+    "gpt_oss": dict(hidden_size=256, intermediate_size=128, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+                    num_local_experts=4, num_experts_per_tok=2, vocab_size=512, sliding_window=8),
 }
 
 

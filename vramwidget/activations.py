@@ -132,6 +132,7 @@ class BlockContext:
     dense_layer: bool = False   # a dense (non-MoE) block inside an MoE model
     fused_qkv_lora: bool = False  # q, k and v adapters share one input (LitGPT's fused qkv)
     cpu: bool = False           # CPU kernels (for checking against torch without a GPU)
+    kind: str = ""              # the block's kind in a mixed stack (Architecture.layer_kinds)
 
 
 def attention_backend(arch: Any, setup: TrainingSetup, compute_dtype: str) -> str:
@@ -300,11 +301,17 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
     scores = b * a * s * s
     if backend == "recompute":
         # the checkpointed core keeps its inputs; v is kept as its own (contiguous) tensor,
-        # not as a view that would hold a fused QKV output alive
+        # not as a view that would hold a fused QKV output alive.  The recomputed core is the
+        # chosen kernel: eager reads q, k and v in the compute dtype (the casts the eager
+        # branch below saves: fp32 outputs of 4-bit layers beside prepare_kbit's fp32 norms
+        # are cast), the others read them as they are (in one dtype: SDPA refuses mixed ones)
+        core = ctx.c if ctx.setup.attn_implementation == "eager" else q.dtype
         if rg:
             for t, n, label in ((q, T * a * ctx.arch.head_dim, "q"), (k, T * kv * ctx.arch.head_dim, "k"),
                                 (v, T * kv * v_head_dim, "v")):
-                tr.save(t if t.numel == n else tr.new(f"{label} (kept for the recomputed core)", n, t.dtype, True,
+                if t.dtype != core:
+                    t = tr.new(f"{label} cast", n, core, True, f"T x heads*d as {core}", group)
+                tr.save(t if t.numel == n else tr.new(f"{label} (kept for the recomputed core)", n, core, True,
                                                       "T x heads*d", group))
         return tr.new("attention output", out_numel, q.dtype, rg, "T x a*d", group)
     if backend in ("flash", "efficient"):

@@ -46,6 +46,7 @@ _SETUP_OPTIONS = (
     ("--lora-targets", "lora_targets", "list", "LoRA target modules, comma-separated, or all-linear "
                                                "(default: every linear layer of the blocks)"),
     ("--trainable-layers", "trainable_layers", "int", "with --method freeze: how many last layers train"),
+    ("--backend", "backend", "choice", "auto (analytic where modelled, else traced), analytic or trace"),
     ("--stack", "stack", "choice", "training stack whose defaults and code paths to assume (default hf)"),
     ("--loss", "loss", "choice", "cross-entropy implementation"),
     ("--loss-chunks", "loss_chunks", "int", "with --loss chunked: number of chunks (default 8)"),
@@ -188,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("cases", nargs="?", default=None, metavar="CASES.jsonl",
                      help="cases in the validation format (default: the built-in H200 cases)")
     val.add_argument("--json", action="store_true", help="print a JSON list of {id, predicted, error}")
+    val.add_argument("--backend", default="analytic", choices=("analytic", "trace", "auto"),
+                     help="analytic (default), trace (needs the [trace] extra) or auto")
 
     sub.add_parser("measure", help="measure real training steps on a GPU (see `vramwidget measure --help`)",
                    add_help=False)
@@ -478,7 +481,7 @@ def _cmd_validate(args: argparse.Namespace, out) -> int:
     path = args.cases if args.cases is not None else V.BUILTIN_CASES
     if os.path.isdir(path):
         raise VramError(f"cases: {path!r} is a folder; give a .jsonl file", field="cases")
-    result = V.validate(V.load_cases(path))
+    result = V.validate(V.load_cases(path), backend=args.backend)
     if args.json:
         out.write(json.dumps(V.to_json_rows(result)) + "\n")
     else:

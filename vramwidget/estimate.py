@@ -15,7 +15,7 @@ function below, next to its formula; the per-op activation rules are in ``activa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from .activations import BlockContext, SavedTensor, Trace, attention_backend, trace_block
@@ -54,7 +54,8 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
         ``prepare_kbit``, ``optimizer``, ``optimizer_state_dtypes``,
         ``gradient_checkpointing``, ``attn_implementation``, ``batch_size``, ``seq_len``,
         ``grad_accum_steps``, ``lora_r``, ``lora_alpha``, ``lora_dropout``,
-        ``lora_targets``, ``trainable_layers``, ``tf32``.
+        ``lora_targets``, ``trainable_layers``, ``tf32``, ``backend`` ("auto": analytic where
+        the model's family is modelled, else traced; "analytic"; "trace": see ``vramwidget.trace``).
     gpu:
         A catalogue GPU name (``"H100 80GB"``): the estimate then also gives the step time
         (``step_seconds``, ``tokens_per_second``, ``mfu``, ``time_breakdown``, ``run_cost``).
@@ -64,8 +65,23 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
     VramError
         naming the field that is wrong and what is allowed.
     """
-    arch = load(model)
+    task = setup.pop("task", None)
     s = setup if isinstance(setup, TrainingSetup) else TrainingSetup.from_kwargs(**setup)
+    if s.backend == "trace":
+        from .trace import estimate_traced
+
+        return estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
+    try:
+        arch = load(model, task=task)
+    except VramError as e:
+        # the one place the backends meet: a family with no analytic model is traced
+        if s.backend != "auto" or e.field != "model_type":
+            raise
+        from . import trace
+
+        if not trace.available():
+            raise VramError(f"{e} (or trace it: {trace.INSTALL_HINT})", field="model_type") from None
+        return trace.estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
     est = estimate_setup(arch, s, gpu=gpu)
     check_physical(est, arch, s)
     return est
@@ -75,7 +91,9 @@ def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
     """More than 1 PiB on one GPU is an input error (:data:`~vramwidget.inputs.MAX_BYTES`),
     not an estimate: it names the model when the weights alone exceed it, else the inputs
     that scale the activations."""
-    if est.device_total_bytes <= MAX_BYTES:
+    # allocated memory + context bounds the device total from below: no allocator replay is
+    # needed to tell an input error from an estimate
+    if est.peak_allocated_bytes + est.cuda_context_bytes <= MAX_BYTES:
         return
     if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES:
         check_total(est.device_total_bytes, f"{arch.name}'s weights", {"model": arch.name})
@@ -83,6 +101,13 @@ def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
     if s.batch_size > s.seq_len / 2048:   # name first the one furthest above its default
         scaling = {"batch_size": s.batch_size, "seq_len": s.seq_len}
     check_total(est.device_total_bytes, "this training step", dict(scaling, model=arch.name))
+
+
+def _cuda_accounting():
+    """The device constants a traced step adds (the same ones this module counts)."""
+    from .trace.assemble import CudaAccounting
+
+    return CudaAccounting(CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES)
 
 
 # ----------------------------------------------------------------------------------
@@ -188,11 +213,12 @@ def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
             nbytes = t.numel * qbytes
             consts.append((t, _quant_const_bytes(t.numel, quant, s.double_quant), _quant_const_formula(quant, s.double_quant)))
         elif quant != "none":
-            dtype = "float32" if s.prepare_kbit else base_dtype16
+            dtype = "float32" if (s.prepare_kbit or t.keep_fp32) else base_dtype16
             nbytes = t.numel * DTYPE_BYTES[dtype]
         else:
-            dtype = wd
-            nbytes = t.numel * DTYPE_BYTES[wd]
+            # transformers' _keep_in_fp32_modules stay fp32 whatever the load dtype
+            dtype = "float32" if t.keep_fp32 else wd
+            nbytes = t.numel * DTYPE_BYTES[dtype]
         weights.append((t, dtype, nbytes, trains))
         if trains:
             trainable += t.numel
@@ -359,6 +385,8 @@ class _Acts:
     layers_bytes: float = 0.0             # every saving block together (no checkpointing)
     # forward work of one block, for the step time (timing.py): tensors created (one
     # kernel each) and the bytes they write; the steady block and the first one
+    # side towers (a VLM's vision encoder): saved tensors, not scaled by the text tokens
+    tower: List[Tuple[str, float, str]] = field(default_factory=list)
     fwd_ops_per_layer: float = 0.0
     fwd_written_bytes_per_layer: float = 0.0
     head_fwd_ops: float = 0.0
@@ -430,9 +458,50 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     per_layer = [SavedTensor(name, group, ab * T + bb * T2, dtype, an * T + bn * T2, formula)
                  for name, group, dtype, formula, ab, bb, an, bn in prof.per_layer]
     head = [(name, per_tok * T, formula) for name, formula, per_tok in prof.head]
-    return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers,
-                 fwd_ops_per_layer=prof.ops, fwd_written_bytes_per_layer=prof.written[0] * T + prof.written[1] * T2,
-                 head_fwd_ops=prof.head_ops, head_fwd_written_bytes=prof.head_written[0] * T + prof.head_written[1] * T2)
+    tower = _tower_activations(arch, s, P, cpu) if arch.towers else []
+    return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers, tower=tower,
+                 **_timing_fields(prof, T, T2))
+
+
+def _timing_fields(prof: "_Profile", T: float, T2: float) -> Dict[str, float]:
+    return dict(
+fwd_ops_per_layer=prof.ops, fwd_written_bytes_per_layer=prof.written[0] * T + prof.written[1] * T2,
+                head_fwd_ops=prof.head_ops, head_fwd_written_bytes=prof.head_written[0] * T + prof.head_written[1] * T2)
+
+
+def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool
+                       ) -> List[Tuple[str, float, str]]:
+    """A side tower's saved tensors (a VLM's vision encoder over ``images_per_sample`` images
+    of each sample): its blocks traced at its own token count (patches per image), each
+    image attending within itself.  Under checkpointing each tower layer keeps its input."""
+    out: List[Tuple[str, float, str]] = []
+    for name, tarch in arch.towers.items():
+        per_sample = arch.family.tower_tokens(arch, name, s)
+        if not per_sample or not s.images_per_sample:
+            continue
+        patches = per_sample // s.images_per_sample
+        n_img = s.batch_size * s.images_per_sample
+        T = n_img * patches
+        c = s.compute_dtype
+        backend = attention_backend(tarch, s, c)
+        if cpu and backend in ("math", "efficient"):
+            backend = "flash"
+        full = s.method == "full"
+        ctx = BlockContext(arch=tarch, setup=s, T=T, b=n_img, s=patches, c=c, resid=_resid(s),
+                           norm_w_dtype="float32" if (s.autocast or s.precision == "fp32") else s.weights_dtype,
+                           linear_trains=full, norms_train=full, lora_modules=P.lora_modules,
+                           adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu)
+        L = tarch.num_layers
+        if gc_mode(s):
+            nbytes = L * T * tarch.hidden_size * DTYPE_BYTES[_resid(s)]
+            out.append((f"{name} tower layer inputs kept by checkpointing ({L} layers)", nbytes,
+                        f"{L} x images x patches x h_{name} ({n_img} x {patches} x {tarch.hidden_size})"))
+            continue
+        steady = trace_block(ctx, input_rg=True).total_bytes
+        first = trace_block(ctx, input_rg=full).total_bytes
+        out.append((f"{name} tower saved tensors ({L} layers)", first + (L - 1) * steady,
+                    f"{L} blocks over images x patches ({n_img} x {patches})"))
+    return out
 
 
 def _get_profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False) -> _Profile:
@@ -502,8 +571,12 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     # embedding trains.  PEFT: only with checkpointing (enable_input_require_grads).
     first_rg = full or (s.trains_adapters and s.gradient_checkpointing == "full")
     dense = bool(arch.dense_layers and arch.is_moe)
-    tr = trace_block(ctx, input_rg=True)
-    tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=dense)
+    kinds = arch.family.layer_kinds(arch)
+    if kinds:
+        tr, tr_first = _mixed_stack(ctx, kinds, first_rg)
+    else:
+        tr = trace_block(ctx, input_rg=True)
+        tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=dense)
     dense_bytes = trace_block(ctx, input_rg=True, dense_layer=True).total_bytes if dense else tr.total_bytes
     # final norm + output head input
     htr = Trace()
@@ -526,6 +599,27 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
             "written": tr.created_bytes, "ops": tr.created_ops,
             "head_written": htr.created_bytes, "head_ops": htr.created_ops,
             "alloc_ops": (tr.ops, set(tr.saved)), "alloc_ops_first": (tr_first.ops, set(tr_first.saved))}
+
+
+def _mixed_stack(ctx: BlockContext, kinds: List[Tuple[str, int]], first_rg: bool) -> Tuple[Trace, Trace]:
+    """A stack of blocks of several kinds (a hybrid's linear-attention and attention layers,
+    an encoder-decoder's two stacks): the average block, each kind's saved tensors weighted by
+    its share of the layers (so L x the average is the stack's total), and the first block."""
+    n = sum(c for _, c in kinds)
+    avg = Trace()
+    for kind, count in kinds:
+        ctx.kind = kind
+        trk = trace_block(ctx, input_rg=True)
+        w = count / n
+        for t in trk.saved.values():
+            name = f"{t.name} ({kind}, {count} of {n} layers)"
+            avg.saved[name] = SavedTensor(name, t.group, t.nbytes * w, t.dtype, t.numel * w, t.formula)
+        avg.created_ops += trk.created_ops * w
+        avg.created_bytes += trk.created_bytes * w
+    ctx.kind = kinds[0][0]
+    first = trace_block(ctx, input_rg=first_rg)
+    ctx.kind = ""
+    return avg, first
 
 
 def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
@@ -713,7 +807,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     offloaded = 0.0
     if s.activation_offloading:
         offloaded, layer_acts = _offload(A, layer_acts, gc)
-    acts_bytes = layer_acts + head_acts
+    tower_acts = sum(n for _, n, _ in A.tower)
+    acts_bytes = layer_acts + head_acts + tower_acts
     loss_fwd, loss_bwd_items = loss_memory(arch, s, T if sizes is not None else None)
     lg = {k: b for k, b, _ in loss_fwd}
     logits_fwd_bytes = sum(lg.values())
@@ -758,7 +853,11 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         # DeepSeek-style MoE models, the same as the others elsewhere)
         "first layer's backward": (A.checkpoint_bytes_per_layer + A.first_layer_bytes if gc else A.first_layer_bytes)
         + max(grads_live_first, accum_grads)
-        + (head_cache if gc else cache_per_layer) + work,
+        # autocast's 16-bit weight copies live only as saved tensors once forward's autocast
+        # context exits (torch.autocast.__exit__ clears the cache): here the first block's own,
+        # from forward or (checkpointing) from its recomputation, which re-enters autocast;
+        # the head's copy went with the head's backward, long before
+        + cache_per_layer + work,
         "end of backward": max(grads_live_end, accum_grads) + embed_grad_live,
     }
     backward = persistent + mx(*ev.values())
@@ -785,7 +884,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
             return max(float(r.max_reserved_bytes), peak)
         return peak + max(0.0, float(r.max_reserved_bytes - r.max_allocated_bytes))
 
-    notes: List[str] = []
+    notes: List[str] = list(arch.family.notes(arch))
     if not arch.exact:
         notes.append(arch.assumption)
     if A.backend == "math":
@@ -802,6 +901,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     if s.optimizer_in_backward:
         notes.append("optimizer in backward: each parameter is stepped as its gradient is ready (no full gradient "
                      "set; no gradient accumulation or clipping)")
+    notes.extend(unusual_input_notes(arch, s))
+    notes.extend(_unquantized_notes(arch, s, P))
     notes.append(_versions_note(s))
     flops, overhead = _flops(arch, s, P)
 
@@ -843,6 +944,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                           formula="the first block's saved tensors (its input may need no gradient)"))
         for name, nbytes, formula in A.head:
             _child(acts, "output head").add(Node(name, bytes=nbytes, formula=formula))
+        for name, nbytes, formula in A.tower:
+            _child(acts, "vision tower").add(Node(name, bytes=nbytes, formula=formula))
         logits_fwd = Node("logits and loss", children=[Node(k, bytes=v, formula=f) for k, v, f in loss_fwd])
         state_node = Node("optimizer states", children=list(states))
 
@@ -884,7 +987,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                      formula="T x h")]),
                 grads_part(grads_bytes - embed_grad - layer_grad * 2 / 3,
                            "all gradients but the embedding's and most of the first block's"),
-                cache_part(head_cache if gc else cache_per_layer)] + work_part()
+                cache_part(cache_per_layer)] + work_part()
         else:
             bwd = [grads_part(grads_bytes, "every gradient"),
                    Node("activations", children=[Node("embedding gradient being accumulated",
@@ -969,6 +1072,53 @@ def _step_in_backward_bytes(P: _Params, s: TrainingSetup) -> float:
             b += each * DTYPE_BYTES[_state_dtypes(s, dtype)[1]] if s.optimizer == "adamw" else 0.0
         g = max(g, b)
     return g
+
+
+def unusual_input_notes(arch: Architecture, s: TrainingSetup) -> List[str]:
+    """Warnings for legal but unusual input: it is estimated, and the note says why it may
+    not be what the user meant (the widget shows them beside the estimate)."""
+    out = []
+    pos = arch.max_position_embeddings
+    if pos and s.seq_len > pos:
+        learned = any(t.role == "position_embedding" for t in arch.tensors)
+        out.append(f"warning: seq_len {s.seq_len:,} is beyond {arch.name}'s {pos:,} positions from training ("
+                   + ("its learned position table has no row past that: the model cannot run it as is"
+                      if learned else "it was not trained that long: RoPE scaling or a longer-context model")
+                   + "); memory estimated anyway")
+    if s.trains_adapters and s.lora_r > arch.hidden_size:
+        out.append(f"warning: lora_r {s.lora_r:,} is above the hidden size {arch.hidden_size:,}: an adapter's rank "
+                   f"cannot exceed min(in, out) features, so the extra rank adds memory and no capacity")
+    return out
+
+
+def _unquantized_notes(arch: Architecture, s: TrainingSetup, P: _Params) -> List[str]:
+    """Where a "quantized" base keeps weights in 16 or 32 bits, and why.
+
+    transformers' ``replace_with_bnb_linear`` (integrations/bitsandbytes.py) swaps only
+    ``nn.Linear``/``Conv1D`` modules for bitsandbytes ones, and the 4-bit quantizer's
+    ``param_needs_quantization`` (quantizers/quantizer_bnb_4bit.py) only their weights:
+    fused MoE experts (``MixtralExperts.gate_up_proj``/``down_proj``, 3-D ``nn.Parameter``)
+    stay in the load dtype.  peft's ``prepare_model_for_kbit_training`` (utils/other.py)
+    then casts every fp16/bf16 parameter that is not ``Params4bit`` to fp32.  Both read in
+    transformers 5.23 and peft 0.21.
+    """
+    if not s.quantized:
+        return []
+    qtypes = ("nf4", "fp4", "int8")
+    experts = sum(nb for t, dt, nb, _ in P.weights if t.experts and dt not in qtypes)
+    rest = sum(nb for t, dt, nb, _ in P.weights if dt not in qtypes)
+    out = []
+    dt = "fp32" if s.prepare_kbit else "16-bit"
+    if experts:
+        out.append(f"4-bit loading leaves the fused MoE expert weights unquantized ({experts / 2**30:.2f} GiB in {dt}): "
+                   f"bitsandbytes replaces only nn.Linear modules and the experts are 3-D parameters"
+                   + ("; prepare_model_for_kbit_training upcasts them to fp32" if s.prepare_kbit else ""))
+    whole16 = sum(t.numel for t in arch.tensors) * 2.0
+    if s.prepare_kbit and sum(nb for _, _, nb, _ in P.weights) > whole16:
+        out.append(f"prepare_model_for_kbit_training upcasts every unquantized parameter to fp32 ({rest / 2**30:.2f} GiB): "
+                   f"this base is larger than the whole model in 16 bits ({whole16 / 2**30:.2f} GiB); "
+                   f"prepare_kbit=False or more quantized_groups keep it smaller")
+    return out
 
 
 def _versions_note(s: TrainingSetup) -> str:

@@ -307,14 +307,15 @@ class InferenceSetup:
             from .engines import parse_version
 
             for k2, val in ver.items():
-                if k2 not in ("vllm", "sglang", "transformers"):
-                    raise VramError(f"versions: unknown engine {shown(k2)}; allowed: vllm, sglang, transformers",
-                                    field="versions")
-                parse_version(val)
-            if "vllm" in ver:
+                if k2 not in ("vllm", "vllm_runtime", "sglang", "transformers"):
+                    raise VramError(f"versions: unknown key {shown(k2)}; allowed: vllm, vllm_runtime (v0 or v1), "
+                                    f"sglang, transformers", field="versions")
+                if k2 != "vllm_runtime":
+                    parse_version(val)
+            if "vllm" in ver or "vllm_runtime" in ver:
                 from .engines import vllm_release
 
-                vllm_release(ver["vllm"])
+                vllm_release(ver.get("vllm"), ver.get("vllm_runtime"))
             v["versions"] = {str(k2): str(val) for k2, val in ver.items()}
         for name in ("tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel"):
             if kw.get(name) is not None:

@@ -118,8 +118,11 @@ class Estimate:
                  reserved_bytes: "float | Callable[[], float]", cuda_context_bytes: float, flops_per_step: Optional[float] = None,
                  recompute_overhead: float = 0.0, notes: Optional[List[str]] = None,
                  phase_components: Optional[Dict[str, List[Node]]] = None,
-                 builder: Optional[Callable[[], Tuple[List[Node], Dict[str, List[Node]]]]] = None):
+                 builder: Optional[Callable[[], Tuple[List[Node], Dict[str, List[Node]]]]] = None,
+                 backend: str = "analytic"):
         self.model_name = model_name
+        #: how it was computed: "analytic" (the modelled families) or "trace" (a traced step)
+        self.backend = backend
         self.setup = setup
         self.params_total = params_total
         self.params_trainable = params_trainable
@@ -354,6 +357,7 @@ class Estimate:
         """A plain dict of this object (JSON-able)."""
         return {
             "model": self.model_name,
+            "backend": self.backend,
             "setup": self.setup,
             "params_total": self.params_total,
             "params_trainable": self.params_trainable,

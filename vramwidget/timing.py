@@ -271,6 +271,7 @@ class StepTime:
     communication_seconds: float = 0.0   # exposed (not overlapped) communication, multi-GPU
     pipeline_bubble_seconds: float = 0.0
     communication: Optional[Dict[str, Any]] = None
+    notes: List[str] = field(default_factory=list)
 
     @property
     def step_seconds(self) -> float:
@@ -328,6 +329,7 @@ class StepTime:
             "dominant": dominant,
             "dominant_share": kinds[dominant] / total,
             "grad_accum_steps": k,
+            "notes": list(self.notes),
             "summary": f"{dominant} {kinds[dominant] / total:.0%} of the step; "
                        + ", ".join(f"{n.replace('_', ' ')} {p.seconds * (k if n != 'optimizer_step' else 1) * 1e3:.1f} ms"
                                    f" ({p.bound}-bound)" for n, p in phases.items()),
@@ -350,7 +352,10 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
 
     ``P``: the estimate's per-tensor storage decisions, ``A``: its traced activations
     (``fwd_written_bytes_per_layer``, ``fwd_ops_per_layer``: every tensor the block's
-    forward creates, one kernel each), ``logits``: the output head's logits and loss tensors.
+    forward creates, one kernel each), ``logits``: the output head's logits and loss tensors
+    (for the soft-capping pass).  Not modelled in time: ``torch.compile``'s fusion of the
+    blocks' elementwise kernels, activation offloading's PCIe copies (torchtune overlaps them),
+    packing's shorter attention spans.
     """
     T = s.tokens
     L = arch.num_layers
@@ -463,13 +468,24 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
     head.add_bytes("norms, activations, residuals, casts", 2 * A.head_fwd_written_bytes)
     head.kernels += A.head_fwd_ops + 1     # + the embedding lookup
     head.model_ops += A.head_fwd_ops + 1
-    logit_bytes = sum(logits.values())
-    # forward: each T x V tensor written once, read once (log_softmax reads its input twice)
-    head.add_bytes("logits and loss", 2 * logit_bytes + T * V * 4)
-    head.kernels += 6
-    head.model_ops += 6
-    # backward: nll_loss and log_softmax gradients (two fp32 T x V), the cast back
-    bwd_extra.add_bytes("logits and loss", T * V * (4 * 2 + 4 * 3 + DTYPE_BYTES[head_dtype] * 2))
+    cb = DTYPE_BYTES[head_dtype]
+    softcap = logits.get("soft-capped logits tanh", 0.0)
+    if s.compile or s.loss == "liger":
+        # one fused kernel per chunk (Liger's fused linear cross-entropy, a compiled loss): the
+        # logits are written, read for the softmax and overwritten by their gradient in place
+        head.add_bytes("logits and loss", T * V * cb * 3 + 2 * softcap)
+        bwd_extra.add_bytes("logits and loss", T * V * cb)
+        head.kernels += 3
+        head.model_ops += 3
+    else:
+        # standard or chunked (the same work, chunk by chunk): logits, their fp32 upcast and
+        # log_softmax's output each written once and read once (log_softmax reads its input twice)
+        live = T * V * (cb + (4 if cb != 4 else 0) + 4)
+        head.add_bytes("logits and loss", 2 * live + T * V * 4 + 2 * softcap)
+        # backward: nll_loss and log_softmax gradients (two fp32 T x V), the cast back
+        bwd_extra.add_bytes("logits and loss", T * V * (4 * 2 + 4 * 3 + cb * 2))
+        head.kernels += 6
+        head.model_ops += 6
     bwd_extra.add_bytes("norms, activations, residuals, casts", 2 * 2 * A.head_fwd_written_bytes)
     bwd_extra.kernels += 6 + 2 * A.head_fwd_ops
     bwd_extra.model_ops += 6 + A.head_fwd_ops
@@ -504,7 +520,10 @@ def step_time(gpu: Any, s: Any, works: Tuple[Work, Work, Work, Work], communicat
     b = phase_time(bwd.plus(rec), gpu, s.tf32)
     o = phase_time(opt, gpu, s.tf32)
     model_flops = fwd.flops + bwd.flops
-    return StepTime(gpu_name=gpu.name, forward=f, backward=b, optimizer_step=o, grad_accum_steps=s.grad_accum_steps,
+    notes = [f"{what} is not modelled in the step time" for flag, what in (
+        (s.compile, "torch.compile's kernel fusion"), (s.activation_offloading, "activation offloading's PCIe copies"),
+        (s.packing, "packing's shorter attention spans")) if flag]
+    return StepTime(notes=notes, gpu_name=gpu.name, forward=f, backward=b, optimizer_step=o, grad_accum_steps=s.grad_accum_steps,
                     tokens_per_step=s.tokens * s.grad_accum_steps, model_flops_per_step=model_flops * s.grad_accum_steps,
                     peak_flops_per_second=_peak(gpu, s.compute_dtype, s.tf32), recompute_seconds=r.seconds,
                     communication_seconds=communication_seconds)

@@ -26,7 +26,8 @@
  *                        multi-GPU training: num_gpus, strategy, tensor_parallel,
  *                        pipeline_parallel, offload_optimizer, offload_params,
  *                        inference: weights, kv_cache_dtype, context_len,
- *                        gpu_memory_utilization
+ *                        gpu_memory_utilization, engine (hf | vllm | sglang); a replica's
+ *                        GPUs are tensor_parallel x pipeline_parallel in both modes
  *   outputs (read here): specs {name: vega-lite spec}, rows {name: [row]}, summary, table,
  *                        disabled {trait: reason}, options {trait: [[value, label]]},
  *                        formats [number format], error, error_field, suggestions [change],
@@ -44,6 +45,9 @@
  *   parallel, stages                the multi-GPU line and the pipeline-stage table (in summary)
  *   max-batch                       the largest micro-batch that fits the GPU (in summary)
  *   kv-cache, longest-context       inference: KV cache per token and in all; longest context
+ *   serving, startup-lines          a serving engine's KV budget and the lines it prints at start-up;
+ *   largest-max-model-len,          the largest max_model_len that starts, and a copyable
+ *   serve-command                   `vllm serve` / `sglang.launch_server` command
  *   suggestions                     changes that make the setup fit (shown when it does not);
  *                                   each row suggestion-<i>, its button suggestion-apply-<i>
  *   chart-detail, chart-comparison, chart-phases   the Vega charts (class vw-ready once drawn)
@@ -71,6 +75,7 @@ const INPUT_TRAITS = [
   "lora_alpha", "lora_dropout", "lora_targets", "trainable_layers", "gpu", "mode",
   "num_gpus", "strategy", "tensor_parallel", "pipeline_parallel", "offload_optimizer",
   "offload_params", "weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization",
+  "engine",
 ];
 
 let uid = 0;

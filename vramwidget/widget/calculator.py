@@ -36,7 +36,7 @@ from .multigpu import ParallelPanel, strategy_options
 from .state import DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, run_estimate, shown
 from .suggestions import SuggestionsPanel, suggestion_dict
 from .training import YOUR_SETUP, TrainingPanel, _choices
-from .views import (COMPARISON_HEADER, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
+from .views import (COMPARISON_HEADER, COMPARISON_HEADER_TIME, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
                     add_verdicts, build_specs, table_rows)
 
 _MISSING = object()
@@ -77,6 +77,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         self._cache: "OrderedDict[Tuple, Any]" = OrderedDict()
         self._boxes: "OrderedDict[Tuple, UnitBox]" = OrderedDict()
         self._box_fits: Dict[Tuple, Optional[bool]] = {}
+        self._box_seconds: Dict[Tuple, Optional[float]] = {}   # scenario step times on a GPU
         self._answers: "OrderedDict[Tuple, Any]" = OrderedDict()   # max batch, longest context
         self._sugg_cache: "OrderedDict[Tuple, List[Any]]" = OrderedDict()
         self._sugg_token = 0
@@ -183,6 +184,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         new = change["new"] if change else None
         self._link_training(name, new)
         self._link_parallel(name, new)
+        self._link_inference(name, new)
         if name in ("model", "config_json"):
             self._arch_key = None
         self.disabled = self._disabled()
@@ -257,6 +259,19 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
             self._box_fits.pop(old, None)
         return box, self._box_fits[key]
 
+    def _scenario_seconds(self, arch: Any, kind: str, kw: Dict[str, Any], gpu: gpus.GPU) -> Optional[float]:
+        """A comparison scenario's step time on ``gpu`` (timing.py), cached beside its box."""
+        key = self._key(kind, kw) + (gpu.name,)
+        if key in self._box_seconds:
+            return self._box_seconds[key]
+        est = self._cache.get(self._key(kind, kw)) or run_estimate(arch, kind, {k: v for k, v in kw.items()
+                                                                             if k != "model"})
+        secs = est.set_gpu(gpu).step_seconds
+        self._box_seconds[key] = secs
+        if len(self._box_seconds) > 64:
+            self._box_seconds.pop(next(iter(self._box_seconds)))
+        return secs
+
     def _update(self) -> None:
         """Estimate the setup and the scenarios; set every output trait at once.
 
@@ -318,9 +333,14 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         scenarios: List[Tuple[str, UnitBox]] = []
         own_fits: Dict[str, Optional[bool]] = {}
         skipped: List[str] = []
+        times: Dict[str, float] = {}
         for name, k, s in scenario_kw:
             try:
                 box, own = self._scenario_box(arch, name, k, s)
+                if gpu is not None and k != "infer":
+                    secs = self._scenario_seconds(arch, k, s, gpu)
+                    if secs is not None:
+                        times[name] = secs
             except VramError as e:  # a scenario the model cannot do: leave it out, say why
                 skipped.append(f"{name}: {e}")
                 continue
@@ -330,9 +350,9 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         cap_label = f"{gpu.name} ({gpu.usable_gib:.1f} GiB)" if gpu else ""
         comparison = comparison_rows(
             scenarios, *COMPARISON_SIZE, capacity_bytes=cap, capacity_label=cap_label,
-            header=COMPARISON_HEADER_VERDICT if gpu else COMPARISON_HEADER)
+            header=(COMPARISON_HEADER_TIME if times else COMPARISON_HEADER_VERDICT) if gpu else COMPARISON_HEADER)
         if gpu is not None:
-            add_verdicts(comparison, gpu, own_fits)
+            add_verdicts(comparison, gpu, own_fits, times)
         if self.mode == "inference":
             phases = inference_phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
             summary = self._summary_inference(result, arch, gpu, kw, skipped)
@@ -415,6 +435,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
             "parallel": None,
             "max_batch_size": None,
             "inference": None,
+            "time": None,
         }
 
     def _answer(self, key: Tuple, fn) -> Any:

@@ -41,16 +41,21 @@ PARALLEL_INPUTS: Tuple[str, ...] = tuple(PARALLEL_DEFAULTS)
 #: the keyword arguments of estimate_inference() the widget exposes (gpu too)
 INFERENCE_KEYWORDS: Tuple[str, ...] = (
     "weights", "kv_cache_dtype", "batch_size", "context_len", "attn_implementation",
-    "gpu_memory_utilization",
+    "gpu_memory_utilization", "engine",
 )
 #: input traits used only in inference mode
-INFERENCE_INPUTS: Tuple[str, ...] = ("weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization")
+INFERENCE_INPUTS: Tuple[str, ...] = ("weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization",
+                                     "engine")
+#: input traits both modes use: the GPUs of one model replica are tensor_parallel x pipeline_parallel
+#: (training adds num_gpus and a data-parallel strategy)
+SHARED_PARALLEL: Tuple[str, ...] = ("tensor_parallel", "pipeline_parallel")
 #: every input trait (what ``Calculator(...)`` accepts as keyword arguments)
 INPUTS: Tuple[str, ...] = (ESTIMATE_INPUTS + ("config_json", "gpu", "mode") + PARALLEL_INPUTS
                            + INFERENCE_INPUTS)
 #: input traits used only in training mode
 TRAINING_ONLY: Tuple[str, ...] = tuple(
-    k for k in ESTIMATE_INPUTS + PARALLEL_INPUTS if k not in ("model", "batch_size", "attn_implementation"))
+    k for k in ESTIMATE_INPUTS + PARALLEL_INPUTS
+    if k not in ("model", "batch_size", "attn_implementation") + SHARED_PARALLEL)
 
 
 def _doc(text: str) -> Dict[str, Any]:
@@ -167,6 +172,9 @@ class State(anywidget.AnyWidget):
     gpu_memory_utilization = t.Float(None, allow_none=True, **_doc(
         "Inference: None for generate(); a fraction in (0, 1] (e.g. 0.9) for a vLLM-style server "
         "whose paged KV cache fills that share of the GPU (needs gpu).")).tag(sync=True)
+    engine = t.Unicode("hf", **_doc(
+        "Inference: hf (transformers' generate()) | vllm | sglang: whose start-up memory profile "
+        "and KV cache sizing to reproduce (a serving engine needs gpu).")).tag(sync=True)
 
     # -- outputs: set by Python, drawn by the frontend ------------------------------------
     specs = t.Dict(**_doc(
