@@ -867,22 +867,15 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     phases["first_step"] = mx(forward - states_bytes, backward - states_bytes, optimizer)
     phases["persistent"] = persistent
     context = CUDA_CONTEXT_BYTES
-    if sizes is not None:  # a grid of sizes: the totals only
-        return {"phases": phases, "peak_allocated_bytes": peak, "reserved_bytes": reserved,
+    if sizes is not None:  # a grid of sizes: the totals only (a replay per cell for reserved memory)
+        return {"phases": phases, "peak_allocated_bytes": peak, "reserved_bytes": _grid_reserved(arch, s, sizes, peak),
                 "cuda_context_bytes": context}
     bwd_event = max(ev, key=ev.get)
     peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
 
     def reserved() -> float:
-        """max_memory_reserved(): the caching allocator replayed over the run (allocator.py).
-        Where the event stream does not lay out this setup's step (events.modelled), the
-        replay's cached free blocks at its peak are added to this estimate's allocated peak."""
-        from .events import modelled
-
-        r = replay_training(arch, s)
-        if modelled(s):
-            return max(float(r.max_reserved_bytes), peak)
-        return peak + max(0.0, float(r.max_reserved_bytes - r.max_allocated_bytes))
+        """max_memory_reserved(): the caching allocator replayed over the run (events.py)."""
+        return ALLOCATOR_REPLAY["reserved"](arch, s, peak)
 
     notes: List[str] = list(arch.family.notes(arch))
     if not arch.exact:
@@ -1028,7 +1021,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                    notes=notes, builder=build)
     est._work = work
     est._setup_obj = s
-    est._replay_fn = lambda capacity_bytes=None, record=False: replay_training(arch, s, capacity_bytes, record)
+    est._replay_fn = lambda capacity_bytes=None, record=False: ALLOCATOR_REPLAY["replay"](arch, s, capacity_bytes,
+                                                                                         record)
     if gpu is not None:
         est.set_gpu(gpu)
     return est
@@ -1152,6 +1146,19 @@ def _check_knobs(arch: Architecture, s: TrainingSetup) -> None:
         raise VramError(f"{field}: {value!r} is not modelled yet", field=field)
 
 
+def _grid_reserved(arch: Architecture, s: TrainingSetup, sizes: Tuple[Any, Any], peak: Any) -> Any:
+    """Reserved memory at every (batch, sequence) of a grid: one allocator replay per cell
+    (numpy arrays in, an array out; the cells are the setups ``estimate_setup`` would see)."""
+    import numpy as np
+
+    b, sq, pk = np.broadcast_arrays(np.asarray(sizes[0]), np.asarray(sizes[1]), np.asarray(peak, dtype=float))
+    out = np.empty(b.shape, dtype=float)
+    for i in np.ndindex(b.shape):
+        cell = s.replace(batch_size=int(b[i]), seq_len=int(sq[i]))
+        out[i] = ALLOCATOR_REPLAY["reserved"](arch, cell, float(pk[i]))
+    return out
+
+
 def _autocast_cache(arch: Architecture, s: TrainingSetup, P: _Params) -> Node:
     """Autocast casts each fp32 matmul weight to 16 bits once per forward and caches the
     copy; the matmuls save it for backward (leaf tensors only: weights, not activations)."""
@@ -1235,28 +1242,11 @@ def _finish(nodes: List[Node]) -> List[Node]:
     return _merge_named(out)
 
 
-_REPLAYS: Dict[Tuple[Any, ...], Any] = {}
-
-
-def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Optional[float] = None,
-                    record: bool = False):
-    """Replay the caching allocator over this setup's load + three training steps
-    (``events.training_events`` -> ``allocator.replay``); cached per architecture and setup
-    when no capacity and no recording is asked for."""
-    from .allocator import parse_alloc_conf, replay
-    from .events import training_events
-
-    key = (id(arch), s)
-    if capacity_bytes is None and not record:
-        hit = _REPLAYS.get(key)
-        if hit is not None and hit[0] is arch:
-            return hit[1]
-    res = replay(training_events(arch, s), parse_alloc_conf(s.allocator), capacity_bytes, record)
-    if capacity_bytes is None and not record:
-        if len(_REPLAYS) > 4096:
-            _REPLAYS.clear()
-        _REPLAYS[key] = (arch, res)
-    return res
+#: the caching-allocator replay behind reserved memory, registered by ``vramwidget.events``
+#: when it is imported (``vramwidget/__init__`` does): ``replay(arch, s, capacity_bytes,
+#: record)`` and ``reserved(arch, s, peak)``.  events.py builds its event stream from this
+#: module's quantities, so this module cannot import it.
+ALLOCATOR_REPLAY: Dict[str, Callable[..., Any]] = {}
 
 
 def _flops(arch: Architecture, s: TrainingSetup, P: _Params) -> Tuple[float, float]:

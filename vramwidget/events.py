@@ -28,7 +28,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .activations import attention_backend
 from .architecture import Architecture
-from .estimate import (BNB_8BIT_MIN_SIZE, BNB_8BIT_OPT_BLOCK, CUBLAS_WORKSPACE_BYTES, _get_profile,
+from .allocator import parse_alloc_conf, replay
+from .estimate import (ALLOCATOR_REPLAY, BNB_8BIT_MIN_SIZE, BNB_8BIT_OPT_BLOCK, CUBLAS_WORKSPACE_BYTES, _get_profile,
                        _params, _resid, _state_dtypes, gc_mode, logits_dtype)
 from .training import TrainingSetup
 from .units import DTYPE_BYTES
@@ -446,3 +447,41 @@ def _optimizer_step(st: _Stream, s: TrainingSetup, ordered: List[Tuple[Any, ...]
             keys.append(st.alloc(numel * 4, (module, "update (normalised)")))
             for k in keys:
                 st.free(k)
+
+
+# ----------------------------------------------------------------------------------
+# The replay behind Estimate.reserved_bytes
+# ----------------------------------------------------------------------------------
+
+_REPLAYS: Dict[Tuple[Any, ...], Any] = {}
+
+
+def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Optional[float] = None,
+                    record: bool = False) -> Any:
+    """Replay the caching allocator (``allocator.replay``, with the setup's ``allocator``
+    settings) over this setup's load + three training steps; cached per architecture and
+    setup when no capacity and no recording is asked for."""
+    key = (id(arch), s)
+    if capacity_bytes is None and not record:
+        hit = _REPLAYS.get(key)
+        if hit is not None and hit[0] is arch:
+            return hit[1]
+    res = replay(training_events(arch, s), parse_alloc_conf(s.allocator), capacity_bytes, record)
+    if capacity_bytes is None and not record:
+        if len(_REPLAYS) > 4096:
+            _REPLAYS.clear()
+        _REPLAYS[key] = (arch, res)
+    return res
+
+
+def reserved_bytes(arch: Architecture, s: TrainingSetup, peak: float) -> float:
+    """``max_memory_reserved()`` of the setup whose allocated peak the estimate puts at ``peak``:
+    the replay's own maximum where the event stream lays out the step (:func:`modelled`), else
+    the replay's cached free blocks at its peak added to ``peak``."""
+    r = replay_training(arch, s)
+    if modelled(s):
+        return max(float(r.max_reserved_bytes), float(peak))
+    return float(peak) + max(0.0, float(r.max_reserved_bytes - r.max_allocated_bytes))
+
+
+ALLOCATOR_REPLAY.update(replay=replay_training, reserved=reserved_bytes)
