@@ -229,6 +229,16 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         if _promote(a_dtype, out_dtype) != out_dtype:
             tr.temp(f"{tag} base + LoRA", n_tok * out_features, _promote(a_dtype, out_dtype), True,
                    "T x out (transient)", LORA_GROUP)
+        if ctx.setup.lora_variant == "dora":
+            # peft DoraLinearLayer.forward: (mag_norm_scale - 1) * base_result keeps the base
+            # layer's output, mag_norm_scale * lora_result keeps lora_B's output (the magnitude
+            # trains); with dropout, base_result is recomputed from a fp32 weight copy, which
+            # estimate._activations adds per layer (it does not scale with tokens)
+            base_dt = out_dtype if ctx.setup.lora_dropout == 0 else ctx.adapter_dtype
+            tr.save(tr.new(f"{tag} DoRA base output", n_tok * out_features, base_dt, True,
+                           f"T x {_dim(out_features)}", LORA_GROUP))
+            tr.save(tr.new(f"{tag} DoRA lora_B output", n_tok * out_features, a_dtype, True,
+                           f"T x {_dim(out_features)}", LORA_GROUP))
     out = tr.new(name, n_tok * out_features, out_dtype, rg, f"T x {_dim(out_features)}", group)
     tr.param(module)
     return out
@@ -393,16 +403,18 @@ def _dim(x: float) -> str:
 # ---------------------------------------------------------------------------------
 
 def gated_mlp(tr: Trace, ctx: BlockContext, x: _T, i: int, *, fused: bool = False, prefix: str = "",
-              group: str = "mlp", trains: Optional[bool] = None, tokens: Optional[float] = None) -> _T:
-    """``down(act(gate(x)) * up(x))``: gate, up, act(gate) and the product are kept."""
+              group: str = "mlp", trains: Optional[bool] = None, tokens: Optional[float] = None,
+              names: Tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> _T:
+    """``down(act(gate(x)) * up(x))``: gate, up, act(gate) and the product are kept.
+    ``names``: the three modules' names (what LoRA targets match)."""
     T = tokens if tokens is not None else ctx.T
     if fused:
         gu = linear(tr, ctx, x, "gate_up_proj", 2 * i, prefix + "gate_up_proj output", group, trains=trains)
         g = gu
         u = gu
     else:
-        g = linear(tr, ctx, x, "gate_proj", i, prefix + "gate_proj output", group, trains=trains, tokens=T)
-        u = linear(tr, ctx, x, "up_proj", i, prefix + "up_proj output", group, trains=trains, tokens=T)
+        g = linear(tr, ctx, x, names[0], i, prefix + "gate_proj output", group, trains=trains, tokens=T)
+        u = linear(tr, ctx, x, names[1], i, prefix + "up_proj output", group, trains=trains, tokens=T)
     rg = g.rg or u.rg
     if rg:
         tr.save(g)
@@ -411,7 +423,7 @@ def gated_mlp(tr: Trace, ctx: BlockContext, x: _T, i: int, *, fused: bool = Fals
     if rg:
         tr.save(act)
     p = tr.new(prefix + "act(gate) * up", T * i, g.dtype, rg, "T x i", group)
-    return linear(tr, ctx, p, "down_proj", ctx.arch.hidden_size, prefix + "down_proj output", group, trains=trains,
+    return linear(tr, ctx, p, names[2], ctx.arch.hidden_size, prefix + "down_proj output", group, trains=trains,
                   tokens=T, in_features=i)
 
 

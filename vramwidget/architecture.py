@@ -157,6 +157,12 @@ class Architecture:
         }
 
 
+#: LoRA targets outside the blocks: peft wraps the output head's nn.Linear (``lm_head``) and
+#: the token embedding (``embed_tokens``, peft's lora.Embedding); the blocks' modules are
+#: what :func:`resolve_targets` returns
+HEAD_TARGETS = ("lm_head", "embed_tokens")
+
+
 def resolve_targets(arch: Architecture, targets: Iterable[str]) -> List[str]:
     """LoRA ``target_modules`` -> the module names of ``arch`` they select.
 
@@ -166,6 +172,10 @@ def resolve_targets(arch: Architecture, targets: Iterable[str]) -> List[str]:
     if isinstance(targets, str):
         targets = [t.strip() for t in targets.split(",") if t.strip()]
     targets = list(targets)
+    head = [t for t in targets if t in HEAD_TARGETS]
+    targets = [t for t in targets if t not in HEAD_TARGETS]
+    if head and not targets:
+        return []   # only the output head and/or the embedding (estimate._params adds those)
     have = arch.linear_modules()
     if any(t in ("all-linear", "all_linear", "all") for t in targets):
         return have

@@ -13,6 +13,7 @@
  *   charts.js       the three Vega charts (embedded once, rows swapped in place), the theme
  *   table.js        the component table
  *   formats.js      the number-format panel
+ *   trainingconfig.js  import a training config (YAML/JSON) that fills the controls
  *   chartview.js    vramwidget.ChartView (one Altair chart)
  *   dom.js          h() and the number formatters; types.js the shared JSDoc types
  * This file joins them: it builds the layout and subscribes each panel to its traits.
@@ -39,6 +40,9 @@
  *                                   fieldsets whose checkboxes are control-<trait>-<value>,
  *                                   plus control-lora_targets-all ("every linear layer")
  *   config-upload, config-clear     the config.json file picker and its clear button
+ *   training-config, control-training_config, training-config-upload, training-config-apply,
+ *   training-config-report          import a training config: the box, its text, file picker,
+ *                                   apply button and what it set / did not use
  *   error                           the error banner (hidden when the error trait is "")
  *   summary                         peak, phase, device total, GPU fit
  *   control-mode                    the mode radios (control-mode-training, control-mode-inference)
@@ -65,6 +69,7 @@ import { formatsPanel } from "./formats.js";
 import { suggestionsPanel } from "./suggestions.js";
 import { summaryPanel } from "./summary.js";
 import { tablePanel } from "./table.js";
+import { trainingConfigPanel } from "./trainingconfig.js";
 
 /** @typedef {import("./types.js").Model} Model @typedef {import("./types.js").Ctx} Ctx */
 
@@ -109,6 +114,8 @@ export default {
     const charts = chartsPanel(ctx);
     const table = tablePanel(ctx);
     const formats = formatsPanel(ctx);
+    const trainingConfig = trainingConfigPanel(ctx);
+    controls.el.append(trainingConfig.el);
 
     const main = h("div", { class: "vw-main" }, [suggestions.el, charts.el, table.el, formats.el]);
     root.append(error.el, summary.el, h("div", { class: "vw-layout" }, [controls.el, main]));
@@ -127,6 +134,7 @@ export default {
     on("change:suggestions_status", suggestions.sync);
     on("change:table", table.sync);
     on("change:formats", formats.sync);
+    on("change:training_config_report", trainingConfig.sync);
     on("change:rows", charts.updateRows);
     on("change:specs", charts.embedAll);
 
@@ -137,6 +145,7 @@ export default {
     suggestions.sync();
     table.sync();
     formats.sync();
+    trainingConfig.sync();
     charts.start();
 
     return () => {

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 from ..errors import VramError
+from ..inputs import shown
 
 #: model_type -> the family instance that models it (registration order is kept)
 REGISTRY: Dict[str, "Family"] = {}
@@ -71,9 +72,14 @@ class Family:
         if task is None:
             return self.task
         if task not in self.tasks:
-            raise VramError(f"task: {self.model_types[0]} is modelled as {', '.join(self.tasks)}; got {task!r}",
+            raise VramError(f"task: {self.model_types[0]} is modelled as {', '.join(self.tasks)}; got {shown(task)}",
                             field="task")
         return task
+
+    def trace_key(self, arch: Any, setup: Any) -> Any:
+        """What else (beyond the size-free setup) changes the block trace, e.g. whether the
+        sequence is longer than a chunked-attention window (the trace is cached per value)."""
+        return None
 
     def notes(self, arch: Any) -> List[str]:
         """What the estimate assumes about this family (shown on every estimate)."""

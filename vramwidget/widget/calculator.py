@@ -27,6 +27,7 @@ import traitlets as t
 
 from .. import charts, gpus
 from ..errors import VramError
+from ..inputs import shown
 from ..result import Estimate
 from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
 from ..units import GIB
@@ -36,13 +37,14 @@ from .multigpu import ParallelPanel, strategy_options
 from .state import DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, run_estimate, shown
 from .suggestions import SuggestionsPanel, suggestion_dict
 from .training import YOUR_SETUP, TrainingPanel, _choices
+from .trainingconfig import TrainingConfigPanel
 from .views import (COMPARISON_HEADER, COMPARISON_HEADER_TIME, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
                     add_verdicts, build_specs, table_rows)
 
 _MISSING = object()
 
 
-class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel, State):
+class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel, TrainingConfigPanel, State):
     """GPU memory of one training step (on one GPU or per GPU of a parallel run) or of
     inference, as a live notebook widget.
 
@@ -160,11 +162,27 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         """The current estimate's leaves as a pandas DataFrame."""
         return self.estimate.to_dataframe(phase)
 
+    def __repr__(self) -> str:
+        """A plain-text summary (``print(calc)``, terminals, front ends without widgets): the
+        model and mode, the current error if any, then the shown estimate's summary."""
+        head = f"Calculator({shown(self.model)}, mode={shown(self.mode)})"
+        if self.error:
+            head += f"\nerror ({self.error_field or 'input'}): {self.error}  [the estimate below is the last valid one]"
+        result = getattr(self, "_result", None)
+        if result is None:
+            return head
+        return head + "\n" + result.summary_text()
+
     def close(self) -> None:
         self._cancel_pending()
         super().close()
 
-    # -- the one observer --------------------------------------------------------------------
+    # -- the observers ----------------------------------------------------------------------
+    @t.observe("training_config")
+    def _training_config_changed(self, change: Dict[str, Any]) -> None:
+        if self._ready and not self._busy:
+            self._on_training_config(change)
+
     @t.observe(*INPUTS)
     def _on_input(self, change: Dict[str, Any]) -> None:
         if not self._ready or self._busy:
@@ -317,9 +335,10 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         comparison's setups, the output traits, and the suggestions job (None when the
         setup fits, there is no GPU or the mode is inference)."""
         if self.mode not in MODES:
-            raise VramError(f"mode: {self.mode!r} is not one of {', '.join(MODES)}", field="mode")
+            raise VramError(f"mode: {shown(self.mode)} is not one of {', '.join(MODES)}", field="mode")
         arch = self._resolve_model()
-        gpu = self._gpu_or_none()
+        # an unknown GPU name is an error the widget shows, not "no GPU"
+        gpu = gpus.get_gpu(self.gpu) if self.gpu.strip() else None
         if self.mode == "inference":
             kind, kw = "infer", self.inference_setup()
             setups = [(name, dict(kw, **change)) for name, change in INFERENCE_SCENARIOS]

@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 import anywidget
 import traitlets as t
 
+from ..inputs import guard_traits
 from ..result import Estimate
 
 _STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
@@ -189,6 +190,12 @@ class State(anywidget.AnyWidget):
     options = t.Dict(**_doc(
         "Control -> list of [value, label] choices; also presets, gpus and lora_targets.")).tag(sync=True)
     formats = t.List(**_doc("Number formats: bits, range and precision (FP32 ... NF4).")).tag(sync=True)
+    training_config = t.Unicode("", **_doc(
+        "Text of a training config (axolotl/torchtune/LLaMA-Factory/LitGPT YAML, HF/TRL or DeepSpeed "
+        "JSON, accelerate YAML); setting it fills the controls it names.")).tag(sync=True)
+    training_config_report = t.Dict(**_doc(
+        "What the last training config set: format, applied {trait: value}, not_controls, ignored "
+        "[[field, reason]], notes, error.")).tag(sync=True)
     error = t.Unicode("", **_doc(
         "Why the current input cannot be estimated ('' when it can); the charts keep the "
         "last valid estimate.")).tag(sync=True)
@@ -204,3 +211,7 @@ class State(anywidget.AnyWidget):
     #: seconds after the last change before suggestions are worked out; None = at once,
     #: inside the update (scripts and tests that want them synchronously)
     suggestions_delay: Optional[float] = 0.15
+
+
+# every input trait checks its value's type before traitlets does: a VramError naming it
+guard_traits(State, INPUTS)
