@@ -106,6 +106,13 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
                 self._link({"name": "method", "old": "full", "new": "freeze"})
             if "num_gpus" in kwargs and "strategy" not in kwargs:
                 self._link({"name": "num_gpus", "old": 1, "new": self.num_gpus})
+            if kwargs.get("stack", "hf") != "hf":
+                # the stack's defaults for what the keywords leave open
+                from ..stacks import stack_defaults
+
+                for k, v in stack_defaults(self.stack, {"seq_len": self.seq_len}).items():
+                    if k not in kwargs and hasattr(self, k):
+                        setattr(self, k, list(v) if isinstance(v, tuple) else v)
             self._link(None)
         finally:
             self._busy = False
@@ -276,19 +283,6 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
             old, _ = self._boxes.popitem(last=False)
             self._box_fits.pop(old, None)
         return box, self._box_fits[key]
-
-    def _scenario_seconds(self, arch: Any, kind: str, kw: Dict[str, Any], gpu: gpus.GPU) -> Optional[float]:
-        """A comparison scenario's step time on ``gpu`` (timing.py), cached beside its box."""
-        key = self._key(kind, kw) + (gpu.name,)
-        if key in self._box_seconds:
-            return self._box_seconds[key]
-        est = self._cache.get(self._key(kind, kw)) or run_estimate(arch, kind, {k: v for k, v in kw.items()
-                                                                             if k != "model"})
-        secs = est.set_gpu(gpu).step_seconds
-        self._box_seconds[key] = secs
-        if len(self._box_seconds) > 64:
-            self._box_seconds.pop(next(iter(self._box_seconds)))
-        return secs
 
     def _update(self) -> None:
         """Estimate the setup and the scenarios; set every output trait at once.
