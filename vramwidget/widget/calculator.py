@@ -27,7 +27,7 @@ import traitlets as t
 
 from .. import charts, gpus
 from ..errors import VramError
-from ..inputs import shown
+from ..inputs import shown as short_repr
 from ..result import Estimate
 from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
 from ..units import GIB
@@ -168,17 +168,6 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
     def to_dataframe(self, phase: Optional[str] = None):
         """The current estimate's leaves as a pandas DataFrame."""
         return self.estimate.to_dataframe(phase)
-
-    def __repr__(self) -> str:
-        """A plain-text summary (``print(calc)``, terminals, front ends without widgets): the
-        model and mode, the current error if any, then the shown estimate's summary."""
-        head = f"Calculator({shown(self.model)}, mode={shown(self.mode)})"
-        if self.error:
-            head += f"\nerror ({self.error_field or 'input'}): {self.error}  [the estimate below is the last valid one]"
-        result = getattr(self, "_result", None)
-        if result is None:
-            return head
-        return head + "\n" + result.summary_text()
 
     def close(self) -> None:
         self._cancel_pending()
@@ -329,7 +318,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         comparison's setups, the output traits, and the suggestions job (None when the
         setup fits, there is no GPU or the mode is inference)."""
         if self.mode not in MODES:
-            raise VramError(f"mode: {shown(self.mode)} is not one of {', '.join(MODES)}", field="mode")
+            raise VramError(f"mode: {short_repr(self.mode)} is not one of {', '.join(MODES)}", field="mode")
         arch = self._resolve_model()
         # an unknown GPU name is an error the widget shows, not "no GPU"
         gpu = gpus.get_gpu(self.gpu) if self.gpu.strip() else None
