@@ -73,7 +73,7 @@ def test_profile_equals_an_exact_trace_at_another_size():
     """Sizes replayed from the (b, s) profile equal a trace run at that size, byte for byte."""
     name, cfg = resolve_config("smollm2-135m")
     s0 = vw.TrainingSetup.from_kwargs(batch_size=2, seq_len=256, backend="trace")
-    prof = P.profile_for(cfg, s0)
+    prof = P.profile_for(cfg, s0)   # traces (2, 256) and (3, 512)
     assert prof.size_fns is not None
     s1 = s0.replace(batch_size=3, seq_len=200)
     exact = P._trace(cfg, s1, "causal-lm")

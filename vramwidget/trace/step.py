@@ -89,8 +89,12 @@ def _optimizer(name: str, params: List[torch.nn.Parameter]):
         return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, foreach=True)
     if name == "sgd":
         return torch.optim.SGD(params, lr=LEARNING_RATE, foreach=True)
+    if name == "adamw_8bit":
+        from .quantized import AdamW8bitStandIn
+
+        return AdamW8bitStandIn(params, lr=LEARNING_RATE)
     raise VramError(f"optimizer: {name!r} runs bitsandbytes', lion-pytorch's or GaLore's own code, which the trace "
-                    f"backend does not run on a CPU; use adamw, adamw_fused, adafactor, sgd or sgd_momentum, or "
+                    f"backend does not run on a CPU; use adamw, adamw_fused, adamw_8bit, adafactor, sgd or sgd_momentum, or "
                     f"backend='analytic' for a modelled family", field="optimizer")
 
 
