@@ -12,8 +12,10 @@ leaf weights for the forward pass, as CUDA's does (aten/src/ATen/autocast_mode.c
 * softmax, log_softmax, sum, prod, cumsum, cumprod compute in fp32 from 16-bit inputs
   (``dtype=torch.float32``: an fp32 output, no copy of the input).
 
-It is active only while torch's own CPU autocast is enabled, so transformers' regions that
-switch autocast off (rotary embeddings) stay off.
+It acts only while torch's own CPU autocast is enabled, so transformers' regions that
+switch autocast off (rotary embeddings) stay off, and it stays installed for the whole step:
+checkpointing's recomputation in backward re-enters autocast and must cast as the forward
+pass did.
 """
 
 from __future__ import annotations
@@ -61,8 +63,13 @@ class _CudaPolicy(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def cuda_policy() -> TorchFunctionMode:
+    """The mode that adds CUDA's casts while CPU autocast is on (install it around the step)."""
+    return _CudaPolicy()
+
+
 @contextlib.contextmanager
 def cuda_autocast(dtype: torch.dtype) -> Iterator[None]:
-    """Autocast as a CUDA device would apply it (see the module docstring)."""
-    with torch.autocast("cpu", dtype=dtype), _CudaPolicy():
+    """Autocast around the forward pass (with :func:`cuda_policy` installed around the step)."""
+    with torch.autocast("cpu", dtype=dtype):
         yield

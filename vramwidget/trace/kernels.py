@@ -24,6 +24,9 @@ CPU one:
   puts a new Parameter in place instead (torch's "overwrite" conversion,
   ``torch.__future__.set_overwrite_module_params_on_conversion``), which allocates the
   same tensors.
+* transformers' MoE ``grouped_mm`` experts (integrations/moe.py): ``torch._grouped_mm``
+  takes bf16 only (its shape rule checks it as the CUDA kernel does); other dtypes take
+  transformers' own fallback op, which allocates the same output and gradients.
 * ``_get_value`` of torch.optim: the step counter is read with ``.item()``, which a fake
   tensor cannot answer; the counter's value does not change any tensor's size.
 """
@@ -166,6 +169,15 @@ def cuda_kernels(attn_implementation: str = "sdpa") -> Iterator[None]:
         if hasattr(mod, "_get_value"):
             saved.append((mod, "_get_value", mod._get_value))
             mod._get_value = _get_value
+    try:
+        import transformers.integrations.moe as moe
+
+        can = moe._can_use_grouped_mm
+        saved.append((moe, "_can_use_grouped_mm", can))
+        moe._can_use_grouped_mm = lambda input, weight, offs: (
+            input.dtype == weight.dtype == torch.bfloat16 and can(input, weight, offs))
+    except (ImportError, AttributeError):
+        pass
     saved.append((torch.nn.Module, "_apply", torch.nn.Module._apply))
     torch.nn.Module._apply = _overwrite_apply
     try:

@@ -22,6 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from ..errors import VramError
 from ..result import Estimate
 from ..training import TrainingSetup
 from .events import Alloc, cuda_rounded
@@ -143,9 +144,14 @@ def _trace(config: Mapping[str, Any], s: TrainingSetup, task: str) -> _Trace:
         hit = _TRACES.get(key)
     if hit is not None:
         return hit
-    from .step import trace_step
+    from .step import explain_failure, trace_step
 
-    log = trace_step(config, s, task=task)
+    try:
+        log = trace_step(config, s, task=task)
+    except VramError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure inside the model's code becomes one line
+        raise VramError(explain_failure(exc, config), field="model") from None
     tr = _Trace(log.allocs, log.marks, log.params_total, log.params_trainable, log.notes, s.batch_size, s.seq_len)
     tr.stem = _key(config, s, task, False)  # type: ignore[attr-defined]
     with _LOCK:
