@@ -25,12 +25,15 @@ def _setup(**kw):
 
 def test_release_table():
     # every row names the source file it was read from, releases in order
-    versions = [parse_version(r[0]) for r in VLLM_RELEASES]
-    assert versions == sorted(versions)
-    assert all(r[4].startswith("vllm/") for r in VLLM_RELEASES)
+    for rt in ("v0", "v1"):
+        versions = [parse_version(r[0]) for r in VLLM_RELEASES if r[1] == rt]
+        assert versions == sorted(versions)
+    assert all(r[5].startswith("vllm/") for r in VLLM_RELEASES)
     assert vllm_release("0.6.4").rule == "peak_plus_non_torch" and vllm_release("0.6.4").runtime == "v0"
     assert vllm_release("0.6.6.post1").rule == "baseline"
     assert vllm_release("0.8.2").runtime == "v1" and vllm_release("0.8.2").context_counted
+    assert vllm_release("0.7.3").runtime == "v0" and vllm_release("0.7.3", "v1").rule == "peak_plus_non_torch"
+    assert vllm_release("0.2.4").rule == "torch_peak" and not vllm_release("0.2.4").comm_counted
     assert vllm_release("0.10.2").rule == "baseline" and not vllm_release("0.10.2").context_counted
     assert parse_version("v0.6.4.post1") == (0, 6, 4)
     with pytest.raises(VramError) as e:

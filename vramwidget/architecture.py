@@ -26,7 +26,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from .errors import VramError
 from .inputs import MAX_TEXT_CHARS, check_int, check_text, fail, shown
@@ -70,6 +70,18 @@ class Architecture:
     final_logit_softcapping: Optional[float] = None
     mla: Optional[Dict[str, int]] = None   # kv_lora_rank, q_lora_rank, qk_rope_head_dim, ...
     max_position_embeddings: Optional[int] = None
+    #: blocks of different kinds in one stack, (kind, count) in layer order of first
+    #: appearance (hybrids: "linear_attention"/"full_attention"; encoder-decoders:
+    #: "encoder"/"decoder"); None: every block is alike.  The family's ``block`` reads ctx.kind.
+    layer_kinds: Optional[List[Tuple[str, int]]] = None
+    #: side towers (a VLM's vision encoder) as architectures of their own
+    towers: Dict[str, "Architecture"] = field(default_factory=dict, repr=False)
+    #: the transformers model class counted: causal_lm, image_text_to_text, seq2seq_lm, masked_lm
+    task: str = "causal_lm"
+    #: layers that keep a KV cache (None: all); hybrids' other layers keep a fixed-size state
+    kv_cache_layers: Optional[int] = None
+    #: elements of the fixed-size recurrent state (conv + linear-attention/SSM) of one sequence
+    state_elems_per_seq: int = 0
     hub_id: Optional[str] = None
     exact: bool = True
     assumption: str = ""
@@ -145,6 +157,12 @@ class Architecture:
         }
 
 
+#: LoRA targets outside the blocks: peft wraps the output head's nn.Linear (``lm_head``) and
+#: the token embedding (``embed_tokens``, peft's lora.Embedding); the blocks' modules are
+#: what :func:`resolve_targets` returns
+HEAD_TARGETS = ("lm_head", "embed_tokens")
+
+
 def resolve_targets(arch: Architecture, targets: Iterable[str]) -> List[str]:
     """LoRA ``target_modules`` -> the module names of ``arch`` they select.
 
@@ -154,6 +172,10 @@ def resolve_targets(arch: Architecture, targets: Iterable[str]) -> List[str]:
     if isinstance(targets, str):
         targets = [t.strip() for t in targets.split(",") if t.strip()]
     targets = list(targets)
+    head = [t for t in targets if t in HEAD_TARGETS]
+    targets = [t for t in targets if t not in HEAD_TARGETS]
+    if head and not targets:
+        return []   # only the output head and/or the embedding (estimate._params adds those)
     have = arch.linear_modules()
     if any(t in ("all-linear", "all_linear", "all") for t in targets):
         return have
@@ -183,8 +205,14 @@ MAX_CONFIG_CHARS = 1 << 24
 _SYNONYMS = (("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"), ("num_attention_heads", "n_head"),
              ("max_position_embeddings", "n_positions"))
 
-def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Optional[str] = None) -> Architecture:
-    """An Architecture from a config.json dict or a path to a config.json file."""
+def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Optional[str] = None,
+                task: Optional[str] = None) -> Architecture:
+    """An Architecture from a config.json dict or a path to a config.json file.
+
+    ``task`` picks the transformers model class counted where a family has several
+    (``causal_lm``, ``image_text_to_text``, ``seq2seq_lm``, ``masked_lm``); None: the
+    family's default (the class a user fine-tunes).
+    """
     if name is not None:
         check_text("name", name, max_chars=MAX_TEXT_CHARS)
     if not isinstance(config, Mapping):
@@ -207,7 +235,9 @@ def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Option
         if name is None:
             name = os.path.basename(os.path.dirname(os.path.abspath(path))) or "custom"
     cfg = dict(config)
-    if "text_config" in cfg and isinstance(cfg["text_config"], Mapping) and "hidden_size" not in cfg:
+    fam0 = REGISTRY.get(resolve_model_type(str(cfg.get("model_type") or "")))
+    if ("text_config" in cfg and isinstance(cfg["text_config"], Mapping) and "hidden_size" not in cfg
+            and not (fam0 is not None and fam0.reads_text_config)):
         inner = dict(cfg["text_config"])
         inner.setdefault("model_type", str(cfg.get("model_type", ""))[:64] + "_text")
         cfg = inner
@@ -226,8 +256,9 @@ def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Option
         if cfg.get(a) is not None and cfg.get(b) is not None and cfg[a] != cfg[b]:
             raise VramError(f"config: contradictory fields {a}={shown(cfg[a])} and {b}={shown(cfg[b])} (two spellings of "
                             f"one size); keep one", field=a)
+    task = family.check_task(task)
     try:
-        info = family.params(cfg, mt)
+        info = family.params_for_task(cfg, mt, task)
     except VramError:
         raise
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as e:
@@ -235,6 +266,7 @@ def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Option
         # belongs): still one line, never a traceback
         raise VramError(f"config: a {mt} config.json field has a value of the wrong type or range "
                         f"({type(e).__name__}: {shown(str(e))})", field="config_json") from None
+    info.setdefault("task", task)
     pos = _get(cfg, "max_position_embeddings", "n_positions")
     if pos is not None:
         pos = _posint(cfg, pos, "max_position_embeddings")
@@ -396,7 +428,8 @@ def _fmt_count(n: int) -> str:
 _CACHE: Dict[str, Architecture] = {}
 
 
-def load(model: Union[str, Mapping[str, Any], "Architecture", os.PathLike]) -> Architecture:
+def load(model: Union[str, Mapping[str, Any], "Architecture", os.PathLike], task: Optional[str] = None
+         ) -> Architecture:
     """Resolve what a user typed to an Architecture.
 
     Accepts an Architecture, a config dict, a path to a config.json (or to a folder holding
@@ -405,9 +438,12 @@ def load(model: Union[str, Mapping[str, Any], "Architecture", os.PathLike]) -> A
     and network; ``HF_TOKEN`` honoured), or a parameter count (``"7B"``).
     """
     if isinstance(model, Architecture):
+        if task is not None and task != model.task:
+            raise VramError(f"task: {model.name} was built for {model.task!r}; load its config with task={task!r}",
+                            field="task")
         return model
     if isinstance(model, Mapping):
-        return from_config(model)
+        return from_config(model, task=task)
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if not isinstance(model, str):
@@ -419,33 +455,34 @@ def load(model: Union[str, Mapping[str, Any], "Architecture", os.PathLike]) -> A
     if not key:
         raise VramError("model: empty; give a preset name (e.g. 'llama-3.1-8b'), a config.json path, "
                         "a Hub id or a parameter count like '7B'", field="model")
-    hit = _CACHE.get(key)
+    ckey = key if task is None else f"{key}\x00{task}"
+    hit = _CACHE.get(ckey)
     if hit is not None:
         return hit
-    arch = _load_uncached(key)
+    arch = _load_uncached(key, task)
     if len(_CACHE) > 256:
         _CACHE.clear()
-    _CACHE[key] = arch
+    _CACHE[ckey] = arch
     return arch
 
 
-def _load_uncached(key: str) -> Architecture:
+def _load_uncached(key: str, task: Optional[str] = None) -> Architecture:
     from . import presets
 
     if os.path.isdir(key) and os.path.isfile(os.path.join(key, "config.json")):
-        return from_config(os.path.join(key, "config.json"))
+        return from_config(os.path.join(key, "config.json"), task=task)
     if key.endswith(".json") or os.path.isfile(key):
-        return from_config(key)
+        return from_config(key, task=task)
     preset = presets.find(key)
     if preset is not None:
-        arch = from_config(preset["config"], name=preset["name"])
+        arch = from_config(preset["config"], name=preset["name"], task=task)
         arch.hub_id = preset.get("hub_id")
         return arch
     if "/" in key and not key.startswith((".", "/")):
         from .hub import fetch_config
 
         cfg = fetch_config(key)
-        arch = from_config(cfg, name=key)
+        arch = from_config(cfg, name=key, task=task)
         arch.hub_id = key
         return arch
     if key[:1].isdigit():

@@ -258,20 +258,27 @@ def estimate_json(arch, est, tokens: Optional[float] = None,
 DEFAULT_RUN_TOKENS = 1e9
 
 
+def _fmt_seconds(x: float) -> str:
+    return f"{x * 1e3:.3g} ms" if x < 1 else f"{x:,.3g} s" if x < 1000 else f"{x:,.0f} s"
+
+
 def format_time(est, tokens: Optional[float] = None, usd_per_gpu_hour: Optional[float] = None) -> List[str]:
     """The step-time and run-cost lines of ``estimate --gpu`` and ``fit`` (empty without a GPU)."""
     if est.step_seconds is None:
         return []
     b = est.time_breakdown
     ph = b["phases_seconds"]
-    lines = [f"step time         {est.step_seconds:.3g} s on {est.gpu.name} (forward {ph['forward'] * 1e3:.3g} ms, "
-             f"backward {ph['backward'] * 1e3:.3g} ms, optimizer step {ph['optimizer_step'] * 1e3:.3g} ms)",
+    parts = ", ".join(f"{k.replace('_', ' ')} {_fmt_seconds(v)}" for k, v in ph.items())
+    lines = [f"step time         {_fmt_seconds(est.step_seconds)} on {est.gpu.name} ({parts})",
              f"throughput        {est.tokens_per_second:,.0f} tokens/s, MFU {est.mfu * 100:.0f}%",
              f"dominated by      {b['dominant']} ({b['dominant_share'] * 100:.0f}% of the step)"]
     c = est.run_cost(tokens=tokens or DEFAULT_RUN_TOKENS, usd_per_gpu_hour=usd_per_gpu_hour)
     cost = (f", ${c['dollars']:,.2f} at ${c['usd_per_gpu_hour']:g}/GPU-hour ({c['price_source']})"
             if c["dollars"] is not None else " (no price known: give --usd-per-gpu-hour)")
-    lines.append(f"run cost          {c['tokens']:.3g} tokens: {c['steps']:,} steps, {c['hours']:,.2f} h" + cost)
+    on = f" on {c['gpus']} GPUs ({c['gpu_hours']:,.1f} GPU-hours)" if c["gpus"] > 1 else ""
+    lines.append(f"run cost          {c['tokens']:.3g} tokens: {c['steps']:,} steps, {c['hours']:,.2f} h{on}" + cost)
+    for n in b.get("notes") or []:
+        lines.append(f"                  ({n})")
     return lines
 
 
@@ -382,7 +389,7 @@ def _quiet_hub(model: str) -> None:
 
 def _cmd_estimate(args: argparse.Namespace, out) -> int:
     from .architecture import load
-    from .estimate import estimate_setup
+    from .estimate import check_physical, estimate_setup
     from .training import TrainingSetup
 
     if args.from_config is not None:
@@ -405,6 +412,7 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
     setup = TrainingSetup.from_kwargs(**setup_kwargs(args))
     _time_options(args)
     est = estimate_setup(arch, setup)
+    check_physical(est, arch, setup)   # more than 1 PiB is an input error
     if args.gpu is not None:
         est.set_gpu(args.gpu)
     if args.json:
@@ -436,8 +444,8 @@ def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
     per_gpu = getattr(result, "per_gpu", None)
     est = per_gpu if per_gpu is not None else result
     _time_options(args)
-    if args.gpu is not None and per_gpu is None:
-        est.set_gpu(args.gpu)
+    if args.gpu is not None:
+        result.set_gpu(args.gpu)   # a parallel run: every stage, with its communication
     from .architecture import load
 
     arch = load(model)

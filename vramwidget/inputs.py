@@ -276,3 +276,59 @@ def check_fields(specs: Mapping[str, Field], kw: Mapping[str, Any], kind: str = 
     """Each given keyword checked by its declared field; unknown keywords are an error."""
     check_keywords(kind, kw, specs)
     return {name: specs[name].check(value) for name, value in kw.items()}
+
+
+# ---------------------------------------------------------------------------------------
+# widget traits
+# ---------------------------------------------------------------------------------------
+
+def check_trait_value(name: str, trait: Any, value: Any) -> Any:
+    """What a trait of this type can hold, as a VramError naming the trait: a whole number for
+    an Int (4.0 is 4), a finite number for a Float, true/false for a Bool, text for a
+    Unicode (``config_json`` up to a large config.json, others up to
+    :data:`MAX_TEXT_CHARS`), a list of names for a List.  Ranges and allowed values are
+    checked by the estimate the widget runs (the trait keeps the value as entered and the
+    widget shows the error)."""
+    import traitlets as t
+
+    if value is None and trait.allow_none:
+        return None
+    if isinstance(trait, t.Bool):
+        return check_bool(name, value)
+    if isinstance(trait, t.Int):
+        return check_int(name, value, lo=-MAX_COUNT, what="must be a whole number")
+    if isinstance(trait, t.Float):
+        return check_number(name, value)
+    if isinstance(trait, t.Unicode):
+        return check_text(name, value, max_chars=1 << 24 if name == "config_json" else MAX_TEXT_CHARS)
+    if isinstance(trait, t.List):
+        if not isinstance(value, (list, tuple)) or len(value) > MAX_ITEMS \
+                or not all(isinstance(x, str) and len(x) <= 256 for x in value):
+            raise fail(name, "must be a list of names", value)
+        return list(value)
+    return value
+
+
+def guard_traits(cls: Any, names: Iterable[str]) -> Any:
+    """Check every value given to the traits ``names`` of a HasTraits class before traitlets
+    does: a value of the wrong type raises VramError (never traitlets' TraitError), sets
+    the widget's ``error`` and ``error_field`` (when it has them) and leaves the trait and the
+    last estimate as they were.  Works where traits are set (``w.x = v``, ``set_trait``,
+    the frontend's ``set_state``), whatever class the traits live in."""
+    for name in names:
+        trait = cls.class_traits().get(name)
+        if trait is None:
+            continue
+        original = trait.validate
+
+        def validate(obj: Any, value: Any, _name: str = name, _trait: Any = trait, _orig: Any = original) -> Any:
+            try:
+                value = check_trait_value(_name, _trait, value)
+            except VramError as e:
+                if obj.has_trait("error") and obj.has_trait("error_field"):
+                    obj.error, obj.error_field = str(e), _name
+                raise
+            return _orig(obj, value)
+
+        trait.validate = validate
+    return cls

@@ -291,6 +291,16 @@ class ParallelEstimate:
                 "per_gpu": self.per_gpu.to_dict(), "notes": list(self.notes),
                 "time": self.slowest._time_dict()}
 
+    def summary_text(self) -> str:
+        """A plain-text summary: the layout, then the worst GPU's estimate."""
+        return repr(self) + "\nworst GPU: " + self.per_gpu.summary_text()
+
+    def __str__(self) -> str:
+        return self.summary_text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self) if cycle else self.summary_text())
+
     def __repr__(self) -> str:
         return (f"ParallelEstimate({self.model_name!r}, {self.strategy}, {self.layout['num_gpus']} GPUs: "
                 f"worst GPU {self.device_total_gib:.2f} GiB device total"
@@ -683,15 +693,10 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                             nccl_buffsize_mb: Optional[float] = None,
                             nccl_channels: Optional[int] = None) -> ParallelEstimate:
     """:func:`estimate_parallel` for a resolved architecture and a validated setup."""
-    given = dict(strategy=strategy, num_gpus=num_gpus, gpus_per_node=gpus_per_node, tensor_parallel=tensor_parallel,
-                 pipeline_parallel=pipeline_parallel, sequence_parallel=sequence_parallel,
-                 context_parallel=context_parallel, expert_parallel=expert_parallel, micro_batches=micro_batches,
-                 offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
-                 prefetch_elements=prefetch_elements, overlap_comm=overlap_comm, ddp_bucket_view=ddp_bucket_view,
-                 cpu_buffer_factor=cpu_buffer_factor)
-    for k, v in given.items():
-        if v is not None or PARALLEL_FIELDS[k].none == "error":
-            PARALLEL_FIELDS[k].check(v)
+    given = dict(locals())   # every keyword, each checked by its declaration in PARALLEL_FIELDS
+    for k, f in PARALLEL_FIELDS.items():
+        if given[k] is not None or f.none == "error":
+            f.check(given[k])
     strategy = PARALLEL_FIELDS["strategy"].check(strategy)
     lay = _layout(arch, s, strategy, num_gpus, gpus_per_node, tensor_parallel, pipeline_parallel,
                   sequence_parallel, context_parallel, expert_parallel, micro_batches)

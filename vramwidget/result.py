@@ -348,3 +348,31 @@ class Estimate:
     def __repr__(self) -> str:
         return (f"Estimate({self.model_name!r}, peak {self.peak_gib:.2f} GiB at {self.peak_phase}, "
                 f"device total {self.device_total_gib:.2f} GiB)")
+
+    def summary_text(self) -> str:
+        """A plain-text summary for front ends without HTML (``print(est)``, a terminal
+        IPython): the setup, the peak and the device total, each component with its
+        share, and the notes."""
+        st = self.setup or {}
+        what = ", ".join(str(st[k]) for k in ("method", "precision", "weights") if st.get(k))
+        size = (f"batch {st['batch_size']} x {st['seq_len']} tokens" if "seq_len" in st and "batch_size" in st
+                else f"batch {st.get('batch_size', 1)} x {st['context_len']} tokens" if "context_len" in st else "")
+        lines = [f"{type(self).__name__}: {self.model_name}" + (f" ({what})" if what else "")
+                 + (f", {size}" if size else ""),
+                 f"peak allocated {self.peak_gib:.2f} GiB ({self.peak_phase}); device total "
+                 f"{self.device_total_gib:.2f} GiB (allocator reserve + CUDA context)"]
+        total = self.device_total_bytes or 1.0
+        for name, nbytes in self.component_bytes().items():
+            lines.append(f"  {name:<24} {nbytes / GIB:9.2f} GiB {100 * nbytes / total:6.1f}%")
+        notes = [n for n in self.notes if n]
+        if notes:
+            lines.append("notes:")
+            lines.extend(f"  - {n}" for n in notes)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary_text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """IPython's plain-text display: the summary (``repr()`` stays one line)."""
+        p.text(repr(self) if cycle else self.summary_text())

@@ -130,6 +130,11 @@ class TrainingSetup:
     #: (``torch.backends.cuda.matmul.allow_tf32 = False``): fp32 matmuls run on the CUDA
     #: cores at the plain fp32 rate.  Changes the step time only, never the memory.
     tf32: bool = False
+    #: images per training sample (vision-language models): the vision tower encodes them all
+    images_per_sample: int = 0
+    #: patches the vision tower sees per image (0: the model's own fixed count, e.g. Gemma 3's
+    #: 896 x 896 / 14^2 = 4096; needed for dynamic-resolution towers such as Qwen2.5-VL)
+    image_patches: int = 0
     backend: str = "auto"
 
     # -- derived dtypes ---------------------------------------------------------------
@@ -367,6 +372,8 @@ FIELDS: Dict[str, Field] = {f.name: f for f in (
     Field("versions", "custom", (), "releases of the libraries whose mechanisms changed", parse=_versions),
     _choice_field("stack"),
     Field("tf32", "bool", False, "TF32 matmuls for fp32 (torch.backends.cuda.matmul.allow_tf32)"),
+    Field("images_per_sample", "int", 0, "images per sample a vision-language model's vision tower encodes", lo=0),
+    Field("image_patches", "int", 0, "patches per image (0: the vision tower's own fixed count)", lo=0),
     _choice_field("backend", "analytic (modelled families), trace (a traced step) or auto (analytic where "
                              "modelled, else traced)"),
 )}

@@ -13,6 +13,7 @@
  *   charts.js       the three Vega charts (embedded once, rows swapped in place), the theme
  *   table.js        the component table
  *   formats.js      the number-format panel
+ *   trainingconfig.js  import a training config (YAML/JSON) that fills the controls
  *   chartview.js    vramwidget.ChartView (one Altair chart)
  *   dom.js          h() and the number formatters; types.js the shared JSDoc types
  * This file joins them: it builds the layout and subscribes each panel to its traits.
@@ -26,7 +27,8 @@
  *                        multi-GPU training: num_gpus, strategy, tensor_parallel,
  *                        pipeline_parallel, offload_optimizer, offload_params,
  *                        inference: weights, kv_cache_dtype, context_len,
- *                        gpu_memory_utilization
+ *                        gpu_memory_utilization, engine (hf | vllm | sglang); a replica's
+ *                        GPUs are tensor_parallel x pipeline_parallel in both modes
  *   outputs (read here): specs {name: vega-lite spec}, rows {name: [row]}, summary, table,
  *                        disabled {trait: reason}, options {trait: [[value, label]]},
  *                        formats [number format], error, error_field, suggestions [change],
@@ -38,12 +40,18 @@
  *                                   fieldsets whose checkboxes are control-<trait>-<value>,
  *                                   plus control-lora_targets-all ("every linear layer")
  *   config-upload, config-clear     the config.json file picker and its clear button
+ *   training-config, control-training_config, training-config-upload, training-config-apply,
+ *   training-config-report          import a training config: the box, its text, file picker,
+ *                                   apply button and what it set / did not use
  *   error                           the error banner (hidden when the error trait is "")
  *   summary                         peak, phase, device total, GPU fit
  *   control-mode                    the mode radios (control-mode-training, control-mode-inference)
  *   parallel, stages                the multi-GPU line and the pipeline-stage table (in summary)
  *   max-batch                       the largest micro-batch that fits the GPU (in summary)
  *   kv-cache, longest-context       inference: KV cache per token and in all; longest context
+ *   serving, startup-lines          a serving engine's KV budget and the lines it prints at start-up;
+ *   largest-max-model-len,          the largest max_model_len that starts, and a copyable
+ *   serve-command                   `vllm serve` / `sglang.launch_server` command
  *   suggestions                     changes that make the setup fit (shown when it does not);
  *                                   each row suggestion-<i>, its button suggestion-apply-<i>
  *   chart-detail, chart-comparison, chart-phases   the Vega charts (class vw-ready once drawn)
@@ -61,6 +69,7 @@ import { formatsPanel } from "./formats.js";
 import { suggestionsPanel } from "./suggestions.js";
 import { summaryPanel } from "./summary.js";
 import { tablePanel } from "./table.js";
+import { trainingConfigPanel } from "./trainingconfig.js";
 
 /** @typedef {import("./types.js").Model} Model @typedef {import("./types.js").Ctx} Ctx */
 
@@ -71,6 +80,7 @@ const INPUT_TRAITS = [
   "lora_alpha", "lora_dropout", "lora_targets", "trainable_layers", "gpu", "mode",
   "num_gpus", "strategy", "tensor_parallel", "pipeline_parallel", "offload_optimizer",
   "offload_params", "weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization",
+  "engine",
 ];
 
 let uid = 0;
@@ -104,6 +114,8 @@ export default {
     const charts = chartsPanel(ctx);
     const table = tablePanel(ctx);
     const formats = formatsPanel(ctx);
+    const trainingConfig = trainingConfigPanel(ctx);
+    controls.el.append(trainingConfig.el);
 
     const main = h("div", { class: "vw-main" }, [suggestions.el, charts.el, table.el, formats.el]);
     root.append(error.el, summary.el, h("div", { class: "vw-layout" }, [controls.el, main]));
@@ -122,6 +134,7 @@ export default {
     on("change:suggestions_status", suggestions.sync);
     on("change:table", table.sync);
     on("change:formats", formats.sync);
+    on("change:training_config_report", trainingConfig.sync);
     on("change:rows", charts.updateRows);
     on("change:specs", charts.embedAll);
 
@@ -132,6 +145,7 @@ export default {
     suggestions.sync();
     table.sync();
     formats.sync();
+    trainingConfig.sync();
     charts.start();
 
     return () => {

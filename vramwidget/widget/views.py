@@ -17,6 +17,8 @@ PHASE_SIZE = (640.0, 170.0)
 #: height of the comparison's caption band: name and total, plus a verdict line with a GPU
 COMPARISON_HEADER = 34.0
 COMPARISON_HEADER_VERDICT = 48.0
+#: ... plus a line with the scenario's step time on that GPU
+COMPARISON_HEADER_TIME = 61.0
 
 #: the component kinds each mode's detail legend lists (every colour stays fixed)
 _LEGEND_TRAINING: Tuple[str, ...] = tuple(
@@ -56,10 +58,13 @@ def table_rows(est: Estimate) -> List[Dict[str, Any]]:
     } for c in comps]
 
 
-def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, Optional[bool]]) -> None:
+def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, Optional[bool]],
+                 seconds: Optional[Dict[str, float]] = None) -> None:
     """Give each scenario caption of the comparison a verdict line against ``gpu``:
     "✓ fits" or "✗ 3.2 GiB over" (device total vs the card's usable memory; a serving
-    budget's own verdict where the estimate has one), and ``fits``/``over_gib`` fields."""
+    budget's own verdict where the estimate has one), and ``fits``/``over_gib`` fields;
+    with ``seconds`` (scenario -> step time on ``gpu``) a line "0.42 s per step" and a
+    ``step_seconds`` field."""
     usable = gpu.usable_bytes
     for r in rows:
         if r["level"] != "title":
@@ -77,4 +82,8 @@ def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, 
         r["fits"] = bool(fits)
         r["over_gib"] = 0.0 if fits else over
         r["text"] = f"{r['label']}\n{fmt_gib(total)}\n{verdict}"
+        secs = (seconds or {}).get(r["scenario"])
+        if secs is not None:
+            r["step_seconds"] = secs
+            r["text"] += f"\n{secs:.3g} s per step"
 
