@@ -30,12 +30,18 @@ from ..errors import VramError
 from ..result import Estimate
 from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
 from ..units import GIB
+from ..verdict import describe, uncertainty
+from ..verdict import verdict as verdict_of
 from .formats import number_formats
 from .inference import INFERENCE_SCENARIOS, InferencePanel, inference_options, inference_phase_rows
 from .multigpu import ParallelPanel, strategy_options
 from .state import DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, run_estimate, shown
 from .suggestions import SuggestionsPanel, suggestion_dict
 from .training import YOUR_SETUP, TrainingPanel, _choices
+
+#: the row of common GPUs shown with their verdicts (24, 40, 48, 80 and 141 GB classes)
+COMMON_GPUS: Tuple[str, ...] = ("RTX 4090", "A100 40GB", "L40S", "H100 80GB", "H200")
+from .views import short_label
 from .views import (COMPARISON_HEADER, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
                     add_verdicts, build_specs, table_rows)
 
@@ -77,6 +83,8 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         self._cache: "OrderedDict[Tuple, Any]" = OrderedDict()
         self._boxes: "OrderedDict[Tuple, UnitBox]" = OrderedDict()
         self._box_fits: Dict[Tuple, Optional[bool]] = {}
+        self._box_notes: Dict[Tuple, str] = {}
+        self._notes_now: Dict[str, str] = {}
         self._answers: "OrderedDict[Tuple, Any]" = OrderedDict()   # max batch, longest context
         self._sugg_cache: "OrderedDict[Tuple, List[Any]]" = OrderedDict()
         self._sugg_token = 0
@@ -85,6 +93,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         self._arch_key: Optional[Tuple[str, str]] = None
         self._arch: Any = None
         super().__init__(model=model, **kwargs)
+        self._defaults_said = self._practitioner_defaults(kwargs)
         self._specs_cache: Dict[str, Dict[str, Any]] = {}
         self.specs = self._specs_for(self.mode)
         self.formats = number_formats()
@@ -246,15 +255,22 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         hit = self._boxes.get(key)
         if hit is not None:
             self._boxes.move_to_end(key)
+            self._notes_now[name] = self._box_notes.get(key, "")
             return hit, self._box_fits.get(key)
         est = self._cache.get(key) or run_estimate(arch, kind, {k: v for k, v in kw.items() if k != "model"})
         box = unit_box(shown(est), name)
         serving = getattr(est, "serving", None)
         self._boxes[key] = box
+        # under a serving budget every format fills the same share of the GPU: what differs
+        # is the KV pool (tokens) and how many sequences run at once
         self._box_fits[key] = bool(est.fits) if serving else None
+        self._box_notes[key] = (f"{serving.get('kv_tokens', 0):,} KV tokens\n"
+                                f"{serving.get('max_concurrent_sequences', 0):,} seqs at once") if serving else ""
         if len(self._boxes) > 64:
             old, _ = self._boxes.popitem(last=False)
             self._box_fits.pop(old, None)
+            self._box_notes.pop(old, None)
+        self._notes_now[name] = self._box_notes.get(key, "")
         return box, self._box_fits[key]
 
     def _update(self) -> None:
@@ -303,6 +319,9 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         setup fits, there is no GPU or the mode is inference)."""
         if self.mode not in MODES:
             raise VramError(f"mode: {self.mode!r} is not one of {', '.join(MODES)}", field="mode")
+        if self.max_gpus < 1:
+            raise VramError(f"max_gpus: must be a whole number >= 1, got {self.max_gpus!r}", field="max_gpus")
+        par: Dict[str, Any] = {}
         arch = self._resolve_model()
         gpu = self._gpu_or_none()
         if self.mode == "inference":
@@ -332,7 +351,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
             scenarios, *COMPARISON_SIZE, capacity_bytes=cap, capacity_label=cap_label,
             header=COMPARISON_HEADER_VERDICT if gpu else COMPARISON_HEADER)
         if gpu is not None:
-            add_verdicts(comparison, gpu, own_fits)
+            add_verdicts(comparison, gpu, own_fits, dict(self._notes_now))
         if self.mode == "inference":
             phases = inference_phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
             summary = self._summary_inference(result, arch, gpu, kw, skipped)
@@ -351,9 +370,20 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
             "table": table_rows(est),
             "options": self._options(arch),
         }
+        n = int(par.get("num_gpus", 1) or 1) if self.mode == "training" and par else 1
+        v = verdict_of(result, gpu, num_gpus=n) if gpu is not None else {}
+        summary["verdict"] = v
+        summary["verdict_text"] = describe(v)
+        summary["gpu_row"] = [dict(verdict_of(result, g, num_gpus=n), label=g.label)
+                              for g in (gpus.get_gpu(name) for name in COMMON_GPUS)]
+        summary["band"] = dict(uncertainty())
+        summary["defaults"] = list(self._defaults_said)
+        rows[charts.FITMAP] = self._fitmap(arch, gpu, kw) if kind == "train" else []
+        traits["verdict"] = v
         job = None
-        if self.mode == "training" and gpu is not None and summary["fits"] is False:
-            job = (self._key(kind, kw) + (gpu.name,), arch, dict(kw, gpu=gpu.name))
+        if self.mode == "training" and gpu is not None and v.get("state") != "fits":
+            job = (self._key(kind, kw) + (gpu.name, self.max_gpus), arch,
+                   dict(kw, gpu=gpu.name, max_gpus=self.max_gpus))
         return result, scenario_kw, traits, job
 
     def _set_error(self, message: str, field: str) -> None:
@@ -441,8 +471,13 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         opts["mode"] = [["training", "Training (one step)"], ["inference", "Inference (generate / serve)"]]
         opts["strategy"] = strategy_options()
         opts.update(inference_options())
+        # [value, short label, long label]: the short one is shown, the long one is its tooltip
+        for name, choices in list(opts.items()):
+            if name in ("presets", "lora_targets"):
+                continue
+            opts[name] = [[c[0], short_label(name, c[0], c[1]), c[1]] for c in choices]
         opts["presets"] = _preset_options()
-        opts["gpus"] = [[g.name, g.label] for g in gpus.list_gpus()]
+        opts["gpus"] = [[g.name, g.name, g.label] for g in gpus.list_gpus()]
         try:
             opts["lora_targets"] = [[m, m] for m in arch.linear_modules()]
         except Exception:
