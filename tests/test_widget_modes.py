@@ -14,10 +14,10 @@ import time
 import pytest
 
 import vramwidget as vw
-from vramwidget import fit, gpus
+from vramwidget import fit, gpus, verdict
 from vramwidget.inference import WEIGHT_FORMATS, InferenceSetup, estimate_inference, longest_context
 from vramwidget.parallel import PARALLEL_KEYS, STRATEGIES, estimate_parallel
-from vramwidget.units import GIB
+from vramwidget.units import GIB, fmt_bytes
 from vramwidget.widget import (
     INFERENCE_INPUTS,
     INFERENCE_SCENARIOS,
@@ -173,10 +173,15 @@ def test_every_scenario_has_a_fits_verdict(calc):
         total = scen[name].device_total_bytes if name in scen else calc.estimate.device_total_bytes
         assert r["fits"] is (total <= usable), name
         line = r["text"].splitlines()[-1]
-        if r["fits"]:
+        est = scen.get(name, calc.estimate)
+        state = verdict.verdict(est, GPU)["state"]       # the badge's three states, here too
+        assert r["state"] == state, name
+        if state == "tight":
+            assert line.startswith("≈ tight")
+        elif r["fits"]:
             assert line == "✓ fits"
         else:
-            assert line == f"✗ {(total - usable) / GIB:.1f} GiB over"
+            assert line == f"✗ {fmt_bytes(total - usable)} over"
             assert r["over_gib"] == pytest.approx((total - usable) / GIB)
         verdicts.add(r["fits"])
     assert verdicts == {True, False}         # FP32 does not fit a 4090 at batch 2, QLoRA does

@@ -174,13 +174,14 @@ class UnitBox:
     total_bytes: float
     device_total_bytes: float
     rows: Tuple[Row, ...]
+    reserved_bytes: float = 0.0   # the predicted reserved part (the verdict's band scales it)
 
 
 def unit_box(est: Estimate, scenario: str = "") -> UnitBox:
     """``est``'s peak components laid out in the unit square (no text yet)."""
     total = total_bytes(est)
     rows = _box_rows(est.components, 0.0, 0.0, 1.0, 1.0, scenario, total)
-    return UnitBox(scenario, total, float(est.device_total_bytes), tuple(rows))
+    return UnitBox(scenario, total, float(est.device_total_bytes), tuple(rows), float(est.reserved_bytes))
 
 
 def _place(box: UnitBox, x0: float, y0: float, side: float, scenario: str) -> List[Row]:
@@ -253,6 +254,7 @@ def comparison_rows(scenarios: Sequence[Tuple[str, "Estimate | UnitBox"]], width
         rows.extend(_place(box, x, header, side, name))
         fits = capacity_bytes is None or box.device_total_bytes <= capacity_bytes
         titles.append({
+            "reserved_bytes": box.reserved_bytes,
             "scenario": name, "level": "title", "component": "", "kind": "", "group": "",
             "label": name, "text": f"{name}\n{fmt_gib(tot)}" + ("" if fits else " ✗"),
             "bytes": tot, "gib": tot / GIB, "share": 1.0, "formula": "",

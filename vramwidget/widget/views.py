@@ -60,6 +60,8 @@ def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, 
     ``notes`` replace the total for a scenario (a serving budget: its KV tokens and
     concurrent sequences, which is what differs between weight formats there)."""
     notes = notes or {}
+    from ..verdict import band_bytes, state_of
+
     usable = gpu.usable_bytes
     for r in rows:
         if r["level"] != "title":
@@ -67,15 +69,20 @@ def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, 
         total = r["bytes"]
         own = own_fits.get(r["scenario"])
         fits = own if own is not None else total <= usable
-        over = max(total - usable, 0.0) / GIB
-        if fits:
-            verdict = "✓ fits"
-        elif own is not None:
+        over = max(total - usable, 0.0)
+        # the verdict's three states, on the same measure and band as the widget's badge
+        state = state_of(total, usable, band_bytes(r.get("reserved_bytes", 0.0)))
+        if own is False:
             verdict = "✗ no KV room"
+        elif state == "tight":
+            verdict = f"≈ tight, {fmt_gib(over)} over" if over > 0 else "≈ tight"
+        elif fits:
+            verdict = "✓ fits"
         else:
-            verdict = f"✗ {over:.1f} GiB over" if over >= 0.05 else f"✗ {over * 1024:.0f} MiB over"
+            verdict = f"✗ {fmt_gib(over)} over"
+        r["state"] = state if own is not False else "does_not_fit"
         r["fits"] = bool(fits)
-        r["over_gib"] = 0.0 if fits else over
+        r["over_gib"] = 0.0 if fits else over / GIB
         note = notes.get(r["scenario"], "")
         r["text"] = f"{r['label']}\n{note}" if note else f"{r['label']}\n{fmt_gib(total)}\n{verdict}"
 
@@ -84,10 +91,10 @@ def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, 
 #: short option labels (the long ones become tooltips), so no drop-down is cut off
 SHORT_LABELS: Dict[str, Dict[str, str]] = {
     "method": {"full": "Full", "lora": "LoRA", "qlora": "QLoRA", "freeze": "Last layers", "norms": "Norms only"},
-    "precision": {"bf16": "Pure BF16", "amp_bf16": "BF16 mixed", "fp32": "FP32", "bf16_fp32_states": "BF16 + FP32 states",
+    "precision": {"bf16": "Pure BF16", "amp_bf16": "BF16 mixed", "fp32": "FP32", "bf16_fp32_states": "BF16 + FP32 opt",
                   "fp16": "Pure FP16", "amp_fp16": "FP16 mixed", "fp8": "FP8 matmuls"},
     "optimizer": {"adamw": "AdamW", "adamw_fused": "AdamW fused", "adamw_8bit": "AdamW 8-bit",
-                  "paged_adamw": "Paged AdamW", "paged_adamw_8bit": "Paged AdamW 8-bit", "adafactor": "Adafactor",
+                  "paged_adamw": "Paged AdamW", "paged_adamw_8bit": "Paged 8-bit", "adafactor": "Adafactor",
                   "sgd": "SGD", "sgd_momentum": "SGD momentum", "lion": "Lion", "galore_adamw": "GaLore AdamW",
                   "galore_adamw_8bit": "GaLore 8-bit"},
     "gradient_checkpointing": {"none": "None", "selective": "Selective", "full": "Full"},
@@ -95,7 +102,7 @@ SHORT_LABELS: Dict[str, Dict[str, str]] = {
     "quantization": {"none": "None", "nf4": "NF4 4-bit", "fp4": "FP4 4-bit", "int8": "LLM.int8"},
     "strategy": {"none": "None", "ddp": "DDP", "zero0": "ZeRO-0", "zero1": "ZeRO-1", "zero2": "ZeRO-2",
                  "zero3": "ZeRO-3", "fsdp_full_shard": "FSDP full", "fsdp_shard_grad_op": "FSDP grad+opt",
-                 "fsdp_hybrid": "FSDP hybrid", "megatron": "Megatron DDP", "megatron_distopt": "Megatron dist-opt"},
+                 "fsdp_hybrid": "FSDP hybrid", "megatron": "Megatron DDP", "megatron_distopt": "Megatron DistOpt"},
     "kv_cache_dtype": {"auto": "auto"},
     "mode": {"training": "Training", "inference": "Inference"},
 }
