@@ -277,7 +277,8 @@ def phase_rows(est: Estimate, *, capacity_bytes: Optional[float] = None, capacit
             held += reserve
         rows.append({"level": "total", "phase": label, "order": i, "component": "", "kind": "",
                      "corder": 0, "bytes": held, "gib": held / GIB,
-                     "text": f"{fmt_bytes(held)} (peak)" if peak else fmt_bytes(held)})
+                     "text": (f"{fmt_bytes(held)} (peak)\nallocated {fmt_bytes(total)}" if peak
+                              else fmt_bytes(held))})
         rows.append({"level": "allocated", "phase": label, "order": i, "component": "allocated", "kind": "",
                      "corder": 0, "bytes": total, "gib": total / GIB,
                      "text": f"allocated {fmt_bytes(total)}" if peak else ""})
@@ -287,6 +288,10 @@ def phase_rows(est: Estimate, *, capacity_bytes: Optional[float] = None, capacit
     rows.append({"level": "capacity", "phase": "", "order": 0, "component": "", "kind": "",
                  "corder": 0, "bytes": cap, "gib": cap / GIB,
                  "text": (capacity_label or fmt_bytes(cap)) if cap else ""})
+    # room above the tallest bar for its two-line label (an invisible point the y scale spans)
+    top = max([r["bytes"] for r in rows if r["level"] in ("total", "capacity")] or [0.0]) * 1.22
+    rows.append({"level": "pad", "phase": labels.get(phases[0], phases[0]) if phases else "", "order": 0,
+                 "component": "", "kind": "", "corder": 0, "bytes": top, "gib": top / GIB, "text": ""})
     return rows
 
 
@@ -313,16 +318,13 @@ def phase_chart(est: Optional[Estimate] = None, *, width: float = 640, height: f
                  alt.Tooltip("sum(gib):Q", title="GiB", format=",.3f")],
     )
     totals = base.transform_filter(alt.datum.level == "total").mark_text(
-        baseline="bottom", dy=-3, fontSize=_FONT,
+        baseline="bottom", dy=-3, fontSize=_FONT, lineBreak="\n", lineHeight=12,
     ).encode(x=x, y=alt.Y("gib:Q"), text="text:N")
-    # the allocated tensors: a tick inside each bar, labelled at the peak
+    # the allocated tensors: a tick inside each bar (the peak's figure is in its label)
     allocated = base.transform_filter(alt.datum.level == "allocated").mark_tick(
         color="#111111", thickness=2, size=28, opacity=0.85,
     ).encode(x=x, y=alt.Y("gib:Q"), tooltip=[alt.Tooltip("phase:N"),
                                              alt.Tooltip("gib:Q", title="GiB allocated", format=",.2f")])
-    allocated_text = base.transform_filter((alt.datum.level == "allocated") & (alt.datum.text != "")).mark_text(
-        align="left", baseline="middle", dx=18, fontSize=_FONT, fontWeight="bold",
-    ).encode(x=x, y=alt.Y("gib:Q"), text="text:N")
     shown = alt.condition(alt.datum.text == "", alt.value(0), alt.value(1))
     rule = base.transform_filter(alt.datum.level == "capacity").mark_rule(
         color="#e45756", strokeDash=[5, 3], strokeWidth=1.5,
@@ -332,7 +334,8 @@ def phase_chart(est: Optional[Estimate] = None, *, width: float = 640, height: f
     rule_text = base.transform_filter(alt.datum.level == "capacity").mark_text(
         align="left", baseline="bottom", dx=2, dy=-2, color="#e45756", fontSize=_FONT,
     ).encode(y=alt.Y("gib:Q"), x=alt.value(0), text="text:N")
-    chart = alt.layer(bars, allocated, totals, allocated_text, rule, rule_text).properties(width=width, height=height)
+    pad = base.transform_filter(alt.datum.level == "pad").mark_point(opacity=0).encode(x=x, y=alt.Y("gib:Q"))
+    chart = alt.layer(bars, allocated, totals, rule, rule_text, pad).properties(width=width, height=height)
     return _with_rows(chart.configure_view(stroke=None), name, rows)
 
 
@@ -382,8 +385,9 @@ def fitmap_chart(df: Any = None, *, width: float = 300, height: float = 200,
     lo_s, hi_s = min(seq_lens) / 2 ** 0.5, max(seq_lens) * 2 ** 0.5
     x = alt.X("x:Q", title="micro-batch size", scale=alt.Scale(type="log", base=2, domain=[lo_b, hi_b], nice=False),
               axis=alt.Axis(values=list(batch_sizes), format="d", grid=False))
-    y = alt.Y("y:Q", title="sequence length", scale=alt.Scale(type="log", base=2, domain=[lo_s, hi_s], nice=False),
-              axis=alt.Axis(values=list(seq_lens), format=",d", grid=False))
+    y = alt.Y("y:Q", title=None, scale=alt.Scale(type="log", base=2, domain=[lo_s, hi_s], nice=False),
+              axis=alt.Axis(values=list(seq_lens), grid=False, titlePadding=6,
+                            labelExpr="datum.value >= 1024 ? (datum.value / 1024) + 'k' : datum.value"))
     states = list(STATE_COLORS)
     cells = base.transform_filter(alt.datum.level == "cell").mark_rect(
         stroke=alt.expr(GAP_PARAM), strokeWidth=1, cursor="pointer",

@@ -23,8 +23,12 @@ export function suggestionsPanel(ctx) {
     const v = model.get("verdict") || {};
     suggBox.dataset.status = status;
     const where = v.gpu ? (v.num_gpus > 1 ? `${v.num_gpus} × ${v.gpu}` : v.gpu) : "the GPU";
-    const title = !status ? (v.state === "fits" ? `Fits ${where} with margin: nothing to change` : "Suggestions: choose a GPU")
-      : `To fit ${where}: changes ranked by cost`;
+    const inference = model.get("mode") === "inference";
+    const title = !status ? (inference ? "Suggestions: for training (switch the mode)"
+      : v.state === "fits" ? `Fits ${where} with margin: nothing to change` : "Suggestions: choose a GPU")
+      : status === "ready" && items.length && !items.some((/** @type {any} */ x) => x.fits)
+        ? `Nothing of up to 3 changes fits ${where}: these lower it most`
+        : `To fit ${where}: changes ranked by cost`;
     /** @type {HTMLElement[]} */
     const head = [h("h4", { text: title })];
     if (undo) {

@@ -323,3 +323,36 @@ def test_verdict_and_first_chart_in_view_at_1400_by_1000(session, artifacts):
     assert verdict["y"] >= 0 and verdict["y"] + verdict["height"] <= view["height"]
     assert first["y"] >= 0 and first["y"] + first["height"] <= view["height"], first
     page.screenshot(path=str(artifacts / "fit-first-screen.png"))
+
+
+DOC_SHOTS = [
+    # (file, Python that sets the widget up, what to wait for)
+    ("fit-doc-suggestions.png",
+     "calc.mode = 'training'; calc.model = 'llama-2-7b'; calc.method = 'full'; calc.batch_size = 1; "
+     "calc.seq_len = 2048; calc.gpu = 'RTX 4090'",
+     "() => document.querySelector('[data-testid=suggestions]').dataset.status === 'ready'"),
+    ("fit-doc-no-gpu.png",
+     "calc.model = 'llama-3.1-8b'; calc.method = 'qlora'; calc.gradient_checkpointing = 'full'; "
+     "calc.batch_size = 4; calc.seq_len = 2048; calc.gpu = ''",
+     "() => document.querySelector('[data-testid=verdict-badge]').dataset.state === ''"),
+    ("fit-doc-inference.png",
+     "calc.mode = 'inference'; calc.model = 'llama-3.1-8b'; calc.gpu = 'RTX 4090'; calc.context_len = 32768; "
+     "calc.batch_size = 2; calc.gpu_memory_utilization = 0.9",
+     "() => document.querySelector('[data-testid=serving]') !== null"),
+]
+
+
+def test_docs_screenshots(session, artifacts):
+    """The pictures of the README (test-artifacts/fit-doc-*.png; copied into docs/)."""
+    page, lab, widget = session["page"], session["lab"], session["widget"]
+    for name, code, ready in DOC_SHOTS:
+        out = lab.run_new_cell(code + "; print(calc.error or 'ok')")
+        assert out.strip().endswith("ok"), out
+        page.wait_for_function(ready, timeout=60_000)
+        _settle(page, 1200)
+        lab.scroll_to_top(widget)
+        _settle(page, 300)
+        box = widget.bounding_box()
+        page.screenshot(path=str(artifacts / name),
+                        clip={"x": box["x"] - 8, "y": max(box["y"] - 8, 0), "width": min(box["width"] + 16, 1400),
+                              "height": 1000 - max(box["y"] - 8, 0)})

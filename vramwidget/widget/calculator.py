@@ -265,7 +265,9 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         # is the KV pool (tokens) and how many sequences run at once
         self._box_fits[key] = bool(est.fits) if serving else None
         self._box_notes[key] = (f"{serving.get('kv_tokens', 0):,} KV tokens\n"
-                                f"{serving.get('max_concurrent_sequences', 0):,} seqs at once") if serving else ""
+                                f"{serving.get('max_concurrent_sequences', 0):,} "
+                                f"{'seq' if serving.get('max_concurrent_sequences', 0) == 1 else 'seqs'} at once"
+                                ) if serving else ""
         if len(self._boxes) > 64:
             old, _ = self._boxes.popitem(last=False)
             self._box_fits.pop(old, None)
