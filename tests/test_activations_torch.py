@@ -31,6 +31,8 @@ CASES = [
     ("opt", "fp32", "full", "eager"), ("opt", "bf16", "lora", "sdpa"),
     ("olmo2", "bf16", "full", "sdpa"), ("olmo2", "bf16", "lora", "eager"), ("bloom", "bf16", "full", "eager"),
     ("gpt_neox", "bf16", "full", "eager"), ("falcon", "bf16", "full", "eager"), ("qwen3_moe", "bf16", "full", "sdpa"),
+    # issue 11's families
+    ("gpt_oss", "bf16", "full", "eager"), ("gpt_oss", "fp32", "full", "eager"), ("gpt_oss", "bf16", "lora", "eager"),
 ]
 
 

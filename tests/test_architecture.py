@@ -43,7 +43,7 @@ def test_params_total_equals_transformers(key, param_counts):
 
 @pytest.mark.parametrize("key", ["llama-2-7b", "gpt2", "mixtral-8x7b", "deepseek-v2-lite", "phi-3-mini",
                                  "gemma-2-2b", "opt-1.3b", "bloom-7b1", "falcon-7b", "qwen1.5-moe-a2.7b",
-                                 "olmoe-1b-7b", "pythia-1b", "qwen3-8b"])
+                                 "olmoe-1b-7b", "pythia-1b", "qwen3-8b", "gpt-oss-20b"])
 def test_tensor_shapes_equal_transformers(key, param_counts):
     """Every tensor: the same name pattern, shape and number of instances as transformers."""
     arch = _arch_for(key)
@@ -211,7 +211,14 @@ TINY_CONFIGS = {
                         topk_group=1),
     "smollm3": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, vocab_size=100, pad_token_id=1),
+    # issue 11's families (each counted with the model class its family counts by default)
+    "gpt_oss": dict(hidden_size=64, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, vocab_size=100),
 }
+
+#: the transformers Auto class of each task vramwidget counts
+AUTO_CLASS = {"causal_lm": "AutoModelForCausalLM", "image_text_to_text": "AutoModelForImageTextToText",
+              "seq2seq_lm": "AutoModelForSeq2SeqLM", "masked_lm": "AutoModelForMaskedLM"}
 
 
 def test_every_supported_type_has_a_tiny_config():
@@ -224,6 +231,7 @@ def test_tiny_config_counts_equal_transformers_live(model_type):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     conf = transformers.AutoConfig.for_model(model_type, **TINY_CONFIGS[model_type])
+    arch = A.from_config(conf.to_dict())
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(conf)
-    assert A.from_config(conf.to_dict()).params_total == sum(p.numel() for p in model.parameters())
+        model = getattr(transformers, AUTO_CLASS[arch.task]).from_config(conf)
+    assert arch.params_total == sum(p.numel() for p in model.parameters())

@@ -194,11 +194,16 @@ MODELS = ["qwen2.5-0.5b", "llama-3.2-1b", "gpt2-medium", "olmoe-1b-7b", "llama-3
        gpus=st.lists(st.integers(1, 512), min_size=2, max_size=5, unique=True))
 def test_more_gpus_never_need_more_memory_per_gpu_under_zero3(model, batch, seq, precision, gc, method, offload,
                                                               gpus):
-    """Issue 6 property: under ZeRO-3 the device total per GPU never grows with the GPU count."""
+    """Issue 6 property: under ZeRO-3 the device total per GPU never grows with the GPU count
+    (but for the NCCL communicator's buffers that a second GPU brings)."""
+    from vramwidget.parallel import NCCL_BUFFSIZE_BYTES, NCCL_CHANNELS
+
     kw = dict(batch_size=batch, seq_len=seq, precision=precision, gradient_checkpointing=gc, method=method,
               offload_optimizer=offload[0], offload_params=offload[1])
-    totals = [estimate_parallel(model, strategy="zero3", num_gpus=n, **kw).device_total_bytes for n in sorted(gpus)]
-    assert all(b <= a for a, b in zip(totals, totals[1:])), totals
+    ns = sorted(gpus)
+    totals = [estimate_parallel(model, strategy="zero3", num_gpus=n, **kw).device_total_bytes for n in ns]
+    comm = 2 * NCCL_CHANNELS * NCCL_BUFFSIZE_BYTES * 1.05 + 1.0   # 1.05: the allocator reserve; 1 B: rounding
+    assert all(b <= a + (comm if n == 1 else 0) for n, a, b in zip(ns, totals, totals[1:])), totals
 
 
 @settings(max_examples=40, deadline=None)

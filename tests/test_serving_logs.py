@@ -22,6 +22,20 @@ QWEN3_14B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidd
              "tie_word_embeddings": False, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
              "torch_dtype": "bfloat16", "_name_or_path": "Qwen/Qwen3-14B"}
 
+#: TheBloke/CodeLlama-13B-Instruct-fp16: Llama-2-13B's shapes with CodeLlama's 32,016-token vocabulary
+#: (vLLM pads it to 32,064) and 16K positions
+CODELLAMA_13B = {"model_type": "llama", "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 40,
+                 "num_attention_heads": 40, "num_key_value_heads": 40, "vocab_size": 32016,
+                 "max_position_embeddings": 16384, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+                 "torch_dtype": "float16", "_name_or_path": "codellama/CodeLlama-13b-Instruct-hf"}
+#: ibm-granite/granite-3.0-3b-a800m-instruct (model_type granitemoe): a Mixtral block with these sizes --
+#: fused input_linear (E, 2 x 512, 1536) and output_linear (E, 1536, 512) experts, a router, tied embeddings
+GRANITE_3B_A800M = {"model_type": "mixtral", "hidden_size": 1536, "intermediate_size": 512, "num_hidden_layers": 32,
+                    "num_attention_heads": 24, "num_key_value_heads": 8, "num_local_experts": 40,
+                    "num_experts_per_tok": 8, "vocab_size": 49155, "max_position_embeddings": 4096,
+                    "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+                    "_name_or_path": "ibm-granite/granite-3.0-3b-a800m-instruct"}
+
 #: Qwen/Qwen2.5-14B's architecture is DeepSeek-R1-Distill-Qwen-14B's (the distill keeps Qwen2.5-14B)
 CASES = [
     dict(id="llama31-8b-3090-20k",
@@ -56,6 +70,24 @@ CASES = [
          model=QWEN3_14B, kw=dict(gpu="A100 40GB", tensor_parallel=1, gpu_memory_utilization=0.90,
                                   context_len=32768, versions={"vllm": "0.10.2"}),
          tokens=42656),
+    dict(id="codellama-13b-2x4090-tp2",
+         url="https://github.com/vllm-project/vllm/issues/2136",
+         line="vLLM 0.2.4: `# GPU blocks: 1464, # CPU blocks: 1310` (2x 4090, TheBloke/CodeLlama-13B-Instruct-fp16, "
+              "--max-model-len=16384 --max-num-seqs=16 --tensor-parallel-size=2 --gpu-memory-utilization=0.95)",
+         model=CODELLAMA_13B, kw=dict(gpu="RTX 4090", weights="fp16", tensor_parallel=2, gpu_memory_utilization=0.95,
+                                      context_len=16384, max_num_seqs=16, versions={"vllm": "0.2.4"}),
+         tokens=1464 * 16),
+    # vLLM 0.7.3 with the V1 engine (kv_cache_utils.py prints the blocks; the server warns "Setting
+    # max_num_batched_tokens to 2048 for OPENAI_API_SERVER usage context")
+    dict(id="granite-3b-a800m-l40s-v1",
+         url="https://github.com/dumb0002/production-stack/blob/c5cf57706db28f03feffa986681b32c6010cf339/"
+             "perf-test/server-startup/README.md",
+         line="kv_cache_utils.py:407] # GPU blocks: 33660 / Maximum concurrency for 4096 tokens per request: 131.48x "
+              "(ibm-granite/granite-3.0-3b-a800m-instruct, NVIDIA_L40S, gpu_memory_utilization=0.9, vLLM 0.7.3)",
+         model=GRANITE_3B_A800M, kw=dict(gpu="L40S", tensor_parallel=1, gpu_memory_utilization=0.90, context_len=4096,
+                                         max_num_batched_tokens=2048,
+                                         versions={"vllm": "0.7.3", "vllm_runtime": "v1"}),
+         tokens=33660 * 16),
     # lm_eval builds vLLM's LLM class: V1's offline default is 8192 batched tokens
     # (vllm/engine/arg_utils.py, UsageContext.LLM_CLASS)
     dict(id="qwen3-0.6b-a100-v1",
@@ -68,6 +100,38 @@ CASES = [
 ]
 
 
+#: Qwen/Qwen3-235B-A22B's config.json (the FP8 checkpoint keeps it)
+QWEN3_235B = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 4096,
+              "intermediate_size": 12288, "moe_intermediate_size": 1536, "num_hidden_layers": 94,
+              "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+              "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
+              "tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+              "norm_topk_prob": True, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "torch_dtype": "bfloat16",
+              "_name_or_path": "Qwen/Qwen3-235B-A22B-FP8"}
+
+#: Published logs the estimator does NOT reproduce within 5% today, kept so the gap stays visible
+#: (strict: they fail the suite the day they start passing, and move up to CASES)
+NOT_REPRODUCED = [
+    dict(id="llama2-70b-4xa100-tp4",
+         url="https://github.com/vllm-project/vllm/pull/2031",
+         line="Llama2-70B with TP=4 and 4xA100-80GB ... This PR: # GPU blocks: 20865",
+         model="llama-2-70b", kw=dict(gpu="A100 80GB", weights="fp16", tensor_parallel=4,
+                                      gpu_memory_utilization=0.90, context_len=4096, versions={"vllm": "0.2.5"}),
+         tokens=20865 * 16,
+         why="about 13 GiB per GPU that vLLM 0.2.5 counted after the profile with TP=4 is not accounted for "
+             "(the same PR's TP=1 log is reproduced within 1%)"),
+    dict(id="qwen3-235b-fp8-4xh100-tp4-v1",
+         url="https://github.com/vllm-project/vllm/issues/21348",
+         line="Available KV cache memory: 8.11 GiB / GPU KV cache size: 178,880 tokens",
+         model=QWEN3_235B, kw=dict(gpu="H100 80GB", weights="fp8", tensor_parallel=4, gpu_memory_utilization=0.90,
+                                   context_len=40960, max_num_batched_tokens=8192, max_num_seqs=1024,
+                                   versions={"vllm": "0.9.2"}),
+         tokens=178880,
+         why="launched with the LMCache KV connector, whose GPU buffers are not modelled; the H100's "
+             "torch-visible total is not in the catalog"),
+]
+
+
 def predicted_tokens(case) -> int:
     e = estimate_inference(case["model"], engine="vllm", **case["kw"])
     return e.serving["kv_tokens"]
@@ -77,6 +141,13 @@ def predicted_tokens(case) -> int:
 def test_vllm_startup_log_reproduced(case):
     got = predicted_tokens(case)
     assert got == pytest.approx(case["tokens"], rel=0.05), (case["url"], case["line"], got)
+
+
+@pytest.mark.xfail(strict=True, reason="published logs not reproduced within 5% (see NOT_REPRODUCED)")
+@pytest.mark.parametrize("case", NOT_REPRODUCED, ids=[c["id"] for c in NOT_REPRODUCED])
+def test_vllm_startup_log_not_yet_reproduced(case):
+    got = predicted_tokens(case)
+    assert got == pytest.approx(case["tokens"], rel=0.05), (case["url"], case["why"], got)
 
 
 def test_the_published_set():

@@ -161,3 +161,145 @@ def test_more_tokens_never_take_less_time(b, s, method, gc):
     assert 0 < one.step_seconds <= two.step_seconds
     assert one.time_breakdown["phases_seconds"]["optimizer_step"] == pytest.approx(
         two.time_breakdown["phases_seconds"]["optimizer_step"])
+
+
+def _cli(capsys, *argv):
+    from vramwidget import cli
+
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_estimate_prints_time_and_cost(capsys):
+    code, out, err = _cli(capsys, "estimate", "llama-3.2-1b", "--gpu", "H200", "--batch-size", "2",
+                          "--tokens", "2e9", "--usd-per-gpu-hour", "3")
+    assert code == 0, err
+    est = vw.estimate("llama-3.2-1b", gpu="H200", batch_size=2)
+    assert f"step time         {est.step_seconds * 1e3:.3g} ms on H200" in out
+    assert f"{est.tokens_per_second:,.0f} tokens/s" in out
+    cost = est.run_cost(tokens=2e9, usd_per_gpu_hour=3)
+    assert f"${cost['dollars']:,.2f} at $3/GPU-hour (given)" in out
+    # without --gpu: no time lines; --tokens alone is a usage error
+    code, out, err = _cli(capsys, "estimate", "llama-3.2-1b")
+    assert code == 0 and "step time" not in out
+    code, out, err = _cli(capsys, "estimate", "llama-3.2-1b", "--tokens", "1e9")
+    assert code == 2 and "--gpu" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_estimate_json_carries_time_and_cost(capsys):
+    import json
+
+    code, out, err = _cli(capsys, "estimate", "llama-3.2-1b", "--gpu", "H100 80GB", "--tf32", "--precision", "fp32",
+                          "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    est = vw.estimate("llama-3.2-1b", gpu="H100 80GB", precision="fp32", tf32=True)
+    assert d["setup"]["tf32"] is True
+    assert d["time"]["step_seconds"] == pytest.approx(est.step_seconds)
+    assert d["time"]["breakdown"]["dominant"] == est.time_breakdown["dominant"]
+    assert d["run_cost"]["tokens"] == 1e9 and d["run_cost"]["dollars"] == pytest.approx(est.run_cost(1e9)["dollars"])
+
+
+def test_parallel_none_is_the_single_gpu_time():
+    one = vw.estimate("llama-3.2-1b", gpu="H100 80GB", batch_size=4)
+    par = vw.estimate_parallel("llama-3.2-1b", gpu="H100 80GB", batch_size=4)
+    assert par.step_seconds == pytest.approx(one.step_seconds)
+    assert par.tokens_per_second == pytest.approx(one.tokens_per_second)
+
+
+def test_parallel_communication_volumes_follow_the_zero_paper():
+    """ZeRO paper (Rajbhandari et al. 2020) sec. 7: DDP and ZeRO-2 move 2 x Psi per step
+    (all-reduce, or reduce-scatter + all-gather), ZeRO-3 3 x Psi (parameters gathered in
+    forward and backward): 1.5x.  A ring all-reduce over n ranks moves 2 (n-1)/n of the
+    gradients per GPU (llama-3.2-1b: 1,235,814,400 bf16 gradients; H100 NVLink 450 GB/s per
+    direction at timing.COMM_EFFICIENCY)."""
+    kw = dict(gpu="H100 80GB", batch_size=4, num_gpus=8)
+    comm = lambda p: p.time_breakdown["communication"]["collectives_seconds"]   # noqa: E731
+    ddp = comm(vw.estimate_parallel("llama-3.2-1b", strategy="ddp", **kw))
+    expected = 2 * 7 / 8 * 1_235_814_400 * 2 / (450e9 * timing.COMM_EFFICIENCY)
+    assert ddp["gradient all-reduce"] == pytest.approx(expected)
+    z2 = comm(vw.estimate_parallel("llama-3.2-1b", strategy="zero2", **kw))
+    z3 = comm(vw.estimate_parallel("llama-3.2-1b", strategy="zero3", **kw))
+    assert sum(z2.values()) == pytest.approx(expected)
+    assert sum(z3.values()) == pytest.approx(1.5 * expected)
+
+
+def test_parallel_overlap_and_throughput():
+    kw = dict(gpu="H100 80GB", batch_size=4, seq_len=2048)
+    one = vw.estimate("llama-3.2-1b", **kw)
+    ddp = vw.estimate_parallel("llama-3.2-1b", strategy="ddp", num_gpus=8, **kw)
+    # DDP's all-reduce (~6.6 ms) hides behind the backward pass: eight times the tokens per second
+    assert ddp.time_breakdown["communication_seconds"] == 0.0
+    assert ddp.tokens_per_second == pytest.approx(8 * one.tokens_per_second)
+    # ZeRO-2 without overlap_comm (DeepSpeed's default) exposes its collectives
+    z2 = vw.estimate_parallel("llama-3.2-1b", strategy="zero2", num_gpus=8, **kw)
+    assert z2.time_breakdown["communication_seconds"] > 0
+    # CPU offload of the optimizer: PCIe traffic and a host-side step every step
+    off = vw.estimate_parallel("llama-3.2-1b", strategy="zero2", num_gpus=8, offload_optimizer=True, **kw)
+    assert off.step_seconds > z2.step_seconds
+    # a run's cost counts every GPU
+    c = ddp.run_cost(tokens=1e9)
+    assert c["gpus"] == 8 and c["gpu_hours"] == pytest.approx(8 * c["hours"])
+    # pipeline parallel: (p - 1) micro-batch slots idle per step
+    pp = vw.estimate_parallel("llama-3.2-1b", strategy="ddp", num_gpus=2, pipeline_parallel=2, micro_batches=4, **kw)
+    b = pp.time_breakdown
+    assert b["pipeline_bubble_seconds"] == pytest.approx(
+        b["phases"]["forward"]["seconds"] + b["phases"]["backward"]["seconds"])
+
+
+def test_suggestions_rank_by_time_per_token():
+    """Changes that fit are ranked by the GPU time (so the money) a training token costs with
+    them, those that keep training the same before those that change it (8-bit states, LoRA);
+    checkpointing's cost is its recompute, offload's the PCIe and host-side step."""
+    sug = [x for x in vw.suggestions("llama-3.2-1b", "L40S", batch_size=4, seq_len=2048) if x.fits]
+    same = [x for x in sug if x.kind != "quality"]
+    assert [x.gpu_seconds_per_token for x in same] == sorted(x.gpu_seconds_per_token for x in same)
+    assert sug.index(same[-1]) < min(sug.index(x) for x in sug if x.kind == "quality")
+    by = {x.title: x for x in sug}
+    sel, full = by["selective activation checkpointing"], by["full activation checkpointing"]
+    assert 0 < sel.time_change < 0.05 < full.time_change < 1 / 3
+    off = by["DeepSpeed ZeRO-Offload: optimizer on the CPU"]
+    assert off.time_change > full.time_change
+    assert off.usd_per_million_tokens == pytest.approx(off.gpu_seconds_per_token * 1e6 / 3600 * 1.40)
+
+
+def test_fit_answers_carry_time_and_cost(capsys):
+    from vramwidget.fit import answers
+
+    a = answers("llama-3.2-1b", "RTX 4090", batch_size=2)
+    est = vw.estimate("llama-3.2-1b", gpu="RTX 4090", batch_size=2)
+    assert a["time"]["step_seconds"] == pytest.approx(est.step_seconds)
+    assert a["run_cost"]["dollars"] == pytest.approx(est.run_cost(tokens=1e9)["dollars"])
+    code, out, err = _cli(capsys, "fit", "llama-3.2-1b", "--gpu", "RTX 4090", "--batch-size", "2")
+    assert code == 0, err
+    assert f"step time         {est.step_seconds:.3g} s" in out and "run cost" in out
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_seed_checkpointing_tradeoff_in_time(attn):
+    """The seeds: full checkpointing ~36% extra compute, selective ~4%.  In FLOPs full adds
+    one forward of the blocks (~1/3); in time a little less, since the loss, the memory-bound
+    optimizer step and the head are not recomputed; selective recomputes only the attention
+    core (llama-2-7b, b8 x s2048, on an H100)."""
+    from vramwidget.scenarios import checkpointing_tradeoff
+
+    rows = {r["checkpointing"]: r for r in checkpointing_tradeoff(attn_implementation=attn)["rows"]}
+    assert rows["none"]["extra_time"] == 0.0
+    assert 0.0 < rows["selective"]["extra_time"] < 0.05
+    assert 0.25 < rows["full"]["extra_time"] < rows["full"]["extra_compute"] < 1 / 3
+
+
+def test_widget_shows_time_beside_the_verdict():
+    """The widget's summary carries the step time, tokens/s and a run's cost when a GPU is
+    chosen (the frontend draws them beside the fits badge), none without a GPU."""
+    calc = vw.Calculator("llama-3.2-1b")
+    assert calc.summary["time"] is None
+    calc.gpu = "H100 80GB"
+    t = calc.summary["time"]
+    est = vw.estimate("llama-3.2-1b", gpu="H100 80GB", **{k: v for k, v in calc.setup().items() if k != "model"})
+    assert t["step_seconds"] == pytest.approx(est.step_seconds)
+    assert t["tokens_per_second"] == pytest.approx(est.tokens_per_second)
+    cost = est.run_cost(tokens=1e9)
+    assert t["run_dollars"] == pytest.approx(cost["dollars"]) and t["run_gpu_hours"] == pytest.approx(cost["gpu_hours"])
+    assert t["text"] in calc.summary["text"]

@@ -234,8 +234,9 @@ def test_gpu_fit_and_unknown_gpu(calc):
     assert any("no bf16" in w for w in calc.summary["warnings"])
     calc.gpu = "H100"
     assert calc.summary["gpu"] == "H100 80GB" and calc.summary["fits"] is True
-    calc.gpu = "H10"
-    assert calc.summary["gpu"] == "" and any("unknown GPU" in w for w in calc.summary["warnings"])
+    calc.gpu = "H10"       # an unknown card is an error (issue 14: it left `error` empty), the estimate stays
+    assert calc.error.startswith("gpu: unknown GPU 'H10'; did you mean") and calc.error_field == "gpu"
+    assert calc.summary["gpu"] == "H100 80GB"
     calc.gpu = ""
     assert calc.summary["fits"] is None
 

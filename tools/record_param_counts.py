@@ -114,14 +114,28 @@ def quiet():
                 transformers.logging.set_verbosity(level)
 
 
-def build_model(fields: dict):
+#: the transformers Auto class of each vramwidget task (the model class a user fine-tunes)
+AUTO_CLASS = {"causal_lm": "AutoModelForCausalLM", "image_text_to_text": "AutoModelForImageTextToText",
+              "seq2seq_lm": "AutoModelForSeq2SeqLM", "masked_lm": "AutoModelForMaskedLM"}
+
+
+def task_of(fields: dict, task: str | None = None) -> str:
+    """The task vramwidget counts for this config (its family's default unless given)."""
+    sys.path.insert(0, str(ROOT))
+    from vramwidget.families import REGISTRY, resolve_model_type
+
+    fam = REGISTRY.get(resolve_model_type(str(fields.get("model_type"))))
+    return task or (fam.task if fam is not None else "causal_lm")
+
+
+def build_model(fields: dict, task: str | None = None):
     import torch
     import transformers
 
     with quiet():
         config = build_config(fields)
         with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(config)
+            model = getattr(transformers, AUTO_CLASS[task_of(fields, task)]).from_config(config)
     return config, model
 
 
@@ -200,7 +214,7 @@ def lora_count(fields: dict, r: int, targets) -> dict:
 
 
 def record_preset(name: str, preset: dict) -> dict:
-    config, model = build_model(preset["config"])
+    config, model = build_model(preset["config"], preset.get("task"))
     out = describe(config, model)
     out["source"] = f"vramwidget/presets/{name}.json"
     extras = EXTRA_LORA.get(name, [])

@@ -13,6 +13,7 @@ usage: python tools/saved_tensors.py   (prints predicted vs traced bytes per fam
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any, Dict, Optional
 
 TINY: Dict[str, Dict[str, Any]] = {
@@ -55,13 +56,22 @@ TINY: Dict[str, Dict[str, Any]] = {
                         n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=0,
                         kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32,
                         v_head_dim=32, vocab_size=512),
+    # issue 11's families
+    "gpt_oss": dict(hidden_size=256, intermediate_size=128, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+                    num_local_experts=4, num_experts_per_tok=2, vocab_size=512, sliding_window=8),
 }
 
 
 def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str = "full",
                        attn_implementation: str = "sdpa", batch_size: int = 2, seq_len: int = 32,
-                       layers: int = 2, overrides: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
-    """Saved bytes of one block, traced with torch: {'per_layer': ..., 'total_L': ...}."""
+                       layers: int = 2, overrides: Optional[Dict[str, Any]] = None,
+                       lora: Optional[Dict[str, Any]] = None, alive_only: bool = False) -> Dict[str, float]:
+    """Saved bytes of one block, traced with torch: {'per_layer': ..., 'total_L': ...}.
+
+    ``lora``: extra LoraConfig keywords (``use_dora``, ``lora_dropout``, ``target_modules`` with
+    ``lm_head``/``embed_tokens``, ``modules_to_save``); ``method="norms"`` trains only the norms.  ``alive_only``: count only
+    what the graph still holds when the forward pass ends (DoRA builds and drops a side graph
+    for its weight norm)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -84,20 +94,30 @@ def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str 
             # the blocks' nn.Linear modules (what peft's "all-linear" selects): not the fused
             # 3-D expert parameters, which peft would wrap as parameters
             targets = sorted({t.module for t in arch.tensors if t.linear and not t.experts})
-            model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                                                               target_modules=targets))
+            lkw = dict(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets)
+            lkw.update(lora or {})
+            model = peft.get_peft_model(model, peft.LoraConfig(**lkw))
+        elif method == "norms":
+            for name, p in model.named_parameters():
+                p.requires_grad_("norm" in name)
         model.train()
         ids = torch.randint(0, cfg.vocab_size, (batch_size, seq_len))
         seen: Dict[int, int] = {}
+        refs = []
 
         def pack(t):
             st = t.untyped_storage()
             seen.setdefault(st.data_ptr(), st.nbytes())
+            if alive_only:
+                refs.append((weakref.ref(t), st.data_ptr(), st.nbytes()))
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp_bf16"):
-                model(input_ids=ids, labels=ids)
+                out = model(input_ids=ids, labels=ids)
+        if alive_only:
+            seen = {ptr: n for r, ptr, n in refs if r() is not None}
+        del out
         params = {p.untyped_storage().data_ptr() for p in model.parameters()}
         return float(sum(n for k, n in seen.items() if k not in params))
 
@@ -107,7 +127,7 @@ def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str 
 
 def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: str = "full",
                           attn_implementation: str = "sdpa", batch_size: int = 2, seq_len: int = 32,
-                          overrides: Optional[Dict[str, Any]] = None) -> float:
+                          overrides: Optional[Dict[str, Any]] = None, **setup: Any) -> float:
     """What vramwidget's activations.py says one steady block saves (CPU kernels)."""
     from transformers import AutoConfig
 
@@ -121,9 +141,28 @@ def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: s
                                                      "num_hidden_layers"): 2}).to_dict()
     arch = from_config(cfg)
     s = TrainingSetup.from_kwargs(method=method, precision=precision, attn_implementation=attn_implementation,
-                                  batch_size=batch_size, seq_len=seq_len, lora_r=8)
+                                  batch_size=batch_size, seq_len=seq_len, lora_r=8, **setup)
     acts = _activations(arch, s, _params(arch, s), cpu=True)
     return acts.per_layer_bytes
+
+
+def predicted_total_bytes(model_type: str, *, layers: int = 2, precision: str = "bf16", method: str = "full",
+                          attn_implementation: str = "sdpa", batch_size: int = 2, seq_len: int = 32,
+                          **setup: Any) -> float:
+    """What vramwidget says an ``layers``-layer model saves in its blocks and around the head
+    (not the loss): for differences between two setups that share the loss."""
+    from transformers import AutoConfig
+
+    from vramwidget.architecture import from_config
+    from vramwidget.estimate import _activations, _params
+    from vramwidget.training import TrainingSetup
+
+    key = "n_layer" if model_type == "gpt2" else "num_hidden_layers"
+    arch = from_config(AutoConfig.for_model(model_type, **{**TINY[model_type], key: layers}).to_dict())
+    s = TrainingSetup.from_kwargs(method=method, precision=precision, attn_implementation=attn_implementation,
+                                  batch_size=batch_size, seq_len=seq_len, lora_r=8, **setup)
+    acts = _activations(arch, s, _params(arch, s), cpu=True)
+    return acts.layers_bytes + sum(n for _, n, _ in acts.head)
 
 
 if __name__ == "__main__":

@@ -115,6 +115,7 @@ class BlockContext:
     dense_layer: bool = False   # a dense (non-MoE) block inside an MoE model
     fused_qkv_lora: bool = False  # q, k and v adapters share one input (LitGPT's fused qkv)
     cpu: bool = False           # CPU kernels (for checking against torch without a GPU)
+    kind: str = ""              # the block's kind in a mixed stack (Architecture.layer_kinds)
 
 
 def attention_backend(arch: Any, setup: TrainingSetup, compute_dtype: str) -> str:
@@ -197,6 +198,16 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         tr.save(xa)
         a_dtype = ctx.c if ctx.setup.autocast else ctx.adapter_dtype
         tr.save(tr.new(f"{tag} lora_A output", n_tok * r, a_dtype, True, f"T x r (r={r})", LORA_GROUP))
+        if ctx.setup.lora_variant == "dora":
+            # peft DoraLinearLayer.forward: (mag_norm_scale - 1) * base_result keeps the base
+            # layer's output, mag_norm_scale * lora_result keeps lora_B's output (the magnitude
+            # trains); with dropout, base_result is recomputed from a fp32 weight copy, which
+            # estimate._activations adds per layer (it does not scale with tokens)
+            base_dt = out_dtype if ctx.setup.lora_dropout == 0 else ctx.adapter_dtype
+            tr.save(tr.new(f"{tag} DoRA base output", n_tok * out_features, base_dt, True,
+                           f"T x {_dim(out_features)}", LORA_GROUP))
+            tr.save(tr.new(f"{tag} DoRA lora_B output", n_tok * out_features, a_dtype, True,
+                           f"T x {_dim(out_features)}", LORA_GROUP))
     return tr.new(name, n_tok * out_features, out_dtype, rg, f"T x {_dim(out_features)}", group)
 
 
@@ -262,11 +273,17 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
     scores = b * a * s * s
     if backend == "recompute":
         # the checkpointed core keeps its inputs; v is kept as its own (contiguous) tensor,
-        # not as a view that would hold a fused QKV output alive
+        # not as a view that would hold a fused QKV output alive.  The recomputed core is the
+        # chosen kernel: eager reads q, k and v in the compute dtype (the casts the eager
+        # branch below saves: fp32 outputs of 4-bit layers beside prepare_kbit's fp32 norms
+        # are cast), the others read them as they are (in one dtype: SDPA refuses mixed ones)
+        core = ctx.c if ctx.setup.attn_implementation == "eager" else q.dtype
         if rg:
             for t, n, label in ((q, T * a * ctx.arch.head_dim, "q"), (k, T * kv * ctx.arch.head_dim, "k"),
                                 (v, T * kv * v_head_dim, "v")):
-                tr.save(t if t.numel == n else tr.new(f"{label} (kept for the recomputed core)", n, t.dtype, True,
+                if t.dtype != core:
+                    t = tr.new(f"{label} cast", n, core, True, f"T x heads*d as {core}", group)
+                tr.save(t if t.numel == n else tr.new(f"{label} (kept for the recomputed core)", n, core, True,
                                                       "T x heads*d", group))
         return tr.new("attention output", out_numel, q.dtype, rg, "T x a*d", group)
     if backend in ("flash", "efficient"):

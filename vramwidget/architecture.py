@@ -26,9 +26,10 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from .errors import VramError
+from .inputs import MAX_TEXT_CHARS, check_int, check_text, fail, shown
 from .families import REGISTRY, Family, family_for, resolve_model_type, supported_model_types
 from .tensors import (ROLE_GROUP, ParamTensor, _Builder, _get, _posint, _require,  # noqa: F401 (re-exported)
                       _restrict)
@@ -69,6 +70,18 @@ class Architecture:
     final_logit_softcapping: Optional[float] = None
     mla: Optional[Dict[str, int]] = None   # kv_lora_rank, q_lora_rank, qk_rope_head_dim, ...
     max_position_embeddings: Optional[int] = None
+    #: blocks of different kinds in one stack, (kind, count) in layer order of first
+    #: appearance (hybrids: "linear_attention"/"full_attention"; encoder-decoders:
+    #: "encoder"/"decoder"); None: every block is alike.  The family's ``block`` reads ctx.kind.
+    layer_kinds: Optional[List[Tuple[str, int]]] = None
+    #: side towers (a VLM's vision encoder) as architectures of their own
+    towers: Dict[str, "Architecture"] = field(default_factory=dict, repr=False)
+    #: the transformers model class counted: causal_lm, image_text_to_text, seq2seq_lm, masked_lm
+    task: str = "causal_lm"
+    #: layers that keep a KV cache (None: all); hybrids' other layers keep a fixed-size state
+    kv_cache_layers: Optional[int] = None
+    #: elements of the fixed-size recurrent state (conv + linear-attention/SSM) of one sequence
+    state_elems_per_seq: int = 0
     hub_id: Optional[str] = None
     exact: bool = True
     assumption: str = ""
@@ -144,6 +157,12 @@ class Architecture:
         }
 
 
+#: LoRA targets outside the blocks: peft wraps the output head's nn.Linear (``lm_head``) and
+#: the token embedding (``embed_tokens``, peft's lora.Embedding); the blocks' modules are
+#: what :func:`resolve_targets` returns
+HEAD_TARGETS = ("lm_head", "embed_tokens")
+
+
 def resolve_targets(arch: Architecture, targets: Iterable[str]) -> List[str]:
     """LoRA ``target_modules`` -> the module names of ``arch`` they select.
 
@@ -153,6 +172,10 @@ def resolve_targets(arch: Architecture, targets: Iterable[str]) -> List[str]:
     if isinstance(targets, str):
         targets = [t.strip() for t in targets.split(",") if t.strip()]
     targets = list(targets)
+    head = [t for t in targets if t in HEAD_TARGETS]
+    targets = [t for t in targets if t not in HEAD_TARGETS]
+    if head and not targets:
+        return []   # only the output head and/or the embedding (estimate._params adds those)
     have = arch.linear_modules()
     if any(t in ("all-linear", "all_linear", "all") for t in targets):
         return have
@@ -176,48 +199,90 @@ def resolve_targets(arch: Architecture, targets: Iterable[str]) -> List[str]:
 # ----------------------------------------------------------------------------------
 
 #: old and new spellings of the same size; a config that gives both must agree
+#: a config.json is a few kilobytes; longer text is not one
+MAX_CONFIG_CHARS = 1 << 24
+
 _SYNONYMS = (("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"), ("num_attention_heads", "n_head"),
              ("max_position_embeddings", "n_positions"))
 
-def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Optional[str] = None) -> Architecture:
-    """An Architecture from a config.json dict or a path to a config.json file."""
+def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Optional[str] = None,
+                task: Optional[str] = None) -> Architecture:
+    """An Architecture from a config.json dict or a path to a config.json file.
+
+    ``task`` picks the transformers model class counted where a family has several
+    (``causal_lm``, ``image_text_to_text``, ``seq2seq_lm``, ``masked_lm``); None: the
+    family's default (the class a user fine-tunes).
+    """
+    if name is not None:
+        check_text("name", name, max_chars=MAX_TEXT_CHARS)
     if not isinstance(config, Mapping):
+        if not isinstance(config, (str, os.PathLike)):
+            raise fail("model", "a config.json must be a dict or a path", config)
         path = os.fspath(config)
+        if not isinstance(path, str) or len(path) > MAX_TEXT_CHARS:
+            raise fail("model", f"a config.json path is text of at most {MAX_TEXT_CHARS:,} characters", path)
         try:
             with open(path, "r", encoding="utf-8") as f:
-                text = f.read()
+                text = f.read(MAX_CONFIG_CHARS + 1)
+            if len(text) > MAX_CONFIG_CHARS:
+                raise fail("model", f"{shown(path)} is larger than a config.json ({MAX_CONFIG_CHARS:,} characters at "
+                                    "most)", show_value=False)
+        except UnicodeDecodeError:
+            raise fail("model", f"{shown(path)} is not UTF-8 text", show_value=False) from None
         except OSError as e:
-            raise VramError(f"config: cannot read {path!r}: {e.strerror or e}", field="model") from None
+            raise VramError(f"config: cannot read {shown(path)}: {e.strerror or e}", field="model") from None
         config = parse_config_text(text, source=path)
         if name is None:
             name = os.path.basename(os.path.dirname(os.path.abspath(path))) or "custom"
     cfg = dict(config)
-    if "text_config" in cfg and isinstance(cfg["text_config"], Mapping) and "hidden_size" not in cfg:
+    fam0 = REGISTRY.get(resolve_model_type(str(cfg.get("model_type") or "")))
+    if ("text_config" in cfg and isinstance(cfg["text_config"], Mapping) and "hidden_size" not in cfg
+            and not (fam0 is not None and fam0.reads_text_config)):
         inner = dict(cfg["text_config"])
-        inner.setdefault("model_type", cfg.get("model_type", "") + "_text")
+        inner.setdefault("model_type", str(cfg.get("model_type", ""))[:64] + "_text")
         cfg = inner
     mt = cfg.get("model_type")
     if not mt:
         raise VramError("config: missing field 'model_type' (e.g. \"llama\"); supported: "
                         + ", ".join(supported_model_types()), field="model_type")
-    mt = resolve_model_type(str(mt))
+    if not isinstance(mt, str) or len(mt) > 64:
+        raise fail("model_type", "config: must be text, one of " + ", ".join(supported_model_types()), mt)
+    mt = resolve_model_type(mt)
     if cfg.get("is_encoder_decoder") and not getattr(REGISTRY.get(mt), "encoder_decoder", False):
         raise VramError(f"config: {mt} is an encoder-decoder model; its family models a decoder-only model",
                         field="model_type")
     family = family_for(mt)
     for a, b in _SYNONYMS:
         if cfg.get(a) is not None and cfg.get(b) is not None and cfg[a] != cfg[b]:
-            raise VramError(f"config: contradictory fields {a}={cfg[a]!r} and {b}={cfg[b]!r} (two spellings of "
+            raise VramError(f"config: contradictory fields {a}={shown(cfg[a])} and {b}={shown(cfg[b])} (two spellings of "
                             f"one size); keep one", field=a)
-    info = family.params(cfg, mt)
-    info.setdefault("max_position_embeddings", _get(cfg, "max_position_embeddings", "n_positions"))
-    return Architecture(name=name or cfg.get("_name_or_path") or mt, model_type=mt, config=cfg, **info)
+    task = family.check_task(task)
+    try:
+        info = family.params_for_task(cfg, mt, task)
+    except VramError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as e:
+        # a field of the wrong type that no check above names (e.g. a list where a number
+        # belongs): still one line, never a traceback
+        raise VramError(f"config: a {mt} config.json field has a value of the wrong type or range "
+                        f"({type(e).__name__}: {shown(str(e))})", field="config_json") from None
+    info.setdefault("task", task)
+    pos = _get(cfg, "max_position_embeddings", "n_positions")
+    if pos is not None:
+        pos = _posint(cfg, pos, "max_position_embeddings")
+    info.setdefault("max_position_embeddings", pos)
+    given = name or cfg.get("_name_or_path")
+    return Architecture(name=given if isinstance(given, str) and given else mt, model_type=mt, config=cfg, **info)
 
 
 def parse_config_text(text: str, source: str = "config.json") -> Dict[str, Any]:
     """Parse config.json text with a one-line error naming the line and column."""
+    check_text("config_json", text, max_chars=MAX_CONFIG_CHARS, what="config.json must be text")
+    source = shown(source).strip("'\"")
     try:
         cfg = json.loads(text)
+    except RecursionError:
+        raise VramError(f"config: {source} is nested too deeply to be a config.json", field="config_json") from None
     except json.JSONDecodeError as e:
         raise VramError(f"config: {source} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})",
                         field="config_json") from None
@@ -240,8 +305,17 @@ def custom(*, hidden_size: int, num_layers: int, num_heads: int, vocab_size: int
     ``mlp="plain"`` a GPT-style block (LayerNorm with bias, fc/proj with biases, learned positions
     are not added).
     """
-    if mlp not in ("gated", "plain"):
-        raise VramError(f"mlp: must be 'gated' or 'plain', got {mlp!r}", field="mlp")
+    from .inputs import check_bool, check_choice
+
+    mlp = check_choice("mlp", mlp, ("gated", "plain"))
+    hidden_size, num_layers, num_heads, vocab_size = (
+        check_int(k, v, what="must be a positive whole number") for k, v in (("hidden_size", hidden_size), ("num_layers", num_layers),
+                                     ("num_heads", num_heads), ("vocab_size", vocab_size)))
+    intermediate_size, num_kv_heads, head_dim = (
+        None if v is None else check_int(k, v, what="must be a positive whole number") for k, v in (("intermediate_size", intermediate_size),
+                                                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)))
+    tied = check_bool("tied", tied)
+    name = check_text("name", name, max_chars=256)
     cfg: Dict[str, Any] = {"model_type": "llama", "hidden_size": hidden_size, "num_hidden_layers": num_layers,
                            "num_attention_heads": num_heads, "vocab_size": vocab_size,
                            "num_key_value_heads": num_heads if num_kv_heads is None else num_kv_heads,
@@ -269,17 +343,19 @@ def _llama_intermediate(h: int) -> int:
 def parse_param_count(text: Union[str, int, float]) -> int:
     """'7B' -> 7e9, '350M' -> 3.5e8, 1.3e9 -> 1.3e9."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        n = float(text)
+        n = float(text) if abs(text) < 1e300 else float("inf")
+    elif not isinstance(text, str) or len(text) > 64:
+        raise fail("model", "a parameter count is a number or text like '7B'", text)
     else:
         s = str(text).strip().upper().replace("_", "").replace(",", "")
         mult = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
         try:
             n = float(s[:-1]) * mult[s[-1]] if s and s[-1] in mult else float(s)
         except (ValueError, KeyError):
-            raise VramError(f"model: {text!r} is neither a preset, a config.json, a Hub id nor a parameter "
+            raise VramError(f"model: {shown(text)} is neither a preset, a config.json, a Hub id nor a parameter "
                             f"count like '7B'", field="model") from None
     if not (n > 0) or n != n or n == float("inf"):
-        raise VramError(f"model: a parameter count must be positive, got {text!r}", field="model")
+        raise VramError(f"model: a parameter count must be positive, got {shown(text)}", field="model")
     return int(round(n))
 
 
@@ -293,11 +369,20 @@ def from_param_count(count: Union[str, int, float], *, vocab_size: int = 32000) 
     that count; activations and logits follow the assumed shape and are marked derived.
     """
     n = parse_param_count(count)
+    vocab_size = check_int("vocab_size", vocab_size, lo=1, hi=1 << 24)
+    smallest = _assumed_total(256, vocab_size)
+    if n < smallest:
+        raise VramError(f"model: {_fmt_count(n)} parameters is below the smallest assumed shape ({_fmt_count(smallest)}: "
+                        f"h=256, 2 layers, a {vocab_size:,}-token vocabulary); give a config.json for a model this "
+                        f"small", field="model")
+    if n > MAX_PARAMS:
+        raise VramError(f"model: {_fmt_count(n)} parameters is more than 2**50 (a PiB of 1-byte weights): not a real "
+                        f"model", field="model")
     best = None
     for h in range(256, 32768 + 1, 128):
         L = max(1, round(h / 128))
         i = _llama_intermediate(h)
-        total = L * (4 * h * h + 3 * h * i + 2 * h) + 2 * vocab_size * h + h
+        total = _assumed_total(h, vocab_size)
         if total > n and best is not None:
             break
         best = (total, h, L, i)
@@ -319,6 +404,16 @@ def from_param_count(count: Union[str, int, float], *, vocab_size: int = 32000) 
     return arch
 
 
+def _assumed_total(h: int, vocab_size: int) -> int:
+    """Parameters of the assumed Llama-like shape of hidden size h (L = h / 128, i = 8h/3)."""
+    L, i = max(1, round(h / 128)), _llama_intermediate(h)
+    return L * (4 * h * h + 3 * h * i + 2 * h) + 2 * vocab_size * h + h
+
+
+#: a bare parameter count above this is an input error (a PiB of 1-byte weights)
+MAX_PARAMS = 2 ** 50
+
+
 def _fmt_count(n: int) -> str:
     for div, suf in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
         if n >= div:
@@ -333,7 +428,8 @@ def _fmt_count(n: int) -> str:
 _CACHE: Dict[str, Architecture] = {}
 
 
-def load(model: Union[str, Mapping[str, Any], "Architecture", os.PathLike]) -> Architecture:
+def load(model: Union[str, Mapping[str, Any], "Architecture", os.PathLike], task: Optional[str] = None
+         ) -> Architecture:
     """Resolve what a user typed to an Architecture.
 
     Accepts an Architecture, a config dict, a path to a config.json (or to a folder holding
@@ -342,45 +438,51 @@ def load(model: Union[str, Mapping[str, Any], "Architecture", os.PathLike]) -> A
     and network; ``HF_TOKEN`` honoured), or a parameter count (``"7B"``).
     """
     if isinstance(model, Architecture):
+        if task is not None and task != model.task:
+            raise VramError(f"task: {model.name} was built for {model.task!r}; load its config with task={task!r}",
+                            field="task")
         return model
     if isinstance(model, Mapping):
-        return from_config(model)
+        return from_config(model, task=task)
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if not isinstance(model, str):
         raise VramError(f"model: expected a preset name, config.json path or dict, Hub id or Architecture, "
                         f"got {type(model).__name__}", field="model")
+    if len(model) > MAX_TEXT_CHARS:
+        raise fail("model", f"a preset name, path or Hub id is at most {MAX_TEXT_CHARS:,} characters", model)
     key = model.strip()
     if not key:
         raise VramError("model: empty; give a preset name (e.g. 'llama-3.1-8b'), a config.json path, "
                         "a Hub id or a parameter count like '7B'", field="model")
-    hit = _CACHE.get(key)
+    ckey = key if task is None else f"{key}\x00{task}"
+    hit = _CACHE.get(ckey)
     if hit is not None:
         return hit
-    arch = _load_uncached(key)
+    arch = _load_uncached(key, task)
     if len(_CACHE) > 256:
         _CACHE.clear()
-    _CACHE[key] = arch
+    _CACHE[ckey] = arch
     return arch
 
 
-def _load_uncached(key: str) -> Architecture:
+def _load_uncached(key: str, task: Optional[str] = None) -> Architecture:
     from . import presets
 
     if os.path.isdir(key) and os.path.isfile(os.path.join(key, "config.json")):
-        return from_config(os.path.join(key, "config.json"))
+        return from_config(os.path.join(key, "config.json"), task=task)
     if key.endswith(".json") or os.path.isfile(key):
-        return from_config(key)
+        return from_config(key, task=task)
     preset = presets.find(key)
     if preset is not None:
-        arch = from_config(preset["config"], name=preset["name"])
+        arch = from_config(preset["config"], name=preset["name"], task=task)
         arch.hub_id = preset.get("hub_id")
         return arch
     if "/" in key and not key.startswith((".", "/")):
         from .hub import fetch_config
 
         cfg = fetch_config(key)
-        arch = from_config(cfg, name=key)
+        arch = from_config(cfg, name=key, task=task)
         arch.hub_id = key
         return arch
     if key[:1].isdigit():

@@ -46,6 +46,7 @@ _SETUP_OPTIONS = (
     ("--lora-targets", "lora_targets", "list", "LoRA target modules, comma-separated, or all-linear "
                                                "(default: every linear layer of the blocks)"),
     ("--trainable-layers", "trainable_layers", "int", "with --method freeze: how many last layers train"),
+    ("--backend", "backend", "choice", "auto (analytic where modelled, else traced), analytic or trace"),
     ("--stack", "stack", "choice", "training stack whose defaults and code paths to assume (default hf)"),
     ("--loss", "loss", "choice", "cross-entropy implementation"),
     ("--loss-chunks", "loss_chunks", "int", "with --loss chunked: number of chunks (default 8)"),
@@ -63,6 +64,7 @@ _SETUP_SWITCHES = (
     ("--optimizer-in-backward", "optimizer_in_backward", "step each parameter as its gradient is ready"),
     ("--packing", "packing", "packed sequences with varlen attention (no padding)"),
     ("--compile", "compile", "torch.compile (needs --gradient-checkpointing full)"),
+    ("--tf32", "tf32", "fp32 matmuls on TF32 tensor cores (PyTorch's default is off); changes the time only"),
 )
 
 
@@ -155,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="prepare_model_for_kbit_training: upcast the non-quantized parameters to fp32")
     for flag, dest, text in _SETUP_SWITCHES:
         est.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
+    est.add_argument("--gpu", dest="gpu", default=None, metavar="GPU",
+                     help="a GPU from the catalogue (e.g. H100-80GB): the step time, tokens/s, MFU and a run's "
+                          "cost on it (with --inference: the fit check)")
+    est.add_argument("--tokens", dest="tokens", default=None, type=_float_arg, metavar="N",
+                     help="with --gpu: the run's cost for N training tokens (default 1e9)")
+    est.add_argument("--usd-per-gpu-hour", dest="usd_per_gpu_hour", default=None, type=_float_arg, metavar="X",
+                     help="with --gpu: the price per GPU-hour (default: the catalogue's indicative on-demand price)")
     est.add_argument("--json", action="store_true", help="print the estimate as JSON")
     est.add_argument("--units", choices=("gib", "gb"), default="gib",
                      help="units of the component table: GiB (2**30 B, default) or GB (10**9 B)")
@@ -180,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("cases", nargs="?", default=None, metavar="CASES.jsonl",
                      help="cases in the validation format (default: the built-in H200 cases)")
     val.add_argument("--json", action="store_true", help="print a JSON list of {id, predicted, error}")
+    val.add_argument("--backend", default="analytic", choices=("analytic", "trace", "auto"),
+                     help="analytic (default), trace (needs the [trace] extra) or auto")
 
     sub.add_parser("measure", help="measure real training steps on a GPU (see `vramwidget measure --help`)",
                    add_help=False)
@@ -226,9 +237,12 @@ def inventory(arch) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def estimate_json(arch, est) -> Dict[str, Any]:
-    """The JSON object ``estimate --json`` prints."""
+def estimate_json(arch, est, tokens: Optional[float] = None,
+                  usd_per_gpu_hour: Optional[float] = None) -> Dict[str, Any]:
+    """The JSON object ``estimate --json`` prints (with ``time`` and ``run_cost`` when a GPU is set)."""
     d = est.to_dict()
+    if est.step_seconds is not None:
+        d["run_cost"] = est.run_cost(tokens=tokens or DEFAULT_RUN_TOKENS, usd_per_gpu_hour=usd_per_gpu_hour)
     a = arch.to_dict()
     a.pop("tensors", None)
     d["architecture"] = a
@@ -238,6 +252,34 @@ def estimate_json(arch, est) -> Dict[str, Any]:
     d["device_total_gib"] = round(est.device_total_bytes / GIB, 3)
     d["device_total_gb"] = round(est.device_total_bytes / GB, 3)
     return d
+
+
+#: the run whose cost ``estimate --gpu`` prints when --tokens is not given
+DEFAULT_RUN_TOKENS = 1e9
+
+
+def _fmt_seconds(x: float) -> str:
+    return f"{x * 1e3:.3g} ms" if x < 1 else f"{x:,.3g} s" if x < 1000 else f"{x:,.0f} s"
+
+
+def format_time(est, tokens: Optional[float] = None, usd_per_gpu_hour: Optional[float] = None) -> List[str]:
+    """The step-time and run-cost lines of ``estimate --gpu`` and ``fit`` (empty without a GPU)."""
+    if est.step_seconds is None:
+        return []
+    b = est.time_breakdown
+    ph = b["phases_seconds"]
+    parts = ", ".join(f"{k.replace('_', ' ')} {_fmt_seconds(v)}" for k, v in ph.items())
+    lines = [f"step time         {_fmt_seconds(est.step_seconds)} on {est.gpu.name} ({parts})",
+             f"throughput        {est.tokens_per_second:,.0f} tokens/s, MFU {est.mfu * 100:.0f}%",
+             f"dominated by      {b['dominant']} ({b['dominant_share'] * 100:.0f}% of the step)"]
+    c = est.run_cost(tokens=tokens or DEFAULT_RUN_TOKENS, usd_per_gpu_hour=usd_per_gpu_hour)
+    cost = (f", ${c['dollars']:,.2f} at ${c['usd_per_gpu_hour']:g}/GPU-hour ({c['price_source']})"
+            if c["dollars"] is not None else " (no price known: give --usd-per-gpu-hour)")
+    on = f" on {c['gpus']} GPUs ({c['gpu_hours']:,.1f} GPU-hours)" if c["gpus"] > 1 else ""
+    lines.append(f"run cost          {c['tokens']:.3g} tokens: {c['steps']:,} steps, {c['hours']:,.2f} h{on}" + cost)
+    for n in b.get("notes") or []:
+        lines.append(f"                  ({n})")
+    return lines
 
 
 _PHASE_LABELS = {
@@ -271,7 +313,8 @@ def _group_formula(node) -> str:
     return ""
 
 
-def format_estimate(arch, est, units: str = "gib") -> str:
+def format_estimate(arch, est, units: str = "gib", tokens: Optional[float] = None,
+                    usd_per_gpu_hour: Optional[float] = None) -> str:
     """The table ``estimate`` prints."""
     unit_div, unit_name = (GIB, "GiB") if units == "gib" else (GB, "GB")
     s = est.setup
@@ -307,6 +350,7 @@ def format_estimate(arch, est, units: str = "gib") -> str:
     if est.flops_per_step:
         lines.append(f"compute           {est.flops_per_step:.3g} FLOPs per step"
                      + (f", +{est.recompute_overhead * 100:.0f}% recomputation" if est.recompute_overhead else ""))
+    lines.extend(format_time(est, tokens, usd_per_gpu_hour))
     lines.append("")
     total = sum(c.bytes for c in est.components) or 1.0
     lines.append(f"at the peak ({_PHASE_LABELS.get(est.peak_phase, est.peak_phase)}):")
@@ -345,7 +389,7 @@ def _quiet_hub(model: str) -> None:
 
 def _cmd_estimate(args: argparse.Namespace, out) -> int:
     from .architecture import load
-    from .estimate import estimate_setup
+    from .estimate import check_physical, estimate_setup
     from .training import TrainingSetup
 
     if args.from_config is not None:
@@ -366,12 +410,21 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
         return inference.run(args, out)
     arch = load(args.model)
     setup = TrainingSetup.from_kwargs(**setup_kwargs(args))
+    _time_options(args)
     est = estimate_setup(arch, setup)
+    check_physical(est, arch, setup)   # more than 1 PiB is an input error
+    if args.gpu is not None:
+        est.set_gpu(args.gpu)
     if args.json:
-        out.write(json.dumps(estimate_json(arch, est)) + "\n")
+        out.write(json.dumps(estimate_json(arch, est, args.tokens, args.usd_per_gpu_hour)) + "\n")
     else:
-        out.write(format_estimate(arch, est, args.units) + "\n")
+        out.write(format_estimate(arch, est, args.units, args.tokens, args.usd_per_gpu_hour) + "\n")
     return 0
+
+
+def _time_options(args: argparse.Namespace) -> None:
+    if args.gpu is None and (args.tokens is not None or args.usd_per_gpu_hour is not None):
+        raise _UsageError("--tokens and --usd-per-gpu-hour need --gpu (the GPU the step is timed on)")
 
 
 def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
@@ -390,11 +443,14 @@ def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
     result = cfg.estimate(model, **overrides)
     per_gpu = getattr(result, "per_gpu", None)
     est = per_gpu if per_gpu is not None else result
+    _time_options(args)
+    if args.gpu is not None:
+        result.set_gpu(args.gpu)   # a parallel run: every stage, with its communication
     from .architecture import load
 
     arch = load(model)
     if args.json:
-        d = estimate_json(arch, est)
+        d = estimate_json(arch, est, args.tokens, args.usd_per_gpu_hour)
         d["config"] = cfg.to_dict()
         if per_gpu is not None:
             d["parallel"] = {"strategy": "ddp", **cfg.parallel,
@@ -418,7 +474,8 @@ def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
     if per_gpu is not None:
         lay = {"strategy": "ddp", **cfg.parallel, **({"num_gpus": args.num_gpus} if args.num_gpus is not None else {})}
         lines.append("per GPU (" + ", ".join(f"{k}={v}" for k, v in lay.items()) + "):")
-    out.write("\n".join(lines) + "\n" + format_estimate(arch, est, args.units) + "\n")
+    out.write("\n".join(lines) + "\n" + format_estimate(arch, est, args.units, args.tokens, args.usd_per_gpu_hour)
+              + "\n")
     return 0
 
 
@@ -432,7 +489,7 @@ def _cmd_validate(args: argparse.Namespace, out) -> int:
     path = args.cases if args.cases is not None else V.BUILTIN_CASES
     if os.path.isdir(path):
         raise VramError(f"cases: {path!r} is a folder; give a .jsonl file", field="cases")
-    result = V.validate(V.load_cases(path))
+    result = V.validate(V.load_cases(path), backend=args.backend)
     if args.json:
         out.write(json.dumps(V.to_json_rows(result)) + "\n")
     else:
@@ -567,10 +624,21 @@ def format_fit_answers(a: Dict[str, Any]) -> str:
     lines.append(f"longest sequence  {a['max_seq_len']:,} tokens (at batch {s['batch_size']})"
                  + (f"; the model's position limit is {mp:,}" if mp else ""))
     lines.append("fewest GPUs       " + ", ".join(f"{k} {v if v else '-'}" for k, v in a["min_gpus"].items()))
+    t = a.get("time")
+    if t:
+        b = t["breakdown"]
+        lines.append(f"step time         {t['step_seconds']:.3g} s, {t['tokens_per_second']:,.0f} tokens/s, "
+                     f"MFU {t['mfu'] * 100:.0f}% ({b['dominant']} {b['dominant_share'] * 100:.0f}% of the step)")
+        c = a.get("run_cost")
+        if c:
+            lines.append(f"run cost          {c['tokens']:.3g} tokens: {c['hours']:,.2f} h on {c['gpus']} GPU(s)"
+                         + (f", ${c['dollars']:,.2f} at ${c['usd_per_gpu_hour']:g}/GPU-hour ({c['price_source']})"
+                            if c["dollars"] is not None else " (no price known)"))
     sug = a["suggestions"]
     if sug:
         lines.append("")
-        lines.append("changes that lower the memory (fitting ones first, cheapest first):")
+        lines.append("changes that lower the memory (fitting ones first; those that train the same way first; "
+                     "each by GPU time per token):")
         for i, x in enumerate(sug, 1):
             mark = "fits" if x["fits"] else "not enough"
             lines.append(f"{i:3}. {x['title']}: -{x['saved_gib']:.1f} GiB -> {x['device_total_gib']:.1f} GiB "

@@ -23,12 +23,14 @@ below what nvidia-smi shows).  What "what is left" subtracts changed between rel
 =========  ======  ===================================================================  =======
 release    engine  KV budget = u x total - ...                                          context
 =========  ======  ===================================================================  =======
+0.2.0      V0      torch.cuda.max_memory_allocated(): weights + the profile's peak      no
 0.2.5      V0      (total - free) after the profile: everything on the GPU (PR #2031)   counted
 0.3.2      V0      (free at worker init - free after the profile)                       no
 0.6.3      V0      torch peak allocated + non-torch memory (total - free - reserved)    counted
 0.6.5      V0      memory_profiling(): weights + torch peak increase + non-torch        no
                    increase over the snapshot taken at worker init
-0.8.0      V1      torch peak allocated + non-torch memory (V1 became the default)      counted
+0.7.0      V1      torch peak allocated + non-torch memory (VLLM_USE_V1=1; default      counted
+                   from 0.8.0)
 0.9.0      V1      memory_profiling() as V0 0.6.5 ("Available KV cache memory: X GiB")  no
 =========  ======  ===================================================================  =======
 
@@ -84,22 +86,26 @@ from .units import DTYPE_BYTES, GIB, MIB
 
 ENGINES = ("vllm", "sglang", "hf")
 
-#: vLLM releases where the KV budget rule changed: (first release, engine, rule, context counted,
-#: source).  Rules: see the module docstring.
-VLLM_RELEASES: Tuple[Tuple[str, str, str, bool, str], ...] = (
-    ("0.2.5", "v0", "total_minus_free", True,
+#: vLLM releases where the KV budget rule changed, per engine: (first release, engine, rule,
+#: CUDA context counted, communication buffers counted, source).  Rules: see the module docstring.
+VLLM_RELEASES: Tuple[Tuple[str, str, str, bool, bool, str], ...] = (
+    ("0.2.0", "v0", "torch_peak", False, False,
+     "vllm/worker/worker.py: peak_memory = torch.cuda.max_memory_allocated()"),
+    ("0.2.5", "v0", "total_minus_free", True, True,
      "vllm/worker/worker.py: peak_memory = total_gpu_memory - free_gpu_memory (PR #2031)"),
-    ("0.3.2", "v0", "init_minus_free", False,
+    ("0.3.2", "v0", "init_minus_free", False, True,
      "vllm/worker/worker.py: peak_memory = self.init_gpu_memory - free_gpu_memory"),
-    ("0.6.3", "v0", "peak_plus_non_torch", True,
+    ("0.6.3", "v0", "peak_plus_non_torch", True, True,
      "vllm/worker/worker.py: peak = allocated_bytes.all.peak + (total - free - reserved)"),
-    ("0.6.5", "v0", "baseline", False,
+    ("0.6.5", "v0", "baseline", False, True,
      "vllm/worker/worker.py + vllm/utils.py memory_profiling(baseline at worker init)"),
-    ("0.8.0", "v1", "peak_plus_non_torch", True,
+    ("0.7.0", "v1", "peak_plus_non_torch", True, True,
      "vllm/v1/worker/gpu_worker.py determine_available_memory: peak + non_torch_allocations"),
-    ("0.9.0", "v1", "baseline", False,
+    ("0.9.0", "v1", "baseline", False, True,
      "vllm/v1/worker/gpu_worker.py: requested_memory - memory_profiling().non_kv_cache_memory"),
 )
+#: V1 became the default engine in this release (VLLM_USE_V1=1 before; V0 removed in 0.11)
+VLLM_V1_DEFAULT = "0.8.0"
 DEFAULT_VLLM_VERSION = "0.10.1"
 DEFAULT_SGLANG_VERSION = "0.4.6"
 
@@ -162,20 +168,30 @@ class VllmRelease:
     runtime: str          # "v0" or "v1"
     rule: str
     context_counted: bool
+    comm_counted: bool
     source: str
 
 
-def vllm_release(version: Optional[str] = None) -> VllmRelease:
-    """The row of :data:`VLLM_RELEASES` that ``version`` (default :data:`DEFAULT_VLLM_VERSION`) falls in."""
-    v = parse_version(version or DEFAULT_VLLM_VERSION)
+def vllm_release(version: Optional[str] = None, runtime: Optional[str] = None) -> VllmRelease:
+    """The row of :data:`VLLM_RELEASES` that ``version`` (default :data:`DEFAULT_VLLM_VERSION`)
+    falls in, for the engine ``runtime`` ("v0" or "v1"; default: V1 from 0.8.0, as
+    ``VLLM_USE_V1`` defaults)."""
+    ver = str(version or DEFAULT_VLLM_VERSION)
+    v = parse_version(ver)
+    if runtime is None:
+        runtime = "v1" if v >= parse_version(VLLM_V1_DEFAULT) else "v0"
+    runtime = str(runtime).lower()
+    if runtime not in ("v0", "v1"):
+        raise VramError(f"versions: vllm_runtime must be v0 or v1, got {runtime!r}", field="versions")
     row = None
-    for first, runtime, rule, ctx, src in VLLM_RELEASES:
-        if v >= parse_version(first):
-            row = (runtime, rule, ctx, src)
+    for first, rt, rule, ctx, comm, src in VLLM_RELEASES:
+        if rt == runtime and v >= parse_version(first):
+            row = (rule, ctx, comm, src)
     if row is None:
-        raise VramError(f"versions: vLLM {version} predates the releases modelled (from "
-                        f"{VLLM_RELEASES[0][0]})", field="versions")
-    return VllmRelease(str(version or DEFAULT_VLLM_VERSION), *row)
+        first = next(r[0] for r in VLLM_RELEASES if r[1] == runtime)
+        raise VramError(f"versions: vLLM {ver} with the {runtime.upper()} engine predates the releases modelled "
+                        f"(from {first})", field="versions")
+    return VllmRelease(ver, runtime, *row)
 
 
 def sglang_mem_fraction(tp: int) -> float:
@@ -472,7 +488,7 @@ def plan(arch: Architecture, s: Any, gpu: Any) -> ServingPlan:
     notes: List[str] = []
     if engine == "sglang":
         return _plan_sglang(arch, s, gpu, tp, pp, dp, ep, c, kvb, total, notes)
-    rel = vllm_release(s.versions.get("vllm"))
+    rel = vllm_release(s.versions.get("vllm"), s.versions.get("vllm_runtime"))
     u = s.gpu_memory_utilization if s.gpu_memory_utilization is not None else 0.9
     seqs = s.max_num_seqs
     if rel.runtime == "v0" and not s.chunked_prefill_set:
@@ -499,9 +515,9 @@ def plan(arch: Architecture, s: Any, gpu: Any) -> ServingPlan:
             if sum(x[1] for x in head) > act:
                 act_items, act = head, sum(x[1] for x in head)
         nt: List[Tuple[str, float, str]] = []
-        if tp * pp > 1:
+        if tp * pp > 1 and rel.comm_counted:
             nt.append(("NCCL communicators", NCCL_BYTES, "measured non-torch memory of a TP rank, vLLM PR #14447"))
-        if tp > 1 and not s.disable_custom_all_reduce and parse_version(rel.version) >= (0, 3, 0):
+        if tp > 1 and rel.comm_counted and not s.disable_custom_all_reduce and parse_version(rel.version) >= (0, 3, 0):
             nt.append(("custom all-reduce buffers", CUSTOM_ALLREDUCE_BYTES, "3 x 8 MiB"))
         if rel.context_counted:
             nt.append(("CUDA context", gpu.cuda_context_bytes, gpu.cuda_context_source))
@@ -620,5 +636,5 @@ def fewest_gpus(arch: Architecture, s: Any, gpu: Any, concurrency: int, max_gpus
             need = concurrency * (-(-s.context_len // p.block_size) * p.block_size)
             if p.kv_tokens >= need and p.kv_tokens >= s.context_len:
                 return p
-        n = n * 2 if n < 8 else n + 8
+        n = n + 1 if n < 8 else n + 8
     return None

@@ -15,12 +15,13 @@ function below, next to its formula; the per-op activation rules are in ``activa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from .activations import BlockContext, SavedTensor, Trace, attention_backend, trace_block
-from .architecture import Architecture, ParamTensor, _restrict, load, resolve_targets
+from .activations import LORA_GROUP, BlockContext, SavedTensor, Trace, attention_backend, trace_block
+from .architecture import HEAD_TARGETS, Architecture, ParamTensor, _restrict, load, resolve_targets
 from .errors import VramError
+from .inputs import MAX_BYTES, check_total
 from .result import Estimate, Node
 from .stacks import behaviour
 from .training import TrainingSetup
@@ -53,7 +54,8 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
         ``prepare_kbit``, ``optimizer``, ``optimizer_state_dtypes``,
         ``gradient_checkpointing``, ``attn_implementation``, ``batch_size``, ``seq_len``,
         ``grad_accum_steps``, ``lora_r``, ``lora_alpha``, ``lora_dropout``,
-        ``lora_targets``, ``trainable_layers``, ``tf32``.
+        ``lora_targets``, ``trainable_layers``, ``tf32``, ``backend`` ("auto": analytic where
+        the model's family is modelled, else traced; "analytic"; "trace": see ``vramwidget.trace``).
     gpu:
         A catalogue GPU name (``"H100 80GB"``): the estimate then also gives the step time
         (``step_seconds``, ``tokens_per_second``, ``mfu``, ``time_breakdown``, ``run_cost``).
@@ -63,9 +65,47 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
     VramError
         naming the field that is wrong and what is allowed.
     """
-    arch = load(model)
+    task = setup.pop("task", None)
     s = setup if isinstance(setup, TrainingSetup) else TrainingSetup.from_kwargs(**setup)
-    return estimate_setup(arch, s, gpu=gpu)
+    if s.backend == "trace":
+        from .trace import estimate_traced
+
+        return estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
+    try:
+        arch = load(model, task=task)
+    except VramError as e:
+        # the one place the backends meet: a family with no analytic model is traced
+        if s.backend != "auto" or e.field != "model_type":
+            raise
+        from . import trace
+
+        if not trace.available():
+            raise VramError(f"{e} (or trace it: {trace.INSTALL_HINT})", field="model_type") from None
+        return trace.estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
+    est = estimate_setup(arch, s, gpu=gpu)
+    check_physical(est, arch, s)
+    return est
+
+
+def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
+    """More than 1 PiB on one GPU is an input error (:data:`~vramwidget.inputs.MAX_BYTES`),
+    not an estimate: it names the model when the weights alone exceed it, else the inputs
+    that scale the activations."""
+    if est.device_total_bytes <= MAX_BYTES:
+        return
+    if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES:
+        check_total(est.device_total_bytes, f"{arch.name}'s weights", {"model": arch.name})
+    scaling = {"seq_len": s.seq_len, "batch_size": s.batch_size}
+    if s.batch_size > s.seq_len / 2048:   # name first the one furthest above its default
+        scaling = {"batch_size": s.batch_size, "seq_len": s.seq_len}
+    check_total(est.device_total_bytes, "this training step", dict(scaling, model=arch.name))
+
+
+def _cuda_accounting():
+    """The device constants a traced step adds (the same ones this module counts)."""
+    from .trace.assemble import CudaAccounting
+
+    return CudaAccounting(CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, _reserved)
 
 
 # ----------------------------------------------------------------------------------
@@ -141,6 +181,7 @@ def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
     lora_modules: Tuple[str, ...] = ()
     if s.trains_adapters:
         lora_modules = tuple(resolve_targets(arch, s.lora_targets) if s.lora_targets else arch.linear_modules())
+    head_targets = tuple(t for t in (s.lora_targets or ()) if t in HEAD_TARGETS) if s.trains_adapters else ()
     trainable_layers = None
     if s.method == "freeze":
         if s.trainable_layers > arch.num_layers:
@@ -163,19 +204,30 @@ def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
                 tensors.append((_restrict(t, first, t.repeat - n_train), False))
             if n_train:
                 tensors.append((_restrict(t, last - n_train + 1, n_train), True))
+        elif s.method == "norms":
+            # LayerNorm/RMSNorm-only tuning: the norms' weights (and biases) train
+            tensors.append((t, t.role == "norm"))
         else:
             tensors.append((t, s.method == "full"))
+    # peft modules_to_save (ModulesToSaveWrapper, peft/utils/other.py): the original module
+    # stays frozen and a deepcopy of it trains in full, in the original's dtype (peft casts
+    # only its tuner layers to fp32); a tied head gets an untied trainable copy
+    for m in s.modules_to_save if s.trains_adapters else ():
+        src = _head_or_embedding(arch, m)
+        tensors.append((replace(src, name=f"{src.name} (modules_to_save copy)",
+                                role="output_head" if m == "lm_head" else "embedding"), True))
     for t, trains in tensors:
         if quant != "none" and _quantizable(t, s.quantized_groups or ()):
             dtype = quant
             nbytes = t.numel * qbytes
             consts.append((t, _quant_const_bytes(t.numel, quant, s.double_quant), _quant_const_formula(quant, s.double_quant)))
         elif quant != "none":
-            dtype = "float32" if s.prepare_kbit else base_dtype16
+            dtype = "float32" if (s.prepare_kbit or t.keep_fp32) else base_dtype16
             nbytes = t.numel * DTYPE_BYTES[dtype]
         else:
-            dtype = wd
-            nbytes = t.numel * DTYPE_BYTES[wd]
+            # transformers' _keep_in_fp32_modules stay fp32 whatever the load dtype
+            dtype = "float32" if t.keep_fp32 else wd
+            nbytes = t.numel * DTYPE_BYTES[dtype]
         weights.append((t, dtype, nbytes, trains))
         if trains:
             trainable += t.numel
@@ -197,7 +249,42 @@ def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
             tlist.append((f"{t.module} lora_A", "adapters", numel_a, adapter_dtype, s.lora_r * t.in_features))
             tlist.append((f"{t.module} lora_B", "adapters", numel_b, adapter_dtype, s.lora_r * t.out_features))
             largest = max(largest, s.lora_r * max(t.in_features, t.out_features))
+        # LoRA on the output head (a Linear h -> V) and on the embedding (peft lora.Embedding:
+        # lora_embedding_A r x V, lora_embedding_B h x r): r x (h + V) each
+        for m in head_targets:
+            src = _head_or_embedding(arch, m)
+            n = s.lora_r * (arch.hidden_size + arch.vocab_size)
+            g = "output head" if m == "lm_head" else "embedding"
+            adapters.append((m, g, n * DTYPE_BYTES[adapter_dtype], n))
+            trainable += n
+            tlist.append((f"{m} lora_A + lora_B", "adapters", n, adapter_dtype, s.lora_r * arch.vocab_size))
+            largest = max(largest, s.lora_r * arch.vocab_size)
+        if s.lora_variant == "dora":
+            # DoRA's magnitude vector (peft tuners/lora/dora.py DoraLinearLayer.weight): one
+            # value per output feature of each adapted module, in the adapter dtype
+            mags = [(t.module, t.group, t.out_features * t.repeat, t.out_features)
+                    for t in arch.lora_tensors(lora_modules)] if lora_modules else []
+            mags += [(m, "output head" if m == "lm_head" else "embedding",
+                      arch.vocab_size if m == "lm_head" else arch.hidden_size,
+                      arch.vocab_size if m == "lm_head" else arch.hidden_size) for m in head_targets]
+            for module, group, n, each in mags:
+                adapters.append((f"{module} magnitude", group, n * DTYPE_BYTES[adapter_dtype], n))
+                trainable += n
+                tlist.append((f"{module} DoRA magnitude", "adapters", n, adapter_dtype, each))
     return _Params(weights, consts, adapters, adapter_dtype, lora_modules, trainable, tlist, largest)
+
+
+def _head_or_embedding(arch: Architecture, module: str) -> ParamTensor:
+    """The output head's weight (``lm_head``; the embedding when they are tied) or the token
+    embedding (``embed_tokens``)."""
+    role = "output_head" if module == "lm_head" else "embedding"
+    for t in arch.tensors:
+        if t.role == role:
+            return t
+    for t in arch.tensors:
+        if t.role == "embedding":
+            return t
+    raise VramError(f"lora_targets: {arch.name} has no {module}", field="lora_targets")
 
 
 def _quant_const_bytes(numel: float, quant: str, double_quant: bool) -> float:
@@ -244,10 +331,86 @@ def _state_dtypes(s: TrainingSetup, param_dtype: str) -> Tuple[str, ...]:
     return (param_dtype,) * n
 
 
+def _galore_shape(t: ParamTensor, s: TrainingSetup) -> Optional[Tuple[int, int, int]]:
+    """(m, n, r) for a weight GaLore projects: the blocks' 2-D linear weights (the "attn" and
+    "mlp" modules its scripts and HF's optim_target_modules name); None for the rest
+    (embeddings, head, norms, biases), which get plain AdamW states."""
+    if not t.linear or t.is_bias or t.experts or len(t.shape) != 2:
+        return None
+    m, n = t.shape
+    return m, n, min(s.galore_rank, m, n)
+
+
+def _galore_states(P: _Params, s: TrainingSetup) -> List[Node]:
+    """GaLore AdamW (galore_torch/adamw.py, galore_projector.py): a projected weight keeps its
+    moments in the low-rank space, ``zeros_like(low_rank_grad)`` = r x max(m, n) each (8-bit
+    with galore_adamw_8bit: bitsandbytes blockwise, 1 B + fp32 absmax per 256), and the
+    projection matrix, r x min(m, n) in the parameter's dtype (SVD's Vh[:r] or U[:, r]; for
+    an fp32 parameter that slice is a view that keeps the whole min(m, n)^2 factor alive).
+    Every other parameter keeps AdamW's two full moments."""
+    eight = s.optimizer == "galore_adamw_8bit"
+    mom = Node("exp_avg + exp_avg_sq" + (" (8-bit)" if eight else ""),
+               formula="GaLore: 2 x r x max(m, n) per projected weight; 2 x n for the rest")
+    proj = Node("GaLore projection matrices", formula="r x min(m, n) in the parameter dtype (fp32: min(m, n)^2)")
+
+    def moments(n_el: float, each: float, dtype: str) -> float:
+        if eight:
+            return 2 * (n_el * 1 + -(-each // BNB_8BIT_OPT_BLOCK) * 4 * (n_el / each)) if each >= BNB_8BIT_MIN_SIZE \
+                else 2 * n_el * 4
+        return 2 * n_el * DTYPE_BYTES[dtype]
+
+    for t, dtype, _, trains in P.weights:
+        if not trains:
+            continue
+        g = _galore_shape(t, s)
+        if g is None:
+            _add_to_group(mom, t.group, moments(t.numel, t.numel_each, dtype), t.numel, dtype, mom.formula)
+            continue
+        m, n, r = g
+        low = r * max(m, n)
+        _add_to_group(mom, t.group, moments(low * t.repeat, low, dtype), low * t.repeat, dtype, mom.formula)
+        k = min(m, n)
+        pb = (k * k * 4) if dtype == "float32" else r * k * DTYPE_BYTES[dtype]
+        _add_to_group(proj, t.group, pb * t.repeat, None, dtype, proj.formula)
+    return [mom, proj]
+
+
+def _galore_temporaries(P: _Params, s: TrainingSetup) -> Node:
+    """GaLore's step loops over parameters.  For the largest projected weight: at a projection
+    refresh, torch.linalg.svd of an fp32 copy of its gradient (m x n, + U m x k, Vh k x n in
+    fp32, k = min(m, n)); at every step, the low-rank gradient and update (r x max(m, n) each)
+    and the update projected back to m x n.  The other parameters: AdamW's
+    ``exp_avg_sq.sqrt()`` of the largest one."""
+    node = Node("optimizer temporaries")
+    best, label = 0.0, ""
+    for t, dtype, _, trains in P.weights:
+        if not trains:
+            continue
+        g = _galore_shape(t, s)
+        d = DTYPE_BYTES[dtype]
+        if g is None:
+            b = t.numel_each * d
+            if b > best:
+                best, label = b, f"exp_avg_sq.sqrt() of {t.name}"
+            continue
+        m, n, r = g
+        k = min(m, n)
+        svd = (m * n + m * k + k * n) * 4
+        step = m * n * d + 2 * r * max(m, n) * d
+        if max(svd, step) > best:
+            best, label = max(svd, step), f"SVD of {t.name}'s gradient in fp32 (m x n + U + Vh)" if svd >= step \
+                else f"{t.name}'s update projected back (m x n) + low-rank gradient and update"
+    if best:
+        node.add(Node(label, bytes=best, formula="largest parameter of the per-parameter loop"))
+    return node
+
+
 def optimizer_states(P: _Params, s: TrainingSetup) -> List[Node]:
     """Optimizer state tensors, one node per state kind, split by module group."""
     nodes: List[Node] = []
     opt = s.optimizer
+    if opt.startswith("galore"):
+        return _galore_states(P, s)
     if opt in ("adamw_8bit", "paged_adamw_8bit"):
         for label in ("exp_avg (8-bit)", "exp_avg_sq (8-bit)"):
             node = Node(label, formula="1 B/param + fp32 absmax per 256 values; tensors < 4096 elements keep fp32")
@@ -295,6 +458,8 @@ def optimizer_temporaries(P: _Params, s: TrainingSetup) -> Node:
     gradient and the parameter plus two fp32 update tensors (the largest parameter sets
     the peak); Lion (lion-pytorch) keeps two temporaries of the largest parameter.
     """
+    if s.optimizer.startswith("galore"):
+        return _galore_temporaries(P, s)
     node = Node("optimizer temporaries")
     opt = s.optimizer
     if opt == "adamw" or (opt == "paged_adamw"):
@@ -342,6 +507,8 @@ class _Acts:
     layers_bytes: float = 0.0             # every saving block together (no checkpointing)
     # forward work of one block, for the step time (timing.py): tensors created (one
     # kernel each) and the bytes they write; the steady block and the first one
+    # side towers (a VLM's vision encoder): saved tensors, not scaled by the text tokens
+    tower: List[Tuple[str, float, str]] = field(default_factory=list)
     fwd_ops_per_layer: float = 0.0
     fwd_written_bytes_per_layer: float = 0.0
     head_fwd_ops: float = 0.0
@@ -398,9 +565,12 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     b, sq = sizes if sizes is not None else (s.batch_size, s.seq_len)
     T = b * sq
     T2 = b * sq * sq
-    per = prof.per[0] * T + prof.per[1] * T2
-    first = prof.first[0] * T + prof.first[1] * T2
-    dense = prof.dense[0] * T + prof.dense[1] * T2
+    # DoRA with dropout recomputes the base output from a fp32 copy of each adapted weight,
+    # which F.linear keeps (a per-layer constant, not traced: it does not scale with tokens)
+    dora_w = _dora_weight_copies_per_layer(arch, s, P)
+    per = prof.per[0] * T + prof.per[1] * T2 + dora_w
+    first = prof.first[0] * T + prof.first[1] * T2 + dora_w
+    dense = prof.dense[0] * T + prof.dense[1] * T2 + dora_w
     n_layers = arch.num_layers if s.method != "freeze" else s.trainable_layers
     n_dense = min(arch.dense_layers, n_layers) if arch.is_moe else 0
     # the first block (dense in DeepSeek-style MoE) + the other dense blocks + the MoE blocks
@@ -415,10 +585,55 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
         transient = mx(transient, 2 * b * arch.num_heads * sq * sq * 4)
     per_layer = [SavedTensor(name, group, ab * T + bb * T2, dtype, an * T + bn * T2, formula)
                  for name, group, dtype, formula, ab, bb, an, bn in prof.per_layer]
+    if dora_w:
+        per_layer.append(SavedTensor("DoRA norm vectors" + (" and weight copies (dropout > 0)" if s.lora_dropout else ""),
+                                     LORA_GROUP, dora_w, P.adapter_dtype, dora_w / DTYPE_BYTES[P.adapter_dtype],
+                                     "3 x out" + (" + out x in" if s.lora_dropout else "") + " per adapted module"))
     head = [(name, per_tok * T, formula) for name, formula, per_tok in prof.head]
-    return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers,
-                 fwd_ops_per_layer=prof.ops, fwd_written_bytes_per_layer=prof.written[0] * T + prof.written[1] * T2,
-                 head_fwd_ops=prof.head_ops, head_fwd_written_bytes=prof.head_written[0] * T + prof.head_written[1] * T2)
+    tower = _tower_activations(arch, s, P, cpu) if arch.towers else []
+    return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers, tower=tower,
+                 **_timing_fields(prof, T, T2))
+
+
+def _timing_fields(prof: "_Profile", T: float, T2: float) -> Dict[str, float]:
+    return dict(
+fwd_ops_per_layer=prof.ops, fwd_written_bytes_per_layer=prof.written[0] * T + prof.written[1] * T2,
+                head_fwd_ops=prof.head_ops, head_fwd_written_bytes=prof.head_written[0] * T + prof.head_written[1] * T2)
+
+
+def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool
+                       ) -> List[Tuple[str, float, str]]:
+    """A side tower's saved tensors (a VLM's vision encoder over ``images_per_sample`` images
+    of each sample): its blocks traced at its own token count (patches per image), each
+    image attending within itself.  Under checkpointing each tower layer keeps its input."""
+    out: List[Tuple[str, float, str]] = []
+    for name, tarch in arch.towers.items():
+        per_sample = arch.family.tower_tokens(arch, name, s)
+        if not per_sample or not s.images_per_sample:
+            continue
+        patches = per_sample // s.images_per_sample
+        n_img = s.batch_size * s.images_per_sample
+        T = n_img * patches
+        c = s.compute_dtype
+        backend = attention_backend(tarch, s, c)
+        if cpu and backend in ("math", "efficient"):
+            backend = "flash"
+        full = s.method == "full"
+        ctx = BlockContext(arch=tarch, setup=s, T=T, b=n_img, s=patches, c=c, resid=_resid(s),
+                           norm_w_dtype="float32" if (s.autocast or s.precision == "fp32") else s.weights_dtype,
+                           linear_trains=full, norms_train=full, lora_modules=P.lora_modules,
+                           adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu)
+        L = tarch.num_layers
+        if gc_mode(s):
+            nbytes = L * T * tarch.hidden_size * DTYPE_BYTES[_resid(s)]
+            out.append((f"{name} tower layer inputs kept by checkpointing ({L} layers)", nbytes,
+                        f"{L} x images x patches x h_{name} ({n_img} x {patches} x {tarch.hidden_size})"))
+            continue
+        steady = trace_block(ctx, input_rg=True).total_bytes
+        first = trace_block(ctx, input_rg=full).total_bytes
+        out.append((f"{name} tower saved tensors ({L} layers)", first + (L - 1) * steady,
+                    f"{L} blocks over images x patches ({n_img} x {patches})"))
+    return out
 
 
 def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Profile:
@@ -453,7 +668,7 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
         backend = "flash"
     full = s.method == "full"
     ctx = BlockContext(arch=arch, setup=s, T=T, b=b, s=sq, c=c, resid=resid, norm_w_dtype=norm_w,
-                       linear_trains=full, norms_train=full, lora_modules=P.lora_modules,
+                       linear_trains=full, norms_train=full or s.method == "norms", lora_modules=P.lora_modules,
                        adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu,
                        fused_qkv_lora=bool(behaviour(s.stack).get("fused_qkv_lora")))
     if s.method == "freeze":
@@ -461,15 +676,22 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
         ctx.norms_train = True
     # Does the first trained block's input need a gradient?  Full fine-tuning: the
     # embedding trains.  PEFT: only with checkpointing (enable_input_require_grads).
-    first_rg = full or (s.trains_adapters and s.gradient_checkpointing == "full")
+    # A trained embedding (modules_to_save, or LoRA on embed_tokens) makes it need one too.
+    head_targets = _head_targets(s)
+    embed_trains = "embed_tokens" in head_targets or "embed_tokens" in s.modules_to_save
+    first_rg = full or (s.trains_adapters and s.gradient_checkpointing == "full") or embed_trains
     dense = bool(arch.dense_layers and arch.is_moe)
-    tr = trace_block(ctx, input_rg=True)
-    tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=dense)
+    kinds = arch.family.layer_kinds(arch)
+    if kinds:
+        tr, tr_first = _mixed_stack(ctx, kinds, first_rg)
+    else:
+        tr = trace_block(ctx, input_rg=True)
+        tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=dense)
     dense_bytes = trace_block(ctx, input_rg=True, dense_layer=True).total_bytes if dense else tr.total_bytes
     # final norm + output head input
     htr = Trace()
     x = htr.new("final norm input", T * arch.hidden_size, resid, True, "T x h", "output head")
-    head_trains = full or (s.method == "freeze" and not arch.tie_word_embeddings)
+    head_trains = full or (s.method == "freeze" and not arch.tie_word_embeddings) or "lm_head" in s.modules_to_save
     ctx_head = BlockContext(**{**ctx.__dict__, "linear_trains": head_trains, "quant_base": False,
                                "lora_modules": ()})
     n = arch.family.final_norm(htr, ctx_head, x)
@@ -480,12 +702,85 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
                 htr.save(n_c)
     elif head_trains:
         htr.save(n)
+    if "lm_head" in head_targets:
+        # peft LoRA on the head: its input cast to the adapter dtype and lora_A's output are
+        # kept; DoRA also keeps the base output and the LoRA output (T x V each)
+        r, a_dt, V = s.lora_r, P.adapter_dtype, arch.vocab_size
+        htr.save(htr.cast(n, a_dt, "lm_head LoRA input as " + a_dt))
+        htr.save(htr.new("lm_head lora_A output", T * r, a_dt, True, f"T x r (r={r})", "output head"))
+        if s.lora_variant == "dora":
+            htr.save(htr.new("lm_head DoRA base output", T * V, logits_dtype(arch, s), True, "T x V", "output head"))
+            htr.save(htr.new("lm_head DoRA LoRA output", T * V, a_dt, True, "T x V", "output head"))
+    if embed_trains:
+        # F.embedding keeps the token ids for its weight gradient
+        htr.save(htr.new("token ids (embedding backward)", T, "int64", True, "T x 8 B (int64)", "embedding"))
+    if "embed_tokens" in head_targets:
+        # peft lora.Embedding: after_A = embedding(ids, lora_embedding_A.T) (T x r) is kept by
+        # the product with lora_embedding_B
+        htr.save(htr.new("embed_tokens LoRA after_A", T * s.lora_r, P.adapter_dtype, True, "T x r", "embedding"))
     head = [(t.name, t.nbytes, t.formula) for t in htr.saved.values()]
     head += arch.family.head_saved(arch, T, full)
     return {"per_layer": list(tr.saved.values()), "per": tr.total_bytes, "first": tr_first.total_bytes,
             "dense": dense_bytes, "head": head, "backend": backend,
             "written": tr.created_bytes, "ops": tr.created_ops,
             "head_written": htr.created_bytes, "head_ops": htr.created_ops}
+
+
+def _dora_weight_copies_per_layer(arch: Architecture, s: TrainingSetup, P: _Params) -> float:
+    """What DoRA keeps per layer that does not scale with tokens (peft DoraLinearLayer.forward):
+    the weight norm, ``mag_norm_scale`` and ``mag_norm_scale - 1`` (out each, fp32); with
+    lora_dropout > 0 the base output is recomputed as F.linear(dropout(x), weight.to(x.dtype))
+    and that linear keeps the adapter-dtype copy of the weight: out x in per adapted module."""
+    if s.lora_variant != "dora" or not P.lora_modules or not arch.num_layers:
+        return 0.0
+    mods = arch.lora_tensors(P.lora_modules)
+    # weight_norm, mag_norm_scale and mag_norm_scale - 1: three out-sized vectors per module
+    vectors = 3 * sum(t.out_features * t.repeat for t in mods) / arch.num_layers
+    copies = sum(t.numel for t in mods) / arch.num_layers if s.lora_dropout > 0 else 0.0
+    return (vectors + copies) * DTYPE_BYTES[P.adapter_dtype]
+
+
+def dora_norm_bytes(arch: Architecture, s: TrainingSetup, P: _Params) -> float:
+    """DoRA's weight-norm working set while one adapted module runs (peft DoraLinearLayer:
+    ``lora_B(lora_A(eye(in))).T`` keeps the in x in identity and in x r; the base weight cast
+    to the adapter dtype, ``scaling * lora_weight`` and their sum are out x in each; a 4-bit
+    base is first dequantized to 16 bits): the largest adapted module sets it."""
+    if s.lora_variant != "dora" or not P.adapters:
+        return 0.0
+    a = DTYPE_BYTES[P.adapter_dtype]
+    best = 0.0
+    shapes = [(t.in_features, t.out_features) for t in arch.lora_tensors(P.lora_modules)] if P.lora_modules else []
+    shapes += [(arch.hidden_size, arch.vocab_size) for m in _head_targets(s) if m == "lm_head"]
+    for i, o in shapes:
+        b = (i * i + i * s.lora_r + 4 * o * i) * a + (o * i * DTYPE_BYTES[s.compute_dtype] if s.quantized else 0)
+        best = max(best, b)
+    return best
+
+
+def _head_targets(s: TrainingSetup) -> Tuple[str, ...]:
+    """The LoRA targets outside the blocks (``lm_head``, ``embed_tokens``)."""
+    return tuple(t for t in (s.lora_targets or ()) if t in HEAD_TARGETS) if s.trains_adapters else ()
+
+
+def _mixed_stack(ctx: BlockContext, kinds: List[Tuple[str, int]], first_rg: bool) -> Tuple[Trace, Trace]:
+    """A stack of blocks of several kinds (a hybrid's linear-attention and attention layers,
+    an encoder-decoder's two stacks): the average block, each kind's saved tensors weighted by
+    its share of the layers (so L x the average is the stack's total), and the first block."""
+    n = sum(c for _, c in kinds)
+    avg = Trace()
+    for kind, count in kinds:
+        ctx.kind = kind
+        trk = trace_block(ctx, input_rg=True)
+        w = count / n
+        for t in trk.saved.values():
+            name = f"{t.name} ({kind}, {count} of {n} layers)"
+            avg.saved[name] = SavedTensor(name, t.group, t.nbytes * w, t.dtype, t.numel * w, t.formula)
+        avg.created_ops += trk.created_ops * w
+        avg.created_bytes += trk.created_bytes * w
+    ctx.kind = kinds[0][0]
+    first = trace_block(ctx, input_rg=first_rg)
+    ctx.kind = ""
+    return avg, first
 
 
 def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
@@ -673,7 +968,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     offloaded = 0.0
     if s.activation_offloading:
         offloaded, layer_acts = _offload(A, layer_acts, gc)
-    acts_bytes = layer_acts + head_acts
+    tower_acts = sum(n for _, n, _ in A.tower)
+    acts_bytes = layer_acts + head_acts + tower_acts
     loss_fwd, loss_bwd_items = loss_memory(arch, s, T if sizes is not None else None)
     lg = {k: b for k, b, _ in loss_fwd}
     logits_fwd_bytes = sum(lg.values())
@@ -685,7 +981,10 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     accum_grads = grads_bytes if s.grad_accum_steps > 1 else 0.0
     # forward: saved activations + the loss's working set (or a recomputed layer under gc)
     recompute = A.per_layer_bytes if gc else 0.0   # one block's saved tensors, rebuilt in backward
-    fwd_extra = mx(logits_fwd_bytes, mx(recompute, A.first_layer_bytes) if gc else 0.0)
+    # DoRA computes each adapted weight's norm in the forward pass (and again when a
+    # checkpointed layer is recomputed in backward)
+    dora_tmp = dora_norm_bytes(arch, s, P)
+    fwd_extra = mx(mx(logits_fwd_bytes, dora_tmp), mx(recompute, A.first_layer_bytes) if gc else 0.0)
     forward = persistent + accum_grads + cache_bytes + acts_bytes + fwd_extra + deq
 
     # backward: the loss gradient, then the layers one by one; the phase's peak is the
@@ -695,7 +994,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     embed_grad = _embed_grad_bytes(P, arch)
     layer_grad = (grads_bytes - head_grad) / max(arch.num_layers, 1)
     cache_per_layer = cache_bytes / max(arch.num_layers, 1)
-    work = A.transient_layer_bytes + deq
+    work = A.transient_layer_bytes + deq + (dora_tmp if gc else 0.0)
     if s.optimizer_in_backward:
         # each parameter steps in its post-accumulate-grad hook and its gradient is freed:
         # at most one parameter's gradient (+ that step's temporaries) is ever live
@@ -718,7 +1017,11 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         # DeepSeek-style MoE models, the same as the others elsewhere)
         "first layer's backward": (A.checkpoint_bytes_per_layer + A.first_layer_bytes if gc else A.first_layer_bytes)
         + max(grads_live_first, accum_grads)
-        + (head_cache if gc else cache_per_layer) + work,
+        # autocast's 16-bit weight copies live only as saved tensors once forward's autocast
+        # context exits (torch.autocast.__exit__ clears the cache): here the first block's own,
+        # from forward or (checkpointing) from its recomputation, which re-enters autocast;
+        # the head's copy went with the head's backward, long before
+        + cache_per_layer + work,
         "end of backward": max(grads_live_end, accum_grads) + embed_grad_live,
     }
     backward = persistent + mx(*ev.values())
@@ -735,7 +1038,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     bwd_event = max(ev, key=ev.get)
     peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
 
-    notes: List[str] = []
+    notes: List[str] = list(arch.family.notes(arch))
     if not arch.exact:
         notes.append(arch.assumption)
     if A.backend == "math":
@@ -752,6 +1055,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     if s.optimizer_in_backward:
         notes.append("optimizer in backward: each parameter is stepped as its gradient is ready (no full gradient "
                      "set; no gradient accumulation or clipping)")
+    notes.extend(unusual_input_notes(arch, s))
+    notes.extend(_unquantized_notes(arch, s, P))
     notes.append(_versions_note(s))
     flops, overhead = _flops(arch, s, P)
 
@@ -793,6 +1098,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                           formula="the first block's saved tensors (its input may need no gradient)"))
         for name, nbytes, formula in A.head:
             _child(acts, "output head").add(Node(name, bytes=nbytes, formula=formula))
+        for name, nbytes, formula in A.tower:
+            _child(acts, "vision tower").add(Node(name, bytes=nbytes, formula=formula))
         logits_fwd = Node("logits and loss", children=[Node(k, bytes=v, formula=f) for k, v, f in loss_fwd])
         state_node = Node("optimizer states", children=list(states))
 
@@ -834,7 +1141,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                      formula="T x h")]),
                 grads_part(grads_bytes - embed_grad - layer_grad * 2 / 3,
                            "all gradients but the embedding's and most of the first block's"),
-                cache_part(head_cache if gc else cache_per_layer)] + work_part()
+                cache_part(cache_per_layer)] + work_part()
         else:
             bwd = [grads_part(grads_bytes, "every gradient"),
                    Node("activations", children=[Node("embedding gradient being accumulated",
@@ -844,10 +1151,15 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                Node("weights", children=[cast_cache]), _deq_node(deq), workspace]
         if accum_grads:
             fwd.append(grads)
-        if gc:
+        rec_part = max(recompute, A.first_layer_bytes) if gc else 0.0
+        if gc and rec_part >= dora_tmp:
             fwd.append(Node("activations", children=[Node(
                 "recomputed layer", formula="one block's tensors while it runs",
                 bytes=max(0.0, fwd_extra - logits_fwd_bytes))]))
+        elif dora_tmp:
+            fwd.append(Node("activations", children=[Node(
+                "DoRA weight-norm working set", formula="in x in identity + in x r + 4 x out x in (adapter dtype), "
+                "largest adapted module", bytes=max(0.0, fwd_extra - logits_fwd_bytes))]))
         phase_components = {
             "after_load": _finish([weights, qconst, adapters, workspace]),
             "forward": _finish(fwd),
@@ -919,6 +1231,53 @@ def _step_in_backward_bytes(P: _Params, s: TrainingSetup) -> float:
     return g
 
 
+def unusual_input_notes(arch: Architecture, s: TrainingSetup) -> List[str]:
+    """Warnings for legal but unusual input: it is estimated, and the note says why it may
+    not be what the user meant (the widget shows them beside the estimate)."""
+    out = []
+    pos = arch.max_position_embeddings
+    if pos and s.seq_len > pos:
+        learned = any(t.role == "position_embedding" for t in arch.tensors)
+        out.append(f"warning: seq_len {s.seq_len:,} is beyond {arch.name}'s {pos:,} positions from training ("
+                   + ("its learned position table has no row past that: the model cannot run it as is"
+                      if learned else "it was not trained that long: RoPE scaling or a longer-context model")
+                   + "); memory estimated anyway")
+    if s.trains_adapters and s.lora_r > arch.hidden_size:
+        out.append(f"warning: lora_r {s.lora_r:,} is above the hidden size {arch.hidden_size:,}: an adapter's rank "
+                   f"cannot exceed min(in, out) features, so the extra rank adds memory and no capacity")
+    return out
+
+
+def _unquantized_notes(arch: Architecture, s: TrainingSetup, P: _Params) -> List[str]:
+    """Where a "quantized" base keeps weights in 16 or 32 bits, and why.
+
+    transformers' ``replace_with_bnb_linear`` (integrations/bitsandbytes.py) swaps only
+    ``nn.Linear``/``Conv1D`` modules for bitsandbytes ones, and the 4-bit quantizer's
+    ``param_needs_quantization`` (quantizers/quantizer_bnb_4bit.py) only their weights:
+    fused MoE experts (``MixtralExperts.gate_up_proj``/``down_proj``, 3-D ``nn.Parameter``)
+    stay in the load dtype.  peft's ``prepare_model_for_kbit_training`` (utils/other.py)
+    then casts every fp16/bf16 parameter that is not ``Params4bit`` to fp32.  Both read in
+    transformers 5.23 and peft 0.21.
+    """
+    if not s.quantized:
+        return []
+    qtypes = ("nf4", "fp4", "int8")
+    experts = sum(nb for t, dt, nb, _ in P.weights if t.experts and dt not in qtypes)
+    rest = sum(nb for t, dt, nb, _ in P.weights if dt not in qtypes)
+    out = []
+    dt = "fp32" if s.prepare_kbit else "16-bit"
+    if experts:
+        out.append(f"4-bit loading leaves the fused MoE expert weights unquantized ({experts / 2**30:.2f} GiB in {dt}): "
+                   f"bitsandbytes replaces only nn.Linear modules and the experts are 3-D parameters"
+                   + ("; prepare_model_for_kbit_training upcasts them to fp32" if s.prepare_kbit else ""))
+    whole16 = sum(t.numel for t in arch.tensors) * 2.0
+    if s.prepare_kbit and sum(nb for _, _, nb, _ in P.weights) > whole16:
+        out.append(f"prepare_model_for_kbit_training upcasts every unquantized parameter to fp32 ({rest / 2**30:.2f} GiB): "
+                   f"this base is larger than the whole model in 16 bits ({whole16 / 2**30:.2f} GiB); "
+                   f"prepare_kbit=False or more quantized_groups keep it smaller")
+    return out
+
+
 def _versions_note(s: TrainingSetup) -> str:
     """Which library releases the estimate assumes."""
     named = dict(s.versions)
@@ -929,25 +1288,20 @@ def _versions_note(s: TrainingSetup) -> str:
 
 
 def _check_knobs(arch: Architecture, s: TrainingSetup) -> None:
-    """Knobs that the estimator refuses rather than guess."""
+    """Knobs that the estimator refuses rather than guess, with the reason."""
     if s.compile and s.gradient_checkpointing != "full":
         raise VramError("compile: without full activation checkpointing, which tensors inductor's partitioner "
                         "saves in each block depends on its recompute heuristics and is not modelled; use "
                         "gradient_checkpointing='full' (then only the loss's fusion matters) or compile=False",
                         field="compile")
-    todo = []
-    if s.lora_variant != "lora":
-        todo.append(("lora_variant", s.lora_variant))
-    if s.modules_to_save:
-        todo.append(("modules_to_save", ",".join(s.modules_to_save)))
-    if s.method == "norms":
-        todo.append(("method", "norms"))
-    if s.optimizer.startswith("galore"):
-        todo.append(("optimizer", s.optimizer))
-    if s.packing:
-        todo.append(("packing", True))
-    for field, value in todo:
-        raise VramError(f"{field}: {value!r} is not modelled yet", field=field)
+    if s.packing and not behaviour(s.stack).get("packed_sdpa") and s.attn_implementation != "flash_attention_2":
+        raise VramError("packing: transformers' padding-free path (DataCollatorWithFlattening, TRL padding_free) "
+                        "runs FlashAttention's varlen kernel; set attn_implementation='flash_attention_2' (SDPA "
+                        "would need a b x s x s block mask)", field="packing")
+    if s.loss == "liger" and "lm_head" in _head_targets(s):
+        raise VramError("loss: Liger's fused linear cross-entropy multiplies by lm_head.weight itself, so a LoRA "
+                        "on lm_head is not applied there; drop 'lm_head' from lora_targets or use another loss",
+                        field="loss")
 
 
 def _autocast_cache(arch: Architecture, s: TrainingSetup, P: _Params) -> Node:

@@ -30,6 +30,7 @@ from .architecture import Architecture, load
 from .errors import VramError
 from .estimate import estimate_setup
 from .gpus import GPU, get_gpu
+from .inputs import check_choice, check_int
 from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
 from .training import TrainingSetup
 from .units import GIB
@@ -135,23 +136,23 @@ def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: 
     """The largest micro-batch (``batch_size``; per data-parallel replica in a parallel run)
     whose device total fits ``gpu``'s usable memory; 0 when even one sequence does not fit.
     The rest of the setup (``seq_len``, method, precision, parallel keywords...) is fixed."""
+    limit = check_int("limit", limit, lo=1)
     q = _Query(model, gpu, kw)
     s0 = q.setup
-    return _largest(lambda b: q.fits(replace(s0, batch_size=b)), int(limit))
+    return _largest(lambda b: q.fits(replace(s0, batch_size=b)), limit)
 
 
 def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of: int = 1, **kw: Any) -> int:
     """The longest sequence (tokens, a multiple of ``multiple_of`` and of the context-parallel
     size) whose device total fits ``gpu``; 0 when none does.  The model's own position
     limit is not applied (``Architecture.max_position_embeddings`` tells it)."""
+    limit = check_int("limit", limit, lo=1)
+    step = check_int("multiple_of", multiple_of, lo=1)
     q = _Query(model, gpu, kw)
     s0 = q.setup
-    step = int(multiple_of)
-    if step < 1:
-        raise VramError(f"multiple_of: must be a whole number >= 1, got {multiple_of!r}", field="multiple_of")
     cp = int(q.par.get("context_parallel", 1) or 1)
     step = step * cp // math.gcd(step, cp)
-    return step * _largest(lambda k: q.fits(replace(s0, seq_len=k * step)), int(limit) // step)
+    return step * _largest(lambda k: q.fits(replace(s0, seq_len=k * step)), limit // step)
 
 
 def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4096, **kw: Any) -> Optional[int]:
@@ -161,6 +162,8 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4
     fits -- always the case when one replica does not fit and the strategy does not shard
     (``none``, ``ddp``, ``zero0``, ``megatron``).  Per-GPU memory never grows with the count
     under the sharding strategies, which makes the search a bisection."""
+    max_gpus = check_int("max_gpus", max_gpus, lo=1)
+    strategy = check_choice("strategy", strategy, tuple(STRATEGIES))
     kw = dict(kw)
     kw["strategy"] = strategy
     kw.pop("num_gpus", None)
@@ -182,7 +185,7 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4
         if strategy == "none" and dp_step > 1:
             return None
         return step if step <= max_gpus and ok(1) else None
-    k = _largest(lambda k: not ok(k), int(max_gpus) // step)   # the last count that does not fit
+    k = _largest(lambda k: not ok(k), max_gpus // step)   # the last count that does not fit
     n = (k + 1) * step
     if n > max_gpus or not ok(k + 1):
         return None
@@ -236,13 +239,28 @@ class Suggestion:
     score: float = 0.0
     parts: Tuple[str, ...] = ()
     headroom_bytes: float = 0.0
+    #: the step timed on the GPU (timing.py): seconds per step, tokens/s of the whole run,
+    #: GPU-seconds per training token (what a token costs), its change against the current
+    #: setup, and dollars per million tokens at the catalogue's indicative price
+    step_seconds: Optional[float] = None
+    tokens_per_second: Optional[float] = None
+    gpu_seconds_per_token: Optional[float] = None
+    time_change: Optional[float] = None
+    usd_per_million_tokens: Optional[float] = None
 
-    def sort_key(self) -> Tuple[int, float, int, float]:
+    def sort_key(self) -> Tuple[int, int, float, int, float]:
         """Fitting with the margin first, then fitting within the uncertainty band, then over
-        but within the band, then not fitting; within each, the cheaper first (``score``),
-        fewer changes, larger saving."""
+        but within the band, then not fitting.  Within each: those that train the same model
+        the same way before those that change what is trained (8-bit states, bf16, LoRA,
+        QLoRA: a quality cost), each by the GPU time a training token costs with the change
+        (so by time and money; ``score`` where the GPU is not timed), fewer changes, larger
+        saving."""
         group = 0 if self.state == "fits" else 1 if self.fits else 2 if self.state == "tight" else 3
-        return (group, self.score, len(self.parts) or 1, -self.saved_bytes)
+        quality = 1 if self.costs.get("quality") or self.kind == "quality" else 0
+        cost = self.gpu_seconds_per_token if self.gpu_seconds_per_token is not None else self.score
+        if group == 3:
+            return (group, 0, 0.0, len(self.parts) or 1, -self.saved_bytes)
+        return (group, quality, cost, len(self.parts) or 1, -self.saved_bytes)
 
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
@@ -253,7 +271,10 @@ class Suggestion:
                 "device_total_gib": round(self.device_total_bytes / GIB, 3),
                 "headroom_bytes": int(round(self.headroom_bytes)),
                 "saved_bytes": int(round(self.saved_bytes)), "saved_gib": round(self.saved_bytes / GIB, 3),
-                "cpu_bytes_per_node": int(round(self.cpu_bytes_per_node))}
+                "cpu_bytes_per_node": int(round(self.cpu_bytes_per_node)),
+                "step_seconds": self.step_seconds, "tokens_per_second": self.tokens_per_second,
+                "gpu_seconds_per_token": self.gpu_seconds_per_token, "time_change": self.time_change,
+                "usd_per_million_tokens": self.usd_per_million_tokens}
 
     def __str__(self) -> str:
         verdict = {"fits": "fits", "tight": "tight"}.get(self.state, "still too big")
@@ -301,12 +322,12 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
 
     from .verdict import band_bytes, state_of
 
-    max_gpus = int(max_gpus)
-    if max_gpus < 1:
-        raise VramError(f"max_gpus: must be a whole number >= 1, got {max_gpus!r}", field="max_gpus")
+    max_gpus = check_int("max_gpus", max_gpus, lo=1)
     q = _Query(model, gpu, kw)
     s = q.setup
-    base = q.total()
+    base_est = q.estimate()
+    base = base_est.device_total_bytes
+    base_time = _timed(base_est, q.gpu)
     par0 = dict(q.par)
     strategy0 = par0.get("strategy", "none")
     n_now = int(par0.get("num_gpus", 1) or 1)
@@ -368,11 +389,22 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
         kind = max(kinds, key=lambda k: order.index(k) if k in order else 9)
         kwargs = {**s.to_dict(), **s2.to_dict(), **par}
         title = " + ".join(m.title for m in ms)
+        # the step timed on the GPU (timing.py): what a training token costs with the change
+        t = _timed(est, q.gpu)
+        change = None
+        if t is not None:
+            if base_time is not None:
+                change = t[2] / base_time[2] - 1.0
+                time.append(f"{change * 100:+.0f}% GPU time per token")
+            words[-1] += (f"; {t[0]:.3g} s per step, {t[1]:,.0f} tokens/s"
+                          + (f" ({change * 100:+.0f}% GPU time per token)" if change is not None else ""))
+        usd = (t[2] * 1e6 / 3600 * q.gpu.usd_per_gpu_hour) if t and q.gpu.usd_per_gpu_hour else None
         return Suggestion(title, changes, kwargs, total, base - total, total <= q.usable, kind,
                           "; ".join(words) if len(ms) == 1 else " | ".join(words), extra, cpu,
                           ms[0].cost_value if len(ms) == 1 else score, state,
                           {"quality": ", ".join(quality), "time": ", ".join(time), "hardware": ", ".join(hardware)},
-                          score, tuple(m.title for m in ms) if len(ms) > 1 else (), q.usable - total)
+                          score, tuple(m.title for m in ms) if len(ms) > 1 else (), q.usable - total,
+                          *(t if t is not None else (None, None, None)), change, usd)
 
     def attempt(title: str, kind: str, cost: str, setup_changes: Optional[Dict[str, Any]] = None,
                 par_changes: Optional[Dict[str, Any]] = None, compute_from_estimate: bool = False,
@@ -507,6 +539,18 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
     return out
 
 
+def _timed(est: Any, gpu: GPU) -> Optional[Tuple[float, float, float]]:
+    """(seconds per step, tokens/s of the run, GPU-seconds per token) of an estimate on
+    ``gpu`` (timing.py), or None when the GPU has no throughput figures."""
+    est.set_gpu(gpu)
+    step = est.step_seconds
+    tps = est.tokens_per_second
+    if not step or not tps:
+        return None
+    gpus = est.layout["num_gpus"] if isinstance(est, ParallelEstimate) else est.gpus
+    return step, tps, gpus / tps
+
+
 #: communication volume relative to DDP's all-reduce (ZeRO paper, section 7)
 _TRAFFIC = {"zero2": 1.0, "zero3": 1.5, "fsdp_full_shard": 1.5}
 _STRATEGY_TITLES = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp_full_shard": "FSDP full shard"}
@@ -546,4 +590,13 @@ def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
     out["precision_supported"] = ok
     out["precision_note"] = why
     out["suggestions"] = [s.to_dict() for s in suggestions(q.arch, q.gpu, **kw)]
+    # the step time and a run's cost on this GPU (timing.py), as the setup stands
+    est = c.estimate.set_gpu(q.gpu)
+    one = est.slowest if isinstance(est, ParallelEstimate) else est
+    out["time"] = one._time_dict()
+    out["run_cost"] = one.run_cost(tokens=RUN_TOKENS) if one.step_seconds else None
     return out
+
+
+#: the run whose cost ``answers`` (``vramwidget fit``) reports
+RUN_TOKENS = 1e9

@@ -20,6 +20,7 @@ from typing import Any, List, Optional, Sequence
 
 from .architecture import load
 from .errors import VramError
+from .inputs import MAX_ITEMS, check_int, fail
 from .estimate import estimate_setup, size_grid_totals
 from .gpus import get_gpu
 from .training import TrainingSetup
@@ -32,14 +33,13 @@ DEFAULT_SEQ_LENS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 def _sizes(name: str, values: Optional[Sequence[int]], default: Sequence[int]) -> List[int]:
     if values is None:
         return list(default)
+    if not isinstance(values, (list, tuple, range)) or len(values) > MAX_ITEMS:
+        raise fail(name, f"expected a list of at most {MAX_ITEMS} whole numbers >= 1", values)
     out = []
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int,)) and not (hasattr(v, "__index__")):
-            raise VramError(f"{name}: expected whole numbers >= 1, got {v!r}", field=name)
-        v = int(v)
-        if v < 1:
-            raise VramError(f"{name}: expected whole numbers >= 1, got {v!r}", field=name)
-        out.append(v)
+        if not hasattr(v, "__index__") or isinstance(v, bool):
+            raise fail(name, "expected whole numbers >= 1", v)
+        out.append(check_int(name, int(v), lo=1, what="expected whole numbers >= 1"))
     if not out:
         raise VramError(f"{name}: expected at least one size, got an empty list", field=name)
     return out

@@ -13,7 +13,6 @@ card:
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import VramError
+from .inputs import check_text, close_match, shown
 from .units import CUDA_CONTEXT_BYTES, GIB, MIB
 
 _DATA = Path(__file__).parent / "data" / "gpus.json"
@@ -209,15 +209,16 @@ def get_gpu(name: "str | GPU") -> GPU:
     """
     if isinstance(name, GPU):
         return name
+    check_text("gpu", name, max_chars=256, what="must be a GPU name (text) like 'H100-80GB'")
     g = _index().get(_key(name))
     if g is not None:
         return g
     names = [x.name for x in _catalog()]
     spelled = {n.lower(): g.name for g in _catalog() for n in (g.name,) + g.aliases}
     close = []
-    for m in difflib.get_close_matches(str(name).lower(), list(spelled), n=8, cutoff=0.4):
+    for m in close_match(name.lower(), list(spelled), n=8, cutoff=0.4):
         if spelled[m] not in close:
             close.append(spelled[m])
     close = close[:3]
     hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(names)}"
-    raise VramError(f"unknown GPU {name!r}{hint}", field="gpu")
+    raise VramError(f"gpu: unknown GPU {shown(name)}{hint}", field="gpu")

@@ -47,6 +47,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
+from .inputs import MAX_BYTES, check_bool, check_total, check_int, check_keywords, check_number, check_text, close_match, shown
 from .estimate import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, _quant_const_bytes, _quantizable
 from .result import Estimate, Node
 from .units import DTYPE_BYTES, GIB, canonical_dtype
@@ -199,16 +200,10 @@ class InferenceSetup:
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> "InferenceSetup":
-        unknown = sorted(set(kw) - set(cls.FIELDS))
-        if unknown:
-            import difflib
-
-            hints = []
-            for u in unknown:
-                m = difflib.get_close_matches(u, list(cls.FIELDS), n=1)
-                hints.append(f"{u!r}" + (f" (did you mean {m[0]!r}?)" if m else ""))
-            raise VramError(f"unknown inference setting {', '.join(hints)}; allowed: {', '.join(cls.FIELDS)}",
-                            field=unknown[0])
+        check_keywords("inference setting", kw, cls.FIELDS)
+        for name in ("weights", "dtype", "kv_cache_dtype", "attn_implementation", "mla_cache", "logits", "engine"):
+            if kw.get(name) is not None:
+                check_text(name, kw[name], max_chars=64, what="must be a name (text)")
         v: Dict[str, Any] = {}
         w = kw.get("weights")
         v["weights"] = _weights_format(w if w is not None else "bf16")
@@ -224,18 +219,14 @@ class InferenceSetup:
             default = "float16" if kind in ("gptq", "awq") else "bfloat16"
             v["dtype"] = _dtype16("dtype", d, allow32=False) if d is not None else default
         if kw.get("group_size") is not None:
-            g = kw["group_size"]
-            if isinstance(g, bool) or not isinstance(g, (int, float)) or g != g or int(g) != g or (g <= 0 and g != -1):
-                raise VramError(f"group_size: must be a positive whole number (or -1 for GPTQ's one group per "
-                                f"column), got {g!r}", field="group_size")
+            g = check_int("group_size", kw["group_size"], lo=1, also=(-1,),
+                          what="must be a positive whole number (or -1 for GPTQ's one group per column)")
             if int(g) == -1 and kind == "awq":
                 raise VramError("group_size: AWQ needs a positive group size (e.g. 128); -1 is GPTQ-only",
                                 field="group_size")
             v["group_size"] = int(g)
         if kw.get("double_quant") is not None:
-            if not isinstance(kw["double_quant"], bool):
-                raise VramError(f"double_quant: must be true or false, got {kw['double_quant']!r}",
-                                field="double_quant")
+            check_bool("double_quant", kw["double_quant"])
             v["double_quant"] = kw["double_quant"]
         kvd = kw.get("kv_cache_dtype")
         if kvd is None or (isinstance(kvd, str) and kvd.strip().lower() == "auto"):
@@ -247,7 +238,7 @@ class InferenceSetup:
             except KeyError:
                 cd = None
             if cd not in ("bfloat16", "float16", "float32", "float8"):
-                raise VramError(f"kv_cache_dtype: unknown {kvd!r}; allowed: {', '.join(KV_CACHE_DTYPES)} (or auto: "
+                raise VramError(f"kv_cache_dtype: unknown {shown(kvd)}; allowed: {', '.join(KV_CACHE_DTYPES)} (or auto: "
                                 f"the compute dtype)", field="kv_cache_dtype")
             v["kv_cache_dtype"] = cd
         for name in ("batch_size", "context_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -269,12 +260,10 @@ class InferenceSetup:
                 if val == "flash_attention" or val == "fa2":
                     val = "flash_attention_2"
                 if val not in allowed:
-                    raise VramError(f"{name}: unknown {kw[name]!r}; allowed: {', '.join(allowed)}", field=name)
+                    raise VramError(f"{name}: unknown {shown(kw[name])}; allowed: {', '.join(allowed)}", field=name)
                 v[name] = val
         if kw.get("use_sliding_window") is not None:
-            if not isinstance(kw["use_sliding_window"], bool):
-                raise VramError(f"use_sliding_window: must be true or false, got {kw['use_sliding_window']!r}",
-                                field="use_sliding_window")
+            check_bool("use_sliding_window", kw["use_sliding_window"])
             v["use_sliding_window"] = kw["use_sliding_window"]
         g = kw.get("gpu")
         if g is not None and g != "":
@@ -284,8 +273,7 @@ class InferenceSetup:
         for name in ("gpu_memory_utilization", "mem_fraction_static"):
             u = kw.get(name)
             if u is not None:
-                if isinstance(u, bool) or not isinstance(u, (int, float)) or u != u or not 0 < u <= 1:
-                    raise VramError(f"{name}: must be a fraction in (0, 1], e.g. 0.9, got {u!r}", field=name)
+                check_number(name, u, lo=0, hi=1, lo_open=True, what="must be a fraction in (0, 1], e.g. 0.9")
                 if v.get("gpu") is None:
                     raise VramError(f"{name}: a serving budget needs a GPU (set gpu, e.g. 'H100-80GB')",
                                     field="gpu")
@@ -297,7 +285,7 @@ class InferenceSetup:
         eng = str(eng).strip().lower()
         eng = {"transformers": "hf", "generate": "hf", "huggingface": "hf"}.get(eng, eng)
         if eng not in ENGINES:
-            raise VramError(f"engine: unknown {kw.get('engine')!r}; allowed: {', '.join(ENGINES)}", field="engine")
+            raise VramError(f"engine: unknown {shown(kw.get('engine'))}; allowed: {', '.join(ENGINES)}", field="engine")
         v["engine"] = eng
         if eng == "hf" and v.get("gpu_memory_utilization") is not None:
             raise VramError("engine: generate() ('hf') has no gpu_memory_utilization; use engine='vllm'",
@@ -315,31 +303,32 @@ class InferenceSetup:
             if isinstance(ver, str):
                 ver = {eng if eng != "hf" else "vllm": ver}
             if not isinstance(ver, dict):
-                raise VramError(f"versions: a dict like {{'vllm': '0.6.4'}}, got {ver!r}", field="versions")
+                raise VramError(f"versions: a dict like {{'vllm': '0.6.4'}}, got {shown(ver)}", field="versions")
             from .engines import parse_version
 
             for k2, val in ver.items():
-                if k2 not in ("vllm", "sglang", "transformers"):
-                    raise VramError(f"versions: unknown engine {k2!r}; allowed: vllm, sglang, transformers",
-                                    field="versions")
-                parse_version(val)
-            if "vllm" in ver:
+                if k2 not in ("vllm", "vllm_runtime", "sglang", "transformers"):
+                    raise VramError(f"versions: unknown key {shown(k2)}; allowed: vllm, vllm_runtime (v0 or v1), "
+                                    f"sglang, transformers", field="versions")
+                if k2 != "vllm_runtime":
+                    parse_version(val)
+            if "vllm" in ver or "vllm_runtime" in ver:
                 from .engines import vllm_release
 
-                vllm_release(ver["vllm"])
+                vllm_release(ver.get("vllm"), ver.get("vllm_runtime"))
             v["versions"] = {str(k2): str(val) for k2, val in ver.items()}
         for name in ("tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel"):
             if kw.get(name) is not None:
                 v[name] = _posint(name, kw[name])
         for name in ("enforce_eager", "disable_custom_all_reduce", "enable_chunked_prefill"):
             if kw.get(name) is not None:
-                if not isinstance(kw[name], bool):
-                    raise VramError(f"{name}: must be true or false, got {kw[name]!r}", field=name)
-                v[name] = kw[name]
+                v[name] = check_bool(name, kw[name])
         return cls(**v)
 
 
 def _weights_format(w: Any) -> str:
+    if w is not None:
+        check_text("weights", w, max_chars=64, what="must be a weights format name (text)")
     key = str(w).strip().lower().replace("_", "-") if w is not None else ""
     key = key.replace("gguf-", "gguf-", 1)
     if key.startswith("gguf-"):
@@ -348,11 +337,9 @@ def _weights_format(w: Any) -> str:
         key = "gguf-" + key.replace("-", "_")
     key = _FORMAT_ALIASES.get(key, key)
     if key not in WEIGHT_FORMATS:
-        import difflib
-
-        close = difflib.get_close_matches(key, list(WEIGHT_FORMATS), n=2)
+        close = close_match(key, list(WEIGHT_FORMATS), n=2)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise VramError(f"weights: unknown format {w!r}{hint}; allowed: {', '.join(WEIGHT_FORMATS)}",
+        raise VramError(f"weights: unknown format {shown(w)}{hint}; allowed: {', '.join(WEIGHT_FORMATS)}",
                         field="weights")
     return key
 
@@ -364,15 +351,12 @@ def _dtype16(name: str, value: Any, allow32: bool) -> str:
         d = None
     ok = ("bfloat16", "float16") + (("float32",) if allow32 else ())
     if d not in ok:
-        raise VramError(f"{name}: must be one of {', '.join(ok)}, got {value!r}", field=name)
+        raise VramError(f"{name}: must be one of {', '.join(ok)}, got {shown(value)}", field=name)
     return d
 
 
 def _posint(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-            or value in (float("inf"), float("-inf")) or int(value) != value or value < 1:
-        raise VramError(f"{name}: must be a whole number >= 1, got {value!r}", field=name)
-    return int(value)
+    return check_int(name, value, lo=1)
 
 
 # ----------------------------------------------------------------------------------
@@ -1043,7 +1027,12 @@ def estimate_inference(model: Model, **setup: Any) -> InferenceEstimate:
     """
     arch = load(model)
     s = setup if isinstance(setup, InferenceSetup) else InferenceSetup.from_kwargs(**setup)
-    return estimate_inference_setup(arch, s)
+    est = estimate_inference_setup(arch, s)
+    if est.device_total_bytes > MAX_BYTES:   # an input error, not an estimate
+        field = "model" if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES else "context_len"
+        check_total(est.device_total_bytes, "this inference run" if field != "model" else f"{arch.name}'s weights",
+                    {field: arch.name if field == "model" else s.context_len, "batch_size": s.batch_size})
+    return est
 
 
 def _group_node(name: str, stored: List[_Stored], consts: bool) -> Node:
@@ -1324,9 +1313,10 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     kw["gpu"] = gpu
     kw.pop("context_len", None)
     prompt = kw.pop("prompt_len", None)
-    InferenceSetup.from_kwargs(**kw)   # validate once, with the field names
+    serving = InferenceSetup.from_kwargs(**kw).serving   # validate once, with the field names
+    if prompt is not None:
+        prompt = _posint("prompt_len", prompt)
     blk = _posint("block_size", kw.get("block_size", BLOCK_SIZE))
-    serving = kw.get("gpu_memory_utilization") is not None
     batch = kw.get("batch_size") or 1
 
     def fits(n_blocks: int) -> bool:
@@ -1368,7 +1358,8 @@ _CLI_OPTIONS = (
     ("--group-size", "group_size", int, "GPTQ/AWQ group size (default 128; -1: GPTQ without groups)"),
     ("--kv-cache-dtype", "kv_cache_dtype", str, "KV cache dtype: " + ", ".join(KV_CACHE_DTYPES)),
     ("--batch-size", "batch_size", int, "sequences (default 1)"),
-    ("--context-len", "context_len", int, "tokens per sequence: prompt + generated (default 4096)"),
+    ("--context-len", "context_len", int, "tokens per sequence: prompt + generated (default 4096); serving: "
+                                          "the engine's max_model_len (--max-model-len)"),
     ("--prompt-len", "prompt_len", int, "prompt tokens (default: the whole context)"),
     ("--attn-implementation", "attn_implementation", str, "sdpa, eager or flash_attention_2"),
     ("--mla-cache", "mla_cache", str, "MLA cache: compressed (transformers 5) or decompressed"),
@@ -1378,8 +1369,22 @@ _CLI_OPTIONS = (
      "serving: fraction of the GPU a vLLM-style server may use (e.g. 0.9)"),
     ("--max-num-seqs", "max_num_seqs", int, f"serving: most sequences at once (default {DEFAULT_MAX_NUM_SEQS})"),
     ("--max-num-batched-tokens", "max_num_batched_tokens", int,
-     f"serving: tokens of the profiling forward (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})"),
+     "serving: tokens of the profiling forward (default: the engine release's own)"),
+    ("--engine", "engine", str, "hf (generate(), default), vllm or sglang: whose start-up to reproduce"),
+    ("--tensor-parallel-size", "tensor_parallel", int, "GPUs a layer is split over (default 1)"),
+    ("--pipeline-parallel-size", "pipeline_parallel", int, "pipeline stages (default 1)"),
+    ("--data-parallel-size", "data_parallel", int, "model replicas (default 1)"),
+    ("--expert-parallel-size", "expert_parallel", int, "GPUs the experts are spread over (default 1)"),
+    ("--vllm-version", "vllm_version", str, "the vLLM release whose memory profile to use (e.g. 0.6.4)"),
+    ("--sglang-version", "sglang_version", str, "the SGLang release"),
+    ("--mem-fraction-static", "mem_fraction_static", float, "SGLang's share of the GPU for weights + KV pool"),
+    ("--concurrency", "concurrency", int,
+     "with --engine vllm/sglang and --gpu: the fewest GPUs (and TP/PP layout) that hold this many "
+     "requests of --context-len tokens at once"),
 )
+
+#: options that are not estimate_inference() settings
+_RUN_ONLY = ("vllm_version", "sglang_version", "concurrency")
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, model: bool = True) -> argparse.ArgumentParser:
@@ -1393,8 +1398,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, model: bool = True) -> arg
     for flag, dest, typ, text in _CLI_OPTIONS:
         if flag in have:
             continue
-        parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
+        aliases = {"--context-len": ("--max-model-len",), "--tensor-parallel-size": ("--tp",),
+                   "--pipeline-parallel-size": ("--pp",)}.get(flag, ())
+        parser.add_argument(flag, *[a for a in aliases if a not in have], dest=dest, type=typ, default=None,
+                            help=text)
     for flag, dest, val, text in (("--double-quant", "double_quant", True, "bitsandbytes 4-bit double quantization"),
+                                  ("--enforce-eager", "enforce_eager", True, "serving: no CUDA graphs"),
                                   ("--no-sliding-window", "use_sliding_window", False,
                                    "cache sliding-window layers in full"),
                                   ("--longest-context", "longest_context", True,
@@ -1411,9 +1420,13 @@ def setup_from_args(args: argparse.Namespace) -> Dict[str, Any]:
     kw: Dict[str, Any] = {}
     for _, dest, _, _ in _CLI_OPTIONS:
         v = getattr(args, dest, None)
-        if v is not None:
+        if v is not None and dest not in _RUN_ONLY:
             kw[dest] = v
-    for dest in ("double_quant", "use_sliding_window"):
+    versions = {k: getattr(args, f"{k}_version", None) for k in ("vllm", "sglang")}
+    versions = {k: v for k, v in versions.items() if v}
+    if versions:
+        kw["versions"] = versions
+    for dest in ("double_quant", "use_sliding_window", "enforce_eager"):
         v = getattr(args, dest, None)
         if v is not None:
             kw[dest] = v
@@ -1422,22 +1435,91 @@ def setup_from_args(args: argparse.Namespace) -> Dict[str, Any]:
 
 def run(args: argparse.Namespace, out=None) -> int:
     """Run the inference estimate for parsed ``args``; prints a table or JSON, returns 0.
-    Raises VramError on bad input (the caller prints it as one line)."""
+    Raises VramError on bad input (the caller prints it as one line).  With ``--concurrency``
+    (and a serving engine and GPU) it plans the deployment instead: the fewest GPUs and the
+    TP/PP layout."""
     out = out or sys.stdout
     kw = setup_from_args(args)
+    concurrency = getattr(args, "concurrency", None)
+    if concurrency is not None:
+        return _run_plan(args.model, kw, _posint("concurrency", concurrency), out, getattr(args, "json", False))
     est = estimate_inference(args.model, **kw)
     longest = None
     if getattr(args, "longest_context", None):
         if not kw.get("gpu"):
             raise VramError("longest_context: needs --gpu", field="gpu")
         longest = longest_context(args.model, **kw)
+    extra: Dict[str, Any] = {}
+    if est.serving:
+        extra = serving_report(args.model, kw)
     if getattr(args, "json", False):
         d = est.to_dict()
         if longest is not None:
             d["longest_context"] = longest
+        d.update(extra)
         out.write(json.dumps(d, indent=2) + "\n")
         return 0
     out.write(format_table(est, longest) + "\n")
+    if extra:
+        out.write(f"  largest max_model_len that starts: {extra['largest_max_model_len']:,} tokens\n")
+        out.write(f"  command: {extra['command']}\n")
+    return 0
+
+
+def serving_report(model: Model, kw: Dict[str, Any]) -> Dict[str, Any]:
+    """What a serving estimate adds: the engine's start-up lines, the largest
+    ``max_model_len`` that starts with this layout, and a copyable command line."""
+    from .engines import largest_max_model_len, plan
+    from .gpus import get_gpu
+
+    arch = load(model)
+    s = InferenceSetup.from_kwargs(**kw)
+    gpu = get_gpu(s.gpu)
+    p = plan(arch, s, gpu)
+    name = arch.hub_id or arch.name
+    return {"startup_lines": p.startup_lines(), "largest_max_model_len": largest_max_model_len(arch, s, gpu),
+            "command": p.command(name)}
+
+
+def _run_plan(model: Model, kw: Dict[str, Any], concurrency: int, out, as_json: bool) -> int:
+    from .engines import fewest_gpus
+    from .gpus import get_gpu
+
+    if not kw.get("gpu"):
+        raise VramError("concurrency: planning needs --gpu (the card to deploy on)", field="gpu")
+    if kw.get("engine", "vllm") == "hf" or "engine" not in kw:
+        kw = {**kw, "engine": kw.get("engine") if kw.get("engine") not in (None, "hf") else "vllm"}
+    arch = load(model)
+    s = InferenceSetup.from_kwargs(**kw)
+    p = fewest_gpus(arch, s, get_gpu(s.gpu), concurrency)
+    name = arch.hub_id or arch.name
+    if p is None:
+        msg = (f"{arch.name}: no layout of up to 64 x {s.gpu} holds {concurrency} requests of {s.context_len:,} "
+               f"tokens")
+        if as_json:
+            out.write(json.dumps({"model": arch.name, "fits": False, "message": msg}, indent=2) + "\n")
+        else:
+            out.write(msg + "\n")
+        return 0
+    d = {"model": arch.name, "gpu": s.gpu, "engine": p.engine, "version": p.version, "concurrency": concurrency,
+         "context_len": s.context_len, "num_gpus": p.num_gpus, "tensor_parallel": p.tensor_parallel,
+         "pipeline_parallel": p.pipeline_parallel, "kv_tokens_per_replica": p.kv_tokens,
+         "max_concurrency": round(p.max_concurrency, 2), "startup_lines": p.startup_lines(),
+         "command": p.command(name), "plan": p.to_dict()}
+    if as_json:
+        out.write(json.dumps(d, indent=2) + "\n")
+        return 0
+    out.write(f"{arch.name} on {s.gpu} with {p.engine} {p.version}: {concurrency} requests of "
+              f"{s.context_len:,} tokens at once\n")
+    out.write(f"  fewest GPUs: {p.num_gpus} (tensor parallel {p.tensor_parallel}, pipeline parallel "
+              f"{p.pipeline_parallel})\n")
+    out.write(f"  per GPU: weights {p.weights_bytes / GIB:.2f} GiB, profile activations "
+              f"{p.activation_bytes / GIB:.2f} GiB, non-torch {p.non_torch_bytes / GIB:.2f} GiB, KV cache "
+              f"{p.kv_budget_bytes / GIB:.2f} GiB; CUDA graphs {p.cuda_graph_bytes / GIB:.2f} GiB on top\n")
+    out.write("  the engine will print:\n")
+    for line in p.startup_lines():
+        out.write(f"    {line}\n")
+    out.write(f"  command: {p.command(name)}\n")
     return 0
 
 
@@ -1458,6 +1540,14 @@ def format_table(est: InferenceEstimate, longest: Optional[int] = None) -> str:
     lines.append(f"  device total (reserve + CUDA context): {est.device_total_gib:.3f} GiB")
     if est.serving:
         v = est.serving
+        lines.append(f"  {v['engine']} {v['version']} ({v['runtime']}) on {v['num_gpus']} x {est.gpu}: tensor parallel "
+                     f"{v['tensor_parallel']}, pipeline parallel {v['pipeline_parallel']}; per GPU: weights "
+                     f"{v['weights_bytes'] / GIB:.2f} GiB, profile activations {v['activation_peak_bytes'] / GIB:.2f} "
+                     f"GiB ({v['profile_tokens']} tokens), non-torch {v['non_torch_bytes'] / GIB:.2f} GiB, CUDA "
+                     f"graphs {v['cuda_graph_bytes'] / GIB:.2f} GiB")
+        lines.append("  the engine prints:")
+        for line in v["startup_lines"]:
+            lines.append(f"    {line}")
         lines.append(f"  serving on {est.gpu} at {v['gpu_memory_utilization']:g}: KV budget "
                      f"{v['kv_budget_bytes'] / GIB:.2f} GiB = {v['kv_tokens']:,} tokens ({v['kv_blocks']:,} blocks), "
                      f"{v['max_concurrent_sequences']} sequences of {v['context_len']} tokens "

@@ -85,7 +85,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
-from .estimate import _merge_named, _params, _reserved, estimate_setup, gc_mode
+from .inputs import Field, check_choice, check_int
+from .estimate import check_physical, _merge_named, _params, _reserved, estimate_setup, gc_mode
 from .result import Estimate, Node
 from .training import TrainingSetup
 from .units import DTYPE_BYTES, GIB
@@ -117,6 +118,11 @@ DDP_BUCKET_BYTES = 25 * 1024 * 1024
 DS_REDUCE_BUCKET_ELEMENTS = int(5e8)
 DS_ALLGATHER_BUCKET_ELEMENTS = int(5e8)
 DS_PREFETCH_BUCKET_ELEMENTS = int(5e7)
+DS_MAX_LIVE_PARAMETERS = int(1e9)
+#: NCCL: NCCL_BUFFSIZE default (4 MiB) and the channels of one communicator assumed (NCCL
+#: chooses 2 or more by topology; NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS set them)
+NCCL_BUFFSIZE_BYTES = 4 * 2**20
+NCCL_CHANNELS = 2
 #: DeepSpeed's memory estimators multiply host memory by this ("to be conservative")
 DS_ADDITIONAL_BUFFER_FACTOR = 1.5
 
@@ -226,6 +232,44 @@ class ParallelEstimate:
         total = sum(sum(st.cpu.values()) for st in self.stages) / len(self.stages)
         return total * per * self.cpu_buffer_factor
 
+    # -- time (timing.py) ---------------------------------------------------------
+    def set_gpu(self, gpu: Any) -> "ParallelEstimate":
+        """Time every stage's step on ``gpu`` (a catalogue name); returns self."""
+        for st in self.stages:
+            st.estimate.set_gpu(gpu)
+        return self
+
+    @property
+    def slowest(self) -> Estimate:
+        """The per-GPU estimate of the stage that takes longest (it sets the step's pace)."""
+        timed = [st.estimate for st in self.stages if st.estimate.step_seconds is not None]
+        if not timed:
+            return self.per_gpu
+        return max(timed, key=lambda e: e.step_seconds)
+
+    @property
+    def step_seconds(self) -> Optional[float]:
+        """Seconds per optimizer step, communication and pipeline bubble included; None without a GPU."""
+        return self.slowest.step_seconds
+
+    @property
+    def tokens_per_second(self) -> Optional[float]:
+        """Tokens per second of the whole run (all data-parallel replicas)."""
+        return self.slowest.tokens_per_second
+
+    @property
+    def mfu(self) -> Optional[float]:
+        return self.slowest.mfu
+
+    @property
+    def time_breakdown(self) -> Optional[Dict[str, Any]]:
+        """The slowest stage's breakdown, with its communication (collectives, exposed seconds)."""
+        return self.slowest.time_breakdown
+
+    def run_cost(self, tokens: float, usd_per_gpu_hour: Optional[float] = None) -> Dict[str, Any]:
+        """Steps, hours, GPU-hours and dollars (all ``num_gpus``) to train on ``tokens`` tokens."""
+        return self.slowest.run_cost(tokens, usd_per_gpu_hour)
+
     def fits(self, gpu: Any) -> bool:
         """Whether the worst GPU's device total (reserved + CUDA context) stays within
         the card's usable memory (:attr:`vramwidget.gpus.GPU.usable_bytes`)."""
@@ -244,7 +288,18 @@ class ParallelEstimate:
                 "cpu_bytes_per_node": int(round(self.cpu_bytes_per_node)),
                 "cpu_buffer_factor": self.cpu_buffer_factor,
                 "buffers": self.buffers, "stages": [s.to_dict() for s in self.stages],
-                "per_gpu": self.per_gpu.to_dict(), "notes": list(self.notes)}
+                "per_gpu": self.per_gpu.to_dict(), "notes": list(self.notes),
+                "time": self.slowest._time_dict()}
+
+    def summary_text(self) -> str:
+        """A plain-text summary: the layout, then the worst GPU's estimate."""
+        return repr(self) + "\nworst GPU: " + self.per_gpu.summary_text()
+
+    def __str__(self) -> str:
+        return self.summary_text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self) if cycle else self.summary_text())
 
     def __repr__(self) -> str:
         return (f"ParallelEstimate({self.model_name!r}, {self.strategy}, {self.layout['num_gpus']} GPUs: "
@@ -282,20 +337,12 @@ class _Layout:
 
 
 def _posint(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")) \
-            or v != int(v) or v < 1:
-        raise VramError(f"{name}: must be a whole number >= 1, got {v!r}", field=name)
-    return int(v)
+    return check_int(name, v, lo=1)
 
 
 def _layout(arch: Architecture, s: TrainingSetup, strategy: str, num_gpus: Any, gpus_per_node: Any, tp: Any,
             pp: Any, sp: Any, cp: Any, ep: Any, micro_batches: Any) -> _Layout:
-    if strategy not in STRATEGIES:
-        import difflib
-
-        m = difflib.get_close_matches(str(strategy), list(STRATEGIES), n=1)
-        raise VramError(f"strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}"
-                        + (f" (did you mean {m[0]!r}?)" if m else ""), field="strategy")
+    strategy = check_choice("strategy", strategy, tuple(STRATEGIES))
     n = _posint("num_gpus", num_gpus)
     gpn = _posint("gpus_per_node", gpus_per_node)
     tp, pp, cp, ep = (_posint(k, v) for k, v in (("tensor_parallel", tp), ("pipeline_parallel", pp),
@@ -534,7 +581,9 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
                       offload_optimizer: bool = False, offload_params: bool = False,
                       bucket_mb: Optional[float] = None, prefetch_elements: Optional[int] = None,
                       overlap_comm: Optional[bool] = None, ddp_bucket_view: bool = False,
-                      cpu_buffer_factor: Optional[float] = None, **setup: Any) -> ParallelEstimate:
+                      cpu_buffer_factor: Optional[float] = None, max_live_parameters: Optional[int] = None,
+                      nccl_buffsize_mb: Optional[float] = None, nccl_channels: Optional[int] = None,
+                      gpu: Any = None, **setup: Any) -> ParallelEstimate:
     """Per-GPU memory of one training step run across ``num_gpus`` GPUs.
 
     Parameters
@@ -569,6 +618,15 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
     cpu_buffer_factor:
         host-memory headroom factor for the per-node figure (default 1.5 with DeepSpeed,
         its ``additional_buffer_factor``; 1.0 otherwise).
+    max_live_parameters:
+        ZeRO-3 ``stage3_max_live_parameters`` (default 1e9 elements): the most parameters
+        gathered at once.
+    nccl_buffsize_mb, nccl_channels:
+        NCCL's ``NCCL_BUFFSIZE`` in MiB (default 4) and channels per communicator (default 2;
+        NCCL picks more on NVLink systems, up to ``NCCL_MAX_NCHANNELS``).
+    gpu:
+        a catalogue GPU: the step time with the strategy's communication over its NVLink or
+        PCIe (and 50 GB/s per GPU between nodes), tokens/s of the whole run and its cost.
     """
     arch = load(model)
     s = setup.pop("setup") if "setup" in setup and isinstance(setup.get("setup"), TrainingSetup) else None
@@ -576,20 +634,52 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
         s = TrainingSetup.from_kwargs(**setup)
     elif setup:
         raise VramError(f"unknown setup field {sorted(setup)[0]!r} beside setup=", field=sorted(setup)[0])
-    return estimate_parallel_setup(
+    pe = estimate_parallel_setup(
         arch, s, strategy=strategy, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
         tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, sequence_parallel=sequence_parallel,
         context_parallel=context_parallel, expert_parallel=expert_parallel, micro_batches=micro_batches,
         offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
         prefetch_elements=prefetch_elements, overlap_comm=overlap_comm, ddp_bucket_view=ddp_bucket_view,
-        cpu_buffer_factor=cpu_buffer_factor)
+        cpu_buffer_factor=cpu_buffer_factor, max_live_parameters=max_live_parameters,
+        nccl_buffsize_mb=nccl_buffsize_mb, nccl_channels=nccl_channels)
+    check_physical(pe.per_gpu, arch, s)
+    if gpu is not None:
+        pe.set_gpu(gpu)
+    return pe
 
 
 #: the keyword arguments of estimate_parallel beyond the training setup
 PARALLEL_KEYS = ("strategy", "num_gpus", "gpus_per_node", "tensor_parallel", "pipeline_parallel",
                  "sequence_parallel", "context_parallel", "expert_parallel", "micro_batches", "offload_optimizer",
                  "offload_params", "bucket_mb", "prefetch_elements", "overlap_comm", "ddp_bucket_view",
-                 "cpu_buffer_factor")
+                 "cpu_buffer_factor", "max_live_parameters", "nccl_buffsize_mb",
+                 "nccl_channels")
+
+
+#: each keyword of estimate_parallel beyond the setup, declared once (kind and range; the
+#: links between them and the model are checked in ``_layout``)
+PARALLEL_FIELDS: Dict[str, Field] = {f.name: f for f in (
+    Field("strategy", "choice", "none", choices=lambda: tuple(STRATEGIES), none="error"),
+    Field("num_gpus", "int", 1, lo=1, none="error"),
+    Field("gpus_per_node", "int", 8, lo=1, none="error"),
+    Field("tensor_parallel", "int", 1, lo=1, none="error"),
+    Field("pipeline_parallel", "int", 1, lo=1, none="error"),
+    Field("sequence_parallel", "bool", False, none="error"),
+    Field("context_parallel", "int", 1, lo=1, none="error"),
+    Field("expert_parallel", "int", 1, lo=1, none="error"),
+    Field("micro_batches", "int", None, lo=1, none="none"),
+    Field("offload_optimizer", "bool", False, none="error"),
+    Field("offload_params", "bool", False, none="error"),
+    Field("bucket_mb", "number", None, lo=0, lo_open=True, none="none"),
+    Field("prefetch_elements", "int", None, lo=1, none="none"),
+    Field("overlap_comm", "bool", None, none="none"),
+    Field("ddp_bucket_view", "bool", False, none="error"),
+    Field("cpu_buffer_factor", "number", None, lo=1, none="none"),
+    Field("max_live_parameters", "int", None, lo=1, none="none"),
+    Field("nccl_buffsize_mb", "number", None, lo=0, lo_open=True, none="none"),
+    Field("nccl_channels", "int", None, lo=1, none="none"),
+)}
+assert set(PARALLEL_FIELDS) == set(PARALLEL_KEYS)
 
 
 def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: str = "none", num_gpus: int = 1,
@@ -599,8 +689,15 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                             offload_params: bool = False, bucket_mb: Optional[float] = None,
                             prefetch_elements: Optional[int] = None, overlap_comm: Optional[bool] = None,
                             ddp_bucket_view: bool = False,
-                            cpu_buffer_factor: Optional[float] = None) -> ParallelEstimate:
+                            cpu_buffer_factor: Optional[float] = None, max_live_parameters: Optional[int] = None,
+                            nccl_buffsize_mb: Optional[float] = None,
+                            nccl_channels: Optional[int] = None) -> ParallelEstimate:
     """:func:`estimate_parallel` for a resolved architecture and a validated setup."""
+    given = dict(locals())   # every keyword, each checked by its declaration in PARALLEL_FIELDS
+    for k, f in PARALLEL_FIELDS.items():
+        if given[k] is not None or f.none == "error":
+            f.check(given[k])
+    strategy = PARALLEL_FIELDS["strategy"].check(strategy)
     lay = _layout(arch, s, strategy, num_gpus, gpus_per_node, tensor_parallel, pipeline_parallel,
                   sequence_parallel, context_parallel, expert_parallel, micro_batches)
     for name, v in (("offload_optimizer", offload_optimizer), ("offload_params", offload_params),
@@ -619,6 +716,13 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
         raise VramError(f"bucket_mb: must be a number > 0, got {bucket_mb!r}", field="bucket_mb")
     if prefetch_elements is not None:
         prefetch_elements = _posint("prefetch_elements", prefetch_elements)
+    if max_live_parameters is not None:
+        max_live_parameters = _posint("max_live_parameters", max_live_parameters)
+    if nccl_channels is not None:
+        nccl_channels = _posint("nccl_channels", nccl_channels)
+    if nccl_buffsize_mb is not None and (isinstance(nccl_buffsize_mb, bool) or not isinstance(
+            nccl_buffsize_mb, (int, float)) or not nccl_buffsize_mb > 0 or nccl_buffsize_mb == float("inf")):
+        raise VramError(f"nccl_buffsize_mb: must be a number > 0, got {nccl_buffsize_mb!r}", field="nccl_buffsize_mb")
     if cpu_buffer_factor is None:
         cpu_buffer_factor = DS_ADDITIONAL_BUFFER_FACTOR if strategy in DEEPSPEED else 1.0
     elif isinstance(cpu_buffer_factor, bool) or not isinstance(cpu_buffer_factor, (int, float)) \
@@ -628,7 +732,10 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
     opts = dict(offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
                 prefetch_elements=prefetch_elements if prefetch_elements is not None else DS_PREFETCH_BUCKET_ELEMENTS,
                 overlap_comm=(strategy == "zero3") if overlap_comm is None else bool(overlap_comm),
-                ddp_bucket_view=ddp_bucket_view)
+                ddp_bucket_view=ddp_bucket_view,
+                max_live_parameters=max_live_parameters if max_live_parameters is not None else DS_MAX_LIVE_PARAMETERS,
+                nccl_buffsize_bytes=(nccl_buffsize_mb if nccl_buffsize_mb is not None else 4) * 2**20,
+                nccl_channels=nccl_channels if nccl_channels is not None else NCCL_CHANNELS)
 
     # the setup each GPU runs
     s_loc = s
@@ -651,6 +758,13 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
         est, ms, cpu, n_local, _notes = cache[key]
         stages.append(StageEstimate(i, (first, last), embed, head, k, est, ms, cpu, n_local))
     worst = max(range(len(stages)), key=lambda j: stages[j].device_total_bytes)
+    comm_layout = {"strategy": strategy, "num_gpus": lay.num_gpus, "gpus_per_node": lay.gpus_per_node,
+                   "data_parallel": lay.dp, "tensor_parallel": lay.tp, "pipeline_parallel": lay.pp,
+                   "context_parallel": lay.cp, "expert_parallel": lay.ep, "micro_batches": lay.micro_batches,
+                   "shard": lay.shard, "overlap_comm": opts["overlap_comm"],
+                   "offload_optimizer": offload_optimizer, "offload_params": offload_params}
+    for st in stages:
+        _attach_comm(st.estimate, comm_layout, s, lay)
     notes = list(cache[next(iter(cache))][4])
     layout = {"strategy": strategy, "num_gpus": lay.num_gpus, "gpus_per_node": lay.gpus_per_node,
               "nodes": lay.nodes, "gpus_on_node": lay.gpus_on_node, "data_parallel": lay.dp,
@@ -663,6 +777,20 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                             cpu_buffer_factor=float(cpu_buffer_factor), notes=notes)
 
 
+def _attach_comm(est: Estimate, comm_layout: Dict[str, Any], s: TrainingSetup, lay: _Layout) -> None:
+    """Give a stage's per-GPU estimate its communication (timing.communication) and the run's
+    GPU count and tokens per step, for ``set_gpu`` / ``step_seconds`` / ``run_cost``."""
+    from .timing import communication
+
+    sizes = getattr(est, "_comm_sizes", None)
+    if sizes is None:
+        return
+    est.gpus = lay.num_gpus
+    est.tokens_per_step = s.batch_size * s.seq_len * max(s.grad_accum_steps, lay.micro_batches if lay.pp > 1 else 1) \
+        * lay.dp
+    est._comm = lambda gpu, st: communication(gpu, comm_layout, sizes, st)
+
+
 def _buffer_settings(strategy: str, opts: Dict[str, Any]) -> Dict[str, Any]:
     mb = opts["bucket_mb"]
     if strategy == "ddp":
@@ -672,6 +800,7 @@ def _buffer_settings(strategy: str, opts: Dict[str, Any]) -> Dict[str, Any]:
         return {"reduce_bucket_elements": int(mb * 1e6 / 2) if mb else DS_REDUCE_BUCKET_ELEMENTS,
                 "allgather_bucket_elements": DS_ALLGATHER_BUCKET_ELEMENTS,
                 "prefetch_bucket_elements": opts["prefetch_elements"] if strategy == "zero3" else 0,
+                "max_live_parameters": opts["max_live_parameters"] if strategy == "zero3" else 0,
                 "overlap_comm": opts["overlap_comm"]}
     return {}
 
@@ -722,7 +851,12 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
         if a_cut > 0:
             sp_ratio = (a_full / lay.tp) / a_cut
 
-    factors = {"weights": (w_gpu, wE_gpu), "quantization constants": (w_gpu, wE_gpu),
+    # bitsandbytes keeps each 4-bit weight's quantization state (absmax, nested absmax and
+    # scale, code: bitsandbytes/nn/modules.py Params4bit.quant_state, a QuantState object) as
+    # a Python attribute of the parameter, not as a parameter or buffer: FSDP's flat
+    # parameters and ZeRO-3's partitioning see only the packed storage, so every GPU keeps
+    # the whole state and parameter offload does not move it.
+    factors = {"weights": (w_gpu, wE_gpu), "quantization constants": (1.0, 1.0),
                "adapters": (w_gpu, wE_gpu), "gradients": (g_gpu, gE_gpu), "optimizer states": (o_gpu, oE_gpu),
                "optimizer temporaries": (t_gpu, tE_gpu), "activations": (sp_ratio, sp_ratio)}
     keep = ("dequantized weight (transient)",)
@@ -738,12 +872,13 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
     Tt, Tte = _bytes_split(temps_node)
     Wn = next((c for c in E.phase_components["after_load"] if c.name == "weights"), None)
     W, We = _bytes_split(Wn)
-    Q = sum(c.bytes for c in E.phase_components["after_load"] if c.name in ("quantization constants", "adapters"))
+    Qc = sum(c.bytes for c in E.phase_components["after_load"] if c.name == "quantization constants")
+    Qa = sum(c.bytes for c in E.phase_components["after_load"] if c.name == "adapters")
     tr_e = sum(n for _, g, n, _, _ in P.trainable_tensors if g == "experts")
     tr = P.trainable_numel - tr_e
 
     adds: Dict[str, List[Node]] = {p: [] for p in _PHASES}
-    ms: Dict[str, float] = {"weights": W * fw + We * fwe, "quantization constants + adapters": Q * fw,
+    ms: Dict[str, float] = {"weights": W * fw + We * fwe, "quantization constants + adapters": Qc + Qa * fw,
                             "gradients": (G * fg + Ge * fge) if not mega else 0.0,
                             "optimizer states": S * fo + Se * foe}
 
@@ -784,7 +919,7 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
         if fsdp:
             cpu["gradients"] = G * fg + Ge * fge
     if off_par:
-        cpu["parameters"] = W * fw + We * fwe + Q * fw
+        cpu["parameters"] = W * fw + We * fwe + Qa * fw
 
     # communication buffers
     comm = 0.0
@@ -829,7 +964,10 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
     if gathers:
         gmod, gmod_grad, root, root_grad, block, block_grad, total_g = _gather_sizes(P, s_loc, fsdp)
         if strategy == "zero3":
-            pre = min(opts["prefetch_elements"] * dt16, max(0.0, total_g - gmod))
+            # stage3_max_live_parameters caps what is gathered at once (default 1e9 elements)
+            live_cap = opts["max_live_parameters"] * dt16
+            gmod = min(gmod, live_cap)
+            pre = min(opts["prefetch_elements"] * dt16, max(0.0, total_g - gmod), max(0.0, live_cap - gmod))
             add(("forward", "backward"), "weights", "gathered parameters (largest module)", gmod,
                 "16-bit parameters of the module running, all-gathered (DeepSpeed: 2 B x largest layer)")
             add(("forward", "backward"), "weights", "prefetched parameters", pre,
@@ -854,9 +992,26 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
                 "gradients before reduce-scatter; the root unit's wait for its embedding, computed last")
             ms["gathered parameters"] = live
             ms["gathered gradients"] = root_grad + block_grad
+            if off_par:
+                # FlatParamHandle.pre_unshard: an offloaded shard is first copied to the GPU
+                # (flat_param_to(device, non_blocking=True)), then all-gathered
+                # (torch/distributed/fsdp/_flat_param.py)
+                add(("forward", "backward"), "weights", "offloaded shards copied to the GPU", live / N,
+                    f"(root unit + 2 blocks) / {N}: each unit's CPU shard is copied over before its all-gather")
+                ms["offloaded shards on the GPU"] = live / N
     if gathers and s_loc.autocast:
         notes.append("sharded parameters are gathered in the compute dtype (FSDP MixedPrecision / DeepSpeed), so "
                      "the autocast weight cache is not counted")
+
+    # NCCL: every communicator this GPU belongs to keeps send and receive buffers of
+    # NCCL_BUFFSIZE (default 4 MiB) per channel (NCCL environment variables, "NCCL_BUFFSIZE")
+    groups = sum(1 for size in (lay.dp * lay.cp, lay.tp, lay.pp, lay.ep) if size > 1)
+    nccl = groups * 2 * opts["nccl_channels"] * opts["nccl_buffsize_bytes"]
+    if nccl:
+        add(ALL, "workspace", "NCCL communicator buffers", nccl,
+            f"{groups} communicator(s) x 2 (send, receive) x {opts['nccl_channels']} channels x NCCL_BUFFSIZE "
+            f"({opts['nccl_buffsize_bytes'] / 2**20:g} MiB)")
+        ms["NCCL buffers"] = nccl
 
     # pipeline: other micro-batches' activations in flight (1F1B)
     fwd_acts = 0.0
@@ -924,8 +1079,37 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
                        phase_components=phase_components)
     # the per-GPU estimate reports the whole model's parameter counts and the user's setup
     est = _relabel(est, arch, s, E)
+    # the step time (timing.py): this GPU's slice, its share of the optimizer update, and
+    # the sizes its communication moves (estimate_parallel_setup attaches the collectives)
+    est._setup_obj = s_loc
+    est._work = _sharded_work(E._work, o_gpu if not (off_opt or (fsdp and off_par)) else 0.0)
+    c = DTYPE_BYTES[s_loc.compute_dtype]
+    T = s_loc.tokens
+    n_moe = 0
+    if cut.is_moe:
+        n_moe = max(0, cut.num_layers - min(cut.dense_layers, cut.num_layers))
+    est._comm_sizes = {
+        "grad_bytes": (4.0 * P.trainable_numel) if mega else (G + Ge),
+        "param_bytes": (P.trainable_numel if s.method in ("full", "freeze") else 0) * c
+        if s.autocast else (W + We),
+        "act_bytes": T * cut.hidden_size * c,
+        "layers": cut.num_layers,
+        "moe_bytes": T * max(cut.experts_per_token, 1) * cut.hidden_size * c if n_moe else 0.0,
+        "moe_layers": n_moe,
+        "kv_bytes": T * 2 * cut.num_kv_heads * cut.head_dim * c * lay.tp,
+        "trainable": float(P.trainable_numel),
+    }
     n_local = cut.params_total
     return est, ms, cpu, n_local, notes
+
+
+def _sharded_work(base: Any, optimizer_share: float):
+    """The single-GPU estimate's step work with the optimizer update over this GPU's share of
+    the states (ZeRO/FSDP shards; none left when the optimizer runs on the CPU)."""
+    def work():
+        fwd, bwd, rec, opt = base()
+        return fwd, bwd, rec, opt.scaled(optimizer_share)
+    return work
 
 
 def _relabel(est: Estimate, arch: Architecture, s: TrainingSetup, E: Estimate) -> Estimate:

@@ -7,12 +7,12 @@ A preset is found by its short name (``llama-2-7b``), its Hub id
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from typing import Any, Dict, List, Optional
 
 from .errors import UnknownPresetError
+from .inputs import close_match, shown
 
 PRESET_DIR = os.path.join(os.path.dirname(__file__), "presets")
 
@@ -62,7 +62,7 @@ def unknown_preset_error(name: str) -> UnknownPresetError:
     """The error for an unknown preset name, naming close matches."""
     names = list(_load())
     keys = list(_INDEX)
-    close = difflib.get_close_matches(name.lower(), keys, n=4, cutoff=0.5)
+    close = close_match(name.lower(), keys, n=4, cutoff=0.5)   # only for short names
     close_names = []
     for k in close:
         n = _INDEX[k]
@@ -70,5 +70,5 @@ def unknown_preset_error(name: str) -> UnknownPresetError:
             close_names.append(n)
     hint = f"; did you mean {', '.join(close_names)}?" if close_names else f"; presets: {', '.join(sorted(names)[:12])}, ..."
     return UnknownPresetError(
-        f"model: unknown preset {name!r}{hint} (or give a config.json path, a Hub id like 'org/name', "
+        f"model: unknown preset {shown(name)}{hint} (or give a config.json path, a Hub id like 'org/name', "
         f"or a parameter count like '7B')", field="model")

@@ -118,8 +118,11 @@ class Estimate:
                  reserved_bytes: float, cuda_context_bytes: float, flops_per_step: Optional[float] = None,
                  recompute_overhead: float = 0.0, notes: Optional[List[str]] = None,
                  phase_components: Optional[Dict[str, List[Node]]] = None,
-                 builder: Optional[Callable[[], Tuple[List[Node], Dict[str, List[Node]]]]] = None):
+                 builder: Optional[Callable[[], Tuple[List[Node], Dict[str, List[Node]]]]] = None,
+                 backend: str = "analytic"):
         self.model_name = model_name
+        #: how it was computed: "analytic" (the modelled families) or "trace" (a traced step)
+        self.backend = backend
         self.setup = setup
         self.params_total = params_total
         self.params_trainable = params_trainable
@@ -140,7 +143,9 @@ class Estimate:
         self._setup_obj: Any = None
         self.gpu: Any = None
         self.gpus: int = 1                       # GPUs the run uses (estimate_parallel sets it)
-        self.communication_seconds: float = 0.0  # exposed communication per step (estimate_parallel)
+        self.tokens_per_step: Optional[int] = None   # all replicas' tokens per step (estimate_parallel)
+        #: estimate_parallel: (gpu, StepTime) -> the step's communication (timing.communication)
+        self._comm: Optional[Callable[[Any, Any], Dict[str, Any]]] = None
         self._step_time: Any = None
 
     def _build(self) -> None:
@@ -177,7 +182,13 @@ class Estimate:
             from .timing import has_timing, step_time
 
             if has_timing(self.gpu):
-                self._step_time = step_time(self.gpu, self._setup_obj, self._work(), self.communication_seconds)
+                st = step_time(self.gpu, self._setup_obj, self._work())
+                if self._comm is not None:
+                    c = self._comm(self.gpu, st)
+                    st.communication = c
+                    st.communication_seconds = c["exposed_seconds"]
+                    st.pipeline_bubble_seconds = c["pipeline_bubble_seconds"]
+                self._step_time = st
         return self._step_time
 
     @property
@@ -190,7 +201,9 @@ class Estimate:
     def tokens_per_second(self) -> Optional[float]:
         """Training tokens per second over all the run's GPUs; None without a GPU."""
         st = self.step_time
-        return st.tokens_per_second * self.gpus if st else None
+        if not st:
+            return None
+        return (self.tokens_per_step or st.tokens_per_step) / st.step_seconds
 
     @property
     def mfu(self) -> Optional[float]:
@@ -225,7 +238,7 @@ class Estimate:
             raise VramError("gpu: a run's cost needs a GPU; pass gpu=... to the estimate", field="gpu")
         import math
 
-        tokens_per_step = st.tokens_per_step * self.gpus
+        tokens_per_step = self.tokens_per_step or st.tokens_per_step
         steps = math.ceil(tokens / tokens_per_step)
         hours = steps * st.step_seconds / 3600.0
         price = usd_per_gpu_hour if usd_per_gpu_hour is not None else self.gpu.usd_per_gpu_hour
@@ -309,6 +322,7 @@ class Estimate:
         """A plain dict of this object (JSON-able)."""
         return {
             "model": self.model_name,
+            "backend": self.backend,
             "setup": self.setup,
             "params_total": self.params_total,
             "params_trainable": self.params_trainable,
@@ -334,3 +348,31 @@ class Estimate:
     def __repr__(self) -> str:
         return (f"Estimate({self.model_name!r}, peak {self.peak_gib:.2f} GiB at {self.peak_phase}, "
                 f"device total {self.device_total_gib:.2f} GiB)")
+
+    def summary_text(self) -> str:
+        """A plain-text summary for front ends without HTML (``print(est)``, a terminal
+        IPython): the setup, the peak and the device total, each component with its
+        share, and the notes."""
+        st = self.setup or {}
+        what = ", ".join(str(st[k]) for k in ("method", "precision", "weights") if st.get(k))
+        size = (f"batch {st['batch_size']} x {st['seq_len']} tokens" if "seq_len" in st and "batch_size" in st
+                else f"batch {st.get('batch_size', 1)} x {st['context_len']} tokens" if "context_len" in st else "")
+        lines = [f"{type(self).__name__}: {self.model_name}" + (f" ({what})" if what else "")
+                 + (f", {size}" if size else ""),
+                 f"peak allocated {self.peak_gib:.2f} GiB ({self.peak_phase}); device total "
+                 f"{self.device_total_gib:.2f} GiB (allocator reserve + CUDA context)"]
+        total = self.device_total_bytes or 1.0
+        for name, nbytes in self.component_bytes().items():
+            lines.append(f"  {name:<24} {nbytes / GIB:9.2f} GiB {100 * nbytes / total:6.1f}%")
+        notes = [n for n in self.notes if n]
+        if notes:
+            lines.append("notes:")
+            lines.extend(f"  - {n}" for n in notes)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary_text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """IPython's plain-text display: the summary (``repr()`` stays one line)."""
+        p.text(repr(self) if cycle else self.summary_text())

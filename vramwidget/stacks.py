@@ -19,6 +19,8 @@ A stack is two dictionaries, read from that stack's own source (cited per entry)
                            ``chunked_cross_entropy`` runs on the 16-bit logits.
   ``fused_qkv_lora``       one LoRA input (dropout mask, dropped copy) for the fused qkv
                            projection (LitGPT's LoRAQKVLinear) instead of one per q/k/v.
+  ``packed_sdpa``          packed sequences run through SDPA/flex attention with a document
+                           mask kept per kernel (no b x s x s mask tensor), as varlen flash does.
   ``fused_loss``           the cross-entropy is one kernel that keeps the logits and a
                            per-row logsumexp (Unsloth's cross-entropy kernel).
 
@@ -64,7 +66,8 @@ STACKS: Dict[str, Dict[str, Any]] = {
         # (torchtune/modules/peft/lora.py) are built in the model's dtype and take x as it is.
         # The model returns output(h).float() unless the loss chunks the output.
         "defaults": {"precision": "bf16", "optimizer": "adamw_fused"},
-        "behaviour": {"adapter_dtype": "weights", "logits_fp32_in_model": True},
+        # packed batches run flex attention with a document mask (torchtune/modules/attention_utils.py)
+        "behaviour": {"adapter_dtype": "weights", "logits_fp32_in_model": True, "packed_sdpa": True},
         "sources": ("torchtune recipes/configs/llama3_2/3B_full_single_device.yaml",
                     "torchtune torchtune/modules/transformer.py (unembed: output(h).float())",
                     "torchtune torchtune/modules/peft/lora.py"),

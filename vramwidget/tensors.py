@@ -9,10 +9,11 @@ tensors into an :class:`~vramwidget.architecture.Architecture`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import VramError
+from .inputs import MAX_COUNT, shown
 
 # Roles a tensor can have.  Module groups (for treemaps) are derived from them.
 ROLE_GROUP = {
@@ -37,6 +38,9 @@ ROLE_GROUP = {
     "expert_down": "experts",
     "shared_expert": "experts",
     "router": "router",
+    "attn_sink": "attention",      # learned attention sinks (gpt-oss), one logit per head
+    "mixer": "mixer",              # short convolutions, linear-attention / state-space parameters
+    "mixer_proj": "mixer",         # the linear projections of such a mixer
     "norm": "norms",
     "output_head": "output head",
 }
@@ -63,6 +67,8 @@ class ParamTensor:
     in_features: int = 0
     out_features: int = 0
     experts: int = 0                           # >0 for fused expert tensors (E, ., .)
+    keep_fp32: bool = False                    # kept in fp32 when the model loads in 16 bits
+    tower: str = ""                            # a side tower's tensors (vision), shown as their own group
 
     @property
     def numel_each(self) -> int:
@@ -77,7 +83,7 @@ class ParamTensor:
 
     @property
     def group(self) -> str:
-        return ROLE_GROUP[self.role]
+        return f"{self.tower} tower" if self.tower else ROLE_GROUP[self.role]
 
     @property
     def is_bias(self) -> bool:
@@ -105,10 +111,9 @@ def _get(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
 
 
 def _posint(cfg: Mapping[str, Any], value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise VramError(f"config: {what} must be a positive whole number, got {value!r}", field=what)
-    if value <= 0 or int(value) != value:
-        raise VramError(f"config: {what} must be a positive whole number, got {value!r}", field=what)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+            or value in (float("inf"), float("-inf")) or value <= 0 or value > MAX_COUNT or int(value) != value:
+        raise VramError(f"config: {what} must be a positive whole number, got {shown(value)}", field=what)
     return int(value)
 
 
@@ -130,8 +135,10 @@ class _Builder:
         self.tensors.append(ParamTensor(name, tuple(shape), role, module or name.split(".")[-2]))
 
     def layer(self, name: str, shape: Tuple[int, ...], role: str, *, repeat: Optional[int] = None,
-              first: int = 0, linear: bool = False, experts: int = 0) -> None:
-        """A tensor present in layers [first, L): ``name`` holds ``{i}`` for the layer index."""
+              first: int = 0, linear: bool = False, experts: int = 0, transposed: bool = False,
+              keep_fp32: bool = False) -> None:
+        """A tensor present in layers [first, L): ``name`` holds ``{i}`` for the layer index.
+        ``transposed``: a fused expert tensor stored (E, in, out) rather than (E, out, in)."""
         n_layers = self.L - first if repeat is None else repeat
         if n_layers <= 0:
             return
@@ -140,12 +147,31 @@ class _Builder:
         in_f = out_f = 0
         if linear:
             if experts:
-                out_f, in_f = shape[-2], shape[-1]
+                out_f, in_f = (shape[-1], shape[-2]) if transposed else (shape[-2], shape[-1])
             else:
                 out_f, in_f = shape[0], shape[1]
         self.tensors.append(ParamTensor(name, tuple(shape), role, module, repeat=n_layers, linear=linear,
                                         layers=(first, first + n_layers - 1), in_features=in_f,
-                                        out_features=out_f, experts=experts))
+                                        out_features=out_f, experts=experts, keep_fp32=keep_fp32))
+
+    def in_layers(self, layers: Sequence[int], add: Callable[["_Builder"], None]) -> None:
+        """Tensors present only in some layers (a hybrid's attention layers, interleaved MoE
+        layers): ``add`` declares them on a builder, emitted once per contiguous run of
+        ``layers`` so that each tensor's ``layers`` range stays exact."""
+        runs: List[Tuple[int, int]] = []
+        for j in sorted(set(layers)):
+            if runs and runs[-1][1] == j - 1:
+                runs[-1] = (runs[-1][0], j)
+            else:
+                runs.append((j, j))
+        for lo, hi in runs:
+            sub = _Builder(hi + 1)
+            add(sub)
+            for t in sub.tensors:
+                if t.layers is None:
+                    self.tensors.append(t)
+                    continue
+                self.tensors.append(_restrict(t, lo, hi - lo + 1))
 
     def linear(self, prefix: str, out_f: int, in_f: int, role: str, *, bias: bool = False,
                first: int = 0, conv1d: bool = False) -> None:
@@ -161,20 +187,19 @@ class _Builder:
                                             layers=(first, self.L - 1)))
 
     def norm(self, name: str, dim: int, *, bias: bool = False, per_layer: bool = True, role: str = "norm",
-             first: int = 0) -> None:
+             first: int = 0, keep_fp32: bool = False) -> None:
         if per_layer:
-            self.layer(name + ".weight", (dim,), role, first=first)
+            self.layer(name + ".weight", (dim,), role, first=first, keep_fp32=keep_fp32)
             if bias:
-                self.layer(name + ".bias", (dim,), role, first=first)
+                self.layer(name + ".bias", (dim,), role, first=first, keep_fp32=keep_fp32)
         else:
-            self.top(name + ".weight", (dim,), role, name.split(".")[-1])
-            if bias:
-                self.top(name + ".bias", (dim,), role, name.split(".")[-1])
+            for part in ("weight", "bias") if bias else ("weight",):
+                self.tensors.append(ParamTensor(f"{name}.{part}", (dim,), role, name.split(".")[-1],
+                                                keep_fp32=keep_fp32))
 
 
 def _restrict(t: ParamTensor, first: int, n: int) -> ParamTensor:
     """A per-layer tensor limited to n layers starting at ``first``."""
-    return ParamTensor(t.name, t.shape, t.role, t.module, repeat=n, linear=t.linear, layers=(first, first + n - 1),
-                       in_features=t.in_features, out_features=t.out_features, experts=t.experts)
+    return replace(t, repeat=n, layers=(first, first + n - 1))
 
 

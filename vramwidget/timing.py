@@ -269,11 +269,15 @@ class StepTime:
     peak_flops_per_second: float         # the compute dtype's dense peak
     recompute_seconds: float = 0.0       # included in backward
     communication_seconds: float = 0.0   # exposed (not overlapped) communication, multi-GPU
+    pipeline_bubble_seconds: float = 0.0
+    communication: Optional[Dict[str, Any]] = None
+    notes: List[str] = field(default_factory=list)
 
     @property
     def step_seconds(self) -> float:
         micro = self.forward.seconds + self.backward.seconds
-        return micro * self.grad_accum_steps + self.optimizer_step.seconds + self.communication_seconds
+        return (micro * self.grad_accum_steps + self.optimizer_step.seconds + self.communication_seconds
+                + self.pipeline_bubble_seconds)
 
     @property
     def tokens_per_second(self) -> float:
@@ -305,19 +309,27 @@ class StepTime:
             kinds["waiting for the host"] = host_wait
         if self.communication_seconds:
             kinds["communication"] = self.communication_seconds
+        if self.pipeline_bubble_seconds:
+            kinds["pipeline bubble"] = self.pipeline_bubble_seconds
         total = self.step_seconds or 1.0
         dominant = max(kinds, key=kinds.get)
         return {
             "gpu": self.gpu_name,
             "step_seconds": self.step_seconds,
-            "phases_seconds": {n: p.seconds * (k if n != "optimizer_step" else 1) for n, p in phases.items()},
+            "phases_seconds": {**{n: p.seconds * (k if n != "optimizer_step" else 1) for n, p in phases.items()},
+                               **({"communication": self.communication_seconds} if self.communication_seconds else {}),
+                               **({"pipeline bubble": self.pipeline_bubble_seconds}
+                                  if self.pipeline_bubble_seconds else {})},
             "phases": {n: p.to_dict() for n, p in phases.items()},
             "kinds_seconds": kinds,
             "recompute_seconds": self.recompute_seconds * k,
             "communication_seconds": self.communication_seconds,
+            "pipeline_bubble_seconds": self.pipeline_bubble_seconds,
+            "communication": self.communication,
             "dominant": dominant,
             "dominant_share": kinds[dominant] / total,
             "grad_accum_steps": k,
+            "notes": list(self.notes),
             "summary": f"{dominant} {kinds[dominant] / total:.0%} of the step; "
                        + ", ".join(f"{n.replace('_', ' ')} {p.seconds * (k if n != 'optimizer_step' else 1) * 1e3:.1f} ms"
                                    f" ({p.bound}-bound)" for n, p in phases.items()),
@@ -340,7 +352,10 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
 
     ``P``: the estimate's per-tensor storage decisions, ``A``: its traced activations
     (``fwd_written_bytes_per_layer``, ``fwd_ops_per_layer``: every tensor the block's
-    forward creates, one kernel each), ``logits``: the output head's logits and loss tensors.
+    forward creates, one kernel each), ``logits``: the output head's logits and loss tensors
+    (for the soft-capping pass).  Not modelled in time: ``torch.compile``'s fusion of the
+    blocks' elementwise kernels, activation offloading's PCIe copies (torchtune overlaps them),
+    packing's shorter attention spans.
     """
     T = s.tokens
     L = arch.num_layers
@@ -407,7 +422,13 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
     # q, k, v come in the residual stream's dtype: fp32 after prepare_model_for_kbit_training
     # (Linear4bit returns its input's dtype), the compute dtype otherwise
     ad = "float32" if (s.quantized and s.prepare_kbit) else c
-    if A.backend in ("flash", "efficient", "recompute"):
+    # selective checkpointing wraps the core in a checkpoint: the kernel is the one the
+    # attention implementation picks (eager stays eager), run again in backward
+    kernel = A.backend
+    if kernel == "recompute":
+        kernel = "eager" if s.attn_implementation == "eager" else "flash"
+    eager_scores = Work()
+    if kernel in ("flash", "efficient"):
         fwd_blocks.add_flops(ad, core, attention=True)
         bwd_extra.add_flops(ad, FLASH_BACKWARD_FLOPS_RATIO * core, attention=True)
     else:
@@ -421,6 +442,11 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
         fwd_blocks.kernels += 3 * L
         fwd_blocks.model_ops += 3 * L
         bwd_extra.kernels += 6 * L
+        if A.backend == "recompute":
+            # the trace saved no probabilities (the core is recomputed): the softmax's fp32
+            # output and its 16-bit copy are written and read in forward and again in recompute
+            eager_scores.add_bytes("attention scores", b * arch.num_heads * sq * sq * L * (4 + DTYPE_BYTES[ad]) * 2)
+            fwd_blocks.add_bytes("attention scores", eager_scores.memory_bytes)
     # the blocks' other kernels: every tensor the forward creates is written once and read
     # at least once; backward runs about two kernels and twice the traffic per forward op
     n_layers = A.n_saving_layers
@@ -442,13 +468,24 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
     head.add_bytes("norms, activations, residuals, casts", 2 * A.head_fwd_written_bytes)
     head.kernels += A.head_fwd_ops + 1     # + the embedding lookup
     head.model_ops += A.head_fwd_ops + 1
-    logit_bytes = sum(logits.values())
-    # forward: each T x V tensor written once, read once (log_softmax reads its input twice)
-    head.add_bytes("logits and loss", 2 * logit_bytes + T * V * 4)
-    head.kernels += 6
-    head.model_ops += 6
-    # backward: nll_loss and log_softmax gradients (two fp32 T x V), the cast back
-    bwd_extra.add_bytes("logits and loss", T * V * (4 * 2 + 4 * 3 + DTYPE_BYTES[head_dtype] * 2))
+    cb = DTYPE_BYTES[head_dtype]
+    softcap = logits.get("soft-capped logits tanh", 0.0)
+    if s.compile or s.loss == "liger":
+        # one fused kernel per chunk (Liger's fused linear cross-entropy, a compiled loss): the
+        # logits are written, read for the softmax and overwritten by their gradient in place
+        head.add_bytes("logits and loss", T * V * cb * 3 + 2 * softcap)
+        bwd_extra.add_bytes("logits and loss", T * V * cb)
+        head.kernels += 3
+        head.model_ops += 3
+    else:
+        # standard or chunked (the same work, chunk by chunk): logits, their fp32 upcast and
+        # log_softmax's output each written once and read once (log_softmax reads its input twice)
+        live = T * V * (cb + (4 if cb != 4 else 0) + 4)
+        head.add_bytes("logits and loss", 2 * live + T * V * 4 + 2 * softcap)
+        # backward: nll_loss and log_softmax gradients (two fp32 T x V), the cast back
+        bwd_extra.add_bytes("logits and loss", T * V * (4 * 2 + 4 * 3 + cb * 2))
+        head.kernels += 6
+        head.model_ops += 6
     bwd_extra.add_bytes("norms, activations, residuals, casts", 2 * 2 * A.head_fwd_written_bytes)
     bwd_extra.kernels += 6 + 2 * A.head_fwd_ops
     bwd_extra.model_ops += 6 + A.head_fwd_ops
@@ -461,9 +498,16 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
         recompute.ops += hooks
     if s.gradient_checkpointing == "selective":
         recompute = Work()
-        recompute.add_flops(c, core, attention=True)
-        recompute.kernels += 4 * L
-        recompute.model_ops += 4 * L
+        if kernel == "eager":
+            recompute.add_flops(ad, 2 * core)
+            recompute.add_bytes("attention scores", b * arch.num_heads * sq * sq * L * DTYPE_BYTES[ad] * 6
+                                + eager_scores.memory_bytes)
+            recompute.kernels += 6 * L
+            recompute.model_ops += 6 * L
+        else:
+            recompute.add_flops(ad, core, attention=True)
+            recompute.kernels += 4 * L
+            recompute.model_ops += 4 * L
     opt = optimizer_work(s, P.trainable_tensors, state_dtypes)
     return fwd, bwd_extra, recompute, opt
 
@@ -476,7 +520,145 @@ def step_time(gpu: Any, s: Any, works: Tuple[Work, Work, Work, Work], communicat
     b = phase_time(bwd.plus(rec), gpu, s.tf32)
     o = phase_time(opt, gpu, s.tf32)
     model_flops = fwd.flops + bwd.flops
-    return StepTime(gpu_name=gpu.name, forward=f, backward=b, optimizer_step=o, grad_accum_steps=s.grad_accum_steps,
+    notes = [f"{what} is not modelled in the step time" for flag, what in (
+        (s.compile, "torch.compile's kernel fusion"), (s.activation_offloading, "activation offloading's PCIe copies"),
+        (s.packing, "packing's shorter attention spans")) if flag]
+    return StepTime(notes=notes, gpu_name=gpu.name, forward=f, backward=b, optimizer_step=o, grad_accum_steps=s.grad_accum_steps,
                     tokens_per_step=s.tokens * s.grad_accum_steps, model_flops_per_step=model_flops * s.grad_accum_steps,
                     peak_flops_per_second=_peak(gpu, s.compute_dtype, s.tf32), recompute_seconds=r.seconds,
                     communication_seconds=communication_seconds)
+
+
+# ----------------------------------------------------------------------------------
+# Several GPUs: communication (estimate_parallel)
+# ----------------------------------------------------------------------------------
+
+#: fraction of a link's per-direction peak that NCCL's ring collectives reach (nccl-tests'
+#: "bus bandwidth" on NVLink/InfiniBand is typically 70-85% of the link rate).  Not fitted:
+#: no multi-GPU step was measured here.
+COMM_EFFICIENCY = 0.75
+#: network bandwidth per GPU between nodes, per direction (one 400 Gb/s NIC per GPU, the
+#: usual H100/H200 cluster): an assumption, override with ``inter_node_gb_per_s``
+INTER_NODE_GB_PER_S = 50.0
+#: host memory bandwidth of a node, shared by its GPUs' CPU optimizers (ZeRO-Offload)
+HOST_MEMORY_GB_PER_S = 100.0
+
+
+def _ring(kind: str, nbytes: float, n: int, bw: float) -> float:
+    """Seconds of one ring collective over ``n`` ranks of ``nbytes`` (the full tensor) at
+    ``bw`` bytes/s per direction: all-reduce moves 2 (n-1)/n of it, reduce-scatter and
+    all-gather (n-1)/n (Patarasuk & Yuan 2009; NCCL's busBw)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    f = 2.0 if kind == "all_reduce" else 1.0
+    return f * (n - 1) / n * nbytes / (bw * COMM_EFFICIENCY)
+
+
+def communication(gpu: Any, lay: Dict[str, Any], sizes: Dict[str, float], st: "StepTime",
+                  inter_node_gb_per_s: float = INTER_NODE_GB_PER_S) -> Dict[str, Any]:
+    """Per-step communication of one GPU of a parallel run, and how much of it is exposed.
+
+    ``lay``: the layout (strategy, num_gpus, gpus_per_node, data_parallel, tensor_parallel,
+    pipeline_parallel, context_parallel, expert_parallel, micro_batches, shard, overlap_comm,
+    offload flags); ``sizes``: per-GPU bytes of the stage's gradients (``grad_bytes``), of its
+    parameters as gathered (``param_bytes``), of one layer's T x h activation
+    (``act_bytes``), its layers (``layers``), routed-token bytes per layer (``moe_bytes``),
+    K/V bytes per layer (``kv_bytes``), trainable parameters (``trainable``).
+
+    Volumes (the ZeRO paper, Rajbhandari et al. 2020, sec. 7): DDP, ZeRO-1/2 and Megatron
+    all-reduce (or reduce-scatter + all-gather) the gradients once per step: 2 x Psi;
+    ZeRO-3 and FSDP all-gather the parameters in forward and again in backward and
+    reduce-scatter the gradients: 3 x Psi.  Megatron tensor parallelism all-reduces a
+    T x h activation twice per layer in forward and twice in backward (Shoeybi et al. 2019);
+    expert parallelism sends every routed token to its expert and back (all-to-all); ring
+    attention passes K and V around the context-parallel ranks; the 1F1B pipeline idles
+    (p - 1) micro-batch slots per step (Narayanan et al. 2021).
+
+    Overlap: DDP buckets overlap the all-reduce with the last micro-batch's backward; ZeRO-3
+    (``overlap_comm``, on by default) and FSDP prefetch parameters during forward and
+    backward; DeepSpeed ZeRO-1/2 (``overlap_comm`` off by default), Megatron's gradient
+    reduce, tensor-parallel all-reduces and all-to-alls sit on the critical path.
+    """
+    n_gpus = int(lay["num_gpus"])
+    gpn = int(lay["gpus_per_node"])
+    intra = (gpu.nvlink_gb_per_s or gpu.pcie_gb_per_s or 16.0) * 1e9
+    inter = min(intra, inter_node_gb_per_s * 1e9)
+    tp, pp, cp, ep = (int(lay.get(k, 1)) for k in ("tensor_parallel", "pipeline_parallel", "context_parallel",
+                                                    "expert_parallel"))
+    dp = int(lay.get("data_parallel", 1))
+    shard = int(lay.get("shard", 1))
+    m = int(lay.get("micro_batches", 1))
+    strategy = lay["strategy"]
+    # data-parallel groups span nodes when the model-parallel ranks fill a node first
+    dp_bw = intra if dp * cp * tp <= gpn else inter
+    reps = dp * cp
+    G, W = sizes.get("grad_bytes", 0.0), sizes.get("param_bytes", 0.0)
+    out: Dict[str, float] = {}
+    overlappable = 0.0      # seconds that can hide behind compute
+    exposed = 0.0
+    fwd, bwd = st.forward.seconds, st.backward.seconds
+    if strategy in ("ddp", "zero0", "megatron") and reps > 1:
+        t = _ring("all_reduce", G, reps, dp_bw)
+        out["gradient all-reduce"] = t
+        if strategy == "ddp" or lay.get("overlap_comm"):
+            exposed += max(0.0, t - bwd)
+        else:
+            exposed += t
+    elif strategy in ("zero1", "zero2", "megatron_distopt") and reps > 1:
+        rs = _ring("reduce_scatter", G, reps, dp_bw)
+        ag = _ring("all_gather", W, reps, dp_bw)
+        out["gradient reduce-scatter"] = rs
+        out["parameter all-gather after the step"] = ag
+        exposed += (max(0.0, rs - bwd) if lay.get("overlap_comm") else rs) + ag
+    elif strategy in ("zero3", "fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_hybrid") and reps > 1:
+        n = shard if strategy == "fsdp_hybrid" else reps
+        bw = intra if strategy == "fsdp_hybrid" else dp_bw
+        gathers = 1 if strategy == "fsdp_shard_grad_op" else 2
+        ag = gathers * _ring("all_gather", W, n, bw) * (m if strategy != "fsdp_shard_grad_op" else 1)
+        rs = _ring("reduce_scatter", G, n, bw)
+        out["parameter all-gathers (forward and backward)"] = ag
+        out["gradient reduce-scatter"] = rs
+        overlappable += ag + rs
+        if strategy == "fsdp_hybrid" and reps > n:
+            t = _ring("all_reduce", G / n, reps // n, inter)
+            out["gradient all-reduce across nodes"] = t
+            exposed += t
+    if tp > 1:
+        recompute = 1.5 if st.recompute_seconds else 1.0
+        t = 4 * sizes.get("layers", 0) * _ring("all_reduce", sizes.get("act_bytes", 0.0), tp, intra) * m * recompute
+        out["tensor-parallel all-reduces"] = t
+        exposed += t
+    if ep > 1 and sizes.get("moe_bytes"):
+        # dispatch and combine in forward, their gradients in backward; (e-1)/e of the tokens leave the GPU
+        bw = intra if ep * tp <= gpn else inter
+        t = 4 * sizes.get("moe_layers", 0) * sizes["moe_bytes"] * (ep - 1) / ep / (bw * COMM_EFFICIENCY) * m
+        out["expert all-to-all"] = t
+        exposed += t
+    if cp > 1:
+        bw = intra if cp * tp <= gpn else inter
+        t = 3 * sizes.get("layers", 0) * sizes.get("kv_bytes", 0.0) * (cp - 1) / (bw * COMM_EFFICIENCY) * m
+        out["ring-attention K/V passes"] = t
+        exposed += max(0.0, t - (st.forward.attention_seconds + st.backward.attention_seconds) * m)
+    if pp > 1:
+        bw = intra if n_gpus <= gpn else inter
+        t = 2 * 2 * sizes.get("act_bytes", 0.0) / (bw * COMM_EFFICIENCY) * m
+        out["pipeline sends"] = t
+        exposed += t
+    if lay.get("offload_optimizer"):
+        pcie = gpu.pcie_gb_per_s * 1e9 * COMM_EFFICIENCY
+        t = (G / max(shard, 1) + W / max(shard, 1)) / pcie
+        host = sizes.get("trainable", 0.0) / max(shard, 1) * 28 * min(gpn, n_gpus) / (HOST_MEMORY_GB_PER_S * 1e9)
+        out["offload: gradients down, parameters up (PCIe)"] = t
+        out["offload: optimizer step on the CPU"] = host
+        exposed += t + host
+    if lay.get("offload_params"):
+        pcie = gpu.pcie_gb_per_s * 1e9 * COMM_EFFICIENCY
+        t = 2 * W / max(shard, 1) / pcie * m
+        out["offload: parameters fetched from the host (PCIe)"] = t
+        exposed += t
+    compute = (fwd + bwd) * m
+    exposed += max(0.0, overlappable - compute)
+    bubble = (pp - 1) * (fwd + bwd) if pp > 1 else 0.0
+    return {"collectives_seconds": out, "total_seconds": sum(out.values()), "exposed_seconds": exposed,
+            "pipeline_bubble_seconds": bubble, "intra_node_gb_per_s": intra / 1e9,
+            "inter_node_gb_per_s": inter / 1e9}

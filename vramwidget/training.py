@@ -7,11 +7,11 @@ and of the widget's traits.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import VramError
+from .inputs import MAX_TEXT_CHARS, Field, check_choice, check_int, check_keywords, check_number, fail, shown
 
 #: choice fields: value -> label shown in the widget and CLI help
 CHOICES: Dict[str, List[Tuple[str, str]]] = {
@@ -59,6 +59,11 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
         ("sdpa", "SDPA (PyTorch scaled_dot_product_attention)"),
         ("flash_attention_2", "FlashAttention 2"),
         ("eager", "Eager (scores materialised)"),
+    ],
+    "backend": [
+        ("auto", "Analytic where the family is modelled, else traced"),
+        ("analytic", "Analytic (the modelled families)"),
+        ("trace", "Traced: one step of the transformers model on fake tensors (extra [trace])"),
     ],
     "loss": [
         ("standard", "Cross-entropy on the full logits (HF, torchtune default)"),
@@ -125,6 +130,12 @@ class TrainingSetup:
     #: (``torch.backends.cuda.matmul.allow_tf32 = False``): fp32 matmuls run on the CUDA
     #: cores at the plain fp32 rate.  Changes the step time only, never the memory.
     tf32: bool = False
+    #: images per training sample (vision-language models): the vision tower encodes them all
+    images_per_sample: int = 0
+    #: patches the vision tower sees per image (0: the model's own fixed count, e.g. Gemma 3's
+    #: 896 x 896 / 14^2 = 4096; needed for dynamic-resolution towers such as Qwen2.5-VL)
+    image_patches: int = 0
+    backend: str = "auto"
 
     # -- derived dtypes ---------------------------------------------------------------
     @property
@@ -190,106 +201,20 @@ class TrainingSetup:
     # -- construction and validation --------------------------------------------------
     @classmethod
     def from_kwargs(cls, **kw: Any) -> "TrainingSetup":
-        allowed = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(kw) - allowed)
-        if unknown:
-            import difflib
-
-            hints = []
-            for u in unknown:
-                m = difflib.get_close_matches(u, sorted(allowed), n=1)
-                hints.append(f"{u!r}" + (f" (did you mean {m[0]!r}?)" if m else ""))
-            raise VramError(f"unknown setup field {', '.join(hints)}; allowed: {', '.join(sorted(allowed))}",
-                            field=unknown[0])
-        v: Dict[str, Any] = {}
+        """A validated setup: each keyword checked by its declaration in :data:`FIELDS`
+        (type, allowed values, range), then the stack's defaults, then the links between fields."""
+        check_keywords("setup field", kw, FIELDS)
+        # None is "not given" (the dataclass default) for every field that says so
+        given: Dict[str, Any] = {name: FIELDS[name].check(x) for name, x in kw.items()
+                                 if not (x is None and FIELDS[name].none == "default")}
         from .stacks import stack_defaults
 
-        stack = _choice("stack", kw["stack"]) if kw.get("stack") is not None else "hf"
+        stack = given.get("stack", "hf")
         # a stack's defaults, where the user did not say otherwise (stacks.py, from each stack's source)
-        kw = {**{k: v for k, v in stack_defaults(stack, kw).items() if kw.get(k) is None}, **kw}
-        v: Dict[str, Any] = {"stack": stack} if stack != "hf" else {}
-        for name in ("method", "precision", "quantization", "optimizer", "attn_implementation", "loss",
-                     "lora_variant"):
-            if name in kw and kw[name] is not None:
-                v[name] = _choice(name, kw[name])
-        if "gradient_checkpointing" in kw and kw["gradient_checkpointing"] is not None:
-            gc = kw["gradient_checkpointing"]
-            if gc is True:
-                gc = "full"
-            elif gc is False:
-                gc = "none"
-            v["gradient_checkpointing"] = _choice("gradient_checkpointing", gc)
-        for name in ("batch_size", "seq_len", "grad_accum_steps"):
-            if name in kw:
-                v[name] = _posint(name, kw[name])
-        if "lora_r" in kw:
-            v["lora_r"] = _posint("lora_r", kw["lora_r"])
-        if "lora_alpha" in kw:
-            v["lora_alpha"] = _posfloat("lora_alpha", kw["lora_alpha"])
-        if "lora_dropout" in kw:
-            p = _float("lora_dropout", kw["lora_dropout"])
-            if not 0.0 <= p < 1.0:
-                raise VramError(f"lora_dropout: must be in [0, 1), got {p!r}", field="lora_dropout")
-            v["lora_dropout"] = p
-        if kw.get("lora_targets") is not None:
-            t = kw["lora_targets"]
-            if isinstance(t, str):
-                t = [x.strip() for x in t.split(",") if x.strip()]
-            t = tuple(str(x) for x in t)
-            if not t:
-                raise VramError("lora_targets: name at least one module, or 'all-linear'", field="lora_targets")
-            v["lora_targets"] = t
-        if kw.get("trainable_layers") is not None:
-            v["trainable_layers"] = _posint("trainable_layers", kw["trainable_layers"])
-        for name in ("loss_chunks", "galore_rank"):
-            if kw.get(name) is not None:
-                v[name] = _posint(name, kw[name])
-        if kw.get("modules_to_save") is not None:
-            m = kw["modules_to_save"]
-            if isinstance(m, str):
-                m = [x.strip() for x in m.split(",") if x.strip()]
-            bad = [x for x in m if x not in SAVE_MODULES]
-            if bad:
-                raise VramError(f"modules_to_save: {bad[0]!r} is not one of {', '.join(SAVE_MODULES)}",
-                                field="modules_to_save")
-            v["modules_to_save"] = tuple(dict.fromkeys(m))
-        if kw.get("versions") is not None:
-            v["versions"] = _versions(kw["versions"])
-        for name in ("double_quant", "prepare_kbit", "activation_offloading", "optimizer_in_backward", "packing",
-                     "compile", "tf32"):
-            if name in kw and kw[name] is not None:
-                if not isinstance(kw[name], bool):
-                    raise VramError(f"{name}: must be true or false, got {kw[name]!r}", field=name)
-                v[name] = kw[name]
-        if kw.get("quantized_groups") is not None:
-            g = kw["quantized_groups"]
-            if isinstance(g, str):
-                g = [x.strip() for x in g.split(",") if x.strip()]
-            bad = [x for x in g if x not in QUANT_GROUPS]
-            if bad:
-                raise VramError(f"quantized_groups: unknown group {', '.join(map(repr, bad))}; allowed: "
-                                f"{', '.join(QUANT_GROUPS)}", field="quantized_groups")
-            if not g:
-                raise VramError("quantized_groups: name at least one group; allowed: " + ", ".join(QUANT_GROUPS),
-                                field="quantized_groups")
-            v["quantized_groups"] = tuple(dict.fromkeys(g))
-        if kw.get("optimizer_state_dtypes") is not None:
-            sd = kw["optimizer_state_dtypes"]
-            if isinstance(sd, str):
-                sd = [x.strip() for x in sd.split(",") if x.strip()]
-            from .units import canonical_dtype
-
-            out = []
-            for x in sd:
-                try:
-                    c = canonical_dtype(x)
-                except KeyError:
-                    c = None
-                if c not in STATE_DTYPES:
-                    raise VramError(f"optimizer_state_dtypes: unknown dtype {x!r}; allowed: "
-                                    f"{', '.join(STATE_DTYPES)}", field="optimizer_state_dtypes")
-                out.append(c)
-            v["optimizer_state_dtypes"] = tuple(out)
+        v: Dict[str, Any] = {**{k: FIELDS[k].check(x) for k, x in stack_defaults(stack, given).items()
+                                if k not in given}, **given}
+        if stack == "hf":
+            v.pop("stack", None)
 
         # -- links between fields --
         method = v.get("method", "full")
@@ -341,7 +266,8 @@ _ALIASES: Dict[str, Dict[Any, str]] = {
     "loss": {"cross_entropy": "standard", "ce": "standard", "chunked_ce": "chunked", "fused_linear": "liger",
              "flce": "liger"},
     "quantization": {"4bit": "nf4", "8bit": "int8", None: "none", "": "none"},
-    "gradient_checkpointing": {"true": "full", "false": "none", "on": "full", "off": "none"},
+    "gradient_checkpointing": {"true": "full", "false": "none", "on": "full", "off": "none", True: "full",
+                               False: "none"},
 }
 
 
@@ -350,7 +276,9 @@ def _parse_version(text: str) -> Tuple[int, ...]:
     import re
 
     parts = []
-    for p in str(text).strip().lstrip("v").split(".")[:3]:
+    if not isinstance(text, str) or len(text) > 64:
+        raise fail("versions", "a release number is text like '0.43.2'", text)
+    for p in text.strip().lstrip("v").split(".")[:3]:
         m = re.match(r"\d+", p)
         if not m:
             break
@@ -358,62 +286,115 @@ def _parse_version(text: str) -> Tuple[int, ...]:
         if m.end() < len(p):
             break
     if not parts:
-        raise VramError(f"versions: {text!r} is not a release number like '0.43.2'", field="versions")
+        raise VramError(f"versions: {shown(text)} is not a release number like '0.43.2'", field="versions")
     return tuple(parts)
 
 
 def _versions(value: Any) -> Tuple[Tuple[str, str], ...]:
+    if isinstance(value, (str, list, tuple, dict)) and len(value) > MAX_TEXT_CHARS:
+        raise fail("versions", "a few PACKAGE=VERSION pairs", value)
     if isinstance(value, str):   # "bitsandbytes=0.41.1,transformers=4.40" (command line)
         pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
         if not all(len(p) == 2 for p in pairs):
-            raise VramError(f"versions: expected PACKAGE=VERSION,..., got {value!r}", field="versions")
+            raise VramError(f"versions: expected PACKAGE=VERSION,..., got {shown(value)}", field="versions")
         value = {k.strip(): v.strip() for k, v in pairs}
     if not isinstance(value, dict):
         if isinstance(value, (list, tuple)) and all(isinstance(x, (list, tuple)) and len(x) == 2 for x in value):
             value = dict(value)
         else:
-            raise VramError(f"versions: must be a mapping like {{'bitsandbytes': '0.41.1'}}, got {value!r}",
+            raise VramError(f"versions: must be a mapping like {{'bitsandbytes': '0.41.1'}}, got {shown(value)}",
                             field="versions")
     out = []
     for k, ver in value.items():
-        name = str(k).strip().lower().replace("_", "-")
+        if not isinstance(k, str) or not isinstance(ver, str):
+            raise fail("versions", "package names and releases are text, like {'bitsandbytes': '0.41.1'}",
+                       {k: ver})
+        name = k.strip().lower().replace("_", "-")
         if name not in VERSIONED_PACKAGES:
-            raise VramError(f"versions: unknown package {k!r}; known: {', '.join(VERSIONED_PACKAGES)}",
+            raise VramError(f"versions: unknown package {shown(k)}; known: {', '.join(VERSIONED_PACKAGES)}",
                             field="versions")
         _parse_version(str(ver))
         out.append((name, str(ver).strip()))
     return tuple(sorted(out))
 
 
+
+
+def _state_dtype(x: str) -> Optional[str]:
+    from .units import canonical_dtype
+
+    try:
+        return canonical_dtype(x)
+    except KeyError:
+        return None
+
+
+def _choice_field(name: str, doc: str = "") -> Field:
+    return Field(name, "choice", default=getattr(TrainingSetup, name), doc=doc,
+                 choices=lambda: [c for c, _ in CHOICES[name]], aliases=_ALIASES.get(name, {}))
+
+
+#: every setup keyword, declared once: kind, default, allowed values or range.  Adding a
+#: keyword is a dataclass field above plus one declaration here (and a CHOICES entry for a
+#: choice); ``from_kwargs`` checks it, the fuzz tests feed it any value.
+FIELDS: Dict[str, Field] = {f.name: f for f in (
+    _choice_field("method"),
+    _choice_field("precision"),
+    _choice_field("quantization"),
+    Field("double_quant", "bool", True, "bitsandbytes double quantization of the 4-bit constants"),
+    Field("quantized_groups", "names", DEFAULT_QUANT_GROUPS, "module groups stored in 4/8 bits",
+          choices=lambda: QUANT_GROUPS),
+    Field("prepare_kbit", "bool", False, "peft's prepare_model_for_kbit_training"),
+    _choice_field("optimizer"),
+    Field("optimizer_state_dtypes", "names", None, "dtype of each optimizer state",
+          choices=lambda: STATE_DTYPES, canon=_state_dtype, none="none"),
+    _choice_field("gradient_checkpointing"),
+    _choice_field("attn_implementation"),
+    Field("batch_size", "int", 1, "micro-batch size", lo=1, none="error"),
+    Field("seq_len", "int", 2048, "tokens per sequence", lo=1, none="error"),
+    Field("grad_accum_steps", "int", 1, "micro-batches per optimizer step", lo=1, none="error"),
+    Field("lora_r", "int", 16, "LoRA rank", lo=1, none="error"),
+    Field("lora_alpha", "number", 32.0, "LoRA alpha", lo=0, lo_open=True, none="error"),
+    Field("lora_dropout", "number", 0.0, "LoRA dropout probability", lo=0, hi=1, hi_open=True, none="error"),
+    Field("lora_targets", "names", None, "modules LoRA adapts (or 'all-linear')", none="none",
+          empty="name at least one module, or 'all-linear'"),
+    Field("trainable_layers", "int", None, "last layers trained by method='freeze'", lo=1, none="none"),
+    _choice_field("loss"),
+    Field("loss_chunks", "int", 8, "chunks of the chunked cross-entropy", lo=1, none="default"),
+    Field("activation_offloading", "bool", False, "saved activations offloaded to the CPU"),
+    Field("optimizer_in_backward", "bool", False, "each parameter stepped as its gradient is ready"),
+    _choice_field("lora_variant"),
+    Field("modules_to_save", "names", (), "modules peft trains in full beside the adapters",
+          choices=lambda: SAVE_MODULES, min_items=0),
+    Field("galore_rank", "int", 128, "GaLore projection rank", lo=1),
+    Field("packing", "bool", False, "sequences packed without padding"),
+    Field("compile", "bool", False, "torch.compile"),
+    Field("versions", "custom", (), "releases of the libraries whose mechanisms changed", parse=_versions),
+    _choice_field("stack"),
+    Field("tf32", "bool", False, "TF32 matmuls for fp32 (torch.backends.cuda.matmul.allow_tf32)"),
+    Field("images_per_sample", "int", 0, "images per sample a vision-language model's vision tower encodes", lo=0),
+    Field("image_patches", "int", 0, "patches per image (0: the vision tower's own fixed count)", lo=0),
+    _choice_field("backend", "analytic (modelled families), trace (a traced step) or auto (analytic where "
+                             "modelled, else traced)"),
+)}
+assert set(FIELDS) == set(_FIELDS), "every TrainingSetup field has one declaration in FIELDS"
+
+
+# helpers kept for callers that check one value the old way
 def _choice(name: str, value: Any) -> str:
-    allowed = [c for c, _ in CHOICES[name]]
-    s = str(value).strip().lower() if isinstance(value, str) else value
-    s = _ALIASES.get(name, {}).get(s, s)
-    if s not in allowed:
-        raise VramError(f"{name}: {value!r} is not one of {', '.join(allowed)}", field=name)
-    return s
+    return check_choice(name, value, [c for c, _ in CHOICES[name]], _ALIASES.get(name, {}))
 
 
 def _posint(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and (math.isnan(value) or math.isinf(value) or value != int(value))):
-        raise VramError(f"{name}: must be a whole number >= 1, got {value!r}", field=name)
-    if value < 1:
-        raise VramError(f"{name}: must be a whole number >= 1, got {value!r}", field=name)
-    return int(value)
+    return check_int(name, value, lo=1)
 
 
 def _float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
-        raise VramError(f"{name}: must be a finite number, got {value!r}", field=name)
-    return float(value)
+    return check_number(name, value)
 
 
 def _posfloat(name: str, value: Any) -> float:
-    x = _float(name, value)
-    if x <= 0:
-        raise VramError(f"{name}: must be > 0, got {value!r}", field=name)
-    return x
+    return check_number(name, value, lo=0, lo_open=True)
 
 
 def setup_from_case(training: Dict[str, Any]) -> TrainingSetup:

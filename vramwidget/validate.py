@@ -70,17 +70,22 @@ def load_cases(path_or_lines: Union[str, Iterable[str]]) -> List[Dict[str, Any]]
     return cases
 
 
-def predict_case(case: Dict[str, Any], *, cold_process: bool = False) -> Dict[str, Any]:
+def predict_case(case: Dict[str, Any], *, cold_process: bool = False, backend: str = "analytic") -> Dict[str, Any]:
     """The estimate of one case in the measured fields' units (MiB).
 
     ``cold_process``: the case ran first in its process, so when its model was built no
     matmul had yet allocated the cuBLAS workspace (the cases of one file run one after
     another in one process, and the workspace, once allocated, stays).
     """
-    arch = from_config(case["model"], name=case.get("name") or case["model"].get("model_type"))
     setup = setup_from_case(case["training"])
     gpu = case_gpu(case)
-    est = estimate_setup(arch, setup, gpu=gpu)
+    if backend == "analytic":
+        arch = from_config(case["model"], name=case.get("name") or case["model"].get("model_type"))
+        est = estimate_setup(arch, setup, gpu=gpu)
+    else:
+        from .estimate import estimate
+
+        est = estimate(case["model"], gpu=gpu, **{**setup.to_dict(), "backend": backend})
     ph = est.phases_bytes
     weights = ph["after_load"] - (CUBLAS_WORKSPACE_BYTES if cold_process else 0.0)
     return {
@@ -156,8 +161,11 @@ def predict_inference_case(case: Dict[str, Any], *, cold_process: bool = False) 
     }
 
 
-def validate(cases: Union[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
-    """Predict every case and compare; returns per-case rows and summary statistics."""
+def validate(cases: Union[str, List[Dict[str, Any]]], backend: str = "analytic") -> Dict[str, Any]:
+    """Predict every case and compare; returns per-case rows and summary statistics.
+
+    ``backend``: "analytic" (default), "trace" (every training case traced, see
+    ``vramwidget.trace``) or "auto" (traced where no family module models the case)."""
     if isinstance(cases, str):
         cases = load_cases(cases)
     rows = []
@@ -167,7 +175,7 @@ def validate(cases: Union[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
             if inference:
                 pred = predict_inference_case(c, cold_process=(n == 0))
             else:
-                pred = predict_case(c, cold_process=(n == 0))
+                pred = predict_case(c, cold_process=(n == 0), backend=backend)
         except VramError as e:
             rows.append({"id": c["id"], "name": c.get("name"), "error_message": str(e)})
             continue

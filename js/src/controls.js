@@ -20,6 +20,7 @@ const SELECTS = [
   ["strategy", "Strategy", "How data-parallel replicas store parameters, gradients and optimizer states"],
   ["weights", "Weights", "Storage format of the weights for inference"],
   ["kv_cache_dtype", "KV cache", "dtype of the key/value cache (auto: the compute dtype)"],
+  ["engine", "Engine", "generate(), or a serving engine whose start-up memory profile sizes the KV cache"],
 ];
 
 /**
@@ -228,7 +229,7 @@ export function controlsPanel(ctx) {
   ]);
   const fsInference = h("fieldset", { class: "vw-group", "data-mode": "inference" }, [
     h("legend", { text: "Inference" }),
-    selectFields.weights, selectFields.kv_cache_dtype,
+    selectFields.weights, selectFields.kv_cache_dtype, selectFields.engine,
   ]);
   const fsBatch = h("fieldset", { class: "vw-group" }, [
     h("legend", { text: "Batch" }),
@@ -341,6 +342,11 @@ export function controlsPanel(ctx) {
     });
     const home = mode === "inference" ? fsInference : fsTraining;
     if (selectFields.attn_implementation.parentElement !== home) home.append(selectFields.attn_implementation);
+    // one replica's GPUs (tensor parallel x pipeline stages) serve both modes
+    const tpHome = mode === "inference" ? fsInference : fsParallel;
+    for (const f of [numberFields.tensor_parallel, numberFields.pipeline_parallel]) {
+      if (f.parentElement !== tpHome) tpHome.append(f);
+    }
   };
 
   const syncDisabled = () => {

@@ -19,11 +19,26 @@ export function inferenceFacts(s) {
   ]));
   if (inf.serving) {
     const sv = inf.serving;
+    const layout = sv.num_gpus > 1 ? ` on ${sv.num_gpus} GPUs (TP ${sv.tensor_parallel}, PP ${sv.pipeline_parallel})` : "";
     facts.push(h("div", { class: "vw-fact", testid: "serving", "data-pool-bytes": String(inf.kv_pool_bytes) }, [
-      `serving at ${Math.round(100 * sv.gpu_memory_utilization)}% of the GPU: KV pool `,
+      `${sv.engine} ${sv.version}${layout} at ${Math.round(100 * sv.gpu_memory_utilization)}% of each GPU: KV pool `,
       h("strong", { text: fmtBytes(inf.kv_pool_bytes) }),
       ` (${fmtInt(sv.kv_tokens)} tokens), ${fmtInt(sv.max_concurrent_sequences)} sequences of ${fmtInt(sv.context_len)} tokens at once`,
     ]));
+    if (sv.startup_lines && sv.startup_lines.length) {
+      facts.push(h("div", { class: "vw-fact vw-startup", testid: "startup-lines" }, [
+        "the engine prints: ",
+        ...sv.startup_lines.map((/** @type {string} */ line) => h("code", { class: "vw-line", text: line })),
+      ]));
+    }
+    if (sv.largest_max_model_len !== undefined) {
+      facts.push(h("div", { class: "vw-fact", testid: "largest-max-model-len", "data-value": String(sv.largest_max_model_len) }, [
+        "largest max_model_len that starts: ", h("strong", { text: `${fmtInt(sv.largest_max_model_len)} tokens` }),
+      ]));
+    }
+    if (sv.command) {
+      facts.push(h("div", { class: "vw-fact", testid: "serve-command" }, [h("code", { text: sv.command })]));
+    }
   }
   if (inf.longest_context !== null && inf.longest_context !== undefined) {
     const limit = inf.max_position_embeddings;

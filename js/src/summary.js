@@ -10,6 +10,25 @@ import { parallelFacts } from "./parallel.js";
 
 /** @typedef {import("./types.js").Ctx} Ctx */
 
+/**
+ * The step time and a run's cost beside the verdict (timing.py, through the summary's
+ * ``time``): seconds per step, tokens/s, MFU, GPU-hours and dollars for the run.
+ * @param {any} t @returns {HTMLElement | null}
+ */
+function timeFact(t) {
+  if (!t) return null;
+  const secs = t.step_seconds >= 10 ? t.step_seconds.toFixed(0) : t.step_seconds.toPrecision(3);
+  const cost = t.run_dollars === null || t.run_dollars === undefined ? ""
+    : `, $${fmtInt(t.run_dollars)} at $${t.usd_per_gpu_hour}/GPU-hour`;
+  return h("span", {
+    class: "vw-time", testid: "step-time", "data-step-seconds": String(t.step_seconds),
+    title: `what dominates: ${t.dominant} (${Math.round(100 * t.dominant_share)}% of the step)`
+      + (t.price_source ? `; price: ${t.price_source}` : ""),
+    text: `${secs} s per step · ${fmtInt(t.tokens_per_second)} tokens/s · MFU ${Math.round(100 * t.mfu)}% · `
+      + `${fmtCount(t.run_tokens)} tokens: ${t.run_gpu_hours.toFixed(1)} GPU-hours${cost}`,
+  });
+}
+
 /** @param {Ctx} ctx @returns {{ el: HTMLElement, sync: () => void }} */
 export function summaryPanel(ctx) {
   const { model } = ctx;
@@ -26,6 +45,7 @@ export function summaryPanel(ctx) {
       ]),
       h("span", { title: "what nvidia-smi would show: memory PyTorch's caching allocator reserves (allocated + cached blocks) plus the CUDA context",
         text: `device total ${fmtBytes(s.device_total_bytes)} = reserved ${fmtGiB(s.reserved_gib)} + CUDA context ${fmtGiB(s.cuda_context_gib)}` }),
+      ...(inf ? [] : [timeFact(s.time)].filter((x) => x !== null)),
     ]);
     const params = inf ? `${fmtCount(s.params_total)} parameters`
       : `${fmtCount(s.params_total)} parameters, ${fmtCount(s.params_trainable)} trainable`;

@@ -14,6 +14,7 @@
  *   charts.js       the three Vega charts (embedded once, rows swapped in place), the theme
  *   table.js        the component table
  *   formats.js      the number-format panel
+ *   trainingconfig.js  import a training config (YAML/JSON) that fills the controls
  *   chartview.js    vramwidget.ChartView (one Altair chart)
  *   dom.js          h() and the number formatters; types.js the shared JSDoc types
  * This file joins them: it builds the layout and subscribes each panel to its traits.
@@ -27,7 +28,9 @@
  *                        multi-GPU training: num_gpus, strategy, tensor_parallel,
  *                        pipeline_parallel, offload_optimizer, offload_params,
  *                        inference: weights, kv_cache_dtype, context_len,
- *                        gpu_memory_utilization; suggestions: max_gpus
+ *                        gpu_memory_utilization, engine (hf | vllm | sglang); a replica's
+ *                        GPUs are tensor_parallel x pipeline_parallel in both modes;
+ *                        suggestions: max_gpus
  *   outputs (read here): specs {name: vega-lite spec}, rows {name: [row]}, summary, verdict, table,
  *                        disabled {trait: reason}, options {trait: [[value, label]]},
  *                        formats [number format], error, error_field, suggestions [change],
@@ -39,6 +42,9 @@
  *                                   fieldsets whose checkboxes are control-<trait>-<value>,
  *                                   plus control-lora_targets-all ("every linear layer")
  *   config-upload, config-clear     the config.json file picker and its clear button
+ *   training-config, control-training_config, training-config-upload, training-config-apply,
+ *   training-config-report          import a training config: the box, its text, file picker,
+ *                                   apply button and what it set / did not use
  *   error                           the banner (data-shown="false" when there is nothing to say;
  *                                   its space is kept)
  *   verdict, verdict-badge          the verdict bar and its badge (data-state fits | tight |
@@ -49,6 +55,9 @@
  *   parallel, stages                the multi-GPU line and the pipeline-stage table (in summary)
  *   max-batch                       the largest micro-batch that fits the GPU (in summary)
  *   kv-cache, longest-context       inference: KV cache per token and in all; longest context
+ *   serving, startup-lines          a serving engine's KV budget and the lines it prints at start-up;
+ *   largest-max-model-len,          the largest max_model_len that starts, and a copyable
+ *   serve-command                   `vllm serve` / `sglang.launch_server` command
  *   suggestions                     changes that make the setup fit (always there, beside the
  *                                   charts); each row suggestion-<i>, its button
  *                                   suggestion-apply-<i>; suggestion-undo after an apply
@@ -68,6 +77,7 @@ import { formatsPanel } from "./formats.js";
 import { suggestionsPanel } from "./suggestions.js";
 import { summaryPanel } from "./summary.js";
 import { tablePanel } from "./table.js";
+import { trainingConfigPanel } from "./trainingconfig.js";
 import { verdictPanel } from "./verdict.js";
 
 /** @typedef {import("./types.js").Model} Model @typedef {import("./types.js").Ctx} Ctx */
@@ -79,7 +89,7 @@ const INPUT_TRAITS = [
   "lora_alpha", "lora_dropout", "lora_targets", "trainable_layers", "gpu", "mode",
   "num_gpus", "strategy", "tensor_parallel", "pipeline_parallel", "offload_optimizer",
   "offload_params", "weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization",
-  "max_gpus",
+  "engine", "max_gpus",
 ];
 
 let uid = 0;
@@ -116,6 +126,8 @@ export default {
     const charts = chartsPanel(ctx);
     const table = tablePanel(ctx);
     const formats = formatsPanel(ctx);
+    const trainingConfig = trainingConfigPanel(ctx);
+    controls.el.append(trainingConfig.el);
 
     // Layout: the banner and the verdict bar keep their height; the controls, the charts and
     // the side column (fit map, suggestions, facts) sit side by side, so what appears in one
@@ -142,6 +154,7 @@ export default {
     on("change:suggestions_status", suggestions.sync);
     on("change:table", table.sync);
     on("change:formats", formats.sync);
+    on("change:training_config_report", trainingConfig.sync);
     on("change:rows", charts.updateRows);
     on("change:specs", charts.embedAll);
 
@@ -154,6 +167,7 @@ export default {
     suggestions.sync();
     table.sync();
     formats.sync();
+    trainingConfig.sync();
     charts.start();
 
     return () => {

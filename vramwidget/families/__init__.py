@@ -14,6 +14,8 @@ from . import llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe  # noq
 from . import gemma, gemma2, gemma3, phi3  # noqa: E402,F401
 from . import gpt2, gpt_neox, opt, bloom, falcon  # noqa: E402,F401
 from . import olmo, olmo2, olmoe, deepseek, smollm3  # noqa: E402,F401
+# issue 11: this year's families
+from . import gpt_oss  # noqa: E402,F401
 
 __all__ = ["ALIASES", "REGISTRY", "Family", "family_for", "register", "resolve_model_type",
            "supported_model_types"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 from ..errors import VramError
+from ..inputs import shown
 
 #: model_type -> the family instance that models it (registration order is kept)
 REGISTRY: Dict[str, "Family"] = {}
@@ -54,10 +55,38 @@ class Family:
     #: peft's default LoRA targets for the measuring harness (None: q_proj, k_proj, ...)
     default_lora_targets: Optional[Tuple[str, ...]] = None
 
+    #: the family reads a multimodal config's ``text_config`` itself (else the text part is used)
+    reads_text_config: bool = False
+
     # -- parameters -------------------------------------------------------------------
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
         """The Architecture fields (``tensors`` and the shape numbers) for a config."""
         raise NotImplementedError
+
+    def params_for_task(self, cfg: Mapping[str, Any], mt: str, task: str) -> Dict[str, Any]:
+        """``params`` for the model class of ``task`` (one of ``tasks``)."""
+        return self.params(cfg, mt)
+
+    def check_task(self, task: Optional[str]) -> str:
+        """``task`` validated against the family's model classes (None: the default)."""
+        if task is None:
+            return self.task
+        if task not in self.tasks:
+            raise VramError(f"task: {self.model_types[0]} is modelled as {', '.join(self.tasks)}; got {shown(task)}",
+                            field="task")
+        return task
+
+    def notes(self, arch: Any) -> List[str]:
+        """What the estimate assumes about this family (shown on every estimate)."""
+        return []
+
+    def layer_kinds(self, arch: Any) -> Optional[List[Tuple[str, int]]]:
+        """Kinds of blocks and how many of each, when they differ (see Architecture.layer_kinds)."""
+        return arch.layer_kinds
+
+    def tower_tokens(self, arch: Any, tower: str, setup: Any) -> int:
+        """Tokens one side tower processes per sample (a vision tower: images x patches)."""
+        return 0
 
     # -- training trace ---------------------------------------------------------------
     def block(self, tr: Any, ctx: Any, x: Any) -> Any:

@@ -29,6 +29,7 @@ import os
 from typing import Any, Dict, Mapping, Optional, Union
 
 from ..errors import VramError
+from ..inputs import shown
 from ._common import Mapper, TrainingConfig, load_file
 from . import accelerate, axolotl, deepspeed, hf, litgpt, llamafactory, torchtune
 
@@ -54,7 +55,7 @@ def detect(raw: Mapping[str, Any]) -> str:
     scores = {name: mod.detect(raw) for name, mod in READERS.items()}
     best = max(scores, key=lambda k: scores[k])
     if scores[best] <= 0:
-        keys = ", ".join(list(raw)[:6])
+        keys = ", ".join(shown(k) for k in list(raw)[:6])
         raise VramError(f"config: not a training config vramwidget can read (keys: {keys}); formats: "
                         f"{', '.join(FORMATS)}", field="config")
     return best

@@ -27,6 +27,7 @@ import traitlets as t
 
 from .. import charts, gpus
 from ..errors import VramError
+from ..inputs import shown as shown_value
 from ..result import Estimate
 from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
 from ..units import GIB
@@ -38,17 +39,18 @@ from .multigpu import ParallelPanel, strategy_options
 from .state import DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, run_estimate, shown
 from .suggestions import SuggestionsPanel, suggestion_dict
 from .training import YOUR_SETUP, TrainingPanel, _choices
-
-#: the row of common GPUs shown with their verdicts (24, 40, 48, 80 and 141 GB classes)
-COMMON_GPUS: Tuple[str, ...] = ("RTX 4090", "A100 40GB", "L40S", "H100 80GB", "H200")
+from .trainingconfig import TrainingConfigPanel
 from .views import short_label
-from .views import (COMPARISON_HEADER, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
+from .views import (COMPARISON_HEADER, COMPARISON_HEADER_TIME, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
                     add_verdicts, build_specs, table_rows)
 
 _MISSING = object()
 
+#: the row of common GPUs shown with their verdicts (24, 40, 48, 80 and 141 GB classes)
+COMMON_GPUS: Tuple[str, ...] = ("RTX 4090", "A100 40GB", "L40S", "H100 80GB", "H200")
 
-class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel, State):
+
+class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel, TrainingConfigPanel, State):
     """GPU memory of one training step (on one GPU or per GPU of a parallel run) or of
     inference, as a live notebook widget.
 
@@ -85,6 +87,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         self._box_fits: Dict[Tuple, Optional[bool]] = {}
         self._box_notes: Dict[Tuple, str] = {}
         self._notes_now: Dict[str, str] = {}
+        self._box_seconds: Dict[Tuple, Optional[float]] = {}   # scenario step times on a GPU
         self._answers: "OrderedDict[Tuple, Any]" = OrderedDict()   # max batch, longest context
         self._sugg_cache: "OrderedDict[Tuple, List[Any]]" = OrderedDict()
         self._sugg_token = 0
@@ -168,11 +171,27 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         """The current estimate's leaves as a pandas DataFrame."""
         return self.estimate.to_dataframe(phase)
 
+    def __repr__(self) -> str:
+        """A plain-text summary (``print(calc)``, terminals, front ends without widgets): the
+        model and mode, the current error if any, then the shown estimate's summary."""
+        head = f"Calculator({shown_value(self.model)}, mode={shown_value(self.mode)})"
+        if self.error:
+            head += f"\nerror ({self.error_field or 'input'}): {self.error}  [the estimate below is the last valid one]"
+        result = getattr(self, "_result", None)
+        if result is None:
+            return head
+        return head + "\n" + result.summary_text()
+
     def close(self) -> None:
         self._cancel_pending()
         super().close()
 
-    # -- the one observer --------------------------------------------------------------------
+    # -- the observers ----------------------------------------------------------------------
+    @t.observe("training_config")
+    def _training_config_changed(self, change: Dict[str, Any]) -> None:
+        if self._ready and not self._busy:
+            self._on_training_config(change)
+
     @t.observe(*INPUTS)
     def _on_input(self, change: Dict[str, Any]) -> None:
         if not self._ready or self._busy:
@@ -192,6 +211,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         new = change["new"] if change else None
         self._link_training(name, new)
         self._link_parallel(name, new)
+        self._link_inference(name, new)
         if name in ("model", "config_json"):
             self._arch_key = None
         self.disabled = self._disabled()
@@ -275,6 +295,19 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         self._notes_now[name] = self._box_notes.get(key, "")
         return box, self._box_fits[key]
 
+    def _scenario_seconds(self, arch: Any, kind: str, kw: Dict[str, Any], gpu: gpus.GPU) -> Optional[float]:
+        """A comparison scenario's step time on ``gpu`` (timing.py), cached beside its box."""
+        key = self._key(kind, kw) + (gpu.name,)
+        if key in self._box_seconds:
+            return self._box_seconds[key]
+        est = self._cache.get(self._key(kind, kw)) or run_estimate(arch, kind, {k: v for k, v in kw.items()
+                                                                             if k != "model"})
+        secs = est.set_gpu(gpu).step_seconds
+        self._box_seconds[key] = secs
+        if len(self._box_seconds) > 64:
+            self._box_seconds.pop(next(iter(self._box_seconds)))
+        return secs
+
     def _update(self) -> None:
         """Estimate the setup and the scenarios; set every output trait at once.
 
@@ -320,12 +353,13 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         comparison's setups, the output traits, and the suggestions job (None when the
         setup fits, there is no GPU or the mode is inference)."""
         if self.mode not in MODES:
-            raise VramError(f"mode: {self.mode!r} is not one of {', '.join(MODES)}", field="mode")
+            raise VramError(f"mode: {shown_value(self.mode)} is not one of {', '.join(MODES)}", field="mode")
         if self.max_gpus < 1:
             raise VramError(f"max_gpus: must be a whole number >= 1, got {self.max_gpus!r}", field="max_gpus")
         par: Dict[str, Any] = {}
         arch = self._resolve_model()
-        gpu = self._gpu_or_none()
+        # an unknown GPU name is an error the widget shows, not "no GPU"
+        gpu = gpus.get_gpu(self.gpu) if self.gpu.strip() else None
         if self.mode == "inference":
             kind, kw = "infer", self.inference_setup()
             setups = [(name, dict(kw, **change)) for name, change in INFERENCE_SCENARIOS]
@@ -339,9 +373,14 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         scenarios: List[Tuple[str, UnitBox]] = []
         own_fits: Dict[str, Optional[bool]] = {}
         skipped: List[str] = []
+        times: Dict[str, float] = {}
         for name, k, s in scenario_kw:
             try:
                 box, own = self._scenario_box(arch, name, k, s)
+                if gpu is not None and k != "infer":
+                    secs = self._scenario_seconds(arch, k, s, gpu)
+                    if secs is not None:
+                        times[name] = secs
             except VramError as e:  # a scenario the model cannot do: leave it out, say why
                 skipped.append(f"{name}: {e}")
                 continue
@@ -351,9 +390,9 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         cap_label = f"{gpu.name} ({gpu.usable_gib:.1f} GiB)" if gpu else ""
         comparison = comparison_rows(
             scenarios, *COMPARISON_SIZE, capacity_bytes=cap, capacity_label=cap_label,
-            header=COMPARISON_HEADER_VERDICT if gpu else COMPARISON_HEADER)
+            header=(COMPARISON_HEADER_TIME if times else COMPARISON_HEADER_VERDICT) if gpu else COMPARISON_HEADER)
         if gpu is not None:
-            add_verdicts(comparison, gpu, own_fits, dict(self._notes_now))
+            add_verdicts(comparison, gpu, own_fits, dict(self._notes_now), times)
         if self.mode == "inference":
             phases = inference_phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
             summary = self._summary_inference(result, arch, gpu, kw, skipped)
@@ -447,6 +486,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
             "parallel": None,
             "max_batch_size": None,
             "inference": None,
+            "time": None,
         }
 
     def _answer(self, key: Tuple, fn) -> Any:

@@ -36,14 +36,19 @@ def _short(text: str) -> str:
     return text.split(":")[0].split(";")[0].strip()
 
 
+#: the engine drop-down
+ENGINE_LABELS = (("hf", "generate() (transformers)"), ("vllm", "vLLM server"), ("sglang", "SGLang server"))
+
+
 def inference_options() -> Dict[str, Any]:
-    """The weights and KV-cache drop-downs' [value, label] pairs."""
+    """The weights, KV-cache and engine drop-downs' [value, label] pairs."""
     from ..inference import KV_CACHE_DTYPES, WEIGHT_FORMATS
 
     return {
         "weights": [[k, f"{k}: {_short(v)}"] for k, v in WEIGHT_FORMATS.items()],
         "kv_cache_dtype": [["auto", "auto (the compute dtype)"]] + [
             [k, _KV_LABELS.get(k, k)] for k in KV_CACHE_DTYPES],
+        "engine": [list(x) for x in ENGINE_LABELS],
     }
 
 
@@ -56,10 +61,43 @@ class InferencePanel:
         kw = {k: getattr(self, k) for k in INFERENCE_KEYWORDS}
         if kw["gpu_memory_utilization"] is None:
             del kw["gpu_memory_utilization"]
+        if kw["engine"] == "sglang":
+            kw.pop("gpu_memory_utilization", None)      # SGLang's budget is mem_fraction_static
+        if kw["engine"] == "hf":
+            del kw["engine"]                            # the default: generate()
+        # the GPUs of one replica: tensor_parallel x pipeline_parallel (the traits training uses too)
+        for name in ("tensor_parallel", "pipeline_parallel"):
+            if getattr(self, name) != 1:
+                kw[name] = getattr(self, name)
         gpu = self._gpu_or_none()
         if gpu is not None:
             kw["gpu"] = gpu.name
         return kw
+
+    def _link_inference(self, name: Optional[str], new: Any) -> None:
+        """A serving budget means a serving engine; generate() has none."""
+        if name == "gpu_memory_utilization" and new is not None and self.engine == "hf":
+            self.engine = "vllm"
+        elif name == "gpu_memory_utilization" and new is None and self.engine == "vllm":
+            self.engine = "hf"                          # a blank budget is generate()
+        elif name == "engine" and new == "hf":
+            self.gpu_memory_utilization = None
+        elif name == "engine" and new == "vllm" and self.gpu_memory_utilization is None:
+            self.gpu_memory_utilization = 0.9
+
+    def _serving_extras(self, arch: Any, kw: Dict[str, Any]) -> Dict[str, Any]:
+        """The largest max_model_len that starts and a copyable command (cached per setup)."""
+        from ..engines import largest_max_model_len, plan
+        from ..inference import InferenceSetup
+
+        def work() -> Dict[str, Any]:
+            s = InferenceSetup.from_kwargs(**kw)
+            gpu = gpus.get_gpu(s.gpu)
+            p = plan(arch, s, gpu)
+            return {"largest_max_model_len": largest_max_model_len(arch, s, gpu),
+                    "command": p.command(arch.hub_id or arch.name)}
+
+        return self._answer(("serve", self._key("infer", kw)), work)
 
     def _summary_inference(self, est: Any, arch: Any, gpu: Optional[gpus.GPU], kw: Dict[str, Any],
                            skipped: List[str]) -> Dict[str, Any]:
@@ -103,6 +141,8 @@ class InferencePanel:
             "max_position_embeddings": getattr(arch, "max_position_embeddings", None),
             "serving": dict(serving) if serving else None,
         }
+        if serving:
+            inf["serving"].update(self._serving_extras(arch, kw))
         out["inference"] = inf
         text = (f"peak {fmt_gib(est.peak_allocated_bytes)} allocated at {out['peak_phase_label']}; "
                 f"device total {fmt_gib(est.device_total_bytes)}; KV cache "

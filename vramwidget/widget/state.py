@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 import anywidget
 import traitlets as t
 
+from ..inputs import guard_traits
 from ..result import Estimate
 
 _STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
@@ -44,17 +45,21 @@ WIDGET_INPUTS: Tuple[str, ...] = ("max_gpus",)
 #: the keyword arguments of estimate_inference() the widget exposes (gpu too)
 INFERENCE_KEYWORDS: Tuple[str, ...] = (
     "weights", "kv_cache_dtype", "batch_size", "context_len", "attn_implementation",
-    "gpu_memory_utilization",
+    "gpu_memory_utilization", "engine",
 )
 #: input traits used only in inference mode
-INFERENCE_INPUTS: Tuple[str, ...] = ("weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization")
+INFERENCE_INPUTS: Tuple[str, ...] = ("weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization",
+                                     "engine")
+#: input traits both modes use: the GPUs of one model replica are tensor_parallel x pipeline_parallel
+#: (training adds num_gpus and a data-parallel strategy)
+SHARED_PARALLEL: Tuple[str, ...] = ("tensor_parallel", "pipeline_parallel")
 #: every input trait (what ``Calculator(...)`` accepts as keyword arguments)
 INPUTS: Tuple[str, ...] = (ESTIMATE_INPUTS + ("config_json", "gpu", "mode") + PARALLEL_INPUTS
                            + INFERENCE_INPUTS + WIDGET_INPUTS)
 #: input traits used only in training mode
 TRAINING_ONLY: Tuple[str, ...] = tuple(
     k for k in ESTIMATE_INPUTS + PARALLEL_INPUTS + WIDGET_INPUTS
-    if k not in ("model", "batch_size", "attn_implementation"))
+    if k not in ("model", "batch_size", "attn_implementation") + SHARED_PARALLEL)
 
 
 def _doc(text: str) -> Dict[str, Any]:
@@ -171,6 +176,9 @@ class State(anywidget.AnyWidget):
     gpu_memory_utilization = t.Float(None, allow_none=True, **_doc(
         "Inference: None for generate(); a fraction in (0, 1] (e.g. 0.9) for a vLLM-style server "
         "whose paged KV cache fills that share of the GPU (needs gpu).")).tag(sync=True)
+    engine = t.Unicode("hf", **_doc(
+        "Inference: hf (transformers' generate()) | vllm | sglang: whose start-up memory profile "
+        "and KV cache sizing to reproduce (a serving engine needs gpu).")).tag(sync=True)
 
     max_gpus = t.Int(8, **_doc(
         "The most GPUs a suggestion may use (default 8: one node).")).tag(sync=True)
@@ -192,6 +200,12 @@ class State(anywidget.AnyWidget):
     options = t.Dict(**_doc(
         "Control -> list of [value, label] choices; also presets, gpus and lora_targets.")).tag(sync=True)
     formats = t.List(**_doc("Number formats: bits, range and precision (FP32 ... NF4).")).tag(sync=True)
+    training_config = t.Unicode("", **_doc(
+        "Text of a training config (axolotl/torchtune/LLaMA-Factory/LitGPT YAML, HF/TRL or DeepSpeed "
+        "JSON, accelerate YAML); setting it fills the controls it names.")).tag(sync=True)
+    training_config_report = t.Dict(**_doc(
+        "What the last training config set: format, applied {trait: value}, not_controls, ignored "
+        "[[field, reason]], notes, error.")).tag(sync=True)
     error = t.Unicode("", **_doc(
         "Why the current input cannot be estimated ('' when it can); the charts keep the "
         "last valid estimate.")).tag(sync=True)
@@ -207,3 +221,7 @@ class State(anywidget.AnyWidget):
     #: seconds after the last change before suggestions are worked out; None = at once,
     #: inside the update (scripts and tests that want them synchronously)
     suggestions_delay: Optional[float] = 0.15
+
+
+# every input trait checks its value's type before traitlets does: a VramError naming it
+guard_traits(State, INPUTS)

@@ -44,6 +44,31 @@ _FALLBACK_CHOICES: Dict[str, List[Tuple[str, str]]] = {
                             ("flash_attention_2", "FlashAttention 2")],
 }
 
+#: the run whose time and cost the summary shows
+RUN_TOKENS = 1e9
+
+
+def time_summary(result: Any, gpu: Optional[gpus.GPU]) -> Optional[Dict[str, Any]]:
+    """The step time on ``gpu`` and a run's cost (timing.py), for the summary beside the
+    verdict: None without a GPU.  A parallel run's slowest stage sets the pace."""
+    if gpu is None or not hasattr(result, "set_gpu"):
+        return None
+    result.set_gpu(gpu)
+    one = getattr(result, "slowest", result)
+    if one.step_seconds is None:
+        return None
+    c = one.run_cost(tokens=RUN_TOKENS)
+    b = one.time_breakdown
+    text = (f"{one.step_seconds:.3g} s per step on {gpu.name}, {one.tokens_per_second:,.0f} tokens/s, "
+            f"MFU {one.mfu * 100:.0f}%; {RUN_TOKENS:.0e} tokens: {c['gpu_hours']:,.1f} GPU-hours"
+            + (f", ${c['dollars']:,.0f}" if c["dollars"] is not None else ""))
+    return {"step_seconds": one.step_seconds, "tokens_per_second": one.tokens_per_second, "mfu": one.mfu,
+            "dominant": b["dominant"], "dominant_share": b["dominant_share"],
+            "phases_seconds": b["phases_seconds"], "run_tokens": RUN_TOKENS, "run_hours": c["hours"],
+            "run_gpu_hours": c["gpu_hours"], "run_dollars": c["dollars"], "gpus": c["gpus"],
+            "usd_per_gpu_hour": c["usd_per_gpu_hour"], "price_source": c["price_source"], "text": text}
+
+
 _FOUR_BIT = ("nf4", "fp4")
 _LORA_METHODS = ("lora", "qlora")
 
@@ -182,6 +207,7 @@ class TrainingPanel:
                 out["warnings"].append(
                     f"bitsandbytes quantization on {gpu.vendor} GPUs is less mature than on CUDA")
             out["max_batch_size"] = self._max_batch(arch, gpu, kind, kw)
+        out["time"] = time_summary(result, gpu)
         par = None
         if kind == "par":
             par = parallel_summary(result)
@@ -198,6 +224,8 @@ class TrainingPanel:
             text += f"; {'fits' if fits else 'does not fit'} {gpu.name} ({gpu.usable_gib:.1f} GiB)"
             if out["max_batch_size"] is not None:
                 text += f"; largest micro-batch that fits: {out['max_batch_size']}"
+            if out["time"]:
+                text += f"; {out['time']['text']}"
         out["text"] = text
         return out
 

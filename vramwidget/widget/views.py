@@ -18,6 +18,8 @@ FITMAP_SIZE = (330.0, 170.0)
 #: height of the comparison's caption band: name and total, plus a verdict line with a GPU
 COMPARISON_HEADER = 34.0
 COMPARISON_HEADER_VERDICT = 48.0
+#: ... plus a line with the scenario's step time on that GPU
+COMPARISON_HEADER_TIME = 61.0
 
 
 
@@ -53,12 +55,14 @@ def table_rows(est: Estimate) -> List[Dict[str, Any]]:
 
 
 def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, Optional[bool]],
-                 notes: Optional[Dict[str, str]] = None) -> None:
+                 notes: Optional[Dict[str, str]] = None, seconds: Optional[Dict[str, float]] = None) -> None:
     """Give each scenario caption of the comparison a verdict line against ``gpu``:
-    "✓ fits" or "✗ 3.2 GiB over" (device total vs the card's usable memory; a serving
-    budget's own verdict where the estimate has one), and ``fits``/``over_gib`` fields.
-    ``notes`` replace the total for a scenario (a serving budget: its KV tokens and
-    concurrent sequences, which is what differs between weight formats there)."""
+    "✓ fits", "≈ tight" or "✗ 3.2 GiB over" (the verdict's three states: device total vs
+    the card's usable memory, with the estimate's band; a serving budget's own verdict
+    where the estimate has one), and ``state``/``fits``/``over_gib`` fields.  ``notes``
+    replace the total for a scenario (a serving budget: its KV tokens and concurrent
+    sequences, which is what differs between weight formats there); with ``seconds``
+    (scenario -> step time on ``gpu``) a line "0.42 s per step" and a ``step_seconds`` field."""
     notes = notes or {}
     from ..verdict import band_bytes, state_of
 
@@ -85,6 +89,10 @@ def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, 
         r["over_gib"] = 0.0 if fits else over / GIB
         note = notes.get(r["scenario"], "")
         r["text"] = f"{r['label']}\n{note}" if note else f"{r['label']}\n{fmt_gib(total)}\n{verdict}"
+        secs = (seconds or {}).get(r["scenario"])
+        if secs is not None:
+            r["step_seconds"] = secs
+            r["text"] += f"\n{secs:.3g} s per step"
 
 
 
