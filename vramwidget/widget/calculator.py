@@ -31,26 +31,24 @@ from ..inputs import shown as shown_value
 from ..result import Estimate
 from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
 from ..units import GIB
-from ..verdict import describe, uncertainty
-from ..verdict import verdict as verdict_of
 from .formats import number_formats
-from .inference import INFERENCE_SCENARIOS, InferencePanel, inference_options, inference_phase_rows
-from .multigpu import ParallelPanel, strategy_options
+from .inference import INFERENCE_SCENARIOS, InferencePanel, inference_phase_rows
+from .multigpu import ParallelPanel
 from .state import DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, run_estimate, shown
 from .suggestions import SuggestionsPanel, suggestion_dict
-from .training import YOUR_SETUP, TrainingPanel, _choices
+from .options import OptionsPanel
+from .training import YOUR_SETUP, TrainingPanel
 from .trainingconfig import TrainingConfigPanel
-from .views import short_label
+from .verdictpanel import VerdictPanel
 from .views import (COMPARISON_HEADER, COMPARISON_HEADER_TIME, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
                     add_verdicts, build_specs, table_rows)
 
 _MISSING = object()
 
-#: the row of common GPUs shown with their verdicts (24, 40, 48, 80 and 141 GB classes)
-COMMON_GPUS: Tuple[str, ...] = ("RTX 4090", "A100 40GB", "L40S", "H100 80GB", "H200")
 
 
-class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel, TrainingConfigPanel, State):
+class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
+                 TrainingConfigPanel, State):
     """GPU memory of one training step (on one GPU or per GPU of a parallel run) or of
     inference, as a live notebook widget.
 
@@ -412,13 +410,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
             "options": self._options(arch),
         }
         n = int(par.get("num_gpus", 1) or 1) if self.mode == "training" and par else 1
-        v = verdict_of(result, gpu, num_gpus=n) if gpu is not None else {}
-        summary["verdict"] = v
-        summary["verdict_text"] = describe(v)
-        summary["gpu_row"] = [dict(verdict_of(result, g, num_gpus=n), label=g.label)
-                              for g in (gpus.get_gpu(name) for name in COMMON_GPUS)]
-        summary["band"] = dict(uncertainty())
-        summary["defaults"] = list(self._defaults_said)
+        v = self._verdict_summary(summary, result, gpu, n)
         rows[charts.FITMAP] = self._fitmap(arch, gpu, kw) if kind == "train" else []
         traits["verdict"] = v
         job = None
@@ -503,38 +495,3 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         if len(self._answers) > 32:
             self._answers.popitem(last=False)
         return value
-
-    def _options(self, arch: Any) -> Dict[str, Any]:
-        if getattr(self, "_options_key", None) == self._arch_key and self.options:
-            return self.options
-        self._options_key = self._arch_key
-        opts: Dict[str, Any] = {k: [list(x) for x in v] for k, v in _choices().items()}
-
-        opts["mode"] = [["training", "Training (one step)"], ["inference", "Inference (generate / serve)"]]
-        opts["strategy"] = strategy_options()
-        opts.update(inference_options())
-        # [value, short label, long label]: the short one is shown, the long one is its tooltip
-        for name, choices in list(opts.items()):
-            if name in ("presets", "lora_targets"):
-                continue
-            opts[name] = [[c[0], short_label(name, c[0], c[1]), c[1]] for c in choices]
-        opts["presets"] = _preset_options()
-        opts["gpus"] = [[g.name, g.name, g.label] for g in gpus.list_gpus()]
-        try:
-            opts["lora_targets"] = [[m, m] for m in arch.linear_modules()]
-        except Exception:
-            opts["lora_targets"] = []
-        return opts
-
-
-def _preset_options() -> List[List[str]]:
-    try:
-        from .. import presets
-    except ImportError:
-        return []
-    out = []
-    for name in presets.list_presets():
-        p = presets.find(name) or {}
-        label = " · ".join(x for x in (p.get("family"), p.get("params_label")) if x)
-        out.append([name, label])
-    return out
