@@ -13,7 +13,7 @@ const CHARTS = [
   ["phases", "On the GPU through one step (bar: device total; tick: allocated)"],
   ["detail", "Where the memory goes at the peak (area ∝ bytes)"],
   ["comparison", "Scenarios on one scale (twice the memory, twice the area)"],
-  ["fitmap", "Where it fits: sequence × micro-batch (click a cell)"],
+  ["fitmap", "Where it fits (click a cell to use it)"],
 ];
 /** Charts drawn beside the others (the side column), not in the main one. */
 const SIDE = new Set(["fitmap"]);
