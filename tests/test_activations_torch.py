@@ -33,6 +33,11 @@ CASES = [
     ("gpt_neox", "bf16", "full", "eager"), ("falcon", "bf16", "full", "eager"), ("qwen3_moe", "bf16", "full", "sdpa"),
     # issue 11's families
     ("gpt_oss", "bf16", "full", "eager"), ("gpt_oss", "fp32", "full", "eager"), ("gpt_oss", "bf16", "lora", "eager"),
+    ("llama4_text", "bf16", "full", "sdpa"), ("llama4_text", "bf16", "full", "eager"), ("llama4_text", "bf16", "lora", "sdpa"),
+    ("llama4_text:nope_dense", "bf16", "full", "sdpa"), ("llama4_text:nope_dense", "fp32", "full", "eager"),
+    ("glm4_moe", "bf16", "full", "sdpa"), ("glm4_moe", "fp32", "full", "eager"),
+    ("lfm2", "bf16", "full", "sdpa"), ("lfm2", "fp32", "full", "sdpa"), ("lfm2", "bf16", "lora", "sdpa"),
+    ("lfm2:attention", "bf16", "full", "sdpa"), ("lfm2:attention", "bf16", "lora", "eager"),
 ]
 
 

@@ -128,6 +128,14 @@ def test_experts_by_expert_parallel():
     with pytest.raises(VramError) as e:
         check_layout(arch, 1, 1, 3)
     assert e.value.field == "expert_parallel"
+    # vLLM's --enable-expert-parallel on TP 4: whole experts over the 4 ranks (not split by TP),
+    # attention split by TP
+    both = gpu_share(arch, tp=4, ep=4)
+    ex = [t for t in both.tensors if t.experts]
+    full = [t for t in arch.tensors if t.experts]
+    assert sum(t.numel for t in ex) * 4 == sum(t.numel for t in full)
+    q = next(t for t in both.tensors if t.role == "attn_q")
+    assert q.out_features == arch.hidden_size // 4
 
 
 def test_pipeline_stages_follow_vllm_get_pp_indices():

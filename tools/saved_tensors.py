@@ -59,7 +59,31 @@ TINY: Dict[str, Dict[str, Any]] = {
     # issue 11's families
     "gpt_oss": dict(hidden_size=256, intermediate_size=128, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
                     num_local_experts=4, num_experts_per_tok=2, vocab_size=512, sliding_window=8),
+    # "<model_type>:<variant>": one kind of block of a mixed stack (every layer of the tiny model that kind)
+    "llama4_text": dict(hidden_size=256, intermediate_size=128, intermediate_size_mlp=384, num_attention_heads=8,
+                        num_key_value_heads=2, head_dim=32, num_local_experts=4, num_experts_per_tok=1,
+                        vocab_size=512, attention_chunk_size=16),
+    "glm4_moe": dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_attention_heads=8,
+                     num_key_value_heads=2, head_dim=32, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                     first_k_dense_replace=0, vocab_size=512, attention_bias=True, use_qk_norm=True,
+                     partial_rotary_factor=0.5),
+    "lfm2": dict(hidden_size=256, intermediate_size=768, num_attention_heads=8, num_key_value_heads=2, vocab_size=512,
+                 layer_types=["conv"] * 4, block_multiple_of=64),
+    "lfm2:attention": dict(hidden_size=256, intermediate_size=768, num_attention_heads=8, num_key_value_heads=2,
+                           vocab_size=512, layer_types=["full_attention"] * 4, block_multiple_of=64),
+    "llama4_text:nope_dense": dict(hidden_size=256, intermediate_size=128, intermediate_size_mlp=384,
+                                   num_attention_heads=8, num_key_value_heads=2, head_dim=32, num_local_experts=4,
+                                   num_experts_per_tok=1, vocab_size=512, no_rope_layers=[0, 0, 0, 0],
+                                   moe_layers=[]),
 }
+
+
+#: per-layer lists in a config: cut to the tiny model's layer count
+PER_LAYER_LISTS = ("no_rope_layers", "layer_types")
+
+
+def _per_layer(kw: Dict[str, Any], n_layers: int) -> Dict[str, Any]:
+    return {k: (v[:n_layers] if k in PER_LAYER_LISTS and isinstance(v, list) else v) for k, v in kw.items()}
 
 
 def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str = "full",
@@ -77,10 +101,11 @@ def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str 
 
     kw = dict(TINY[model_type])
     kw.update(overrides or {})
+    mt = model_type.split(":")[0]
 
     def run(n_layers: int) -> float:
-        key = "n_layer" if model_type == "gpt2" else "num_hidden_layers"
-        cfg = AutoConfig.for_model(model_type, **{**kw, key: n_layers})
+        key = "n_layer" if mt == "gpt2" else "num_hidden_layers"
+        cfg = AutoConfig.for_model(mt, **{**_per_layer(kw, n_layers), key: n_layers})
         cfg.use_cache = False
         torch.manual_seed(0)
         wd = torch.float32 if precision in ("fp32", "amp_bf16") else torch.bfloat16
@@ -137,8 +162,9 @@ def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: s
 
     kw = dict(TINY[model_type])
     kw.update(overrides or {})
-    cfg = AutoConfig.for_model(model_type, **{**kw, ("n_layer" if model_type == "gpt2" else
-                                                     "num_hidden_layers"): 2}).to_dict()
+    mt = model_type.split(":")[0]
+    cfg = AutoConfig.for_model(mt, **{**_per_layer(kw, 2), ("n_layer" if mt == "gpt2" else "num_hidden_layers"): 2}
+                               ).to_dict()
     arch = from_config(cfg)
     s = TrainingSetup.from_kwargs(method=method, precision=precision, attn_implementation=attn_implementation,
                                   batch_size=batch_size, seq_len=seq_len, lora_r=8, **setup)

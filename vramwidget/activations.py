@@ -356,16 +356,18 @@ def _dim(x: float) -> str:
 # ---------------------------------------------------------------------------------
 
 def gated_mlp(tr: Trace, ctx: BlockContext, x: _T, i: int, *, fused: bool = False, prefix: str = "",
-              group: str = "mlp", trains: Optional[bool] = None, tokens: Optional[float] = None) -> _T:
-    """``down(act(gate(x)) * up(x))``: gate, up, act(gate) and the product are kept."""
+              group: str = "mlp", trains: Optional[bool] = None, tokens: Optional[float] = None,
+              names: Tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> _T:
+    """``down(act(gate(x)) * up(x))``: gate, up, act(gate) and the product are kept.
+    ``names``: the three modules' names (what LoRA targets match)."""
     T = tokens if tokens is not None else ctx.T
     if fused:
         gu = linear(tr, ctx, x, "gate_up_proj", 2 * i, prefix + "gate_up_proj output", group, trains=trains)
         g = gu
         u = gu
     else:
-        g = linear(tr, ctx, x, "gate_proj", i, prefix + "gate_proj output", group, trains=trains, tokens=T)
-        u = linear(tr, ctx, x, "up_proj", i, prefix + "up_proj output", group, trains=trains, tokens=T)
+        g = linear(tr, ctx, x, names[0], i, prefix + "gate_proj output", group, trains=trains, tokens=T)
+        u = linear(tr, ctx, x, names[1], i, prefix + "up_proj output", group, trains=trains, tokens=T)
     rg = g.rg or u.rg
     if rg:
         tr.save(g)
@@ -374,7 +376,7 @@ def gated_mlp(tr: Trace, ctx: BlockContext, x: _T, i: int, *, fused: bool = Fals
     if rg:
         tr.save(act)
     p = tr.new(prefix + "act(gate) * up", T * i, g.dtype, rg, "T x i", group)
-    return linear(tr, ctx, p, "down_proj", ctx.arch.hidden_size, prefix + "down_proj output", group, trains=trains,
+    return linear(tr, ctx, p, names[2], ctx.arch.hidden_size, prefix + "down_proj output", group, trains=trains,
                   tokens=T, in_features=i)
 
 

@@ -555,7 +555,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     (``mx = _elementwise_max``): every size-dependent figure is then an array of the same
     floating-point operations (:func:`vramwidget.fitmap.fit_map`).
     """
-    key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS)
+    key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS) + (arch.family.trace_key(arch, s),)
     prof = _PROFILES.get(key)
     if prof is None or prof.arch is not arch:
         prof = _profile(arch, s, P, cpu)
@@ -828,8 +828,8 @@ def loss_memory(arch: Architecture, s: TrainingSetup, tokens: Any = None
       head runs per chunk, every chunk's 16-bit logits are kept, each chunk is upcast and
       log_softmax'ed alone: the fp32 upcast is T/n x V, but every chunk's log_softmax
       output is still saved (T x V x 4 in all); in backward one chunk's two gradients.
-    * compiled or fused cross-entropy (``compile=True``: torchtune compiles the loss;
-      Unsloth's cross-entropy kernel): the upcast, log_softmax and nll_loss are one kernel
+    * compiled cross-entropy (``compile=True``: torchtune compiles the loss): the upcast,
+      log_softmax and nll_loss are one kernel
       that keeps only its input and a per-row logsumexp (T x 4) and writes the gradient of
       its input in backward (T x V in the input's dtype, per chunk when chunked).
     * ``liger`` (Liger FusedLinearCrossEntropy): no full logits. Rows are processed in
@@ -858,7 +858,7 @@ def loss_memory(arch: Architecture, s: TrainingSetup, tokens: Any = None
         fwd.append(("per-token loss (fp32)", T * 4.0, "T x 4 B"))
         bwd = [x for x in fwd if "gradient" in x[0]]
         return fwd, bwd
-    fused = s.compile or bool(bh.get("fused_loss"))
+    fused = s.compile
     upcast = bool(bh["loss_upcast"])
     in_model = s.loss == "standard" and (bool(bh["logits_fp32_in_model"]) or s.before("transformers", "4.46"))
     d = 4.0 if upcast else c            # the dtype the cross-entropy runs in
@@ -1177,7 +1177,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         """The step's work for the step time (timing.py), computed when first asked for."""
         from .timing import step_work
 
-        return step_work(arch, s, P, A, lg, logits_dtype(arch, s), lambda d: _state_dtypes(s, d))
+        return step_work(arch, s, P, A, lg, logits_dtype(arch, s), lambda d: _state_dtypes(s, d),
+                         offloaded_bytes=offloaded)
 
     est = Estimate(model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total,
                    params_trainable=P.trainable_numel, components=None, phases_bytes=phases,

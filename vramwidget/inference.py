@@ -663,6 +663,8 @@ class KVLayout:
     window: Optional[int]
     kind: str            # "kv heads" or "mla latent" or "mla decompressed"
     formula: str
+    #: a hybrid's other layers: a fixed-size state per sequence (conv / linear attention / SSM)
+    state_bytes_per_seq: float = 0.0
 
     @property
     def layer_bytes_per_token(self) -> float:
@@ -687,7 +689,7 @@ def kv_layout(arch: Architecture, kv_dtype: str = "bfloat16", mla_cache: str = "
     the normalised latent (kv_lora_rank) + the rotary key (qk_rope_head_dim); decompressed:
     a x (d_nope + d_rope) keys + a x d_v values."""
     eb = DTYPE_BYTES[kv_dtype]
-    L = arch.num_layers
+    L = arch.num_layers if arch.kv_cache_layers is None else arch.kv_cache_layers
     sl = arch.sliding_layers if (use_sliding_window and arch.sliding_window) else 0
     window = arch.sliding_window if sl else None
     if arch.mla:
@@ -702,8 +704,11 @@ def kv_layout(arch: Architecture, kv_dtype: str = "bfloat16", mla_cache: str = "
         return KVLayout(k, v, eb, L - sl, sl, window, "mla decompressed",
                         f"a x (d_nope + d_rope) + a x d_v = {k} + {v} elements x {eb:g} B")
     kvd = arch.num_kv_heads * arch.head_dim
+    # the fixed-size states live in the model's dtype (transformers' hybrid caches allocate
+    # them like the keys), whatever the KV cache's own dtype
     return KVLayout(kvd, kvd, eb, L - sl, sl, window, "kv heads",
-                    f"2 x kv {arch.num_kv_heads} x d {arch.head_dim} x {eb:g} B")
+                    f"2 x kv {arch.num_kv_heads} x d {arch.head_dim} x {eb:g} B",
+                    state_bytes_per_seq=arch.state_elems_per_seq * max(eb, 2.0))
 
 
 def kv_cache_bytes(model: Model, tokens: int, *, batch_size: int = 1, kv_cache_dtype: str = "bfloat16",
@@ -719,6 +724,9 @@ def kv_cache_bytes(model: Model, tokens: int, *, batch_size: int = 1, kv_cache_d
 
 def _kv_node(lay: KVLayout, b: int, tokens: int, window_applies: bool) -> Node:
     node = Node("kv cache")
+    if lay.state_bytes_per_seq:
+        node.add(Node("fixed-size state of the conv / linear-attention layers", bytes=b * lay.state_bytes_per_seq,
+                      formula=f"b {b} x {lay.state_bytes_per_seq:g} B per sequence (does not grow with S)"))
     names = ("latent (kv_lora_rank)", "rotary key (qk_rope_head_dim)") if lay.kind == "mla latent" \
         else ("keys", "values")
     for label, n_layers, sliding in (("full-attention layers", lay.full_layers, False),

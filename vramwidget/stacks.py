@@ -21,8 +21,6 @@ A stack is two dictionaries, read from that stack's own source (cited per entry)
                            projection (LitGPT's LoRAQKVLinear) instead of one per q/k/v.
   ``packed_sdpa``          packed sequences run through SDPA/flex attention with a document
                            mask kept per kernel (no b x s x s mask tensor), as varlen flash does.
-  ``fused_loss``           the cross-entropy is one kernel that keeps the logits and a
-                           per-row logsumexp (Unsloth's cross-entropy kernel).
 
 Adding a stack is adding an entry here; nothing else changes.
 """
@@ -50,12 +48,13 @@ STACKS: Dict[str, Dict[str, Any]] = {
     },
     "axolotl": {
         "label": "axolotl",
-        # axolotl builds HF Trainer + PEFT models (src/axolotl/core/builders/causal.py); its
-        # schema's defaults (src/axolotl/utils/schemas/config.py) leave checkpointing, packing
-        # (sample_packing) and Liger off; the loss is transformers' unless `liger_*` is set.
-        "defaults": {},
+        # axolotl builds HF Trainer + PEFT models; its schema's defaults:
+        # src/axolotl/utils/schemas/training.py optimizer="adamw_torch_fused",
+        # src/axolotl/utils/schemas/config.py bf16="auto" (bf16 weights on Ampere and later),
+        # gradient_checkpointing=False, sample_packing=None, no Liger; peft.py lora_dropout=0.0.
+        "defaults": {"optimizer": "adamw_fused", "precision": "bf16"},
         "behaviour": {},
-        "sources": ("axolotl src/axolotl/utils/schemas/config.py",),
+        "sources": ("axolotl src/axolotl/utils/schemas/training.py", "axolotl src/axolotl/utils/schemas/config.py"),
     },
     "torchtune": {
         "label": "torchtune",
@@ -88,15 +87,17 @@ STACKS: Dict[str, Dict[str, Any]] = {
     },
     "unsloth": {
         "label": "Unsloth",
-        # unsloth/models/_utils.py: use_gradient_checkpointing="unsloth" offloads each
-        # checkpointed layer input to the CPU (Unsloth_Offloaded_Gradient_Checkpointer);
-        # unsloth/kernels/cross_entropy_loss.py: fused cross-entropy that keeps the logits and
-        # a per-row logsumexp and writes the gradient in place (modelled as the compiled, fused
-        # loss); LoRA via PEFT.
-        "defaults": {"gradient_checkpointing": "full", "activation_offloading": True, "precision": "bf16"},
-        "behaviour": {"fused_loss": True},
-        "sources": ("unsloth unsloth/models/_utils.py (Unsloth_Offloaded_Gradient_Checkpointer)",
-                    "unsloth unsloth/kernels/cross_entropy_loss.py"),
+        # unsloth/models/llama.py: get_peft_model(..., use_gradient_checkpointing="unsloth"),
+        # unsloth_zoo's Unsloth_Offloaded_Gradient_Checkpointer (imported in
+        # unsloth/models/_utils.py) moves each checkpointed layer input to the CPU; with labels
+        # the causal-LM forward calls unsloth_fused_ce_loss(hidden_states, lm_head_weight, ...)
+        # and returns EMPTY_LOGITS ("Fused CE never materializes logits"): a fused linear
+        # cross-entropy over chunks of rows, modelled by the Liger mechanism.  LoRA via PEFT.
+        "defaults": {"gradient_checkpointing": "full", "activation_offloading": True, "precision": "bf16",
+                     "loss": "liger"},
+        "behaviour": {},
+        "sources": ("unsloth unsloth/models/llama.py (use_gradient_checkpointing='unsloth', unsloth_fused_ce_loss)",
+                    "unsloth unsloth/models/_utils.py (Unsloth_Offloaded_Gradient_Checkpointer)"),
     },
 }
 

@@ -81,6 +81,7 @@ class Work:
     ops: float = 0.0                   # plain tensor ops the host dispatches (optimizer loops, hooks)
     model_ops: float = 0.0             # ops of the model's modules (nn.Module call + autograd recording)
     parts: Dict[str, float] = field(default_factory=dict)   # memory bytes by what moves them
+    pcie_bytes: float = 0.0            # host <-> GPU copies on a side stream (activation offloading)
 
     def add_flops(self, dtype: str, flops: float, attention: bool = False) -> None:
         d = self.attention_flops if attention else self.matmul_flops
@@ -94,7 +95,7 @@ class Work:
         return Work({d: f * k for d, f in self.matmul_flops.items()},
                     {d: f * k for d, f in self.attention_flops.items()},
                     self.memory_bytes * k, self.kernels * k, self.ops * k, self.model_ops * k,
-                    {w: b * k for w, b in self.parts.items()})
+                    {w: b * k for w, b in self.parts.items()}, self.pcie_bytes * k)
 
     def plus(self, other: "Work") -> "Work":
         out = self.scaled(1.0)
@@ -107,6 +108,7 @@ class Work:
         out.kernels += other.kernels
         out.ops += other.ops
         out.model_ops += other.model_ops
+        out.pcie_bytes += other.pcie_bytes
         return out
 
     @property
@@ -126,6 +128,7 @@ class PhaseTime:
     flops: float
     memory_bytes: float
     kernels: float
+    pcie_seconds: float = 0.0     # copies on a side stream, overlapped with the phase's kernels
 
     @property
     def gpu_seconds(self) -> float:
@@ -133,11 +136,14 @@ class PhaseTime:
 
     @property
     def seconds(self) -> float:
-        return max(self.gpu_seconds, self.cpu_seconds)
+        return max(self.gpu_seconds, self.cpu_seconds, self.pcie_seconds)
 
     @property
     def bound(self) -> str:
-        """What limits the phase: compute (matmuls + attention), memory, kernel launches, or the host."""
+        """What limits the phase: compute (matmuls + attention), memory, kernel launches, the
+        host, or PCIe copies."""
+        if self.pcie_seconds > max(self.gpu_seconds, self.cpu_seconds):
+            return "PCIe"
         if self.cpu_seconds > self.gpu_seconds:
             return "host (op dispatch)"
         parts = {"compute": self.matmul_seconds + self.attention_seconds, "memory bandwidth": self.memory_seconds,
@@ -148,8 +154,8 @@ class PhaseTime:
         return {"seconds": self.seconds, "matmul_seconds": self.matmul_seconds,
                 "attention_seconds": self.attention_seconds, "memory_seconds": self.memory_seconds,
                 "kernel_seconds": self.kernel_seconds, "gpu_seconds": self.gpu_seconds,
-                "cpu_dispatch_seconds": self.cpu_seconds, "flops": self.flops, "memory_bytes": self.memory_bytes,
-                "kernels": self.kernels, "bound": self.bound}
+                "cpu_dispatch_seconds": self.cpu_seconds, "pcie_seconds": self.pcie_seconds, "flops": self.flops,
+                "memory_bytes": self.memory_bytes, "kernels": self.kernels, "bound": self.bound}
 
 
 def phase_time(work: Work, gpu: Any, tf32: bool = False) -> PhaseTime:
@@ -163,8 +169,10 @@ def phase_time(work: Work, gpu: Any, tf32: bool = False) -> PhaseTime:
     bw = gpu.memory_bandwidth_bytes_per_second
     slow = work.parts.get("8-bit optimizer update", 0.0)
     mem = (work.memory_bytes - slow) / (bw * BANDWIDTH_EFFICIENCY) + slow / (bw * EIGHT_BIT_OPTIMIZER_BANDWIDTH_EFFICIENCY)
-    return PhaseTime(mm, at, mem, work.kernels * GPU_SECONDS_PER_KERNEL, work.ops * CPU_SECONDS_PER_OP + work.model_ops * CPU_SECONDS_PER_MODEL_OP,
-                     work.flops, work.memory_bytes, work.kernels)
+    pcie = work.pcie_bytes / ((gpu.pcie_gb_per_s or 16.0) * 1e9 * COMM_EFFICIENCY) if work.pcie_bytes else 0.0
+    return PhaseTime(mm, at, mem, work.kernels * GPU_SECONDS_PER_KERNEL,
+                     work.ops * CPU_SECONDS_PER_OP + work.model_ops * CPU_SECONDS_PER_MODEL_OP,
+                     work.flops, work.memory_bytes, work.kernels, pcie)
 
 
 def _peak(gpu: Any, dtype: str, tf32: bool) -> float:
@@ -307,6 +315,10 @@ class StepTime:
                         for n, p in phases.items())
         if host_wait:
             kinds["waiting for the host"] = host_wait
+        pcie_wait = sum((k if n != "optimizer_step" else 1) * max(0.0, p.pcie_seconds - max(p.gpu_seconds, p.cpu_seconds))
+                        for n, p in phases.items())
+        if pcie_wait:
+            kinds["waiting for PCIe (offloaded activations)"] = pcie_wait
         if self.communication_seconds:
             kinds["communication"] = self.communication_seconds
         if self.pipeline_bubble_seconds:
@@ -347,25 +359,25 @@ def _mm_dtype(s: Any, weight_dtype: str) -> str:
 
 
 def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_dtype: str,
-              state_dtypes: Any) -> Tuple[Work, Work, Work, Work]:
+              state_dtypes: Any, offloaded_bytes: float = 0.0) -> Tuple[Work, Work, Work, Work]:
     """(forward, backward, recompute, optimizer) work of one micro-batch step.
 
     ``P``: the estimate's per-tensor storage decisions, ``A``: its traced activations
     (``fwd_written_bytes_per_layer``, ``fwd_ops_per_layer``: every tensor the block's
     forward creates, one kernel each), ``logits``: the output head's logits and loss tensors
-    (for the soft-capping pass).  Not modelled in time: ``torch.compile``'s fusion of the
-    blocks' elementwise kernels, activation offloading's PCIe copies (torchtune overlaps them),
-    packing's shorter attention spans.
+    (for the soft-capping pass), ``offloaded_bytes``: saved activations that activation
+    offloading copies to the host in forward and back in backward (torchtune's
+    ``OffloadActivations`` runs the copies on a side stream: they cost time only where they
+    outlast the phase's kernels).  Not modelled in time: ``torch.compile``'s fusion of the
+    blocks' elementwise kernels, packing's shorter attention spans.
     """
     T = s.tokens
     L = arch.num_layers
     fwd_blocks = Work()
     head = Work()
     bwd_extra = Work()
-    full_bwd = s.method in ("full", "freeze")
     k_active = (arch.experts_per_token / arch.num_experts) if arch.num_experts else 1.0
     head_weight = None
-    n_linear_tensors = 0.0
     for t, dtype, nbytes, trains in P.weights:
         if t.role == "output_head" or (t.role == "embedding" and arch.tie_word_embeddings):
             head_weight = (t, dtype, trains)
@@ -378,7 +390,6 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
         # backward: the input gradient wherever anything below trains; the weight gradient if it trains
         below_trains = s.trains_adapters or trains or s.method == "full"
         bwd_extra.add_flops(md, 2 * T * n * ((1.0 if below_trains else 0.0) + (1.0 if trains else 0.0)))
-        n_linear_tensors += t.repeat
         if dtype in ("nf4", "fp4", "int8"):
             # bitsandbytes dequantises the weight to the compute dtype for every matmul
             # (bitsandbytes/autograd/_functions.py MatMul4Bit: forward, and again for the
@@ -490,6 +501,8 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
     bwd_extra.kernels += 6 + 2 * A.head_fwd_ops
     bwd_extra.model_ops += 6 + A.head_fwd_ops
     fwd = fwd_blocks.plus(head)
+    fwd.pcie_bytes += offloaded_bytes
+    bwd_extra.pcie_bytes += offloaded_bytes
     recompute = fwd_blocks.scaled(1.0) if s.gradient_checkpointing == "full" else Work()
     if s.gradient_checkpointing == "full":
         # torch.utils.checkpoint (non-reentrant): a Python pack hook per saved tensor in the
@@ -521,8 +534,7 @@ def step_time(gpu: Any, s: Any, works: Tuple[Work, Work, Work, Work], communicat
     o = phase_time(opt, gpu, s.tf32)
     model_flops = fwd.flops + bwd.flops
     notes = [f"{what} is not modelled in the step time" for flag, what in (
-        (s.compile, "torch.compile's kernel fusion"), (s.activation_offloading, "activation offloading's PCIe copies"),
-        (s.packing, "packing's shorter attention spans")) if flag]
+        (s.compile, "torch.compile's kernel fusion"), (s.packing, "packing's shorter attention spans")) if flag]
     return StepTime(notes=notes, gpu_name=gpu.name, forward=f, backward=b, optimizer_step=o, grad_accum_steps=s.grad_accum_steps,
                     tokens_per_step=s.tokens * s.grad_accum_steps, model_flops_per_step=model_flops * s.grad_accum_steps,
                     peak_flops_per_second=_peak(gpu, s.compute_dtype, s.tf32), recompute_seconds=r.seconds,

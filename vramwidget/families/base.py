@@ -76,6 +76,11 @@ class Family:
                             field="task")
         return task
 
+    def trace_key(self, arch: Any, setup: Any) -> Any:
+        """What else (beyond the size-free setup) changes the block trace, e.g. whether the
+        sequence is longer than a chunked-attention window (the trace is cached per value)."""
+        return None
+
     def notes(self, arch: Any) -> List[str]:
         """What the estimate assumes about this family (shown on every estimate)."""
         return []

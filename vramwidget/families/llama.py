@@ -61,7 +61,7 @@ class Llama(Family):
         info: Dict[str, Any] = dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=kv, head_dim=d,
                                     vocab_size=V, tie_word_embeddings=tied)
         self.attention_params(b, cfg, P, info)
-        self.qk_norm_params(b, P, info)
+        self.qk_norm_params(b, P, info, cfg)
         self.mlp_params(b, cfg, P, info, i)
         self.norm_params(b, P, h)
         self.final_norm_params(b, h)
@@ -87,13 +87,18 @@ class Llama(Family):
         attention_params(b, P, info["hidden_size"], info["num_heads"], info["num_kv_heads"], info["head_dim"],
                          qkv_bias=bias, o_bias=bias)
 
-    def qk_norm_params(self, b: _Builder, P: str, info: Dict[str, Any]) -> None:
+    def qk_norm_of(self, cfg: Mapping[str, Any]) -> Optional[str]:
+        """This config's q/k norm: None, "head" or "full" (the class's ``qk_norm``)."""
+        return self.qk_norm
+
+    def qk_norm_params(self, b: _Builder, P: str, info: Dict[str, Any], cfg: Mapping[str, Any]) -> None:
         """q_norm / k_norm weights when the family normalises queries and keys."""
         a, kv, d = info["num_heads"], info["num_kv_heads"], info["head_dim"]
-        if self.qk_norm == "head":
+        kind = self.qk_norm_of(cfg)
+        if kind == "head":
             b.norm(P + "self_attn.q_norm", d, role="attn_norm")
             b.norm(P + "self_attn.k_norm", d, role="attn_norm")
-        elif self.qk_norm == "full":
+        elif kind == "full":
             b.norm(P + "self_attn.q_norm", a * d, role="attn_norm")
             b.norm(P + "self_attn.k_norm", kv * d, role="attn_norm")
 
@@ -208,10 +213,11 @@ class Llama(Family):
         arch, T = ctx.arch, ctx.T
         a, kv, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
         q, k, v = self.qkv(tr, ctx, n1)
-        if self.qk_norm == "head":
+        kind = self.qk_norm_of(arch.config)
+        if kind == "head":
             q = self.norm(tr, ctx, q, "q_norm", d, "attention")
             k = self.norm(tr, ctx, k, "k_norm", d, "attention")
-        elif self.qk_norm == "full":
+        elif kind == "full":
             q = self.norm(tr, ctx, q, "q_norm", a * d, "attention")
             k = self.norm(tr, ctx, k, "k_norm", kv * d, "attention")
         qr, kr = rotary(tr, ctx, q, k, T * a * d, T * kv * d)
