@@ -59,8 +59,9 @@ multiple of 64 and split over the TP ranks (``vocab_parallel_embedding.py pad_vo
 rotary ``cos_sin_cache`` (max_position x rotary_dim) is a buffer of every layer's shared rope.
 
 After the KV cache is allocated, CUDA graphs are captured for the decode batch sizes (V1: 1, 2,
-4 and every multiple of 8 up to 512 and max_num_seqs, ``vllm/config.py CompilationConfig``); their
-memory comes on top of the budget (``enforce_eager`` removes it).
+4 and every multiple of 8 up to 512, piecewise around attention, ``vllm/config.py
+CompilationConfig``; V0: full graphs up to max_num_seqs); their memory comes on top of the budget
+(``enforce_eager`` removes it).
 
 SGLang (``engine="sglang"``)
 ============================
@@ -133,13 +134,19 @@ CUSTOM_ALLREDUCE_BYTES = 3 * 8 * MIB
 #: "non_torch_memory" on each TP rank of vLLM 0.8 (vLLM PR #14447, 3090s, "non_torch_memory takes
 #: 0.20GiB"), the non-torch increase over the worker's start snapshot
 NCCL_BYTES = 0.20 * GIB
-#: V1 CUDA-graph capture sizes: 1, 2, 4, then every multiple of 8 up to 512 (vllm/config.py)
+#: V1 CUDA-graph capture sizes: 1, 2, 4, then every multiple of 8 up to 512, capped by
+#: max_num_batched_tokens (vllm/config.py CompilationConfig; a 0.10.1 log lists all 67)
 V1_CAPTURE_SIZES = (1, 2, 4) + tuple(range(8, 513, 8))
-#: V0 CUDA-graph batch sizes: 1, 2, 4 and multiples of 8 up to 256 (vllm/worker/model_runner.py)
+#: V0 CUDA-graph batch sizes: 1, 2, 4 and multiples of 8 up to 256, capped by max_num_seqs
+#: (vllm/worker/model_runner.py _BATCH_SIZES_TO_CAPTURE)
 V0_CAPTURE_SIZES = (1, 2, 4) + tuple(range(8, 257, 8))
-#: per captured graph: its kernel nodes and the graph pool's bookkeeping (vLLM's capture logs
-#: report 0.1-0.6 GiB for 35-67 graphs of 7-8B models; counted as 4 MiB a graph)
+#: V0 captures one full graph per batch size: 4 MiB of kernel nodes and bookkeeping each
+#: (Qwen2.5-1.5B, 35 graphs: "Graph capturing finished in 43 secs, took 0.17 GiB")
 GRAPH_OVERHEAD_BYTES = 4 * MIB
+#: V1 captures piecewise graphs: every capture size splits at each attention op, layers + 1
+#: pieces; 0.225 MiB a piece (Llama-3.1-8B, vLLM 0.10.1: 67 sizes x 33 pieces "took 0.52 GiB",
+#: less its 512-token pool)
+V1_PIECE_OVERHEAD_BYTES = 0.225 * MIB
 
 #: SGLang mem_fraction_static defaults by TP size (python/sglang/srt/server_args.py)
 SGLANG_MEM_FRACTION = ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87), (1, 0.88))
@@ -362,15 +369,24 @@ def profile_head_items(arch: Architecture, T: int, S: int, c: float, V: int, tp:
     return out
 
 
-def cuda_graph_bytes(arch: Architecture, c: float, max_num_seqs: int, runtime: str) -> Tuple[float, int, str]:
+def cuda_graph_bytes(arch: Architecture, c: float, max_num_seqs: int, runtime: str,
+                     max_num_batched_tokens: int = 8192) -> Tuple[float, int, str]:
     """Memory CUDA graphs keep after capture: the graph pool holds the largest captured batch's
     layer working set (the pool is shared by every graph, captured largest first), plus each
-    graph's own bookkeeping.  Returns (bytes, graphs, formula)."""
-    sizes = V1_CAPTURE_SIZES if runtime == "v1" else V0_CAPTURE_SIZES
-    sizes = [s for s in sizes if s <= max(max_num_seqs, 1)] or [1]
+    graph's own nodes -- V0: one full graph per size; V1: piecewise, layers + 1 pieces per size.
+    Returns (bytes, graphs, formula)."""
+    if runtime == "v1":
+        sizes = [s for s in V1_CAPTURE_SIZES if s <= max(max_num_batched_tokens, 1)] or [1]
+    else:
+        sizes = [s for s in V0_CAPTURE_SIZES if s <= max(max_num_seqs, 1)] or [1]
     _, items = profile_layer_items(arch, max(sizes), c)
     pool = sum(x[1] for x in items)
     n = len(sizes)
+    if runtime == "v1":
+        pieces = n * (arch.num_layers + 1)
+        return pool + pieces * V1_PIECE_OVERHEAD_BYTES, n, (
+            f"{n} piecewise graphs (batch 1..{max(sizes)}) x {arch.num_layers + 1} pieces x 0.225 MiB + a pool of "
+            f"one layer at {max(sizes)} tokens")
     return pool + n * GRAPH_OVERHEAD_BYTES, n, (f"{n} graphs (batch 1..{max(sizes)}): pool = one layer at "
                                                f"{max(sizes)} tokens + {n} x 4 MiB")
 
@@ -425,7 +441,9 @@ class ServingPlan:
         """The lines the engine prints at start-up, in its own words."""
         L = self.max_model_len
         if self.engine == "sglang":
-            k = self.kv_tokens * self.kv_bytes_per_token / 2 / 1e9
+            # SGLang prints the K and V buffers' sizes in GiB labelled "GB" (memory_pool.py); vLLM
+            # issue 21348's "#tokens: 367404, K size: 8.23 GB" for 94 layers x 128 x 2 B is 8.23 GiB
+            k = self.kv_tokens * self.kv_bytes_per_token / 2 / GIB
             return [f"KV Cache is allocated. #tokens: {self.kv_tokens}, K size: {k:.2f} GB, V size: {k:.2f} GB"]
         if self.runtime == "v1":
             return [f"Available KV cache memory: {self.kv_budget_bytes / GIB:.2f} GiB",
@@ -536,7 +554,7 @@ def plan(arch: Architecture, s: Any, gpu: Any) -> ServingPlan:
         blocks = int(max(budget, 0) // (blk * lay_bpt)) if lay_bpt else 0
         graphs, ng = (0.0, 0)
         if not s.enforce_eager:
-            graphs, ng, _ = cuda_graph_bytes(share, c, seqs, rel.runtime)
+            graphs, ng, _ = cuda_graph_bytes(share, c, seqs, rel.runtime, T)
         p = ServingPlan(engine="vllm", version=rel.version, runtime=rel.runtime, rule=rel.rule, tensor_parallel=tp,
                         pipeline_parallel=pp, data_parallel=dp, expert_parallel=ep, total_bytes=total,
                         utilization=u, weights_bytes=w, activation_bytes=act, activation_items=act_items,
@@ -578,7 +596,10 @@ def _plan_sglang(arch: Architecture, s: Any, gpu: Any, tp: int, pp: int, dp: int
     tokens = int(max(rest, 0) // bpt) if bpt else 0
     notes.append(f"SGLang: KV pool = free memory after the weights - (1 - mem_fraction_static {m:g}) x free "
                  f"memory at start; activations and CUDA graphs live in that reserve")
-    graphs, ng = (0.0, 0) if s.enforce_eager else cuda_graph_bytes(share, c, s.max_num_seqs, "v1")[:2]
+    # SGLang captures its CUDA graphs inside the (1 - mem_fraction_static) reserve: nothing on top
+    graphs, ng = 0.0, 0
+    if not s.enforce_eager:
+        notes.append("SGLang's CUDA graphs and activations live in the (1 - mem_fraction_static) reserve")
     return ServingPlan(engine="sglang", version=str(s.versions.get("sglang", DEFAULT_SGLANG_VERSION)),
                        runtime="sglang", rule="mem_fraction_static", tensor_parallel=tp, pipeline_parallel=pp,
                        data_parallel=dp, expert_parallel=ep, total_bytes=total, utilization=m, weights_bytes=w,

@@ -376,10 +376,8 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
     fwd_blocks = Work()
     head = Work()
     bwd_extra = Work()
-    full_bwd = s.method in ("full", "freeze")
     k_active = (arch.experts_per_token / arch.num_experts) if arch.num_experts else 1.0
     head_weight = None
-    n_linear_tensors = 0.0
     for t, dtype, nbytes, trains in P.weights:
         if t.role == "output_head" or (t.role == "embedding" and arch.tie_word_embeddings):
             head_weight = (t, dtype, trains)
@@ -392,7 +390,6 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
         # backward: the input gradient wherever anything below trains; the weight gradient if it trains
         below_trains = s.trains_adapters or trains or s.method == "full"
         bwd_extra.add_flops(md, 2 * T * n * ((1.0 if below_trains else 0.0) + (1.0 if trains else 0.0)))
-        n_linear_tensors += t.repeat
         if dtype in ("nf4", "fp4", "int8"):
             # bitsandbytes dequantises the weight to the compute dtype for every matmul
             # (bitsandbytes/autograd/_functions.py MatMul4Bit: forward, and again for the

@@ -21,6 +21,9 @@ const SELECTS = [
   ["weights", "Weights", "Storage format of the weights for inference"],
   ["kv_cache_dtype", "KV cache", "dtype of the key/value cache (auto: the compute dtype)"],
   ["engine", "Engine", "generate(), or a serving engine whose start-up memory profile sizes the KV cache"],
+  ["stack", "Stack", "Training stack: its defaults and where its code keeps other tensors"],
+  ["loss", "Loss", "Cross-entropy: full logits, chunked, or Liger's fused linear cross-entropy"],
+  ["lora_variant", "LoRA variant", "LoRA or DoRA (weight-decomposed)"],
 ];
 
 /** Number inputs: trait, label, kind ("int" | "float" | "int?" | "float?"), min, step, hint. */
@@ -33,6 +36,7 @@ const NUMBERS = [
   ["lora_alpha", "LoRA alpha", "float", 0, "any"],
   ["lora_dropout", "LoRA dropout", "float", 0, 0.05],
   ["trainable_layers", "Trainable last layers", "int?", 1, 1],
+  ["loss_chunks", "Loss chunks", "int", 1, 1, "Chunks of the chunked cross-entropy"],
   ["num_gpus", "GPUs", "int", 1, 1, "GPUs of the run; above 1 needs a data-parallel strategy (DDP is picked)"],
   ["tensor_parallel", "Tensor parallel", "int", 1, 1, "Heads, MLP width and vocabulary split over this many GPUs"],
   ["pipeline_parallel", "Pipeline stages", "int", 1, 1, "Layers split into this many stages (1F1B)"],
@@ -44,7 +48,8 @@ const MODE_OF = {
   seq_len: "training", grad_accum_steps: "training", trainable_layers: "training",
   context_len: "inference", gpu_memory_utilization: "inference",
 };
-const CHECKBOXES = ["double_quant", "prepare_kbit", "offload_optimizer", "offload_params"];
+const CHECKBOXES = ["double_quant", "prepare_kbit", "offload_optimizer", "offload_params",
+  "activation_offloading", "optimizer_in_backward", "packing", "compile"];
 
 /**
  * @param {Ctx} ctx
@@ -239,12 +244,20 @@ export function controlsPanel(ctx) {
     h("legend", { text: "LoRA" }),
     numberFields.lora_r, numberFields.lora_alpha, numberFields.lora_dropout, targetsFs,
   ]);
+  const fsKnobs = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
+    h("legend", { text: "Stack and memory savers" }),
+    selectFields.stack, selectFields.loss, numberFields.loss_chunks, selectFields.lora_variant,
+    checkbox("activation_offloading", "Offload activations", "Saved activations in CPU memory (torchtune)"),
+    checkbox("optimizer_in_backward", "Optimizer in backward", "Step each parameter as its gradient is ready"),
+    checkbox("packing", "Packed sequences", "No padding: varlen attention (FlashAttention 2 on HF)"),
+    checkbox("compile", "torch.compile", "Modelled with full checkpointing: the fused cross-entropy"),
+  ]);
   const fsGpu = h("fieldset", { class: "vw-group" }, [
     h("legend", { text: "GPU" }),
     field("gpu", "Fit on", gpuSel, "Draws the GPU's memory on the charts; with several GPUs, each is this kind"),
     numberFields.gpu_memory_utilization,
   ]);
-  form.append(modeFs, fsModel, fsTraining, fsInference, fsBatch, fsGpu, fsParallel, fsQuant, fsLora);
+  form.append(modeFs, fsModel, fsTraining, fsInference, fsBatch, fsGpu, fsParallel, fsQuant, fsLora, fsKnobs);
 
   // --- model -> DOM ---------------------------------------------------------------
   /**

@@ -23,7 +23,9 @@
  *                        double_quant, quantized_groups, prepare_kbit, optimizer,
  *                        gradient_checkpointing, attn_implementation, batch_size, seq_len,
  *                        grad_accum_steps, lora_r, lora_alpha, lora_dropout, lora_targets,
- *                        trainable_layers, gpu, mode (training | inference),
+ *                        trainable_layers, stack, loss, loss_chunks, lora_variant,
+ *                        activation_offloading, optimizer_in_backward, packing, compile,
+ *                        gpu, mode (training | inference),
  *                        multi-GPU training: num_gpus, strategy, tensor_parallel,
  *                        pipeline_parallel, offload_optimizer, offload_params,
  *                        inference: weights, kv_cache_dtype, context_len,
@@ -80,7 +82,8 @@ const INPUT_TRAITS = [
   "lora_alpha", "lora_dropout", "lora_targets", "trainable_layers", "gpu", "mode",
   "num_gpus", "strategy", "tensor_parallel", "pipeline_parallel", "offload_optimizer",
   "offload_params", "weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization",
-  "engine",
+  "engine", "stack", "loss", "loss_chunks", "lora_variant", "activation_offloading",
+  "optimizer_in_backward", "packing", "compile",
 ];
 
 let uid = 0;

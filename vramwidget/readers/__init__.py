@@ -26,7 +26,7 @@ training stacks themselves: the files are read as data.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 from ..errors import VramError
 from ..inputs import shown

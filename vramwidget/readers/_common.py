@@ -164,6 +164,15 @@ class Mapper:
                 return load_file(cand)
         return None
 
+    def numbers(self, fields: Mapping[str, Tuple[str, Any]], prefix: str = "", source: Any = None) -> None:
+        """Map number fields: ``{field: (keyword, converter)}``, converter :func:`integer` or
+        :func:`number`; fields that are absent or not numbers are left alone.  With
+        ``source`` (a mapping) the fields are read from it instead of the config."""
+        for key, (target, conv) in fields.items():
+            v = conv(source.get(key) if source is not None else self.get(prefix + key))
+            if v is not None:
+                self.set(target, v, prefix + key)
+
     # -- recording --------------------------------------------------------------------
     def set(self, key: str, value: Any, src: str) -> None:
         """Map a field to a setup keyword of estimate()."""
@@ -275,6 +284,11 @@ def integer(value: Any) -> Optional[int]:
     return int(x) if x is not None and x == int(x) else None
 
 
+#: the LoRA numbers as axolotl and LitGPT spell them (peft's r is lora_r there)
+LORA_NUMBERS = {"lora_r": ("lora_r", integer), "lora_alpha": ("lora_alpha", number),
+                "lora_dropout": ("lora_dropout", number)}
+
+
 #: HF Trainer / TRL / axolotl / LLaMA-Factory ``optim`` names -> vramwidget optimizers.
 #: transformers/training_args.py ``OptimizerNames`` lists the names.
 HF_OPTIMIZERS = {
@@ -342,16 +356,18 @@ def load_file(path: str) -> Dict[str, Any]:
             raise VramError(f"config: {shown!r} is not valid JSON ({e.msg} at line {e.lineno})",
                             field="config") from None
     else:
-        try:
-            import yaml
-        except ImportError:  # pragma: no cover - pyyaml is a dependency
-            raise VramError("config: reading YAML needs PyYAML (pip install pyyaml)", field="config") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise VramError(f"config: {shown!r} is not valid YAML ({str(e).splitlines()[0][:60]})",
-                            field="config") from None
+        data = parse_yaml(text, f"config: {shown!r}", "config")
     if not isinstance(data, dict):
         raise VramError(f"config: {shown!r} holds a {type(data).__name__}, not a mapping of settings",
                         field="config")
     return data
+
+
+def parse_yaml(text: str, what: str, field: str) -> Any:
+    """YAML text (JSON is a subset) parsed safely; VramError "``what`` is not valid YAML" otherwise."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise VramError(f"{what} is not valid YAML or JSON ({str(e).splitlines()[0][:60]})", field=field) from None

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ._common import Mapper, integer, lora_targets, number, truthy
+from . import deepspeed
+from ._common import LORA_NUMBERS, Mapper, integer, lora_targets, truthy
 from .hf import apply_optim
 
 _MARKERS = ("base_model", "adapter", "micro_batch_size", "sequence_len", "sample_packing", "lora_target_linear",
@@ -34,15 +35,8 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     base = m.get("base_model")
     if isinstance(base, str) and base:
         m.model(base, "base_model")
-    mb = integer(m.get("micro_batch_size"))
-    if mb is not None:
-        m.set("batch_size", mb, "micro_batch_size")
-    ga = integer(m.get("gradient_accumulation_steps"))
-    if ga is not None:
-        m.set("grad_accum_steps", ga, "gradient_accumulation_steps")
-    sl = integer(m.get("sequence_len"))
-    if sl is not None:
-        m.set("seq_len", sl, "sequence_len")
+    m.numbers({"micro_batch_size": ("batch_size", integer), "gradient_accumulation_steps": ("grad_accum_steps", integer),
+               "sequence_len": ("seq_len", integer)})
     adapter = m.get("adapter")
     if isinstance(adapter, str) and adapter.lower() in ("lora", "qlora"):
         m.set("method", "lora", "adapter")
@@ -58,11 +52,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     if m.cfg.setup.get("method") == "lora":
         if m.cfg.setup.get("quantization", "none") != "none":
             m.set("method", "qlora", "adapter")
-        for key, target, conv in (("lora_r", "lora_r", integer), ("lora_alpha", "lora_alpha", number),
-                                  ("lora_dropout", "lora_dropout", number)):
-            v = conv(m.get(key))
-            if v is not None:
-                m.set(target, v, key)
+        m.numbers(LORA_NUMBERS)
         if truthy(m.get("lora_target_linear", False)):
             m.set("lora_targets", ("all-linear",), "lora_target_linear")
         else:
@@ -123,19 +113,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     m.get("plugins")
     if truthy(m.get("torch_compile", False)):
         m.set("compile", True, "torch_compile")
-    ds = m.get("deepspeed")
-    if isinstance(ds, str) and ds:
-        inner = m.sibling(ds)
-        if inner is None:
-            m.ignore("deepspeed", f"DeepSpeed file {ds!r} not found beside the config: pass it separately")
-        else:
-            from . import deepspeed
-
-            deepspeed.apply(m, f"deepspeed:{ds}:", inner)
-    elif isinstance(ds, Mapping):
-        from . import deepspeed
-
-        deepspeed.apply(m, "deepspeed.")
+    deepspeed.apply_named(m, "deepspeed")
     fsdp = m.get("fsdp")
     if fsdp:
         from .accelerate import _FSDP_STRATEGIES

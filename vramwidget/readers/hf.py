@@ -14,11 +14,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from . import deepspeed
 from ._common import HF_OPTIMIZERS, Mapper, dtype_name, integer, lora_targets, number, truthy
 
 _MARKERS = ("per_device_train_batch_size", "gradient_accumulation_steps", "optim", "output_dir", "logging_steps",
             "save_strategy", "eval_strategy", "evaluation_strategy", "lr_scheduler_type", "report_to")
 _PEFT_KEYS = ("peft_config", "lora_config", "adapter_config")
+#: the Trainer's batch fields (LLaMA-Factory's YAML uses them too)
+HF_BATCH = {"per_device_train_batch_size": ("batch_size", integer),
+            "gradient_accumulation_steps": ("grad_accum_steps", integer)}
 _BNB_KEYS = ("quantization_config", "bnb_config", "bitsandbytes_config")
 
 
@@ -44,12 +48,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     model = m.get("model_name_or_path")
     if isinstance(model, str) and model:
         m.model(model, "model_name_or_path")
-    b = integer(m.get("per_device_train_batch_size"))
-    if b is not None:
-        m.set("batch_size", b, "per_device_train_batch_size")
-    ga = integer(m.get("gradient_accumulation_steps"))
-    if ga is not None:
-        m.set("grad_accum_steps", ga, "gradient_accumulation_steps")
+    m.numbers(HF_BATCH)
     for key in ("max_length", "max_seq_length"):
         sl = integer(m.get(key))
         if sl is not None:
@@ -75,19 +74,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     if truthy(m.get("padding_free", False)):
         m.set("packing", True, "padding_free")
     _apply_fsdp(m)
-    ds = m.get("deepspeed")
-    if isinstance(ds, Mapping):
-        from . import deepspeed
-
-        deepspeed.apply(m, "deepspeed.")
-    elif isinstance(ds, str) and ds:
-        inner = m.sibling(ds)
-        if inner is None:
-            m.ignore("deepspeed", f"DeepSpeed file {ds!r} not found beside the config: pass it separately")
-        else:
-            from . import deepspeed
-
-            deepspeed.apply(m, f"deepspeed:{ds}:", inner)
+    deepspeed.apply_named(m, "deepspeed")
     for key in _PEFT_KEYS:
         if isinstance(raw.get(key), Mapping):
             m.get(key)
@@ -188,11 +175,8 @@ def apply_peft(m: Mapper, peft: Mapping[str, Any], prefix: str) -> None:
     base = peft.get("base_model_name_or_path")
     if isinstance(base, str) and base and m.cfg.model is None:
         m.model(base, prefix + "base_model_name_or_path")
-    for key, target, conv in (("r", "lora_r", integer), ("lora_alpha", "lora_alpha", number),
-                              ("lora_dropout", "lora_dropout", number)):
-        v = conv(peft.get(key))
-        if v is not None:
-            m.set(target, v, prefix + key)
+    m.numbers({"r": ("lora_r", integer), "lora_alpha": ("lora_alpha", number),
+               "lora_dropout": ("lora_dropout", number)}, prefix, source=peft)
     t = lora_targets(peft.get("target_modules"))
     if t:
         m.set("lora_targets", t, prefix + "target_modules")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from ._common import Mapper, integer, number, truthy
+from ._common import LORA_NUMBERS, Mapper, integer, truthy
 
 _PRECISION = {"bf16-true": "bf16", "bf16-mixed": "amp_bf16", "32-true": "fp32", "16-mixed": "amp_fp16",
               "16-true": "fp16", "transformer-engine": "fp8"}
@@ -36,11 +36,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     q = m.get("quantize")
     if lora:
         m.set("method", "lora", "lora_r")
-        for key, target, conv in (("lora_r", "lora_r", integer), ("lora_alpha", "lora_alpha", number),
-                                  ("lora_dropout", "lora_dropout", number)):
-            v = conv(m.get(key))
-            if v is not None:
-                m.set(target, v, key)
+        m.numbers(LORA_NUMBERS)
         # litgpt/lora.py defaults: query and value on, the rest off
         switches = (("lora_query", ["q_proj"], True), ("lora_key", ["k_proj"], False),
                     ("lora_value", ["v_proj"], True), ("lora_projection", ["o_proj"], False),

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from . import deepspeed
 from ._common import Mapper, integer, lora_targets, number, truthy
-from .hf import apply_optim
+from .hf import HF_BATCH, apply_optim
 
 _MARKERS = ("model_name_or_path", "finetuning_type", "lora_target", "cutoff_len", "template", "stage",
             "quantization_bit")
@@ -32,15 +33,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     model = m.get("model_name_or_path")
     if isinstance(model, str) and model:
         m.model(model, "model_name_or_path")
-    b = integer(m.get("per_device_train_batch_size"))
-    if b is not None:
-        m.set("batch_size", b, "per_device_train_batch_size")
-    ga = integer(m.get("gradient_accumulation_steps"))
-    if ga is not None:
-        m.set("grad_accum_steps", ga, "gradient_accumulation_steps")
-    sl = integer(m.get("cutoff_len"))
-    if sl is not None:
-        m.set("seq_len", sl, "cutoff_len")
+    m.numbers({**HF_BATCH, "cutoff_len": ("seq_len", integer)})
     ft = str(m.get("finetuning_type", "lora")).lower()
     qbit = integer(m.get("quantization_bit"))
     qmethod = str(m.get("quantization_method", "bitsandbytes")).lower()
@@ -115,13 +108,6 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
         gr = integer(m.get("galore_rank"))
         if gr is not None:
             m.set("galore_rank", gr, "galore_rank")
-    ds = m.get("deepspeed")
-    if isinstance(ds, str) and ds:
-        inner = m.sibling(ds)
-        if inner is None:
-            m.ignore("deepspeed", f"DeepSpeed file {ds!r} not found beside the config: pass it separately")
-        else:
-            from . import deepspeed
-
-            deepspeed.apply(m, f"deepspeed:{ds}:", inner)
+    if m.get("deepspeed"):
+        deepspeed.apply_named(m, "deepspeed")
         m.note("the number of GPUs is set by the launcher (llamafactory-cli/torchrun): pass num_gpus=")

@@ -88,24 +88,12 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
             targets += ["lm_head"]
         if targets:
             m.set("lora_targets", tuple(targets), "model.lora_attn_modules")
-        r = integer(m.get("model.lora_rank"))
-        if r is not None:
-            m.set("lora_r", r, "model.lora_rank")
-        a = number(m.get("model.lora_alpha"))
-        if a is not None:
-            m.set("lora_alpha", a, "model.lora_alpha")
-        d = number(m.get("model.lora_dropout"))
-        if d is not None:
-            m.set("lora_dropout", d, "model.lora_dropout")
+        m.numbers({"lora_rank": ("lora_r", integer), "lora_alpha": ("lora_alpha", number),
+                   "lora_dropout": ("lora_dropout", number)}, "model.")
         if truthy(m.get("model.use_dora", False)):
             m.set("lora_variant", "dora", "model.use_dora")
     m.get("model.quantize_base")
-    b = integer(m.get("batch_size"))
-    if b is not None:
-        m.set("batch_size", b, "batch_size")
-    ga = integer(m.get("gradient_accumulation_steps"))
-    if ga is not None:
-        m.set("grad_accum_steps", ga, "gradient_accumulation_steps")
+    m.numbers({"batch_size": ("batch_size", integer), "gradient_accumulation_steps": ("grad_accum_steps", integer)})
     sl = integer(m.get("tokenizer.max_seq_len"))
     if sl is not None:
         m.set("seq_len", sl, "tokenizer.max_seq_len")

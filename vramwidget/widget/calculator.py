@@ -27,7 +27,7 @@ import traitlets as t
 
 from .. import charts, gpus
 from ..errors import VramError
-from ..inputs import shown
+from ..inputs import shown as short_repr
 from ..result import Estimate
 from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
 from ..units import GIB
@@ -106,6 +106,13 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
                 self._link({"name": "method", "old": "full", "new": "freeze"})
             if "num_gpus" in kwargs and "strategy" not in kwargs:
                 self._link({"name": "num_gpus", "old": 1, "new": self.num_gpus})
+            if kwargs.get("stack", "hf") != "hf":
+                # the stack's defaults for what the keywords leave open
+                from ..stacks import stack_defaults
+
+                for k, v in stack_defaults(self.stack, {"seq_len": self.seq_len}).items():
+                    if k not in kwargs and hasattr(self, k):
+                        setattr(self, k, list(v) if isinstance(v, tuple) else v)
             self._link(None)
         finally:
             self._busy = False
@@ -161,17 +168,6 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
     def to_dataframe(self, phase: Optional[str] = None):
         """The current estimate's leaves as a pandas DataFrame."""
         return self.estimate.to_dataframe(phase)
-
-    def __repr__(self) -> str:
-        """A plain-text summary (``print(calc)``, terminals, front ends without widgets): the
-        model and mode, the current error if any, then the shown estimate's summary."""
-        head = f"Calculator({shown(self.model)}, mode={shown(self.mode)})"
-        if self.error:
-            head += f"\nerror ({self.error_field or 'input'}): {self.error}  [the estimate below is the last valid one]"
-        result = getattr(self, "_result", None)
-        if result is None:
-            return head
-        return head + "\n" + result.summary_text()
 
     def close(self) -> None:
         self._cancel_pending()
@@ -277,19 +273,6 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
             self._box_fits.pop(old, None)
         return box, self._box_fits[key]
 
-    def _scenario_seconds(self, arch: Any, kind: str, kw: Dict[str, Any], gpu: gpus.GPU) -> Optional[float]:
-        """A comparison scenario's step time on ``gpu`` (timing.py), cached beside its box."""
-        key = self._key(kind, kw) + (gpu.name,)
-        if key in self._box_seconds:
-            return self._box_seconds[key]
-        est = self._cache.get(self._key(kind, kw)) or run_estimate(arch, kind, {k: v for k, v in kw.items()
-                                                                             if k != "model"})
-        secs = est.set_gpu(gpu).step_seconds
-        self._box_seconds[key] = secs
-        if len(self._box_seconds) > 64:
-            self._box_seconds.pop(next(iter(self._box_seconds)))
-        return secs
-
     def _update(self) -> None:
         """Estimate the setup and the scenarios; set every output trait at once.
 
@@ -335,7 +318,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         comparison's setups, the output traits, and the suggestions job (None when the
         setup fits, there is no GPU or the mode is inference)."""
         if self.mode not in MODES:
-            raise VramError(f"mode: {shown(self.mode)} is not one of {', '.join(MODES)}", field="mode")
+            raise VramError(f"mode: {short_repr(self.mode)} is not one of {', '.join(MODES)}", field="mode")
         arch = self._resolve_model()
         # an unknown GPU name is an error the widget shows, not "no GPU"
         gpu = gpus.get_gpu(self.gpu) if self.gpu.strip() else None

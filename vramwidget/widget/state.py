@@ -16,6 +16,7 @@ import anywidget
 import traitlets as t
 
 from ..inputs import guard_traits
+from ..inputs import shown as short_repr
 from ..result import Estimate
 
 _STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
@@ -30,7 +31,8 @@ ESTIMATE_INPUTS: Tuple[str, ...] = (
     "model", "method", "precision", "quantization", "double_quant", "quantized_groups",
     "prepare_kbit", "optimizer", "gradient_checkpointing", "attn_implementation",
     "batch_size", "seq_len", "grad_accum_steps", "lora_r", "lora_alpha", "lora_dropout",
-    "lora_targets", "trainable_layers",
+    "lora_targets", "trainable_layers", "stack", "loss", "loss_chunks", "activation_offloading",
+    "optimizer_in_backward", "lora_variant", "packing", "compile",
 )
 #: the keyword arguments of estimate_parallel() beyond the setup, with their defaults: when
 #: every one is at its default the widget runs the single-GPU estimate
@@ -131,6 +133,21 @@ class State(anywidget.AnyWidget):
         "of the blocks.")).tag(sync=True)
     trainable_layers = t.Int(None, allow_none=True, **_doc(
         "For method='freeze': how many of the last layers train.")).tag(sync=True)
+    stack = t.Unicode("hf", **_doc(
+        "Training stack: hf | axolotl | torchtune | litgpt | unsloth; choosing one applies its "
+        "defaults (vramwidget/stacks.py) and its code paths.")).tag(sync=True)
+    loss = t.Unicode("standard", **_doc(
+        "Cross-entropy: standard | chunked (loss_chunks) | liger (fused linear, no full logits).")).tag(sync=True)
+    loss_chunks = t.Int(8, **_doc("Chunks of the chunked cross-entropy.")).tag(sync=True)
+    activation_offloading = t.Bool(False, **_doc(
+        "Saved activations moved to CPU memory (torchtune OffloadActivations).")).tag(sync=True)
+    optimizer_in_backward = t.Bool(False, **_doc(
+        "Each parameter stepped as its gradient is ready: no full gradient set.")).tag(sync=True)
+    lora_variant = t.Unicode("lora", **_doc("lora | dora (weight-decomposed LoRA).")).tag(sync=True)
+    packing = t.Bool(False, **_doc(
+        "Packed sequences without padding (varlen attention: FlashAttention 2 on HF).")).tag(sync=True)
+    compile = t.Bool(False, **_doc(
+        "torch.compile: modelled with full checkpointing (the fused cross-entropy).")).tag(sync=True)
     gpu = t.Unicode("", **_doc(
         "GPU to fit on (a name from vramwidget.gpus), '' for none; with several GPUs, the kind "
         "of every one of them.")).tag(sync=True)
@@ -207,6 +224,17 @@ class State(anywidget.AnyWidget):
         "'' (fits, no GPU or inference mode), 'computing' (the setup does not fit and its "
         "suggestions are being worked out after the update), 'ready', or 'failed: why'."
     )).tag(sync=True)
+
+    def __repr__(self) -> str:
+        """A plain-text summary (``print(calc)``, terminals, front ends without widgets): the
+        model and mode, the current error if any, then the shown estimate's summary."""
+        head = f"Calculator({short_repr(self.model)}, mode={short_repr(self.mode)})"
+        if self.error:
+            head += f"\nerror ({self.error_field or 'input'}): {self.error}  [the estimate below is the last valid one]"
+        result = getattr(self, "_result", None)
+        if result is None:
+            return head
+        return head + "\n" + result.summary_text()
 
     #: seconds after the last change before suggestions are worked out; None = at once,
     #: inside the update (scripts and tests that want them synchronously)

@@ -9,7 +9,7 @@ from .. import charts, gpus
 from ..treemap import fmt_gib
 from ..units import GIB
 from .multigpu import parallel_summary
-from .state import ESTIMATE_INPUTS, shown
+from .state import ESTIMATE_INPUTS, run_estimate, shown
 
 #: the scenario comparison: name -> what it changes in the user's setup
 SCENARIOS: Tuple[Tuple[str, Dict[str, Any]], ...] = (
@@ -112,6 +112,15 @@ class TrainingPanel:
                 self.method = "qlora"
         if self.quantization == "none" and self.prepare_kbit:
             self.prepare_kbit = False
+        if name == "stack":
+            # a stack's own defaults (stacks.py), as its recipes set them
+            from ..stacks import stack_defaults
+
+            for k, v in stack_defaults(new, {"seq_len": self.seq_len}).items():
+                if hasattr(self, k):
+                    setattr(self, k, list(v) if isinstance(v, tuple) else v)
+        if self.method not in _LORA_METHODS and self.lora_variant != "lora":
+            self.lora_variant = "lora"
 
     def _disabled_training(self, off: Dict[str, str]) -> None:
         if self.quantization == "none":
@@ -126,6 +135,14 @@ class TrainingPanel:
                 off[k] = why
         if self.method != "freeze":
             off["trainable_layers"] = "applies only to method freeze (train the last N layers)"
+        if self.method not in _LORA_METHODS:
+            off["lora_variant"] = "DoRA applies to method lora or qlora"
+        if self.loss != "chunked":
+            off["loss_chunks"] = "applies only to the chunked loss"
+        if self.gradient_checkpointing != "full":
+            off["compile"] = "modelled only with full checkpointing (then only the loss's fusion matters)"
+        if self.grad_accum_steps > 1:
+            off["optimizer_in_backward"] = "steps each parameter in backward: no gradient accumulation"
 
     def _scenario_setups(self, kw: Dict[str, Any], par: Optional[Dict[str, Any]] = None
                          ) -> List[Tuple[str, Dict[str, Any]]]:
@@ -143,7 +160,7 @@ class TrainingPanel:
                 s.update(quantization="none", double_quant=True,
                          quantized_groups=("attn_qk", "attn_vo", "mlp"))
             if change["method"] not in _LORA_METHODS:  # LoRA fields do not matter: keep defaults
-                s.update(lora_r=16, lora_alpha=32.0, lora_dropout=0.0, lora_targets=None)
+                s.update(lora_r=16, lora_alpha=32.0, lora_dropout=0.0, lora_targets=None, lora_variant="lora")
             if s["precision"] == "fp32" and s["attn_implementation"] == "flash_attention_2":
                 s["attn_implementation"] = "sdpa"  # flash attention has no fp32 kernel
             if par:
@@ -187,6 +204,19 @@ class TrainingPanel:
                 text += f"; {out['time']['text']}"
         out["text"] = text
         return out
+
+    def _scenario_seconds(self, arch: Any, kind: str, kw: Dict[str, Any], gpu: gpus.GPU) -> Optional[float]:
+        """A comparison scenario's step time on ``gpu`` (timing.py), cached beside its box."""
+        key = self._key(kind, kw) + (gpu.name,)
+        if key in self._box_seconds:
+            return self._box_seconds[key]
+        est = self._cache.get(self._key(kind, kw)) or run_estimate(arch, kind, {k: v for k, v in kw.items()
+                                                                             if k != "model"})
+        secs = est.set_gpu(gpu).step_seconds
+        self._box_seconds[key] = secs
+        if len(self._box_seconds) > 64:
+            self._box_seconds.pop(next(iter(self._box_seconds)))
+        return secs
 
     def _max_batch(self, arch: Any, gpu: gpus.GPU, kind: str, kw: Dict[str, Any]) -> Optional[int]:
         """fit.max_batch_size for the setup (every field but the batch): one search per setup,

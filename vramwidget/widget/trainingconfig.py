@@ -23,13 +23,9 @@ def parse_config_text(text: str) -> Dict[str, Any]:
     if len(text) > _MAX_TEXT:
         raise VramError(f"training_config: {len(text):,} characters is not a training config (a few KB)",
                         field="training_config")
-    import yaml
+    from ..readers._common import parse_yaml
 
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise VramError(f"training_config: not valid YAML or JSON ({str(e).splitlines()[0][:60]})",
-                        field="training_config") from None
+    data = parse_yaml(text, "training_config", "training_config")
     if not isinstance(data, dict):
         raise VramError("training_config: expected a mapping of settings (a YAML or JSON object)",
                         field="training_config")
