@@ -43,3 +43,25 @@ def test_readme_commands_exist():
     used = set(re.findall(r"^vramwidget (\w+)", readme, flags=re.M))
     sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
     assert used and used <= set(sub.choices), used - set(sub.choices)
+
+
+def test_readme_seven_b_activation_range_matches_the_code():
+    """The README quotes the 7B scenario's activations without checkpointing (issue 14: it said
+    100-180 GB while the code gives 103.6 and 183.3 GB)."""
+    import re
+
+    from vramwidget.scenarios import seven_b_fp32_vs_bf16
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    lo, hi = map(int, re.search(r"activations alone are (\d+)-(\d+) GB", readme).groups())
+    acts = [r["activations_gb"] for r in seven_b_fp32_vs_bf16()["rows"] if r["checkpointing"] == "none"]
+    assert (lo, hi) == (round(min(acts)), round(max(acts)))
+
+
+def test_readme_says_to_make_a_venv_first():
+    """Debian's Python refuses `pip install` outside a venv (externally-managed-environment)."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## The two commands", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    lines = [x for x in block.strip().splitlines() if x.strip()]
+    assert lines[0].startswith("python3 -m venv .venv && . .venv/bin/activate")
+    assert lines[1].startswith("pip install -e . && vramwidget estimate")

@@ -34,9 +34,10 @@ def keywords(fn, *skip):
 
 
 #: values users really type wrong: near-misses, the wrong container, huge, tiny, text numbers
-NASTY = st.sampled_from([None, True, False, 0, -1, 1, 2.5, 1e9, 10 ** 30, -10 ** 30, float("nan"), float("inf"),
-                         "", " ", "abc", "1", "7B", "full", "lora", "zero3", "H100", "x" * 5000, [], ["lora"],
-                         ["q_proj", 5], {}, {"x": 1}, [[1, 2]], {"bitsandbytes": 1}])
+NASTY_VALUES = [None, True, False, 0, -1, 1, 2.5, 1e9, 10 ** 30, -10 ** 30, float("nan"), float("inf"),
+                "", " ", "abc", "1", "7B", "full", "lora", "zero3", "H100", "x" * 5000, [], ["lora"],
+                ["q_proj", 5], {}, {"x": 1}, [[1, 2]], {"bitsandbytes": 1}]
+NASTY = st.sampled_from(NASTY_VALUES)
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
@@ -255,7 +256,7 @@ def test_text_summaries():
     assert text.startswith("Estimate: llama-3.2-1b (lora, bf16), batch 1 x 2048 tokens")
     assert f"peak allocated {est.peak_gib:.2f} GiB (backward)" in text and "activations" in text
     c = vw.Calculator("llama-3.2-1b", method="lora")
-    assert repr(c).startswith("Calculator(llama-3.2-1b, mode=training)\nEstimate: llama-3.2-1b (lora")
+    assert repr(c).startswith("Calculator('llama-3.2-1b', mode='training')\nEstimate: llama-3.2-1b (lora")
     assert "object at 0x" not in str(c)
     c.close()
 
@@ -264,3 +265,56 @@ def test_messages_name_the_field_and_json_values_are_not_evaluated():
     e = err(vw.estimate, "llama-3.2-1b", versions={"bitsandbytes": 1})
     assert e.field == "versions"
     assert json.dumps({"ok": 1})   # keep json imported for the module's strategies
+
+
+# ---------------------------------------------------------------------------------------
+# command line and docs items of the issue
+# ---------------------------------------------------------------------------------------
+
+def _cases(tmp_path):
+    p = tmp_path / "cases.jsonl"
+    p.write_text(json.dumps({"id": "x", "model": "gpt2", "inference": {"prompt_len": 8, "new_tokens": 2}}) + "\n")
+    return p
+
+
+def test_measure_inference_without_a_gpu_exits_non_zero(tmp_path, capsys):
+    """Was exit 0 with "0 case(s) measured" and the error only inside the output file."""
+    from vramwidget.cli import main
+
+    out = tmp_path / "out.jsonl"
+    assert main(["measure-inference", str(_cases(tmp_path)), "--out", str(out)]) == 2
+    err_text = capsys.readouterr().err
+    assert "sees no CUDA GPU" in err_text and err_text.count("\n") == 1
+    assert not out.exists()    # refused before any case
+
+
+def test_measure_inference_without_torch_exits_non_zero(tmp_path, capsys, monkeypatch):
+    import sys
+
+    from vramwidget.cli import main
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert main(["measure-inference", str(_cases(tmp_path)), "--out", str(tmp_path / "o.jsonl")]) == 2
+    assert "measuring needs torch" in capsys.readouterr().err
+
+
+def test_validate_names_precisions_as_the_setup_does(capsys):
+    """Was 'bflo' and 'floa+ac' (dtype names cut to four letters)."""
+    from vramwidget.cli import main
+
+    assert main(["validate"]) == 0
+    table = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in table.splitlines() if line[:1] == "a"}
+    assert " full bf16 adamw sdpa b2 s2048 " in rows["a01"]        # measured case a01: pure bf16
+    assert " full amp_bf16 adamw sdpa b2 s2048 " in rows["a04"]    # a04: fp32 weights + bf16 autocast
+    assert "bflo" not in table and "floa" not in table
+
+
+def test_fit_says_why_no_gpu_count_fits(capsys):
+    """Was 'ddp -, zero2 -, ...' with no explanation."""
+    from vramwidget.cli import main
+
+    assert main(["fit", "llama-3.1-70b", "--gpu", "H100-80GB"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("fewest GPUs"))
+    assert " -" not in line
+    assert "no count up to 4,096 GPUs fits with ddp (every GPU keeps a whole replica)" in line

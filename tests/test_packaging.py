@@ -162,11 +162,24 @@ def dists(source_copy, tmp_path_factory):
     # --no-isolation: use this environment's setuptools instead of downloading one;
     # --skip-dependency-check: the "wheel" requirement is for setuptools < 70.1, which
     # needed it to build wheels (checked above: this setuptools meets the floor)
-    run([sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", "--outdir", out, "."],
-        cwd=source_copy, env=clean_env(), timeout=600)
+    proc = run([sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", "--outdir", out, "."],
+               cwd=source_copy, env=clean_env(), timeout=600)
+    BUILD_LOG.append(proc.stdout + proc.stderr)
     sdists, wheels = sorted(out.glob("*.tar.gz")), sorted(out.glob("*.whl"))
     assert len(sdists) == 1 and len(wheels) == 1, list(out.iterdir())
     return sdists[0], wheels[0]
+
+
+BUILD_LOG: list = []
+
+
+def test_build_has_no_packaging_warnings(dists):
+    """Issue 14: `python -m build` warned that vramwidget.data, .presets and .static were absent
+    from the packages configuration (setuptools' "Package would be ignored")."""
+    log = BUILD_LOG[-1]
+    for needle in ("absent from the `packages` configuration", "Package would be ignored",
+                   "SetuptoolsDeprecationWarning"):
+        assert needle not in log, needle
 
 
 def _expected_package_files():
@@ -197,10 +210,21 @@ def test_sdist_contains_the_bundle_presets_and_cases(dists):
 
 
 def _venv(path: Path, system_site: bool) -> Path:
+    """A new venv; ``system_site``: it also sees the packages of the environment running the
+    tests.  ``--system-site-packages`` alone is not that when the tests run inside a venv
+    (the new venv's base is the base interpreter, not the outer venv), so the outer
+    environment's site-packages are added with a .pth file, after the new venv's own."""
     cmd = [sys.executable, "-m", "venv", "--without-pip"] + (["--system-site-packages"] if system_site else [])
     run(cmd + [path], cwd=path.parent, env=clean_env())
     py = path / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     assert py.exists()
+    if system_site:
+        import site
+
+        purelib = run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=path.parent,
+                      env=clean_env()).stdout.strip()
+        outer = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
+        (Path(purelib) / "_outer_environment.pth").write_text("\n".join(outer) + "\n", encoding="utf-8")
     return py
 
 

@@ -387,6 +387,28 @@ def _quiet_hub(model: str) -> None:
     hf_logging.set_verbosity_error()
 
 
+#: why a strategy can need more GPUs than any count tried (fit's min_gpus gives None)
+_NO_COUNT_WHY = {
+    "ddp": "every GPU keeps a whole replica",
+    "zero2": "shards gradients and optimizer states, not the weights",
+    "zero3": "even sharded, one GPU's part and its working set do not fit",
+    "fsdp_full_shard": "even sharded, one GPU's part and its working set do not fit",
+    "fsdp_hybrid": "shards only within one node",
+}
+
+
+def _fewest_gpus_text(min_gpus: Dict[str, Optional[int]]) -> str:
+    """fit's fewest-GPU counts; the strategies no count fits are named with the reason."""
+    from .fit import MAX_GPUS_SEARCHED
+
+    found = [f"{k} {v:,}" for k, v in min_gpus.items() if v]
+    never = [f"{k} ({_NO_COUNT_WHY.get(k, 'does not shard enough')})" for k, v in min_gpus.items() if not v]
+    text = ", ".join(found) if found else "none"
+    if never:
+        text += f"; no count up to {MAX_GPUS_SEARCHED:,} GPUs fits with " + ", ".join(never)
+    return text
+
+
 def _cmd_estimate(args: argparse.Namespace, out) -> int:
     from .architecture import load
     from .estimate import check_physical, estimate_setup
@@ -623,7 +645,7 @@ def format_fit_answers(a: Dict[str, Any]) -> str:
     mp = a.get("max_position_embeddings")
     lines.append(f"longest sequence  {a['max_seq_len']:,} tokens (at batch {s['batch_size']})"
                  + (f"; the model's position limit is {mp:,}" if mp else ""))
-    lines.append("fewest GPUs       " + ", ".join(f"{k} {v if v else '-'}" for k, v in a["min_gpus"].items()))
+    lines.append("fewest GPUs       " + _fewest_gpus_text(a["min_gpus"]))
     t = a.get("time")
     if t:
         b = t["breakdown"]
@@ -717,6 +739,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             n = measure_inference_file(args.cases, args.out, device=args.device)
             out.write(f"{n} case(s) measured; records appended to {args.out}\n")
+            if n == 0:   # every case failed: say so in the exit status, not only inside the file
+                raise _UsageError(f"measure-inference: no case could be measured (each failure is recorded in "
+                                  f"{args.out} under \"error\")")
             return 0
         if args.command == "fit":
             _quiet_hub(args.model)

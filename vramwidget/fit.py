@@ -155,7 +155,12 @@ def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of
     return step * _largest(lambda k: q.fits(replace(s0, seq_len=k * step)), limit // step)
 
 
-def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = 4096, **kw: Any) -> Optional[int]:
+#: the most GPUs min_gpus tries by default
+MAX_GPUS_SEARCHED = 4096
+
+
+def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = MAX_GPUS_SEARCHED,
+             **kw: Any) -> Optional[int]:
     """The fewest GPUs of kind ``gpu`` on which the setup fits under ``strategy`` (with the
     given tensor/pipeline/context/expert parallel sizes, which set the step: the count is a
     multiple of tensor x pipeline x context); ``None`` when no count up to ``max_gpus``

@@ -169,7 +169,11 @@ def _load_quantized_for_inference(cfg, inf: Mapping[str, Any], dev):
 
 def measure_inference_file(cases_path: str, out_path: str, *, device: Any = "cuda") -> int:
     """Measure every inference case of a JSON-lines file, appending one record a line.
-    A case that fails (out of memory, say) is recorded with ``"error"``; returns how many ran."""
+    A case that fails (out of memory, say) is recorded with ``"error"``; returns how many ran.
+    Without torch, or with ``device="cuda"`` and no CUDA GPU, raises VramError at once."""
+    from .measure import _resolve_device
+
+    _resolve_device(device)   # no torch or no CUDA GPU: one VramError before any case, not N recorded ones
     ok = 0
     with open(cases_path, encoding="utf-8") as f, open(out_path, "a", encoding="utf-8") as out:
         for line in f:

@@ -224,7 +224,7 @@ def format_report(result: Dict[str, Any]) -> str:
                     f"b{t.get('batch_size')} p{t.get('prompt_len', t.get('seq_len'))} "
                     f"+{t.get('max_new_tokens', t.get('new_tokens', 0))}")
         else:
-            desc = (f"{t.get('method')} {t.get('weights_dtype', '')[:4]}{'+ac' if t.get('autocast_dtype') else ''} "
+            desc = (f"{t.get('method')} {_precision_label(t)} "
                     f"{t.get('optimizer')} {'gc ' if t.get('gradient_checkpointing') else ''}"
                     f"{t.get('attn_implementation')} b{t.get('batch_size')} s{t.get('seq_len')}")
         m = r["measured"].get("peak_allocated_mib")
@@ -268,3 +268,12 @@ def to_json_rows(result: Dict[str, Any]) -> List[Dict[str, Any]]:
             "error": {k: (round(v, 4) if v is not None else None) for k, v in r["error"].items()},
         })
     return out
+
+
+def _precision_label(training: Dict[str, Any]) -> str:
+    """The case's precision as the estimator's setup names it (bf16, fp32, amp_bf16, ...)."""
+    ac = training.get("autocast_dtype")
+    if ac:
+        return "amp_fp16" if str(ac) in ("float16", "fp16", "torch.float16") else "amp_bf16"
+    wd = str(training.get("weights_dtype", ""))
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(wd, wd or "?")

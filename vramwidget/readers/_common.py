@@ -173,20 +173,6 @@ class Mapper:
             if v is not None:
                 self.set(target, v, prefix + key)
 
-    def deepspeed_file(self, key: str = "deepspeed") -> None:
-        """A DeepSpeed config that the config names by path (or holds inline) at ``key``."""
-        from . import deepspeed
-
-        ds = self.get(key)
-        if isinstance(ds, Mapping):
-            deepspeed.apply(self, key + ".")
-        elif isinstance(ds, str) and ds:
-            inner = self.sibling(ds)
-            if inner is None:
-                self.ignore(key, f"DeepSpeed file {ds!r} not found beside the config: pass it separately")
-            else:
-                deepspeed.apply(self, f"{key}:{ds}:", inner)
-
     # -- recording --------------------------------------------------------------------
     def set(self, key: str, value: Any, src: str) -> None:
         """Map a field to a setup keyword of estimate()."""

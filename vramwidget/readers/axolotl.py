@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from . import deepspeed
 from ._common import LORA_NUMBERS, Mapper, integer, lora_targets, truthy
 from .hf import apply_optim
 
@@ -112,7 +113,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     m.get("plugins")
     if truthy(m.get("torch_compile", False)):
         m.set("compile", True, "torch_compile")
-    m.deepspeed_file("deepspeed")
+    deepspeed.apply_named(m, "deepspeed")
     fsdp = m.get("fsdp")
     if fsdp:
         from .accelerate import _FSDP_STRATEGIES

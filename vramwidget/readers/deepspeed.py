@@ -29,6 +29,20 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     m.note("the number of GPUs is set by the launcher, not the DeepSpeed file: pass num_gpus=")
 
 
+def apply_named(m: Mapper, key: str = "deepspeed") -> None:
+    """A DeepSpeed config that another config names by path (or holds inline) at ``key``:
+    HF TrainingArguments' ``deepspeed``, axolotl's and LLaMA-Factory's too."""
+    ds = m.get(key)
+    if isinstance(ds, Mapping):
+        apply(m, key + ".")
+    elif isinstance(ds, str) and ds:
+        inner = m.sibling(ds)
+        if inner is None:
+            m.ignore(key, f"DeepSpeed file {ds!r} not found beside the config: pass it separately")
+        else:
+            apply(m, f"{key}:{ds}:", inner)
+
+
 def apply(m: Mapper, prefix: str, ds: Any = None) -> None:
     """Map a DeepSpeed config found at ``prefix`` of the raw config (or given as ``ds``)."""
     def get(key: str) -> Any:

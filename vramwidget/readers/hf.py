@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from . import deepspeed
 from ._common import HF_OPTIMIZERS, Mapper, dtype_name, integer, lora_targets, number, truthy
 
 _MARKERS = ("per_device_train_batch_size", "gradient_accumulation_steps", "optim", "output_dir", "logging_steps",
@@ -73,7 +74,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     if truthy(m.get("padding_free", False)):
         m.set("packing", True, "padding_free")
     _apply_fsdp(m)
-    m.deepspeed_file("deepspeed")
+    deepspeed.apply_named(m, "deepspeed")
     for key in _PEFT_KEYS:
         if isinstance(raw.get(key), Mapping):
             m.get(key)

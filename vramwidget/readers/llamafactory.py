@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from . import deepspeed
 from ._common import Mapper, integer, lora_targets, number, truthy
 from .hf import HF_BATCH, apply_optim
 
@@ -108,5 +109,5 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
         if gr is not None:
             m.set("galore_rank", gr, "galore_rank")
     if m.get("deepspeed"):
-        m.deepspeed_file("deepspeed")
+        deepspeed.apply_named(m, "deepspeed")
         m.note("the number of GPUs is set by the launcher (llamafactory-cli/torchrun): pass num_gpus=")

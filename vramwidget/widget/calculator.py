@@ -27,7 +27,7 @@ import traitlets as t
 
 from .. import charts, gpus
 from ..errors import VramError
-from ..inputs import shown
+from ..inputs import shown as short_repr
 from ..result import Estimate
 from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
 from ..units import GIB
@@ -169,17 +169,6 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         """The current estimate's leaves as a pandas DataFrame."""
         return self.estimate.to_dataframe(phase)
 
-    def __repr__(self) -> str:
-        """A plain-text summary (``print(calc)``, terminals, front ends without widgets): the
-        model and mode, the current error if any, then the shown estimate's summary."""
-        head = f"Calculator({shown(self.model)}, mode={shown(self.mode)})"
-        if self.error:
-            head += f"\nerror ({self.error_field or 'input'}): {self.error}  [the estimate below is the last valid one]"
-        result = getattr(self, "_result", None)
-        if result is None:
-            return head
-        return head + "\n" + result.summary_text()
-
     def close(self) -> None:
         self._cancel_pending()
         super().close()
@@ -284,19 +273,6 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
             self._box_fits.pop(old, None)
         return box, self._box_fits[key]
 
-    def _scenario_seconds(self, arch: Any, kind: str, kw: Dict[str, Any], gpu: gpus.GPU) -> Optional[float]:
-        """A comparison scenario's step time on ``gpu`` (timing.py), cached beside its box."""
-        key = self._key(kind, kw) + (gpu.name,)
-        if key in self._box_seconds:
-            return self._box_seconds[key]
-        est = self._cache.get(self._key(kind, kw)) or run_estimate(arch, kind, {k: v for k, v in kw.items()
-                                                                             if k != "model"})
-        secs = est.set_gpu(gpu).step_seconds
-        self._box_seconds[key] = secs
-        if len(self._box_seconds) > 64:
-            self._box_seconds.pop(next(iter(self._box_seconds)))
-        return secs
-
     def _update(self) -> None:
         """Estimate the setup and the scenarios; set every output trait at once.
 
@@ -342,7 +318,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         comparison's setups, the output traits, and the suggestions job (None when the
         setup fits, there is no GPU or the mode is inference)."""
         if self.mode not in MODES:
-            raise VramError(f"mode: {shown(self.mode)} is not one of {', '.join(MODES)}", field="mode")
+            raise VramError(f"mode: {short_repr(self.mode)} is not one of {', '.join(MODES)}", field="mode")
         arch = self._resolve_model()
         # an unknown GPU name is an error the widget shows, not "no GPU"
         gpu = gpus.get_gpu(self.gpu) if self.gpu.strip() else None

@@ -16,6 +16,7 @@ import anywidget
 import traitlets as t
 
 from ..inputs import guard_traits
+from ..inputs import shown as short_repr
 from ..result import Estimate
 
 _STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
@@ -223,6 +224,17 @@ class State(anywidget.AnyWidget):
         "'' (fits, no GPU or inference mode), 'computing' (the setup does not fit and its "
         "suggestions are being worked out after the update), 'ready', or 'failed: why'."
     )).tag(sync=True)
+
+    def __repr__(self) -> str:
+        """A plain-text summary (``print(calc)``, terminals, front ends without widgets): the
+        model and mode, the current error if any, then the shown estimate's summary."""
+        head = f"Calculator({short_repr(self.model)}, mode={short_repr(self.mode)})"
+        if self.error:
+            head += f"\nerror ({self.error_field or 'input'}): {self.error}  [the estimate below is the last valid one]"
+        result = getattr(self, "_result", None)
+        if result is None:
+            return head
+        return head + "\n" + result.summary_text()
 
     #: seconds after the last change before suggestions are worked out; None = at once,
     #: inside the update (scripts and tests that want them synchronously)

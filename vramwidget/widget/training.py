@@ -9,7 +9,7 @@ from .. import charts, gpus
 from ..treemap import fmt_gib
 from ..units import GIB
 from .multigpu import parallel_summary
-from .state import ESTIMATE_INPUTS, shown
+from .state import ESTIMATE_INPUTS, run_estimate, shown
 
 #: the scenario comparison: name -> what it changes in the user's setup
 SCENARIOS: Tuple[Tuple[str, Dict[str, Any]], ...] = (
@@ -204,6 +204,19 @@ class TrainingPanel:
                 text += f"; {out['time']['text']}"
         out["text"] = text
         return out
+
+    def _scenario_seconds(self, arch: Any, kind: str, kw: Dict[str, Any], gpu: gpus.GPU) -> Optional[float]:
+        """A comparison scenario's step time on ``gpu`` (timing.py), cached beside its box."""
+        key = self._key(kind, kw) + (gpu.name,)
+        if key in self._box_seconds:
+            return self._box_seconds[key]
+        est = self._cache.get(self._key(kind, kw)) or run_estimate(arch, kind, {k: v for k, v in kw.items()
+                                                                             if k != "model"})
+        secs = est.set_gpu(gpu).step_seconds
+        self._box_seconds[key] = secs
+        if len(self._box_seconds) > 64:
+            self._box_seconds.pop(next(iter(self._box_seconds)))
+        return secs
 
     def _max_batch(self, arch: Any, gpu: gpus.GPU, kind: str, kw: Dict[str, Any]) -> Optional[int]:
         """fit.max_batch_size for the setup (every field but the batch): one search per setup,
