@@ -170,3 +170,37 @@ def test_answers_match_the_parts():
     assert a["min_gpus"]["zero3"] == min_gpus("llama-3.1-8b", "A100 80GB", "zero3", method="lora", batch_size=2)
     pe = estimate_parallel("llama-3.1-8b", method="lora", batch_size=2)
     assert a["check"]["device_total_bytes"] == int(round(pe.device_total_bytes))
+
+
+def test_combinations_fit_with_the_margin_and_stay_on_one_node():
+    """Issue 10: a 7B full fine-tune on a 24 GB card gets combinations (e.g. LoRA + full
+    checkpointing), each fitting with the verdict's margin when applied, none on more than
+    8 GPUs (the old single suggestion was FSDP across 44 x RTX 4090)."""
+    from vramwidget import verdict
+
+    sug = suggestions("llama-2-7b", "RTX-4090", method="full")
+    combos = [s for s in sug if len(s.parts) > 1]
+    assert combos, [s.title for s in sug]
+    assert all(int(s.kwargs.get("num_gpus", 1) or 1) <= 8 for s in sug)
+    titles = [s.title for s in combos]
+    assert any("LoRA" in t and "checkpointing" in t for t in titles), titles
+    for s in combos:
+        assert 2 <= len(s.parts) <= 3 and s.state == "fits"
+        c = check("llama-2-7b", "RTX-4090", **s.kwargs)
+        est = estimate("llama-2-7b", **{k: v for k, v in s.kwargs.items() if k not in ("strategy", "num_gpus",
+                       "offload_optimizer", "offload_params")}) if "strategy" not in s.changes else None
+        if est is not None:
+            assert verdict.verdict(est, "RTX 4090")["state"] == "fits"
+        assert c.fits and c.device_total_bytes == pytest.approx(s.device_total_bytes, rel=1e-12)
+        assert any(s.costs.values())        # each shows what it costs: quality, time, hardware
+        # no cheaper part already fits with the margin
+        assert not any(x.state == "fits" and x.title in s.parts for x in sug if not x.parts)
+    keys = [s.sort_key() for s in sug]
+    assert keys == sorted(keys)
+
+
+def test_max_gpus_is_a_ceiling():
+    sug = suggestions("llama-2-7b", "RTX-4090", method="full", max_gpus=2)
+    assert sug and all(int(s.kwargs.get("num_gpus", 1) or 1) <= 2 for s in sug)
+    with pytest.raises(VramError, match="max_gpus"):
+        suggestions("llama-2-7b", "RTX-4090", max_gpus=0)

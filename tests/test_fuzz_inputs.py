@@ -34,9 +34,10 @@ def keywords(fn, *skip):
 
 
 #: values users really type wrong: near-misses, the wrong container, huge, tiny, text numbers
-NASTY = st.sampled_from([None, True, False, 0, -1, 1, 2.5, 1e9, 10 ** 30, -10 ** 30, float("nan"), float("inf"),
-                         "", " ", "abc", "1", "7B", "full", "lora", "zero3", "H100", "x" * 5000, [], ["lora"],
-                         ["q_proj", 5], {}, {"x": 1}, [[1, 2]], {"bitsandbytes": 1}])
+NASTY_VALUES = [None, True, False, 0, -1, 1, 2.5, 1e9, 10 ** 30, -10 ** 30, float("nan"), float("inf"),
+                "", " ", "abc", "1", "7B", "full", "lora", "zero3", "H100", "x" * 5000, [], ["lora"],
+                ["q_proj", 5], {}, {"x": 1}, [[1, 2]], {"bitsandbytes": 1}]
+NASTY = st.sampled_from(NASTY_VALUES)
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),

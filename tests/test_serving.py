@@ -74,7 +74,7 @@ def test_startup_lines_in_the_engines_words():
                             versions={"vllm": "0.5.4"}).plan
     assert v0.startup_lines() == [f"# GPU blocks: {v0.num_blocks}, # CPU blocks: (swap space)"]
     sg = estimate_inference("llama-3.1-8b", engine="sglang", gpu="H100 80GB", context_len=32768).plan
-    k_gb = sg.kv_tokens * 32 * 8 * 128 * 2 / 1e9
+    k_gb = sg.kv_tokens * 32 * 8 * 128 * 2 / 2 ** 30       # GiB, printed as "GB"
     assert sg.startup_lines() == [f"KV Cache is allocated. #tokens: {sg.kv_tokens}, K size: {k_gb:.2f} GB, "
                                   f"V size: {k_gb:.2f} GB"]
 

@@ -114,7 +114,7 @@ def test_rows_carry_what_the_tooltip_shows():
     mlp = next(r for r in groups if r["component"] == "activations" and r["group"] == "mlp")
     assert mlp["bytes"] == 4.5 * GIB
     assert mlp["formula"] == "mlp: 4.5 GiB"  # a one-child group shows its tensor's formula
-    assert mlp["text"] == "mlp\n4.50 GiB"
+    assert mlp["text"] == "activations · mlp\n4.50 GiB"  # the largest group names its component
     # a leaf component (no groups) is drawn as its own single group
     ctx = [r for r in rows if r["component"] == "cuda context"]
     assert [r["level"] for r in ctx] == ["component", "group"]
@@ -204,10 +204,12 @@ def test_shared_scale_is_limited_by_width_and_height():
 
 
 def test_fmt_gib():
+    """Automatic binary units with thousands separators (units.fmt_bytes)."""
     assert fmt_gib(123.4 * GIB) == "123 GiB"
     assert fmt_gib(12.34 * GIB) == "12.3 GiB"
-    assert fmt_gib(0.5 * GIB) == "0.50 GiB"
-    assert fmt_gib(1) == "< 0.01 GiB"
+    assert fmt_gib(0.5 * GIB) == "512 MiB"
+    assert fmt_gib(1234 * GIB) == "1.21 TiB"
+    assert fmt_gib(1) == "1 B"
 
 
 # -- property tests ----------------------------------------------------------------------

@@ -59,7 +59,7 @@ def test_setting_batch_size_updates_estimate_and_rows(calc):
     assert calc.estimate.setup["batch_size"] == 8
     assert calc.estimate.peak_allocated_bytes > before_est.peak_allocated_bytes
     assert calc.rows is not before_rows
-    assert set(calc.rows) == {"detail", "comparison", "phases"}
+    assert set(calc.rows) == {"detail", "comparison", "phases", "fitmap"}
     detail = {(r["component"], r["group"]): r["bytes"] for r in calc.rows["detail"] if r["level"] == "group"}
     old = {(r["component"], r["group"]): r["bytes"] for r in before_rows["detail"] if r["level"] == "group"}
     assert detail[("weights", "mlp")] == old[("weights", "mlp")]          # weights do not move
@@ -73,7 +73,9 @@ def test_rows_are_the_treemap_of_the_estimate(calc):
     groups = [r for r in calc.rows["detail"] if r["level"] == "group"]
     total = sum(c.bytes for c in calc.estimate.components)
     assert sum(r["bytes"] for r in groups) == pytest.approx(total)
-    width, height = 640.0, 340.0
+    from vramwidget.widget import DETAIL_SIZE
+
+    width, height = DETAIL_SIZE
     assert sum((r["x2"] - r["x"]) * (r["y2"] - r["y"]) for r in groups) == pytest.approx(width * height)
 
 
@@ -241,9 +243,9 @@ def test_gpu_fit_and_unknown_gpu(calc):
 
 def test_options_and_table(calc):
     opts = calc.options
-    assert ["qlora", "QLoRA (frozen 4-bit base)"] in opts["method"]
+    assert ["qlora", "QLoRA", "QLoRA (frozen 4-bit base)"] in opts["method"]   # short, long (tooltip)
     assert MODEL in [p[0] for p in opts["presets"]]
-    assert ["H200", "H200 (140.4 GiB)"] in opts["gpus"]
+    assert ["H200", "H200", "H200 (140.4 GiB)"] in opts["gpus"]
     assert [m for m, _ in opts["lora_targets"]] == ["q_proj", "k_proj", "v_proj", "o_proj",
                                                      "gate_proj", "up_proj", "down_proj"]
     names = [r["component"] for r in calc.table]
@@ -278,14 +280,23 @@ def test_specs_read_named_data(calc):
 
 
 def test_phase_rows(calc):
+    """One measure (issue 10): each bar is what the GPU holds (allocated + CUDA context, and
+    the allocator's reserve at the peak), so the peak bar's top is the device total the
+    verdict judges; the allocated tensors are a labelled tick inside it."""
     rows = calc.rows["phases"]
     totals = {r["phase"]: r["bytes"] for r in rows if r["level"] == "total"}
+    allocated = {r["phase"]: r["bytes"] for r in rows if r["level"] == "allocated"}
     est = calc.estimate
-    assert totals["backward peak"] == pytest.approx(est.phases_bytes["backward"])
-    assert max(totals.values()) == pytest.approx(est.peak_allocated_bytes)
+    assert allocated["backward peak"] == pytest.approx(est.phases_bytes["backward"])
+    assert max(allocated.values()) == pytest.approx(est.peak_allocated_bytes)
+    assert max(totals.values()) == pytest.approx(est.device_total_bytes)
+    assert max(totals.values()) == pytest.approx(calc.verdict["need_bytes"])
     for phase, label in charts.PHASE_LABELS.items():
         bars = sum(r["bytes"] for r in rows if r["level"] == "bar" and r["phase"] == label)
         assert bars == pytest.approx(totals[label])
+        assert totals[label] == pytest.approx(allocated[label] + est.cuda_context_bytes
+                                              + (est.reserved_bytes - est.peak_allocated_bytes
+                                                 if phase == est.peak_phase else 0.0))
     cap = [r for r in rows if r["level"] == "capacity"]
     assert len(cap) == 1 and cap[0]["bytes"] == 24564 * 2**20
     calc.gpu = ""                 # no GPU: the line is there but empty (drawn invisible)

@@ -14,10 +14,10 @@ import time
 import pytest
 
 import vramwidget as vw
-from vramwidget import fit, gpus
+from vramwidget import fit, gpus, verdict
 from vramwidget.inference import WEIGHT_FORMATS, InferenceSetup, estimate_inference, longest_context
 from vramwidget.parallel import PARALLEL_KEYS, STRATEGIES, estimate_parallel
-from vramwidget.units import GIB
+from vramwidget.units import GIB, fmt_bytes
 from vramwidget.widget import (
     INFERENCE_INPUTS,
     INFERENCE_SCENARIOS,
@@ -70,10 +70,10 @@ def test_new_traits_carry_the_back_ends_keyword_names():
 
 
 def test_options_come_from_the_back_ends(calc):
-    assert [k for k, _ in calc.options["strategy"]] == list(STRATEGIES)
-    assert [k for k, _ in calc.options["weights"]] == list(WEIGHT_FORMATS)
-    assert [k for k, _ in calc.options["kv_cache_dtype"]] == ["auto", "bf16", "fp16", "fp32", "fp8"]
-    assert [k for k, _ in calc.options["mode"]] == ["training", "inference"]
+    assert [k for k, *_ in calc.options["strategy"]] == list(STRATEGIES)
+    assert [k for k, *_ in calc.options["weights"]] == list(WEIGHT_FORMATS)
+    assert [k for k, *_ in calc.options["kv_cache_dtype"]] == ["auto", "bf16", "fp16", "fp32", "fp8"]
+    assert [k for k, *_ in calc.options["mode"]] == ["training", "inference"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -177,10 +177,14 @@ def test_every_scenario_has_a_fits_verdict(calc):
         # the fourth line: the scenario's step time on the GPU (timing.py)
         est = scen[name] if name in scen else calc.estimate
         assert lines[3] == f"{est.set_gpu(GPU).step_seconds:.3g} s per step" == f"{r['step_seconds']:.3g} s per step"
-        if r["fits"]:
+        state = verdict.verdict(est, GPU)["state"]       # the badge's three states, here too
+        assert r["state"] == state, name
+        if state == "tight":
+            assert line.startswith("≈ tight")
+        elif r["fits"]:
             assert line == "✓ fits"
         else:
-            assert line == f"✗ {(total - usable) / GIB:.1f} GiB over"
+            assert line == f"✗ {fmt_bytes(total - usable)} over"
             assert r["over_gib"] == pytest.approx((total - usable) / GIB)
         verdicts.add(r["fits"])
     assert verdicts == {True, False}         # FP32 does not fit a 4090 at batch 2, QLoRA does
@@ -308,8 +312,12 @@ def test_inference_mode_shows_estimate_inference(calc):
     inf = calc.summary["inference"]
     assert inf["kv_bytes_per_token"] == direct.kv_bytes_per_token == 2 * 16 * 8 * 64 * 2
     assert inf["kv_cache_bytes"] == direct.kv_cache_bytes
-    assert inf["longest_context"] == longest_context(MODEL, GPU, **{k: v for k, v in kw.items()
-                                                                  if k not in ("gpu", "context_len")})
+    # capped at the model's position limit when that binds first, and said so (issue 10:
+    # "longest context 131,120" for a 131,072-token model)
+    by_memory = longest_context(MODEL, GPU, **{k: v for k, v in kw.items() if k not in ("gpu", "context_len")})
+    limit = calc._resolve_model().max_position_embeddings
+    assert inf["longest_context"] == min(by_memory, limit)
+    assert inf["longest_context_by_model"] == (by_memory >= limit)
     assert f"{inf['longest_context']:,} tokens" in calc.summary["text"]
     assert calc.summary["fits"] is True and calc.summary["parallel"] is None
     # the comparison: your setup, BF16, int8, NF4, AWQ at the same context and batch
@@ -391,9 +399,11 @@ def test_specs_follow_the_mode_only(calc):
     calc.mode = "inference"
     inf_specs = calc.specs
     assert inf_specs is not train_specs
+    # the detail's legend is the frontend's, from the table: only the parts present
     legend = [layer for layer in inf_specs["detail"]["layer"] if "color" in layer.get("encoding", {})][0]
-    assert "kv cache" in legend["encoding"]["color"]["legend"]["values"]
-    assert "gradients" not in legend["encoding"]["color"]["legend"]["values"]
+    assert legend["encoding"]["color"]["legend"] is None
+    parts = [r["component"] for r in calc.table]
+    assert "kv cache" in parts and "gradients" not in parts
     calc.context_len = 1024
     assert calc.specs is inf_specs
     calc.mode = "training"

@@ -19,10 +19,12 @@ import altair as alt
 
 from .result import PHASES, Estimate
 from .treemap import KNOWN_COMPONENTS, comparison_rows, component_kind, fmt_gib, layout_rows
-from .units import GIB
+from .units import GIB, fmt_bytes
 
-#: one colour per component kind, mid-tone so white text reads on them and they read on
-#: both a light and a dark notebook background
+#: one colour per component kind, readable on a light and a dark notebook background;
+#: weights (blue), workspace (gold), CUDA context (charcoal) and the allocator reserve
+#: (light warm grey) are far apart, so the parts outside the model read as such.  Text
+#: on a box is black or white, whichever contrasts more (:func:`text_color`: >= 4.5:1).
 COMPONENT_COLORS: Dict[str, str] = {
     "weights": "#3b6ea8",
     "quantization constants": "#2a8c8c",
@@ -34,11 +36,34 @@ COMPONENT_COLORS: Dict[str, str] = {
     "optimizer temporaries": "#c0578f",
     "kv cache": "#2f8f6b",
     "logits": "#a67c1f",
-    "workspace": "#5b7f9e",
-    "cuda context": "#707a85",
-    "allocator reserve": "#8c7b66",
+    "workspace": "#e3c03b",
+    "cuda context": "#3d4148",
+    "allocator reserve": "#c9c0b6",
     "other": "#9a9a9a",
 }
+
+
+def _luminance(hex_color: str) -> float:
+    """WCAG 2 relative luminance of '#rrggbb'."""
+    rgb = [int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def contrast_ratio(a: str, b: str) -> float:
+    """WCAG 2 contrast ratio of two '#rrggbb' colours (1 to 21)."""
+    la, lb = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
+def text_color(fill: str) -> str:
+    """Black or white, whichever contrasts more with ``fill`` (one of them always reaches
+    4.5:1, WCAG AA for small text)."""
+    return "#000000" if contrast_ratio(fill, "#000000") >= contrast_ratio(fill, "#ffffff") else "#ffffff"
+
+
+#: the text colour on each component's boxes
+TEXT_COLORS: Dict[str, str] = {k: text_color(v) for k, v in COMPONENT_COLORS.items()}
 #: the phase chart's colour for a phase the estimate gives only as a total
 ALL_COMPONENTS = "all components"
 _PHASE_EXTRA = {ALL_COMPONENTS: "#7d8794"}
@@ -119,9 +144,10 @@ def _treemap_layers(name: str, width: float, height: float, *, legend: bool,
         fill=None, stroke=alt.expr(GAP_PARAM), strokeWidth=2.5,
     ).encode(x=x, x2="x2:Q", y=y, y2="y2:Q", tooltip=_tooltip(with_scenario))
     text = base.transform_filter((alt.datum.level == "group") & (alt.datum.text != "")).mark_text(
-        align="left", baseline="top", dx=4, dy=3, color="#ffffff", fontSize=_FONT,
-        lineBreak="\n", lineHeight=13,
-    ).encode(x=x, y=y, text="text:N")
+        align="left", baseline="top", dx=4, dy=3, fontSize=_FONT, lineBreak="\n", lineHeight=13,
+    ).encode(x=x, y=y, text="text:N",
+             fill=alt.Fill("kind:N", legend=None, scale=alt.Scale(
+                 domain=list(TEXT_COLORS), range=list(TEXT_COLORS.values()))))
     return [groups, components, text]
 
 
@@ -134,9 +160,10 @@ def _with_rows(chart, name: str, rows: Optional[List[Dict[str, Any]]]):
 
 def detail_spec_chart(width: float = 640, height: float = 360, *, name: str = DETAIL,
                       title: Optional[str] = None,
-                      legend_values: Optional[Sequence[str]] = None) -> alt.LayerChart:
-    """The detail treemap reading data named ``name`` (no rows inline)."""
-    chart = alt.layer(*_treemap_layers(name, width, height, legend=True, with_scenario=False,
+                      legend_values: Optional[Sequence[str]] = None, legend: bool = True) -> alt.LayerChart:
+    """The detail treemap reading data named ``name`` (no rows inline); ``legend=False``
+    leaves the legend to the caller (the widget draws one of the parts present)."""
+    chart = alt.layer(*_treemap_layers(name, width, height, legend=legend, with_scenario=False,
                                        legend_values=legend_values)
                       ).add_params(_gap_param())
     props: Dict[str, Any] = dict(width=width, height=height)
@@ -198,44 +225,73 @@ def comparison_chart(scenarios: Optional[Sequence[Tuple[str, Estimate]]] = None,
     return _with_rows(chart, name, rows)
 
 
-def phase_rows(est: Estimate, *, capacity_bytes: Optional[float] = None,
-               capacity_label: str = "") -> List[Dict[str, Any]]:
-    """Rows for the phase bars: memory by component at each phase of one step.
+#: what the GPU holds besides the allocated tensors (drawn on top of each phase's bar)
+_NOT_ALLOCATED = ("allocator reserve", "cuda context")
 
-    ``level`` is ``"bar"`` (one per phase and component), ``"total"`` (one per phase,
-    for the label over the bar) or ``"capacity"`` (the GPU line).
+
+def phase_rows(est: Estimate, *, capacity_bytes: Optional[float] = None, capacity_label: str = "",
+               phases: Optional[Sequence[str]] = None, labels: Optional[Dict[str, str]] = None
+               ) -> List[Dict[str, Any]]:
+    """Rows for the phase bars: what the GPU holds at each phase of one step, on the
+    verdict's measure (:mod:`vramwidget.verdict`).
+
+    Each bar is the phase's allocated components plus the CUDA context; the peak phase's
+    bar also holds the allocator's reserve, so its top is the device total (reserved + CUDA
+    context) that the verdict compares with the GPU line.  ``level`` is ``"bar"`` (one per
+    phase and component), ``"total"`` (one per phase: the bar's top, labelled),
+    ``"allocated"`` (one per phase: the allocated tensors, a tick inside the bar) or
+    ``"capacity"`` (the GPU line).  ``phases`` and ``labels`` default to a training step's.
     """
     rows: List[Dict[str, Any]] = []
     order = {k: i for i, k in enumerate(KNOWN_COMPONENTS)}
-    for i, phase in enumerate(PHASES):
-        label = PHASE_LABELS.get(phase, phase)
+    phases = list(PHASES) if phases is None else list(phases)
+    labels = PHASE_LABELS if labels is None else labels
+    context = float(est.cuda_context_bytes)
+    reserve = max(float(est.reserved_bytes) - float(est.peak_allocated_bytes), 0.0)
+
+    def bar(label: str, i: int, name: str, kind: str, corder: int, nbytes: float) -> None:
+        rows.append({"level": "bar", "phase": label, "order": i, "component": name, "kind": kind,
+                     "corder": corder, "bytes": nbytes, "gib": nbytes / GIB, "text": ""})
+
+    for i, phase in enumerate(phases):
+        label = labels.get(phase, phase)
         total = est.phases_bytes.get(phase)
         comps = est.phase_components.get(phase)
         if phase == est.peak_phase and not comps:
             comps = est.components
+        comps = [c for c in comps or [] if c.name not in _NOT_ALLOCATED]
         if comps:
             for c in comps:
-                rows.append({"level": "bar", "phase": label, "order": i,
-                             "component": c.name, "kind": component_kind(c.name),
-                             "corder": order.get(c.name, 99),
-                             "bytes": c.bytes, "gib": c.bytes / GIB, "text": ""})
+                bar(label, i, c.name, component_kind(c.name), order.get(c.name, 99), c.bytes)
             if total is None:
                 total = sum(c.bytes for c in comps)
         elif total is not None:
-            rows.append({"level": "bar", "phase": label, "order": i, "component": ALL_COMPONENTS,
-                         "kind": ALL_COMPONENTS,
-                         "corder": 99, "bytes": total, "gib": total / GIB, "text": ""})
-        if total is not None:
-            peak = " (peak)" if phase == est.peak_phase else ""
-            rows.append({"level": "total", "phase": label, "order": i, "component": "", "kind": "",
-                         "corder": 0, "bytes": total, "gib": total / GIB,
-                         "text": fmt_gib(total) + peak})
+            bar(label, i, ALL_COMPONENTS, ALL_COMPONENTS, 99, total)
+        if total is None:
+            continue
+        peak = phase == est.peak_phase
+        bar(label, i, "cuda context", "cuda context", order.get("cuda context", 99), context)
+        held = total + context
+        if peak:
+            bar(label, i, "allocator reserve", "allocator reserve", order.get("allocator reserve", 99), reserve)
+            held += reserve
+        rows.append({"level": "total", "phase": label, "order": i, "component": "", "kind": "",
+                     "corder": 0, "bytes": held, "gib": held / GIB,
+                     "text": (f"{fmt_bytes(held)} (peak)\nallocated {fmt_bytes(total)}" if peak
+                              else fmt_bytes(held))})
+        rows.append({"level": "allocated", "phase": label, "order": i, "component": "allocated", "kind": "",
+                     "corder": 0, "bytes": total, "gib": total / GIB,
+                     "text": f"allocated {fmt_bytes(total)}" if peak else ""})
     # the GPU line; without a GPU an invisible one at 0, so the layer's data is never
     # empty (Vega warns about an infinite extent otherwise)
     cap = capacity_bytes or 0.0
     rows.append({"level": "capacity", "phase": "", "order": 0, "component": "", "kind": "",
                  "corder": 0, "bytes": cap, "gib": cap / GIB,
-                 "text": (capacity_label or fmt_gib(cap)) if cap else ""})
+                 "text": (capacity_label or fmt_bytes(cap)) if cap else ""})
+    # room above the tallest bar for its two-line label (an invisible point the y scale spans)
+    top = max([r["bytes"] for r in rows if r["level"] in ("total", "capacity")] or [0.0]) * 1.22
+    rows.append({"level": "pad", "phase": labels.get(phases[0], phases[0]) if phases else "", "order": 0,
+                 "component": "", "kind": "", "corder": 0, "bytes": top, "gib": top / GIB, "text": ""})
     return rows
 
 
@@ -243,13 +299,15 @@ def phase_chart(est: Optional[Estimate] = None, *, width: float = 640, height: f
                 capacity_bytes: Optional[float] = None, capacity_label: str = "",
                 rows: Optional[List[Dict[str, Any]]] = None,
                 name: str = PHASES_DATA) -> alt.LayerChart:
-    """Memory after load, at the end of forward, at the backward peak and in the
-    optimizer step, stacked by component, with the GPU's capacity as a dashed rule."""
+    """What the GPU holds after load, at the end of forward, at the backward peak and in
+    the optimizer step, stacked by component (plus the CUDA context, and the allocator's
+    reserve at the peak: the device total), the allocated tensors as a tick in each bar,
+    and the GPU's capacity as a dashed rule."""
     if rows is None and est is not None:
         rows = phase_rows(est, capacity_bytes=capacity_bytes, capacity_label=capacity_label)
     base = alt.Chart(alt.NamedData(name))
     phase_order = [PHASE_LABELS.get(p, p) for p in PHASES]
-    y_axis = alt.Axis(title="GiB allocated", grid=True, gridOpacity=0.3)
+    y_axis = alt.Axis(title="GiB on the GPU", grid=True, gridOpacity=0.3)
     x = alt.X("phase:N", sort=phase_order, title=None, axis=alt.Axis(labelAngle=0))
     bars = base.transform_filter(alt.datum.level == "bar").mark_bar().encode(
         x=x,
@@ -257,11 +315,16 @@ def phase_chart(est: Optional[Estimate] = None, *, width: float = 640, height: f
         color=_color(False, extra=True),
         order=alt.Order("corder:Q"),
         tooltip=[alt.Tooltip("phase:N"), alt.Tooltip("component:N"),
-                 alt.Tooltip("sum(gib):Q", title="GiB", format=".3f")],
+                 alt.Tooltip("sum(gib):Q", title="GiB", format=",.3f")],
     )
     totals = base.transform_filter(alt.datum.level == "total").mark_text(
-        baseline="bottom", dy=-3, fontSize=_FONT,
+        baseline="bottom", dy=-3, fontSize=_FONT, lineBreak="\n", lineHeight=12,
     ).encode(x=x, y=alt.Y("gib:Q"), text="text:N")
+    # the allocated tensors: a tick inside each bar (the peak's figure is in its label)
+    allocated = base.transform_filter(alt.datum.level == "allocated").mark_tick(
+        color="#111111", thickness=2, size=28, opacity=0.85,
+    ).encode(x=x, y=alt.Y("gib:Q"), tooltip=[alt.Tooltip("phase:N"),
+                                             alt.Tooltip("gib:Q", title="GiB allocated", format=",.2f")])
     shown = alt.condition(alt.datum.text == "", alt.value(0), alt.value(1))
     rule = base.transform_filter(alt.datum.level == "capacity").mark_rule(
         color="#e45756", strokeDash=[5, 3], strokeWidth=1.5,
@@ -271,5 +334,75 @@ def phase_chart(est: Optional[Estimate] = None, *, width: float = 640, height: f
     rule_text = base.transform_filter(alt.datum.level == "capacity").mark_text(
         align="left", baseline="bottom", dx=2, dy=-2, color="#e45756", fontSize=_FONT,
     ).encode(y=alt.Y("gib:Q"), x=alt.value(0), text="text:N")
-    chart = alt.layer(bars, totals, rule, rule_text).properties(width=width, height=height)
+    pad = base.transform_filter(alt.datum.level == "pad").mark_point(opacity=0).encode(x=x, y=alt.Y("gib:Q"))
+    chart = alt.layer(bars, allocated, totals, rule, rule_text, pad).properties(width=width, height=height)
+    return _with_rows(chart.configure_view(stroke=None), name, rows)
+
+
+FITMAP = "fitmap"
+#: the fit map's colours: fits, tight (the estimate's uncertainty decides), does not fit
+STATE_COLORS: Dict[str, str] = {"fits": "#2e7d32", "tight": "#e0a100", "does_not_fit": "#c62828"}
+STATE_LABELS: Dict[str, str] = {"fits": "fits", "tight": "tight", "does_not_fit": "does not fit"}
+
+
+def fitmap_rows(df: Any, *, batch_size: Optional[int] = None, seq_len: Optional[int] = None,
+                capacity_bytes: Optional[float] = None) -> List[Dict[str, Any]]:
+    """Rows of the fit map from :func:`vramwidget.fit_map`'s frame (or rows with its
+    columns): one ``cell`` per (batch, sequence), a box spanning half a power of two on each
+    side on log-2 axes, and the ``current`` point."""
+    rows: List[Dict[str, Any]] = []
+    records = df.to_dict("records") if hasattr(df, "to_dict") else list(df)
+    for r in records:
+        b, s = int(r["batch_size"]), int(r["seq_len"])
+        need = float(r["device_total_bytes"])
+        room = (capacity_bytes - need) if capacity_bytes else None
+        rows.append({
+            "level": "cell", "batch_size": b, "seq_len": s, "state": r["state"],
+            "state_label": STATE_LABELS.get(r["state"], r["state"]),
+            "x": b / 2 ** 0.5, "x2": b * 2 ** 0.5, "y": s / 2 ** 0.5, "y2": s * 2 ** 0.5,
+            "need": fmt_bytes(need),
+            "room": "" if room is None else (f"{fmt_bytes(room)} to spare" if room >= 0 else f"{fmt_bytes(-room)} over"),
+        })
+    if batch_size and seq_len:
+        rows.append({"level": "current", "batch_size": int(batch_size), "seq_len": int(seq_len), "state": "",
+                     "state_label": "", "x": float(batch_size), "x2": float(batch_size),
+                     "y": float(seq_len), "y2": float(seq_len), "need": "", "room": ""})
+    return rows
+
+
+def fitmap_chart(df: Any = None, *, width: float = 300, height: float = 200,
+                 batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
+                 seq_lens: Sequence[int] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
+                 rows: Optional[List[Dict[str, Any]]] = None, name: str = FITMAP,
+                 batch_size: Optional[int] = None, seq_len: Optional[int] = None) -> alt.LayerChart:
+    """Where a setup fits: micro-batch x sequence length on log-2 axes, each cell coloured
+    fits / tight / does not fit; the current setup as a diamond.  In the widget a click on
+    a cell sets batch and sequence."""
+    if rows is None and df is not None:
+        rows = fitmap_rows(df, batch_size=batch_size, seq_len=seq_len)
+    base = alt.Chart(alt.NamedData(name))
+    lo_b, hi_b = min(batch_sizes) / 2 ** 0.5, max(batch_sizes) * 2 ** 0.5
+    lo_s, hi_s = min(seq_lens) / 2 ** 0.5, max(seq_lens) * 2 ** 0.5
+    x = alt.X("x:Q", title="micro-batch size", scale=alt.Scale(type="log", base=2, domain=[lo_b, hi_b], nice=False),
+              axis=alt.Axis(values=list(batch_sizes), format="d", grid=False))
+    y = alt.Y("y:Q", title=None, scale=alt.Scale(type="log", base=2, domain=[lo_s, hi_s], nice=False),
+              axis=alt.Axis(values=list(seq_lens), grid=False, titlePadding=6,
+                            labelExpr="datum.value >= 1024 ? (datum.value / 1024) + 'k' : datum.value"))
+    states = list(STATE_COLORS)
+    cells = base.transform_filter(alt.datum.level == "cell").mark_rect(
+        stroke=alt.expr(GAP_PARAM), strokeWidth=1, cursor="pointer",
+    ).encode(
+        x=x, x2="x2:Q", y=y, y2="y2:Q",
+        color=alt.Color("state:N", scale=alt.Scale(domain=states, range=[STATE_COLORS[k] for k in states]),
+                        legend=None),
+        tooltip=[alt.Tooltip("batch_size:Q", title="micro-batch", format="d"),
+                 alt.Tooltip("seq_len:Q", title="sequence length", format=",d"),
+                 alt.Tooltip("state_label:N", title="verdict"),
+                 alt.Tooltip("need:N", title="on the GPU"), alt.Tooltip("room:N", title="headroom")],
+    )
+    current = base.transform_filter(alt.datum.level == "current").mark_point(
+        shape="diamond", filled=True, size=140, color="#ffffff", stroke="#000000", strokeWidth=2,
+    ).encode(x=x, y=y, tooltip=[alt.Tooltip("batch_size:Q", title="your micro-batch", format="d"),
+                                alt.Tooltip("seq_len:Q", title="your sequence length", format=",d")])
+    chart = alt.layer(cells, current).add_params(_gap_param()).properties(width=width, height=height)
     return _with_rows(chart.configure_view(stroke=None), name, rows)

@@ -441,7 +441,9 @@ class ServingPlan:
         """The lines the engine prints at start-up, in its own words."""
         L = self.max_model_len
         if self.engine == "sglang":
-            k = self.kv_tokens * self.kv_bytes_per_token / 2 / 1e9
+            # SGLang prints the K and V buffers' sizes in GiB labelled "GB" (memory_pool.py); vLLM
+            # issue 21348's "#tokens: 367404, K size: 8.23 GB" for 94 layers x 128 x 2 B is 8.23 GiB
+            k = self.kv_tokens * self.kv_bytes_per_token / 2 / GIB
             return [f"KV Cache is allocated. #tokens: {self.kv_tokens}, K size: {k:.2f} GB, V size: {k:.2f} GB"]
         if self.runtime == "v1":
             return [f"Available KV cache memory: {self.kv_budget_bytes / GIB:.2f} GiB",

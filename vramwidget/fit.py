@@ -23,7 +23,7 @@ Command line: ``vramwidget fit MODEL --gpu H100-80GB [setup options] [--json]`` 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .architecture import Architecture, load
@@ -201,22 +201,31 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = M
 # Suggestions
 # ----------------------------------------------------------------------------------
 
-#: cost tiers, cheapest first: the rank within the fitting suggestions only when the GPU has
-#: no throughput figures to time them (every catalogue GPU has); otherwise changes are
-#: ranked by the GPU time (so the money) each training token costs with them
-_TIER = {"free": 0, "compute": 1, "throughput": 2, "compute_heavy": 3, "quality": 4, "hardware": 5, "offload": 6}
+#: what a change costs, on one scale (the rank of suggestions; a combination's cost is the
+#: sum of its changes'): free 0; extra compute 10 x the extra share of FLOPs (selective
+#: checkpointing ~0.3, full ~3-5); smaller micro-batches or the same GPUs sharded 2 + a
+#: little; quality 5 + a step per notch (8-bit states, bf16, LoRA, QLoRA); more GPUs 10 + one
+#: per GPU; CPU offload 20.  The order of the tiers is that of issue 6 (free, under 10% extra
+#: compute, throughput, more compute, quality, hardware, offload).
+_BASE_SCORE = {"free": 0.0, "throughput": 2.0, "quality": 5.0, "hardware": 10.0, "offload": 20.0}
+#: default ceiling of GPUs a suggestion may use: one node
+MAX_GPUS = 8
 
 
 @dataclass
 class Suggestion:
-    """One change to the setup, re-estimated.
+    """One change, or a combination of up to three, to the setup, re-estimated.
 
     ``changes`` are the keywords that change (setup fields or parallel keywords);
     ``kwargs`` the whole keyword set to pass back to :func:`check` / the estimators.
-    ``saved_bytes`` is the drop in device total; ``cost`` says what the change costs in words,
-    ``extra_compute`` the share of extra FLOPs per step where that is the cost
-    (checkpointing), ``kind`` one of free, compute, throughput, quality, hardware, offload;
-    ``cost_value`` orders changes of one kind (extra compute, accumulation steps, GPUs).
+    ``saved_bytes`` is the drop in device total; ``fits`` whether the device total is under
+    the GPU's usable memory, ``state`` the verdict with the estimate's uncertainty band
+    (:mod:`vramwidget.verdict`: fits | tight | does_not_fit); ``cost`` says what the change
+    costs in words and ``costs`` by axis (``quality``, ``time``, ``hardware``: "" when free
+    on that axis); ``extra_compute`` the share of extra FLOPs per step where that is a cost
+    (checkpointing), ``kind`` the costliest of free, compute, throughput, quality, hardware,
+    offload; ``score`` the cost on one scale (see ``_BASE_SCORE``; sums over a combination);
+    ``parts`` the titles of a combination's changes.
     """
 
     title: str
@@ -230,6 +239,11 @@ class Suggestion:
     extra_compute: Optional[float] = None
     cpu_bytes_per_node: float = 0.0
     cost_value: float = 0.0
+    state: str = "does_not_fit"
+    costs: Dict[str, str] = field(default_factory=dict)
+    score: float = 0.0
+    parts: Tuple[str, ...] = ()
+    headroom_bytes: float = 0.0
     #: the step timed on the GPU (timing.py): seconds per step, tokens/s of the whole run,
     #: GPU-seconds per training token (what a token costs), its change against the current
     #: setup, and dollars per million tokens at the catalogue's indicative price
@@ -239,26 +253,28 @@ class Suggestion:
     time_change: Optional[float] = None
     usd_per_million_tokens: Optional[float] = None
 
-    def sort_key(self) -> Tuple[int, int, float, float, float]:
-        """Fitting changes first: those that train the same model the same way before those
-        that change what is trained (8-bit states, bf16, LoRA, QLoRA: ``kind == "quality"``),
-        each by the GPU time a training token costs with the change (so by time and money),
-        then the larger saving; then the changes that do not suffice, largest saving first.
-        Without a timed GPU, by the cheapest kind and the smaller cost within it."""
-        if self.fits:
-            quality = 1 if self.kind == "quality" else 0
-            if self.gpu_seconds_per_token is not None:
-                return (0, quality, self.gpu_seconds_per_token, 0.0, -self.saved_bytes)
-            kind = "compute_heavy" if self.kind == "compute" and (self.extra_compute or 0.0) >= 0.1 else self.kind
-            return (0, quality, float(_TIER.get(kind, 9)), self.cost_value, -self.saved_bytes)
-        return (1, 0, 0.0, 0.0, -self.saved_bytes)
+    def sort_key(self) -> Tuple[int, int, float, int, float]:
+        """Fitting with the margin first, then fitting within the uncertainty band, then over
+        but within the band, then not fitting.  Within each: those that train the same model
+        the same way before those that change what is trained (8-bit states, bf16, LoRA,
+        QLoRA: a quality cost), each by the GPU time a training token costs with the change
+        (so by time and money; ``score`` where the GPU is not timed), fewer changes, larger
+        saving."""
+        group = 0 if self.state == "fits" else 1 if self.fits else 2 if self.state == "tight" else 3
+        quality = 1 if self.costs.get("quality") or self.kind == "quality" else 0
+        cost = self.gpu_seconds_per_token if self.gpu_seconds_per_token is not None else self.score
+        if group == 3:
+            return (group, 0, 0.0, len(self.parts) or 1, -self.saved_bytes)
+        return (group, quality, cost, len(self.parts) or 1, -self.saved_bytes)
 
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
-        return {"title": self.title, "changes": self.changes, "fits": self.fits, "kind": self.kind,
-                "cost": self.cost, "extra_compute": self.extra_compute,
+        return {"title": self.title, "changes": self.changes, "fits": self.fits, "state": self.state,
+                "kind": self.kind, "cost": self.cost, "costs": dict(self.costs), "score": round(self.score, 3),
+                "parts": list(self.parts), "extra_compute": self.extra_compute,
                 "device_total_bytes": int(round(self.device_total_bytes)),
                 "device_total_gib": round(self.device_total_bytes / GIB, 3),
+                "headroom_bytes": int(round(self.headroom_bytes)),
                 "saved_bytes": int(round(self.saved_bytes)), "saved_gib": round(self.saved_bytes / GIB, 3),
                 "cpu_bytes_per_node": int(round(self.cpu_bytes_per_node)),
                 "step_seconds": self.step_seconds, "tokens_per_second": self.tokens_per_second,
@@ -266,25 +282,51 @@ class Suggestion:
                 "usd_per_million_tokens": self.usd_per_million_tokens}
 
     def __str__(self) -> str:
-        verdict = "fits" if self.fits else "still too big"
+        verdict = {"fits": "fits", "tight": "tight"}.get(self.state, "still too big")
         return (f"{self.title}: saves {self.saved_bytes / GIB:.1f} GiB -> {self.device_total_bytes / GIB:.1f} GiB "
                 f"({verdict}); cost: {self.cost}")
 
 
-def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> List[Suggestion]:
-    """Single changes that lower the device total, each re-estimated, ranked: the ones that
-    make the setup fit ``gpu`` first, cheapest kind first (free, under 10% extra compute,
-    smaller micro-batches, more extra compute, quality, more hardware, CPU offload: see
-    ``_TIER``), the smaller cost within a kind, then by memory
-    saved; then those that help but do not suffice, by memory saved (changes saving under
-    1% that do not make it fit are left out).
+@dataclass
+class _Move:
+    """One candidate change: what it sets, its exclusive group, its cost by axis."""
+
+    title: str
+    kind: str
+    cost: str
+    setup: Dict[str, Any]
+    par: Dict[str, Any]
+    group: str
+    compute_from_estimate: bool = False
+    cost_value: float = 0.0
+    quality: str = ""
+    time: str = ""
+    hardware: str = ""
+
+
+def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int = 3,
+                **kw: Any) -> List[Suggestion]:
+    """Changes that lower the device total, alone and combined (up to ``combine`` at once),
+    each re-estimated and ranked: those that fit ``gpu`` with the margin of the estimate's
+    own uncertainty first (:mod:`vramwidget.verdict`), then those that fit within it, then
+    single changes that help but do not suffice (by memory saved; under 1% left out).
+    Within a group the cheaper first: the cost of each change is on one scale (free, extra
+    compute, throughput, quality, GPUs, CPU offload: ``_BASE_SCORE``) and a combination
+    costs the sum of its changes; each suggestion says its cost by axis (quality, time,
+    hardware).  No suggestion uses more than ``max_gpus`` GPUs (default 8: one node).
 
     Tried: SDPA instead of eager attention, fused AdamW, selective and full activation
     checkpointing (cost: the extra compute of ``Estimate.recompute_overhead``), a smaller
     micro-batch with more gradient accumulation (same sequences per step), 8-bit AdamW,
     pure bf16 instead of fp32 weights, LoRA, QLoRA, ZeRO-2/ZeRO-3/FSDP across the fewest GPUs
-    that fit, and DeepSpeed CPU offload of the optimizer (and parameters).
+    that fit (up to ``max_gpus``), and DeepSpeed CPU offload of the optimizer (and
+    parameters).  A combination is listed only when it fits with the margin and none of its
+    parts (a cheaper subset) already does.
     """
+    from itertools import combinations
+
+    from .verdict import band_bytes, state_of
+
     max_gpus = check_int("max_gpus", max_gpus, lo=1)
     q = _Query(model, gpu, kw)
     s = q.setup
@@ -293,103 +335,153 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> Lis
     base_time = _timed(base_est, q.gpu)
     par0 = dict(q.par)
     strategy0 = par0.get("strategy", "none")
+    n_now = int(par0.get("num_gpus", 1) or 1)
     out: List[Suggestion] = []
     seen = set()
+    moves: List[_Move] = []
 
-    def attempt(title: str, kind: str, cost: str, setup_changes: Optional[Dict[str, Any]] = None,
-                par_changes: Optional[Dict[str, Any]] = None, compute_from_estimate: bool = False,
-                cost_value: float = 0.0) -> None:
-        setup_changes = setup_changes or {}
-        par_changes = par_changes or {}
+    def evaluate(ms: Sequence[_Move]) -> Optional[Tuple[Any, Any, Dict[str, Any], Dict[str, Any]]]:
+        setup_changes: Dict[str, Any] = {}
+        par_changes: Dict[str, Any] = {}
+        for m in ms:
+            setup_changes.update(m.setup)
+            par_changes.update(m.par)
         key = (tuple(sorted(setup_changes.items())), tuple(sorted(par_changes.items())))
         if key in seen:
-            return
+            return None
         seen.add(key)
         try:
             s2 = s.replace(**setup_changes) if setup_changes else s
             par = {**par0, **par_changes}
+            if int(par.get("num_gpus", 1) or 1) > max(max_gpus, n_now):
+                return None
             est = q.estimate(s2, par)
         except VramError:
-            return
+            return None
+        return est, s2, par, {**setup_changes, **par_changes}
+
+    def make(ms: Sequence[_Move], res) -> Suggestion:
+        est, s2, par, changes = res
         total = est.device_total_bytes
-        fits = total <= q.usable
-        if total >= base or (not fits and base - total < 0.01 * base):
-            return   # no saving, or too small to matter (under 1%) and not enough anyway
         per_gpu = est.per_gpu if isinstance(est, ParallelEstimate) else est
-        extra = per_gpu.recompute_overhead if compute_from_estimate else None
-        if compute_from_estimate:
-            cost = f"{extra * 100:.0f}% more compute per step ({cost})"
-            cost_value = extra
-        kwargs = {**s.to_dict(), **{k: v for k, v in s2.to_dict().items()}, **par}
+        reserved = getattr(est, "reserved_bytes", per_gpu.reserved_bytes)
+        state = state_of(total, q.usable, band_bytes(reserved))
+        extra = None
+        quality, time, hardware, words = [], [], [], []
+        score = 0.0
+        kinds = []
+        for m in ms:
+            cost = m.cost
+            if m.compute_from_estimate:
+                # the combination's own recompute share (checkpointing with LoRA costs less)
+                extra = per_gpu.recompute_overhead
+                cost = f"{extra * 100:.0f}% more compute per step ({m.cost})"
+                score += 10.0 * extra
+                time.append(f"+{extra * 100:.0f}% compute")
+                kinds.append("compute")
+            else:
+                score += _BASE_SCORE.get(m.kind, 9.0) + m.cost_value * (0.05 if m.kind == "throughput" else 1.0)
+                kinds.append(m.kind)
+            quality += [m.quality] if m.quality else []
+            time += [m.time] if m.time else []
+            hardware += [m.hardware] if m.hardware else []
+            words.append(cost)
         cpu = est.cpu_bytes_per_node if isinstance(est, ParallelEstimate) else 0.0
         if cpu:
-            cost += f"; needs {cpu / GIB:.0f} GiB of host memory per node"
+            hardware.append(f"{cpu / GIB:.0f} GiB host memory per node")
+            words[-1] += f"; needs {cpu / GIB:.0f} GiB of host memory per node"
+        order = ["free", "compute", "throughput", "quality", "hardware", "offload"]
+        kind = max(kinds, key=lambda k: order.index(k) if k in order else 9)
+        kwargs = {**s.to_dict(), **s2.to_dict(), **par}
+        title = " + ".join(m.title for m in ms)
+        # the step timed on the GPU (timing.py): what a training token costs with the change
         t = _timed(est, q.gpu)
         change = None
         if t is not None:
             if base_time is not None:
                 change = t[2] / base_time[2] - 1.0
-            cost += (f"; {t[0]:.3g} s per step, {t[1]:,.0f} tokens/s"
-                     + (f" ({change * 100:+.0f}% GPU time per token)" if change is not None else ""))
-        out.append(Suggestion(title, {**setup_changes, **par_changes}, kwargs, total, base - total,
-                              fits, kind, cost, extra, cpu, cost_value,
-                              *(t if t is not None else (None, None, None)), change,
-                              (t[2] * 1e6 / 3600 * q.gpu.usd_per_gpu_hour) if t and q.gpu.usd_per_gpu_hour else None))
+                time.append(f"{change * 100:+.0f}% GPU time per token")
+            words[-1] += (f"; {t[0]:.3g} s per step, {t[1]:,.0f} tokens/s"
+                          + (f" ({change * 100:+.0f}% GPU time per token)" if change is not None else ""))
+        usd = (t[2] * 1e6 / 3600 * q.gpu.usd_per_gpu_hour) if t and q.gpu.usd_per_gpu_hour else None
+        return Suggestion(title, changes, kwargs, total, base - total, total <= q.usable, kind,
+                          "; ".join(words) if len(ms) == 1 else " | ".join(words), extra, cpu,
+                          ms[0].cost_value if len(ms) == 1 else score, state,
+                          {"quality": ", ".join(quality), "time": ", ".join(time), "hardware": ", ".join(hardware)},
+                          score, tuple(m.title for m in ms) if len(ms) > 1 else (), q.usable - total,
+                          *(t if t is not None else (None, None, None)), change, usd)
+
+    def attempt(title: str, kind: str, cost: str, setup_changes: Optional[Dict[str, Any]] = None,
+                par_changes: Optional[Dict[str, Any]] = None, compute_from_estimate: bool = False,
+                cost_value: float = 0.0, group: str = "", quality: str = "", time: str = "",
+                hardware: str = "") -> None:
+        m = _Move(title, kind, cost, setup_changes or {}, par_changes or {}, group or title,
+                  compute_from_estimate, cost_value, quality, time, hardware)
+        res = evaluate([m])
+        if res is None:
+            return
+        sug = make([m], res)
+        moves.append(m)   # a candidate for combinations even when it saves nothing alone
+        if sug.device_total_bytes >= base or (not sug.fits and base - sug.device_total_bytes < 0.01 * base):
+            return   # no saving, or too small to matter (under 1%) and not enough anyway
+        out.append(sug)
 
     if s.attn_implementation == "eager":
         attempt("SDPA attention instead of eager", "free", "none (the same attention, without b x a x s x s "
-                "score tensors)", {"attn_implementation": "sdpa"})
+                "score tensors)", {"attn_implementation": "sdpa"}, group="attention")
     if s.optimizer == "adamw":
         attempt("fused AdamW", "free", "none (the same update in one kernel, no foreach temporaries)",
-                {"optimizer": "adamw_fused"})
+                {"optimizer": "adamw_fused"}, group="optimizer")
     if s.gradient_checkpointing == "none":
         attempt("selective activation checkpointing", "compute", "attention recomputed in backward",
-                {"gradient_checkpointing": "selective"}, compute_from_estimate=True)
+                {"gradient_checkpointing": "selective"}, compute_from_estimate=True, group="checkpointing")
     if s.gradient_checkpointing != "full":
         attempt("full activation checkpointing", "compute", "every block's forward recomputed in backward",
-                {"gradient_checkpointing": "full"}, compute_from_estimate=True)
+                {"gradient_checkpointing": "full"}, compute_from_estimate=True, group="checkpointing")
     if s.batch_size > 1:
-        b = _largest(lambda b: q.fits(replace(s, batch_size=b)), s.batch_size - 1)
-        if b >= 1:
-            seqs = s.batch_size * s.grad_accum_steps
-            acc = -(-seqs // b)
-            attempt(f"micro-batch {b} with {acc} gradient accumulation steps", "throughput",
-                    f"the same {b * acc} sequences per step in {acc} smaller micro-steps: lower GPU utilisation",
-                    {"batch_size": b, "grad_accum_steps": acc}, cost_value=acc)
+        b = _largest(lambda b: q.fits(replace(s, batch_size=b)), s.batch_size - 1) or 1
+        seqs = s.batch_size * s.grad_accum_steps
+        acc = -(-seqs // b)
+        attempt(f"micro-batch {b} with {acc} gradient accumulation steps", "throughput",
+                f"the same {b * acc} sequences per step in {acc} smaller micro-steps: lower GPU utilisation",
+                {"batch_size": b, "grad_accum_steps": acc}, cost_value=acc, group="batch",
+                time=f"{acc} micro-steps per step")
     if s.optimizer in ("adamw", "adamw_fused", "paged_adamw") and (s.method == "full" or s.method == "freeze"):
         attempt("8-bit AdamW (bitsandbytes)", "quality", "block-wise 8-bit Adam moments: usually on par with "
                 "32-bit AdamW (Dettmers et al. 2022); watch for instabilities on long runs",
-                {"optimizer": "adamw_8bit"}, cost_value=1)
+                {"optimizer": "adamw_8bit"}, cost_value=1, group="optimizer", quality="8-bit Adam moments")
     if s.weights_dtype == "float32" and not s.quantized:
         if q.gpu.bf16:
             attempt("bf16 instead of fp32", "quality", "pure bf16 weights, gradients and states (8-bit mantissa): "
                     "small updates can be lost; mixed precision (amp_bf16) keeps fp32 weights for less saving",
-                    {"precision": "bf16"}, cost_value=2)
+                    {"precision": "bf16"}, cost_value=2, group="precision", quality="pure bf16 weights")
             if s.precision == "fp32":
                 attempt("bf16 mixed precision instead of fp32", "quality", "bf16 matmuls with fp32 master weights: "
-                        "the standard recipe, rarely changes results", {"precision": "amp_bf16"}, cost_value=1)
+                        "the standard recipe, rarely changes results", {"precision": "amp_bf16"}, cost_value=1,
+                        group="precision", quality="bf16 matmuls")
         elif s.precision == "fp32":
             attempt("fp16 mixed precision instead of fp32", "quality",
                     f"{q.gpu.name} has no bf16: fp16 autocast needs loss scaling", {"precision": "amp_fp16"},
-                    cost_value=1)
+                    cost_value=1, group="precision", quality="fp16 matmuls, loss scaling")
     if s.method in ("full", "freeze"):
         lora_prec = s.precision if s.weights_dtype != "float32" else ("bf16" if q.gpu.bf16 else "fp16")
         attempt("LoRA (r=16, all linear layers)", "quality",
                 "trains low-rank adapters only: close to full fine-tuning on narrow tasks, below it on broad ones",
-                {"method": "lora", "precision": lora_prec, "lora_r": 16}, cost_value=3)
+                {"method": "lora", "precision": lora_prec, "lora_r": 16}, cost_value=3, group="method",
+                quality="LoRA instead of full fine-tuning")
         attempt("QLoRA (4-bit NF4 base, r=16)", "quality",
                 "4-bit base weights (QLoRA paper: on par with 16-bit LoRA); dequantization slows matmuls",
-                {"method": "qlora", "quantization": "nf4", "precision": lora_prec, "lora_r": 16}, cost_value=4)
+                {"method": "qlora", "quantization": "nf4", "precision": lora_prec, "lora_r": 16}, cost_value=4,
+                group="method", quality="LoRA on a 4-bit base")
     elif s.method == "lora":
         attempt("QLoRA (4-bit NF4 base)", "quality",
                 "4-bit base weights (QLoRA paper: on par with 16-bit LoRA); dequantization slows matmuls",
-                {"method": "qlora", "quantization": "nf4"}, cost_value=4)
-    # more GPUs
-    n_now = int(par0.get("num_gpus", 1) or 1)
+                {"method": "qlora", "quantization": "nf4"}, cost_value=4, group="method", quality="4-bit base")
+    # more GPUs (never more than max_gpus)
     if strategy0 in ("none", "ddp"):
         for strat in SHARDED:
             try:
-                n = min_gpus(q.arch, q.gpu, strat, max_gpus=max_gpus, **_kw_for(s, par0))
+                n = min_gpus(q.arch, q.gpu, strat, max_gpus=max(max_gpus, n_now), **_kw_for(s, par0))
             except VramError:
                 n = None
             if n is None:
@@ -400,26 +492,54 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = 1024, **kw: Any) -> Lis
                 kind = "throughput" if n == n_now else "hardware"   # the same GPUs: only traffic changes
                 attempt(f"{_STRATEGY_TITLES[strat]} across {n} x {q.gpu.name}", kind,
                         f"{more}{_COMM[strat]}", par_changes={"strategy": strat, "num_gpus": n},
-                        cost_value=n if kind == "hardware" else _TRAFFIC[strat])
+                        cost_value=n if kind == "hardware" else _TRAFFIC[strat], group="gpus",
+                        hardware=f"{n} × {q.gpu.name}" if n != n_now else "", time=_TIME[strat])
     elif strategy0 in SHARDED + ("fsdp_hybrid", "zero1", "fsdp_shard_grad_op", "megatron_distopt"):
         try:
-            n = min_gpus(q.arch, q.gpu, strategy0, max_gpus=max_gpus, **_kw_for(s, par0))
+            n = min_gpus(q.arch, q.gpu, strategy0, max_gpus=max(max_gpus, n_now), **_kw_for(s, par0))
         except VramError:
             n = None
         if n and n > par0.get("num_gpus", 1):
             attempt(f"{n} GPUs instead of {par0.get('num_gpus', 1)}", "hardware",
-                    f"{n} GPUs; the same strategy", par_changes={"num_gpus": n}, cost_value=n)
+                    f"{n} GPUs; the same strategy", par_changes={"num_gpus": n}, cost_value=n, group="gpus",
+                    hardware=f"{n} × {q.gpu.name}")
     # CPU offload (DeepSpeed)
-    n0 = int(par0.get("num_gpus", 1) or 1)
     if strategy0 in ("none", "ddp", "zero0", "zero1", "zero2") and not par0.get("offload_optimizer"):
         attempt("DeepSpeed ZeRO-Offload: optimizer on the CPU", "offload",
                 "the optimizer steps on the CPU and gradients/parameters cross PCIe every step: often 1.5-3x slower",
-                par_changes={"strategy": "zero2", "offload_optimizer": True, "num_gpus": n0})
+                par_changes={"strategy": "zero2", "offload_optimizer": True, "num_gpus": n_now}, group="gpus",
+                time="1.5-3x slower (PCIe)")
     if strategy0 in ("none", "ddp", "zero0", "zero1", "zero2", "zero3") and not par0.get("offload_params"):
         attempt("DeepSpeed ZeRO-3 with optimizer and parameters on the CPU", "offload",
                 "parameters are fetched from host memory for every module: several times slower",
-                par_changes={"strategy": "zero3", "offload_optimizer": True, "offload_params": True, "num_gpus": n0},
-                cost_value=1)
+                par_changes={"strategy": "zero3", "offload_optimizer": True, "offload_params": True, "num_gpus": n_now},
+                cost_value=1, group="gpus", time="several times slower (PCIe)")
+    # sharding across a few GPUs also combines with the cheaper changes: the fewest counts that
+    # are not already a single suggestion (2, 4 and max_gpus), ZeRO-3
+    if combine > 1 and strategy0 in ("none", "ddp"):
+        for n in sorted({2, 4, max_gpus}):
+            if n_now < n <= max_gpus and not any(m.group == "gpus" and m.par.get("num_gpus") == n for m in moves):
+                moves.append(_Move(f"{_STRATEGY_TITLES['zero3']} across {n} x {q.gpu.name}", "hardware",
+                                   f"{n} GPUs; {_COMM['zero3']}", {}, {"strategy": "zero3", "num_gpus": n}, "gpus",
+                                   cost_value=n, hardware=f"{n} × {q.gpu.name}", time=_TIME["zero3"]))
+    # combinations: cheaper subsets first; a superset of one that fits with the margin costs
+    # more for nothing and is left out
+    fitting = [frozenset([x.title]) for x in out if x.state == "fits"]
+    for k in range(2, max(combine, 1) + 1):
+        for combo in combinations(moves, k):
+            groups = [m.group for m in combo]
+            if len(set(groups)) < k:
+                continue   # two of one kind (two checkpointing modes, two methods, ...)
+            titles = frozenset(m.title for m in combo)
+            if any(f <= titles for f in fitting):
+                continue
+            res = evaluate(list(combo))
+            if res is None:
+                continue
+            sug = make(list(combo), res)
+            if sug.state == "fits":
+                out.append(sug)
+                fitting.append(titles)
     out.sort(key=Suggestion.sort_key)
     return out
 
@@ -439,6 +559,7 @@ def _timed(est: Any, gpu: GPU) -> Optional[Tuple[float, float, float]]:
 #: communication volume relative to DDP's all-reduce (ZeRO paper, section 7)
 _TRAFFIC = {"zero2": 1.0, "zero3": 1.5, "fsdp_full_shard": 1.5}
 _STRATEGY_TITLES = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp_full_shard": "FSDP full shard"}
+_TIME = {"zero2": "DDP's traffic", "zero3": "1.5x DDP's traffic", "fsdp_full_shard": "1.5x DDP's traffic"}
 _COMM = {"zero2": "reduce-scatter of gradients, all-gather of parameters after the step (DDP's traffic)",
          "zero3": "parameters all-gathered in forward and backward: about 1.5x DDP's traffic",
          "fsdp_full_shard": "parameters all-gathered in forward and backward: about 1.5x DDP's traffic"}

@@ -103,7 +103,11 @@ STACKS: Dict[str, Dict[str, Any]] = {
 
 
 def stack_defaults(stack: str, given: Dict[str, Any]) -> Dict[str, Any]:
-    """The setup fields ``stack`` sets when the user has not (``given``: the user's keywords)."""
+    """The setup fields ``stack`` sets when the user has not (``given``: the user's keywords).
+    An unknown stack sets nothing: the setup's own check names it (a widget trait holding a
+    typo must not raise KeyError while the controls are linked)."""
+    if stack not in STACKS:
+        return {}
     d = dict(STACKS[stack]["defaults"])
     tokens = STACKS[stack]["behaviour"].get("loss_chunk_tokens")
     if tokens and given.get("loss_chunks") is None:

@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import squarify
 
 from .result import COMPONENT_KINDS, Estimate, Node
-from .units import GIB
+from .units import GIB, fmt_bytes
 
 Row = Dict[str, Any]
 
@@ -58,19 +58,14 @@ _CHAR_W = 6.2  # average glyph width at the 10-11 px font the charts use
 
 
 def fmt_gib(nbytes: float) -> str:
-    """'12.3 GiB', '0.42 GiB', '< 0.01 GiB' (GiB = 2**30 bytes)."""
-    g = nbytes / GIB
-    if g >= 100:
-        return f"{g:.0f} GiB"
-    if g >= 10:
-        return f"{g:.1f} GiB"
-    if g >= 0.01:
-        return f"{g:.2f} GiB"
-    return "< 0.01 GiB"
+    """Bytes as the charts print them: automatic binary units and thousands separators
+    (:func:`vramwidget.units.fmt_bytes`: '612 MiB', '12.3 GiB', '1.21 TiB')."""
+    return fmt_bytes(nbytes)
 
 
-def _fit_text(name: str, nbytes: float, w: float, h: float) -> str:
-    """The text a box of w x h pixels can show: name and GiB, GiB only, or nothing."""
+def _fit_text(names: "str | Sequence[str]", nbytes: float, w: float, h: float) -> str:
+    """The text a box of w x h pixels can show: the first of ``names`` that fits on its
+    line, then the size; the size only; or nothing.  Never a cut word."""
     if w < _MIN_TEXT_W or h < _MIN_TEXT_H:
         return ""
     size = fmt_gib(nbytes)
@@ -79,9 +74,10 @@ def _fit_text(name: str, nbytes: float, w: float, h: float) -> str:
         return ""
     if h < _TWO_LINES_H:
         return size
-    if len(name) > max_chars:
-        name = name[: max(max_chars - 1, 1)] + "…"
-    return f"{name}\n{size}"
+    for name in ([names] if isinstance(names, str) else names):
+        if name and len(name) <= max_chars:
+            return f"{name}\n{size}"
+    return size
 
 
 def _node_formula(node: Node, limit: int = 4) -> str:
@@ -133,12 +129,15 @@ def _box_rows(components: Sequence[Node], x: float, y: float, dx: float, dy: flo
             "formula": _node_formula(comp), "x": cx, "y": cy, "x2": cx2, "y2": cy2,
         })
         groups = comp.children if comp.children else [comp]
-        for g, gx, gy, gx2, gy2 in _squarify(groups, cx, cy, cx2 - cx, cy2 - cy):
+        for i, (g, gx, gy, gx2, gy2) in enumerate(_squarify(groups, cx, cy, cx2 - cx, cy2 - cy)):
             label = g.name if g is not comp else comp.name
+            # the largest group names its component too ("weights · mlp"), so the same group
+            # name in several colours reads as the parts of different components
+            head = f"{comp.name} · {label}" if (i == 0 and g is not comp) else ""
             group_rows.append({
                 "scenario": scenario, "level": "group", "component": comp.name, "kind": kind,
-                "group": label, "label": label if g is comp else f"{comp.name}: {label}",
-                "text": _fit_text(label, g.bytes, gx2 - gx, gy2 - gy),
+                "group": label, "head": head, "label": label if g is comp else f"{comp.name}: {label}",
+                "text": _fit_text((head, label), g.bytes, gx2 - gx, gy2 - gy),
                 "bytes": g.bytes, "gib": g.bytes / GIB, "share": g.bytes / total,
                 "formula": _node_formula(g), "x": gx, "y": gy, "x2": gx2, "y2": gy2,
             })
@@ -175,13 +174,14 @@ class UnitBox:
     total_bytes: float
     device_total_bytes: float
     rows: Tuple[Row, ...]
+    reserved_bytes: float = 0.0   # the predicted reserved part (the verdict's band scales it)
 
 
 def unit_box(est: Estimate, scenario: str = "") -> UnitBox:
     """``est``'s peak components laid out in the unit square (no text yet)."""
     total = total_bytes(est)
     rows = _box_rows(est.components, 0.0, 0.0, 1.0, 1.0, scenario, total)
-    return UnitBox(scenario, total, float(est.device_total_bytes), tuple(rows))
+    return UnitBox(scenario, total, float(est.device_total_bytes), tuple(rows), float(est.reserved_bytes))
 
 
 def _place(box: UnitBox, x0: float, y0: float, side: float, scenario: str) -> List[Row]:
@@ -194,7 +194,7 @@ def _place(box: UnitBox, x0: float, y0: float, side: float, scenario: str) -> Li
         q = dict(r, scenario=scenario, formula="", x=x0 + r["x"] * side, y=y0 + r["y"] * side,
                  x2=x0 + r["x2"] * side, y2=y0 + r["y2"] * side)
         if r["level"] == "group":
-            q["text"] = _fit_text(r["group"], r["bytes"], (r["x2"] - r["x"]) * side,
+            q["text"] = _fit_text((r.get("head", ""), r["group"]), r["bytes"], (r["x2"] - r["x"]) * side,
                                   (r["y2"] - r["y"]) * side)
         out.append(q)
     return out
@@ -254,6 +254,7 @@ def comparison_rows(scenarios: Sequence[Tuple[str, "Estimate | UnitBox"]], width
         rows.extend(_place(box, x, header, side, name))
         fits = capacity_bytes is None or box.device_total_bytes <= capacity_bytes
         titles.append({
+            "reserved_bytes": box.reserved_bytes,
             "scenario": name, "level": "title", "component": "", "kind": "", "group": "",
             "label": name, "text": f"{name}\n{fmt_gib(tot)}" + ("" if fits else " ✗"),
             "bytes": tot, "gib": tot / GIB, "share": 1.0, "formula": "",

@@ -10,21 +10,26 @@ import { h } from "./dom.js";
 /** @typedef {import("./types.js").Ctx} Ctx @typedef {import("./types.js").ChartSlot} ChartSlot */
 
 const CHARTS = [
+  ["phases", "On the GPU through one step (bar: device total; tick: allocated)"],
   ["detail", "Where the memory goes at the peak (area ∝ bytes)"],
-  ["comparison", "Scenarios on one scale (twice the memory, twice the area); dashed: the GPU"],
-  ["phases", "Memory through one training step"],
+  ["comparison", "Scenarios on one scale (twice the memory, twice the area)"],
+  ["fitmap", "Where it fits (click a cell to use it)"],
 ];
+/** Charts drawn beside the others (the side column), not in the main one. */
+const SIDE = new Set(["fitmap"]);
 /** Chart titles that differ by what is shown: multi-GPU training, inference. */
 const TITLES = {
   parallel: {
-    detail: "Where one GPU's memory goes at the peak (the worst GPU; area ∝ bytes)",
-    comparison: "Scenarios per GPU on one scale (twice the memory, twice the area); dashed: one GPU",
-    phases: "One GPU's memory through one training step",
+    detail: "Where the worst GPU's memory goes at the peak (area ∝ bytes)",
+    comparison: "Scenarios per GPU on one scale (area ∝ bytes)",
+    phases: "One GPU through one step (bar: device total; tick: allocated)",
+    fitmap: "Fit map: single-GPU training only",
   },
   inference: {
     detail: "Where the memory goes at the inference peak (area ∝ bytes)",
-    comparison: "Weight formats at your context and batch, on one scale; dashed: the GPU",
-    phases: "Memory through generate(): after load, prefill, decode",
+    comparison: "Weight formats at your context and batch (area ∝ bytes)",
+    phases: "On the GPU through generate() (bar: device total; tick: allocated)",
+    fitmap: "Fit map: training only",
   },
 };
 
@@ -85,22 +90,45 @@ export function withRows(spec, name, rows) {
 
 /**
  * @param {Ctx} ctx
- * @returns {{ el: HTMLElement, syncTitles: () => void, embedAll: () => void, updateRows: () => void,
- *   start: () => void, dispose: () => void }}
+ * @returns {{ el: HTMLElement, side: HTMLElement, syncTitles: () => void, syncLegend: () => void,
+ *   embedAll: () => void, updateRows: () => void, start: () => void, dispose: () => void }}
  */
 export function chartsPanel(ctx) {
   const { model, root, el } = ctx;
   /** @type {Record<string, ChartSlot>} */
   const slots = {};
   const chartsBox = h("div", { class: "vw-charts" });
+  const sideBox = h("div", { class: "vw-side-charts" });
   /** @type {Record<string, HTMLElement>} */
   const chartTitles = {};
+  const legend = h("div", { class: "vw-legend", testid: "legend" });
   for (const [name, title] of CHARTS) {
-    const target = h("div", { class: "vw-chart", testid: `chart-${name}` });
-    chartTitles[name] = h("h4", { text: title });
-    chartsBox.append(h("section", { class: "vw-chart-box" }, [chartTitles[name], target]));
+    const target = h("div", { class: `vw-chart vw-chart-${name}`, testid: `chart-${name}` });
+    chartTitles[name] = h("h4", { text: title, title });
+    const section = h("section", { class: "vw-chart-box", "data-chart": name },
+      name === "detail" ? [chartTitles[name], target, legend] : [chartTitles[name], target]);
+    (SIDE.has(name) ? sideBox : chartsBox).append(section);
     slots[name] = { el: target, view: null, token: 0, pending: null };
   }
+
+  /** The detail's legend: the parts present, from the table (Python's colours). */
+  const syncLegend = () => {
+    const rows = model.get("table") || [];
+    legend.replaceChildren(...rows.map((/** @type {any} */ r) => h("span", { class: "vw-legend-item", title: r.formula || r.component }, [
+      h("span", { class: "vw-swatch", style: `background:${r.color}` }), r.component,
+    ])));
+  };
+
+  /** A click on a fit-map cell sets batch and sequence (one message). @param {any} view */
+  const listenFitmap = (view) => {
+    view.addEventListener("click", (/** @type {any} */ _e, /** @type {any} */ item) => {
+      const d = item && item.datum;
+      if (!d || d.level !== "cell") return;
+      model.set("batch_size", d.batch_size);
+      model.set("seq_len", d.seq_len);
+      model.save_changes();
+    });
+  };
 
   /** Chart titles follow what is shown (one GPU, the worst of several, inference). */
   const syncTitles = () => {
@@ -128,6 +156,7 @@ export function chartsPanel(ctx) {
       if (token !== slot.token) { res.finalize(); return; }
       slot.view = res.view;
       slot.el.classList.add("vw-ready");
+      if (name === "fitmap") listenFitmap(res.view);
       try { res.view.signal(GAP_PARAM, theme.bg); } catch (_) { /* chart without the parameter */ }
       // rows may have changed while the spec was being compiled
       const now = (model.get("rows") || {})[name] || [];
@@ -155,7 +184,7 @@ export function chartsPanel(ctx) {
   observer.observe(el.ownerDocument.body, { attributes: true, attributeFilter: ["class", "data-jp-theme-light", "data-jp-theme-name", "data-theme"] });
 
   return {
-    el: chartsBox, syncTitles, embedAll, updateRows,
+    el: chartsBox, side: sideBox, syncTitles, syncLegend, embedAll, updateRows,
     // embed after the element is attached so the theme colours can be read
     start: () => requestAnimationFrame(() => { theme = themeOf(root); embedAll(); }),
     dispose: () => {

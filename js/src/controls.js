@@ -26,21 +26,26 @@ const SELECTS = [
   ["lora_variant", "LoRA variant", "LoRA or DoRA (weight-decomposed)"],
 ];
 
-/** Number inputs: trait, label, kind ("int" | "float" | "int?" | "float?"), min, step, hint. */
+/**
+ * Number inputs: trait, short label, kind ("int" | "float" | "int?" | "float?"), min, step,
+ * hint (the tooltip), max (optional). A value outside [min, max] is refused here and named
+ * in the banner.
+ */
 const NUMBERS = [
-  ["batch_size", "Batch size", "int", 1, 1, "Sequences per forward pass (per GPU replica)"],
-  ["seq_len", "Sequence length", "int", 1, 1],
-  ["context_len", "Context length", "int", 1, 1, "Tokens per sequence at the end of generation (prompt + generated)"],
-  ["grad_accum_steps", "Grad. accumulation", "int", 1, 1],
-  ["lora_r", "LoRA rank r", "int", 1, 1],
-  ["lora_alpha", "LoRA alpha", "float", 0, "any"],
-  ["lora_dropout", "LoRA dropout", "float", 0, 0.05],
-  ["trainable_layers", "Trainable last layers", "int?", 1, 1],
+  ["batch_size", "Batch size", "int", 1, 1, "Micro-batch: sequences per forward pass (per GPU replica)"],
+  ["seq_len", "Sequence", "int", 1, 1, "Sequence length: tokens per sequence"],
+  ["context_len", "Context", "int", 1, 1, "Context length: tokens per sequence at the end of generation (prompt + generated)"],
+  ["grad_accum_steps", "Grad. accum.", "int", 1, 1, "Gradient accumulation steps (same peak, more sequences per step)"],
+  ["lora_r", "LoRA rank", "int", 1, 1, "LoRA rank r"],
+  ["lora_alpha", "LoRA alpha", "float", 0, "any", "LoRA alpha (scales the update; no memory effect)"],
+  ["lora_dropout", "LoRA dropout", "float", 0, 0.05, "LoRA dropout probability, in [0, 1)", 0.99],
+  ["trainable_layers", "Last layers", "int?", 1, 1, "Method 'last layers': how many of the last layers train (blank: all)"],
   ["loss_chunks", "Loss chunks", "int", 1, 1, "Chunks of the chunked cross-entropy"],
   ["num_gpus", "GPUs", "int", 1, 1, "GPUs of the run; above 1 needs a data-parallel strategy (DDP is picked)"],
-  ["tensor_parallel", "Tensor parallel", "int", 1, 1, "Heads, MLP width and vocabulary split over this many GPUs"],
-  ["pipeline_parallel", "Pipeline stages", "int", 1, 1, "Layers split into this many stages (1F1B)"],
-  ["gpu_memory_utilization", "Serving budget", "float?", 0.05, 0.05, "Blank: generate(). A fraction such as 0.9: a vLLM-style server whose paged KV cache fills that share of the GPU"],
+  ["tensor_parallel", "Tensor par.", "int", 1, 1, "Tensor parallel: heads, MLP width and vocabulary split over this many GPUs"],
+  ["pipeline_parallel", "Pipeline", "int", 1, 1, "Pipeline stages: layers split into this many stages (1F1B)"],
+  ["max_gpus", "Max GPUs", "int", 1, 1, "The most GPUs a suggestion may use (8: one node)"],
+  ["gpu_memory_utilization", "Serving", "float?", 0.05, 0.05, "Serving budget. Blank: generate(). A fraction such as 0.9: a vLLM-style server whose paged KV cache fills that share of the GPU", 1],
 ];
 
 /** Controls (and groups) shown in one mode only; the other mode hides them. */
@@ -56,7 +61,7 @@ const CHECKBOXES = ["double_quant", "prepare_kbit", "offload_optimizer", "offloa
  * @returns {{ el: HTMLElement, syncInputs: () => void, syncOptions: () => void, syncDisabled: () => void }}
  */
 export function controlsPanel(ctx) {
-  const { model, el, root, id, send } = ctx;
+  const { model, el, root, id, send, setLocalError } = ctx;
   /** @type {Record<string, HTMLElement>} every control by trait name */
   const controls = {};
   const form = h("form", { class: "vw-controls", "aria-label": "training setup" });
@@ -81,10 +86,13 @@ export function controlsPanel(ctx) {
     type: "text", list: datalist.id, autocomplete: "off", spellcheck: "false",
     placeholder: "preset, Hub id (org/name) or 7B",
   }));
-  modelInput.addEventListener("change", () => {
+  const commitModel = () => {
     const v = modelInput.value.trim();
-    if (v) send("model", v);
-  });
+    if (v && v !== model.get("model")) send("model", v);
+  };
+  modelInput.addEventListener("change", commitModel);
+  // Enter commits (a datalist input does not always fire change on Enter)
+  modelInput.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); commitModel(); } });
   const configText = /** @type {HTMLTextAreaElement} */ (h("textarea", {
     rows: 4, spellcheck: "false", placeholder: "paste a config.json here",
   }));
@@ -111,7 +119,7 @@ export function controlsPanel(ctx) {
 
   const fsModel = h("fieldset", { class: "vw-group" }, [
     h("legend", { text: "Model" }),
-    field("model", "Preset or Hub id", modelInput, "Type to search the presets; or a Hub id, e.g. meta-llama/Llama-3.1-8B"),
+    field("model", "Model", modelInput, "Preset or Hub id: type to search the presets; or a Hub id, e.g. meta-llama/Llama-3.1-8B, or a size like 7B"),
     datalist, configBox,
   ]);
 
@@ -129,26 +137,34 @@ export function controlsPanel(ctx) {
   // --- numbers ---------------------------------------------------------------------
   /** @type {Record<string, HTMLElement>} */
   const numberFields = {};
-  for (const [name, label, kind, min, step, hint] of NUMBERS) {
+  for (const [name, label, kind, min, step, hint, max] of NUMBERS) {
     const optional = kind === "int?" || kind === "float?";
     const float = kind === "float" || kind === "float?";
     const inp = /** @type {HTMLInputElement} */ (h("input", {
-      type: "number", min, step, inputmode: float ? "decimal" : "numeric",
+      type: "number", min, max, step, inputmode: float ? "decimal" : "numeric",
       placeholder: kind === "int?" ? "all" : kind === "float?" ? "none" : undefined,
     }));
-    inp.addEventListener("change", () => {
+    const commit = () => {
       const raw = inp.value.trim();
-      if (raw === "" && optional) { inp.removeAttribute("aria-invalid"); send(name, null); return; }
+      if (raw === "" && optional) { inp.removeAttribute("aria-invalid"); setLocalError(name, ""); send(name, null); return; }
       const v = Number(raw);
-      const ok = raw !== "" && isFinite(v) && (float || Number.isInteger(v));
-      if (!ok) {
+      /** @type {string} */
+      let why = "";
+      if (raw === "" || !isFinite(v)) why = `${raw === "" ? "an empty box" : JSON.stringify(raw)} is not a number`;
+      else if (!float && !Number.isInteger(v)) why = `${raw} is not a whole number`;
+      else if (v < /** @type {number} */ (min)) why = `${raw} is below the minimum ${min}`;
+      else if (max !== undefined && v > /** @type {number} */ (max)) why = `${raw} is above the maximum ${max}`;
+      if (why) {
         inp.setAttribute("aria-invalid", "true");
-        inp.title = float ? "enter a number" : "enter a whole number";
+        setLocalError(name, `${name}: ${why}; still using ${name} = ${model.get(name) === null ? "none" : model.get(name)}`);
         return;
       }
       inp.removeAttribute("aria-invalid");
-      send(name, v);
-    });
+      setLocalError(name, "");
+      if (v !== model.get(name)) send(name, v);
+    };
+    inp.addEventListener("change", commit);
+    inp.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); commit(); } });
     numberFields[name] = field(name, /** @type {string} */ (label), inp, /** @type {string | undefined} */ (hint));
   }
 
@@ -229,7 +245,7 @@ export function controlsPanel(ctx) {
   const fsParallel = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
     h("legend", { text: "Multi-GPU training" }),
     numberFields.num_gpus, selectFields.strategy, numberFields.tensor_parallel,
-    numberFields.pipeline_parallel,
+    numberFields.pipeline_parallel, numberFields.max_gpus,
     checkbox("offload_optimizer", "Optimizer states on the CPU", "DeepSpeed ZeRO-Offload (ZeRO-1, 2 or 3)"),
     checkbox("offload_params", "Parameters on the CPU", "ZeRO-3 parameter offload or FSDP CPUOffload"),
   ]);
@@ -267,7 +283,7 @@ export function controlsPanel(ctx) {
   const fillSelect = (sel, choices, value) => {
     const key = JSON.stringify(choices);
     if (sel.dataset.choices !== key) {
-      sel.replaceChildren(...choices.map(([v, l]) => h("option", { value: v, text: l })));
+      sel.replaceChildren(...choices.map(([v, l, long]) => h("option", { value: v, text: l, title: long || l })));
       sel.dataset.choices = key;
     }
     if (![...sel.options].some((o) => o.value === value)) {
@@ -302,7 +318,7 @@ export function controlsPanel(ctx) {
     for (const [name] of SELECTS) {
       fillSelect(/** @type {HTMLSelectElement} */ (controls[name]), opts[name] || [], model.get(name));
     }
-    fillSelect(/** @type {HTMLSelectElement} */ (gpuSel), [["", "(none)"], ...(opts.gpus || [])], model.get("gpu"));
+    fillSelect(/** @type {HTMLSelectElement} */ (gpuSel), [["", "(none)", "no GPU: the verdict row shows common GPUs"], ...(opts.gpus || [])], model.get("gpu"));
     datalist.replaceChildren(...(opts.presets || []).map((/** @type {Choice} */ [v, l]) => h("option", { value: v, label: l || v })));
     fillChecks(groupsFs, "quantized_groups", opts.quantized_groups || [], model.get("quantized_groups"));
     fillChecks(targetsList, "lora_targets", opts.lora_targets || [], model.get("lora_targets"));
@@ -358,7 +374,10 @@ export function controlsPanel(ctx) {
         ctl.dataset.disabledReason = reason;
         wrap.title = reason;
       } else {
-        ctl.removeAttribute("title");
+        if (ctl.tagName === "SELECT") {  // the chosen option's long label as the tooltip
+          const o = /** @type {HTMLSelectElement} */ (ctl).selectedOptions[0];
+          ctl.title = o ? o.title : "";
+        } else ctl.removeAttribute("title");
         delete ctl.dataset.disabledReason;
         wrap.removeAttribute("title");
       }

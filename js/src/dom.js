@@ -20,12 +20,28 @@ export function h(tag, attrs = {}, children = []) {
   return el;
 }
 
-/** @param {number | null | undefined} gib */
+/**
+ * Bytes with an automatic binary unit and thousands separators, the one format of the
+ * widget, the notebooks and the CLI (vramwidget.units.fmt_bytes): 612 MiB, 9.96 GiB,
+ * 23.5 GiB, 1,234 GiB is 1.21 TiB.
+ * @param {number | null | undefined} b
+ */
+export function fmtBytes(b) {
+  if (b === null || b === undefined || !isFinite(b)) return "–";
+  const sign = b < 0 ? "-" : "";
+  const a = Math.abs(b);
+  const three = (/** @type {number} */ x, /** @type {string} */ u) =>
+    `${sign}${x >= 100 ? Math.round(x).toLocaleString("en") : x >= 10 ? x.toFixed(1) : x.toFixed(2)} ${u}`;
+  if (a >= 2 ** 40) return three(a / 2 ** 40, "TiB");
+  if (a >= 2 ** 30) return three(a / 2 ** 30, "GiB");
+  if (a >= 2 ** 20) return `${sign}${Math.round(a / 2 ** 20).toLocaleString("en")} MiB`;
+  if (a >= 2 ** 10) return `${sign}${Math.round(a / 2 ** 10).toLocaleString("en")} KiB`;
+  return `${sign}${Math.round(a).toLocaleString("en")} B`;
+}
+
+/** GiB (a float) in the same format. @param {number | null | undefined} gib */
 export function fmtGiB(gib) {
-  if (gib === null || gib === undefined || !isFinite(gib)) return "–";
-  if (Math.abs(gib) >= 100) return `${gib.toFixed(0)} GiB`;
-  if (Math.abs(gib) >= 10) return `${gib.toFixed(1)} GiB`;
-  return `${gib.toFixed(2)} GiB`;
+  return gib === null || gib === undefined ? "–" : fmtBytes(gib * 2 ** 30);
 }
 
 /** @param {number | null | undefined} n */

@@ -1,10 +1,10 @@
 // @ts-check
 /**
- * The summary panel: the headline (peak, device total, the GPU verdict), the model line,
- * the facts of the current mode (multi-GPU layout, largest micro-batch, inference) and
- * the notes and warnings.
+ * The summary panel (beside the charts): allocated peak and what makes up the device total,
+ * the model line, the facts of the current mode (multi-GPU layout, largest micro-batch,
+ * inference) and the notes and warnings. The verdict itself is verdict.js's.
  */
-import { fmtCount, fmtGiB, fmtInt, h } from "./dom.js";
+import { fmtBytes, fmtCount, fmtGiB, fmtInt, h } from "./dom.js";
 import { inferenceFacts } from "./inference.js";
 import { parallelFacts } from "./parallel.js";
 
@@ -38,18 +38,13 @@ export function summaryPanel(ctx) {
     const par = s.parallel || null;
     const inf = s.inference || null;
     if (s.peak_gib === undefined) { summaryBox.textContent = ""; return; }
-    const fit = s.fits === null || s.fits === undefined ? null
-      : h("span", { class: `vw-badge ${s.fits ? "vw-fits" : "vw-over"}`, "data-fits": String(s.fits),
-        text: s.fits ? `fits ${par ? `${par.num_gpus} × ` : ""}${s.gpu}: ${fmtGiB(s.headroom_gib)} to spare`
-          : `does not fit ${par ? `${par.num_gpus} × ` : ""}${s.gpu}: ${fmtGiB(-s.headroom_gib)} over` });
     const perGpu = par ? ` per GPU (the worst of ${par.num_gpus})` : "";
     const head = h("div", { class: "vw-headline" }, [
       h("span", { class: "vw-peak", "data-peak-gib": s.peak_gib.toFixed(4) }, [
-        h("strong", { text: fmtGiB(s.peak_gib) }), ` peak allocated${perGpu}, at ${s.peak_phase_label}`,
+        h("strong", { text: fmtBytes(s.peak_bytes) }), ` peak allocated${perGpu}, at ${s.peak_phase_label}`,
       ]),
       h("span", { title: "what nvidia-smi would show: memory PyTorch's caching allocator reserves (allocated + cached blocks) plus the CUDA context",
-        text: `device total ${fmtGiB(s.device_total_gib)} (reserved by PyTorch ${fmtGiB(s.reserved_gib)} + CUDA context ${fmtGiB(s.cuda_context_gib)})` }),
-      ...(fit ? [fit] : []),
+        text: `device total ${fmtBytes(s.device_total_bytes)} = reserved ${fmtGiB(s.reserved_gib)} + CUDA context ${fmtGiB(s.cuda_context_gib)}` }),
       ...(inf ? [] : [timeFact(s.time)].filter((x) => x !== null)),
     ]);
     const params = inf ? `${fmtCount(s.params_total)} parameters`

@@ -7,7 +7,8 @@
  * One file per panel (each exports a function that builds its element and a sync):
  *   controls.js     every input control (model, training, inference, batch, GPU, multi-GPU,
  *                   quantization, LoRA), their choices and disabled reasons
- *   error.js        the error banner
+ *   error.js        the banner (an input that cannot be used, named with its value)
+ *   verdict.js      does it fit: device total vs the GPU, three states, common GPUs
  *   summary.js      headline, model line, notes; parallel.js and inference.js add their facts
  *   suggestions.js  changes that make the setup fit
  *   charts.js       the three Vega charts (embedded once, rows swapped in place), the theme
@@ -30,8 +31,9 @@
  *                        pipeline_parallel, offload_optimizer, offload_params,
  *                        inference: weights, kv_cache_dtype, context_len,
  *                        gpu_memory_utilization, engine (hf | vllm | sglang); a replica's
- *                        GPUs are tensor_parallel x pipeline_parallel in both modes
- *   outputs (read here): specs {name: vega-lite spec}, rows {name: [row]}, summary, table,
+ *                        GPUs are tensor_parallel x pipeline_parallel in both modes;
+ *                        suggestions: max_gpus
+ *   outputs (read here): specs {name: vega-lite spec}, rows {name: [row]}, summary, verdict, table,
  *                        disabled {trait: reason}, options {trait: [[value, label]]},
  *                        formats [number format], error, error_field, suggestions [change],
  *                        suggestions_status
@@ -45,8 +47,12 @@
  *   training-config, control-training_config, training-config-upload, training-config-apply,
  *   training-config-report          import a training config: the box, its text, file picker,
  *                                   apply button and what it set / did not use
- *   error                           the error banner (hidden when the error trait is "")
- *   summary                         peak, phase, device total, GPU fit
+ *   error                           the banner (data-shown="false" when there is nothing to say;
+ *                                   its space is kept)
+ *   verdict, verdict-badge          the verdict bar and its badge (data-state fits | tight |
+ *                                   does_not_fit, "" without a GPU); headline: what the GPU holds
+ *   gpu-chip-<name>                 the common GPUs with their verdicts (a click picks one)
+ *   summary                         peak allocated, device total, the mode's facts, notes
  *   control-mode                    the mode radios (control-mode-training, control-mode-inference)
  *   parallel, stages                the multi-GPU line and the pipeline-stage table (in summary)
  *   max-batch                       the largest micro-batch that fits the GPU (in summary)
@@ -54,9 +60,11 @@
  *   serving, startup-lines          a serving engine's KV budget and the lines it prints at start-up;
  *   largest-max-model-len,          the largest max_model_len that starts, and a copyable
  *   serve-command                   `vllm serve` / `sglang.launch_server` command
- *   suggestions                     changes that make the setup fit (shown when it does not);
- *                                   each row suggestion-<i>, its button suggestion-apply-<i>
- *   chart-detail, chart-comparison, chart-phases   the Vega charts (class vw-ready once drawn)
+ *   suggestions                     changes that make the setup fit (always there, beside the
+ *                                   charts); each row suggestion-<i>, its button
+ *                                   suggestion-apply-<i>; suggestion-undo after an apply
+ *   chart-detail, chart-comparison, chart-phases, chart-fitmap   the Vega charts (class
+ *                                   vw-ready once drawn); legend: the detail's parts present
  *   table                           the component table
  *   formats                         the number-format panel
  * A disabled control has the `disabled` attribute and its reason as title and as
@@ -72,6 +80,7 @@ import { suggestionsPanel } from "./suggestions.js";
 import { summaryPanel } from "./summary.js";
 import { tablePanel } from "./table.js";
 import { trainingConfigPanel } from "./trainingconfig.js";
+import { verdictPanel } from "./verdict.js";
 
 /** @typedef {import("./types.js").Model} Model @typedef {import("./types.js").Ctx} Ctx */
 
@@ -83,7 +92,7 @@ const INPUT_TRAITS = [
   "num_gpus", "strategy", "tensor_parallel", "pipeline_parallel", "offload_optimizer",
   "offload_params", "weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization",
   "engine", "stack", "loss", "loss_chunks", "lora_variant", "activation_offloading",
-  "optimizer_in_backward", "packing", "compile",
+  "optimizer_in_backward", "packing", "compile", "max_gpus",
 ];
 
 let uid = 0;
@@ -107,11 +116,14 @@ export default {
       id: `vw${++uid}`,
       send: (name, value) => { model.set(name, value); model.save_changes(); },
       on: (ev, cb) => { model.on(ev, cb); handlers.push([ev, cb]); },
+      setLocalError: (field, message) => error.setLocal(field, message),
     };
     const { root, on } = ctx;
 
     const controls = controlsPanel(ctx);
+    /** @type {ReturnType<typeof errorPanel>} */
     const error = errorPanel(ctx, controls.syncDisabled);
+    const verdict = verdictPanel(ctx);
     const summary = summaryPanel(ctx);
     const suggestions = suggestionsPanel(ctx);
     const charts = chartsPanel(ctx);
@@ -120,8 +132,12 @@ export default {
     const trainingConfig = trainingConfigPanel(ctx);
     controls.el.append(trainingConfig.el);
 
-    const main = h("div", { class: "vw-main" }, [suggestions.el, charts.el, table.el, formats.el]);
-    root.append(error.el, summary.el, h("div", { class: "vw-layout" }, [controls.el, main]));
+    // Layout: the banner and the verdict bar keep their height; the controls, the charts and
+    // the side column (fit map, suggestions, facts) sit side by side, so what appears in one
+    // never moves another (narrow: the side column goes under the charts).
+    const main = h("div", { class: "vw-main" }, [charts.el, table.el, formats.el]);
+    const side = h("div", { class: "vw-side" }, [charts.side, suggestions.el, summary.el]);
+    root.append(error.el, verdict.el, h("div", { class: "vw-layout" }, [controls.el, main, side]));
     el.append(root);
 
     // --- subscriptions: one loop over the traits -------------------------------------
@@ -131,8 +147,12 @@ export default {
     on("change:error", error.sync);
     on("change:error_field", controls.syncDisabled);
     on("change:summary", summary.sync);
+    on("change:summary", verdict.sync);
+    on("change:verdict", verdict.sync);
+    on("change:verdict", suggestions.sync);
     on("change:summary", charts.syncTitles);
     on("change:summary", suggestions.sync);
+    on("change:table", charts.syncLegend);
     on("change:suggestions", suggestions.sync);
     on("change:suggestions_status", suggestions.sync);
     on("change:table", table.sync);
@@ -144,7 +164,9 @@ export default {
     controls.syncInputs();
     error.sync();
     summary.sync();
+    verdict.sync();
     charts.syncTitles();
+    charts.syncLegend();
     suggestions.sync();
     table.sync();
     formats.sync();

@@ -67,8 +67,10 @@ def test_treemaps_render_with_rectangles_and_gib_labels(session, artifacts):
     d_shapes, c_shapes = chart_shapes(detail), chart_shapes(comparison)
     assert len(d_shapes) >= MIN_DETAIL_RECTS, d_shapes
     assert len(c_shapes) >= MIN_COMPARISON_RECTS, len(c_shapes)
-    # the detail treemap fills its 640 x 340 box (the layout tiles the whole area)
-    assert filled_area(d_shapes) == pytest.approx(640 * 340, rel=0.02)
+    # the detail treemap fills its box (the layout tiles the whole area)
+    from vramwidget.widget import DETAIL_SIZE
+
+    assert filled_area(d_shapes) == pytest.approx(DETAIL_SIZE[0] * DETAIL_SIZE[1], rel=0.02)
     d_labels = chart_labels(detail)
     assert any(re.search(r"\d GiB", t) for t in d_labels), d_labels
     c_labels = chart_labels(comparison)

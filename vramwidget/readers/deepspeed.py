@@ -116,3 +116,17 @@ def apply(m: Mapper, prefix: str, ds: Any = None) -> None:
     if isinstance(ac, Mapping) and ac:
         m.ignore(src + "activation_checkpointing",
                  "DeepSpeed's own checkpointing applies to Megatron-style models; set gradient_checkpointing")
+
+
+def apply_named(m: Mapper, key: str = "deepspeed") -> None:
+    """A DeepSpeed config that a training config names by path (or holds inline) at
+    ``key`` (here, beside :func:`apply`, so _common and this module do not import each other)."""
+    ds = m.get(key)
+    if isinstance(ds, Mapping):
+        apply(m, key + ".")
+    elif isinstance(ds, str) and ds:
+        inner = m.sibling(ds)
+        if inner is None:
+            m.ignore(key, f"DeepSpeed file {ds!r} not found beside the config: pass it separately")
+        else:
+            apply(m, f"{key}:{ds}:", inner)

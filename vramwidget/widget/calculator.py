@@ -32,19 +32,23 @@ from ..result import Estimate
 from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
 from ..units import GIB
 from .formats import number_formats
-from .inference import INFERENCE_SCENARIOS, InferencePanel, inference_options, inference_phase_rows
-from .multigpu import ParallelPanel, strategy_options
+from .inference import INFERENCE_SCENARIOS, InferencePanel, inference_phase_rows
+from .multigpu import ParallelPanel
 from .state import DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, run_estimate, shown
 from .suggestions import SuggestionsPanel, suggestion_dict
-from .training import YOUR_SETUP, TrainingPanel, _choices
+from .options import OptionsPanel
+from .training import YOUR_SETUP, TrainingPanel
 from .trainingconfig import TrainingConfigPanel
+from .verdictpanel import VerdictPanel
 from .views import (COMPARISON_HEADER, COMPARISON_HEADER_TIME, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
                     add_verdicts, build_specs, table_rows)
 
 _MISSING = object()
 
 
-class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel, TrainingConfigPanel, State):
+
+class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
+                 TrainingConfigPanel, State):
     """GPU memory of one training step (on one GPU or per GPU of a parallel run) or of
     inference, as a live notebook widget.
 
@@ -79,6 +83,8 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         self._cache: "OrderedDict[Tuple, Any]" = OrderedDict()
         self._boxes: "OrderedDict[Tuple, UnitBox]" = OrderedDict()
         self._box_fits: Dict[Tuple, Optional[bool]] = {}
+        self._box_notes: Dict[Tuple, str] = {}
+        self._notes_now: Dict[str, str] = {}
         self._box_seconds: Dict[Tuple, Optional[float]] = {}   # scenario step times on a GPU
         self._answers: "OrderedDict[Tuple, Any]" = OrderedDict()   # max batch, longest context
         self._sugg_cache: "OrderedDict[Tuple, List[Any]]" = OrderedDict()
@@ -88,6 +94,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         self._arch_key: Optional[Tuple[str, str]] = None
         self._arch: Any = None
         super().__init__(model=model, **kwargs)
+        self._defaults_said = self._practitioner_defaults(kwargs)
         self._specs_cache: Dict[str, Dict[str, Any]] = {}
         self.specs = self._specs_for(self.mode)
         self.formats = number_formats()
@@ -262,15 +269,24 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         hit = self._boxes.get(key)
         if hit is not None:
             self._boxes.move_to_end(key)
+            self._notes_now[name] = self._box_notes.get(key, "")
             return hit, self._box_fits.get(key)
         est = self._cache.get(key) or run_estimate(arch, kind, {k: v for k, v in kw.items() if k != "model"})
         box = unit_box(shown(est), name)
         serving = getattr(est, "serving", None)
         self._boxes[key] = box
+        # under a serving budget every format fills the same share of the GPU: what differs
+        # is the KV pool (tokens) and how many sequences run at once
         self._box_fits[key] = bool(est.fits) if serving else None
+        self._box_notes[key] = (f"{serving.get('kv_tokens', 0):,} KV tokens\n"
+                                f"{serving.get('max_concurrent_sequences', 0):,} "
+                                f"{'seq' if serving.get('max_concurrent_sequences', 0) == 1 else 'seqs'} at once"
+                                ) if serving else ""
         if len(self._boxes) > 64:
             old, _ = self._boxes.popitem(last=False)
             self._box_fits.pop(old, None)
+            self._box_notes.pop(old, None)
+        self._notes_now[name] = self._box_notes.get(key, "")
         return box, self._box_fits[key]
 
     def _update(self) -> None:
@@ -319,6 +335,9 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         setup fits, there is no GPU or the mode is inference)."""
         if self.mode not in MODES:
             raise VramError(f"mode: {short_repr(self.mode)} is not one of {', '.join(MODES)}", field="mode")
+        if self.max_gpus < 1:
+            raise VramError(f"max_gpus: must be a whole number >= 1, got {self.max_gpus!r}", field="max_gpus")
+        par: Dict[str, Any] = {}
         arch = self._resolve_model()
         # an unknown GPU name is an error the widget shows, not "no GPU"
         gpu = gpus.get_gpu(self.gpu) if self.gpu.strip() else None
@@ -354,7 +373,7 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
             scenarios, *COMPARISON_SIZE, capacity_bytes=cap, capacity_label=cap_label,
             header=(COMPARISON_HEADER_TIME if times else COMPARISON_HEADER_VERDICT) if gpu else COMPARISON_HEADER)
         if gpu is not None:
-            add_verdicts(comparison, gpu, own_fits, times)
+            add_verdicts(comparison, gpu, own_fits, dict(self._notes_now), times)
         if self.mode == "inference":
             phases = inference_phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
             summary = self._summary_inference(result, arch, gpu, kw, skipped)
@@ -373,9 +392,14 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
             "table": table_rows(est),
             "options": self._options(arch),
         }
+        n = int(par.get("num_gpus", 1) or 1) if self.mode == "training" and par else 1
+        v = self._verdict_summary(summary, result, gpu, n)
+        rows[charts.FITMAP] = self._fitmap(arch, gpu, kw) if kind == "train" else []
+        traits["verdict"] = v
         job = None
-        if self.mode == "training" and gpu is not None and summary["fits"] is False:
-            job = (self._key(kind, kw) + (gpu.name,), arch, dict(kw, gpu=gpu.name))
+        if self.mode == "training" and gpu is not None and v.get("state") != "fits":
+            job = (self._key(kind, kw) + (gpu.name, self.max_gpus), arch,
+                   dict(kw, gpu=gpu.name, max_gpus=self.max_gpus))
         return result, scenario_kw, traits, job
 
     def _set_error(self, message: str, field: str) -> None:
@@ -454,33 +478,3 @@ class Calculator(TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
         if len(self._answers) > 32:
             self._answers.popitem(last=False)
         return value
-
-    def _options(self, arch: Any) -> Dict[str, Any]:
-        if getattr(self, "_options_key", None) == self._arch_key and self.options:
-            return self.options
-        self._options_key = self._arch_key
-        opts: Dict[str, Any] = {k: [list(x) for x in v] for k, v in _choices().items()}
-
-        opts["mode"] = [["training", "Training (one step)"], ["inference", "Inference (generate / serve)"]]
-        opts["strategy"] = strategy_options()
-        opts.update(inference_options())
-        opts["presets"] = _preset_options()
-        opts["gpus"] = [[g.name, g.label] for g in gpus.list_gpus()]
-        try:
-            opts["lora_targets"] = [[m, m] for m in arch.linear_modules()]
-        except Exception:
-            opts["lora_targets"] = []
-        return opts
-
-
-def _preset_options() -> List[List[str]]:
-    try:
-        from .. import presets
-    except ImportError:
-        return []
-    out = []
-    for name in presets.list_presets():
-        p = presets.find(name) or {}
-        label = " · ".join(x for x in (p.get("family"), p.get("params_label")) if x)
-        out.append([name, label])
-    return out

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .. import charts, gpus
 from ..result import Estimate
-from ..treemap import KNOWN_COMPONENTS, component_kind, fmt_gib
+from ..treemap import fmt_gib
 from ..units import GIB
 from .state import INFERENCE_KEYWORDS
 
@@ -109,7 +109,19 @@ class InferencePanel:
             if gpu is not None else None
         out = self._base_summary(est, arch, gpu, skipped, fits, _INFERENCE_PHASE_LABELS)
         longest = self._longest(arch, gpu, kw) if gpu is not None else None
+        limit = getattr(arch, "max_position_embeddings", None)
+        by_model = bool(longest and limit and longest >= limit)
+        if by_model:
+            longest = limit   # the model's position limit binds before the memory does
         serving = est.serving
+        # the requested sequences' own cache (batch x context tokens); under a serving
+        # budget kv_cache_bytes is the engine's whole pool, which is said apart
+        if serving:
+            gen = self._cached_estimate(arch, "infer", {k: v for k, v in kw.items()
+                                                        if k not in ("gpu_memory_utilization",)})
+            requested = gen.kv_cache_bytes
+        else:
+            requested = est.kv_cache_bytes
         inf = {
             "weights": est.setup.get("weights"),
             "kv_cache_dtype": est.setup.get("kv_cache_dtype"),
@@ -120,8 +132,12 @@ class InferencePanel:
             "kv_cache_prefill_gib": est.kv_cache_prefill_bytes / GIB,
             "context_len": est.setup.get("context_len"),
             "batch_size": est.setup.get("batch_size"),
+            "kv_requested_bytes": requested,
+            "kv_pool_bytes": (serving.get("kv_budget_bytes") or est.kv_cache_bytes) if serving else None,
+            "kv_pool_tokens": serving.get("kv_tokens") if serving else None,
             "longest_context": longest,
             "longest_context_capped": bool(longest) and longest >= MAX_SEARCH_TOKENS,
+            "longest_context_by_model": by_model,
             "max_position_embeddings": getattr(arch, "max_position_embeddings", None),
             "serving": dict(serving) if serving else None,
         }
@@ -150,25 +166,7 @@ class InferencePanel:
 def inference_phase_rows(est: Estimate, *, capacity_bytes: Optional[float] = None,
                           capacity_label: str = "") -> List[Dict[str, Any]]:
     """The phase chart's rows for an inference estimate (after load, prefill, decode; or
-    after load, profiling forward, serving), in the format of :func:`charts.phase_rows`."""
-    rows: List[Dict[str, Any]] = []
-    order = {k: i for i, k in enumerate(KNOWN_COMPONENTS)}
-    for i, (phase, total) in enumerate(est.phases_bytes.items()):
-        label = _INFERENCE_PHASE_LABELS.get(phase, phase)
-        comps = est.phase_components.get(phase) or []
-        for c in comps:
-            rows.append({"level": "bar", "phase": label, "order": i, "component": c.name,
-                         "kind": component_kind(c.name), "corder": order.get(c.name, 99),
-                         "bytes": c.bytes, "gib": c.bytes / GIB, "text": ""})
-        if not comps:
-            rows.append({"level": "bar", "phase": label, "order": i, "component": charts.ALL_COMPONENTS,
-                         "kind": charts.ALL_COMPONENTS, "corder": 99, "bytes": total, "gib": total / GIB,
-                         "text": ""})
-        peak = " (peak)" if phase == est.peak_phase else ""
-        rows.append({"level": "total", "phase": label, "order": i, "component": "", "kind": "",
-                     "corder": 0, "bytes": total, "gib": total / GIB, "text": fmt_gib(total) + peak})
-    cap = capacity_bytes or 0.0
-    rows.append({"level": "capacity", "phase": "", "order": 0, "component": "", "kind": "",
-                 "corder": 0, "bytes": cap, "gib": cap / GIB,
-                 "text": (capacity_label or fmt_gib(cap)) if cap else ""})
-    return rows
+    after load, profiling forward, serving): :func:`charts.phase_rows` on the same measure
+    (device total at the peak, allocated as a tick)."""
+    return charts.phase_rows(est, capacity_bytes=capacity_bytes, capacity_label=capacity_label,
+                             phases=list(est.phases_bytes), labels=_INFERENCE_PHASE_LABELS)

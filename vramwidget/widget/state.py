@@ -41,6 +41,9 @@ PARALLEL_DEFAULTS: Dict[str, Any] = {
     "offload_optimizer": False, "offload_params": False,
 }
 PARALLEL_INPUTS: Tuple[str, ...] = tuple(PARALLEL_DEFAULTS)
+#: input traits of the widget itself (not estimate keywords): the ceiling of GPUs a
+#: suggestion may use
+WIDGET_INPUTS: Tuple[str, ...] = ("max_gpus",)
 #: the keyword arguments of estimate_inference() the widget exposes (gpu too)
 INFERENCE_KEYWORDS: Tuple[str, ...] = (
     "weights", "kv_cache_dtype", "batch_size", "context_len", "attn_implementation",
@@ -54,10 +57,10 @@ INFERENCE_INPUTS: Tuple[str, ...] = ("weights", "kv_cache_dtype", "context_len",
 SHARED_PARALLEL: Tuple[str, ...] = ("tensor_parallel", "pipeline_parallel")
 #: every input trait (what ``Calculator(...)`` accepts as keyword arguments)
 INPUTS: Tuple[str, ...] = (ESTIMATE_INPUTS + ("config_json", "gpu", "mode") + PARALLEL_INPUTS
-                           + INFERENCE_INPUTS)
+                           + INFERENCE_INPUTS + WIDGET_INPUTS)
 #: input traits used only in training mode
 TRAINING_ONLY: Tuple[str, ...] = tuple(
-    k for k in ESTIMATE_INPUTS + PARALLEL_INPUTS
+    k for k in ESTIMATE_INPUTS + PARALLEL_INPUTS + WIDGET_INPUTS
     if k not in ("model", "batch_size", "attn_implementation") + SHARED_PARALLEL)
 
 
@@ -194,7 +197,14 @@ class State(anywidget.AnyWidget):
         "Inference: hf (transformers' generate()) | vllm | sglang: whose start-up memory profile "
         "and KV cache sizing to reproduce (a serving engine needs gpu).")).tag(sync=True)
 
+    max_gpus = t.Int(8, **_doc(
+        "The most GPUs a suggestion may use (default 8: one node).")).tag(sync=True)
+
     # -- outputs: set by Python, drawn by the frontend ------------------------------------
+    verdict = t.Dict(**_doc(
+        "Does it fit the chosen GPU: {state: fits | tight | does_not_fit, measure: 'device_total', "
+        "need_bytes, capacity_bytes, headroom_bytes, band_bytes, headroom_pct, band_rel, gpu, "
+        "num_gpus} (vramwidget.verdict); {} without a GPU.")).tag(sync=True)
     specs = t.Dict(**_doc(
         "Vega-Lite spec of each chart (detail, comparison, phases), set once; each reads the "
         "named dataset of the same name.")).tag(sync=True)

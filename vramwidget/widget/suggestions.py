@@ -41,6 +41,7 @@ class SuggestionsPanel:
             return hit
         kw = {k: v for k, v in kw.items() if k != "model"}
         gpu = kw.pop("gpu")
+        kw.setdefault("max_gpus", self.max_gpus)
         items = fit.suggestions(arch, gpu, **kw)
         with self._lock:
             self._sugg_cache[key] = items

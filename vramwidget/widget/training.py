@@ -83,8 +83,49 @@ def _choices() -> Dict[str, List[Tuple[str, str]]]:
     return out
 
 
+#: the fit map's grid: powers of two (the current point is drawn where it falls)
+FITMAP_BATCHES: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+FITMAP_SEQS: Tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+#: practitioner defaults applied when the caller leaves the field out: QLoRA is run with
+#: gradient checkpointing (peft's prepare_model_for_kbit_training defaults to
+#: use_gradient_checkpointing=True; the QLoRA paper's recipe does too)
+PRACTITIONER_DEFAULTS: Tuple[Tuple[str, str, Any, str], ...] = (
+    ("qlora", "gradient_checkpointing", "full",
+     "full checkpointing for QLoRA (peft's prepare_model_for_kbit_training turns it on)"),
+)
+
+
 class TrainingPanel:
     """Training on one GPU: estimate()'s keyword arguments, linked controls, summary."""
+
+    def _practitioner_defaults(self, kwargs: Dict[str, Any]) -> List[str]:
+        """Apply :data:`PRACTITIONER_DEFAULTS` for fields the caller did not set; say which."""
+        said = []
+        for method, name, value, why in PRACTITIONER_DEFAULTS:
+            if self.method == method and name not in kwargs:
+                setattr(self, name, value)
+                said.append(why)
+        return said
+
+    def _fitmap(self, arch: Any, gpu: Optional[gpus.GPU], kw: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """The fit map's rows: the grid (:data:`FITMAP_BATCHES` x :data:`FITMAP_SEQS`) of
+        verdicts for the setup on ``gpu``, computed by the estimator's vectorised path once
+        per setup (every field but batch and sequence: changing those costs nothing), and
+        the current point.  No rows without a GPU."""
+        if gpu is None:
+            return []
+        rest = {k: v for k, v in kw.items() if k not in ("batch_size", "seq_len", "model")}
+
+        def grid() -> List[Dict[str, Any]]:
+            from ..fitmap import fit_map
+
+            df = fit_map(arch, gpu, batch_sizes=FITMAP_BATCHES, seq_lens=FITMAP_SEQS, **rest)
+            return charts.fitmap_rows(df, capacity_bytes=gpu.usable_bytes)
+
+        cells = self._answer(("fitmap", self._key("train", rest), gpu.name), grid) or []
+        current = charts.fitmap_rows([], batch_size=kw.get("batch_size"), seq_len=kw.get("seq_len"))
+        return cells + current
 
     def setup(self) -> Dict[str, Any]:
         """The keyword arguments estimate() gets for the current traits (training)."""

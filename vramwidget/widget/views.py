@@ -11,30 +11,25 @@ from ..treemap import KNOWN_COMPONENTS, fmt_gib, total_bytes
 from ..units import GIB
 
 #: chart sizes in pixels (the treemap layout is computed for exactly these)
-DETAIL_SIZE = (640.0, 340.0)
+DETAIL_SIZE = (640.0, 320.0)
 COMPARISON_SIZE = (640.0, 206.0)
 PHASE_SIZE = (640.0, 170.0)
+FITMAP_SIZE = (330.0, 170.0)
 #: height of the comparison's caption band: name and total, plus a verdict line with a GPU
 COMPARISON_HEADER = 34.0
 COMPARISON_HEADER_VERDICT = 48.0
 #: ... plus a line with the scenario's step time on that GPU
 COMPARISON_HEADER_TIME = 61.0
 
-#: the component kinds each mode's detail legend lists (every colour stays fixed)
-_LEGEND_TRAINING: Tuple[str, ...] = tuple(
-    k for k in KNOWN_COMPONENTS if k not in ("kv cache", "logits"))
-_LEGEND_INFERENCE: Tuple[str, ...] = (
-    "weights", "quantization constants", "kv cache", "activations", "logits", "workspace",
-    "allocator reserve", "cuda context")
-
 
 
 def build_specs(mode: str = "training") -> Dict[str, Any]:
     """The chart specs of a mode (the frontend embeds each once, then swaps rows)."""
-    legend = _LEGEND_INFERENCE if mode == "inference" else _LEGEND_TRAINING
+    # the detail's legend is drawn by the frontend from the table: only the parts present
     return {
         charts.DETAIL: charts.detail_spec_chart(width=DETAIL_SIZE[0], height=DETAIL_SIZE[1],
-                                                legend_values=legend).to_dict(),
+                                                legend=False).to_dict(),
+        charts.FITMAP: charts.fitmap_chart(width=FITMAP_SIZE[0], height=FITMAP_SIZE[1]).to_dict(),
         charts.COMPARISON: charts.comparison_chart(width=COMPARISON_SIZE[0],
                                                    height=COMPARISON_SIZE[1]).to_dict(),
         charts.PHASES_DATA: charts.phase_chart(width=PHASE_SIZE[0], height=PHASE_SIZE[1]).to_dict(),
@@ -49,6 +44,7 @@ def table_rows(est: Estimate) -> List[Dict[str, Any]]:
     return [{
         "component": c.name,
         "color": charts.component_color(c.name),
+        "text_color": charts.text_color(charts.component_color(c.name)),
         "bytes": c.bytes,
         "gib": c.bytes / GIB,
         "share": c.bytes / total,
@@ -59,12 +55,17 @@ def table_rows(est: Estimate) -> List[Dict[str, Any]]:
 
 
 def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, Optional[bool]],
-                 seconds: Optional[Dict[str, float]] = None) -> None:
+                 notes: Optional[Dict[str, str]] = None, seconds: Optional[Dict[str, float]] = None) -> None:
     """Give each scenario caption of the comparison a verdict line against ``gpu``:
-    "✓ fits" or "✗ 3.2 GiB over" (device total vs the card's usable memory; a serving
-    budget's own verdict where the estimate has one), and ``fits``/``over_gib`` fields;
-    with ``seconds`` (scenario -> step time on ``gpu``) a line "0.42 s per step" and a
-    ``step_seconds`` field."""
+    "✓ fits", "≈ tight" or "✗ 3.2 GiB over" (the verdict's three states: device total vs
+    the card's usable memory, with the estimate's band; a serving budget's own verdict
+    where the estimate has one), and ``state``/``fits``/``over_gib`` fields.  ``notes``
+    replace the total for a scenario (a serving budget: its KV tokens and concurrent
+    sequences, which is what differs between weight formats there); with ``seconds``
+    (scenario -> step time on ``gpu``) a line "0.42 s per step" and a ``step_seconds`` field."""
+    notes = notes or {}
+    from ..verdict import band_bytes, state_of
+
     usable = gpu.usable_bytes
     for r in rows:
         if r["level"] != "title":
@@ -72,18 +73,54 @@ def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, 
         total = r["bytes"]
         own = own_fits.get(r["scenario"])
         fits = own if own is not None else total <= usable
-        over = max(total - usable, 0.0) / GIB
-        if fits:
-            verdict = "✓ fits"
-        elif own is not None:
+        over = max(total - usable, 0.0)
+        # the verdict's three states, on the same measure and band as the widget's badge
+        state = state_of(total, usable, band_bytes(r.get("reserved_bytes", 0.0)))
+        if own is False:
             verdict = "✗ no KV room"
+        elif state == "tight":
+            verdict = f"≈ tight, {fmt_gib(over)} over" if over > 0 else "≈ tight"
+        elif fits:
+            verdict = "✓ fits"
         else:
-            verdict = f"✗ {over:.1f} GiB over" if over >= 0.05 else f"✗ {over * 1024:.0f} MiB over"
+            verdict = f"✗ {fmt_gib(over)} over"
+        r["state"] = state if own is not False else "does_not_fit"
         r["fits"] = bool(fits)
-        r["over_gib"] = 0.0 if fits else over
-        r["text"] = f"{r['label']}\n{fmt_gib(total)}\n{verdict}"
+        r["over_gib"] = 0.0 if fits else over / GIB
+        note = notes.get(r["scenario"], "")
+        r["text"] = f"{r['label']}\n{note}" if note else f"{r['label']}\n{fmt_gib(total)}\n{verdict}"
         secs = (seconds or {}).get(r["scenario"])
         if secs is not None:
             r["step_seconds"] = secs
             r["text"] += f"\n{secs:.3g} s per step"
 
+
+
+#: short option labels (the long ones become tooltips), so no drop-down is cut off
+SHORT_LABELS: Dict[str, Dict[str, str]] = {
+    "method": {"full": "Full", "lora": "LoRA", "qlora": "QLoRA", "freeze": "Last layers", "norms": "Norms only"},
+    "precision": {"bf16": "Pure BF16", "amp_bf16": "BF16 mixed", "fp32": "FP32", "bf16_fp32_states": "BF16 + FP32 opt",
+                  "fp16": "Pure FP16", "amp_fp16": "FP16 mixed", "fp8": "FP8 matmuls"},
+    "optimizer": {"adamw": "AdamW", "adamw_fused": "AdamW fused", "adamw_8bit": "AdamW 8-bit",
+                  "paged_adamw": "Paged AdamW", "paged_adamw_8bit": "Paged 8-bit", "adafactor": "Adafactor",
+                  "sgd": "SGD", "sgd_momentum": "SGD momentum", "lion": "Lion", "galore_adamw": "GaLore AdamW",
+                  "galore_adamw_8bit": "GaLore 8-bit"},
+    "gradient_checkpointing": {"none": "None", "selective": "Selective", "full": "Full"},
+    "attn_implementation": {"sdpa": "SDPA", "flash_attention_2": "FlashAttention 2", "eager": "Eager"},
+    "quantization": {"none": "None", "nf4": "NF4 4-bit", "fp4": "FP4 4-bit", "int8": "LLM.int8"},
+    "strategy": {"none": "None", "ddp": "DDP", "zero0": "ZeRO-0", "zero1": "ZeRO-1", "zero2": "ZeRO-2",
+                 "zero3": "ZeRO-3", "fsdp_full_shard": "FSDP full", "fsdp_shard_grad_op": "FSDP grad+opt",
+                 "fsdp_hybrid": "FSDP hybrid", "megatron": "Megatron DDP", "megatron_distopt": "Megatron DistOpt"},
+    "kv_cache_dtype": {"auto": "auto"},
+    "mode": {"training": "Training", "inference": "Inference"},
+}
+
+
+def short_label(field: str, value: str, label: str) -> str:
+    """The option text a drop-down shows: a short name (the long label is the tooltip)."""
+    hit = SHORT_LABELS.get(field, {}).get(value)
+    if hit:
+        return hit
+    if field in ("weights", "kv_cache_dtype"):
+        return value
+    return label.split(" (")[0].split(":")[0].strip() or value

@@ -1,0 +1,146 @@
+"""Fuzz run of issue 14: 100,000 random valid setups and 10,000 random invalid inputs.
+
+Valid setups are drawn (seed 0) from ``tests/invariants.SPACE`` (every preset, every method
+including freeze and norms, every precision, optimizer, checkpointing and attention, batch
+1-16, seq 1-4096, ...); a draw the estimator refuses with VramError is counted and redrawn.
+Each valid setup is estimated and checked against every invariant of
+``tests/invariants.violations`` (7 more estimates and the component trees).
+
+Invalid inputs: 10,000 calls, each one keyword of one public function (or one widget trait)
+set to a random value: a near-miss from ``tests/test_fuzz_inputs.NASTY_VALUES``, a random
+JSON-like value (nested lists, dicts, huge and non-finite numbers, text) or a choice name in
+the wrong place.  Targets and keywords are those of ``tests/test_fuzz_inputs.TARGETS``
+(found by introspection).  Only VramError may come out; a value that happens to be legal
+is counted as accepted.
+
+    python benchmarks/bench_fuzz.py                   # 100,000 + 10,000 (about 10-20 min on 2 cores)
+    python benchmarks/bench_fuzz.py --valid 2000 --invalid 500
+    python benchmarks/bench_fuzz.py --strict          # exit 1 on any non-VramError or violation
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import random
+import sys
+import time
+import traceback
+
+import _timing  # noqa: F401  (puts the checkout on sys.path)
+
+sys.path.insert(0, os.path.join(_timing.ROOT, "tests"))
+
+from invariants import random_setup, valid, violations  # noqa: E402
+
+from vramwidget import VramError  # noqa: E402
+
+
+def random_json(rng: random.Random, depth: int = 0):
+    """A random JSON-like value (what json.loads could give, plus nan/inf and huge ints)."""
+    kind = rng.randrange(9 if depth < 2 else 6)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.random() < 0.5
+    if kind == 2:
+        return rng.choice([rng.randint(-5, 70000), rng.randint(-2 ** 64, 2 ** 64), 10 ** rng.randint(10, 400)])
+    if kind == 3:
+        return rng.choice([rng.uniform(-1e6, 1e6), float("nan"), float("inf"), -float("inf"), 1e308, 5e-324])
+    if kind in (4, 5):
+        n = rng.choice([0, 1, 3, 8, 30, 300, 100000])
+        return "".join(rng.choice("ab7BM_- ,./\\n\\x00é{}[]q0") for _ in range(n))
+    if kind in (6, 7):
+        return [random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    return {str(random_json(rng, 2))[:10]: random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+
+
+def run_valid(n: int, seed: int):
+    rng = random.Random(seed)
+    counts = collections.Counter()
+    examples = {}
+    t0 = time.perf_counter()
+    while counts["valid setups"] < n:
+        d = random_setup(rng)
+        try:
+            if valid(d) is None:
+                counts["refused draws (VramError)"] += 1
+                continue
+            counts["valid setups"] += 1
+            for v in violations(d):
+                counts["invariant violations"] += 1
+                examples.setdefault(v, d)
+        except Exception as e:  # noqa: BLE001 - counted: the number that must be 0
+            counts["exceptions other than VramError"] += 1
+            examples.setdefault(f"{type(e).__name__}: {e}"[:200], d)
+    return counts, examples, time.perf_counter() - t0
+
+
+def run_invalid(n: int, seed: int):
+    from test_fuzz_inputs import NASTY_VALUES, TARGETS
+
+    from vramwidget import CHOICES, Calculator
+    from vramwidget.widget.state import INPUTS
+
+    calc = Calculator("gpt2")
+    calc.suggestions_delay = None
+    targets = dict(TARGETS)
+    targets["widget trait"] = (lambda k, v: setattr(calc, k, v), sorted(INPUTS))
+    names = sorted(targets)
+    choice_names = sorted({c for v in CHOICES.values() for c, _ in v})
+    rng = random.Random(seed)
+    counts = collections.Counter()
+    examples = {}
+    t0 = time.perf_counter()
+    for _ in range(n):
+        target = rng.choice(names)
+        fn, keywords = targets[target]
+        k = rng.choice(keywords)
+        r = rng.random()
+        v = rng.choice(NASTY_VALUES) if r < 0.3 else rng.choice(choice_names) if r < 0.4 else random_json(rng)
+        try:
+            fn(k, v)
+            counts["accepted (a legal value)"] += 1
+        except VramError as e:
+            counts["VramError"] += 1
+            if "\n" in str(e):
+                counts["multi-line messages"] += 1
+        except Exception as e:  # noqa: BLE001 - counted: the number that must be 0
+            counts["exceptions other than VramError"] += 1
+            examples.setdefault(f"{target}({k}=...): {type(e).__name__}: {e}"[:200],
+                                traceback.format_exc(limit=3)[-600:])
+        finally:
+            if target == "widget trait":   # back to a valid widget for the next call
+                try:
+                    setattr(calc, k, calc.trait_defaults(k))
+                    calc.model, calc.mode = "gpt2", "training"
+                except VramError:
+                    pass
+    calc.close()
+    return counts, examples, time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--valid", type=int, default=100_000)
+    ap.add_argument("--invalid", type=int, default=10_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--strict", action="store_true")
+    a = ap.parse_args(argv)
+    bad = 0
+    for title, fn, n in (("valid setups", run_valid, a.valid), ("invalid inputs", run_invalid, a.invalid)):
+        if not n:
+            continue
+        counts, examples, secs = fn(n, a.seed)
+        print(f"{title}: {n:,} in {secs:.0f} s")
+        for k, v in sorted(counts.items()):
+            print(f"  {k:<36} {v:>9,}")
+        for k, v in list(examples.items())[:10]:
+            print(f"  example: {k}\n           {v}")
+        bad += counts["exceptions other than VramError"] + counts["invariant violations"] + counts["multi-line messages"]
+    return 1 if a.strict and bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The verdict panel's data: does the setup fit the chosen GPU (three states with the
+estimate's own band, :mod:`vramwidget.verdict`), the row of common GPUs with their
+verdicts, the band's provenance and the practitioner defaults applied."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+from .. import gpus
+from ..verdict import describe, uncertainty
+from ..verdict import verdict as verdict_of
+
+#: the row of common GPUs shown with their verdicts (24, 40, 48, 80 and 141 GB classes)
+COMMON_GPUS: Tuple[str, ...] = ("RTX 4090", "A100 40GB", "L40S", "H100 80GB", "H200")
+
+
+class VerdictPanel:
+    """Fills the summary's verdict keys and returns the ``verdict`` trait's value."""
+
+    def _verdict_summary(self, summary: Dict[str, Any], result: Any, gpu: Optional[gpus.GPU],
+                         num_gpus: int) -> Dict[str, Any]:
+        v = verdict_of(result, gpu, num_gpus=num_gpus) if gpu is not None else {}
+        summary["verdict"] = v
+        summary["verdict_text"] = describe(v)
+        summary["gpu_row"] = [dict(verdict_of(result, g, num_gpus=num_gpus), label=g.label)
+                              for g in (gpus.get_gpu(name) for name in COMMON_GPUS)]
+        summary["band"] = dict(uncertainty())
+        summary["defaults"] = list(getattr(self, "_defaults_said", []))
+        return v
