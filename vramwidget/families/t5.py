@@ -72,12 +72,14 @@ class T5(Family):
         return self.act_name(arch.config) in ("gelu_new", "gelu_fast")
 
     def params_for_task(self, cfg: Mapping[str, Any], mt: str, task: str) -> Dict[str, Any]:
-        h = _require(cfg, "model width", "d_model", default=512)
-        d = _require(cfg, "key/value width per head", "d_kv", default=64)
+        # T5Config's attribute_map: hidden_size -> d_model, num_attention_heads -> num_heads,
+        # num_hidden_layers -> num_layers, head_dim -> d_kv; defaults are T5Config's
+        h = _require(cfg, "model width", "d_model", "hidden_size", default=512)
+        d = _require(cfg, "key/value width per head", "d_kv", "head_dim", default=64)
         i = _require(cfg, "MLP width", "d_ff", default=2048)
-        Le = _require(cfg, "encoder layers", "num_layers", default=6)
+        Le = _require(cfg, "encoder layers", "num_layers", "num_hidden_layers", default=6)
         Ld = _require(cfg, "decoder layers", "num_decoder_layers", default=Le)
-        a = _require(cfg, "attention heads", "num_heads", default=8)
+        a = _require(cfg, "attention heads", "num_heads", "num_attention_heads", default=8)
         V = _require(cfg, "vocabulary size", "vocab_size", default=32128)
         buckets = _require(cfg, "relative position buckets", "relative_attention_num_buckets", default=32)
         proj = str(cfg.get("feed_forward_proj") or "relu")
