@@ -254,7 +254,8 @@ class UMT5(T5):
 
 class _Prefixed:
     """A view of a Trace that prefixes the attention core's tensor names (self- and
-    cross-attention of one decoder block are distinct storages)."""
+    cross-attention of one decoder block are distinct storages); everything else is the
+    Trace's own."""
 
     def __init__(self, tr: Any, prefix: str, names: Tuple[str, ...]) -> None:
         self._tr, self._p = tr, prefix
@@ -262,11 +263,14 @@ class _Prefixed:
     def new(self, name: str, *a: Any, **k: Any) -> Any:
         return self._tr.new(self._p + name, *a, **k)
 
-    def save(self, t: Any) -> None:
-        self._tr.save(t)
+    def temp(self, name: str, *a: Any, **k: Any) -> Any:
+        return self._tr.temp(self._p + name, *a, **k)
 
     def cast(self, t: Any, dtype: str, name: str) -> Any:
         return self._tr.cast(t, dtype, self._p + name)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._tr, attr)
 
 
 def _wider(a: str, b: str) -> str:
