@@ -47,3 +47,18 @@ def test_block_saved_bytes_match_autograd(model_type, precision, method, attn):
     predicted = predicted_block_bytes(model_type, precision=precision, method=method, attn_implementation=attn)
     # within 1%: the remaining differences are a few kilobytes of RoPE/router bookkeeping
     assert predicted == pytest.approx(traced["per_layer"], rel=0.01)
+
+
+from saved_tensors import predicted_tower_block_bytes, traced_tower_block_bytes  # noqa: E402
+
+TOWER_CASES = [("siglip_vision_model", "bf16", "sdpa"), ("siglip_vision_model", "bf16", "eager"),
+               ("siglip_vision_model", "fp32", "sdpa"), ("pixtral", "bf16", "sdpa"), ("pixtral", "fp32", "sdpa")]
+
+
+@pytest.mark.parametrize("tower,precision,attn", TOWER_CASES)
+def test_vision_tower_block_saved_bytes_match_autograd(tower, precision, attn):
+    """A VLM's vision-tower block (Gemma 3's SigLIP, Mistral 3's Pixtral), the tower alone on
+    two images, against autograd's saved tensors."""
+    traced = traced_tower_block_bytes(tower, precision=precision, attn_implementation=attn)
+    predicted = predicted_tower_block_bytes(tower, precision=precision, attn_implementation=attn)
+    assert predicted == pytest.approx(traced, rel=0.01)

@@ -44,7 +44,8 @@ def test_params_total_equals_transformers(key, param_counts):
 @pytest.mark.parametrize("key", ["llama-2-7b", "gpt2", "mixtral-8x7b", "deepseek-v2-lite", "phi-3-mini",
                                  "gemma-2-2b", "opt-1.3b", "bloom-7b1", "falcon-7b", "qwen1.5-moe-a2.7b",
                                  "olmoe-1b-7b", "pythia-1b", "qwen3-8b", "gpt-oss-20b",
-                                 "llama-4-scout-17b-16e", "glm-4.5-air", "lfm2-1.2b"])
+                                 "llama-4-scout-17b-16e", "glm-4.5-air", "lfm2-1.2b",
+                                 "gemma-3-4b-vision", "mistral-small-3.2-24b"])
 def test_tensor_shapes_equal_transformers(key, param_counts):
     """Every tensor: the same name pattern, shape and number of instances as transformers."""
     arch = _arch_for(key)
@@ -226,6 +227,18 @@ TINY_CONFIGS = {
                      attention_bias=True, use_qk_norm=True),
     "lfm2": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                  vocab_size=100, layer_types=["conv", "full_attention", "conv", "conv"]),
+    "gemma3": dict(text_config=dict(num_hidden_layers=2, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=16, vocab_size=300),
+                   vision_config=dict(num_hidden_layers=2, hidden_size=32, intermediate_size=48, num_attention_heads=4,
+                                      image_size=56, patch_size=14), mm_tokens_per_image=4),
+    "mistral3": dict(text_config=dict(model_type="mistral", num_hidden_layers=2, hidden_size=64, intermediate_size=96,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=300),
+                     vision_config=dict(model_type="pixtral", num_hidden_layers=2, hidden_size=32, intermediate_size=48,
+                                        num_attention_heads=4, image_size=56, patch_size=14)),
+    "qwen2_5_vl": dict(text_config=dict(num_hidden_layers=2, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                                        num_key_value_heads=2, vocab_size=300, bos_token_id=0, eos_token_id=0),
+                       vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=64,
+                                          fullatt_block_indexes=[1])),
 }
 
 #: the transformers Auto class of each task vramwidget counts

@@ -206,3 +206,70 @@ if __name__ == "__main__":
                       f"{(p - t) / t * 100:+6.1f}%", flush=True)
             except Exception as e:  # noqa: BLE001 - a survey tool
                 print(f"{mt:12} {prec:9} {method:5} {attn:6} error {type(e).__name__}: {str(e)[:120]}", flush=True)
+
+
+#: vision towers of issue 11's VLMs: (tower model_type, tiny vision config, input builder name)
+TINY_TOWERS: Dict[str, Dict[str, Any]] = {
+    "siglip_vision_model": dict(hidden_size=128, intermediate_size=320, num_attention_heads=4, image_size=112,
+                                patch_size=14, vision_use_head=False),
+    "pixtral": dict(hidden_size=128, intermediate_size=320, num_attention_heads=4, head_dim=32, image_size=112,
+                    patch_size=14),
+}
+
+
+def traced_tower_block_bytes(tower: str, *, precision: str = "bf16", attn_implementation: str = "sdpa",
+                             images: int = 2, layers: int = 2) -> float:
+    """Saved bytes of one vision-tower block (a model of L+1 minus one of L layers), the tower
+    alone on ``images`` images at its configured resolution, every parameter training."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    kw = dict(TINY_TOWERS[tower])
+
+    def run(n_layers: int) -> float:
+        cfg = AutoConfig.for_model(tower, **{**kw, "num_hidden_layers": n_layers})
+        torch.manual_seed(0)
+        wd = torch.float32 if precision == "fp32" else torch.bfloat16
+        model = AutoModel.from_config(cfg, dtype=wd, attn_implementation=attn_implementation)
+        model.train()
+        px = torch.randn(images, 3, cfg.image_size, cfg.image_size, dtype=wd)
+        extra = {"image_sizes": torch.tensor([[cfg.image_size, cfg.image_size]] * images)} if tower == "pixtral" else {}
+        seen: Dict[int, int] = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            seen.setdefault(st.data_ptr(), st.nbytes())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(pixel_values=px, **extra)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        return float(sum(n for k, n in seen.items() if k not in params))
+
+    return run(layers + 1) - run(layers)
+
+
+def predicted_tower_block_bytes(tower: str, *, precision: str = "bf16", attn_implementation: str = "sdpa",
+                                images: int = 2) -> float:
+    """What the tower family's block trace says one block saves (CPU kernels, full training)."""
+    from transformers import AutoConfig
+
+    from vramwidget.activations import BlockContext, attention_backend, trace_block
+    from vramwidget.architecture import Architecture
+    from vramwidget.families import family_for
+    from vramwidget.training import TrainingSetup
+
+    cfg = AutoConfig.for_model(tower, **{**TINY_TOWERS[tower], "num_hidden_layers": 2}).to_dict()
+    fam = family_for(tower)
+    arch = Architecture(name=tower, model_type=tower, config=cfg, **fam.params(cfg, tower))
+    s = TrainingSetup.from_kwargs(method="full", precision=precision, attn_implementation=attn_implementation)
+    patches = fam.patches(cfg)
+    backend = attention_backend(arch, s, s.compute_dtype)
+    if backend in ("math", "efficient"):
+        backend = "flash"
+    ctx = BlockContext(arch=arch, setup=s, T=images * patches, b=images, s=patches, c=s.compute_dtype,
+                       resid=s.compute_dtype if not s.autocast else "float32",
+                       norm_w_dtype="float32" if precision == "fp32" else s.weights_dtype, linear_trains=True,
+                       norms_train=True, lora_modules=(), adapter_dtype="float32", attn_backend=backend,
+                       quant_base=False, cpu=True)
+    return trace_block(ctx, input_rg=True).total_bytes

@@ -267,6 +267,10 @@ def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Option
         raise VramError(f"config: a {mt} config.json field has a value of the wrong type or range "
                         f"({type(e).__name__}: {shown(str(e))})", field="config_json") from None
     info.setdefault("task", task)
+    text_cfg = info.pop("text_config", None)
+    if text_cfg is not None:
+        # a VLM: the decoder's config is what its blocks read; the full config stays with the towers
+        cfg = text_cfg
     pos = _get(cfg, "max_position_embeddings", "n_positions")
     if pos is not None:
         pos = _posint(cfg, pos, "max_position_embeddings")

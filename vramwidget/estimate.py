@@ -157,7 +157,7 @@ def _quantizable(t: ParamTensor, groups: Tuple[str, ...]) -> bool:
 _PARAMS: Dict[Tuple[Any, ...], Tuple[Architecture, _Params]] = {}
 #: the setup fields that decide which parameters train and how they are stored
 _PARAM_FIELDS = ("method", "precision", "quantization", "double_quant", "quantized_groups", "prepare_kbit",
-                 "lora_r", "lora_targets", "trainable_layers", "stack", "lora_variant", "modules_to_save")
+                 "lora_r", "lora_targets", "trainable_layers", "stack", "lora_variant", "modules_to_save", "versions")
 
 
 def _params(arch: Architecture, s: TrainingSetup) -> _Params:
@@ -237,6 +237,11 @@ def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
     # peft keeps adapters in fp32 when the base is 16-bit; torchtune and LitGPT build them in
     # the model's dtype (stacks.py)
     adapter_dtype = "float32" if behaviour(s.stack)["adapter_dtype"] == "float32" else s.weights_dtype
+    if adapter_dtype == "float32" and quant == "none" and s.before("peft", "0.11"):
+        # peft < 0.11 created the adapters in the base layer's dtype; 0.11 added
+        # autocast_adapter_dtype=True (peft PR #1706), which keeps them in fp32 (a 4-bit base
+        # has no float dtype to follow: its adapters were fp32 before too)
+        adapter_dtype = wd
     if quant != "none" and adapter_dtype != "float32":
         adapter_dtype = base_dtype16
     if s.trains_adapters:
@@ -1283,7 +1288,7 @@ def _versions_note(s: TrainingSetup) -> str:
     """Which library releases the estimate assumes."""
     named = dict(s.versions)
     parts = [f"{k} {v}" for k, v in sorted(named.items())]
-    rest = [k for k in ("transformers", "peft", "bitsandbytes", "torch") if k not in named]
+    rest = [k for k in ("transformers", "peft", "bitsandbytes") if k not in named]
     txt = "versions: " + (", ".join(parts) + "; " if parts else "")
     return txt + "current releases of " + ", ".join(rest) if rest else txt.rstrip("; ")
 

@@ -68,7 +68,7 @@ def unknown_preset_error(name: str) -> UnknownPresetError:
         n = _INDEX[k]
         if n not in close_names:
             close_names.append(n)
-    hint = f"; did you mean {', '.join(close_names)}?" if close_names else f"; presets: {', '.join(sorted(names)[:12])}, ..."
+    hint = f"; did you mean {', '.join(close_names)}?" if close_names else f"; presets: {', '.join(sorted(names)[:24])}, ..."
     return UnknownPresetError(
         f"model: unknown preset {shown(name)}{hint} (or give a config.json path, a Hub id like 'org/name', "
         f"or a parameter count like '7B')", field="model")

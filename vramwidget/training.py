@@ -84,7 +84,7 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
 }
 
 #: the libraries whose release changes a modelled mechanism (see ``TrainingSetup.before``)
-VERSIONED_PACKAGES = ("bitsandbytes", "transformers", "peft", "torch")
+VERSIONED_PACKAGES = ("bitsandbytes", "transformers", "peft")
 #: modules peft can train in full beside the adapters (``modules_to_save``)
 SAVE_MODULES = ("lm_head", "embed_tokens")
 

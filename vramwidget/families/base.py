@@ -26,6 +26,8 @@ from ..inputs import shown
 REGISTRY: Dict[str, "Family"] = {}
 #: model_type spellings that mean another registered type (e.g. a multimodal wrapper)
 ALIASES: Dict[str, str] = {}
+#: side towers (vision encoders): families that are no model class of their own
+TOWERS: Dict[str, "Family"] = {}
 
 
 class Family:
@@ -122,6 +124,15 @@ def register(cls: Type[Family]) -> Type[Family]:
     return cls
 
 
+def register_tower(cls: Type[Family]) -> Type[Family]:
+    """Class decorator: a tower family (a VLM's vision encoder), found by ``family_for`` but not
+    a supported model type of its own."""
+    inst = cls()
+    for mt in cls.model_types:
+        TOWERS[mt] = inst
+    return cls
+
+
 def supported_model_types() -> Tuple[str, ...]:
     """Every model_type with an analytic family, in registration order."""
     return tuple(REGISTRY)
@@ -134,7 +145,7 @@ def resolve_model_type(mt: str) -> str:
 
 def family_for(mt: str) -> Family:
     """The family registered for ``mt``; a VramError listing the supported types otherwise."""
-    fam = REGISTRY.get(resolve_model_type(mt))
+    fam = REGISTRY.get(resolve_model_type(mt)) or TOWERS.get(mt)
     if fam is None:
         raise VramError(f"config: model_type {mt!r} is not supported; supported: "
                         + ", ".join(supported_model_types()), field="model_type")

@@ -13,7 +13,6 @@ from .gemma2 import Gemma2
 class Gemma3Text(Gemma2):
     model_types = ("gemma3_text",)
     gguf_arch = "gemma3"
-    aliases = ("gemma3",)
     qk_norm = "head"
 
     def default_sliding_layers(self, cfg: Mapping[str, Any], L: int) -> int:

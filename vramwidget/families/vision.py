@@ -1,0 +1,183 @@
+"""Vision towers of vision-language models, as families of their own (not causal LMs: they
+are registered as towers, built from a VLM's ``vision_config``).
+
+Each declares its parameters (under the VLM's prefix) and one encoder block's forward over
+the patches of one image (attention stays within an image: b = images, s = patches):
+
+* SigLIP (Gemma 3; transformers ``models/siglip/modeling_siglip.py``): pre-LayerNorm
+  blocks with biased q/k/v/out_proj and fc1/fc2 with a tanh GELU; learned positions.
+* Pixtral (Mistral 3; ``models/pixtral/modeling_pixtral.py``): RMSNorm blocks with 2D RoPE,
+  q/k/v/o and a SwiGLU feed-forward, no biases.
+* Qwen2.5-VL's vision transformer (``models/qwen2_5_vl/modeling_qwen2_5_vl.py``): RMSNorm
+  blocks with a fused biased ``qkv``, 2D RoPE, ``proj`` and a biased SwiGLU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Tuple
+
+from .base import Family, register_tower
+from .blocks import _Builder, _get, _require, gated_mlp, linear, rms_norm, rotary, sdpa_core
+from .gpt2 import GPT2
+from .llama import Llama
+
+
+def _vision_info(h: int, L: int, a: int, i: int, b: _Builder, mlp_kind: str, norm_kind: str) -> Dict[str, Any]:
+    return dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=a, head_dim=h // a, intermediate_size=i,
+                vocab_size=0, tie_word_embeddings=False, tensors=b.tensors, mlp_kind=mlp_kind, norm_kind=norm_kind)
+
+
+@register_tower
+class SiglipVision(GPT2):
+    model_types = ("siglip_vision_model",)
+    names = ("q_proj", "out_proj", "fc1", "fc2")
+    softmax_fp32 = True
+    embd_dropout = False
+    prefix = "model.vision_tower."
+
+    def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
+        h = _require(cfg, "vision hidden size", "hidden_size")
+        L = _require(cfg, "vision layers", "num_hidden_layers")
+        a = _require(cfg, "vision heads", "num_attention_heads")
+        i = _require(cfg, "vision MLP size", "intermediate_size")
+        p = _require(cfg, "patch size", "patch_size")
+        size = _require(cfg, "image size", "image_size")
+        ch = int(_get(cfg, "num_channels", default=3) or 3)
+        P = self.prefix
+        b = _Builder(L)
+        b.top(P + "embeddings.patch_embedding.weight", (h, ch, p, p), "embedding", "patch_embedding")
+        b.top(P + "embeddings.patch_embedding.bias", (h,), "embedding", "patch_embedding")
+        b.top(P + "embeddings.position_embedding.weight", ((size // p) ** 2, h), "position_embedding",
+              "position_embedding")
+        L_ = P + "encoder.layers.{i}."
+        b.norm(L_ + "layer_norm1", h, bias=True)
+        for nm, role in (("k_proj", "attn_k"), ("v_proj", "attn_v"), ("q_proj", "attn_q"), ("out_proj", "attn_o")):
+            b.linear(L_ + "self_attn." + nm, h, h, role, bias=True)
+        b.norm(L_ + "layer_norm2", h, bias=True)
+        b.linear(L_ + "mlp.fc1", i, h, "mlp_up", bias=True)
+        b.linear(L_ + "mlp.fc2", h, i, "mlp_down", bias=True)
+        b.norm(P + "post_layernorm", h, bias=True, per_layer=False)
+        if _get(cfg, "vision_use_head", default=True):
+            b.top(P + "head.probe", (1, 1, h), "attn_q", "head")
+            b.top(P + "head.attention.in_proj_weight", (3 * h, h), "attn_qkv", "attention")
+            b.top(P + "head.attention.in_proj_bias", (3 * h,), "attn_qkv", "attention")
+            b.top(P + "head.attention.out_proj.weight", (h, h), "attn_o", "out_proj")
+            b.top(P + "head.attention.out_proj.bias", (h,), "attn_o", "out_proj")
+            b.top(P + "head.layernorm.weight", (h,), "norm", "layernorm")
+            b.top(P + "head.layernorm.bias", (h,), "norm", "layernorm")
+            b.top(P + "head.mlp.fc1.weight", (i, h), "mlp_up", "fc1")
+            b.top(P + "head.mlp.fc1.bias", (i,), "mlp_up", "fc1")
+            b.top(P + "head.mlp.fc2.weight", (h, i), "mlp_down", "fc2")
+            b.top(P + "head.mlp.fc2.bias", (h,), "mlp_down", "fc2")
+        return _vision_info(h, L, a, i, b, "plain", "layernorm")
+
+    def patches(self, cfg: Mapping[str, Any]) -> int:
+        """Patches of one image at the tower's fixed resolution."""
+        return (int(cfg["image_size"]) // int(cfg["patch_size"])) ** 2
+
+    def resid_dropout(self, cfg: Mapping[str, Any]) -> float:
+        return 0.0
+
+    def qkv(self, tr: Any, ctx: Any, n1: Any) -> Tuple[Any, Any, Any]:
+        h = ctx.arch.hidden_size
+        return tuple(linear(tr, ctx, n1, nm, h, nm + " output", "attention") for nm in ("q_proj", "k_proj", "v_proj"))
+
+    def composite_gelu(self, arch: Any) -> bool:
+        return False
+
+
+@register_tower
+class PixtralVision(Llama):
+    model_types = ("pixtral",)
+    prefix = "model.vision_tower."
+
+    def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
+        h = _require(cfg, "vision hidden size", "hidden_size")
+        L = _require(cfg, "vision layers", "num_hidden_layers")
+        a = _require(cfg, "vision heads", "num_attention_heads")
+        i = _require(cfg, "vision MLP size", "intermediate_size")
+        p = _require(cfg, "patch size", "patch_size")
+        ch = int(_get(cfg, "num_channels", default=3) or 3)
+        P = self.prefix
+        b = _Builder(L)
+        b.top(P + "patch_conv.weight", (h, ch, p, p), "embedding", "patch_conv")
+        b.top(P + "ln_pre.weight", (h,), "embedding_norm", "ln_pre")
+        L_ = P + "transformer.layers.{i}."
+        b.norm(L_ + "attention_norm", h)
+        for nm, role in (("gate_proj", "mlp_gate"), ("up_proj", "mlp_up")):
+            b.linear(L_ + "feed_forward." + nm, i, h, role)
+        b.linear(L_ + "feed_forward.down_proj", h, i, "mlp_down")
+        for nm, role in (("k_proj", "attn_k"), ("v_proj", "attn_v"), ("q_proj", "attn_q"), ("o_proj", "attn_o")):
+            b.linear(L_ + "attention." + nm, h, h, role)
+        b.norm(L_ + "ffn_norm", h)
+        info = _vision_info(h, L, a, i, b, "gated", "rms")
+        info["head_dim"] = int(_get(cfg, "head_dim", default=h // a) or h // a)
+        return info
+
+    def patches(self, cfg: Mapping[str, Any]) -> int:
+        """Patches of one image at the tower's largest resolution (``image_size``)."""
+        return (int(cfg["image_size"]) // int(cfg["patch_size"])) ** 2
+
+
+@register_tower
+class Qwen25Vision(Family):
+    model_types = ("qwen2_5_vl_vision",)
+    prefix = "model.visual."
+
+    def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
+        h = _require(cfg, "vision hidden size", "hidden_size")
+        L = _require(cfg, "vision depth", "depth", "num_hidden_layers")
+        a = _require(cfg, "vision heads", "num_heads")
+        i = _require(cfg, "vision MLP size", "intermediate_size")
+        p = _require(cfg, "patch size", "patch_size")
+        tp = int(_get(cfg, "temporal_patch_size", default=2) or 2)
+        m = int(_get(cfg, "spatial_merge_size", default=2) or 2)
+        out = _require(cfg, "vision output size", "out_hidden_size")
+        ch = int(_get(cfg, "in_channels", default=3) or 3)
+        P = self.prefix
+        b = _Builder(L)
+        b.top(P + "patch_embed.proj.weight", (h, ch, tp, p, p), "embedding", "proj")
+        L_ = P + "blocks.{i}."
+        b.norm(L_ + "norm1", h)
+        b.norm(L_ + "norm2", h)
+        b.linear(L_ + "attn.qkv", 3 * h, h, "attn_qkv", bias=True)
+        b.linear(L_ + "attn.proj", h, h, "attn_o", bias=True)
+        b.linear(L_ + "mlp.gate_proj", i, h, "mlp_gate", bias=True)
+        b.linear(L_ + "mlp.up_proj", i, h, "mlp_up", bias=True)
+        b.linear(L_ + "mlp.down_proj", h, i, "mlp_down", bias=True)
+        w = h * m * m
+        b.top(P + "merger.ln_q.weight", (h,), "norm", "ln_q")
+        b.top(P + "merger.mlp.0.weight", (w, w), "mlp_up", "0")
+        b.top(P + "merger.mlp.0.bias", (w,), "mlp_up", "0")
+        b.top(P + "merger.mlp.2.weight", (out, w), "mlp_down", "2")
+        b.top(P + "merger.mlp.2.bias", (out,), "mlp_down", "2")
+        return _vision_info(h, L, a, i, b, "gated", "rms")
+
+    def patches(self, cfg: Mapping[str, Any]) -> int:
+        """Dynamic resolution: a 448 x 448 image (32 x 32 patches of 14 px) unless
+        ``image_patches`` says otherwise."""
+        return 1024
+
+    def block(self, tr: Any, ctx: Any, x: Any) -> Any:
+        arch, T = ctx.arch, ctx.T
+        h, a, d, i = arch.hidden_size, arch.num_heads, arch.head_dim, arch.intermediate_size
+        n1 = rms_norm(tr, ctx, x, "norm1", h)
+        qkv = linear(tr, ctx, n1, "qkv", 3 * h, "qkv output", "attention")
+        q = tr.new("q", T * h, qkv.dtype, qkv.rg, "T x h", "attention")
+        k = tr.new("k", T * h, qkv.dtype, qkv.rg, "T x h", "attention")
+        qr, kr = rotary(tr, ctx, q, k, T * h, T * h)
+        v = tr.new("v (contiguous)", T * h, qkv.dtype, qkv.rg, "T x h", "attention")
+        o_in = sdpa_core(tr, ctx, qr, kr, v, d)
+        o = linear(tr, ctx, o_in, "proj", h, "proj output", "attention", in_features=h)
+        x1 = tr.new("residual after attention", x.numel, x.dtype, True, "T x h", "norms")
+        n2 = rms_norm(tr, ctx, x1, "norm2", h)
+        gated_mlp(tr, ctx, n2, i)
+        return tr.new("block output", x.numel, x.dtype, True, "T x h", "norms")
+
+    def final_norm(self, tr: Any, ctx: Any, x: Any) -> Any:
+        return x
+
+    def inference_mlp(self, arch: Any, T: int, c: float):
+        return []
+
+
