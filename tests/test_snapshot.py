@@ -132,3 +132,64 @@ def test_bad_snapshots_name_the_field(tmp_path):
         with pytest.raises(vw.VramError) as e:
             vw.load_snapshot(src)
         assert e.value.field == "snapshot"
+
+
+# -- vramwidget measure records a snapshot (the CUDA calls, checked with a stand-in torch) -----
+
+class _FakeCudaMemoryModule:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def _record_memory_history(self, enabled="all", max_entries=0, device=None, **kw):
+        self.calls.append(("record", enabled, max_entries))
+
+    def _dump_snapshot(self, path):
+        self.calls.append(("dump", path))
+        with open(path, "wb") as f:
+            pickle.dump({"segments": [], "device_traces": [[]]}, f)
+
+
+class _FakeTorch:
+    def __init__(self, calls):
+        cuda = type("cuda", (), {})()
+        cuda.memory = _FakeCudaMemoryModule(calls)
+        cuda.synchronize = lambda dev=None: None
+        self.cuda = cuda
+
+
+def test_measure_records_and_dumps_the_allocator_history(tmp_path):
+    """_CudaMemory turns torch's history recording on for the case and dumps the snapshot
+    (torch.cuda.memory._record_memory_history / _dump_snapshot), then turns it off."""
+    from vramwidget.measure import SNAPSHOT_MAX_ENTRIES, _CudaMemory, _NoMemory
+
+    calls = []
+    mem = _CudaMemory(_FakeTorch(calls), "cuda:0")
+    mem.record_history()
+    path = str(tmp_path / "a01.pickle")
+    assert mem.dump_snapshot(path) == path
+    assert calls == [("record", "all", SNAPSHOT_MAX_ENTRIES), ("dump", path), ("record", None, 0)]
+    assert vw.load_snapshot(path).segments == 0
+    # the CPU path records nothing
+    cpu = _NoMemory()
+    cpu.record_history()
+    assert cpu.dump_snapshot(path) is None
+
+
+def test_measure_file_names_each_cases_snapshot(tmp_path, monkeypatch):
+    from vramwidget import measure
+
+    seen = []
+
+    def fake(case, device="cuda", steps=3, snapshot_path=None):
+        seen.append(snapshot_path)
+        return {"id": case["id"], "name": case["name"], "model": case["model"], "training": case["training"],
+                "measured": {"peak_allocated_mib": 1.0, "step_seconds": 0.1}, "env": {},
+                "snapshot": snapshot_path and snapshot_path.rsplit("/", 1)[-1]}
+
+    monkeypatch.setattr(measure, "measure_case", fake)
+    case = measure.case_from_setup({"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 100,
+                                    "n_positions": 64, "model_type": "gpt2"}, "gpt2", batch_size=1, seq_len=8)
+    recs = measure.measure_file([case], str(tmp_path / "out.jsonl"), device="cpu",
+                                snapshot_dir=str(tmp_path / "snaps"))
+    assert seen == [str(tmp_path / "snaps" / f"{case['id']}.pickle")]
+    assert recs[0]["snapshot"] == f"{case['id']}.pickle"
