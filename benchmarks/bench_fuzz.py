@@ -68,6 +68,8 @@ def run_valid(n: int, seed: int):
                 counts["refused draws (VramError)"] += 1
                 continue
             counts["valid setups"] += 1
+            if counts["valid setups"] % 10_000 == 0:   # progress, for long runs on busy machines
+                print(f"  ... {dict(counts)} after {time.perf_counter() - t0:.0f} s", flush=True)
             for v in violations(d):
                 counts["invariant violations"] += 1
                 examples.setdefault(v, d)
@@ -133,9 +135,9 @@ def main(argv=None) -> int:
         if not n:
             continue
         counts, examples, secs = fn(n, a.seed)
-        print(f"{title}: {n:,} in {secs:.0f} s")
+        print(f"{title}: {n:,} in {secs:.0f} s", flush=True)
         for k, v in sorted(counts.items()):
-            print(f"  {k:<36} {v:>9,}")
+            print(f"  {k:<36} {v:>9,}", flush=True)
         for k, v in list(examples.items())[:10]:
             print(f"  example: {k}\n           {v}")
         bad += counts["exceptions other than VramError"] + counts["invariant violations"] + counts["multi-line messages"]
