@@ -889,7 +889,7 @@ def loss_memory(arch: Architecture, s: TrainingSetup, tokens: Any = None
         bwd = [x for x in fwd if "gradient" in x[0]]
         return fwd, bwd
     fused = s.compile
-    upcast = bool(bh["loss_upcast"])
+    upcast = bool(bh["loss_upcast"]) and arch.family.loss_upcast
     in_model = s.loss == "standard" and (bool(bh["logits_fp32_in_model"]) or s.before("transformers", "4.46"))
     d = 4.0 if upcast else c            # the dtype the cross-entropy runs in
     n = s.loss_chunks if s.loss == "chunked" else 1

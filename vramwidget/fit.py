@@ -292,20 +292,23 @@ class Suggestion:
     gpu_seconds_per_token: Optional[float] = None
     time_change: Optional[float] = None
     usd_per_million_tokens: Optional[float] = None
+    #: GPUs the change adds to the run (0: the same hardware)
+    extra_gpus: int = 0
 
-    def sort_key(self) -> Tuple[int, int, float, int, float]:
+    def sort_key(self) -> Tuple[int, int, int, float, int, float]:
         """Fitting with the margin first, then fitting within the uncertainty band, then over
-        but within the band, then not fitting.  Within each: those that train the same model
-        the same way before those that change what is trained (8-bit states, bf16, LoRA,
-        QLoRA: a quality cost), each by the GPU time a training token costs with the change
-        (so by time and money; ``score`` where the GPU is not timed), fewer changes, larger
-        saving."""
+        but within the band, then not fitting.  Within each: those on the GPUs the run has
+        before those that add GPUs (a user with one card cannot take the others), then those
+        that train the same model the same way before those that change what is trained
+        (8-bit states, bf16, LoRA, QLoRA: a quality cost), each by the GPU time a training
+        token costs with the change (so by time and money; ``score`` where the GPU is not
+        timed), fewer changes, larger saving."""
         group = 0 if self.state == "fits" else 1 if self.fits else 2 if self.state == "tight" else 3
         quality = 1 if self.costs.get("quality") or self.kind == "quality" else 0
         cost = self.gpu_seconds_per_token if self.gpu_seconds_per_token is not None else self.score
         if group == 3:
-            return (group, 0, 0.0, len(self.parts) or 1, -self.saved_bytes)
-        return (group, quality, cost, len(self.parts) or 1, -self.saved_bytes)
+            return (group, 0, 0, 0.0, len(self.parts) or 1, -self.saved_bytes)
+        return (group, 1 if self.extra_gpus > 0 else 0, quality, cost, len(self.parts) or 1, -self.saved_bytes)
 
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
@@ -449,7 +452,8 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
                           ms[0].cost_value if len(ms) == 1 else score, state,
                           {"quality": ", ".join(quality), "time": ", ".join(time), "hardware": ", ".join(hardware)},
                           score, tuple(m.title for m in ms) if len(ms) > 1 else (), q.usable - total,
-                          *(t if t is not None else (None, None, None)), change, usd)
+                          *(t if t is not None else (None, None, None)), change, usd,
+                          max(int(par.get("num_gpus", 1) or 1) - n_now, 0))
 
     def attempt(title: str, kind: str, cost: str, setup_changes: Optional[Dict[str, Any]] = None,
                 par_changes: Optional[Dict[str, Any]] = None, compute_from_estimate: bool = False,
@@ -611,6 +615,12 @@ def _kw_for(s: TrainingSetup, par: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None}
 
 
+def _verdict(est: Any, gpu: GPU, num_gpus: int) -> Dict[str, Any]:
+    from .verdict import verdict
+
+    return verdict(est, gpu, num_gpus=num_gpus)
+
+
 def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
     """Everything ``vramwidget fit`` prints, as a dict."""
     q = _Query(model, gpu, kw)
@@ -620,6 +630,7 @@ def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
     out: Dict[str, Any] = {
         "model": q.arch.name, "gpu": q.gpu.to_dict(), "setup": q.setup.to_dict(), "parallel": q.par,
         "check": c.to_dict(),
+        "verdict": _verdict(c.estimate, q.gpu, int(q.par.get("num_gpus", 1) or 1)),
         "max_batch_size": max_batch_size(q.arch, q.gpu, batch_size=1, **kw_nb),
         "max_seq_len": max_seq_len(q.arch, q.gpu, seq_len=1, **kw_ns),
         "max_position_embeddings": q.arch.max_position_embeddings,
