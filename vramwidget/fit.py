@@ -371,6 +371,7 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
     from .verdict import band_bytes, state_of
 
     max_gpus = check_int("max_gpus", max_gpus, lo=1)
+    combine = check_int("combine", combine, lo=1, hi=8, what="must be a whole number from 1 to 8 (changes at once)")
     q = _Query(model, gpu, kw)
     s = q.setup
     base_est = q.estimate()
