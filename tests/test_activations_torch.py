@@ -38,6 +38,8 @@ CASES = [
     ("glm4_moe", "bf16", "full", "sdpa"), ("glm4_moe", "fp32", "full", "eager"),
     ("lfm2", "bf16", "full", "sdpa"), ("lfm2", "fp32", "full", "sdpa"), ("lfm2", "bf16", "lora", "sdpa"),
     ("lfm2:attention", "bf16", "full", "sdpa"), ("lfm2:attention", "bf16", "lora", "eager"),
+    ("bert", "bf16", "full", "sdpa"), ("bert", "fp32", "full", "eager"), ("bert", "bf16", "lora", "sdpa"),
+    ("modernbert", "bf16", "full", "eager"), ("modernbert", "fp32", "full", "eager"),
 ]
 
 

@@ -45,7 +45,8 @@ def test_params_total_equals_transformers(key, param_counts):
                                  "gemma-2-2b", "opt-1.3b", "bloom-7b1", "falcon-7b", "qwen1.5-moe-a2.7b",
                                  "olmoe-1b-7b", "pythia-1b", "qwen3-8b", "gpt-oss-20b",
                                  "llama-4-scout-17b-16e", "glm-4.5-air", "lfm2-1.2b",
-                                 "gemma-3-4b-vision", "mistral-small-3.2-24b"])
+                                 "gemma-3-4b-vision", "mistral-small-3.2-24b", "modernbert-base",
+                                 "bert-base-uncased"])
 def test_tensor_shapes_equal_transformers(key, param_counts):
     """Every tensor: the same name pattern, shape and number of instances as transformers."""
     arch = _arch_for(key)
@@ -239,6 +240,13 @@ TINY_CONFIGS = {
                                         num_key_value_heads=2, vocab_size=300, bos_token_id=0, eos_token_id=0),
                        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=64,
                                           fullatt_block_indexes=[1])),
+    "t5": dict(num_layers=2, num_decoder_layers=3, d_model=64, d_ff=96, d_kv=16, num_heads=4, vocab_size=100,
+               feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+    "mt5": dict(num_layers=2, num_decoder_layers=2, d_model=64, d_ff=96, d_kv=16, num_heads=4, vocab_size=100),
+    "bert": dict(num_hidden_layers=2, hidden_size=64, intermediate_size=96, num_attention_heads=4, vocab_size=100),
+    "modernbert": dict(num_hidden_layers=3, hidden_size=64, intermediate_size=96, num_attention_heads=4, vocab_size=100,
+                       global_attn_every_n_layers=3, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                       sep_token_id=2),
 }
 
 #: the transformers Auto class of each task vramwidget counts

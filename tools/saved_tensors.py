@@ -71,6 +71,13 @@ TINY: Dict[str, Dict[str, Any]] = {
                  layer_types=["conv"] * 4, block_multiple_of=64),
     "lfm2:attention": dict(hidden_size=256, intermediate_size=768, num_attention_heads=8, num_key_value_heads=2,
                            vocab_size=512, layer_types=["full_attention"] * 4, block_multiple_of=64),
+    "bert": dict(hidden_size=256, intermediate_size=1024, num_attention_heads=8, vocab_size=512,
+                 attention_probs_dropout_prob=0.0),  # CPU SDPA has no dropout kernel (it would fall back to math)
+    "modernbert": dict(hidden_size=256, intermediate_size=384, num_attention_heads=8, vocab_size=512,
+                       global_attn_every_n_layers=1, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                       sep_token_id=2),
+    "t5": dict(d_model=256, d_ff=512, d_kv=32, num_heads=8, vocab_size=512, feed_forward_proj="gated-gelu",
+               tie_word_embeddings=False, decoder_start_token_id=0),
     "llama4_text:nope_dense": dict(hidden_size=256, intermediate_size=128, intermediate_size_mlp=384,
                                    num_attention_heads=8, num_key_value_heads=2, head_dim=32, num_local_experts=4,
                                    num_experts_per_tok=1, vocab_size=512, no_rope_layers=[0, 0, 0, 0],
@@ -80,6 +87,22 @@ TINY: Dict[str, Dict[str, Any]] = {
 
 #: per-layer lists in a config: cut to the tiny model's layer count
 PER_LAYER_LISTS = ("no_rope_layers", "layer_types")
+
+
+def _layers_key(mt: str) -> str:
+    """The config field that counts the blocks (T5: each stack, ``num_layers``)."""
+    return {"gpt2": "n_layer", "t5": "num_layers", "mt5": "num_layers"}.get(mt, "num_hidden_layers")
+
+
+def _auto_class(mt: str):
+    """The transformers Auto class of the model class vramwidget counts for ``mt``."""
+    import transformers
+
+    from vramwidget.families import REGISTRY
+
+    return getattr(transformers, {"causal_lm": "AutoModelForCausalLM", "masked_lm": "AutoModelForMaskedLM",
+                                  "seq2seq_lm": "AutoModelForSeq2SeqLM",
+                                  "image_text_to_text": "AutoModelForImageTextToText"}[REGISTRY[mt].task])
 
 
 def _per_layer(kw: Dict[str, Any], n_layers: int) -> Dict[str, Any]:
@@ -104,12 +127,12 @@ def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str 
     mt = model_type.split(":")[0]
 
     def run(n_layers: int) -> float:
-        key = "n_layer" if mt == "gpt2" else "num_hidden_layers"
+        key = _layers_key(mt)
         cfg = AutoConfig.for_model(mt, **{**_per_layer(kw, n_layers), key: n_layers})
         cfg.use_cache = False
         torch.manual_seed(0)
         wd = torch.float32 if precision in ("fp32", "amp_bf16") else torch.bfloat16
-        model = AutoModelForCausalLM.from_config(cfg, dtype=wd, attn_implementation=attn_implementation)
+        model = _auto_class(mt).from_config(cfg, dtype=wd, attn_implementation=attn_implementation)
         if method == "lora":
             import peft
 
@@ -147,7 +170,9 @@ def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str 
         return float(sum(n for k, n in seen.items() if k not in params))
 
     a, b = run(layers), run(layers + 1)
-    return {"per_layer": b - a, "total_L": a}
+    # an encoder-decoder grows by one block in each stack: the average block is half the difference
+    per = (b - a) / (2 if _layers_key(mt) == "num_layers" else 1)
+    return {"per_layer": per, "total_L": a}
 
 
 def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: str = "full",
@@ -163,8 +188,7 @@ def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: s
     kw = dict(TINY[model_type])
     kw.update(overrides or {})
     mt = model_type.split(":")[0]
-    cfg = AutoConfig.for_model(mt, **{**_per_layer(kw, 2), ("n_layer" if mt == "gpt2" else "num_hidden_layers"): 2}
-                               ).to_dict()
+    cfg = AutoConfig.for_model(mt, **{**_per_layer(kw, 2), _layers_key(mt): 2}).to_dict()
     arch = from_config(cfg)
     s = TrainingSetup.from_kwargs(method=method, precision=precision, attn_implementation=attn_implementation,
                                   batch_size=batch_size, seq_len=seq_len, lora_r=8, **setup)
