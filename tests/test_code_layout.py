@@ -96,6 +96,9 @@ KNOWN_CIRCLES = [
     # inference validates engine versions with engines' parsers; engines prices weights with
     # inference's storage: the serving work (issue 16) moves the shared part out
     ["vramwidget.engines", "vramwidget.inference"],
+    # a vision-language family builds its vision tower's Architecture (families/vlm.py imports
+    # architecture lazily; architecture imports the family registry): the VLM work breaks it
+    ["vramwidget.architecture", "vramwidget.families", "vramwidget.families.vlm"],
 ]
 
 

@@ -44,7 +44,10 @@ def test_longest_sequence_fits_and_one_more_does_not(model, gpu, kw):
     assert fits(model, gpu, seq_len=n, **kw)
     assert not fits(model, gpu, seq_len=n + 1, **kw)
     n8 = max_seq_len(model, gpu, multiple_of=8, **kw)
-    assert n8 % 8 == 0 and n - 8 < n8 <= n
+    # the replayed caching allocator's reserve is not monotone in the length (a segment-size
+    # threshold can cut fragmentation by hundreds of MiB), so the multiple of 8 found is one
+    # that fits with the next multiple not fitting, not always within 8 of n
+    assert n8 % 8 == 0 and fits(model, gpu, seq_len=n8, **kw) and not fits(model, gpu, seq_len=n8 + 8, **kw)
 
 
 def test_nothing_fits_is_zero():

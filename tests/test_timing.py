@@ -255,7 +255,10 @@ def test_suggestions_rank_by_time_per_token():
     sug = [x for x in vw.suggestions("llama-3.2-1b", "L40S", batch_size=4, seq_len=2048) if x.fits]
     same = [x for x in sug if x.kind != "quality"]
     assert [x.gpu_seconds_per_token for x in same] == sorted(x.gpu_seconds_per_token for x in same)
-    assert sug.index(same[-1]) < min(sug.index(x) for x in sug if x.kind == "quality")
+    quality = [sug.index(x) for x in sug if x.kind == "quality"]
+    # (with the replayed caching allocator, 8-bit states do not lower this step's reserved
+    # memory: the device total, not allocated memory, decides which changes are listed)
+    assert not quality or sug.index(same[-1]) < min(quality)
     by = {x.title: x for x in sug}
     sel, full = by["selective activation checkpointing"], by["full activation checkpointing"]
     assert 0 < sel.time_change < 0.05 < full.time_change < 1 / 3

@@ -73,7 +73,7 @@ def test_profile_equals_an_exact_trace_at_another_size():
     """Sizes replayed from the (b, s) profile equal a trace run at that size, byte for byte."""
     name, cfg = resolve_config("smollm2-135m")
     s0 = vw.TrainingSetup.from_kwargs(batch_size=2, seq_len=256, backend="trace")
-    prof = P.profile_for(cfg, s0)
+    prof = P.profile_for(cfg, s0)   # traces (2, 256) and (3, 512)
     assert prof.size_fns is not None
     s1 = s0.replace(batch_size=3, seq_len=200)
     exact = P._trace(cfg, s1, "causal-lm")
@@ -92,3 +92,78 @@ def test_traced_tree_sums_to_the_peak():
     assert sum(opt.values()) == pytest.approx(e.phases_bytes["optimizer_step"], rel=1e-9)
     # foreach AdamW: one sqrt(exp_avg_sq) per parameter at once, the size of the states in bf16
     assert opt["optimizer temporaries"] == pytest.approx(opt["optimizer states"] / 2, rel=0.01)
+
+
+# -- honest refusals: one line, why, and what would work ------------------------------------
+
+def _tiny_llama(**over):
+    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}
+    cfg.update(over)
+    return cfg
+
+
+def test_remote_code_is_refused_with_what_would_work():
+    cfg = _tiny_llama(auto_map={"AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"})
+    with pytest.raises(vw.VramError) as e:
+        vw.estimate(cfg, backend="trace")
+    msg = str(e.value)
+    assert "\n" not in msg and "remote code" in msg and "modeling_custom.CustomForCausalLM" in msg
+    assert "transformers-native" in msg
+
+
+def test_unknown_model_type_is_refused():
+    with pytest.raises(vw.VramError) as e:
+        vw.estimate({"model_type": "no_such_model_xyz", "hidden_size": 8}, backend="auto")
+    assert "no_such_model_xyz" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_data_dependent_shapes_are_refused(monkeypatch):
+    """A model whose code reads tensor values to pick a shape (here: SiLU made to call
+    .nonzero(), as an eager MoE router does) cannot be traced on fake tensors."""
+    import transformers.activations as acts
+
+    def silu_nonzero(self, x):
+        return x[x.nonzero()[:, 0]]
+
+    monkeypatch.setattr(acts.SiLUActivation, "forward", silu_nonzero)
+    with pytest.raises(vw.VramError) as e:
+        vw.estimate(_tiny_llama(), backend="trace", batch_size=1, seq_len=8)
+    msg = str(e.value)
+    assert "data-dependent" in msg and "what would work" in msg and "\n" not in msg
+
+
+def test_custom_kernel_without_shape_rule_is_refused(monkeypatch):
+    """An op with only a device kernel and no fake/meta implementation (a custom CUDA kernel)."""
+    lib = torch.library.Library("vw_test_trace", "DEF")
+    lib.define("fused_act(Tensor x) -> Tensor")
+    lib.impl("fused_act", lambda x: x.clone(), "CPU")
+    import transformers.activations as acts
+
+    monkeypatch.setattr(acts.SiLUActivation, "forward", lambda self, x: torch.ops.vw_test_trace.fused_act(x))
+    with pytest.raises(vw.VramError) as e:
+        vw.estimate(_tiny_llama(), backend="trace", batch_size=1, seq_len=8)
+    msg = str(e.value)
+    assert "custom CUDA kernel" in msg and "what would work" in msg and "\n" not in msg
+
+
+def test_untraced_knobs_and_optimizers_are_refused():
+    with pytest.raises(vw.VramError, match="paged_adamw"):
+        vw.estimate(_tiny_llama(), backend="trace", optimizer="paged_adamw", seq_len=8)
+    with pytest.raises(vw.VramError, match="precision"):
+        vw.estimate(_tiny_llama(), backend="trace", precision="fp8", seq_len=8)
+
+
+def test_auto_traces_a_family_without_a_module():
+    """A transformers model type no family module covers (here BLOOM's cousin 'gptj' or
+    whatever the analytic path refuses) is traced under backend='auto'."""
+    cfg = {"model_type": "gptj", "n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8, "vocab_size": 256,
+           "n_positions": 64}
+    with pytest.raises(vw.VramError):
+        vw.estimate(cfg, backend="analytic", seq_len=16)
+    e = vw.estimate(cfg, backend="auto", seq_len=16)
+    assert e.backend == "trace"
+    # transformers' GPT-J counts: wte 256x64, per layer ln (2x64) + q,k,v,out (4x64x64) + fc_in (256x64+256)
+    # + fc_out (64x256+64), final ln, lm_head 256x64 + bias 256
+    per_layer = 2 * 64 + 4 * 64 * 64 + (256 * 64 + 256) + (64 * 256 + 64)
+    assert e.params_total == 256 * 64 + 2 * per_layer + 2 * 64 + 256 * 64 + 256

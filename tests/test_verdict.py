@@ -25,8 +25,9 @@ def test_three_states_around_the_line():
     band = verdict.band_bytes(est.reserved_bytes)
     need = est.device_total_bytes
     assert verdict.state_of(need, need + band * 1.01, band) == "fits"
-    assert verdict.state_of(need, need + band, band) == "tight"
-    assert verdict.state_of(need, need - band, band) == "tight"
+    # (just inside the band: need + band - need is not always band in floating point)
+    assert verdict.state_of(need, need + band * 0.999, band) == "tight"
+    assert verdict.state_of(need, need - band * 0.999, band) == "tight"
     assert verdict.state_of(need, need - band * 1.01, band) == "does_not_fit"
 
 

@@ -76,8 +76,6 @@ TINY: Dict[str, Dict[str, Any]] = {
     "modernbert": dict(hidden_size=256, intermediate_size=384, num_attention_heads=8, vocab_size=512,
                        global_attn_every_n_layers=1, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
                        sep_token_id=2),
-    "t5": dict(d_model=256, d_ff=512, d_kv=32, num_heads=8, vocab_size=512, feed_forward_proj="gated-gelu",
-               tie_word_embeddings=False, decoder_start_token_id=0),
     "llama4_text:nope_dense": dict(hidden_size=256, intermediate_size=128, intermediate_size_mlp=384,
                                    num_attention_heads=8, num_key_value_heads=2, head_dim=32, num_local_experts=4,
                                    num_experts_per_tok=1, vocab_size=512, no_rope_layers=[0, 0, 0, 0],
@@ -85,24 +83,36 @@ TINY: Dict[str, Dict[str, Any]] = {
 }
 
 
+# encoder-decoders and encoders (issue 11): "<model_type>:<kind>" varies the layers of one
+# stack (LAYER_KEY) and is compared with that kind's block of the mixed stack
+TINY.update({
+    "t5:encoder": dict(d_model=256, d_kv=32, d_ff=512, num_heads=8, vocab_size=512, num_decoder_layers=2,
+                       feed_forward_proj="gated-gelu", dropout_rate=0.0, decoder_start_token_id=0),
+    "t5:decoder": dict(d_model=256, d_kv=32, d_ff=512, num_heads=8, vocab_size=512, num_layers=2,
+                       feed_forward_proj="gated-gelu", dropout_rate=0.0, decoder_start_token_id=0),
+    "t5:decoder_v1": dict(d_model=256, d_kv=32, d_ff=1024, num_heads=8, vocab_size=512, num_layers=2,
+                          feed_forward_proj="relu", dropout_rate=0.1, decoder_start_token_id=0),
+})
+#: the config field that holds the varied stack's layer count (default num_hidden_layers)
+LAYER_KEY = {"gpt2": "n_layer", "t5:encoder": "num_layers", "t5:decoder": "num_decoder_layers",
+             "t5:decoder_v1": "num_decoder_layers"}
+#: the kind of block a variant checks (Architecture.layer_kinds), when it is one kind of a mixed stack
+KIND = {"t5:encoder": "encoder", "t5:decoder": "decoder", "t5:decoder_v1": "decoder"}
+
+#: the transformers Auto class of each vramwidget task
+AUTO_CLASS = {"causal_lm": "AutoModelForCausalLM", "image_text_to_text": "AutoModelForImageTextToText",
+              "seq2seq_lm": "AutoModelForSeq2SeqLM", "masked_lm": "AutoModelForMaskedLM"}
+
+
+def _auto_class(mt: str) -> Any:
+    import transformers
+    from vramwidget.families import REGISTRY, resolve_model_type
+    fam = REGISTRY.get(resolve_model_type(mt))
+    return getattr(transformers, AUTO_CLASS[fam.task if fam is not None else "causal_lm"])
+
+
 #: per-layer lists in a config: cut to the tiny model's layer count
 PER_LAYER_LISTS = ("no_rope_layers", "layer_types")
-
-
-def _layers_key(mt: str) -> str:
-    """The config field that counts the blocks (T5: each stack, ``num_layers``)."""
-    return {"gpt2": "n_layer", "t5": "num_layers", "mt5": "num_layers"}.get(mt, "num_hidden_layers")
-
-
-def _auto_class(mt: str):
-    """The transformers Auto class of the model class vramwidget counts for ``mt``."""
-    import transformers
-
-    from vramwidget.families import REGISTRY
-
-    return getattr(transformers, {"causal_lm": "AutoModelForCausalLM", "masked_lm": "AutoModelForMaskedLM",
-                                  "seq2seq_lm": "AutoModelForSeq2SeqLM",
-                                  "image_text_to_text": "AutoModelForImageTextToText"}[REGISTRY[mt].task])
 
 
 def _per_layer(kw: Dict[str, Any], n_layers: int) -> Dict[str, Any]:
@@ -120,14 +130,14 @@ def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str 
     what the graph still holds when the forward pass ends (DoRA builds and drops a side graph
     for its weight norm)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     kw = dict(TINY[model_type])
     kw.update(overrides or {})
     mt = model_type.split(":")[0]
 
     def run(n_layers: int) -> float:
-        key = _layers_key(mt)
+        key = LAYER_KEY.get(model_type, LAYER_KEY.get(mt, "num_hidden_layers"))
         cfg = AutoConfig.for_model(mt, **{**_per_layer(kw, n_layers), key: n_layers})
         cfg.use_cache = False
         torch.manual_seed(0)
@@ -170,9 +180,7 @@ def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str 
         return float(sum(n for k, n in seen.items() if k not in params))
 
     a, b = run(layers), run(layers + 1)
-    # an encoder-decoder grows by one block in each stack: the average block is half the difference
-    per = (b - a) / (2 if _layers_key(mt) == "num_layers" else 1)
-    return {"per_layer": per, "total_L": a}
+    return {"per_layer": b - a, "total_L": a}
 
 
 def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: str = "full",
@@ -188,11 +196,18 @@ def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: s
     kw = dict(TINY[model_type])
     kw.update(overrides or {})
     mt = model_type.split(":")[0]
-    cfg = AutoConfig.for_model(mt, **{**_per_layer(kw, 2), _layers_key(mt): 2}).to_dict()
+    cfg = AutoConfig.for_model(mt, **{**_per_layer(kw, 2), LAYER_KEY.get(model_type, LAYER_KEY.get(
+        mt, "num_hidden_layers")): 2}).to_dict()
     arch = from_config(cfg)
     s = TrainingSetup.from_kwargs(method=method, precision=precision, attn_implementation=attn_implementation,
                                   batch_size=batch_size, seq_len=seq_len, lora_r=8, **setup)
     acts = _activations(arch, s, _params(arch, s), cpu=True)
+    kind = KIND.get(model_type)
+    if kind:
+        # the mixed stack's average block weights each kind by its share of the layers
+        n = sum(c for _, c in arch.layer_kinds)
+        count = dict(arch.layer_kinds)[kind]
+        return sum(t.nbytes for t in acts.per_layer if f"({kind}, " in t.name) * n / count
     return acts.per_layer_bytes
 
 

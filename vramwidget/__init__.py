@@ -9,6 +9,7 @@
 from .architecture import Architecture, custom, from_config, from_param_count, load as load_architecture
 from .errors import VramError
 from .estimate import estimate
+from . import events as _events  # noqa: F401  (registers the allocator replay behind reserved memory)
 from .fit import max_batch_size, max_seq_len, min_gpus, suggestions
 from .fitmap import fit_map
 from .inference import estimate_inference, longest_context
@@ -16,13 +17,14 @@ from .parallel import estimate_parallel
 from .presets import list_presets
 from .readers import TrainingConfig, from_training_config
 from .result import Estimate, Node
+from .snapshot import load_snapshot
 from .training import CHOICES, TrainingSetup
 
 __version__ = "0.1.0"
 
 __all__ = ["Architecture", "CHOICES", "Calculator", "ChartView", "Estimate", "Node", "TrainingConfig", "TrainingSetup", "VramError", "chart", "custom",
            "estimate", "estimate_inference", "estimate_parallel", "fit_map", "from_config", "from_param_count", "from_training_config", "list_presets",
-           "load_architecture", "longest_context", "max_batch_size", "max_seq_len", "min_gpus", "show", "suggestions",
+           "load_architecture", "load_snapshot", "longest_context", "max_batch_size", "max_seq_len", "min_gpus", "show", "suggestions",
            "__version__"]
 
 

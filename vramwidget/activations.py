@@ -29,7 +29,7 @@ dim, s seq, b batch, V vocab, E experts, k experts per token, r LoRA rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .training import TrainingSetup
 from .units import DTYPE_BYTES
@@ -70,12 +70,29 @@ class Trace:
         #: and the bytes each writes (what bandwidth-bound kernels move)
         self.created_ops = 0
         self.created_bytes = 0.0
+        #: every tensor the forward creates and every parameter it uses, in order (the
+        #: allocation events of the caching-allocator replay, ``events.py``)
+        self.ops: List[Tuple[str, Any]] = []
 
     def new(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
         """Record a new forward tensor (not yet saved)."""
         self.created_ops += 1
         self.created_bytes += numel * DTYPE_BYTES[dtype]
-        return _T(name, numel, dtype, rg, formula, group)
+        t = _T(name, numel, dtype, rg, formula, group)
+        self.ops.append(("new", t))
+        return t
+
+    def temp(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
+        """A short-lived tensor that only the allocator replay needs to see (not saved and not
+        counted in ``created_ops``/``created_bytes``, which the step-time model reads)."""
+        t = _T(name, numel, dtype, rg, formula, group)
+        self.ops.append(("new", t))
+        return t
+
+    def param(self, module: str) -> None:
+        """Record that the op just traced used ``module``'s parameters (their gradients are
+        made when backward reaches it)."""
+        self.ops.append(("param", module))
 
     def save(self, t: _T) -> None:
         """Mark ``t`` as kept for backward (once per storage)."""
@@ -178,6 +195,10 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
     if ctx.quant_base and x.dtype == F32:
         out_dtype = F32  # bnb Linear4bit returns the input's dtype
     rg = trains or x.rg
+    if ctx.quant_base:
+        # bitsandbytes' MatMul4Bit dequantizes the weight for each matmul (a transient; not saved)
+        tr.temp(f"{module} dequantized weight", out_features * in_f, ctx.c, False,
+               f"{_dim(out_features)} x {_dim(in_f)} (transient)", group)
     if module in ctx.lora_modules:
         rg = True
         r = ctx.setup.lora_r
@@ -185,6 +206,8 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         if module in ("q_proj", "k_proj", "v_proj") and ctx.fused_qkv_lora:
             # LitGPT's LoRAQKVLinear: one dropout and one lora_A input for the fused qkv
             tag = "qkv (fused LoRA)"
+        # peft's Linear.forward: result = base_layer(x) first, the adapter's path after it
+        tr.temp(f"{tag} base layer output", n_tok * out_features, out_dtype, rg, "T x out (transient)", group)
         xa = tr.cast(x, ctx.adapter_dtype, f"{tag} LoRA input as {ctx.adapter_dtype}")
         if xa is not x:
             xa.formula = f"T x {_dim(in_f)} ({module} input cast to the adapter dtype)"
@@ -198,6 +221,14 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         tr.save(xa)
         a_dtype = ctx.c if ctx.setup.autocast else ctx.adapter_dtype
         tr.save(tr.new(f"{tag} lora_A output", n_tok * r, a_dtype, True, f"T x r (r={r})", LORA_GROUP))
+        # lora_B(...) * scaling, added to the base result (promoted to the adapter dtype) and
+        # cast back with result.to(torch_result_dtype): transients the trace need not keep
+        tr.temp(f"{tag} lora_B output", n_tok * out_features, a_dtype, True, "T x out (transient)", LORA_GROUP)
+        tr.temp(f"{tag} lora_B output x scaling", n_tok * out_features, a_dtype, True, "T x out (transient)",
+               LORA_GROUP)
+        if _promote(a_dtype, out_dtype) != out_dtype:
+            tr.temp(f"{tag} base + LoRA", n_tok * out_features, _promote(a_dtype, out_dtype), True,
+                   "T x out (transient)", LORA_GROUP)
         if ctx.setup.lora_variant == "dora":
             # peft DoraLinearLayer.forward: (mag_norm_scale - 1) * base_result keeps the base
             # layer's output, mag_norm_scale * lora_result keeps lora_B's output (the magnitude
@@ -208,7 +239,9 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
                            f"T x {_dim(out_features)}", LORA_GROUP))
             tr.save(tr.new(f"{tag} DoRA lora_B output", n_tok * out_features, a_dtype, True,
                            f"T x {_dim(out_features)}", LORA_GROUP))
-    return tr.new(name, n_tok * out_features, out_dtype, rg, f"T x {_dim(out_features)}", group)
+    out = tr.new(name, n_tok * out_features, out_dtype, rg, f"T x {_dim(out_features)}", group)
+    tr.param(module)
+    return out
 
 
 def rms_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: str = "norms",
@@ -229,6 +262,7 @@ def rms_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: 
         if trains:
             tr.save(n32)
         out32 = tr.new(f"{name} output fp32", x.numel, F32, x.rg or trains, f"T x {_dim(dim)}", group)
+        tr.param(name)
         return tr.cast(out32, x.dtype, f"{name} output")
     n_c = tr.cast(n32, x.dtype, f"{name} normalised")
     if n_c is not n32:
@@ -236,7 +270,9 @@ def rms_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: 
     if trains:
         tr.save(n_c)
     out_dtype = _promote(ctx.norm_w_dtype, x.dtype)
-    return tr.new(f"{name} output", x.numel, out_dtype, x.rg or trains, f"T x {_dim(dim)}", group)
+    out = tr.new(f"{name} output", x.numel, out_dtype, x.rg or trains, f"T x {_dim(dim)}", group)
+    tr.param(name)
+    return out
 
 
 def layer_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: str = "norms") -> _T:
@@ -245,7 +281,9 @@ def layer_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group
     if x.rg or ctx.norms_train:
         tr.save(xin)
         tr.save(tr.new(f"{name} mean and rstd", 2 * x.numel / dim, F32, True, "2 x T fp32", group))
-    return tr.new(f"{name} output", x.numel, xin.dtype, x.rg or ctx.norms_train, f"T x {_dim(dim)}", group)
+    out = tr.new(f"{name} output", x.numel, xin.dtype, x.rg or ctx.norms_train, f"T x {_dim(dim)}", group)
+    tr.param(name)
+    return out
 
 
 def dropout(tr: Trace, x: _T, p: float, name: str, cpu: bool = False) -> _T:
@@ -305,6 +343,8 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         if rg:
             tr.save(tr.new("q scaled (math SDPA)", q.numel, c, True, "T x a*d", group))
             tr.save(tr.new("k repeated and scaled (math SDPA)", T * a * ctx.arch.head_dim, c, True, "T x a*d", group))
+            # q @ k^T, masked in place; the softmax keeps only its output
+            tr.temp("attention scores (math SDPA)", scores, c, True, "b x a x s x s (transient)", group)
             tr.save(tr.new("attention probabilities (math SDPA)", scores, c, True, "b x a x s x s", group))
             if kv != a:
                 tr.save(tr.new("v repeated (math SDPA)", T * a * v_head_dim, c, True, "T x a*d", group))
@@ -324,9 +364,16 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
                                                                 True, "T x a*d (repeat_kv copy)", group)
         tr.save(ke)
         tr.save(ve)
+        # matmul(q, k^T) * scaling + causal mask: three b x a x s x s transients before the softmax
+        for label in ("attention scores", "attention scores scaled", "attention scores masked"):
+            tr.temp(label, scores, c, True, "b x a x s x s (transient)", group)
         if softcap:
             tr.save(tr.new("soft-capped scores tanh", scores, c, True, "b x a x s x s", group))
         sm_dtype = F32 if softmax_fp32 else c
+        if sm_dtype != c:
+            # softmax(x, dtype=float32) converts its input first (at::softmax: input.toType(dtype))
+            tr.temp("attention scores as fp32 (softmax input)", scores, F32, True, "b x a x s x s fp32 (transient)",
+                   group)
         p32 = tr.new("softmax output" + (" fp32" if softmax_fp32 else ""), scores, sm_dtype, True,
                      "b x a x s x s" + (" fp32" if softmax_fp32 else ""), group)
         tr.save(p32)

@@ -21,7 +21,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from .errors import VramError
-from .units import GB, GIB
+from .units import GB, GIB, fmt_bytes
 
 PROG = "vramwidget"
 
@@ -625,7 +625,7 @@ def format_fit_answers(a: Dict[str, Any]) -> str:
     g = a["gpu"]
     c = a["check"]
     lines = [f"model             {a['model']}",
-             f"GPU               {g['name']}: {g['usable_gib']:.1f} GiB usable"
+             f"GPU               {g['name']}: {fmt_bytes(g['usable_bytes'])} usable"
              + ("" if g["bf16"] else " (no bf16)")]
     s = a["setup"]
     bits = [s["method"], s["precision"], s["optimizer"], f"checkpointing {s['gradient_checkpointing']}",
@@ -636,11 +636,14 @@ def format_fit_answers(a: Dict[str, Any]) -> str:
     lines.append(f"setup             {', '.join(bits)}")
     if not a["precision_supported"]:
         lines.append(f"warning           {a['precision_note']}")
-    verdict = "FITS" if c["fits"] else "DOES NOT FIT"
-    lines.append(f"verdict           {verdict}: device total {c['device_total_gib']:.2f} GiB of "
-                 f"{c['usable_gib']:.2f} GiB ({abs(c['headroom_bytes']) / GIB:.2f} GiB "
-                 f"{'free' if c['fits'] else 'over'})")
-    lines.append("                  (device total = predicted reserved memory + CUDA context, the worst GPU)")
+    v = a["verdict"]
+    verdict = {"fits": "FITS", "tight": "TIGHT", "does_not_fit": "DOES NOT FIT"}[v["state"]]
+    room = v["headroom_bytes"]
+    lines.append(f"verdict           {verdict}: device total {fmt_bytes(v['need_bytes'])} of "
+                 f"{fmt_bytes(v['capacity_bytes'])} ({fmt_bytes(abs(room))} {'free' if room >= 0 else 'over'}, "
+                 f"{abs(v['headroom_pct']):.0f}%; uncertainty ±{fmt_bytes(v['band_bytes'])})")
+    lines.append("                  (device total = predicted reserved memory + CUDA context, the worst GPU;"
+                 " tight = within the uncertainty)")
     lines.append(f"largest batch     {a['max_batch_size']} (at seq {s['seq_len']})")
     mp = a.get("max_position_embeddings")
     lines.append(f"longest sequence  {a['max_seq_len']:,} tokens (at batch {s['batch_size']})"
@@ -659,13 +662,15 @@ def format_fit_answers(a: Dict[str, Any]) -> str:
     sug = a["suggestions"]
     if sug:
         lines.append("")
-        lines.append("changes that lower the memory (fitting ones first; those that train the same way first; "
-                     "each by GPU time per token):")
+        lines.append("changes that lower the memory, alone or up to 3 combined (fitting with margin first; on the "
+                     "GPUs the run has first; those that train the same way first; each by GPU time per token):")
         for i, x in enumerate(sug, 1):
-            mark = "fits" if x["fits"] else "not enough"
-            lines.append(f"{i:3}. {x['title']}: -{x['saved_gib']:.1f} GiB -> {x['device_total_gib']:.1f} GiB "
+            mark = {"fits": "fits", "tight": "tight"}.get(x.get("state"), "fits" if x["fits"] else "not enough")
+            lines.append(f"{i:3}. {x['title']}: -{fmt_bytes(x['saved_bytes'])} -> {fmt_bytes(x['device_total_bytes'])} "
                          f"[{mark}]")
-            lines.append(f"     cost: {x['cost']}")
+            costs = x.get("costs") or {}
+            by_axis = "; ".join(f"{k}: {costs[k]}" for k in ("quality", "time", "hardware") if costs.get(k))
+            lines.append(f"     cost: {by_axis or x['cost']}")
     return "\n".join(lines)
 
 

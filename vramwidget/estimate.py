@@ -91,7 +91,9 @@ def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
     """More than 1 PiB on one GPU is an input error (:data:`~vramwidget.inputs.MAX_BYTES`),
     not an estimate: it names the model when the weights alone exceed it, else the inputs
     that scale the activations."""
-    if est.device_total_bytes <= MAX_BYTES:
+    # allocated memory + context bounds the device total from below: no allocator replay is
+    # needed to tell an input error from an estimate
+    if est.peak_allocated_bytes + est.cuda_context_bytes <= MAX_BYTES:
         return
     if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES:
         check_total(est.device_total_bytes, f"{arch.name}'s weights", {"model": arch.name})
@@ -105,7 +107,7 @@ def _cuda_accounting():
     """The device constants a traced step adds (the same ones this module counts)."""
     from .trace.assemble import CudaAccounting
 
-    return CudaAccounting(CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, _reserved)
+    return CudaAccounting(CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES)
 
 
 # ----------------------------------------------------------------------------------
@@ -157,7 +159,7 @@ def _quantizable(t: ParamTensor, groups: Tuple[str, ...]) -> bool:
 _PARAMS: Dict[Tuple[Any, ...], Tuple[Architecture, _Params]] = {}
 #: the setup fields that decide which parameters train and how they are stored
 _PARAM_FIELDS = ("method", "precision", "quantization", "double_quant", "quantized_groups", "prepare_kbit",
-                 "lora_r", "lora_targets", "trainable_layers", "stack", "lora_variant", "modules_to_save")
+                 "lora_r", "lora_targets", "trainable_layers", "stack", "lora_variant", "modules_to_save", "versions")
 
 
 def _params(arch: Architecture, s: TrainingSetup) -> _Params:
@@ -237,6 +239,11 @@ def _params_uncached(arch: Architecture, s: TrainingSetup) -> _Params:
     # peft keeps adapters in fp32 when the base is 16-bit; torchtune and LitGPT build them in
     # the model's dtype (stacks.py)
     adapter_dtype = "float32" if behaviour(s.stack)["adapter_dtype"] == "float32" else s.weights_dtype
+    if adapter_dtype == "float32" and quant == "none" and s.before("peft", "0.11"):
+        # peft < 0.11 created the adapters in the base layer's dtype; 0.11 added
+        # autocast_adapter_dtype=True (peft PR #1706), which keeps them in fp32 (a 4-bit base
+        # has no float dtype to follow: its adapters were fp32 before too)
+        adapter_dtype = wd
     if quant != "none" and adapter_dtype != "float32":
         adapter_dtype = base_dtype16
     if s.trains_adapters:
@@ -531,6 +538,9 @@ class _Profile:
     ops: float = 0.0                                # kernels of one block's forward
     head_written: Tuple[float, float] = (0.0, 0.0)
     head_ops: float = 0.0
+    #: the block's forward in order, for the allocator replay: ("new", name, dtype, rg, saved,
+    #: numel a, numel b) per created tensor, ("param", module) per parameter use; steady and first block
+    alloc_ops: Tuple[List[Tuple[Any, ...]], List[Tuple[Any, ...]]] = ([], [])
 
 
 _PROFILES: Dict[Tuple[Any, ...], _Profile] = {}
@@ -555,13 +565,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     (``mx = _elementwise_max``): every size-dependent figure is then an array of the same
     floating-point operations (:func:`vramwidget.fitmap.fit_map`).
     """
-    key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS) + (arch.family.trace_key(arch, s),)
-    prof = _PROFILES.get(key)
-    if prof is None or prof.arch is not arch:
-        prof = _profile(arch, s, P, cpu)
-        if len(_PROFILES) > 8192:
-            _PROFILES.clear()
-        _PROFILES[key] = prof
+    prof = _get_profile(arch, s, P, cpu)
     b, sq = sizes if sizes is not None else (s.batch_size, s.seq_len)
     T = b * sq
     T2 = b * sq * sq
@@ -636,6 +640,18 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
     return out
 
 
+def _get_profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False) -> _Profile:
+    """The block trace of this architecture and size-free setup (cached)."""
+    key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS) + (arch.family.trace_key(arch, s),)
+    prof = _PROFILES.get(key)
+    if prof is None or prof.arch is not arch:
+        prof = _profile(arch, s, P, cpu)
+        if len(_PROFILES) > 8192:
+            _PROFILES.clear()
+        _PROFILES[key] = prof
+    return prof
+
+
 def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Profile:
     """Trace one block (steady, first, dense) and the head at (b, s) = (1, 1) and (1, 2)."""
     one = _trace_all(arch, s, P, cpu, 1, 1)
@@ -650,11 +666,22 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
         ab, bb = coeffs(t1.nbytes, t2.nbytes)
         an, bn = coeffs(t1.numel, t2.numel)
         per_layer.append((t1.name, t1.group, t1.dtype, t1.formula, ab, bb, an, bn))
+    def alloc_ops(key: str) -> List[Tuple[Any, ...]]:
+        out: List[Tuple[Any, ...]] = []
+        for (kind, t1), (_, t2) in zip(one[key][0], two[key][0]):
+            if kind == "param":
+                out.append(("param", t1))
+            else:
+                an, bn = coeffs(t1.numel, t2.numel)
+                out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in one[key][1], an, bn))
+        return out
+
     return _Profile(arch=arch, per_layer=per_layer, per=coeffs(one["per"], two["per"]),
                     first=coeffs(one["first"], two["first"]), dense=coeffs(one["dense"], two["dense"]),
                     head=[(name, formula, nbytes) for name, nbytes, formula in one["head"]],
                     backend=one["backend"], written=coeffs(one["written"], two["written"]), ops=one["ops"],
-                    head_written=coeffs(one["head_written"], two["head_written"]), head_ops=one["head_ops"])
+                    head_written=coeffs(one["head_written"], two["head_written"]), head_ops=one["head_ops"],
+                    alloc_ops=(alloc_ops("alloc_ops"), alloc_ops("alloc_ops_first")))
 
 
 def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: int, sq: int) -> Dict[str, Any]:
@@ -663,7 +690,9 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     resid = _resid(s)
     norm_w = "float32" if (s.autocast or s.precision == "fp32" or (s.quantized and s.prepare_kbit)) else (
         s.weights_dtype if not s.quantized else c)
-    backend = attention_backend(arch, s, c)
+    # after prepare_model_for_kbit_training the residual stream is fp32, 4-bit linears return
+    # their input's dtype and RoPE's cos/sin follow the hidden states: attention sees fp32
+    backend = attention_backend(arch, s, "float32" if (s.quantized and s.prepare_kbit) else c)
     if cpu and backend in ("math", "efficient"):  # CPU SDPA: one flash-style kernel
         backend = "flash"
     full = s.method == "full"
@@ -723,7 +752,8 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     return {"per_layer": list(tr.saved.values()), "per": tr.total_bytes, "first": tr_first.total_bytes,
             "dense": dense_bytes, "head": head, "backend": backend,
             "written": tr.created_bytes, "ops": tr.created_ops,
-            "head_written": htr.created_bytes, "head_ops": htr.created_ops}
+            "head_written": htr.created_bytes, "head_ops": htr.created_ops,
+            "alloc_ops": (tr.ops, set(tr.saved)), "alloc_ops_first": (tr_first.ops, set(tr_first.saved))}
 
 
 def _dora_weight_copies_per_layer(arch: Architecture, s: TrainingSetup, P: _Params) -> float:
@@ -859,7 +889,7 @@ def loss_memory(arch: Architecture, s: TrainingSetup, tokens: Any = None
         bwd = [x for x in fwd if "gradient" in x[0]]
         return fwd, bwd
     fused = s.compile
-    upcast = bool(bh["loss_upcast"])
+    upcast = bool(bh["loss_upcast"]) and arch.family.loss_upcast
     in_model = s.loss == "standard" and (bool(bh["logits_fp32_in_model"]) or s.before("transformers", "4.46"))
     d = 4.0 if upcast else c            # the dtype the cross-entropy runs in
     n = s.loss_chunks if s.loss == "chunked" else 1
@@ -1030,13 +1060,16 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     peak = mx(forward, backward, optimizer)
     phases["first_step"] = mx(forward - states_bytes, backward - states_bytes, optimizer)
     phases["persistent"] = persistent
-    reserved = _reserved(peak, persistent, gc)
     context = CUDA_CONTEXT_BYTES
-    if sizes is not None:  # a grid of sizes: the totals only
-        return {"phases": phases, "peak_allocated_bytes": peak, "reserved_bytes": reserved,
+    if sizes is not None:  # a grid of sizes: the totals only (a replay per cell for reserved memory)
+        return {"phases": phases, "peak_allocated_bytes": peak, "reserved_bytes": _grid_reserved(arch, s, sizes, peak),
                 "cuda_context_bytes": context}
     bwd_event = max(ev, key=ev.get)
     peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
+
+    def reserved() -> float:
+        """max_memory_reserved(): the caching allocator replayed over the run (events.py)."""
+        return ALLOCATOR_REPLAY["reserved"](arch, s, peak)
 
     notes: List[str] = list(arch.family.notes(arch))
     if not arch.exact:
@@ -1167,8 +1200,9 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
             "optimizer_step": _finish([weights, qconst, adapters, state_node, grads, temps, workspace]),
         }
         components = list(phase_components[peak_phase]) + [
-            Node("allocator reserve", bytes=max(0.0, reserved - peak),
-                 formula="caching allocator: freed blocks kept for reuse (predicted)"),
+            Node("allocator reserve", bytes=max(0.0, reserved() - peak),
+                 formula="caching allocator: cached free blocks and rounding when reserved memory peaks "
+                         "(replay of CUDACachingAllocator over this run's allocations)"),
             Node("cuda context", bytes=context, formula="CUDA context + kernels: ~620 MiB on an H200 (CUDA 13)"),
         ]
         return components, phase_components
@@ -1187,6 +1221,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                    notes=notes, builder=build)
     est._work = work
     est._setup_obj = s
+    est._replay_fn = lambda capacity_bytes=None, record=False: ALLOCATOR_REPLAY["replay"](arch, s, capacity_bytes,
+                                                                                         record)
     if gpu is not None:
         est.set_gpu(gpu)
     return est
@@ -1283,7 +1319,7 @@ def _versions_note(s: TrainingSetup) -> str:
     """Which library releases the estimate assumes."""
     named = dict(s.versions)
     parts = [f"{k} {v}" for k, v in sorted(named.items())]
-    rest = [k for k in ("transformers", "peft", "bitsandbytes", "torch") if k not in named]
+    rest = [k for k in ("transformers", "peft", "bitsandbytes") if k not in named]
     txt = "versions: " + (", ".join(parts) + "; " if parts else "")
     return txt + "current releases of " + ", ".join(rest) if rest else txt.rstrip("; ")
 
@@ -1303,6 +1339,19 @@ def _check_knobs(arch: Architecture, s: TrainingSetup) -> None:
         raise VramError("loss: Liger's fused linear cross-entropy multiplies by lm_head.weight itself, so a LoRA "
                         "on lm_head is not applied there; drop 'lm_head' from lora_targets or use another loss",
                         field="loss")
+
+
+def _grid_reserved(arch: Architecture, s: TrainingSetup, sizes: Tuple[Any, Any], peak: Any) -> Any:
+    """Reserved memory at every (batch, sequence) of a grid: one allocator replay per cell
+    (numpy arrays in, an array out; the cells are the setups ``estimate_setup`` would see)."""
+    import numpy as np
+
+    b, sq, pk = np.broadcast_arrays(np.asarray(sizes[0]), np.asarray(sizes[1]), np.asarray(peak, dtype=float))
+    out = np.empty(b.shape, dtype=float)
+    for i in np.ndindex(b.shape):
+        cell = s.replace(batch_size=int(b[i]), seq_len=int(sq[i]))
+        out[i] = ALLOCATOR_REPLAY["reserved"](arch, cell, float(pk[i]))
+    return out
 
 
 def _autocast_cache(arch: Architecture, s: TrainingSetup, P: _Params) -> Node:
@@ -1388,15 +1437,11 @@ def _finish(nodes: List[Node]) -> List[Node]:
     return _merge_named(out)
 
 
-def _reserved(peak: float, persistent: float, gc: bool) -> float:
-    """What the caching allocator holds at most: the peak plus blocks freed but kept.
-
-    An empirical rule fitted on validation/ (max_reserved - peak_allocated): about 5% of
-    the peak is held in cached blocks of other sizes; with checkpointing, recomputation
-    allocates each layer's tensors anew while earlier blocks sit in the cache, which adds
-    about a fifth of the step's working memory.  Median error 3.1%, worst 19% there.
-    """
-    return peak * 1.05 + (0.2 * (peak - persistent) if gc else 0.0)
+#: the caching-allocator replay behind reserved memory, registered by ``vramwidget.events``
+#: when it is imported (``vramwidget/__init__`` does): ``replay(arch, s, capacity_bytes,
+#: record)`` and ``reserved(arch, s, peak)``.  events.py builds its event stream from this
+#: module's quantities, so this module cannot import it.
+ALLOCATOR_REPLAY: Dict[str, Callable[..., Any]] = {}
 
 
 def _flops(arch: Architecture, s: TrainingSetup, P: _Params) -> Tuple[float, float]:

@@ -68,13 +68,51 @@ class _Query:
     def total(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> float:
         return self.estimate(s, par).device_total_bytes
 
+    def fits_allocated(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> bool:
+        """A necessary condition of ``fits``: the allocated peak + CUDA context fit (no replay)."""
+        est = self.estimate(s, par)
+        return est.peak_allocated_bytes + getattr(est, "per_gpu", est).cuda_context_bytes <= self.usable
+
     def fits(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> bool:
-        return self.total(s, par) <= self.usable
+        est = self.estimate(s, par)
+        # reserved memory is never below allocated memory: when the allocated peak alone does
+        # not fit, the allocator replay behind the device total need not run
+        per_gpu = getattr(est, "per_gpu", est)
+        if est.peak_allocated_bytes + per_gpu.cuda_context_bytes > self.usable:
+            return False
+        return est.device_total_bytes <= self.usable
 
 
-def _largest(ok, limit: int) -> int:
+def _largest(ok, limit: int, cheap=None) -> int:
     """The largest k in [1, limit] with ok(k), for ok monotone (true up to some k, then
-    false): 0 when ok(1) is false.  Doubling, then bisection: about 2 log2(k) probes."""
+    false): 0 when ok(1) is false.  Doubling, then bisection: about 2 log2(k) probes.
+
+    ``cheap``: a necessary condition of ``ok`` that costs less (allocated memory fits, where
+    ``ok`` replays the caching allocator): its answer bounds the search, and ``ok`` is probed
+    downwards from there (usually once or twice)."""
+    if cheap is not None:
+        hi = _largest(cheap, limit)
+        if hi < 1 or ok(hi):
+            return hi
+        # gallop down from hi until ok, then bisect between
+        step = 1
+        good = hi - step
+        while good >= 1 and not ok(good):
+            hi = good
+            step *= 2
+            good = max(hi - step, 0) if hi - step >= 1 else 0
+        if good < 1:
+            if not ok(1):
+                return 0
+            good = 1
+        bad = hi
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            if ok(mid):
+                good = mid
+            else:
+                bad = mid
+        return good
     if limit < 1 or not ok(1):
         return 0
     good = 1
@@ -139,7 +177,8 @@ def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: 
     limit = check_int("limit", limit, lo=1)
     q = _Query(model, gpu, kw)
     s0 = q.setup
-    return _largest(lambda b: q.fits(replace(s0, batch_size=b)), limit)
+    return _largest(lambda b: q.fits(replace(s0, batch_size=b)), limit,
+                    cheap=lambda b: q.fits_allocated(replace(s0, batch_size=b)))
 
 
 def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of: int = 1, **kw: Any) -> int:
@@ -152,7 +191,8 @@ def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of
     s0 = q.setup
     cp = int(q.par.get("context_parallel", 1) or 1)
     step = step * cp // math.gcd(step, cp)
-    return step * _largest(lambda k: q.fits(replace(s0, seq_len=k * step)), limit // step)
+    return step * _largest(lambda k: q.fits(replace(s0, seq_len=k * step)), limit // step,
+                           cheap=lambda k: q.fits_allocated(replace(s0, seq_len=k * step)))
 
 
 #: the most GPUs min_gpus tries by default
@@ -252,20 +292,23 @@ class Suggestion:
     gpu_seconds_per_token: Optional[float] = None
     time_change: Optional[float] = None
     usd_per_million_tokens: Optional[float] = None
+    #: GPUs the change adds to the run (0: the same hardware)
+    extra_gpus: int = 0
 
-    def sort_key(self) -> Tuple[int, int, float, int, float]:
+    def sort_key(self) -> Tuple[int, int, int, float, int, float]:
         """Fitting with the margin first, then fitting within the uncertainty band, then over
-        but within the band, then not fitting.  Within each: those that train the same model
-        the same way before those that change what is trained (8-bit states, bf16, LoRA,
-        QLoRA: a quality cost), each by the GPU time a training token costs with the change
-        (so by time and money; ``score`` where the GPU is not timed), fewer changes, larger
-        saving."""
+        but within the band, then not fitting.  Within each: those on the GPUs the run has
+        before those that add GPUs (a user with one card cannot take the others), then those
+        that train the same model the same way before those that change what is trained
+        (8-bit states, bf16, LoRA, QLoRA: a quality cost), each by the GPU time a training
+        token costs with the change (so by time and money; ``score`` where the GPU is not
+        timed), fewer changes, larger saving."""
         group = 0 if self.state == "fits" else 1 if self.fits else 2 if self.state == "tight" else 3
         quality = 1 if self.costs.get("quality") or self.kind == "quality" else 0
         cost = self.gpu_seconds_per_token if self.gpu_seconds_per_token is not None else self.score
         if group == 3:
-            return (group, 0, 0.0, len(self.parts) or 1, -self.saved_bytes)
-        return (group, quality, cost, len(self.parts) or 1, -self.saved_bytes)
+            return (group, 0, 0, 0.0, len(self.parts) or 1, -self.saved_bytes)
+        return (group, 1 if self.extra_gpus > 0 else 0, quality, cost, len(self.parts) or 1, -self.saved_bytes)
 
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
@@ -409,7 +452,8 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
                           ms[0].cost_value if len(ms) == 1 else score, state,
                           {"quality": ", ".join(quality), "time": ", ".join(time), "hardware": ", ".join(hardware)},
                           score, tuple(m.title for m in ms) if len(ms) > 1 else (), q.usable - total,
-                          *(t if t is not None else (None, None, None)), change, usd)
+                          *(t if t is not None else (None, None, None)), change, usd,
+                          max(int(par.get("num_gpus", 1) or 1) - n_now, 0))
 
     def attempt(title: str, kind: str, cost: str, setup_changes: Optional[Dict[str, Any]] = None,
                 par_changes: Optional[Dict[str, Any]] = None, compute_from_estimate: bool = False,
@@ -439,7 +483,8 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
         attempt("full activation checkpointing", "compute", "every block's forward recomputed in backward",
                 {"gradient_checkpointing": "full"}, compute_from_estimate=True, group="checkpointing")
     if s.batch_size > 1:
-        b = _largest(lambda b: q.fits(replace(s, batch_size=b)), s.batch_size - 1) or 1
+        b = _largest(lambda b: q.fits(replace(s, batch_size=b)), s.batch_size - 1,
+                     cheap=lambda b: q.fits_allocated(replace(s, batch_size=b))) or 1
         seqs = s.batch_size * s.grad_accum_steps
         acc = -(-seqs // b)
         attempt(f"micro-batch {b} with {acc} gradient accumulation steps", "throughput",
@@ -570,6 +615,12 @@ def _kw_for(s: TrainingSetup, par: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in kw.items() if v is not None}
 
 
+def _verdict(est: Any, gpu: GPU, num_gpus: int) -> Dict[str, Any]:
+    from .verdict import verdict
+
+    return verdict(est, gpu, num_gpus=num_gpus)
+
+
 def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
     """Everything ``vramwidget fit`` prints, as a dict."""
     q = _Query(model, gpu, kw)
@@ -579,6 +630,7 @@ def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
     out: Dict[str, Any] = {
         "model": q.arch.name, "gpu": q.gpu.to_dict(), "setup": q.setup.to_dict(), "parallel": q.par,
         "check": c.to_dict(),
+        "verdict": _verdict(c.estimate, q.gpu, int(q.par.get("num_gpus", 1) or 1)),
         "max_batch_size": max_batch_size(q.arch, q.gpu, batch_size=1, **kw_nb),
         "max_seq_len": max_seq_len(q.arch, q.gpu, seq_len=1, **kw_ns),
         "max_position_embeddings": q.arch.max_position_embeddings,

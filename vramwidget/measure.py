@@ -500,6 +500,19 @@ class _CudaMemory:
         gc.collect()
         self.torch.cuda.empty_cache()
 
+    def record_history(self) -> None:
+        """Start recording every allocation and free with its Python frames
+        (``torch.cuda.memory._record_memory_history``), for a snapshot of the case."""
+        self.torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES, device=self.dev)
+
+    def dump_snapshot(self, path: str) -> str:
+        """Write ``torch.cuda.memory._snapshot()`` of the case to ``path`` (a pickle that
+        PyTorch's memory_viz opens and :func:`vramwidget.load_snapshot` reads) and stop recording."""
+        self.sync()
+        self.torch.cuda.memory._dump_snapshot(path)
+        self.torch.cuda.memory._record_memory_history(enabled=None, device=self.dev)
+        return path
+
 
 class _NoMemory:
     """The CPU: no allocator statistics, every reading is None."""
@@ -523,6 +536,12 @@ class _NoMemory:
 
     def release(self) -> None:
         gc.collect()
+
+    def record_history(self) -> None:
+        pass
+
+    def dump_snapshot(self, path: str) -> None:
+        return None
 
 
 def _round(value: Optional[float], digits: int = 1) -> Optional[float]:
@@ -707,7 +726,12 @@ def _vocab_size(model) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def measure_case(case: Mapping[str, Any], *, device: Any = "cuda", steps: int = 3) -> Dict[str, Any]:
+#: trace entries a snapshot keeps (torch's default is 100,000; a 7B step makes far fewer)
+SNAPSHOT_MAX_ENTRIES = 1_000_000
+
+
+def measure_case(case: Mapping[str, Any], *, device: Any = "cuda", steps: int = 3,
+                 snapshot_path: Optional[str] = None) -> Dict[str, Any]:
     """Run ``steps`` training steps of ``case`` on ``device`` and return a validation record.
 
     ``case`` is ``{"id", "name", "model", "training"}`` as in the validation file (or
@@ -718,6 +742,10 @@ def measure_case(case: Mapping[str, Any], *, device: Any = "cuda", steps: int = 
     read separately for each phase; ``steps`` must be at least 2 since step 1 is not
     steady state.  Raises VramError for a bad case or a case this machine cannot run,
     and lets ``torch.cuda.OutOfMemoryError`` through (:func:`measure_file` records it).
+
+    ``snapshot_path``: on a CUDA device, the allocator's history of the whole case (model
+    build and every step) is recorded and written there as a ``torch.cuda.memory._snapshot()``
+    pickle; the record names it under ``"snapshot"``.
     """
     case = normalize_case(case)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
@@ -733,11 +761,17 @@ def measure_case(case: Mapping[str, Any], *, device: Any = "cuda", steps: int = 
         if mem.available:
             # normally 0; anything else is memory a caller still holds, counted in every *_mib
             env["allocated_before_case_mib"] = _round(mem.allocated())
+        if snapshot_path and mem.available:
+            mem.record_history()
         measured = _run_steps(case, dev, mem, steps)
+        snapshot = mem.dump_snapshot(str(snapshot_path)) if snapshot_path and mem.available else None
     finally:
         mem.release()
-    return {"id": case["id"], "name": case["name"], "model": case["model"], "training": case["training"],
-            "measured": measured, "env": env}
+    record = {"id": case["id"], "name": case["name"], "model": case["model"], "training": case["training"],
+              "measured": measured, "env": env}
+    if snapshot:
+        record["snapshot"] = os.path.basename(snapshot)
+    return record
 
 
 def _run_steps(case: Mapping[str, Any], dev, mem, steps: int) -> Dict[str, Any]:
@@ -882,6 +916,7 @@ def measure_file(
     only: Optional[str] = None,
     steps: int = 3,
     log: Optional[IO[str]] = None,
+    snapshot_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
 ) -> List[Dict[str, Any]]:
     """Measure many cases, appending one JSON line per case to ``out_path`` (``"-"``: stdout).
 
@@ -892,8 +927,9 @@ def measure_file(
     ``{"id", "name", "model", "training", "oom": true, "error"}``, a case that fails
     otherwise (e.g. QLoRA without bitsandbytes) likewise with ``"oom": false``; the
     run goes on with the next case.  Each line is flushed as soon as it is written.
-    Progress goes to ``log`` (e.g. ``sys.stderr``) when given.  Returns the records
-    written, in order.
+    Progress goes to ``log`` (e.g. ``sys.stderr``) when given.  ``snapshot_dir``: each
+    case's allocator snapshot is written there as ``<id>.pickle`` (CUDA only; see
+    :func:`measure_case`).  Returns the records written, in order.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise VramError(f"steps must be an integer >= 2; got {steps!r}", field="steps")
@@ -915,7 +951,10 @@ def measure_file(
             t0 = time.monotonic()
             failure: Optional[Dict[str, Any]] = None
             try:
-                record = measure_case(case, device=device, steps=steps)
+                snap = os.path.join(str(snapshot_dir), f"{case['id']}.pickle") if snapshot_dir else None
+                if snap:
+                    os.makedirs(str(snapshot_dir), exist_ok=True)
+                record = measure_case(case, device=device, steps=steps, snapshot_path=snap)
             except Exception as exc:  # noqa: BLE001 - recorded, and the run goes on
                 oom = _is_oom(exc)
                 if oom:
@@ -1013,6 +1052,7 @@ def _parser() -> _Parser:
     p.add_argument("--steps", type=int, default=3, help="training steps per case, at least 2 (default 3)")
     p.add_argument("--only", help="only cases whose id or name contains this")
     p.add_argument("--deadline", type=float, help="start no case after this many seconds")
+    p.add_argument("--snapshots", help="folder for each case's allocator snapshot, <id>.pickle (CUDA only)")
     setup = p.add_argument_group("a single setup (instead of CASES)")
     setup.add_argument("--model", help="config.json of the architecture (or a folder holding one)")
     for flag, dest, kwargs in _SETUP_FLAGS:
@@ -1084,7 +1124,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise VramError(f"--steps must be at least 2; got {args.steps}", field="steps")
         _resolve_device(args.device)
         records = measure_file(cases, args.out, device=args.device, deadline_s=args.deadline, only=args.only,
-                               steps=args.steps, log=sys.stderr)
+                               steps=args.steps, log=sys.stderr, snapshot_dir=args.snapshots)
     except VramError as exc:
         print(f"vramwidget measure: error: {exc}", file=sys.stderr)
         return 2

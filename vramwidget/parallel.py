@@ -86,7 +86,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
 from .inputs import Field, check_choice, check_int
-from .estimate import check_physical, _merge_named, _params, _reserved, estimate_setup, gc_mode
+from .estimate import check_physical, _merge_named, _params, estimate_setup
 from .result import Estimate, Node
 from .training import TrainingSetup
 from .units import DTYPE_BYTES, GIB
@@ -1066,10 +1066,15 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
         phases["persistent"] = E.phases_bytes["persistent"] + deltas["after_load"] + opt_state_d
         peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda q: phases[q])
         peak = phases[peak_phase]
-        reserved = _reserved(peak, phases["persistent"], gc_mode(s_loc))   # the estimator's allocator rule
+
+        def reserved(E: Estimate = E, peak: float = peak) -> float:
+            """The per-GPU step's allocated peak plus the cached free blocks that the allocator
+            replay of the same step on one GPU (the local slice, unsharded) holds at its peak."""
+            return peak + max(0.0, E.reserved_bytes - E.peak_allocated_bytes)
+
         comps = list(phase_components[peak_phase]) + [
-            Node("allocator reserve", bytes=max(0.0, reserved - peak),
-                 formula="caching allocator: freed blocks kept for reuse (predicted)"),
+            Node("allocator reserve", bytes=max(0.0, reserved() - peak),
+                 formula="caching allocator: cached free blocks of the replayed single-GPU step"),
             Node("cuda context", bytes=E.cuda_context_bytes, formula="CUDA context + kernels")]
         est = Estimate(model_name=E.model_name, setup=E.setup, params_total=E.params_total,
                        params_trainable=E.params_trainable, components=comps, phases_bytes=phases,

@@ -115,7 +115,7 @@ class Estimate:
     def __init__(self, model_name: str, setup: Dict[str, Any], params_total: Optional[int],
                  params_trainable: Optional[int], components: Optional[List[Node]],
                  phases_bytes: Dict[str, float], peak_phase: str, peak_allocated_bytes: float,
-                 reserved_bytes: float, cuda_context_bytes: float, flops_per_step: Optional[float] = None,
+                 reserved_bytes: "float | Callable[[], float]", cuda_context_bytes: float, flops_per_step: Optional[float] = None,
                  recompute_overhead: float = 0.0, notes: Optional[List[str]] = None,
                  phase_components: Optional[Dict[str, List[Node]]] = None,
                  builder: Optional[Callable[[], Tuple[List[Node], Dict[str, List[Node]]]]] = None,
@@ -129,7 +129,11 @@ class Estimate:
         self.phases_bytes = phases_bytes
         self.peak_phase = peak_phase
         self.peak_allocated_bytes = peak_allocated_bytes
-        self.reserved_bytes = reserved_bytes
+        self._reserved: Optional[float] = None
+        self._reserved_fn: Optional[Callable[[], float]] = None
+        self.reserved_bytes = reserved_bytes  # type: ignore[assignment]
+        #: the caching-allocator replay behind ``reserved_bytes`` (``allocator.ReplayResult``), when one ran
+        self._replay_fn: Optional[Callable[..., Any]] = None
         self.cuda_context_bytes = cuda_context_bytes
         self.flops_per_step = flops_per_step
         self.recompute_overhead = recompute_overhead
@@ -257,6 +261,37 @@ class Estimate:
                 "usd_per_gpu_hour": self.gpu.usd_per_gpu_hour, "price_source": self.gpu.price_source}
 
     # -- totals -------------------------------------------------------------------
+    @property
+    def reserved_bytes(self) -> float:
+        """``max_memory_reserved()``: what the caching allocator holds at most (a replay of its
+        placement rules over this step's allocations, run on first access)."""
+        if self._reserved is None:
+            fn, self._reserved_fn = self._reserved_fn, None
+            self._reserved = float(fn()) if fn is not None else 0.0
+        return self._reserved
+
+    @reserved_bytes.setter
+    def reserved_bytes(self, value: "float | Callable[[], float]") -> None:
+        if callable(value):
+            self._reserved, self._reserved_fn = None, value
+        else:
+            self._reserved, self._reserved_fn = float(value), None
+
+    def replay(self, capacity_bytes: Optional[float] = None, record: bool = False):
+        """The caching-allocator replay of this estimate's run (``allocator.ReplayResult``):
+        ``max_reserved_bytes``, ``fragmentation_at_max_bytes`` and, with ``capacity_bytes``
+        (what torch may reserve on the GPU), ``oom``: the first allocation that fails."""
+        if self._replay_fn is None:
+            raise ValueError("this estimate has no allocation trace to replay")
+        return self._replay_fn(capacity_bytes=capacity_bytes, record=record)
+
+    def to_memory_snapshot(self, capacity_bytes: Optional[float] = None) -> Dict[str, Any]:
+        """The replayed run as a ``torch.cuda.memory._snapshot()`` dict: pickle it and open it
+        in PyTorch's memory visualiser (``torch.cuda._memory_viz``, pytorch.org/memory_viz)."""
+        from .snapshot import to_snapshot
+
+        return to_snapshot(self.replay(capacity_bytes=capacity_bytes, record=True))
+
     @property
     def device_total_bytes(self) -> float:
         """What nvidia-smi would show: allocator reserve + CUDA context."""

@@ -84,7 +84,7 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
 }
 
 #: the libraries whose release changes a modelled mechanism (see ``TrainingSetup.before``)
-VERSIONED_PACKAGES = ("bitsandbytes", "transformers", "peft", "torch")
+VERSIONED_PACKAGES = ("bitsandbytes", "transformers", "peft")
 #: modules peft can train in full beside the adapters (``modules_to_save``)
 SAVE_MODULES = ("lm_head", "embed_tokens")
 
@@ -136,6 +136,9 @@ class TrainingSetup:
     #: 896 x 896 / 14^2 = 4096; needed for dynamic-resolution towers such as Qwen2.5-VL)
     image_patches: int = 0
     backend: str = "auto"
+    #: the caching allocator's settings: "default", "expandable_segments" or a
+    #: PYTORCH_CUDA_ALLOC_CONF string (decides reserved memory, never allocated memory)
+    allocator: str = "default"
 
     # -- derived dtypes ---------------------------------------------------------------
     @property
@@ -320,6 +323,16 @@ def _versions(value: Any) -> Tuple[Tuple[str, str], ...]:
 
 
 
+def _allocator(value: Any) -> str:
+    """The caching allocator's settings, checked and written in one canonical spelling."""
+    from .allocator import parse_alloc_conf
+
+    if not isinstance(value, str) or len(value) > MAX_TEXT_CHARS:
+        raise fail("allocator", "'default', 'expandable_segments' or a PYTORCH_CUDA_ALLOC_CONF string such as "
+                   "'max_split_size_mb:128'", value)
+    return parse_alloc_conf(value).text
+
+
 def _state_dtype(x: str) -> Optional[str]:
     from .units import canonical_dtype
 
@@ -376,6 +389,8 @@ FIELDS: Dict[str, Field] = {f.name: f for f in (
     Field("image_patches", "int", 0, "patches per image (0: the vision tower's own fixed count)", lo=0),
     _choice_field("backend", "analytic (modelled families), trace (a traced step) or auto (analytic where "
                              "modelled, else traced)"),
+    Field("allocator", "custom", "default", "caching allocator: 'default', 'expandable_segments' or a "
+          "PYTORCH_CUDA_ALLOC_CONF string", parse=_allocator),
 )}
 assert set(FIELDS) == set(_FIELDS), "every TrainingSetup field has one declaration in FIELDS"
 

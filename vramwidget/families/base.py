@@ -57,6 +57,10 @@ class Family:
     #: peft's default LoRA targets for the measuring harness (None: q_proj, k_proj, ...)
     default_lora_targets: Optional[Tuple[str, ...]] = None
 
+    #: the loss upcasts the logits to fp32 (transformers' ForCausalLMLoss); False: the model
+    #: calls CrossEntropyLoss on the logits as they are (T5ForConditionalGeneration)
+    loss_upcast: bool = True
+
     #: the family reads a multimodal config's ``text_config`` itself (else the text part is used)
     reads_text_config: bool = False
 

@@ -105,8 +105,9 @@ def experts_params(b: _Builder, P: str, E: int, h: int, i_e: int, *, first: int 
 def rotary(tr: Trace, ctx: BlockContext, q: _T, k: _T, q_numel: float, k_numel: float) -> Tuple[_T, _T]:
     """``apply_rotary_pos_emb``: ``q * cos + rotate_half(q) * sin`` keeps only cos/sin (no
     activation); the rotated q and k are new tensors, in the promoted dtype under autocast
-    (cos/sin are fp32 there)."""
-    rope_dtype = _promote(ctx.resid, ctx.c) if ctx.setup.autocast else ctx.c
+    (cos/sin are fp32 there) and after prepare_model_for_kbit_training (4-bit linears return
+    the fp32 hidden states' dtype)."""
+    rope_dtype = _promote(ctx.resid, ctx.c) if (ctx.setup.autocast or ctx.quant_base) else ctx.c
     qr = tr.new("q after rope", q_numel, rope_dtype, q.rg, "T x a*d", "attention")
     kr = tr.new("k after rope", k_numel, rope_dtype, k.rg, "T x kv*d", "attention")
     return qr, kr

@@ -62,7 +62,7 @@ class DeepseekV2(Llama):
         arch, T = ctx.arch, ctx.T
         a = arch.num_heads
         m = arch.mla
-        rope_dtype = _promote(ctx.resid, ctx.c) if ctx.setup.autocast else ctx.c
+        rope_dtype = _promote(ctx.resid, ctx.c) if (ctx.setup.autocast or ctx.quant_base) else ctx.c
         qh = m["qk_rope_head_dim"] + m["qk_nope_head_dim"]
         if m["q_lora_rank"]:
             qa = linear(tr, ctx, n1, "q_a_proj", m["q_lora_rank"], "q_a", "attention")

@@ -141,9 +141,24 @@ def estimate_traced(model: Any, s: TrainingSetup, cuda: Any, *, task: str = "cau
     why = refusal(config)
     if why:
         raise VramError(why, field="model")
+    if s.trains_adapters and not s.lora_targets:
+        s = s.replace(lora_targets=default_lora_targets(config))
     from . import profile
 
     return profile.estimate(name, config, s, cuda, task)
+
+
+def default_lora_targets(config: Mapping[str, Any]):
+    """The modules LoRA adapts when the user names none: those the analytic path takes for a
+    modelled family (every linear layer of the blocks, not the MoE router), else peft's
+    ``all-linear``."""
+    from ..architecture import from_config
+
+    try:
+        arch = from_config(config)
+    except VramError:
+        return ("all-linear",)
+    return tuple(arch.linear_modules())
 
 
 def cache_clear() -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from ..result import COMPONENT_KINDS, Estimate, Node
 from ..training import TrainingSetup
@@ -38,7 +38,6 @@ class CudaAccounting:
 
     workspace_bytes: float                          # cuBLAS workspaces, held from the first matmul
     context_bytes: float                            # CUDA context (outside torch's allocator)
-    reserved: Callable[[float, float, bool], float]  # (peak, persistent, checkpointing) -> reserved bytes
 
 
 def phases_from_log(allocs: List[Alloc], marks: List[Tuple[str, int]], sizes: List[int], workspace_bytes: float
@@ -84,6 +83,23 @@ def _tree(live: List[Tuple[Alloc, int]], extra: List[Tuple[Alloc, int]], workspa
     return sorted((c for c in out if c.bytes > 0), key=lambda c: order.get(c.name, 99))
 
 
+def replayed_reserved(allocs: List[Alloc], sizes: List[int], peak: float, allocator: str = "default") -> float:
+    """max_memory_reserved() of the traced step: its allocation log replayed through the
+    caching-allocator model (``allocator.py``); the replay's cached free blocks at its peak
+    are added to the step's allocated peak."""
+    from ..allocator import parse_alloc_conf, replay
+
+    timeline = []
+    for i, (a, n) in enumerate(zip(allocs, sizes)):
+        if n:
+            timeline.append((a.t_alloc, 1, ("alloc", i, n, a.op)))
+            if a.t_free is not None:
+                timeline.append((a.t_free, 0, ("free", i, 0, "")))
+    timeline.sort(key=lambda x: (x[0], x[1]))
+    r = replay([e for _, _, e in timeline], parse_alloc_conf(allocator))
+    return peak + max(0.0, float(r.max_reserved_bytes - r.max_allocated_bytes))
+
+
 def estimate_from_log(name: str, s: TrainingSetup, allocs: List[Alloc], marks: List[Tuple[str, int]],
                       sizes: List[int], params_total: int, params_trainable: int, notes: List[str],
                       cuda: CudaAccounting) -> Estimate:
@@ -92,7 +108,7 @@ def estimate_from_log(name: str, s: TrainingSetup, allocs: List[Alloc], marks: L
     peak_phase = max(_STEADY, key=lambda p: phases[p])
     peak = phases[peak_phase]
     persistent = phases["persistent"]
-    reserved = cuda.reserved(peak, persistent, s.gradient_checkpointing == "full")
+    reserved = replayed_reserved(allocs, sizes, peak, s.allocator)
     t_end = dict(marks).get("end")
     states = [(a, n) for a, n in zip(allocs, sizes) if a.kind == "optimizer states" and n
               and (a.t_free is None or (t_end is not None and a.t_free > t_end))]

@@ -18,6 +18,15 @@ CPU one:
   values to detect several sequences packed in one row; with fake tensors it cannot, keeps
   a packed-sequence mask and so materialises a b x 1 x s x s attention mask that a real
   run skips.  The step feeds one sequence per row, so the answer is "not packed" (None).
+* ``nn.Module._apply`` (``.to(dtype)``, used by peft on its adapters and by
+  ``prepare_model_for_kbit_training``): for fake parameters torch swaps the tensor objects,
+  which fails while the fake-tensor converter holds weak references to them; the trace
+  puts a new Parameter in place instead (torch's "overwrite" conversion,
+  ``torch.__future__.set_overwrite_module_params_on_conversion``), which allocates the
+  same tensors.
+* transformers' MoE ``grouped_mm`` experts (integrations/moe.py): ``torch._grouped_mm``
+  takes bf16 only (its shape rule checks it as the CUDA kernel does); other dtypes take
+  transformers' own fallback op, which allocates the same output and gradients.
 * ``_get_value`` of torch.optim: the step counter is read with ``.item()``, which a fake
   tensor cannot answer; the counter's value does not change any tensor's size.
 """
@@ -93,7 +102,12 @@ _FORCE = {"backend": None}
 
 def cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
               **kw):
-    """``F.scaled_dot_product_attention`` as the CUDA dispatcher would run it."""
+    """``F.scaled_dot_product_attention`` as the CUDA dispatcher would run it (under
+    autocast, SDPA is a 16-bit op: q, k and v are cast first)."""
+    if torch.is_autocast_enabled("cpu"):
+        low = torch.get_autocast_dtype("cpu")
+        query, key, value = (t.to(low) if t.is_floating_point() and t.dtype != low else t
+                             for t in (query, key, value))
     backend = _FORCE["backend"] or cuda_sdpa_backend(query, key, value, attn_mask, enable_gqa)
     if backend == "math":
         return torch.ops.aten._scaled_dot_product_attention_math(
@@ -106,6 +120,30 @@ def cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 class _NoCtx:
     def save_for_backward(self, *a):
         pass
+
+
+def _overwrite_apply(self, fn, recurse=True):
+    """``Module._apply`` that puts new Parameters in place of converted ones (no swap)."""
+    if recurse:
+        for module in self.children():
+            module._apply(fn)
+    for key, param in list(self._parameters.items()):
+        if param is None:
+            continue
+        with torch.no_grad():
+            applied = fn(param)
+        if applied is param:
+            continue
+        new = torch.nn.Parameter(applied, param.requires_grad)
+        new.__dict__.update(param.__dict__)
+        if param.grad is not None:
+            with torch.no_grad():
+                new.grad = fn(param.grad)
+        self._parameters[key] = new
+    for key, buf in list(self._buffers.items()):
+        if buf is not None:
+            self._buffers[key] = fn(buf)
+    return self
 
 
 @contextlib.contextmanager
@@ -131,6 +169,17 @@ def cuda_kernels(attn_implementation: str = "sdpa") -> Iterator[None]:
         if hasattr(mod, "_get_value"):
             saved.append((mod, "_get_value", mod._get_value))
             mod._get_value = _get_value
+    try:
+        import transformers.integrations.moe as moe
+
+        can = moe._can_use_grouped_mm
+        saved.append((moe, "_can_use_grouped_mm", can))
+        moe._can_use_grouped_mm = lambda input, weight, offs: (
+            input.dtype == weight.dtype == torch.bfloat16 and can(input, weight, offs))
+    except (ImportError, AttributeError):
+        pass
+    saved.append((torch.nn.Module, "_apply", torch.nn.Module._apply))
+    torch.nn.Module._apply = _overwrite_apply
     try:
         import transformers.masking_utils as mu
 

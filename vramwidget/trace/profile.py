@@ -22,6 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from ..errors import VramError
 from ..result import Estimate
 from ..training import TrainingSetup
 from .events import Alloc, cuda_rounded
@@ -143,10 +144,16 @@ def _trace(config: Mapping[str, Any], s: TrainingSetup, task: str) -> _Trace:
         hit = _TRACES.get(key)
     if hit is not None:
         return hit
-    from .step import trace_step
+    from .step import explain_failure, trace_step
 
-    log = trace_step(config, s, task=task)
+    try:
+        log = trace_step(config, s, task=task)
+    except VramError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure inside the model's code becomes one line
+        raise VramError(explain_failure(exc, config), field="model") from None
     tr = _Trace(log.allocs, log.marks, log.params_total, log.params_trainable, log.notes, s.batch_size, s.seq_len)
+    tr.stem = _key(config, s, task, False)  # type: ignore[attr-defined]
     with _LOCK:
         if len(_TRACES) >= _MAX:
             _TRACES.pop(next(iter(_TRACES)))
@@ -154,15 +161,23 @@ def _trace(config: Mapping[str, Any], s: TrainingSetup, task: str) -> _Trace:
     return tr
 
 
-def profile_for(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal-lm") -> Profile:
-    """The size profile of this model and setup: two traces (cached), then any size is a replay."""
+def profile_for(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal-lm",
+                other: Optional[Tuple[int, int]] = None) -> Profile:
+    """The size profile of this model and setup: two traces (cached), then any size is a replay.
+
+    The second trace is at ``other`` = (b, s) (default (b + 1, 2 s)); its sequence length
+    must differ from the first and its batch size too, so that every dimension's rule is
+    unique."""
     key = _key(config, s, task, False)
     with _LOCK:
         hit = _PROFILES.get(key)
     if hit is not None:
         return hit
+    b2, s2 = other or (s.batch_size + 1, 2 * s.seq_len)
+    if b2 == s.batch_size or s2 == s.seq_len:
+        b2, s2 = s.batch_size + 1, 2 * s.seq_len
     t1 = _trace(config, s, task)
-    t2 = _trace(config, s.replace(batch_size=s.batch_size + 1, seq_len=2 * s.seq_len), task)
+    t2 = _trace(config, s.replace(batch_size=b2, seq_len=s2), task)
     prof = Profile(t1, _fit(t1, t2))
     with _LOCK:
         if len(_PROFILES) >= _MAX:
@@ -177,12 +192,34 @@ def cached_profile(config: Mapping[str, Any], s: TrainingSetup, task: str = "cau
         return _PROFILES.get(_key(config, s, task, False))
 
 
+def _traced_sizes(config: Mapping[str, Any], s: TrainingSetup, task: str) -> List[Tuple[int, int]]:
+    """The (b, s) sizes already traced for this model and setup."""
+    stem = _key(config, s, task, False)
+    out = []
+    with _LOCK:
+        for t in _TRACES.values():
+            if getattr(t, "stem", None) == stem:
+                out.append((t.b, t.s))
+    return out
+
+
 def estimate(name: str, config: Mapping[str, Any], s: TrainingSetup, cuda: "CudaAccounting",
-             task: str = "causal-lm", profile: bool = True) -> Estimate:
-    """The traced Estimate: from the profile when there is one that fits, else from a trace at this size."""
+             task: str = "causal-lm") -> Estimate:
+    """The traced Estimate.
+
+    The first size of a model and setup is traced as asked (one trace); from the second
+    size on, the profile is built from the earlier trace and this one, and every later size
+    is a replay (instant)."""
     from .assemble import estimate_from_log
 
-    prof = cached_profile(config, s, task) if not profile else profile_for(config, s, task)
+    prof = cached_profile(config, s, task)
+    if prof is None:
+        here = (s.batch_size, s.seq_len)
+        earlier = [x for x in _traced_sizes(config, s, task) if x != here]
+        if earlier:   # a second size: one more trace makes the profile
+            apart = [x for x in earlier if x[0] != here[0] and x[1] != here[1]]
+            b0, s0 = (apart or earlier)[0]
+            prof = profile_for(config, s.replace(batch_size=b0, seq_len=s0), task, other=here if apart else None)
     if prof is not None and prof.size_fns is not None:
         tr = prof.base
         sizes = prof.sizes(s.batch_size, s.seq_len)

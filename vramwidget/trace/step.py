@@ -89,8 +89,12 @@ def _optimizer(name: str, params: List[torch.nn.Parameter]):
         return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, foreach=True)
     if name == "sgd":
         return torch.optim.SGD(params, lr=LEARNING_RATE, foreach=True)
+    if name == "adamw_8bit":
+        from .quantized import AdamW8bitStandIn
+
+        return AdamW8bitStandIn(params, lr=LEARNING_RATE)
     raise VramError(f"optimizer: {name!r} runs bitsandbytes', lion-pytorch's or GaLore's own code, which the trace "
-                    f"backend does not run on a CPU; use adamw, adamw_fused, adafactor, sgd or sgd_momentum, or "
+                    f"backend does not run on a CPU; use adamw, adamw_fused, adamw_8bit, adafactor, sgd or sgd_momentum, or "
                     f"backend='analytic' for a modelled family", field="optimizer")
 
 
@@ -102,14 +106,24 @@ def _model_class(task: str):
     return getattr(transformers, name)
 
 
-def build_model(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal-lm"):
+def build_model(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal-lm",
+                notes: Optional[List[str]] = None):
     """The model as measure.py builds it, on fake CPU tensors (call under FakeTensorMode)."""
+    notes = notes if notes is not None else []
     cfg = make_config(config)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[s.weights_dtype]
     attn = "eager" if s.attn_implementation == "eager" else "sdpa"
     auto = _model_class(task)
     try:
-        model = auto.from_config(cfg, dtype=dtype, attn_implementation=attn)
+        try:
+            model = auto.from_config(cfg, dtype=dtype, attn_implementation=attn)
+        except ValueError as exc:
+            if attn != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+                raise
+            # no SDPA path in this model's transformers code: transformers' default is eager
+            model = auto.from_config(cfg, dtype=dtype, attn_implementation="eager")
+            notes.append(f"{cfg.model_type} has no SDPA attention in transformers: traced with eager attention "
+                         f"(b x a x s x s scores kept)")
     except (ValueError, ImportError, KeyError) as exc:
         msg = " ".join(str(exc).split())[:200]
         raise VramError(f"model: transformers cannot build {auto.__name__} for model_type {cfg.model_type!r} "
@@ -126,7 +140,9 @@ def _peft_wrap(model, s: TrainingSetup):
     if s.quantized and s.prepare_kbit:
         model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=gc,
                                                      gradient_checkpointing_kwargs=gc_kwargs)
-    targets: Any = list(s.lora_targets) if s.lora_targets else "all-linear"
+    targets: Any = list(s.lora_targets or ("all-linear",))
+    if targets == ["all-linear"]:
+        targets = "all-linear"
     conv1d = any(type(m).__name__ == "Conv1D" for m in model.modules())
     cfg = peft.LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
                           target_modules=targets, fan_in_fan_out=conv1d,
@@ -158,10 +174,13 @@ def trace_step(config: Mapping[str, Any], s: TrainingSetup, *, task: str = "caus
         if idx is not None and idx not in kinds:
             kinds[idx] = (kind, group)
 
+    from .autocast import cuda_policy
+
     with warnings.catch_warnings(), FakeTensorMode(allow_non_fake_inputs=False), led, cuda_kernels(
-            attn_implementation=s.attn_implementation):
+            attn_implementation=s.attn_implementation), (
+            cuda_policy() if s.autocast else contextlib.nullcontext()):
         warnings.simplefilter("ignore")
-        model = build_model(config, s, task)
+        model = build_model(config, s, task, notes)
         if quantize_model is not None:
             quantize_model(model, s)
         if s.gradient_checkpointing == "full" and not (s.quantized and s.prepare_kbit):
@@ -279,3 +298,23 @@ def _autocast(s: TrainingSetup):
     from .autocast import cuda_autocast
 
     return cuda_autocast(torch.bfloat16 if s.compute_dtype == "bfloat16" else torch.float16)
+
+
+def explain_failure(exc: BaseException, config: Mapping[str, Any]) -> str:
+    """One line saying why a model could not be traced and what would work instead."""
+    mt = config.get("model_type", "this model")
+    kind = type(exc).__name__
+    first = (str(exc).strip().splitlines() or [""])[0][:160]
+    op = getattr(exc, "func", None)
+    where = f" ({op})" if op is not None else ""
+    if kind in ("DataDependentOutputException", "DynamicOutputShapeException", "GuardOnDataDependentSymNode") \
+            or "data-dependent" in first or "data dependent" in first:
+        return (f"model: {mt}'s code reads tensor values to choose its shapes{where}, which a trace on fake tensors "
+                f"cannot follow (data-dependent shapes); what would work: a family module (backend='analytic') or a "
+                f"measurement on a GPU (vramwidget measure)")
+    if kind in ("UnsupportedOperatorException", "UnsupportedFakeTensorException") or (
+            isinstance(exc, (NotImplementedError, RuntimeError)) and ("Meta" in first or "fake" in first.lower())):
+        return (f"model: {mt} calls a kernel with no shape rule{where} (a custom CUDA kernel without a fake/meta "
+                f"implementation), which the trace cannot run; what would work: transformers' native code path "
+                f"(attn_implementation='sdpa' or 'eager', no custom kernels) or a family module")
+    return f"model: tracing {mt} failed ({kind}: {first}); backend='analytic' covers the modelled families"

@@ -112,6 +112,10 @@ SHORT_LABELS: Dict[str, Dict[str, str]] = {
                  "zero3": "ZeRO-3", "fsdp_full_shard": "FSDP full", "fsdp_shard_grad_op": "FSDP grad+opt",
                  "fsdp_hybrid": "FSDP hybrid", "megatron": "Megatron DDP", "megatron_distopt": "Megatron DistOpt"},
     "kv_cache_dtype": {"auto": "auto"},
+    "stack": {"hf": "HF / TRL / PEFT", "torchtune": "torchtune", "litgpt": "LitGPT", "unsloth": "Unsloth",
+              "axolotl": "axolotl"},
+    "loss": {"standard": "Full logits", "chunked": "Chunked", "liger": "Liger fused"},
+    "lora_variant": {"lora": "LoRA", "dora": "DoRA"},
     "mode": {"training": "Training", "inference": "Inference"},
 }
 

@@ -1,0 +1,810 @@
+"""A model of PyTorch's CUDA caching allocator, replayed over a stream of allocations and frees.
+
+What a run reserves on the device is decided by how the caching allocator places tensors
+in the segments it gets from ``cudaMalloc``, not by how many bytes are allocated at once.
+This module replays that placement in pure Python.  The rules are those of
+``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x, ``DeviceCachingAllocator``):
+
+* ``round_size``: every request is rounded up to a multiple of 512 B (``kMinBlockSize``);
+  with ``roundup_power2_divisions`` a request is rounded up to the next of N divisions
+  between two powers of two.
+* ``get_pool``: requests of at most 1 MiB (``kSmallSize``) come from the small pool, the
+  rest from the large pool.
+* ``get_allocation_size``: a new segment is 2 MiB (``kSmallBuffer``) for the small pool,
+  20 MiB (``kLargeBuffer``) for requests under 10 MiB (``kMinLargeAlloc``), else the
+  request rounded up to 2 MiB (``kRoundLarge``).
+* ``get_free_block``: best fit, the smallest cached block of the pool that is large enough
+  (ties by address); with ``max_split_size_mb`` a request below it never takes an oversize
+  block and a request above it takes one only within 20 MiB of its size.
+* ``should_split``: a small-pool block is split when at least 512 B remain; a large-pool
+  block when the request is below ``max_split_size`` and more than 1 MiB remains
+  (expandable segments: when at least 512 B remain).
+* ``free_block`` / ``try_merge_blocks``: a freed block merges with free neighbours of its
+  segment.
+* ``malloc``: on a miss, ``garbage_collect_cached_blocks`` (if
+  ``garbage_collection_threshold`` is set and reserved memory is above it) frees whole cached
+  segments, oldest first; then ``alloc_block`` asks for a new segment; if the device is full,
+  ``release_available_cached_blocks`` (oversize blocks, only with ``max_split_size_mb``) and
+  then ``release_cached_blocks`` (every whole cached segment) are freed and the request is
+  retried once: the free-and-retry before an out-of-memory error.
+* ``expandable_segments:True``: one segment per pool that grows by mapping pages (2 MiB
+  for the small pool, 20 MiB for the large pool) at its end (``try_allocate_expandable_block``);
+  on a miss it first unmaps free pages (``release_cached_blocks`` -> ``unmap_block``).
+
+A single CUDA stream is modelled (a training step's work runs on the default stream), so
+no cross-stream events or ``recordStream`` delays.  ``PYTORCH_CUDA_ALLOC_CONF`` strings are
+parsed as ``c10/cuda/CUDAAllocatorConfig.cpp`` (``parseArgs``) reads them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .errors import VramError
+from .units import MIB
+
+K_MIN_BLOCK_SIZE = 512                 # kMinBlockSize
+K_SMALL_SIZE = 1 * MIB                 # kSmallSize: largest small-pool request
+K_SMALL_BUFFER = 2 * MIB               # kSmallBuffer: small-pool segment
+K_MIN_LARGE_ALLOC = 10 * MIB           # kMinLargeAlloc
+K_LARGE_BUFFER = 20 * MIB              # kLargeBuffer: segment for 1-10 MiB requests
+K_ROUND_LARGE = 2 * MIB                # kRoundLarge
+NO_LIMIT = 2**63                       # max_split_size default (SIZE_MAX)
+
+#: the setup field's named values; anything else is read as a PYTORCH_CUDA_ALLOC_CONF string
+ALLOCATOR_CHOICES = ("default", "expandable_segments")
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """The caching allocator's settings (``PYTORCH_CUDA_ALLOC_CONF``)."""
+
+    max_split_size_bytes: int = NO_LIMIT
+    #: divisions per power-of-two interval: a default for every size, and (interval start
+    #: in bytes, divisions) overrides as ``roundup_power2_divisions:[256:1,512:2,>:8]`` gives
+    roundup_power2_divisions: int = 0
+    roundup_power2_intervals: Tuple[Tuple[int, int], ...] = ()
+    garbage_collection_threshold: float = 0.0
+    expandable_segments: bool = False
+    text: str = "default"
+
+    def divisions(self, size: int) -> int:
+        """``CUDAAllocatorConfig::roundup_power2_divisions(size)``: the divisions of the
+        power-of-two interval that holds ``size`` (the list form indexes intervals from 1 MiB)."""
+        if not self.roundup_power2_intervals:
+            return self.roundup_power2_divisions
+        out = self.roundup_power2_divisions
+        for start, div in self.roundup_power2_intervals:
+            if size >= start:
+                out = div
+        return out
+
+
+def parse_alloc_conf(text: str, field_name: str = "allocator") -> AllocatorConfig:
+    """``"default"``, ``"expandable_segments"`` or a ``PYTORCH_CUDA_ALLOC_CONF`` string such as
+    ``"max_split_size_mb:128,garbage_collection_threshold:0.8"``.
+
+    Options (``CUDAAllocatorConfig::parseArgs``): ``max_split_size_mb`` (> 20),
+    ``roundup_power2_divisions`` (a power of two, or ``[256:1,512:2,>:8]`` keyed by MiB),
+    ``garbage_collection_threshold`` (strictly between 0 and 1), ``expandable_segments``
+    (True/False), and the options that do not change placement (``backend:native``,
+    ``release_lock_on_cudamalloc``, ``pinned_*``).  Anything else raises VramError naming the field.
+    """
+    raw = str(text if text is not None else "default").strip()
+    if raw in ("", "default", "native"):
+        return AllocatorConfig(text="default")
+    if raw == "expandable_segments":
+        return AllocatorConfig(expandable_segments=True, text=raw)
+    kw: Dict[str, object] = {"text": raw}
+
+    def bad(msg: str) -> VramError:
+        return VramError(f"{field_name}: {msg} in {raw!r} (use 'default', 'expandable_segments' or a "
+                         f"PYTORCH_CUDA_ALLOC_CONF string such as 'max_split_size_mb:128')", field=field_name)
+
+    # split on commas outside [...]
+    parts, depth, cur = [], 0, ""
+    for ch in raw:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    for part in parts:
+        part = part.strip()
+        if not part:
+            continue
+        if ":" not in part:
+            raise bad(f"option {part!r} has no value (key:value)")
+        key, val = (x.strip() for x in part.split(":", 1))
+        if key == "max_split_size_mb":
+            try:
+                mb = int(val)
+            except ValueError:
+                raise bad(f"max_split_size_mb must be an integer, got {val!r}") from None
+            if mb <= K_LARGE_BUFFER // MIB:
+                raise bad(f"max_split_size_mb must be > {K_LARGE_BUFFER // MIB}, got {mb}")
+            kw["max_split_size_bytes"] = mb * MIB
+        elif key == "garbage_collection_threshold":
+            try:
+                th = float(val)
+            except ValueError:
+                raise bad(f"garbage_collection_threshold must be a number, got {val!r}") from None
+            if not 0.0 < th < 1.0:
+                raise bad(f"garbage_collection_threshold must be between 0 and 1 (exclusive), got {val}")
+            kw["garbage_collection_threshold"] = th
+        elif key == "expandable_segments":
+            if val not in ("True", "False", "true", "false"):
+                raise bad(f"expandable_segments must be True or False, got {val!r}")
+            kw["expandable_segments"] = val in ("True", "true")
+        elif key == "roundup_power2_divisions":
+            if val.startswith("["):
+                if not val.endswith("]"):
+                    raise bad("roundup_power2_divisions list is not closed with ']'")
+                intervals = []
+                default = 0
+                for item in val[1:-1].split(","):
+                    if ":" not in item:
+                        raise bad(f"roundup_power2_divisions entry {item!r} is not size:divisions")
+                    k, v = (x.strip() for x in item.split(":", 1))
+                    d = _pow2_divisions(v, bad)
+                    if k == ">":
+                        default = d
+                        intervals.append((-1, d))
+                    else:
+                        try:
+                            mb = int(k)
+                        except ValueError:
+                            raise bad(f"roundup_power2_divisions size {k!r} is not an integer (MiB)") from None
+                        if mb & (mb - 1):
+                            raise bad(f"roundup_power2_divisions size {mb} must be a power of two (MiB)")
+                        intervals.append((mb * MIB, d))
+                # '>' sets every interval above the last listed one
+                listed = sorted((s, d) for s, d in intervals if s >= 0)
+                if default and listed:
+                    listed.append((listed[-1][0] * 2, default))
+                kw["roundup_power2_intervals"] = tuple(listed)
+                kw["roundup_power2_divisions"] = listed[0][1] if listed else default
+            else:
+                kw["roundup_power2_divisions"] = _pow2_divisions(val, bad)
+        elif key in ("backend",):
+            if val not in ("native",):
+                raise bad(f"backend {val!r} is not modelled (only the native caching allocator)")
+        elif key in ("release_lock_on_cudamalloc", "pinned_use_cuda_host_register", "pinned_num_register_threads",
+                     "pinned_use_background_threads", "per_process_memory_fraction"):
+            continue
+        else:
+            raise bad(f"unknown option {key!r}")
+    return AllocatorConfig(**kw)  # type: ignore[arg-type]
+
+
+def _pow2_divisions(val: str, bad) -> int:
+    try:
+        d = int(val)
+    except ValueError:
+        raise bad(f"roundup_power2_divisions must be an integer, got {val!r}") from None
+    if d < 0 or (d & (d - 1)):
+        raise bad(f"roundup_power2_divisions must be a power of two, got {d}")
+    return d
+
+
+def round_size(size: int, cfg: AllocatorConfig) -> int:
+    """``DeviceCachingAllocator::round_size``."""
+    if size < K_MIN_BLOCK_SIZE:
+        return K_MIN_BLOCK_SIZE
+    div = cfg.divisions(size)
+    if div > 1 and size > K_MIN_BLOCK_SIZE * div:
+        return _roundup_power2_next_division(size, div)
+    return -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+
+
+def _roundup_power2_next_division(size: int, divisions: int) -> int:
+    """``roundup_power2_next_division``: the next of ``divisions`` equal steps between the
+    power of two below ``size`` and the one above."""
+    if size & (size - 1) == 0:
+        return size
+    floor = 1 << (size.bit_length() - 1)
+    step = max(floor // divisions, 1)
+    return floor + -(-(size - floor) // step) * step
+
+
+def allocation_size(size: int) -> int:
+    """``get_allocation_size``: the segment cudaMalloc'd for a request that missed the cache."""
+    if size <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if size < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
+
+
+def _label(label: Any) -> str:
+    """Event labels are strings or (prefix, name) pairs, joined only when shown."""
+    if isinstance(label, tuple):
+        return " ".join(str(x) for x in label if x != "")
+    return str(label)
+
+
+class OutOfMemory(Exception):
+    """The replayed request that no segment and no new cudaMalloc could satisfy."""
+
+    def __init__(self, index: int, size: int, label: str, reserved: int, allocated: int, capacity: int):
+        super().__init__(label)
+        self.index, self.size, self.label = index, size, label
+        self.reserved, self.allocated, self.capacity = reserved, allocated, capacity
+
+    def __str__(self) -> str:
+        return (f"allocation {self.index} ({self.label}): {self.size / MIB:.1f} MiB requested with "
+                f"{self.reserved / MIB:.1f} MiB reserved, {self.allocated / MIB:.1f} MiB allocated, "
+                f"capacity {self.capacity / MIB:.1f} MiB")
+
+
+class _Block:
+    __slots__ = ("addr", "size", "seg", "prev", "next", "allocated", "small", "requested", "gc_age")
+
+    def __init__(self, addr: int, size: int, seg: "_Segment", small: bool):
+        self.addr, self.size, self.seg, self.small = addr, size, seg, small
+        self.prev: Optional[_Block] = None
+        self.next: Optional[_Block] = None
+        self.allocated = False
+        self.requested = 0
+        self.gc_age = 0
+
+
+class _Segment:
+    __slots__ = ("addr", "size", "small", "expandable", "mapped")
+
+    def __init__(self, addr: int, size: int, small: bool, expandable: bool = False):
+        self.addr, self.size, self.small, self.expandable = addr, size, small, expandable
+        self.mapped = size
+
+
+@dataclass
+class ReplayResult:
+    """What a replay found: the peaks, the out-of-memory point, and the trace for snapshots."""
+
+    max_reserved_bytes: int = 0
+    max_allocated_bytes: int = 0
+    reserved_bytes: int = 0
+    allocated_bytes: int = 0
+    #: reserved - allocated when reserved peaked: cached free blocks and rounding
+    fragmentation_at_max_bytes: int = 0
+    segments_allocated: int = 0
+    oom: Optional[OutOfMemory] = None
+    num_events: int = 0
+    #: (action, addr, size, label) in order, when recorded
+    trace: List[Tuple[str, int, int, str]] = field(default_factory=list)
+    #: the live segments at the end: (addr, size, small, [(addr, size, requested, allocated, label)])
+    segments: List[Tuple[int, int, bool, List[Tuple[int, int, int, bool, str]]]] = field(default_factory=list)
+
+
+class CachingAllocator:
+    """A single-stream replay of ``DeviceCachingAllocator`` (see the module docstring).
+
+    ``malloc(size)`` returns a block handle, ``free(handle)`` returns it to the cache;
+    ``reserved`` / ``allocated`` are ``memory_reserved()`` / ``memory_allocated()`` (allocated
+    counts the rounded block sizes, as torch's ``allocated_bytes`` does);
+    ``capacity`` (bytes the allocator may reserve) makes the free-and-retry path and the
+    out-of-memory error happen.
+    """
+
+    def __init__(self, config: Optional[AllocatorConfig] = None, capacity_bytes: Optional[float] = None,
+                 record: bool = False):
+        self.cfg = config or AllocatorConfig()
+        self.capacity = int(capacity_bytes) if capacity_bytes is not None else None
+        self.reserved = 0
+        self.allocated = 0
+        self.max_reserved = 0
+        self.max_allocated = 0
+        self.frag_at_max = 0
+        self.segments_allocated = 0
+        self._next_addr = 1 << 40
+        # free blocks per pool, sorted by (size, addr)
+        self._free: Dict[bool, List[Tuple[int, int]]] = {True: [], False: []}
+        self._by_key: Dict[Tuple[int, int], _Block] = {}
+        self._segments: Dict[int, _Segment] = {}
+        self._expandable: Dict[bool, Optional[_Segment]] = {True: None, False: None}
+        self.record = record
+        self._simple = (self.cfg.max_split_size_bytes >= NO_LIMIT and not self.cfg.expandable_segments
+                        and self.cfg.garbage_collection_threshold <= 0)
+        self.trace: List[Tuple[str, int, int, str]] = []
+        self.labels: Dict[int, str] = {}
+        self._live: Dict[int, _Block] = {}
+
+    # -- free lists ---------------------------------------------------------------------
+    def _insert_free(self, b: _Block) -> None:
+        key = (b.size, b.addr)
+        bisect.insort(self._free[b.small], key)
+        self._by_key[key] = b
+        b.gc_age = 0
+
+    def _remove_free(self, b: _Block) -> None:
+        key = (b.size, b.addr)
+        lst = self._free[b.small]
+        i = bisect.bisect_left(lst, key)
+        del lst[i]
+        del self._by_key[key]
+
+    # -- the allocator ----------------------------------------------------------------------
+    def _get_free_block(self, small: bool, size: int) -> Optional[_Block]:
+        """``get_free_block``: best fit with the oversize-block rules."""
+        lst = self._free[small]
+        if self.cfg.garbage_collection_threshold > 0:
+            for key in lst:
+                self._by_key[key].gc_age += 1
+        i = bisect.bisect_left(lst, (size, -1))
+        if i == len(lst):
+            return None
+        b = self._by_key[lst[i]]
+        ms = self.cfg.max_split_size_bytes
+        if self.cfg.expandable_segments:
+            pass
+        elif size < ms and b.size >= ms:
+            return None
+        elif size >= ms and b.size >= size + K_LARGE_BUFFER:
+            return None
+        self._remove_free(b)
+        return b
+
+    def _should_split(self, b: _Block, size: int) -> bool:
+        remaining = b.size - size
+        if b.small or self.cfg.expandable_segments:
+            return remaining >= K_MIN_BLOCK_SIZE
+        return size < self.cfg.max_split_size_bytes and remaining > K_SMALL_SIZE
+
+    def _new_segment(self, small: bool, size: int) -> Optional[_Block]:
+        """``alloc_block``: cudaMalloc a segment (fails past the capacity)."""
+        if self.capacity is not None and self.reserved + size > self.capacity:
+            return None
+        seg = _Segment(self._next_addr, size, small)
+        self._next_addr += size + (1 << 21)
+        self._segments[seg.addr] = seg
+        self.reserved += size
+        self.segments_allocated += 1
+        if self.record:
+            self.trace.append(("segment_alloc", seg.addr, size, ""))
+        return _Block(seg.addr, size, seg, small)
+
+    def _expand(self, small: bool, size: int) -> Optional[_Block]:
+        """``try_allocate_expandable_block``: map pages at the end of the pool's one segment
+        (the free block at its end grows; a request larger than it maps the difference)."""
+        page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
+        seg = self._expandable[small]
+        if seg is None:
+            seg = _Segment(self._next_addr, 0, small, expandable=True)
+            seg.mapped = 0
+            self._next_addr += 1 << 44
+            self._segments[seg.addr] = seg
+            self._expandable[small] = seg
+            tail = None
+        else:
+            tail = self._tail_free(seg)
+        have = tail.size if tail is not None else 0
+        need = -(-(size - have) // page) * page
+        if self.capacity is not None and self.reserved + need > self.capacity:
+            return None
+        if self.record:
+            self.trace.append(("segment_map", seg.addr + seg.mapped, need, ""))
+        self.reserved += need
+        self.segments_allocated += 1
+        if tail is not None:
+            self._remove_free(tail)
+            tail.size += need
+            seg.size += need
+            seg.mapped += need
+            return tail
+        b = _Block(seg.addr + seg.mapped, need, seg, small)
+        last = self._last_block(seg)
+        if last is not None:
+            last.next = b
+            b.prev = last
+        seg.size += need
+        seg.mapped += need
+        return b
+
+    def _tail_free(self, seg: _Segment) -> Optional[_Block]:
+        last = self._last_block(seg)
+        return last if last is not None and not last.allocated else None
+
+    def _last_block(self, seg: _Segment) -> Optional[_Block]:
+        # the block whose end is the mapped end of the segment
+        end = seg.addr + seg.mapped
+        for b in self._live.values():
+            if b.seg is seg and b.addr + b.size == end:
+                return b
+        for b in self._by_key.values():
+            if b.seg is seg and b.addr + b.size == end:
+                return b
+        return None
+
+    def _release_cached(self) -> None:
+        """``release_cached_blocks``: cudaFree every cached block that is a whole segment
+        (expandable segments: unmap the free pages at the segment's end)."""
+        for small in (False, True):
+            for key in list(self._free[small]):
+                b = self._by_key[key]
+                if b.seg.expandable:
+                    if b.next is None:
+                        self._unmap_tail(b)
+                elif b.prev is None and b.next is None:
+                    self._release_block(b)
+
+    def _release_block(self, b: _Block) -> None:
+        self._remove_free(b)
+        del self._segments[b.seg.addr]
+        self.reserved -= b.size
+        if self.record:
+            self.trace.append(("segment_free", b.addr, b.size, ""))
+
+    def _unmap_tail(self, b: _Block) -> None:
+        page = K_SMALL_BUFFER if b.small else K_LARGE_BUFFER
+        seg = b.seg
+        keep = b.addr - seg.addr
+        keep_pages = -(-keep // page) * page
+        cut = seg.addr + keep_pages
+        unmap = (b.addr + b.size) - cut
+        if unmap <= 0:
+            return
+        self._remove_free(b)
+        if self.record:
+            self.trace.append(("segment_unmap", cut, unmap, ""))
+        self.reserved -= unmap
+        seg.mapped -= unmap
+        seg.size -= unmap
+        b.size -= unmap
+        if b.size > 0:
+            self._insert_free(b)
+        else:
+            if b.prev is not None:
+                b.prev.next = None
+
+    def _release_oversize(self, size: int) -> bool:
+        """``release_available_cached_blocks``: with max_split_size set, free the smallest
+        whole oversize block that covers the request, else the largest ones until covered."""
+        ms = self.cfg.max_split_size_bytes
+        if ms >= NO_LIMIT:
+            return False
+        lst = self._free[False]
+        key = max(size, ms)
+        i = bisect.bisect_left(lst, (key, -1))
+        if i < len(lst):
+            b = self._by_key[lst[i]]
+            if b.prev is None and b.next is None and not b.seg.expandable:
+                self._release_block(b)
+                return True
+            return False
+        released = 0
+        for k in reversed(list(lst)):
+            b = self._by_key[k]
+            if released >= key or b.size < ms:
+                break
+            if b.prev is None and b.next is None and not b.seg.expandable:
+                released += b.size
+                self._release_block(b)
+        return released >= key
+
+    def _garbage_collect(self) -> None:
+        """``garbage_collect_cached_blocks``: above ``threshold x capacity`` reserved, free
+        whole cached large blocks whose age (best-fit searches since they were cached) is at
+        least the average, until the excess is reclaimed."""
+        if self.capacity is None:
+            return
+        threshold = self.cfg.garbage_collection_threshold * self.capacity
+        if self.reserved <= threshold:
+            return
+        target = self.reserved - threshold
+        reclaimed = 0
+        while reclaimed < target:
+            cands = [self._by_key[k] for k in self._free[False]]
+            cands = [b for b in cands if b.prev is None and b.next is None and not b.seg.expandable]
+            if not cands:
+                return
+            avg = sum(b.gc_age for b in cands) / len(cands)
+            freed = False
+            for b in cands:
+                if b.gc_age >= avg:
+                    reclaimed += b.size
+                    self._release_block(b)
+                    freed = True
+            if not freed:
+                return
+
+    def malloc(self, size: int, label: Any = "") -> _Block:
+        """``DeviceCachingAllocator::malloc`` for one request of ``size`` bytes."""
+        cfg = self.cfg
+        if cfg.roundup_power2_divisions or cfg.roundup_power2_intervals or size < K_MIN_BLOCK_SIZE:
+            size = round_size(int(size), cfg)
+        else:
+            size = (int(size) + 511) & ~511
+        small = size <= K_SMALL_SIZE
+        if self._simple:
+            # get_free_block without the oversize and expandable rules (the default settings)
+            lst = self._free[small]
+            i = bisect.bisect_left(lst, (size, -1))
+            if i < len(lst):
+                key = lst.pop(i)
+                b = self._by_key.pop(key)
+            else:
+                b = None
+        else:
+            b = self._get_free_block(small, size)
+        if b is None:
+            if cfg.garbage_collection_threshold > 0:
+                self._garbage_collect()
+            b = self._alloc_new(small, size)
+            if b is None:
+                # free-and-retry: oversize blocks first, then every whole cached segment
+                if not self._release_oversize(size) or (b := self._alloc_new(small, size)) is None:
+                    self._release_cached()
+                    b = self._alloc_new(small, size)
+                if b is None:
+                    raise OutOfMemory(-1, size, _label(label), self.reserved, self.allocated, self.capacity or 0)
+        remaining = b.size - size
+        if (remaining >= K_MIN_BLOCK_SIZE if (small or cfg.expandable_segments)
+                else (remaining > K_SMALL_SIZE and size < cfg.max_split_size_bytes)):
+            rest = _Block(b.addr + size, remaining, b.seg, small)
+            rest.prev, rest.next = b, b.next
+            if b.next is not None:
+                b.next.prev = rest
+            b.next = rest
+            b.size = size
+            key = (remaining, rest.addr)
+            bisect.insort(self._free[small], key)
+            self._by_key[key] = rest
+        b.allocated = True
+        b.requested = size
+        self.allocated += b.size
+        self._live[b.addr] = b
+        if self.record:
+            label = _label(label)
+            self.trace.append(("alloc", b.addr, b.size, label))
+            self.labels[b.addr] = label
+        if self.allocated > self.max_allocated:
+            self.max_allocated = self.allocated
+        if self.reserved > self.max_reserved:
+            self.max_reserved = self.reserved
+            self.frag_at_max = self.reserved - self.allocated
+        return b
+
+    def cached_bytes(self) -> int:
+        """Bytes of cached free blocks: reserved = allocated + cached (the fragmentation)."""
+        return sum(k[0] for pool in self._free.values() for k in pool)
+
+    def signature(self) -> Tuple[Any, ...]:
+        """The allocator's state: every block's address, size and use (equal states replay
+        equal event streams identically)."""
+        return (tuple(sorted((b.addr, b.size) for b in self._live.values())),
+                tuple(self._free[False]), tuple(self._free[True]), self.reserved)
+
+    def _alloc_new(self, small: bool, size: int) -> Optional[_Block]:
+        if self.cfg.expandable_segments:
+            return self._expand(small, size)
+        return self._new_segment(small, allocation_size(size))
+
+    def free(self, b: _Block) -> None:
+        """``free_block``: back to the pool, merged with free neighbours (``try_merge_blocks``)."""
+        if not b.allocated:
+            raise ValueError("double free in the replay")
+        b.allocated = False
+        self.allocated -= b.size
+        del self._live[b.addr]
+        if self.record:
+            self.trace.append(("free_requested", b.addr, b.size, self.labels.get(b.addr, "")))
+            self.trace.append(("free_completed", b.addr, b.size, self.labels.pop(b.addr, "")))
+        lst = self._free[b.small]
+        by_key = self._by_key
+        nb = b.prev
+        if nb is not None and not nb.allocated:
+            key = (nb.size, nb.addr)
+            del lst[bisect.bisect_left(lst, key)]
+            del by_key[key]
+            b.addr = nb.addr
+            b.prev = nb.prev
+            if nb.prev is not None:
+                nb.prev.next = b
+            b.size += nb.size
+        nb = b.next
+        if nb is not None and not nb.allocated:
+            key = (nb.size, nb.addr)
+            del lst[bisect.bisect_left(lst, key)]
+            del by_key[key]
+            b.next = nb.next
+            if nb.next is not None:
+                nb.next.prev = b
+            b.size += nb.size
+        key = (b.size, b.addr)
+        bisect.insort(lst, key)
+        by_key[key] = b
+        b.gc_age = 0
+
+    def empty_cache(self) -> None:
+        """``torch.cuda.empty_cache()``: release every whole cached segment."""
+        self._release_cached()
+
+    def reset_peak(self) -> None:
+        """``torch.cuda.reset_peak_memory_stats()``: the peaks restart from the current values."""
+        self.max_reserved = self.reserved
+        self.max_allocated = self.allocated
+        self.frag_at_max = self.reserved - self.allocated
+
+    def segments(self) -> List[Tuple[int, int, bool, List[Tuple[int, int, int, bool, str]]]]:
+        """The live segments and their blocks (address order), as torch's snapshot lists them."""
+        blocks: Dict[int, List[_Block]] = {}
+        for b in list(self._live.values()) + list(self._by_key.values()):
+            blocks.setdefault(b.seg.addr, []).append(b)
+        out = []
+        for addr in sorted(self._segments):
+            seg = self._segments[addr]
+            if seg.mapped <= 0:
+                continue
+            bl = sorted(blocks.get(addr, []), key=lambda x: x.addr)
+            out.append((addr, seg.mapped, seg.small,
+                        [(x.addr, x.size, x.requested, x.allocated, self.labels.get(x.addr, "")) for x in bl]))
+        return out
+
+
+# ----------------------------------------------------------------------------------
+# Replaying an event stream
+# ----------------------------------------------------------------------------------
+
+#: one event: ("alloc", key, bytes, label) | ("free", key, 0, "") | ("reset_peak", ...) | ("empty_cache", ...)
+Event = Tuple[str, object, float, str]
+
+
+def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
+           capacity_bytes: Optional[float] = None, record: bool = False) -> ReplayResult:
+    """Replay ``events`` through the allocator model.
+
+    ``alloc`` events name a key (freed later by a ``free`` event with the same key) and a
+    size in bytes.  With ``capacity_bytes`` (what torch may reserve on the device) the first
+    request that fails even after the free-and-retry is reported in ``oom`` and the replay
+    stops there.
+    """
+    cfg = config or AllocatorConfig()
+    if (not record and capacity_bytes is None and cfg.max_split_size_bytes >= NO_LIMIT and not cfg.expandable_segments
+            and not cfg.roundup_power2_divisions and not cfg.roundup_power2_intervals):
+        return _replay_default(events)
+    al = CachingAllocator(config, capacity_bytes, record)
+    live: Dict[object, _Block] = {}
+    res = ReplayResult()
+    n = 0
+    malloc, free = al.malloc, al.free
+    last_sig: Optional[Tuple[Any, ...]] = None
+    for n, (kind, key, nbytes, label) in enumerate(events):
+        if kind == "alloc":
+            try:
+                live[key] = malloc(nbytes, label)
+            except OutOfMemory as e:
+                e.index = n
+                res.oom = e
+                break
+        elif kind == "free":
+            free(live.pop(key))
+        elif kind == "step_end":
+            # steps after the first repeat the same events: once a step leaves the allocator
+            # as it found it, every later step replays identically (same peaks), so stop
+            if record or capacity_bytes is not None:
+                continue
+            sig = al.signature()
+            if key >= 2 and sig == last_sig:
+                break
+            last_sig = sig
+        elif kind == "reset_peak":
+            al.reset_peak()
+        elif kind == "empty_cache":
+            al.empty_cache()
+        else:
+            raise ValueError(f"unknown replay event {kind!r}")
+    res.num_events = n + 1
+    res.max_reserved_bytes = al.max_reserved
+    res.max_allocated_bytes = al.max_allocated
+    res.reserved_bytes = al.reserved
+    res.allocated_bytes = al.allocated
+    res.fragmentation_at_max_bytes = al.frag_at_max
+    res.segments_allocated = al.segments_allocated
+    if record:
+        res.trace = al.trace
+        res.segments = al.segments()
+    return res
+
+
+def sizes_only(events: Sequence[Event]) -> List[float]:
+    """The requested sizes of the alloc events (for tests and summaries)."""
+    return [e[2] for e in events if e[0] == "alloc"]
+
+
+def _replay_default(events: Iterable[Event]) -> ReplayResult:
+    """``replay`` with the default settings, no capacity and no recording: the same rules as
+    ``CachingAllocator`` (best fit, split above 1 MiB / 512 B, merge on free, segments from
+    ``get_allocation_size``) in one loop over plain lists, for speed.  A block is a list
+    ``[addr, size, prev, next, allocated, small]``."""
+    free_lists = {True: [], False: []}       # (size, addr) sorted, per pool
+    free_blocks: Dict[Tuple[int, int], list] = {}
+    live: Dict[object, list] = {}
+    insort, bisect_left = bisect.insort, bisect.bisect_left
+    reserved = allocated = max_reserved = max_allocated = frag = segs = 0
+    next_addr = 1 << 40
+    last_sig = None
+    n = 0
+    for n, (kind, key, nbytes, _label) in enumerate(events):
+        if kind == "alloc":
+            size = (int(nbytes) + 511) & ~511 if nbytes >= K_MIN_BLOCK_SIZE else K_MIN_BLOCK_SIZE
+            small = size <= K_SMALL_SIZE
+            lst = free_lists[small]
+            i = bisect_left(lst, (size, -1))
+            if i < len(lst):
+                b = free_blocks.pop(lst.pop(i))
+            else:
+                if small:
+                    seg = K_SMALL_BUFFER
+                elif size < K_MIN_LARGE_ALLOC:
+                    seg = K_LARGE_BUFFER
+                else:
+                    seg = -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
+                b = [next_addr, seg, None, None, False, small]
+                next_addr += seg + (1 << 21)
+                reserved += seg
+                segs += 1
+            remaining = b[1] - size
+            if remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE:
+                rest = [b[0] + size, remaining, b, b[3], False, small]
+                if b[3] is not None:
+                    b[3][2] = rest
+                b[3] = rest
+                b[1] = size
+                k2 = (remaining, rest[0])
+                insort(lst, k2)
+                free_blocks[k2] = rest
+            b[4] = True
+            allocated += b[1]
+            live[key] = b
+            if allocated > max_allocated:
+                max_allocated = allocated
+            if reserved > max_reserved:
+                max_reserved = reserved
+                frag = reserved - allocated
+        elif kind == "free":
+            b = live.pop(key)
+            b[4] = False
+            allocated -= b[1]
+            lst = free_lists[b[5]]
+            nb = b[2]
+            if nb is not None and not nb[4]:
+                k2 = (nb[1], nb[0])
+                del lst[bisect_left(lst, k2)]
+                del free_blocks[k2]
+                b[0] = nb[0]
+                b[2] = nb[2]
+                if nb[2] is not None:
+                    nb[2][3] = b
+                b[1] += nb[1]
+            nb = b[3]
+            if nb is not None and not nb[4]:
+                k2 = (nb[1], nb[0])
+                del lst[bisect_left(lst, k2)]
+                del free_blocks[k2]
+                b[3] = nb[3]
+                if nb[3] is not None:
+                    nb[3][2] = b
+                b[1] += nb[1]
+            k2 = (b[1], b[0])
+            insort(lst, k2)
+            free_blocks[k2] = b
+        elif kind == "step_end":
+            sig = (tuple(sorted((b[0], b[1]) for b in live.values())), tuple(free_lists[False]),
+                   tuple(free_lists[True]), reserved)
+            if key >= 2 and sig == last_sig:
+                break
+            last_sig = sig
+        elif kind == "reset_peak":
+            max_reserved, max_allocated, frag = reserved, allocated, reserved - allocated
+        else:
+            raise ValueError(f"unknown replay event {kind!r}")
+    return ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_allocated, reserved_bytes=reserved,
+                        allocated_bytes=allocated, fragmentation_at_max_bytes=frag, segments_allocated=segs,
+                        num_events=n + 1)

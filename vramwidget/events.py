@@ -1,0 +1,487 @@
+"""One training run as the caching allocator sees it: every allocation and free, in order.
+
+The estimate knows every tensor of a step (``estimate._params`` for weights, gradients and
+optimizer states, the block trace of ``activations.py`` for what the forward creates and
+keeps).  This module lays those tensors out in time the way a transformers + PyTorch run
+allocates them, so ``allocator.replay`` can say what the caching allocator reserves:
+
+load        parameters one by one in module order (a tied head is made, then replaced by the
+            embedding); 4-bit layers load their 16-bit weight, quantize it, drop it; LoRA
+            adapters (fp32); ``prepare_model_for_kbit_training`` upcasts the other parameters
+forward     the embedding output; per block, each tensor the trace creates, freed after its
+            consumer unless autograd saves it (checkpointing keeps only the block's input);
+            the final norm, the logits, the loss's fp32 upcast and log_softmax
+backward    the loss gradients (three fp32 T x V), the head's gradients; per block in reverse
+            (recomputed first under checkpointing): the input gradient of each op, the
+            parameter gradients where the op used parameters, saved tensors freed as passed
+optimizer   step 1 creates the states lazily; foreach AdamW's ``_foreach_sqrt`` list of
+            temporaries; Adafactor's per-parameter fp32 working copies
+zero_grad   ``set_to_none=True`` frees every gradient
+
+Three steps, as the measurements run them (validation/README.md).  Sizes are the
+estimate's own; the order is the one PyTorch's autograd and transformers' modules use.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from .activations import attention_backend
+from .architecture import Architecture
+from .allocator import parse_alloc_conf, replay
+from .estimate import (ALLOCATOR_REPLAY, BNB_8BIT_MIN_SIZE, BNB_8BIT_OPT_BLOCK, CUBLAS_WORKSPACE_BYTES, _get_profile,
+                       _params, _resid, _state_dtypes, gc_mode, logits_dtype)
+from .training import TrainingSetup
+from .units import DTYPE_BYTES
+
+Event = Tuple[str, Any, float, str]
+
+#: transformers' loader (core_model_loading.convert_and_load_state_dict_in_model) materializes
+#: checkpoint tensors on the GPU on GLOBAL_WORKERS = 4 threads while the main thread converts
+#: them one by one; with on-the-fly (bitsandbytes) quantization, up to this many 16-bit tensors
+#: wait beside the one being quantized.  transformers PR #44576 made quantized loading
+#: synchronous (0 here); the measured cases (transformers 5.17) load asynchronously.
+ASYNC_LOAD_WORKERS = 4
+#: cuBLAS keeps two workspaces (cuBLAS and cuBLASLt), each its own 32 MiB allocation
+CUBLAS_WORKSPACES = 2
+
+
+class _Stream:
+    """An event list with keys handed out in order."""
+
+    def __init__(self) -> None:
+        self.events: List[Event] = []
+        self._n = 0
+
+    def alloc(self, nbytes: float, label: Any) -> Optional[int]:
+        if nbytes <= 0:
+            return None
+        self._n += 1
+        self.events.append(("alloc", self._n, int(nbytes), label))
+        return self._n
+
+    def free(self, key: Optional[int]) -> None:
+        if key is not None:
+            self.events.append(("free", key, 0.0, ""))
+
+
+def _instances(arch: Architecture, P: Any) -> Tuple[List[Tuple[Any, ...]], List[Tuple[Any, ...]],
+                                                    List[List[Tuple[Any, ...]]]]:
+    """Parameters as the model constructs them: (before the blocks, after, per block), each
+    an instance (tensor, dtype, bytes of one instance, trains, numel of one instance)."""
+    before: List[Tuple[Any, ...]] = []
+    after: List[Tuple[Any, ...]] = []
+    per_layer: List[List[Tuple[Any, ...]]] = [[] for _ in range(arch.num_layers)]
+    seen_layer = False
+    for t, dtype, nbytes, trains in P.weights:
+        if t.layers is None:
+            (after if seen_layer else before).append((t, dtype, nbytes / t.repeat, trains, t.numel_each))
+            continue
+        seen_layer = True
+        first, last = t.layers
+        # a tensor restricted to a layer range (freeze) covers [first, first + repeat - 1]
+        n_layers = last - first + 1
+        per = t.repeat // max(n_layers, 1) if t.repeat >= n_layers else 1
+        for layer in range(first, min(first + t.repeat // max(per, 1), arch.num_layers)):
+            per_layer[layer].append((t, dtype, nbytes / t.repeat * per, trains, t.numel_each * per))
+    return before, after, per_layer
+
+
+def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> List[Event]:
+    """The allocations and frees of loading the model and running ``steps`` training steps."""
+    P = _params(arch, s)
+    prof = _get_profile(arch, s, P)
+    st = _Stream()
+    gc = gc_mode(s)
+    b, sq = s.batch_size, s.seq_len
+    T, T2 = b * sq, b * sq * sq
+    h, V = arch.hidden_size, arch.vocab_size
+    c = s.compute_dtype
+    L = arch.num_layers
+
+    for _ in range(CUBLAS_WORKSPACES):          # left from an earlier matmul of the process
+        st.alloc(CUBLAS_WORKSPACE_BYTES / CUBLAS_WORKSPACES, "cuBLAS workspace")
+
+    # -- load ------------------------------------------------------------------------------
+    before, after, per_layer = _instances(arch, P)
+    consts = {t.name: nbytes / t.repeat for t, nbytes, _ in P.quant_consts}
+    weight_keys: Dict[Tuple[str, int], Optional[int]] = {}
+    base16 = "bfloat16" if c == "float32" else c
+
+    pending: List[Tuple[Any, ...]] = []     # checkpoint tensors materialized, not yet converted
+
+    def convert(item: Tuple[Any, ...]) -> None:
+        inst, layer, tmp = item
+        t, dtype, nbytes, trains, numel = inst
+        if dtype in ("nf4", "fp4", "int8"):
+            # bitsandbytes quantizes the 16-bit tensor on the GPU, then it is dropped
+            weight_keys[(t.name, layer)] = st.alloc(nbytes, t.name)
+            st.alloc(consts.get(t.name, 0.0), (t.name, "quantization constants"))
+            st.free(tmp)
+        elif s.quantized and s.prepare_kbit and dtype == "float32":
+            weight_keys[(t.name, layer)] = None
+            weight_keys[(t.name, layer, "tmp")] = tmp  # type: ignore[index]
+        else:
+            weight_keys[(t.name, layer)] = tmp
+
+    def load_param(inst: Tuple[Any, ...], layer: int) -> None:
+        t, dtype, nbytes, trains, numel = inst
+        if not s.quantized:
+            # built on the GPU in its dtype (from_config under torch.device)
+            weight_keys[(t.name, layer)] = st.alloc(nbytes, t.name)
+            return
+        # from_pretrained with on-the-fly quantization: the 16-bit checkpoint tensor first
+        size = numel * DTYPE_BYTES[base16] if dtype in ("nf4", "fp4", "int8", "float32") else nbytes
+        pending.append((inst, layer, st.alloc(size, (t.name, "(checkpoint tensor)"))))
+        if len(pending) > ASYNC_LOAD_WORKERS:
+            convert(pending.pop(0))
+
+    for inst in before:
+        load_param(inst, -1)
+    for layer in range(L):
+        for inst in per_layer[layer]:
+            load_param(inst, layer)
+    for inst in after:
+        load_param(inst, -1)
+    while pending:
+        convert(pending.pop(0))
+    if arch.tie_word_embeddings:
+        # the head is built with its own weight, then tied to the embedding (the copy is dropped)
+        head = st.alloc(V * h * DTYPE_BYTES[base16 if s.quantized else s.weights_dtype], "lm_head (before tying)")
+        st.free(head)
+    if s.quantized and s.prepare_kbit:
+        # prepare_model_for_kbit_training: every non-quantized parameter becomes fp32
+        for key in [k for k in weight_keys if len(k) == 3]:
+            name, layer = key[0], key[1]
+            numel = next(i[4] for i in before + after + sum(per_layer, []) if i[0].name == name)
+            weight_keys[(name, layer)] = st.alloc(numel * 4, name + " (fp32)")
+            st.free(weight_keys.pop(key))
+    adapters: Dict[Tuple[str, int], List[float]] = {}
+    if P.adapters:
+        for module, group, nbytes, numel in P.adapters:
+            t = next(x for x in arch.lora_tensors(P.lora_modules) if x.module == module)
+            for layer in range(t.layers[0] if t.layers else 0, (t.layers[1] + 1) if t.layers else 1):
+                a = s.lora_r * t.in_features * 4
+                bb = s.lora_r * t.out_features * 4
+                st.alloc(a, (module, "lora_A"))
+                st.alloc(bb, (module, "lora_B"))
+                adapters.setdefault((module, layer), []).extend([a, bb])
+
+    # what trains, per block: module -> gradient bytes of each parameter instance
+    def trainable(inst_list: List[Tuple[Any, ...]]) -> List[Tuple[Any, ...]]:
+        out = []
+        for t, dtype, nbytes, trains, numel in inst_list:
+            if trains:
+                out.append((t.module, numel * DTYPE_BYTES[dtype], dtype, numel, t.shape))
+        return out
+
+    layer_params: List[List[Tuple[Any, ...]]] = []
+    for layer in range(L):
+        lst = trainable(per_layer[layer])
+        for (module, lyr), sizes in adapters.items():
+            if lyr == layer:
+                for nb in sizes:
+                    lst.append((module, nb, P.adapter_dtype, int(nb // 4), (s.lora_r, int(nb // 4) // s.lora_r)))
+        layer_params.append(lst)
+    head_params = trainable(after)
+    embed_params = trainable(before)
+    # parameters in model.parameters() order: the optimizer's state and foreach order
+    ordered = embed_params + [p for lp in layer_params for p in lp] + head_params
+
+    # -- the block's forward, at this size ---------------------------------------------------
+    def block_ops(first: bool) -> List[Tuple[Any, ...]]:
+        src = prof.alloc_ops[1] if first else prof.alloc_ops[0]
+        out = []
+        for op in src:
+            if op[0] == "param":
+                out.append(op)
+            else:
+                _, name, dtype, rg, saved, an, bn = op
+                out.append(("new", name, DTYPE_BYTES[dtype] * (an * T + bn * T2), rg, saved))
+        return out
+
+    steady_ops, first_ops = block_ops(False), block_ops(True)
+    first_train = L - s.trainable_layers if s.method == "freeze" else 0
+    resid_bytes = T * h * DTYPE_BYTES[_resid(s)]
+    backend = attention_backend(arch, s, c)
+
+    def forward_block(ops: List[Tuple[Any, ...]], x_key: Optional[int], keep_saved: bool,
+                      label: Tuple[Any, ...]) -> Tuple[Optional[int], List[int]]:
+        """Allocate one block's tensors; returns the block output's key and the kept keys."""
+        saved: List[int] = []
+        pending: Optional[int] = None     # the last transient, freed once its consumer ran
+        resid = x_key                     # the residual stream lives until the next add
+        out_key: Optional[int] = None
+        for op in ops[1:]:                # ops[0] is the block input (the previous output)
+            if op[0] == "param":
+                continue
+            _, name, nbytes, rg, is_saved = op
+            key = st.alloc(nbytes, label + (name,))
+            if pending is not None:
+                st.free(pending)
+                pending = None
+            if name in ("residual after attention", "block output"):
+                # the residual stream lives until the next residual add; a norm may save it
+                if resid is not None and resid != x_key and resid not in saved:
+                    st.free(resid)
+                resid = key
+                if name == "block output":
+                    out_key = key
+                elif is_saved and keep_saved and key is not None:
+                    saved.append(key)
+                continue
+            if is_saved and keep_saved:
+                if key is not None:
+                    saved.append(key)
+            else:
+                pending = key
+        if pending is not None:
+            st.free(pending)
+        return out_key, saved
+
+    def backward_block(ops: List[Tuple[Any, ...]], grad_key: Optional[int], saved: List[int], layer: int,
+                       label: Tuple[Any, ...], grads: Dict[Tuple[str, int], List[int]]) -> Optional[int]:
+        """Walk one block's ops in reverse: each op makes its input's gradient and frees its
+        output's; parameter gradients appear where their op ran; saved tensors go as passed."""
+        params = {}
+        for module, nb, dtype, numel, _shape in layer_params[layer]:
+            params.setdefault(module, []).append(nb)
+        saved_iter = list(saved)
+        g = grad_key
+        for op in reversed(ops[1:]):
+            if op[0] == "param":
+                for nb in params.pop(op[1], []):
+                    grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + (op[1], "grad")))
+                continue
+            _, name, nbytes, rg, is_saved = op
+            # the consumer of this tensor runs: it makes the tensor's gradient, then autograd
+            # releases what the node saved, then the consumer's own incoming gradient goes
+            if name.endswith("dequantized weight"):
+                # MatMul4Bit.backward dequantizes again for the input gradient
+                st.free(st.alloc(nbytes, label + (name,)))
+                continue
+            ng = st.alloc(nbytes, label + ("grad of", name)) if rg else None
+            if is_saved and saved_iter:
+                st.free(saved_iter.pop())
+            if rg:
+                st.free(g)
+                g = ng
+        for rest in params.values():      # parameters no op of the trace named (biases...)
+            for nb in rest:
+                grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + ("grad",)))
+        for k in saved_iter:
+            st.free(k)
+        # the block input's gradient, the size of the residual stream
+        ng = st.alloc(resid_bytes, label + ("grad of block input",))
+        st.free(g)
+        return ng
+
+    lg_dtype = logits_dtype(arch, s)
+    lg_bytes = T * V * DTYPE_BYTES[lg_dtype]
+    fp32_TV = T * V * 4.0
+    head_trains = bool(head_params) or (s.method == "full")
+    states_made = False
+    cast_bytes = {}   # autocast's 16-bit weight copies, per layer (made in forward, kept for backward)
+    if s.autocast:
+        for layer in range(L):
+            cast_bytes[layer] = [n * DTYPE_BYTES[c] for t, dt, nb, tr, n in per_layer[layer]
+                                 if t.linear and not t.is_bias and dt == "float32"]
+        cast_bytes[-1] = [n * DTYPE_BYTES[c] for t, dt, nb, tr, n in before + after
+                          if (t.role == "output_head" or (t.role == "embedding" and arch.tie_word_embeddings))
+                          and dt == "float32"]
+
+    ids = st.alloc(T * 8, "input_ids")
+    for step in range(1, steps + 1):
+        # -- forward ----------------------------------------------------------------------
+        x = st.alloc(resid_bytes, "embedding output")
+        mask = st.alloc(b * sq * sq * DTYPE_BYTES[c], "causal mask (eager)") if backend == "eager" else None
+        keep: List[Tuple[Optional[int], List[int], List[int]]] = []   # per block: input, saved, casts
+        for layer in range(L):
+            ops = first_ops if layer == first_train else steady_ops
+            casts = [k for k in (st.alloc(nb, ("layer", layer, "weight cast")) for nb in cast_bytes.get(layer, []))
+                     if k is not None]
+            if gc:
+                out, saved = forward_block(ops, x, False, ("layer", layer))
+                for k in casts:
+                    st.free(k)
+                casts = []
+            else:
+                out, saved = forward_block(ops, x, layer >= first_train, ("layer", layer))
+            if gc or layer < first_train:
+                keep.append((x, [], casts))
+            else:
+                # the block input is saved by the first norm (when it needs no cast) or freed
+                keep.append((None, saved, casts))
+                if x is not None and not _input_saved(ops):
+                    st.free(x)
+                elif x is not None:
+                    keep[-1] = (x, saved, casts)
+            x = out
+        # final norm, head, loss
+        final_in = x
+        head_casts = [st.alloc(nb, "head weight cast") for nb in cast_bytes.get(-1, [])]
+        normed = st.alloc(T * h * DTYPE_BYTES[c] * (2 if DTYPE_BYTES[_resid(s)] > DTYPE_BYTES[c] else 1),
+                          "final norm output")
+        logits = st.alloc(lg_bytes, "logits")
+        up = st.alloc(fp32_TV, "logits upcast to fp32") if lg_dtype != "float32" else None
+        logsm = st.alloc(fp32_TV, "log_softmax output (fp32)")
+        st.free(up)
+        st.free(mask)
+        # -- backward: loss and head --------------------------------------------------------
+        st.free(logits)            # del out: the logits are not saved (the head saves its input)
+        g_nll = st.alloc(fp32_TV, "nll_loss gradient (fp32)")
+        g_ls = st.alloc(fp32_TV, "log_softmax gradient (fp32)")
+        st.free(logsm)
+        st.free(g_nll)
+        g_lg = st.alloc(lg_bytes, "logits gradient") if lg_dtype != "float32" else g_ls
+        if g_lg is not g_ls:
+            st.free(g_ls)
+        grads: Dict[Tuple[str, int], List[int]] = {}
+        if head_trains:
+            for module, nb, dtype, numel, _shape in head_params:
+                grads.setdefault(("head", 0), []).append(st.alloc(nb, (module, "grad")))
+            if arch.tie_word_embeddings and s.method == "full":
+                grads.setdefault(("head", 0), []).append(st.alloc(V * h * DTYPE_BYTES[s.weights_dtype],
+                                                                  "lm_head grad (tied to the embedding)"))
+        g = st.alloc(T * h * DTYPE_BYTES[c], "head input gradient")
+        st.free(g_lg)
+        st.free(normed)
+        for k in head_casts:
+            st.free(k)
+        g2 = st.alloc(resid_bytes, "final norm input gradient")
+        st.free(g)
+        st.free(final_in)
+        g = g2
+        for layer in reversed(range(first_train, L)):
+            xin, saved, casts = keep[layer]
+            ops = first_ops if layer == first_train else steady_ops
+            if gc:
+                # non-reentrant checkpointing: the block's forward runs again, keeping its saves
+                recasts = [st.alloc(nb, ("layer", layer, "weight cast (recompute)")) for nb in cast_bytes.get(layer, [])]
+                out, saved = forward_block(ops, xin, True, ("layer", layer, "(recomputed)"))
+                st.free(out)      # the recomputed block's output is not needed again
+                casts = recasts
+            g = backward_block(ops, g, saved, layer, ("layer", layer), grads)
+            for k in casts:
+                st.free(k)
+            if xin is not None:
+                st.free(xin)
+        for layer in range(first_train):
+            st.free(keep[layer][0])
+        if embed_params:
+            for module, nb, dtype, numel, _shape in embed_params:
+                if arch.tie_word_embeddings and s.method == "full":
+                    tmp = st.alloc(nb, "embedding gradient (accumulated into the tied head's)")
+                    st.free(tmp)
+                else:
+                    grads.setdefault(("embed", 0), []).append(st.alloc(nb, (module, "grad")))
+        st.free(g)
+        # -- optimizer ------------------------------------------------------------------------
+        if not states_made:
+            _optimizer_states(st, s, ordered)
+            states_made = True
+        _optimizer_step(st, s, ordered)
+        for keys in grads.values():
+            for k in keys:
+                st.free(k)
+        st.events.append(("step_end", step, 0.0, ""))
+    st.free(ids)
+    return st.events
+
+
+def modelled(s: TrainingSetup) -> bool:
+    """Whether the event stream lays out this setup's step as it runs: transformers' loss on
+    full logits, no activation offloading, no optimizer in backward, one micro-batch per step,
+    transformers + PEFT (the stack the measurements used), no torch.compile."""
+    return (getattr(s, "loss", "standard") == "standard" and not getattr(s, "activation_offloading", False)
+            and not getattr(s, "optimizer_in_backward", False) and getattr(s, "stack", "hf") == "hf"
+            and s.grad_accum_steps == 1 and not getattr(s, "compile", False) and s.precision != "fp8")
+
+
+def _input_saved(ops: List[Tuple[Any, ...]]) -> bool:
+    return bool(ops) and ops[0][0] == "new" and ops[0][4]
+
+
+def _optimizer_states(st: _Stream, s: TrainingSetup, ordered: List[Tuple[Any, ...]]) -> None:
+    """States created on the first ``step()``, parameter by parameter (``_init_group``)."""
+    opt = s.optimizer
+    for module, nb, dtype, numel, shape in ordered:
+        if opt in ("adamw_8bit", "paged_adamw_8bit"):
+            if numel < BNB_8BIT_MIN_SIZE:
+                st.alloc(numel * 4, (module, "state1 (fp32)"))
+                st.alloc(numel * 4, (module, "state2 (fp32)"))
+            else:
+                blocks = -(-numel // BNB_8BIT_OPT_BLOCK)
+                st.alloc(numel, (module, "state1 (8-bit)"))
+                st.alloc(numel, (module, "state2 (8-bit)"))
+                st.alloc(blocks * 4, (module, "absmax1"))
+                st.alloc(blocks * 4, (module, "absmax2"))
+        elif opt == "adafactor":
+            if len(shape) >= 2:   # factored: one fp32 value per row and per column
+                st.alloc(numel // shape[-1] * 4, (module, "exp_avg_sq_row (fp32)"))
+                st.alloc(numel // shape[-2] * 4, (module, "exp_avg_sq_col (fp32)"))
+            else:
+                st.alloc(numel * 4, (module, "exp_avg_sq (fp32)"))
+        else:
+            for sd in _state_dtypes(s, dtype):
+                st.alloc(numel * DTYPE_BYTES[sd], f"{module} state ({sd})")
+
+
+def _optimizer_step(st: _Stream, s: TrainingSetup, ordered: List[Tuple[Any, ...]]) -> None:
+    """The temporaries of one ``step()``."""
+    opt = s.optimizer
+    if opt == "adamw":
+        # torch.optim.adamw._multi_tensor_adamw: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)
+        keys = [st.alloc(numel * DTYPE_BYTES[_state_dtypes(s, dtype)[1]], (module, "sqrt(exp_avg_sq)"))
+                for module, nb, dtype, numel, _shape in ordered]
+        for k in keys:
+            st.free(k)
+    elif opt == "adafactor":
+        # transformers' Adafactor.step: fp32 copies of grad and parameter, the update, per parameter
+        for module, nb, dtype, numel, _shape in ordered:
+            keys = []
+            if DTYPE_BYTES[dtype] < 4:
+                keys.append(st.alloc(numel * 4, (module, "grad as fp32")))
+                keys.append(st.alloc(numel * 4, (module, "parameter as fp32")))
+            keys.append(st.alloc(numel * 4, (module, "update")))
+            keys.append(st.alloc(numel * 4, (module, "update (normalised)")))
+            for k in keys:
+                st.free(k)
+
+
+# ----------------------------------------------------------------------------------
+# The replay behind Estimate.reserved_bytes
+# ----------------------------------------------------------------------------------
+
+_REPLAYS: Dict[Tuple[Any, ...], Any] = {}
+
+
+def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Optional[float] = None,
+                    record: bool = False) -> Any:
+    """Replay the caching allocator (``allocator.replay``, with the setup's ``allocator``
+    settings) over this setup's load + three training steps; cached per architecture and
+    setup when no capacity and no recording is asked for."""
+    key = (id(arch), s)
+    if capacity_bytes is None and not record:
+        hit = _REPLAYS.get(key)
+        if hit is not None and hit[0] is arch:
+            return hit[1]
+    res = replay(training_events(arch, s), parse_alloc_conf(s.allocator), capacity_bytes, record)
+    if capacity_bytes is None and not record:
+        if len(_REPLAYS) > 4096:
+            _REPLAYS.clear()
+        _REPLAYS[key] = (arch, res)
+    return res
+
+
+def reserved_bytes(arch: Architecture, s: TrainingSetup, peak: float) -> float:
+    """``max_memory_reserved()`` of the setup whose allocated peak the estimate puts at ``peak``:
+    the replay's own maximum where the event stream lays out the step (:func:`modelled`), else
+    the replay's cached free blocks at its peak added to ``peak``."""
+    r = replay_training(arch, s)
+    if modelled(s):
+        return max(float(r.max_reserved_bytes), float(peak))
+    return float(peak) + max(0.0, float(r.max_reserved_bytes - r.max_allocated_bytes))
+
+
+ALLOCATOR_REPLAY.update(replay=replay_training, reserved=reserved_bytes)
