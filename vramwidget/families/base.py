@@ -151,6 +151,6 @@ def family_for(mt: str) -> Family:
     """The family registered for ``mt``; a VramError listing the supported types otherwise."""
     fam = REGISTRY.get(resolve_model_type(mt)) or TOWERS.get(mt)
     if fam is None:
-        raise VramError(f"config: model_type {mt!r} is not supported; supported: "
+        raise VramError(f"config: model_type {shown(mt)} is not supported; supported: "
                         + ", ".join(supported_model_types()), field="model_type")
     return fam
