@@ -1,11 +1,6 @@
-"""Encoders trained as masked language models (``task="masked_lm"``).
+"""Encoders trained as masked language models (``task="masked_lm"``; BERT itself is
+:mod:`.bert`).
 
-* BERT (transformers ``models/bert/modeling_bert.py``, ``BertForMaskedLM``): word, position
-  and token-type embeddings + LayerNorm; post-LayerNorm blocks (``attention.self.query/
-  key/value``, ``attention.output.dense`` + LayerNorm, ``intermediate.dense`` (GELU),
-  ``output.dense`` + LayerNorm), all biased, dropout 0.1 on the attention probabilities and
-  after each projection; the MLM head ``cls.predictions.transform`` (dense + GELU +
-  LayerNorm) and a decoder tied to the word embeddings with its own bias.  No pooler.
 * ModernBERT (``models/modernbert/modeling_modernbert.py``, ``ModernBertForMaskedLM``):
   pre-norm blocks (no attention norm in layer 0) with bias-free LayerNorms, a fused
   ``attn.Wqkv``, RoPE, local (128-token) attention on all but every
@@ -22,97 +17,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .base import register
-from .blocks import _Builder, _get, _require, dropout, layer_norm, linear, sdpa_core
+from .blocks import _Builder, _get, _require, layer_norm, linear, sdpa_core
 from .gpt2 import GPT2
-
-
-@register
-class Bert(GPT2):
-    model_types = ("bert",)
-    task = "masked_lm"
-    tasks = ("masked_lm",)
-    gguf_arch = "bert"
-    names = ("query", "dense", "dense", "dense")
-    default_lora_targets = ("query", "key", "value", "dense")
-    softmax_fp32 = False
-    embd_dropout = False
-
-    def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
-        h = _require(cfg, "hidden size", "hidden_size")
-        L = _require(cfg, "number of layers", "num_hidden_layers")
-        a = _require(cfg, "attention heads", "num_attention_heads")
-        V = _require(cfg, "vocabulary size", "vocab_size")
-        i = _require(cfg, "MLP size", "intermediate_size")
-        npos = _require(cfg, "positions", "max_position_embeddings", default=512)
-        types = int(_get(cfg, "type_vocab_size", default=2) or 0)
-        b = _Builder(L)
-        E = "bert.embeddings."
-        b.top(E + "word_embeddings.weight", (V, h), "embedding", "word_embeddings")
-        b.top(E + "position_embeddings.weight", (npos, h), "position_embedding", "position_embeddings")
-        if types:
-            b.top(E + "token_type_embeddings.weight", (types, h), "position_embedding", "token_type_embeddings")
-        b.top(E + "LayerNorm.weight", (h,), "embedding_norm", "LayerNorm")
-        b.top(E + "LayerNorm.bias", (h,), "embedding_norm", "LayerNorm")
-        P = "bert.encoder.layer.{i}."
-        for nm, role in (("query", "attn_q"), ("key", "attn_k"), ("value", "attn_v")):
-            b.linear(P + "attention.self." + nm, h, h, role, bias=True)
-        b.linear(P + "attention.output.dense", h, h, "attn_o", bias=True)
-        b.norm(P + "attention.output.LayerNorm", h, bias=True)
-        b.linear(P + "intermediate.dense", i, h, "mlp_up", bias=True)
-        b.linear(P + "output.dense", h, i, "mlp_down", bias=True)
-        b.norm(P + "output.LayerNorm", h, bias=True)
-        H = "cls.predictions."
-        b.top(H + "bias", (V,), "output_head", "predictions")
-        b.top(H + "transform.dense.weight", (h, h), "output_head", "dense")
-        b.top(H + "transform.dense.bias", (h,), "output_head", "dense")
-        b.top(H + "transform.LayerNorm.weight", (h,), "output_head", "LayerNorm")
-        b.top(H + "transform.LayerNorm.bias", (h,), "output_head", "LayerNorm")
-        info = self.info(h, L, a, a, h // a, i, V, True, b)
-        return info
-
-    def resid_dropout(self, cfg: Mapping[str, Any]) -> float:
-        return float(_get(cfg, "hidden_dropout_prob", default=0.1) or 0.0)
-
-    def attn_dropout(self, cfg: Mapping[str, Any]) -> float:
-        return float(_get(cfg, "attention_probs_dropout_prob", default=0.1) or 0.0)
-
-    def qkv(self, tr: Any, ctx: Any, n1: Any) -> Tuple[Any, Any, Any]:
-        h = ctx.arch.hidden_size
-        return tuple(linear(tr, ctx, n1, nm, h, nm + " output", "attention") for nm in ("query", "key", "value"))
-
-    def composite_gelu(self, arch: Any) -> bool:
-        return False
-
-    def block(self, tr: Any, ctx: Any, x: Any) -> Any:
-        """Post-LayerNorm: attention -> dropout -> LayerNorm(x + .) -> MLP -> dropout -> LayerNorm(x1 + .)."""
-        arch = ctx.arch
-        h, a, d, i = arch.hidden_size, arch.num_heads, arch.head_dim, arch.intermediate_size
-        cfg = arch.config
-        p = self.resid_dropout(cfg)
-        q, k, v = self.qkv(tr, ctx, x)
-        o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=self.attn_dropout(cfg), softmax_fp32=False)
-        o = linear(tr, ctx, o_in, "dense", h, "attention output dense", "attention", in_features=a * d)
-        o = dropout(tr, o, p, "attention output", ctx.cpu)
-        s1 = tr.new("residual sum (attention)", x.numel, o.dtype, True, "T x h", "norms")
-        x1 = layer_norm(tr, ctx, s1, "attention.output.LayerNorm", h)
-        f = linear(tr, ctx, x1, "dense", i, "intermediate dense output", "mlp")
-        g = self.activation(tr, ctx, f, i)
-        m = linear(tr, ctx, g, "dense", h, "output dense", "mlp", in_features=i)
-        m = dropout(tr, m, p, "mlp output", ctx.cpu)
-        s2 = tr.new("residual sum (mlp)", x.numel, m.dtype, True, "T x h", "norms")
-        return layer_norm(tr, ctx, s2, "output.LayerNorm", h)
-
-    def final_norm(self, tr: Any, ctx: Any, x: Any) -> Any:
-        """The MLM head's transform: dense -> GELU -> LayerNorm (its input is the last block's output)."""
-        h = ctx.arch.hidden_size
-        t = linear(tr, ctx, x, "transform.dense", h, "head transform dense", "output head")
-        if t.rg:
-            tr.save(t)
-        g = tr.new("head GELU", t.numel, t.dtype, t.rg, "T x h", "output head")
-        return layer_norm(tr, ctx, g, "head LayerNorm", h, group="output head")
-
-    def inference_mlp(self, arch: Any, T: int, c: float) -> List[Tuple[str, float, str]]:
-        return [("fc output + activation", 2 * T * arch.intermediate_size * c, "2 x T x i")]
 
 
 @register

@@ -129,9 +129,13 @@ class T5(Family):
         if decoder:
             stack("decoder", Le, Ld, True)
             kinds.append(("decoder", Ld))
+        # generate()'s EncoderDecoderCache: each decoder layer keeps its self-attention keys and
+        # values (a x d_kv each per decoder token) and the cross-attention keys and values of the
+        # encoder output (the same per encoder token); with the encoder input as long as the
+        # context, that is 2 x num_decoder_layers layers' worth per token.  The encoder keeps none.
         return dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=a, head_dim=d, intermediate_size=i,
                     vocab_size=V, tie_word_embeddings=True, tensors=b.tensors, mlp_kind=self.mlp_kind,
-                    norm_kind=self.norm_kind, layer_kinds=kinds, kv_cache_layers=Ld if decoder else 0,
+                    norm_kind=self.norm_kind, layer_kinds=kinds, kv_cache_layers=2 * Ld if decoder else 0,
                     task=task)
 
     def notes(self, arch: Any) -> List[str]:
@@ -139,6 +143,9 @@ class T5(Family):
                "batch x seq_len decoder tokens)",
                "T5: lm_head is tied to the shared embedding (transformers 5 forces tie_word_embeddings=True; "
                "the config's false only turns off the d_model^-0.5 decoder-output scaling)"]
+        out.append("T5 inference: the KV cache is each decoder layer's self-attention keys/values plus the "
+                   "cross-attention keys/values of the encoder output, the encoder input taken as long as the "
+                   "context (2 x num_decoder_layers layers' worth per token); the encoder keeps none")
         if arch.task == "encoder":
             out.append("T5: task='encoder' counts T5EncoderModel (no decoder, no LM head); the head and loss "
                        "of the estimate stand for whatever the encoder feeds")
