@@ -44,6 +44,10 @@ CASES = [
     ("t5:encoder", "bf16", "lora", "eager"), ("t5:decoder", "bf16", "full", "eager"),
     ("t5:decoder", "fp32", "full", "eager"), ("t5:decoder", "bf16", "lora", "eager"),
     ("t5:decoder_v1", "bf16", "full", "eager"), ("t5:decoder_v1", "bf16", "lora", "eager"),
+    # BERT (post-LN): SDPA without dropout (CPU SDPA has no dropout kernel), eager with it
+    ("bert", "bf16", "full", "sdpa"), ("bert", "fp32", "full", "eager"), ("bert", "bf16", "lora", "sdpa"),
+    ("bert:dropout", "bf16", "full", "eager"), ("bert:dropout", "bf16", "lora", "eager"),
+    ("modernbert", "bf16", "full", "eager"), ("modernbert", "fp32", "full", "eager"),
 ]
 
 

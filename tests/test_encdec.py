@@ -86,3 +86,52 @@ def test_task_encoder_has_no_decoder_layers():
     assert arch.num_layers == 12
     with pytest.raises(vw.VramError, match="task"):
         vw.estimate("flan-t5-base", task="causal_lm")
+
+
+def test_t5_kv_cache_holds_self_and_cross_attention():
+    """generate()'s EncoderDecoderCache: per decoder layer, self-attention k/v of the decoder
+    tokens and cross-attention k/v of the encoder output (a x d_kv each per token); with the
+    encoder input as long as the context that is 2 x 2 x L_dec x a x d_kv x 2 B per token."""
+    from vramwidget.inference import kv_cache_bytes
+    # flan-t5-xl: 24 decoder layers, 32 heads x d_kv 64
+    assert kv_cache_bytes("flan-t5-xl", 512, batch_size=4) == 4 * 512 * (2 * 24) * 2 * 32 * 64 * 2
+    assert kv_cache_bytes("flan-t5-xl", 512) == 2 * kv_cache_bytes("flan-t5-xl", 256)
+
+
+# ----------------------------------------------------------------------------------
+# Encoders: BERT (BertForMaskedLM)
+# ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["bert-base-uncased", "bert-large-uncased"])
+def test_bert_estimate_counts_bert_for_masked_lm(name):
+    from vramwidget.presets import get
+    cfg = dict(get(name)["config"])
+    est = vw.estimate(cfg, batch_size=2, seq_len=128)
+    # recorded with transformers 5.23 (AutoModelForMaskedLM on meta): the published 110M / 340M
+    assert from_config(cfg).params_total == RECORD[name]["params_total"]
+    assert RECORD[name]["model_class"] == "BertForMaskedLM"
+    df = est.to_dataframe()
+    assert df[df["component"] == "weights"]["bytes"].sum() == 2 * RECORD[name]["params_total"]
+
+
+def test_bert_live_meta_count():
+    cfg = dict(model_type="bert", hidden_size=96, intermediate_size=200, num_hidden_layers=3, num_attention_heads=4,
+               vocab_size=333, max_position_embeddings=70, type_vocab_size=1)
+    assert from_config(cfg).params_total == _meta_count(cfg, "AutoModelForMaskedLM")
+
+
+def test_bert_mlm_logits_cover_every_position_without_upcast():
+    """BertForMaskedLM.forward: prediction_scores = cls(sequence_output) for all b x s
+    positions; CrossEntropyLoss on them as they are (bf16 here)."""
+    est = vw.estimate("bert-base-uncased", batch_size=8, seq_len=512)
+    df = est.to_dataframe()
+    ls = df[df["tensor"].str.startswith("log_softmax output")]["bytes"]
+    assert len(ls) >= 1 and (ls == 8 * 512 * 30522 * 2).all()
+    assert not df["tensor"].str.contains("upcast").any()
+
+
+def test_encoder_has_no_kv_cache():
+    from vramwidget.inference import kv_cache_bytes
+    assert kv_cache_bytes("bert-base-uncased", 512, batch_size=4) == 0
+    est = vw.estimate_inference("bert-base-uncased", batch_size=4, context_len=512)
+    assert "kv cache" not in set(est.to_dataframe()["component"])

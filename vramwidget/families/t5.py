@@ -60,6 +60,7 @@ class T5(Family):
         return self.params_for_task(cfg, mt, self.task)
 
     def gated(self, cfg: Mapping[str, Any]) -> bool:
+        """The MLP is gated (``feed_forward_proj`` gated-*)."""
         proj = str(cfg.get("feed_forward_proj") or "relu")
         return proj.split("-")[0] == "gated"
 
@@ -69,6 +70,7 @@ class T5(Family):
         return "gelu_new" if proj == "gated-gelu" else proj.split("-")[-1]
 
     def composite_gelu(self, arch: Any) -> bool:
+        """The activation is the tanh-composite GELU."""
         return self.act_name(arch.config) in ("gelu_new", "gelu_fast")
 
     def params_for_task(self, cfg: Mapping[str, Any], mt: str, task: str) -> Dict[str, Any]:
@@ -127,9 +129,13 @@ class T5(Family):
         if decoder:
             stack("decoder", Le, Ld, True)
             kinds.append(("decoder", Ld))
+        # generate()'s EncoderDecoderCache: each decoder layer keeps its self-attention keys and
+        # values (a x d_kv each per decoder token) and the cross-attention keys and values of the
+        # encoder output (the same per encoder token); with the encoder input as long as the
+        # context, that is 2 x num_decoder_layers layers' worth per token.  The encoder keeps none.
         return dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=a, head_dim=d, intermediate_size=i,
                     vocab_size=V, tie_word_embeddings=True, tensors=b.tensors, mlp_kind=self.mlp_kind,
-                    norm_kind=self.norm_kind, layer_kinds=kinds, kv_cache_layers=Ld if decoder else 0,
+                    norm_kind=self.norm_kind, layer_kinds=kinds, kv_cache_layers=2 * Ld if decoder else 0,
                     task=task)
 
     def notes(self, arch: Any) -> List[str]:
@@ -137,6 +143,9 @@ class T5(Family):
                "batch x seq_len decoder tokens)",
                "T5: lm_head is tied to the shared embedding (transformers 5 forces tie_word_embeddings=True; "
                "the config's false only turns off the d_model^-0.5 decoder-output scaling)"]
+        out.append("T5 inference: the KV cache is each decoder layer's self-attention keys/values plus the "
+                   "cross-attention keys/values of the encoder output, the encoder input taken as long as the "
+                   "context (2 x num_decoder_layers layers' worth per token); the encoder keeps none")
         if arch.task == "encoder":
             out.append("T5: task='encoder' counts T5EncoderModel (no decoder, no LM head); the head and loss "
                        "of the estimate stand for whatever the encoder feeds")
@@ -144,6 +153,7 @@ class T5(Family):
 
     # -- training trace -----------------------------------------------------------------
     def dropout_p(self, cfg: Mapping[str, Any]) -> float:
+        """``dropout_rate`` (0.1 by default)."""
         return float(cfg.get("dropout_rate", 0.1) or 0.0)
 
     def norm(self, tr: Any, ctx: Any, x: Any, name: str, group: str = "norms") -> Any:
@@ -156,6 +166,7 @@ class T5(Family):
         return out
 
     def attention(self, tr: Any, ctx: Any, n: Any, kv_in: Any, prefix: str, cross: bool) -> Any:
+        """Self- or cross-attention with the position bias; dropout after ``o``."""
         arch, T = ctx.arch, ctx.T
         a, d, h = arch.num_heads, arch.head_dim, arch.hidden_size
         q = linear(tr, ctx, n, "q", a * d, prefix + "q output", "attention")
@@ -195,6 +206,7 @@ class T5(Family):
         return residual(tr, x1, m, "block output")
 
     def mlp(self, tr: Any, ctx: Any, n: Any) -> Any:
+        """DenseReluDense (gated or not) with its dropouts and the fp32 ``wo``."""
         arch = ctx.arch
         i, h = arch.intermediate_size, arch.hidden_size
         p = self.dropout_p(arch.config)
