@@ -55,7 +55,12 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
         ``gradient_checkpointing``, ``attn_implementation``, ``batch_size``, ``seq_len``,
         ``grad_accum_steps``, ``lora_r``, ``lora_alpha``, ``lora_dropout``,
         ``lora_targets``, ``trainable_layers``, ``tf32``, ``backend`` ("auto": analytic where
-        the model's family is modelled, else traced; "analytic"; "trace": see ``vramwidget.trace``).
+        the model's family is modelled, else traced; "analytic"; "trace": see ``vramwidget.trace``),
+        and the knobs of training stacks: ``stack`` (hf, axolotl, torchtune, litgpt, unsloth:
+        their defaults, vramwidget/stacks.py), ``loss`` (standard, chunked + ``loss_chunks``,
+        liger), ``activation_offloading``, ``optimizer_in_backward``, ``compile``,
+        ``lora_variant`` (lora, dora), ``modules_to_save``, ``galore_rank``, ``packing`` and
+        ``versions`` ({"bitsandbytes": "0.41.1", "transformers": "4.40", "peft": "0.10"}).
     gpu:
         A catalogue GPU name (``"H100 80GB"``): the estimate then also gives the step time
         (``step_seconds``, ``tokens_per_second``, ``mfu``, ``time_breakdown``, ``run_cost``).
@@ -70,7 +75,7 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
     if s.backend == "trace":
         from .trace import estimate_traced
 
-        return estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
+        return estimate_traced(model, s, _cuda_accounting(), task=task).set_gpu(gpu)
     try:
         arch = load(model, task=task)
     except VramError as e:
@@ -81,7 +86,7 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
 
         if not trace.available():
             raise VramError(f"{e} (or trace it: {trace.INSTALL_HINT})", field="model_type") from None
-        return trace.estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
+        return trace.estimate_traced(model, s, _cuda_accounting(), task=task).set_gpu(gpu)
     est = estimate_setup(arch, s, gpu=gpu)
     check_physical(est, arch, s)
     return est
@@ -1150,8 +1155,11 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                                                   formula="16-bit weight copies still saved for backward")])
 
         def work_part() -> List[Node]:
-            return [Node("activations", children=[Node("backward working buffers", bytes=A.transient_layer_bytes,
-                                                       formula="2 x T x i + T x h gradient buffers of one layer")]),
+            return [Node("activations", children=[
+                Node("backward working buffers", bytes=A.transient_layer_bytes,
+                     formula="2 x T x i + T x h gradient buffers of one layer"),
+                Node("DoRA weight-norm working set (recomputed layer)", bytes=dora_tmp if gc else 0.0,
+                     formula="in x in identity + in x r + 4 x out x in (adapter dtype), largest adapted module")]),
                     _deq_node(deq)]
 
         recomputed = Node("recomputed layer (checkpointing)", bytes=recompute,
