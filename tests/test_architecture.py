@@ -246,6 +246,9 @@ TINY_CONFIGS = {
     "mt5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=3, num_heads=4, vocab_size=100),
     "bert": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=100,
                  max_position_embeddings=40, type_vocab_size=3),
+    "modernbert": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, vocab_size=100,
+                       pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+                       norm_bias=True, decoder_bias=False),
     "umt5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=3, num_heads=4, vocab_size=100,
                  feed_forward_proj="gated-gelu"),
 }

@@ -89,6 +89,9 @@ TINY.update({
                           feed_forward_proj="relu", dropout_rate=0.1, decoder_start_token_id=0),
     "bert": dict(hidden_size=256, intermediate_size=1024, num_attention_heads=8, vocab_size=512,
                  max_position_embeddings=64, attention_probs_dropout_prob=0.0),  # CPU SDPA has no dropout kernel
+    "modernbert": dict(hidden_size=256, intermediate_size=384, num_attention_heads=4, vocab_size=512,
+                       local_attention=16, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                       sep_token_id=2),
     "bert:dropout": dict(hidden_size=256, intermediate_size=1024, num_attention_heads=8, vocab_size=512,
                          max_position_embeddings=64),
 })
@@ -96,7 +99,7 @@ TINY.update({
 LAYER_KEY = {"gpt2": "n_layer", "t5:encoder": "num_layers", "t5:decoder": "num_decoder_layers",
              "t5:decoder_v1": "num_decoder_layers"}
 #: the kind of block a variant checks (Architecture.layer_kinds), when it is one kind of a mixed stack
-KIND = {"t5:encoder": "encoder", "t5:decoder": "decoder", "t5:decoder_v1": "decoder"}
+KIND = {"modernbert": "layer", "t5:encoder": "encoder", "t5:decoder": "decoder", "t5:decoder_v1": "decoder"}
 
 #: the transformers Auto class of each vramwidget task
 AUTO_CLASS = {"causal_lm": "AutoModelForCausalLM", "image_text_to_text": "AutoModelForImageTextToText",
