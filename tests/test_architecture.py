@@ -46,7 +46,8 @@ def test_params_total_equals_transformers(key, param_counts):
                                  "gemma-2-2b", "opt-1.3b", "bloom-7b1", "falcon-7b", "qwen1.5-moe-a2.7b",
                                  "olmoe-1b-7b", "pythia-1b", "qwen3-8b", "gpt-oss-20b",
                                  "llama-4-scout-17b-16e", "glm-4.5-air", "lfm2-1.2b",
-                                 "gemma-3-4b-vision", "mistral-small-3.2-24b"])
+                                 "gemma-3-4b-vision", "mistral-small-3.2-24b", "modernbert-base",
+                                 "bert-base-uncased"])
 def test_tensor_shapes_equal_transformers(key, param_counts):
     """Every tensor: the same name pattern, shape and number of instances as transformers."""
     arch = _arch_for(key)
@@ -246,11 +247,11 @@ TINY_CONFIGS = {
     "mt5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=3, num_heads=4, vocab_size=100),
     "bert": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=100,
                  max_position_embeddings=40, type_vocab_size=3),
-    "modernbert": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, vocab_size=100,
-                       pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
-                       norm_bias=True, decoder_bias=False),
     "umt5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=3, num_heads=4, vocab_size=100,
                  feed_forward_proj="gated-gelu"),
+    "modernbert": dict(num_hidden_layers=3, hidden_size=64, intermediate_size=96, num_attention_heads=4, vocab_size=100,
+                       global_attn_every_n_layers=3, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                       sep_token_id=2),
 }
 
 #: the transformers Auto class of each task vramwidget counts

@@ -71,6 +71,9 @@ TINY: Dict[str, Dict[str, Any]] = {
                  layer_types=["conv"] * 4, block_multiple_of=64),
     "lfm2:attention": dict(hidden_size=256, intermediate_size=768, num_attention_heads=8, num_key_value_heads=2,
                            vocab_size=512, layer_types=["full_attention"] * 4, block_multiple_of=64),
+    "modernbert": dict(hidden_size=256, intermediate_size=384, num_attention_heads=8, vocab_size=512,
+                       global_attn_every_n_layers=1, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                       sep_token_id=2),
     "llama4_text:nope_dense": dict(hidden_size=256, intermediate_size=128, intermediate_size_mlp=384,
                                    num_attention_heads=8, num_key_value_heads=2, head_dim=32, num_local_experts=4,
                                    num_experts_per_tok=1, vocab_size=512, no_rope_layers=[0, 0, 0, 0],
@@ -89,9 +92,6 @@ TINY.update({
                           feed_forward_proj="relu", dropout_rate=0.1, decoder_start_token_id=0),
     "bert": dict(hidden_size=256, intermediate_size=1024, num_attention_heads=8, vocab_size=512,
                  max_position_embeddings=64, attention_probs_dropout_prob=0.0),  # CPU SDPA has no dropout kernel
-    "modernbert": dict(hidden_size=256, intermediate_size=384, num_attention_heads=4, vocab_size=512,
-                       local_attention=16, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
-                       sep_token_id=2),
     "bert:dropout": dict(hidden_size=256, intermediate_size=1024, num_attention_heads=8, vocab_size=512,
                          max_position_embeddings=64),
 })

@@ -55,7 +55,12 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
         ``gradient_checkpointing``, ``attn_implementation``, ``batch_size``, ``seq_len``,
         ``grad_accum_steps``, ``lora_r``, ``lora_alpha``, ``lora_dropout``,
         ``lora_targets``, ``trainable_layers``, ``tf32``, ``backend`` ("auto": analytic where
-        the model's family is modelled, else traced; "analytic"; "trace": see ``vramwidget.trace``).
+        the model's family is modelled, else traced; "analytic"; "trace": see ``vramwidget.trace``),
+        and the knobs of training stacks: ``stack`` (hf, axolotl, torchtune, litgpt, unsloth:
+        their defaults, vramwidget/stacks.py), ``loss`` (standard, chunked + ``loss_chunks``,
+        liger), ``activation_offloading``, ``optimizer_in_backward``, ``compile``,
+        ``lora_variant`` (lora, dora), ``modules_to_save``, ``galore_rank``, ``packing`` and
+        ``versions`` ({"bitsandbytes": "0.41.1", "transformers": "4.40", "peft": "0.10"}).
     gpu:
         A catalogue GPU name (``"H100 80GB"``): the estimate then also gives the step time
         (``step_seconds``, ``tokens_per_second``, ``mfu``, ``time_breakdown``, ``run_cost``).

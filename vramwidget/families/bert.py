@@ -83,12 +83,15 @@ class Bert(Family):
 
     # -- training trace -----------------------------------------------------------------
     def hidden_dropout(self, cfg: Mapping[str, Any]) -> float:
+        """``hidden_dropout_prob`` (0.1 by default)."""
         return float(_get(cfg, "hidden_dropout_prob", default=0.1) or 0.0)
 
     def act_name(self, cfg: Mapping[str, Any]) -> str:
+        """The MLP's activation function name (``hidden_act``)."""
         return str(cfg.get("hidden_act") or "gelu")
 
     def composite_gelu(self, arch: Any) -> bool:
+        """The activation is a Python composite GELU."""
         return self.act_name(arch.config) in ("gelu_new", "gelu_fast")
 
     def block(self, tr: Any, ctx: Any, x: Any) -> Any:

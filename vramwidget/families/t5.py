@@ -60,6 +60,7 @@ class T5(Family):
         return self.params_for_task(cfg, mt, self.task)
 
     def gated(self, cfg: Mapping[str, Any]) -> bool:
+        """The MLP is gated (``feed_forward_proj`` gated-*)."""
         proj = str(cfg.get("feed_forward_proj") or "relu")
         return proj.split("-")[0] == "gated"
 
@@ -69,6 +70,7 @@ class T5(Family):
         return "gelu_new" if proj == "gated-gelu" else proj.split("-")[-1]
 
     def composite_gelu(self, arch: Any) -> bool:
+        """The activation is the tanh-composite GELU."""
         return self.act_name(arch.config) in ("gelu_new", "gelu_fast")
 
     def params_for_task(self, cfg: Mapping[str, Any], mt: str, task: str) -> Dict[str, Any]:
@@ -151,6 +153,7 @@ class T5(Family):
 
     # -- training trace -----------------------------------------------------------------
     def dropout_p(self, cfg: Mapping[str, Any]) -> float:
+        """``dropout_rate`` (0.1 by default)."""
         return float(cfg.get("dropout_rate", 0.1) or 0.0)
 
     def norm(self, tr: Any, ctx: Any, x: Any, name: str, group: str = "norms") -> Any:
@@ -163,6 +166,7 @@ class T5(Family):
         return out
 
     def attention(self, tr: Any, ctx: Any, n: Any, kv_in: Any, prefix: str, cross: bool) -> Any:
+        """Self- or cross-attention with the position bias; dropout after ``o``."""
         arch, T = ctx.arch, ctx.T
         a, d, h = arch.num_heads, arch.head_dim, arch.hidden_size
         q = linear(tr, ctx, n, "q", a * d, prefix + "q output", "attention")
@@ -202,6 +206,7 @@ class T5(Family):
         return residual(tr, x1, m, "block output")
 
     def mlp(self, tr: Any, ctx: Any, n: Any) -> Any:
+        """DenseReluDense (gated or not) with its dropouts and the fp32 ``wo``."""
         arch = ctx.arch
         i, h = arch.intermediate_size, arch.hidden_size
         p = self.dropout_p(arch.config)

@@ -1,4 +1,7 @@
-"""ModernBERT: a pre-LayerNorm encoder with RoPE, GeGLU and alternating global/local
+"""Encoders trained as masked language models (``task="masked_lm"``; BERT itself is
+:mod:`.bert`).
+
+ModernBERT: a pre-LayerNorm encoder with RoPE, GeGLU and alternating global/local
 attention, counted as ``ModernBertForMaskedLM``.
 
 Parameters (transformers ``models/modernbert/modeling_modernbert.py``):
@@ -73,8 +76,11 @@ class ModernBert(Family):
         b.norm("head.norm", h, bias=nb, per_layer=False, role="output_head")
         if _get(cfg, "decoder_bias", default=True):
             b.top("decoder.bias", (V,), "output_head", "decoder")
+        tied = bool(_get(cfg, "tie_word_embeddings", default=True))
+        if not tied:
+            b.top("decoder.weight", (V, h), "output_head", "decoder")
         info: Dict[str, Any] = dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=a, head_dim=h // a,
-                                    intermediate_size=i, vocab_size=V, tie_word_embeddings=True, tensors=b.tensors,
+                                    intermediate_size=i, vocab_size=V, tie_word_embeddings=tied, tensors=b.tensors,
                                     mlp_kind=self.mlp_kind, norm_kind=self.norm_kind, kv_cache_layers=0,
                                     layer_kinds=[("first (no attn_norm)", 1)] + ([("layer", L - 1)] if L > 1 else []))
         # the local layers only mask a window (the saved tensors do not change) and an encoder
