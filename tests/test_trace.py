@@ -78,7 +78,7 @@ def test_profile_equals_an_exact_trace_at_another_size(b0, b1):
     prof = P.profile_for(cfg, s0)   # traces (b0, 256) and (b0 + 1 or 1, 512)
     assert prof.size_fns is not None
     s1 = s0.replace(batch_size=b1, seq_len=200)
-    exact = P._trace(cfg, s1, "causal-lm")
+    exact = P._trace(cfg, s1, "causal_lm")
     direct = phases_from_log(exact.allocs, exact.marks, [cuda_rounded(a.nbytes) for a in exact.allocs], 0)[0]
     replayed = phases_from_log(prof.base.allocs, prof.base.marks, prof.sizes(b1, 200), 0)[0]
     assert replayed == direct

@@ -75,7 +75,7 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
     if s.backend == "trace":
         from .trace import estimate_traced
 
-        return estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
+        return estimate_traced(model, s, _cuda_accounting(), task=task).set_gpu(gpu)
     try:
         arch = load(model, task=task)
     except VramError as e:
@@ -86,7 +86,7 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
 
         if not trace.available():
             raise VramError(f"{e} (or trace it: {trace.INSTALL_HINT})", field="model_type") from None
-        return trace.estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
+        return trace.estimate_traced(model, s, _cuda_accounting(), task=task).set_gpu(gpu)
     est = estimate_setup(arch, s, gpu=gpu)
     check_physical(est, arch, s)
     return est

@@ -120,6 +120,14 @@ def _check_setup(s: TrainingSetup) -> None:
                         field="precision")
 
 
+def _encoder_decoder(config: Mapping[str, Any]) -> bool:
+    if "is_encoder_decoder" in config:
+        return bool(config["is_encoder_decoder"])
+    from transformers import AutoConfig
+
+    return bool(getattr(AutoConfig.for_model(config["model_type"]), "is_encoder_decoder", False))
+
+
 def _key(config: Mapping[str, Any], s: TrainingSetup, task: str) -> str:
     return json.dumps([config, s.to_dict(), task], sort_keys=True, default=str)
 
@@ -127,7 +135,11 @@ def _key(config: Mapping[str, Any], s: TrainingSetup, task: str) -> str:
 _CACHE: Dict[str, Estimate] = {}
 
 
-def estimate_traced(model: Any, s: TrainingSetup, cuda: Any, *, task: str = "causal-lm") -> Estimate:
+#: the model class a trace builds for each task (the names the analytic families use)
+TASKS = ("causal_lm", "seq2seq_lm", "masked_lm")
+
+
+def estimate_traced(model: Any, s: TrainingSetup, cuda: Any, *, task: Optional[str] = None) -> Estimate:
     """The Estimate of one training step of ``model`` under ``s``, traced (see the module docstring).
 
     ``cuda`` is :class:`~vramwidget.trace.assemble.CudaAccounting` (estimate.py makes it:
@@ -142,6 +154,10 @@ def estimate_traced(model: Any, s: TrainingSetup, cuda: Any, *, task: str = "cau
     why = refusal(config)
     if why:
         raise VramError(why, field="model")
+    if task is None:   # the class a user fine-tunes: seq2seq LM for encoder-decoders, else causal LM
+        task = "seq2seq_lm" if _encoder_decoder(config) else "causal_lm"
+    if task not in TASKS:
+        raise VramError(f"task: the trace backend builds {', '.join(TASKS)}; got {task!r}", field="task")
     if s.trains_adapters and not s.lora_targets:
         s = s.replace(lora_targets=default_lora_targets(config))
     from . import profile

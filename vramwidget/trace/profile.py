@@ -177,7 +177,7 @@ def _trace(config: Mapping[str, Any], s: TrainingSetup, task: str) -> _Trace:
     return tr
 
 
-def profile_for(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal-lm",
+def profile_for(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal_lm",
                 other: Optional[Tuple[int, int]] = None) -> Profile:
     """The size profile of this model and setup: two traces (cached), then any size is a replay.
 
@@ -203,7 +203,7 @@ def profile_for(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal
     return prof
 
 
-def cached_profile(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal-lm") -> Optional[Profile]:
+def cached_profile(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal_lm") -> Optional[Profile]:
     """The profile if one is already built (never traces)."""
     with _LOCK:
         return _PROFILES.get(_key(config, s, task, False))
@@ -221,7 +221,7 @@ def _traced_sizes(config: Mapping[str, Any], s: TrainingSetup, task: str) -> Lis
 
 
 def estimate(name: str, config: Mapping[str, Any], s: TrainingSetup, cuda: "CudaAccounting",
-             task: str = "causal-lm") -> Estimate:
+             task: str = "causal_lm") -> Estimate:
     """The traced Estimate.
 
     The first size of a model and setup is traced as asked (one trace); from the second

@@ -102,12 +102,12 @@ def _optimizer(name: str, params: List[torch.nn.Parameter]):
 def _model_class(task: str):
     import transformers
 
-    name = {"causal-lm": "AutoModelForCausalLM", "seq2seq-lm": "AutoModelForSeq2SeqLM",
-            "masked-lm": "AutoModelForMaskedLM", "image-text-to-text": "AutoModelForImageTextToText"}[task]
+    name = {"causal_lm": "AutoModelForCausalLM", "seq2seq_lm": "AutoModelForSeq2SeqLM",
+            "masked_lm": "AutoModelForMaskedLM"}[task]
     return getattr(transformers, name)
 
 
-def build_model(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal-lm",
+def build_model(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal_lm",
                 notes: Optional[List[str]] = None):
     """The model as measure.py builds it, on fake CPU tensors (call under FakeTensorMode)."""
     notes = notes if notes is not None else []
@@ -158,7 +158,7 @@ def _peft_wrap(model, s: TrainingSetup):
     return model
 
 
-def trace_step(config: Mapping[str, Any], s: TrainingSetup, *, task: str = "causal-lm") -> StepLog:
+def trace_step(config: Mapping[str, Any], s: TrainingSetup, *, task: str = "causal_lm") -> StepLog:
     """Run one training step of ``config`` under ``s`` on fake tensors and label every allocation."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
