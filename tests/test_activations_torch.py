@@ -38,6 +38,16 @@ CASES = [
     ("glm4_moe", "bf16", "full", "sdpa"), ("glm4_moe", "fp32", "full", "eager"),
     ("lfm2", "bf16", "full", "sdpa"), ("lfm2", "fp32", "full", "sdpa"), ("lfm2", "bf16", "lora", "sdpa"),
     ("lfm2:attention", "bf16", "full", "sdpa"), ("lfm2:attention", "bf16", "lora", "eager"),
+    # T5: each stack's block by itself (eager attention: CPU SDPA with T5's position-bias mask
+    # falls back to a kernel that keeps the scores, which the CUDA memory-efficient kernel does not)
+    ("t5:encoder", "bf16", "full", "eager"), ("t5:encoder", "fp32", "full", "eager"),
+    ("t5:encoder", "bf16", "lora", "eager"), ("t5:decoder", "bf16", "full", "eager"),
+    ("t5:decoder", "fp32", "full", "eager"), ("t5:decoder", "bf16", "lora", "eager"),
+    ("t5:decoder_v1", "bf16", "full", "eager"), ("t5:decoder_v1", "bf16", "lora", "eager"),
+    # BERT (post-LN): SDPA without dropout (CPU SDPA has no dropout kernel), eager with it
+    ("bert", "bf16", "full", "sdpa"), ("bert", "fp32", "full", "eager"), ("bert", "bf16", "lora", "sdpa"),
+    ("bert:dropout", "bf16", "full", "eager"), ("bert:dropout", "bf16", "lora", "eager"),
+    ("modernbert", "bf16", "full", "eager"), ("modernbert", "fp32", "full", "eager"),
 ]
 
 

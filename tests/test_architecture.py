@@ -12,6 +12,7 @@ import pytest
 from vramwidget import architecture as A
 from vramwidget import presets
 from vramwidget.validate import BUILTIN_CASES, load_cases
+from vramwidget.errors import VramError
 
 
 def _validation_configs():
@@ -45,7 +46,8 @@ def test_params_total_equals_transformers(key, param_counts):
                                  "gemma-2-2b", "opt-1.3b", "bloom-7b1", "falcon-7b", "qwen1.5-moe-a2.7b",
                                  "olmoe-1b-7b", "pythia-1b", "qwen3-8b", "gpt-oss-20b",
                                  "llama-4-scout-17b-16e", "glm-4.5-air", "lfm2-1.2b",
-                                 "gemma-3-4b-vision", "mistral-small-3.2-24b"])
+                                 "gemma-3-4b-vision", "mistral-small-3.2-24b", "modernbert-base",
+                                 "bert-base-uncased"])
 def test_tensor_shapes_equal_transformers(key, param_counts):
     """Every tensor: the same name pattern, shape and number of instances as transformers."""
     arch = _arch_for(key)
@@ -239,6 +241,21 @@ TINY_CONFIGS = {
                                         num_key_value_heads=2, vocab_size=300, bos_token_id=0, eos_token_id=0),
                        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=64,
                                           fullatt_block_indexes=[1])),
+    # encoder-decoders (T5ForConditionalGeneration & co.: AutoModelForSeq2SeqLM)
+    "t5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=3, num_heads=4, vocab_size=100,
+               feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+    "mt5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=3, num_heads=4, vocab_size=100),
+    "bert": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=100,
+                 max_position_embeddings=40, type_vocab_size=3),
+    "umt5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=3, num_heads=4, vocab_size=100,
+                 feed_forward_proj="gated-gelu"),
+    "qwen3_next": dict(num_hidden_layers=4, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=32, num_experts=4, head_dim=16, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=100, linear_num_value_heads=4, linear_num_key_heads=2,
+                       linear_key_head_dim=16, linear_value_head_dim=16),
+    "modernbert": dict(num_hidden_layers=3, hidden_size=64, intermediate_size=96, num_attention_heads=4, vocab_size=100,
+                       global_attn_every_n_layers=3, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                       sep_token_id=2),
 }
 
 #: the transformers Auto class of each task vramwidget counts
@@ -260,3 +277,21 @@ def test_tiny_config_counts_equal_transformers_live(model_type):
     with torch.device("meta"):
         model = getattr(transformers, AUTO_CLASS[arch.task]).from_config(conf)
     assert arch.params_total == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("model_type,task,cls", [("t5", "encoder", "T5EncoderModel"), ("t5", "seq2seq_lm", "T5ForConditionalGeneration"),
+                                                 ("mt5", "encoder", "MT5EncoderModel"),
+                                                 ("umt5", "encoder", "UMT5EncoderModel")])
+def test_task_keyword_counts_that_model_class(model_type, task, cls):
+    """``task`` picks the transformers class counted: T5EncoderModel is shared + the encoder
+    (no decoder, no head), built by transformers on the meta device."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    conf = transformers.AutoConfig.for_model(model_type, **TINY_CONFIGS[model_type])
+    arch = A.from_config(conf.to_dict(), task=task)
+    with torch.device("meta"):
+        model = getattr(transformers, cls)(conf)
+    assert arch.task == task
+    assert arch.params_total == sum(p.numel() for p in model.parameters())
+    with pytest.raises(VramError, match="task"):
+        A.from_config(conf.to_dict(), task="masked_lm")

@@ -364,8 +364,8 @@ def _config(tmp_path, name, cfg=None, text=None):
 ERROR_CASES = {
     # id: (argv builder, substrings the one line must contain)
     "unknown preset": (lambda t: ["estimate", "lama-2-7b"], ["unknown preset 'lama-2-7b'", "llama-2-7b"]),
-    "unsupported model_type": (lambda t: ["estimate", _config(t, "t5.json", {**LLAMA, "model_type": "t5"})],
-                               ["'t5' is not supported", "llama", "mistral", "gpt2", "qwen2"]),
+    "unsupported model_type": (lambda t: ["estimate", _config(t, "xlnet.json", {**LLAMA, "model_type": "xlnet"})],
+                               ["'xlnet' is not supported", "llama", "mistral", "gpt2", "qwen2"]),
     "missing hidden_size": (lambda t: ["estimate", _config(t, "c.json", {k: v for k, v in LLAMA.items()
                                                                          if k != "hidden_size"})],
                             ["missing field 'hidden_size'"]),

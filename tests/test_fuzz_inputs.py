@@ -318,3 +318,19 @@ def test_fit_says_why_no_gpu_count_fits(capsys):
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("fewest GPUs"))
     assert " -" not in line
     assert "no count up to 4,096 GPUs fits with ddp (every GPU keeps a whole replica)" in line
+
+
+@pytest.mark.parametrize("argv", [
+    ["estimate", "a" * 100_000],
+    ["estimate", "gpt2", "--batch-size", "9" * 5000],          # int() of 5,000 digits raises ValueError
+    ["estimate", "gpt2", "--batch-size", "abc" + "x" * 5000],
+    ["estimate", "gpt2", "--method", "x" * 5000],
+    ["estimate", "gpt2", "--seq-len", "1e30"],
+    ["fit", "gpt2", "--gpu", "RTX 9999" * 1000],
+])
+def test_cli_hostile_values_give_one_short_line(argv, capsys):
+    from vramwidget.cli import main
+
+    assert main(argv) == 2
+    err_text = capsys.readouterr().err
+    assert err_text.count("\n") == 1 and len(err_text) < 400, err_text[:400]

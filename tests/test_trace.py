@@ -69,17 +69,32 @@ def test_llama_1b_matches_measured_h200_case_a01():
     assert e.peak_phase == "backward"
 
 
-def test_profile_equals_an_exact_trace_at_another_size():
-    """Sizes replayed from the (b, s) profile equal a trace run at that size, byte for byte."""
+@pytest.mark.parametrize("b0, b1", [(2, 3), (1, 1)])
+def test_profile_equals_an_exact_trace_at_another_size(b0, b1):
+    """Sizes replayed from the (b, s) profile equal a trace run at that size, byte for byte
+    (a batch of one has its own profile: transformers copies expanded position ids only for b > 1)."""
     name, cfg = resolve_config("smollm2-135m")
-    s0 = vw.TrainingSetup.from_kwargs(batch_size=2, seq_len=256, backend="trace")
-    prof = P.profile_for(cfg, s0)   # traces (2, 256) and (3, 512)
+    s0 = vw.TrainingSetup.from_kwargs(batch_size=b0, seq_len=256, backend="trace")
+    prof = P.profile_for(cfg, s0)   # traces (b0, 256) and (b0 + 1 or 1, 512)
     assert prof.size_fns is not None
-    s1 = s0.replace(batch_size=3, seq_len=200)
-    exact = P._trace(cfg, s1, "causal-lm")
+    s1 = s0.replace(batch_size=b1, seq_len=200)
+    exact = P._trace(cfg, s1, "causal_lm")
     direct = phases_from_log(exact.allocs, exact.marks, [cuda_rounded(a.nbytes) for a in exact.allocs], 0)[0]
-    replayed = phases_from_log(prof.base.allocs, prof.base.marks, prof.sizes(3, 200), 0)[0]
+    replayed = phases_from_log(prof.base.allocs, prof.base.marks, prof.sizes(b1, 200), 0)[0]
     assert replayed == direct
+
+
+def test_second_size_builds_the_profile_then_sizes_are_instant():
+    import time
+
+    cfg = dict(resolve_config("smollm2-135m")[1], num_hidden_layers=3)
+    vw.estimate(cfg, backend="trace", batch_size=1, seq_len=300)
+    assert P.cached_profile(cfg, vw.TrainingSetup.from_kwargs(batch_size=1, seq_len=300, backend="trace")) is None
+    vw.estimate(cfg, backend="trace", batch_size=1, seq_len=700)   # second size: the profile
+    t0 = time.perf_counter()
+    e = vw.estimate(cfg, backend="trace", batch_size=1, seq_len=1500)
+    assert time.perf_counter() - t0 < 1.0   # a replay, not a trace (a trace takes seconds)
+    assert any("profile" in n for n in e.notes)
 
 
 def test_traced_tree_sums_to_the_peak():

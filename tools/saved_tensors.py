@@ -71,11 +71,46 @@ TINY: Dict[str, Dict[str, Any]] = {
                  layer_types=["conv"] * 4, block_multiple_of=64),
     "lfm2:attention": dict(hidden_size=256, intermediate_size=768, num_attention_heads=8, num_key_value_heads=2,
                            vocab_size=512, layer_types=["full_attention"] * 4, block_multiple_of=64),
+    "modernbert": dict(hidden_size=256, intermediate_size=384, num_attention_heads=8, vocab_size=512,
+                       global_attn_every_n_layers=1, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                       sep_token_id=2),
     "llama4_text:nope_dense": dict(hidden_size=256, intermediate_size=128, intermediate_size_mlp=384,
                                    num_attention_heads=8, num_key_value_heads=2, head_dim=32, num_local_experts=4,
                                    num_experts_per_tok=1, vocab_size=512, no_rope_layers=[0, 0, 0, 0],
                                    moe_layers=[]),
 }
+
+
+# encoder-decoders and encoders (issue 11): "<model_type>:<kind>" varies the layers of one
+# stack (LAYER_KEY) and is compared with that kind's block of the mixed stack
+TINY.update({
+    "t5:encoder": dict(d_model=256, d_kv=32, d_ff=512, num_heads=8, vocab_size=512, num_decoder_layers=2,
+                       feed_forward_proj="gated-gelu", dropout_rate=0.0, decoder_start_token_id=0),
+    "t5:decoder": dict(d_model=256, d_kv=32, d_ff=512, num_heads=8, vocab_size=512, num_layers=2,
+                       feed_forward_proj="gated-gelu", dropout_rate=0.0, decoder_start_token_id=0),
+    "t5:decoder_v1": dict(d_model=256, d_kv=32, d_ff=1024, num_heads=8, vocab_size=512, num_layers=2,
+                          feed_forward_proj="relu", dropout_rate=0.1, decoder_start_token_id=0),
+    "bert": dict(hidden_size=256, intermediate_size=1024, num_attention_heads=8, vocab_size=512,
+                 max_position_embeddings=64, attention_probs_dropout_prob=0.0),  # CPU SDPA has no dropout kernel
+    "bert:dropout": dict(hidden_size=256, intermediate_size=1024, num_attention_heads=8, vocab_size=512,
+                         max_position_embeddings=64),
+})
+#: the config field that holds the varied stack's layer count (default num_hidden_layers)
+LAYER_KEY = {"gpt2": "n_layer", "t5:encoder": "num_layers", "t5:decoder": "num_decoder_layers",
+             "t5:decoder_v1": "num_decoder_layers"}
+#: the kind of block a variant checks (Architecture.layer_kinds), when it is one kind of a mixed stack
+KIND = {"t5:encoder": "encoder", "t5:decoder": "decoder", "t5:decoder_v1": "decoder"}
+
+#: the transformers Auto class of each vramwidget task
+AUTO_CLASS = {"causal_lm": "AutoModelForCausalLM", "image_text_to_text": "AutoModelForImageTextToText",
+              "seq2seq_lm": "AutoModelForSeq2SeqLM", "masked_lm": "AutoModelForMaskedLM"}
+
+
+def _auto_class(mt: str) -> Any:
+    import transformers
+    from vramwidget.families import REGISTRY, resolve_model_type
+    fam = REGISTRY.get(resolve_model_type(mt))
+    return getattr(transformers, AUTO_CLASS[fam.task if fam is not None else "causal_lm"])
 
 
 #: per-layer lists in a config: cut to the tiny model's layer count
@@ -97,19 +132,19 @@ def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str 
     what the graph still holds when the forward pass ends (DoRA builds and drops a side graph
     for its weight norm)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     kw = dict(TINY[model_type])
     kw.update(overrides or {})
     mt = model_type.split(":")[0]
 
     def run(n_layers: int) -> float:
-        key = "n_layer" if mt == "gpt2" else "num_hidden_layers"
+        key = LAYER_KEY.get(model_type, LAYER_KEY.get(mt, "num_hidden_layers"))
         cfg = AutoConfig.for_model(mt, **{**_per_layer(kw, n_layers), key: n_layers})
         cfg.use_cache = False
         torch.manual_seed(0)
         wd = torch.float32 if precision in ("fp32", "amp_bf16") else torch.bfloat16
-        model = AutoModelForCausalLM.from_config(cfg, dtype=wd, attn_implementation=attn_implementation)
+        model = _auto_class(mt).from_config(cfg, dtype=wd, attn_implementation=attn_implementation)
         if method == "lora":
             import peft
 
@@ -163,12 +198,18 @@ def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: s
     kw = dict(TINY[model_type])
     kw.update(overrides or {})
     mt = model_type.split(":")[0]
-    cfg = AutoConfig.for_model(mt, **{**_per_layer(kw, 2), ("n_layer" if mt == "gpt2" else "num_hidden_layers"): 2}
-                               ).to_dict()
+    cfg = AutoConfig.for_model(mt, **{**_per_layer(kw, 2), LAYER_KEY.get(model_type, LAYER_KEY.get(
+        mt, "num_hidden_layers")): 2}).to_dict()
     arch = from_config(cfg)
     s = TrainingSetup.from_kwargs(method=method, precision=precision, attn_implementation=attn_implementation,
                                   batch_size=batch_size, seq_len=seq_len, lora_r=8, **setup)
     acts = _activations(arch, s, _params(arch, s), cpu=True)
+    kind = KIND.get(model_type)
+    if kind:
+        # the mixed stack's average block weights each kind by its share of the layers
+        n = sum(c for _, c in arch.layer_kinds)
+        count = dict(arch.layer_kinds)[kind]
+        return sum(t.nbytes for t in acts.per_layer if f"({kind}, " in t.name) * n / count
     return acts.per_layer_bytes
 
 

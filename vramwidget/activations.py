@@ -365,8 +365,10 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         tr.save(ke)
         tr.save(ve)
         # matmul(q, k^T) * scaling + causal mask: three b x a x s x s transients before the softmax
-        for label in ("attention scores", "attention scores scaled", "attention scores masked"):
-            tr.temp(label, scores, c, True, "b x a x s x s (transient)", group)
+        # (the mask's add passes its gradient through in backward: no gradient tensor of its own)
+        for label, makes_grad in (("attention scores", True), ("attention scores scaled", True),
+                                  ("attention scores masked", False)):
+            tr.temp(label, scores, c, makes_grad, "b x a x s x s (transient)", group)
         if softcap:
             tr.save(tr.new("soft-capped scores tanh", scores, c, True, "b x a x s x s", group))
         sm_dtype = F32 if softmax_fp32 else c

@@ -443,7 +443,7 @@ def load(model: Union[str, Mapping[str, Any], "Architecture", os.PathLike], task
     """
     if isinstance(model, Architecture):
         if task is not None and task != model.task:
-            raise VramError(f"task: {model.name} was built for {model.task!r}; load its config with task={task!r}",
+            raise VramError(f"task: {model.name} was built for {shown(model.task)}; load its config with task={shown(task)}",
                             field="task")
         return model
     if isinstance(model, Mapping):

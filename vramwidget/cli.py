@@ -21,6 +21,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from .errors import VramError
+from .inputs import shown
 from .units import GB, GIB, fmt_bytes
 
 PROG = "vramwidget"
@@ -81,6 +82,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _int_arg(text: str) -> int:
     s = text.strip()
+    if len(s) > 40:   # more digits than any real count (2**53 has 16); int() of 5,000 digits raises
+        raise argparse.ArgumentTypeError(f"must be a whole number of at most 40 digits, got {shown(text)}")
     try:
         return int(s)
     except ValueError:
@@ -88,9 +91,9 @@ def _int_arg(text: str) -> int:
     try:
         f = float(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {shown(text)}") from None
     if f != f or f in (float("inf"), float("-inf")) or f != int(f):
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {shown(text)}")
     return int(f)
 
 
@@ -110,7 +113,7 @@ def _float_arg(text: str) -> float:
     try:
         return float(text.strip())  # nan/inf pass through: TrainingSetup names the field
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be a number, got {shown(text)}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -510,7 +513,7 @@ def _cmd_validate(args: argparse.Namespace, out) -> int:
 
     path = args.cases if args.cases is not None else V.BUILTIN_CASES
     if os.path.isdir(path):
-        raise VramError(f"cases: {path!r} is a folder; give a .jsonl file", field="cases")
+        raise VramError(f"cases: {shown(path)} is a folder; give a .jsonl file", field="cases")
     result = V.validate(V.load_cases(path), backend=args.backend)
     if args.json:
         out.write(json.dumps(V.to_json_rows(result)) + "\n")
@@ -756,7 +759,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             _quiet_hub(args.model)
             return inference.run(args, out)
-        raise _UsageError(f"unknown command {args.command!r}")  # pragma: no cover
+        raise _UsageError(f"unknown command {shown(args.command)}")  # pragma: no cover
     except _UsageError as exc:
         return _fail(str(exc))
     except VramError as exc:

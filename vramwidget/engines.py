@@ -79,6 +79,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .architecture import Architecture
 from .errors import VramError
+from .inputs import shown
 from .units import DTYPE_BYTES, GIB, MIB
 
 # ----------------------------------------------------------------------------------
@@ -163,7 +164,7 @@ def parse_version(v: Any) -> Tuple[int, ...]:
         if len(parts) == 3:
             break
     if not parts:
-        raise VramError(f"versions: cannot read a release number from {v!r} (e.g. '0.6.4')", field="versions")
+        raise VramError(f"versions: cannot read a release number from {shown(v)} (e.g. '0.6.4')", field="versions")
     return tuple(parts + [0] * (3 - len(parts)))
 
 
@@ -189,7 +190,7 @@ def vllm_release(version: Optional[str] = None, runtime: Optional[str] = None) -
         runtime = "v1" if v >= parse_version(VLLM_V1_DEFAULT) else "v0"
     runtime = str(runtime).lower()
     if runtime not in ("v0", "v1"):
-        raise VramError(f"versions: vllm_runtime must be v0 or v1, got {runtime!r}", field="versions")
+        raise VramError(f"versions: vllm_runtime must be v0 or v1, got {shown(runtime)}", field="versions")
     row = None
     for first, rt, rule, ctx, comm, src in VLLM_RELEASES:
         if rt == runtime and v >= parse_version(first):

@@ -55,7 +55,12 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
         ``gradient_checkpointing``, ``attn_implementation``, ``batch_size``, ``seq_len``,
         ``grad_accum_steps``, ``lora_r``, ``lora_alpha``, ``lora_dropout``,
         ``lora_targets``, ``trainable_layers``, ``tf32``, ``backend`` ("auto": analytic where
-        the model's family is modelled, else traced; "analytic"; "trace": see ``vramwidget.trace``).
+        the model's family is modelled, else traced; "analytic"; "trace": see ``vramwidget.trace``),
+        and the knobs of training stacks: ``stack`` (hf, axolotl, torchtune, litgpt, unsloth:
+        their defaults, vramwidget/stacks.py), ``loss`` (standard, chunked + ``loss_chunks``,
+        liger), ``activation_offloading``, ``optimizer_in_backward``, ``compile``,
+        ``lora_variant`` (lora, dora), ``modules_to_save``, ``galore_rank``, ``packing`` and
+        ``versions`` ({"bitsandbytes": "0.41.1", "transformers": "4.40", "peft": "0.10"}).
     gpu:
         A catalogue GPU name (``"H100 80GB"``): the estimate then also gives the step time
         (``step_seconds``, ``tokens_per_second``, ``mfu``, ``time_breakdown``, ``run_cost``).
@@ -70,7 +75,7 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
     if s.backend == "trace":
         from .trace import estimate_traced
 
-        return estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
+        return estimate_traced(model, s, _cuda_accounting(), task=task).set_gpu(gpu)
     try:
         arch = load(model, task=task)
     except VramError as e:
@@ -81,7 +86,7 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
 
         if not trace.available():
             raise VramError(f"{e} (or trace it: {trace.INSTALL_HINT})", field="model_type") from None
-        return trace.estimate_traced(model, s, _cuda_accounting()).set_gpu(gpu)
+        return trace.estimate_traced(model, s, _cuda_accounting(), task=task).set_gpu(gpu)
     est = estimate_setup(arch, s, gpu=gpu)
     check_physical(est, arch, s)
     return est
@@ -889,7 +894,7 @@ def loss_memory(arch: Architecture, s: TrainingSetup, tokens: Any = None
         bwd = [x for x in fwd if "gradient" in x[0]]
         return fwd, bwd
     fused = s.compile
-    upcast = bool(bh["loss_upcast"])
+    upcast = bool(bh["loss_upcast"]) and arch.family.loss_upcast
     in_model = s.loss == "standard" and (bool(bh["logits_fp32_in_model"]) or s.before("transformers", "4.46"))
     d = 4.0 if upcast else c            # the dtype the cross-entropy runs in
     n = s.loss_chunks if s.loss == "chunked" else 1

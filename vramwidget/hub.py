@@ -7,6 +7,7 @@ import os
 from typing import Any, Dict
 
 from .errors import VramError
+from .inputs import shown
 
 
 def fetch_config(repo_id: str) -> Dict[str, Any]:
@@ -20,7 +21,7 @@ def fetch_config(repo_id: str) -> Dict[str, Any]:
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:
-        raise VramError(f"model: {repo_id!r} is not a preset and fetching it from the Hub needs the "
+        raise VramError(f"model: {shown(repo_id)} is not a preset and fetching it from the Hub needs the "
                         f"huggingface_hub package (pip install 'vramwidget[hub]'); or {alternatives}",
                         field="model") from None
     token = os.environ.get("HF_TOKEN") or None
@@ -38,7 +39,7 @@ def fetch_config(repo_id: str) -> Dict[str, Any]:
                   "EntryNotFoundError": "the repository has no config.json",
                   "LocalEntryNotFoundError": "offline and not in the local cache"}.get(kind, f"{kind}: {e}")
         reason = reason.splitlines()[0][:200]
-        raise VramError(f"model: could not fetch config.json of {repo_id!r}: {reason}; {alternatives}",
+        raise VramError(f"model: could not fetch config.json of {shown(repo_id)}: {reason}; {alternatives}",
                         field="model") from None
     with open(path, encoding="utf-8") as f:
         return json.load(f)

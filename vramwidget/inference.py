@@ -942,8 +942,27 @@ def logits_items(arch: Architecture, s: InferenceSetup, q: int, first: bool) -> 
     b, V = s.batch_size, arch.vocab_size
     if first and s.logits == "all":
         return _items(("logits (every position)", b * q * V * c, "b x q x V"))
-    return _items(("logits (last position)", b * V * c, "b x V"),
-                  ("next-token logits, fp32 copy", b * V * 4.0, "b x V x 4 B"))
+    items = _items(("logits (last position)", b * V * c, "b x V"),
+                   ("next-token logits, fp32 copy", b * V * 4.0, "b x V x 4 B"))
+    return items if first else items + generation_temporaries(arch, s)
+
+
+def generation_temporaries(arch: Architecture, s: "InferenceSetup") -> List[Tuple[str, float, str]]:
+    """What ``generate()``'s decoding loop holds beyond the model's forward and the current
+    step's logits (transformers/generation/utils.py ``_sample``).
+
+    ``next_token_logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)`` and
+    ``next_token_scores = logits_processor(input_ids, next_token_logits)`` are plain
+    variables of the loop: the previous step's fp32 scores are still referenced while the
+    next step's forward runs and its fp32 copy is made (b x V x 4 B).  Seen in a CPU trace of
+    real ``generate()`` calls (tests/test_inference_trace.py).  Logits processors add more
+    when they are on (``min_new_tokens``/``min_length``: ``scores.clone()`` and a
+    ``torch.where`` result, b x V x 4 B each, plus an int64 arange and a bool mask over the
+    vocabulary); attention-mask, ``cache_position`` and token-id growth are b x tokens
+    integers, and greedy ``argmax`` b values: negligible beside these.
+    """
+    b, V = s.batch_size, arch.vocab_size
+    return _items(("previous step's next-token scores (fp32, held by the loop)", b * V * 4.0, "b x V x 4 B"))
 
 
 # ----------------------------------------------------------------------------------

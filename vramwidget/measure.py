@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import IO, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from .errors import VramError
+from .inputs import shown
 from .units import MIB, canonical_dtype
 
 __all__ = [
@@ -157,7 +158,7 @@ def default_lora_targets(model_type: Optional[str]) -> List[str]:
 def _choice(value: Any, allowed: Sequence[str], field: str) -> str:
     key = str(value).strip().lower() if isinstance(value, str) else value
     if key not in allowed:
-        raise VramError(f"{field} must be one of {', '.join(allowed)}; got {value!r}", field=field)
+        raise VramError(f"{field} must be one of {', '.join(allowed)}; got {shown(value)}", field=field)
     return key
 
 
@@ -167,19 +168,19 @@ def _dtype(value: Any, allowed: Sequence[str], field: str) -> str:
     except (KeyError, TypeError):
         name = None
     if name not in allowed:
-        raise VramError(f"{field} must be one of {', '.join(allowed)}; got {value!r}", field=field)
+        raise VramError(f"{field} must be one of {', '.join(allowed)}; got {shown(value)}", field=field)
     return name
 
 
 def _bool(value: Any, field: str) -> bool:
     if not isinstance(value, bool):
-        raise VramError(f"{field} must be true or false; got {value!r}", field=field)
+        raise VramError(f"{field} must be true or false; got {shown(value)}", field=field)
     return value
 
 
 def _positive_int(value: Any, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise VramError(f"{field} must be a positive integer; got {value!r}", field=field)
+        raise VramError(f"{field} must be a positive integer; got {shown(value)}", field=field)
     return value
 
 
@@ -196,16 +197,16 @@ def _normalize_lora(lora: Any, model_type: Optional[str]) -> Dict[str, Any]:
     if lora is None:
         lora = {}
     if not isinstance(lora, Mapping):
-        raise VramError(f"training.lora must be an object with keys {', '.join(LORA_KEYS)}; got {lora!r}",
+        raise VramError(f"training.lora must be an object with keys {', '.join(LORA_KEYS)}; got {shown(lora)}",
                         field="training.lora")
     _unknown_keys(lora, LORA_KEYS, "training.lora")
     r = _positive_int(lora.get("r", LORA_DEFAULTS["r"]), "training.lora.r")
     alpha = lora.get("alpha", LORA_DEFAULTS["alpha"])
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
-        raise VramError(f"training.lora.alpha must be a positive number; got {alpha!r}", field="training.lora.alpha")
+        raise VramError(f"training.lora.alpha must be a positive number; got {shown(alpha)}", field="training.lora.alpha")
     dropout = lora.get("dropout", LORA_DEFAULTS["dropout"])
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        raise VramError(f"training.lora.dropout must be a number in [0, 1); got {dropout!r}",
+        raise VramError(f"training.lora.dropout must be a number in [0, 1); got {shown(dropout)}",
                         field="training.lora.dropout")
     targets = lora.get("target_modules")
     if targets is None:
@@ -214,7 +215,7 @@ def _normalize_lora(lora: Any, model_type: Optional[str]) -> Dict[str, Any]:
         targets = [t.strip() for t in targets.split(",") if t.strip()]
     if (not isinstance(targets, (list, tuple)) or not targets
             or not all(isinstance(t, str) and t for t in targets)):
-        raise VramError(f"training.lora.target_modules must be a non-empty list of module names; got {targets!r}",
+        raise VramError(f"training.lora.target_modules must be a non-empty list of module names; got {shown(targets)}",
                         field="training.lora.target_modules")
     return {"r": r, "alpha": alpha, "dropout": float(dropout), "target_modules": list(targets)}
 
@@ -224,7 +225,7 @@ def _normalize_quantization(quant: Any) -> Dict[str, Any]:
         quant = {}
     if not isinstance(quant, Mapping):
         raise VramError(f"training.quantization must be an object with keys {', '.join(QUANTIZATION_KEYS)}; "
-                        f"got {quant!r}", field="training.quantization")
+                        f"got {shown(quant)}", field="training.quantization")
     _unknown_keys(quant, QUANTIZATION_KEYS, "training.quantization")
     q = {**QUANTIZATION_DEFAULTS, **quant}
     if q["load_in_4bit"] is not True:
@@ -404,12 +405,12 @@ def _resolve_device(device: Any):
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
-        raise VramError(f"device must be 'cpu', 'cuda' or 'cuda:N'; got {device!r}", field="device") from None
+        raise VramError(f"device must be 'cpu', 'cuda' or 'cuda:N'; got {shown(device)}", field="device") from None
     if dev.type not in ("cpu", "cuda"):
-        raise VramError(f"device must be 'cpu', 'cuda' or 'cuda:N'; got {device!r}", field="device")
+        raise VramError(f"device must be 'cpu', 'cuda' or 'cuda:N'; got {shown(device)}", field="device")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise VramError(f"device {device!r} asked for, but torch {torch.__version__} sees no CUDA GPU "
+            raise VramError(f"device {shown(device)} asked for, but torch {torch.__version__} sees no CUDA GPU "
                             "(use device='cpu' to test the code path without memory statistics)", field="device")
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
@@ -571,7 +572,7 @@ def _make_config(model: Mapping[str, Any]):
     except Exception as exc:  # noqa: BLE001 - unknown model_type, or the config's own validators
         message = " ".join(str(exc).split())
         field = "model.model_type" if "model_type" in message or "Unrecognized" in message else "model"
-        raise VramError(f"model (model_type {model_type!r}): transformers {_version('transformers')} cannot "
+        raise VramError(f"model (model_type {shown(model_type)}): transformers {_version('transformers')} cannot "
                         f"build this config: {message}", field=field) from exc
 
 
@@ -583,8 +584,8 @@ def _from_config(cfg, dtype, attn: str, dev):
         with torch.device(dev):
             return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
     except (ValueError, ImportError) as exc:
-        raise VramError(f"cannot build a causal LM for model_type {cfg.model_type!r} with "
-                        f"attn_implementation {attn!r}: {exc}", field="model") from exc
+        raise VramError(f"cannot build a causal LM for model_type {shown(cfg.model_type)} with "
+                        f"attn_implementation {shown(attn)}: {exc}", field="model") from exc
 
 
 def _load_quantized(cfg, t: Mapping[str, Any], dev):
@@ -710,7 +711,7 @@ def _make_optimizer(name: str, params: List[Any]):
         import bitsandbytes
 
         return bitsandbytes.optim.Lion(params, lr=LEARNING_RATE)
-    raise VramError(f"training.optimizer must be one of {', '.join(OPTIMIZERS)}; got {name!r}",
+    raise VramError(f"training.optimizer must be one of {', '.join(OPTIMIZERS)}; got {shown(name)}",
                     field="training.optimizer")
 
 
@@ -750,7 +751,7 @@ def measure_case(case: Mapping[str, Any], *, device: Any = "cuda", steps: int = 
     case = normalize_case(case)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise VramError(f"steps must be an integer >= 2 (step 1 creates optimizer states; steps 2.. are the "
-                        f"steady state); got {steps!r}", field="steps")
+                        f"steady state); got {shown(steps)}", field="steps")
     check_requirements(case, device)
     torch, _, _ = _import_stack()
     dev = _resolve_device(device)
@@ -859,7 +860,7 @@ def load_cases(source: Union[str, "os.PathLike[str]", Iterable[Mapping[str, Any]
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise VramError(f"cannot read cases file {str(path)!r}: {exc.strerror or exc}", field="cases") from exc
+            raise VramError(f"cannot read cases file {shown(str(path))}: {exc.strerror or exc}", field="cases") from exc
         raw: List[Any] = []
         if text.lstrip().startswith("["):
             try:
@@ -932,7 +933,7 @@ def measure_file(
     :func:`measure_case`).  Returns the records written, in order.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-        raise VramError(f"steps must be an integer >= 2; got {steps!r}", field="steps")
+        raise VramError(f"steps must be an integer >= 2; got {shown(steps)}", field="steps")
     selected = load_cases(cases)
     if only:
         selected = [c for c in selected if only in c["id"] or only in c["name"]]
@@ -1067,9 +1068,9 @@ def _read_model_config(path: str) -> Dict[str, Any]:
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise VramError(f"--model: cannot read {str(p)!r}: {exc.strerror or exc}", field="model") from exc
+        raise VramError(f"--model: cannot read {shown(str(p))}: {exc.strerror or exc}", field="model") from exc
     except json.JSONDecodeError as exc:
-        raise VramError(f"--model: {str(p)!r} is not valid JSON ({exc.msg})", field="model") from exc
+        raise VramError(f"--model: {shown(str(p))} is not valid JSON ({exc.msg})", field="model") from exc
     return data
 
 

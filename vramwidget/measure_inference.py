@@ -26,6 +26,7 @@ import json
 from typing import Any, Dict, Mapping
 
 from .errors import VramError
+from .inputs import shown
 from .measure import (_CudaMemory, _NoMemory, _from_config, _import_stack, _make_config, _resolve_device, _round,
                       environment)
 from .units import MIB
@@ -48,15 +49,15 @@ def normalize_inference_case(case: Mapping[str, Any]) -> Dict[str, Any]:
     inf.setdefault("prompt_len", 512)
     inf.setdefault("max_new_tokens", 64)
     if inf["weights_dtype"] not in ("bfloat16", "float16", "float32"):
-        raise VramError(f"inference.weights_dtype: {inf['weights_dtype']!r} is not one of bfloat16, float16, "
+        raise VramError(f"inference.weights_dtype: {shown(inf['weights_dtype'])} is not one of bfloat16, float16, "
                         f"float32", field="inference.weights_dtype")
     for k in ("batch_size", "prompt_len"):
         v = inf[k]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise VramError(f"inference.{k}: must be a whole number >= 1, got {v!r}", field=f"inference.{k}")
+            raise VramError(f"inference.{k}: must be a whole number >= 1, got {shown(v)}", field=f"inference.{k}")
     v = inf["max_new_tokens"]
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise VramError(f"inference.max_new_tokens: must be a whole number >= 0, got {v!r}",
+        raise VramError(f"inference.max_new_tokens: must be a whole number >= 0, got {shown(v)}",
                         field="inference.max_new_tokens")
     name = case.get("name") or case["model"]["model_type"]
     cid = case.get("id") or f"{name}-infer-b{inf['batch_size']}-p{inf['prompt_len']}+{inf['max_new_tokens']}"

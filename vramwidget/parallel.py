@@ -85,6 +85,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
+from .inputs import shown
 from .inputs import Field, check_choice, check_int
 from .estimate import check_physical, _merge_named, _params, estimate_setup
 from .result import Estimate, Node
@@ -348,7 +349,7 @@ def _layout(arch: Architecture, s: TrainingSetup, strategy: str, num_gpus: Any, 
     tp, pp, cp, ep = (_posint(k, v) for k, v in (("tensor_parallel", tp), ("pipeline_parallel", pp),
                                                    ("context_parallel", cp), ("expert_parallel", ep)))
     if not isinstance(sp, bool):
-        raise VramError(f"sequence_parallel: must be true or false, got {sp!r}", field="sequence_parallel")
+        raise VramError(f"sequence_parallel: must be true or false, got {shown(sp)}", field="sequence_parallel")
     model_par = tp * pp * cp
     if n % model_par:
         raise VramError(f"num_gpus: {n} GPUs cannot hold tensor x pipeline x context parallel = "
@@ -633,7 +634,7 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
     if s is None:
         s = TrainingSetup.from_kwargs(**setup)
     elif setup:
-        raise VramError(f"unknown setup field {sorted(setup)[0]!r} beside setup=", field=sorted(setup)[0])
+        raise VramError(f"unknown setup field {shown(sorted(setup)[0])} beside setup=", field=sorted(setup)[0])
     pe = estimate_parallel_setup(
         arch, s, strategy=strategy, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
         tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, sequence_parallel=sequence_parallel,
@@ -703,17 +704,17 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
     for name, v in (("offload_optimizer", offload_optimizer), ("offload_params", offload_params),
                     ("ddp_bucket_view", ddp_bucket_view)):
         if not isinstance(v, bool):
-            raise VramError(f"{name}: must be true or false, got {v!r}", field=name)
+            raise VramError(f"{name}: must be true or false, got {shown(v)}", field=name)
     if offload_optimizer and strategy not in ("zero1", "zero2", "zero3"):
         hint = " (FSDP offloads parameters, gradients and the optimizer together: offload_params=True)" \
             if strategy in FSDP else ""
-        raise VramError(f"offload_optimizer: needs DeepSpeed ZeRO-1, 2 or 3, not {strategy!r}{hint}",
+        raise VramError(f"offload_optimizer: needs DeepSpeed ZeRO-1, 2 or 3, not {shown(strategy)}{hint}",
                         field="offload_optimizer")
     if offload_params and strategy not in ("zero3",) + FSDP:
-        raise VramError(f"offload_params: needs ZeRO-3 or FSDP, not {strategy!r}", field="offload_params")
+        raise VramError(f"offload_params: needs ZeRO-3 or FSDP, not {shown(strategy)}", field="offload_params")
     if bucket_mb is not None and (isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float))
                                   or not bucket_mb > 0 or bucket_mb == float("inf")):
-        raise VramError(f"bucket_mb: must be a number > 0, got {bucket_mb!r}", field="bucket_mb")
+        raise VramError(f"bucket_mb: must be a number > 0, got {shown(bucket_mb)}", field="bucket_mb")
     if prefetch_elements is not None:
         prefetch_elements = _posint("prefetch_elements", prefetch_elements)
     if max_live_parameters is not None:
@@ -722,12 +723,12 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
         nccl_channels = _posint("nccl_channels", nccl_channels)
     if nccl_buffsize_mb is not None and (isinstance(nccl_buffsize_mb, bool) or not isinstance(
             nccl_buffsize_mb, (int, float)) or not nccl_buffsize_mb > 0 or nccl_buffsize_mb == float("inf")):
-        raise VramError(f"nccl_buffsize_mb: must be a number > 0, got {nccl_buffsize_mb!r}", field="nccl_buffsize_mb")
+        raise VramError(f"nccl_buffsize_mb: must be a number > 0, got {shown(nccl_buffsize_mb)}", field="nccl_buffsize_mb")
     if cpu_buffer_factor is None:
         cpu_buffer_factor = DS_ADDITIONAL_BUFFER_FACTOR if strategy in DEEPSPEED else 1.0
     elif isinstance(cpu_buffer_factor, bool) or not isinstance(cpu_buffer_factor, (int, float)) \
             or not cpu_buffer_factor >= 1.0 or cpu_buffer_factor == float("inf"):
-        raise VramError(f"cpu_buffer_factor: must be a number >= 1, got {cpu_buffer_factor!r}",
+        raise VramError(f"cpu_buffer_factor: must be a number >= 1, got {shown(cpu_buffer_factor)}",
                         field="cpu_buffer_factor")
     opts = dict(offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
                 prefetch_elements=prefetch_elements if prefetch_elements is not None else DS_PREFETCH_BUCKET_ELEMENTS,

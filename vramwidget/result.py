@@ -7,6 +7,8 @@ of its children's.  Nothing here imports pandas, altair or torch at module level
 
 from __future__ import annotations
 
+from .inputs import shown
+
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -232,10 +234,10 @@ class Estimate:
 
         if isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or not tokens > 0 \
                 or tokens != tokens or tokens == float("inf"):
-            raise VramError(f"tokens: must be a number > 0, got {tokens!r}", field="tokens")
+            raise VramError(f"tokens: must be a number > 0, got {shown(tokens)}", field="tokens")
         if usd_per_gpu_hour is not None and (isinstance(usd_per_gpu_hour, bool) or not isinstance(
                 usd_per_gpu_hour, (int, float)) or not usd_per_gpu_hour >= 0 or usd_per_gpu_hour == float("inf")):
-            raise VramError(f"usd_per_gpu_hour: must be a number >= 0, got {usd_per_gpu_hour!r}",
+            raise VramError(f"usd_per_gpu_hour: must be a number >= 0, got {shown(usd_per_gpu_hour)}",
                             field="usd_per_gpu_hour")
         st = self.step_time
         if st is None:

@@ -120,7 +120,7 @@ def _posint(cfg: Mapping[str, Any], value: Any, what: str) -> int:
 def _require(cfg: Mapping[str, Any], what: str, *names: str, default: Any = None) -> int:
     v = _get(cfg, *names, default=default)
     if v is None:
-        raise VramError(f"config: missing field {names[0]!r} ({what})", field=names[0])
+        raise VramError(f"config: missing field {shown(names[0])} ({what})", field=names[0])
     return _posint(cfg, v, names[0])
 
 

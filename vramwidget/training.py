@@ -242,7 +242,7 @@ class TrainingSetup:
             raise VramError("modules_to_save: trains whole modules beside LoRA adapters; use method='lora' or 'qlora'",
                             field="modules_to_save")
         if v.get("lora_variant", "lora") != "lora" and method not in ("lora", "qlora"):
-            raise VramError(f"lora_variant: {v['lora_variant']!r} needs method='lora' or 'qlora'", field="lora_variant")
+            raise VramError(f"lora_variant: {shown(v['lora_variant'])} needs method='lora' or 'qlora'", field="lora_variant")
         if v.get("optimizer", "adamw").startswith("galore") and method != "full":
             raise VramError("optimizer: GaLore projects the gradients of full weight matrices; use method='full'",
                             field="optimizer")

@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Union
 
 from .architecture import from_config
 from .errors import VramError
+from .inputs import shown
 from .estimate import CUBLAS_WORKSPACE_BYTES, estimate_setup
 from .training import setup_from_case
 from .units import MIB
@@ -47,7 +48,7 @@ def load_cases(path_or_lines: Union[str, Iterable[str]]) -> List[Dict[str, Any]]
             with open(path_or_lines, encoding="utf-8") as f:
                 lines = f.readlines()
         except OSError as e:
-            raise VramError(f"cases: cannot read {path_or_lines!r}: {e.strerror or e}", field="cases") from None
+            raise VramError(f"cases: cannot read {shown(path_or_lines)}: {e.strerror or e}", field="cases") from None
     else:
         lines = list(path_or_lines)
     cases = []

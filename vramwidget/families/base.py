@@ -57,6 +57,10 @@ class Family:
     #: peft's default LoRA targets for the measuring harness (None: q_proj, k_proj, ...)
     default_lora_targets: Optional[Tuple[str, ...]] = None
 
+    #: the loss upcasts the logits to fp32 (transformers' ForCausalLMLoss); False: the model
+    #: calls CrossEntropyLoss on the logits as they are (T5ForConditionalGeneration)
+    loss_upcast: bool = True
+
     #: the family reads a multimodal config's ``text_config`` itself (else the text part is used)
     reads_text_config: bool = False
 
@@ -147,6 +151,6 @@ def family_for(mt: str) -> Family:
     """The family registered for ``mt``; a VramError listing the supported types otherwise."""
     fam = REGISTRY.get(resolve_model_type(mt)) or TOWERS.get(mt)
     if fam is None:
-        raise VramError(f"config: model_type {mt!r} is not supported; supported: "
+        raise VramError(f"config: model_type {shown(mt)} is not supported; supported: "
                         + ", ".join(supported_model_types()), field="model_type")
     return fam

@@ -97,7 +97,7 @@ def from_training_config(source: Union[str, os.PathLike, Mapping[str, Any]], *,
         fmt = detect(raw)
     else:
         if not isinstance(format, str) or format not in READERS:
-            raise VramError(f"format: unknown config format {str(format)[:40]!r}; allowed: {', '.join(FORMATS)}",
+            raise VramError(f"format: unknown config format {shown(str(format)[:40])}; allowed: {', '.join(FORMATS)}",
                             field="format")
         fmt = format
     m = Mapper(fmt, raw, base_dir=base_dir, source=name)

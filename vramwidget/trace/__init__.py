@@ -19,6 +19,7 @@ import threading
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import VramError
+from ..inputs import shown
 from ..result import Estimate
 from ..training import TrainingSetup
 
@@ -58,7 +59,7 @@ def resolve_config(model: Any) -> Tuple[str, Dict[str, Any]]:
                 return os.path.basename(os.path.dirname(os.path.abspath(key))) or "custom", parse_config_text(
                     f.read(), source=key)
         except OSError as e:
-            raise VramError(f"config: cannot read {key!r}: {e.strerror or e}", field="model") from None
+            raise VramError(f"config: cannot read {shown(key)}: {e.strerror or e}", field="model") from None
     preset = presets.find(key)
     if preset is not None:
         return preset["name"], dict(preset["config"])
@@ -67,7 +68,7 @@ def resolve_config(model: Any) -> Tuple[str, Dict[str, Any]]:
 
         return key, fetch_config(key)
     if key[:1].isdigit():
-        raise VramError(f"model: {key!r} is a parameter count; the trace backend needs the model's config.json "
+        raise VramError(f"model: {shown(key)} is a parameter count; the trace backend needs the model's config.json "
                         f"(a preset, a path, a dict or a Hub id)", field="model")
     raise presets.unknown_preset_error(key)
 
@@ -110,13 +111,21 @@ def _check_setup(s: TrainingSetup) -> None:
         v = getattr(s, f, default)
         if v != default and not (f == "loss" and v is None):
             raise VramError(f"{f}: the trace backend runs Hugging Face transformers + peft as they are and cannot "
-                            f"trace {f}={v!r}; use backend='analytic' (a modelled family) or {f}={default!r}",
+                            f"trace {f}={shown(v)}; use backend='analytic' (a modelled family) or {f}={shown(default)}",
                             field=f)
     if s.precision in _UNTRACED_PRECISION:
-        raise VramError(f"precision: {s.precision!r} needs a training stack beyond transformers + PyTorch optimizers "
+        raise VramError(f"precision: {shown(s.precision)} needs a training stack beyond transformers + PyTorch optimizers "
                         f"(fp32 optimizer states of bf16 weights, fp8 matmuls); the trace backend runs bf16, fp16, "
                         f"fp32, amp_bf16 and amp_fp16; use backend='analytic' for a modelled family",
                         field="precision")
+
+
+def _encoder_decoder(config: Mapping[str, Any]) -> bool:
+    if "is_encoder_decoder" in config:
+        return bool(config["is_encoder_decoder"])
+    from transformers import AutoConfig
+
+    return bool(getattr(AutoConfig.for_model(config["model_type"]), "is_encoder_decoder", False))
 
 
 def _key(config: Mapping[str, Any], s: TrainingSetup, task: str) -> str:
@@ -126,7 +135,11 @@ def _key(config: Mapping[str, Any], s: TrainingSetup, task: str) -> str:
 _CACHE: Dict[str, Estimate] = {}
 
 
-def estimate_traced(model: Any, s: TrainingSetup, cuda: Any, *, task: str = "causal-lm") -> Estimate:
+#: the model class a trace builds for each task (the names the analytic families use)
+TASKS = ("causal_lm", "seq2seq_lm", "masked_lm")
+
+
+def estimate_traced(model: Any, s: TrainingSetup, cuda: Any, *, task: Optional[str] = None) -> Estimate:
     """The Estimate of one training step of ``model`` under ``s``, traced (see the module docstring).
 
     ``cuda`` is :class:`~vramwidget.trace.assemble.CudaAccounting` (estimate.py makes it:
@@ -141,6 +154,10 @@ def estimate_traced(model: Any, s: TrainingSetup, cuda: Any, *, task: str = "cau
     why = refusal(config)
     if why:
         raise VramError(why, field="model")
+    if task is None:   # the class a user fine-tunes: seq2seq LM for encoder-decoders, else causal LM
+        task = "seq2seq_lm" if _encoder_decoder(config) else "causal_lm"
+    if task not in TASKS:
+        raise VramError(f"task: the trace backend builds {', '.join(TASKS)}; got {task!r}", field="task")
     if s.trains_adapters and not s.lora_targets:
         s = s.replace(lora_targets=default_lora_targets(config))
     from . import profile

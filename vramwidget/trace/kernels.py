@@ -27,6 +27,11 @@ CPU one:
 * transformers' MoE ``grouped_mm`` experts (integrations/moe.py): ``torch._grouped_mm``
   takes bf16 only (its shape rule checks it as the CUDA kernel does); other dtypes take
   transformers' own fallback op, which allocates the same output and gradients.
+* ``F.dropout``: on a CUDA tensor aten's ``dropout`` runs the fused ``native_dropout``
+  kernel, which keeps a 1-byte mask for backward (aten/src/ATen/native/Dropout.cpp,
+  ``is_fused_kernel_acceptable`` needs ``input.is_cuda()``); on the CPU it multiplies by a
+  noise tensor of the input's dtype and keeps that (4 bytes per element in fp32).  The
+  trace calls ``native_dropout`` as CUDA does.
 * ``_get_value`` of torch.optim: the step counter is read with ``.item()``, which a fake
   tensor cannot answer; the counter's value does not change any tensor's size.
 """
@@ -117,6 +122,16 @@ def cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     return _FusedAttention.apply(query, key, value, backend)
 
 
+_DROPOUT = F.dropout
+
+
+def cuda_dropout(input, p=0.5, training=True, inplace=False):
+    """``F.dropout`` as on a CUDA tensor: the fused kernel with a 1-byte mask."""
+    if training and 0.0 < p < 1.0 and input.numel() > 0 and not inplace:
+        return torch.ops.aten.native_dropout(input, p, True)[0]
+    return _DROPOUT(input, p, training, inplace)
+
+
 class _NoCtx:
     def save_for_backward(self, *a):
         pass
@@ -154,8 +169,9 @@ def cuda_kernels(attn_implementation: str = "sdpa") -> Iterator[None]:
     backend keeps; the trace builds the model with SDPA and sends every call to flash.
     """
     _FORCE["backend"] = "flash" if attn_implementation == "flash_attention_2" else None
-    saved = [(F, "scaled_dot_product_attention", F.scaled_dot_product_attention)]
+    saved = [(F, "scaled_dot_product_attention", F.scaled_dot_product_attention), (F, "dropout", F.dropout)]
     F.scaled_dot_product_attention = cuda_sdpa
+    F.dropout = cuda_dropout
 
     def _get_value(x):
         return 1.0 if isinstance(x, torch.Tensor) else x

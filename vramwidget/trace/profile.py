@@ -11,6 +11,11 @@ rounded as the CUDA allocator rounds, and replayed: no new trace.  When a dimens
 rule, or the two traces differ in structure, the profile is not used and each size is
 traced (still cached).
 
+A batch of one takes other paths than larger batches (an expanded position-id tensor is
+already contiguous at b = 1, so no copy is made), and a sequence of one token others again
+(no causal mask), so profiles are kept apart: b = 1 (two traces at sequence lengths s and
+2 s, exact in s) and b >= 2; one-token sequences are always traced.
+
 The estimator in this module is pure Python; torch is imported only by ``step.py`` when a
 trace runs.
 """
@@ -72,15 +77,25 @@ def clear() -> None:
         _PROFILES.clear()
 
 
-def _monomials(b: int, s: int) -> Dict[str, int]:
+def _monomials(b: int, s: int, with_b: bool = True) -> Dict[str, int]:
+    if not with_b:   # a profile at one batch size: b is a constant of it
+        return {"s": s, "ss": s * s}
     return {"b": b, "s": s, "bs": b * s, "ss": s * s, "bss": b * s * s}
+
+
+def size_class(b: int, s: int) -> Optional[str]:
+    """Which profile a size belongs to (None: always traced)."""
+    if s < 2:
+        return None
+    return "b1" if b == 1 else "b2+"
 
 
 def _dim_rule(v1: int, v2: int, p1: Tuple[int, int], p2: Tuple[int, int]) -> Optional[Callable[[int, int], int]]:
     """The rule of one dimension seen as v1 at p1 = (b1, s1) and v2 at p2, or None."""
     if v1 == v2:
         return lambda b, s, v=v1: v
-    m1, m2 = _monomials(*p1), _monomials(*p2)
+    with_b = p1[0] != p2[0]
+    m1, m2 = _monomials(*p1, with_b=with_b), _monomials(*p2, with_b=with_b)
     found = []
     for k in m1:
         dm = m2[k] - m1[k]
@@ -92,7 +107,7 @@ def _dim_rule(v1: int, v2: int, p1: Tuple[int, int], p2: Tuple[int, int]) -> Opt
             found.append((k, alpha, beta))
     if len(found) == 1:
         k, alpha, beta = found[0]
-        return lambda b, s, k=k, a=alpha, c=beta: a * _monomials(b, s)[k] + c
+        return lambda b, s, k=k, a=alpha, c=beta, w=with_b: a * _monomials(b, s, w)[k] + c
     if not found:
         for r in _ROUNDINGS:   # a kernel's tile: s rounded up to r
             if v1 == -(-p1[1] // r) * r and v2 == -(-p2[1] // r) * r:
@@ -135,6 +150,7 @@ def _key(config: Mapping[str, Any], s: TrainingSetup, task: str, sized: bool) ->
     if not sized:
         for f in _SIZE_FIELDS:
             d.pop(f, None)
+        d["size_class"] = size_class(s.batch_size, s.seq_len)
     return json.dumps([config, d, task], sort_keys=True, default=str)
 
 
@@ -161,7 +177,7 @@ def _trace(config: Mapping[str, Any], s: TrainingSetup, task: str) -> _Trace:
     return tr
 
 
-def profile_for(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal-lm",
+def profile_for(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal_lm",
                 other: Optional[Tuple[int, int]] = None) -> Profile:
     """The size profile of this model and setup: two traces (cached), then any size is a replay.
 
@@ -173,9 +189,10 @@ def profile_for(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal
         hit = _PROFILES.get(key)
     if hit is not None:
         return hit
-    b2, s2 = other or (s.batch_size + 1, 2 * s.seq_len)
-    if b2 == s.batch_size or s2 == s.seq_len:
-        b2, s2 = s.batch_size + 1, 2 * s.seq_len
+    one = s.batch_size == 1
+    b2, s2 = other or ((1 if one else s.batch_size + 1), 2 * s.seq_len)
+    if (b2 == s.batch_size) != one or s2 == s.seq_len:
+        b2, s2 = (1 if one else s.batch_size + 1), 2 * s.seq_len
     t1 = _trace(config, s, task)
     t2 = _trace(config, s.replace(batch_size=b2, seq_len=s2), task)
     prof = Profile(t1, _fit(t1, t2))
@@ -186,7 +203,7 @@ def profile_for(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal
     return prof
 
 
-def cached_profile(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal-lm") -> Optional[Profile]:
+def cached_profile(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal_lm") -> Optional[Profile]:
     """The profile if one is already built (never traces)."""
     with _LOCK:
         return _PROFILES.get(_key(config, s, task, False))
@@ -204,7 +221,7 @@ def _traced_sizes(config: Mapping[str, Any], s: TrainingSetup, task: str) -> Lis
 
 
 def estimate(name: str, config: Mapping[str, Any], s: TrainingSetup, cuda: "CudaAccounting",
-             task: str = "causal-lm") -> Estimate:
+             task: str = "causal_lm") -> Estimate:
     """The traced Estimate.
 
     The first size of a model and setup is traced as asked (one trace); from the second
@@ -213,11 +230,11 @@ def estimate(name: str, config: Mapping[str, Any], s: TrainingSetup, cuda: "Cuda
     from .assemble import estimate_from_log
 
     prof = cached_profile(config, s, task)
-    if prof is None:
+    if prof is None and size_class(s.batch_size, s.seq_len) is not None:
         here = (s.batch_size, s.seq_len)
         earlier = [x for x in _traced_sizes(config, s, task) if x != here]
         if earlier:   # a second size: one more trace makes the profile
-            apart = [x for x in earlier if x[0] != here[0] and x[1] != here[1]]
+            apart = [x for x in earlier if (x[0] != here[0] or here[0] == 1) and x[1] != here[1]]
             b0, s0 = (apart or earlier)[0]
             prof = profile_for(config, s.replace(batch_size=b0, seq_len=s0), task, other=here if apart else None)
     if prof is not None and prof.size_fns is not None:

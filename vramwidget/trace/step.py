@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from ..errors import VramError
+from ..inputs import shown
 from ..training import TrainingSetup
 from .events import Alloc
 from .kernels import cuda_kernels
@@ -69,7 +70,7 @@ def make_config(config: Mapping[str, Any]):
         return AutoConfig.for_model(mt, **kw)
     except Exception as exc:  # noqa: BLE001 - the config class's own validators
         msg = " ".join(str(exc).split())[:200]
-        raise VramError(f"model: transformers cannot build a {mt!r} config from this config.json ({msg})",
+        raise VramError(f"model: transformers cannot build a {shown(mt)} config from this config.json ({msg})",
                         field="model") from None
 
 
@@ -93,7 +94,7 @@ def _optimizer(name: str, params: List[torch.nn.Parameter]):
         from .quantized import AdamW8bitStandIn
 
         return AdamW8bitStandIn(params, lr=LEARNING_RATE)
-    raise VramError(f"optimizer: {name!r} runs bitsandbytes', lion-pytorch's or GaLore's own code, which the trace "
+    raise VramError(f"optimizer: {shown(name)} runs bitsandbytes', lion-pytorch's or GaLore's own code, which the trace "
                     f"backend does not run on a CPU; use adamw, adamw_fused, adamw_8bit, adafactor, sgd or sgd_momentum, or "
                     f"backend='analytic' for a modelled family", field="optimizer")
 
@@ -101,12 +102,12 @@ def _optimizer(name: str, params: List[torch.nn.Parameter]):
 def _model_class(task: str):
     import transformers
 
-    name = {"causal-lm": "AutoModelForCausalLM", "seq2seq-lm": "AutoModelForSeq2SeqLM",
-            "masked-lm": "AutoModelForMaskedLM", "image-text-to-text": "AutoModelForImageTextToText"}[task]
+    name = {"causal_lm": "AutoModelForCausalLM", "seq2seq_lm": "AutoModelForSeq2SeqLM",
+            "masked_lm": "AutoModelForMaskedLM"}[task]
     return getattr(transformers, name)
 
 
-def build_model(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal-lm",
+def build_model(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal_lm",
                 notes: Optional[List[str]] = None):
     """The model as measure.py builds it, on fake CPU tensors (call under FakeTensorMode)."""
     notes = notes if notes is not None else []
@@ -126,7 +127,7 @@ def build_model(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal
                          f"(b x a x s x s scores kept)")
     except (ValueError, ImportError, KeyError) as exc:
         msg = " ".join(str(exc).split())[:200]
-        raise VramError(f"model: transformers cannot build {auto.__name__} for model_type {cfg.model_type!r} "
+        raise VramError(f"model: transformers cannot build {auto.__name__} for model_type {shown(cfg.model_type)} "
                         f"({msg})", field="model") from None
     model.config.use_cache = False
     return model
@@ -157,7 +158,7 @@ def _peft_wrap(model, s: TrainingSetup):
     return model
 
 
-def trace_step(config: Mapping[str, Any], s: TrainingSetup, *, task: str = "causal-lm") -> StepLog:
+def trace_step(config: Mapping[str, Any], s: TrainingSetup, *, task: str = "causal_lm") -> StepLog:
     """Run one training step of ``config`` under ``s`` on fake tensors and label every allocation."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -1,0 +1,137 @@
+"""Encoder-decoder families (T5, mT5, UMT5): ``vw.estimate`` on a config dict, the count
+against transformers' T5ForConditionalGeneration built on the meta device, and the
+mechanisms that differ from a decoder-only LM (loss without fp32 upcast, the encoder
+output kept once by the cross-attention)."""
+
+import json
+import os
+
+import pytest
+
+import vramwidget as vw
+from vramwidget.architecture import from_config
+
+HERE = os.path.dirname(__file__)
+RECORD = json.load(open(os.path.join(HERE, "data", "param_counts.json")))
+
+
+def _meta_count(cfg, cls="AutoModelForSeq2SeqLM"):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    conf = transformers.AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = getattr(transformers, cls).from_config(conf)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ["t5-base", "flan-t5-base", "flan-t5-large", "flan-t5-xl", "t0-3b", "mt5-xl"])
+def test_estimate_of_a_config_dict_counts_what_transformers_counts(name):
+    from vramwidget.presets import get
+    cfg = dict(get(name)["config"])
+    est = vw.estimate(cfg, batch_size=2, seq_len=128)
+    arch = from_config(cfg)
+    # recorded by tools/record_param_counts.py (transformers 5.23, AutoModelForSeq2SeqLM on meta)
+    assert arch.params_total == RECORD[name]["params_total"]
+    assert RECORD[name]["model_class"].endswith("ForConditionalGeneration")
+    df = est.to_dataframe()
+    # the default bf16 setup: every weight in 2 bytes (the count above, once)
+    assert df[df["component"] == "weights"]["bytes"].sum() == 2 * RECORD[name]["params_total"]
+    assert any("decoder reads as many tokens" in n for n in est.notes)
+
+
+def test_live_meta_count_of_an_untied_v1_1_config():
+    """A T5 v1.1 config (gated-gelu, tie_word_embeddings false) built by transformers now."""
+    cfg = dict(model_type="t5", d_model=128, d_kv=32, d_ff=320, num_layers=3, num_decoder_layers=2, num_heads=4,
+               vocab_size=300, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+    assert from_config(cfg).params_total == _meta_count(cfg)
+
+
+def test_flan_t5_xl_released_size():
+    """flan-t5-xl: 2,849,757,184 parameters on the Hub (its own lm_head, 32128 x 2048);
+    transformers 5 ties lm_head to ``shared``, so it counts 65,798,144 fewer."""
+    arch = vw.architecture.load("flan-t5-xl")
+    assert arch.params_total == 2_849_757_184 - 32128 * 2048
+
+
+def test_loss_runs_on_the_16_bit_logits():
+    """T5ForConditionalGeneration calls CrossEntropyLoss on lm_logits as they are: no fp32 copy
+    of the logits (ForCausalLMLoss's ``logits.float()``); log_softmax in bf16."""
+    est = vw.estimate("flan-t5-base", batch_size=4, seq_len=256)
+    names = [r["tensor"] for r in est.to_dataframe().to_dict("records")]
+    assert not any("upcast" in n for n in names)
+    T, V = 4 * 256, 32128
+    logits = est.to_dataframe()
+    ls = logits[logits["tensor"].str.startswith("log_softmax output")]["bytes"]
+    assert (ls == T * V * 2).all() and len(ls) >= 1
+
+
+def test_encoder_output_kept_once_not_per_decoder_layer():
+    """Every decoder layer's cross-attention k and v read the one encoder output: in full
+    fine-tuning it is one T x h tensor, whatever the decoder depth."""
+    cfg = dict(model_type="t5", d_model=256, d_kv=32, d_ff=512, num_heads=8, vocab_size=512,
+               feed_forward_proj="gated-gelu")
+    from vramwidget.estimate import _activations, _params
+    from vramwidget.training import TrainingSetup
+    s = TrainingSetup.from_kwargs(batch_size=2, seq_len=64)
+    for L in (2, 6):
+        arch = from_config({**cfg, "num_layers": L})
+        acts = _activations(arch, s, _params(arch, s))
+        kept = [n for name, n, _ in acts.head if name.startswith("encoder output (kept")]
+        assert kept == [2 * 64 * 256 * 2]
+
+
+def test_task_encoder_has_no_decoder_layers():
+    arch = vw.architecture.load("flan-t5-base", task="encoder")
+    assert arch.layer_kinds == [("encoder", 12)]
+    assert arch.num_layers == 12
+    with pytest.raises(vw.VramError, match="task"):
+        vw.estimate("flan-t5-base", task="causal_lm")
+
+
+def test_t5_kv_cache_holds_self_and_cross_attention():
+    """generate()'s EncoderDecoderCache: per decoder layer, self-attention k/v of the decoder
+    tokens and cross-attention k/v of the encoder output (a x d_kv each per token); with the
+    encoder input as long as the context that is 2 x 2 x L_dec x a x d_kv x 2 B per token."""
+    from vramwidget.inference import kv_cache_bytes
+    # flan-t5-xl: 24 decoder layers, 32 heads x d_kv 64
+    assert kv_cache_bytes("flan-t5-xl", 512, batch_size=4) == 4 * 512 * (2 * 24) * 2 * 32 * 64 * 2
+    assert kv_cache_bytes("flan-t5-xl", 512) == 2 * kv_cache_bytes("flan-t5-xl", 256)
+
+
+# ----------------------------------------------------------------------------------
+# Encoders: BERT (BertForMaskedLM)
+# ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["bert-base-uncased", "bert-large-uncased"])
+def test_bert_estimate_counts_bert_for_masked_lm(name):
+    from vramwidget.presets import get
+    cfg = dict(get(name)["config"])
+    est = vw.estimate(cfg, batch_size=2, seq_len=128)
+    # recorded with transformers 5.23 (AutoModelForMaskedLM on meta): the published 110M / 340M
+    assert from_config(cfg).params_total == RECORD[name]["params_total"]
+    assert RECORD[name]["model_class"] == "BertForMaskedLM"
+    df = est.to_dataframe()
+    assert df[df["component"] == "weights"]["bytes"].sum() == 2 * RECORD[name]["params_total"]
+
+
+def test_bert_live_meta_count():
+    cfg = dict(model_type="bert", hidden_size=96, intermediate_size=200, num_hidden_layers=3, num_attention_heads=4,
+               vocab_size=333, max_position_embeddings=70, type_vocab_size=1)
+    assert from_config(cfg).params_total == _meta_count(cfg, "AutoModelForMaskedLM")
+
+
+def test_bert_mlm_logits_cover_every_position_without_upcast():
+    """BertForMaskedLM.forward: prediction_scores = cls(sequence_output) for all b x s
+    positions; CrossEntropyLoss on them as they are (bf16 here)."""
+    est = vw.estimate("bert-base-uncased", batch_size=8, seq_len=512)
+    df = est.to_dataframe()
+    ls = df[df["tensor"].str.startswith("log_softmax output")]["bytes"]
+    assert len(ls) >= 1 and (ls == 8 * 512 * 30522 * 2).all()
+    assert not df["tensor"].str.contains("upcast").any()
+
+
+def test_encoder_has_no_kv_cache():
+    from vramwidget.inference import kv_cache_bytes
+    assert kv_cache_bytes("bert-base-uncased", 512, batch_size=4) == 0
+    est = vw.estimate_inference("bert-base-uncased", batch_size=4, context_len=512)
+    assert "kv cache" not in set(est.to_dataframe()["component"])
