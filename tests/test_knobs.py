@@ -401,3 +401,18 @@ def test_peft_docs_70b_qlora_on_two_gpus(strategy, published_gb):
     16.8 GB, -14%)."""
     pe = vw.estimate_parallel("llama-2-70b", strategy=strategy, num_gpus=2, **QLORA_70B)
     assert pe.device_total_bytes / 1e9 == pytest.approx(published_gb, rel=0.10)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(method="lora", lora_variant="dora"), dict(method="lora", lora_targets=["q_proj", "lm_head", "embed_tokens"]),
+    dict(method="lora", modules_to_save=["lm_head", "embed_tokens"]), dict(method="norms"),
+    dict(optimizer="galore_adamw_8bit"), dict(stack="litgpt", method="qlora"), dict(stack="unsloth", method="lora"),
+    dict(method="qlora", lora_variant="dora", gradient_checkpointing="full", compile=True, loss="chunked",
+         activation_offloading=True)])
+def test_every_knob_builds_a_whole_estimate(kw):
+    """The component trees, the allocator's reserve and the parallel path take every knob."""
+    est = estimate("llama-3.2-1b", seq_len=256, **kw)
+    assert sum(n.bytes for n in est.phase_components[est.peak_phase]) == pytest.approx(est.peak_allocated_bytes)
+    assert est.reserved_bytes >= est.peak_allocated_bytes
+    pe = vw.estimate_parallel("llama-3.2-1b", strategy="fsdp_full_shard", num_gpus=2, seq_len=256, **kw)
+    assert pe.per_gpu.peak_allocated_bytes <= est.peak_allocated_bytes + 2**30

@@ -1155,8 +1155,11 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                                                   formula="16-bit weight copies still saved for backward")])
 
         def work_part() -> List[Node]:
-            return [Node("activations", children=[Node("backward working buffers", bytes=A.transient_layer_bytes,
-                                                       formula="2 x T x i + T x h gradient buffers of one layer")]),
+            return [Node("activations", children=[
+                Node("backward working buffers", bytes=A.transient_layer_bytes,
+                     formula="2 x T x i + T x h gradient buffers of one layer"),
+                Node("DoRA weight-norm working set (recomputed layer)", bytes=dora_tmp if gc else 0.0,
+                     formula="in x in identity + in x r + 4 x out x in (adapter dtype), largest adapted module")]),
                     _deq_node(deq)]
 
         recomputed = Node("recomputed layer (checkpointing)", bytes=recompute,

@@ -159,7 +159,11 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
     adapters: Dict[Tuple[str, int], List[float]] = {}
     if P.adapters:
         for module, group, nbytes, numel in P.adapters:
-            t = next(x for x in arch.lora_tensors(P.lora_modules) if x.module == module)
+            t = next((x for x in arch.lora_tensors(P.lora_modules) if x.module == module), None)
+            if t is None:
+                # not a block module's A/B pair: DoRA magnitudes, LoRA on lm_head/embed_tokens
+                st.alloc(nbytes, (module, "adapter"))
+                continue
             for layer in range(t.layers[0] if t.layers else 0, (t.layers[1] + 1) if t.layers else 1):
                 a = s.lora_r * t.in_features * 4
                 bb = s.lora_r * t.out_features * 4
