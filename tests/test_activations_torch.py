@@ -47,7 +47,9 @@ CASES = [
     # BERT (post-LN): SDPA without dropout (CPU SDPA has no dropout kernel), eager with it
     ("bert", "bf16", "full", "sdpa"), ("bert", "fp32", "full", "eager"), ("bert", "bf16", "lora", "sdpa"),
     ("bert:dropout", "bf16", "full", "eager"), ("bert:dropout", "bf16", "lora", "eager"),
-    ("modernbert", "bf16", "full", "eager"), ("modernbert", "fp32", "full", "eager"),
+    # ModernBERT (pre-LN, RoPE, GeGLU, local/global layers): a steady layer (layer 0 has no attn_norm)
+    ("modernbert", "bf16", "full", "sdpa"), ("modernbert", "fp32", "full", "eager"),
+    ("modernbert", "bf16", "lora", "sdpa"), ("modernbert", "bf16", "lora", "eager"),
 ]
 
 

@@ -135,3 +135,45 @@ def test_encoder_has_no_kv_cache():
     assert kv_cache_bytes("bert-base-uncased", 512, batch_size=4) == 0
     est = vw.estimate_inference("bert-base-uncased", batch_size=4, context_len=512)
     assert "kv cache" not in set(est.to_dataframe()["component"])
+
+
+# ----------------------------------------------------------------------------------
+# Encoders: ModernBERT (ModernBertForMaskedLM)
+# ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["modernbert-base", "modernbert-large"])
+def test_modernbert_estimate_counts_modernbert_for_masked_lm(name):
+    from vramwidget.presets import get
+    cfg = dict(get(name)["config"])
+    est = vw.estimate(cfg, batch_size=2, seq_len=512)
+    # recorded with transformers 5.23 (AutoModelForMaskedLM on meta): the published 149M / 395M
+    assert from_config(cfg).params_total == RECORD[name]["params_total"]
+    assert RECORD[name]["model_class"] == "ModernBertForMaskedLM"
+    df = est.to_dataframe()
+    assert df[df["component"] == "weights"]["bytes"].sum() == 2 * RECORD[name]["params_total"]
+
+
+def test_modernbert_layers_alternate_global_and_local():
+    """layer_types: every global_attn_every_n_layers-th layer (from 0) global, the others local
+    with half of local_attention on each side (ModernBertConfig)."""
+    arch = vw.architecture.load("modernbert-base")
+    assert arch.family.local_layers(arch) == (22 - 8, 128)
+    assert any("14 of 22 layers attend within a 128-token window" in n for n in arch.family.notes(arch))
+    assert arch.layer_kinds == [("first (no attn_norm)", 1), ("layer", 21)]
+
+
+def test_modernbert_loss_upcasts_the_logits():
+    """ModernBertForMaskedLM uses self.loss_function (ForMaskedLMLoss: logits.float()); T5
+    calls CrossEntropyLoss on the 16-bit logits."""
+    from vramwidget.estimate import loss_memory
+    from vramwidget.training import TrainingSetup
+    s = TrainingSetup.from_kwargs(batch_size=4, seq_len=1024)
+    fwd = dict((n, b) for n, b, _ in loss_memory(vw.architecture.load("modernbert-base"), s)[0])
+    assert fwd["logits upcast to fp32"] == 4 * 1024 * 50368 * 4
+    fwd_t5 = dict((n, b) for n, b, _ in loss_memory(vw.architecture.load("flan-t5-base"), s)[0])
+    assert "logits upcast to fp32" not in fwd_t5 and fwd_t5["log_softmax output"] == 4 * 1024 * 32128 * 2
+
+
+def test_modernbert_has_no_kv_cache():
+    from vramwidget.inference import kv_cache_bytes
+    assert kv_cache_bytes("modernbert-base", 8192, batch_size=2) == 0

@@ -99,7 +99,7 @@ TINY.update({
 LAYER_KEY = {"gpt2": "n_layer", "t5:encoder": "num_layers", "t5:decoder": "num_decoder_layers",
              "t5:decoder_v1": "num_decoder_layers"}
 #: the kind of block a variant checks (Architecture.layer_kinds), when it is one kind of a mixed stack
-KIND = {"t5:encoder": "encoder", "t5:decoder": "decoder", "t5:decoder_v1": "decoder"}
+KIND = {"modernbert": "layer", "t5:encoder": "encoder", "t5:decoder": "decoder", "t5:decoder_v1": "decoder"}
 
 #: the transformers Auto class of each vramwidget task
 AUTO_CLASS = {"causal_lm": "AutoModelForCausalLM", "image_text_to_text": "AutoModelForImageTextToText",
