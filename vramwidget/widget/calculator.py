@@ -328,6 +328,9 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
                 self.error_field = ""
             if job is not None and cached is None:
                 self._schedule_suggestions(self._sugg_token, job)
+            todo, self._fitmap_todo = getattr(self, "_fitmap_todo", None), None
+            if todo is not None:
+                self._defer(self._run_fitmap, self._sugg_token, todo)
 
     def _compute(self) -> Tuple[Any, List[Tuple[str, str, Dict[str, Any]]], Dict[str, Any], Any]:
         """Everything an update sets, computed before any trait changes: the estimate, the

@@ -69,6 +69,24 @@ class SuggestionsPanel:
             self._pending = timer
             timer.start()
 
+    def _defer(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` after the update the way suggestions are (``suggestions_delay``
+        seconds later on the event loop or a timer thread; at once when it is None)."""
+        delay = self.suggestions_delay
+        if delay is None:
+            fn(*args)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            loop.call_later(delay, fn, *args)
+        else:
+            timer = threading.Timer(delay, fn, args)
+            timer.daemon = True
+            timer.start()
+
     def _cancel_pending(self) -> None:
         pending = getattr(self, "_pending", None)   # None too when __init__ failed early
         self._pending = None

@@ -123,9 +123,33 @@ class TrainingPanel:
             df = fit_map(arch, gpu, batch_sizes=FITMAP_BATCHES, seq_lens=FITMAP_SEQS, **rest)
             return charts.fitmap_rows(df, capacity_bytes=gpu.usable_bytes)
 
-        cells = self._answer(("fitmap", self._key("train", rest), gpu.name), grid) or []
+        key = ("fitmap", self._key("train", rest), gpu.name)
         current = charts.fitmap_rows([], batch_size=kw.get("batch_size"), seq_len=kw.get("seq_len"))
-        return cells + current
+        if key in self._answers:
+            return (self._answer(key, grid) or []) + current
+        # not known yet: the grid (one allocator replay per cell) is worked out after the
+        # update, off the path that redraws the charts (see _run_fitmap); numpy and pandas
+        # are imported here, on this thread (two threads importing them at once fail)
+        import numpy  # noqa: F401
+        import pandas  # noqa: F401
+
+        self._fitmap_todo = (key, grid, current)
+        return current
+
+    def _run_fitmap(self, token: int, todo: Tuple[Any, Any, List[Dict[str, Any]]]) -> None:
+        """The fit map's grid for the setup of update ``token``, then its rows published
+        (nothing when the setup changed since)."""
+        if token != self._sugg_token:
+            return
+        key, grid, current = todo
+        try:
+            cells = self._answer(key, grid) or []
+        except Exception:   # never raise out of a callback
+            return
+        with self._lock:
+            if token != self._sugg_token:
+                return
+            self.rows = dict(self.rows, **{charts.FITMAP: cells + current})
 
     def setup(self) -> Dict[str, Any]:
         """The keyword arguments estimate() gets for the current traits (training)."""
