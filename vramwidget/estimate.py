@@ -1364,12 +1364,21 @@ def _grid_reserved(arch: Architecture, s: TrainingSetup, sizes: Tuple[Any, Any],
 
 def _autocast_cache(arch: Architecture, s: TrainingSetup, P: _Params) -> Node:
     """Autocast casts each fp32 matmul weight to 16 bits once per forward and caches the
-    copy; the matmuls save it for backward (leaf tensors only: weights, not activations)."""
+    copy; the matmuls save it for backward (leaf tensors only: weights, not activations).
+
+    Autocast caches only leaves that require grad (aten/src/ATen/autocast_mode.cpp,
+    ``cached_cast``: ``arg.requires_grad() && arg.is_leaf()``).  A frozen fp32 weight (the
+    base under LoRA) is cast afresh at each use; without checkpointing the matmul saves that
+    copy for backward, so it lives as long as a cached one, but under full checkpointing the
+    saved copy is dropped with the block's other saved tensors and exists only while its block
+    runs: it is not held here."""
     name = "bf16 weight copies (autocast cache)" if s.compute_dtype == "bfloat16" else \
         "fp16 weight copies (autocast cache)"
     node = Node(name)
     if s.autocast:
         for t, dtype, nbytes, trains in P.weights:
+            if not trains and gc_mode(s) and t.layers is not None:
+                continue  # a frozen block weight's copy is recomputed with its block
             if (t.linear or t.role == "output_head" or (t.role == "embedding" and arch.tie_word_embeddings)) \
                     and not t.is_bias and dtype == "float32":
                 _add_to_group(node, t.group, t.numel * DTYPE_BYTES[s.compute_dtype], t.numel, s.compute_dtype,
