@@ -105,9 +105,11 @@ class ModernBert(Family):
 
     # -- training trace -----------------------------------------------------------------
     def act_name(self, cfg: Mapping[str, Any]) -> str:
+        """ModernBERT names its MLP activation ``hidden_activation`` (GELU by default)."""
         return str(cfg.get("hidden_activation") or "gelu")
 
     def composite_gelu(self, arch: Any) -> bool:
+        """Whether the activation is a tanh-approximated GELU built from several ops (each saves)."""
         return self.act_name(arch.config) in ("gelu_new", "gelu_fast")
 
     def block(self, tr: Any, ctx: Any, x: Any) -> Any:
