@@ -27,7 +27,7 @@ def test_serving_controls_are_inputs_and_inference_only(calc):
     assert "num_gpus" in calc.disabled and "strategy" in calc.disabled      # training's data parallel
     calc.mode = "training"
     assert "engine" in calc.disabled and "tensor_parallel" not in calc.disabled
-    assert [v for v, _ in calc.options["engine"]] == ["hf", "vllm", "sglang"]
+    assert [o[0] for o in calc.options["engine"]] == ["hf", "vllm", "sglang"]  # [value, label, tooltip]
 
 
 def test_engine_shows_the_engine_lines(calc):
