@@ -22,6 +22,14 @@ from .gpt2 import GPT2
 from .llama import Llama
 
 
+def _tower_dims(cfg: Mapping[str, Any]) -> Tuple[int, int, int, int, int, int]:
+    """A ViT tower's hidden size, layers, heads, MLP size, patch size and input channels
+    (SigLIP's and Pixtral's config names)."""
+    return (_require(cfg, "vision hidden size", "hidden_size"), _require(cfg, "vision layers", "num_hidden_layers"),
+            _require(cfg, "vision heads", "num_attention_heads"), _require(cfg, "vision MLP size", "intermediate_size"),
+            _require(cfg, "patch size", "patch_size"), int(_get(cfg, "num_channels", default=3) or 3))
+
+
 def _vision_info(h: int, L: int, a: int, i: int, b: _Builder, mlp_kind: str, norm_kind: str) -> Dict[str, Any]:
     return dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=a, head_dim=h // a, intermediate_size=i,
                 vocab_size=0, tie_word_embeddings=False, tensors=b.tensors, mlp_kind=mlp_kind, norm_kind=norm_kind)
@@ -36,13 +44,8 @@ class SiglipVision(GPT2):
     prefix = "model.vision_tower."
 
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
-        h = _require(cfg, "vision hidden size", "hidden_size")
-        L = _require(cfg, "vision layers", "num_hidden_layers")
-        a = _require(cfg, "vision heads", "num_attention_heads")
-        i = _require(cfg, "vision MLP size", "intermediate_size")
-        p = _require(cfg, "patch size", "patch_size")
+        h, L, a, i, p, ch = _tower_dims(cfg)
         size = _require(cfg, "image size", "image_size")
-        ch = int(_get(cfg, "num_channels", default=3) or 3)
         P = self.prefix
         b = _Builder(L)
         b.top(P + "embeddings.patch_embedding.weight", (h, ch, p, p), "embedding", "patch_embedding")
@@ -92,12 +95,7 @@ class PixtralVision(Llama):
     prefix = "model.vision_tower."
 
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
-        h = _require(cfg, "vision hidden size", "hidden_size")
-        L = _require(cfg, "vision layers", "num_hidden_layers")
-        a = _require(cfg, "vision heads", "num_attention_heads")
-        i = _require(cfg, "vision MLP size", "intermediate_size")
-        p = _require(cfg, "patch size", "patch_size")
-        ch = int(_get(cfg, "num_channels", default=3) or 3)
+        h, L, a, i, p, ch = _tower_dims(cfg)
         P = self.prefix
         b = _Builder(L)
         b.top(P + "patch_conv.weight", (h, ch, p, p), "embedding", "patch_conv")
