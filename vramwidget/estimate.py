@@ -1235,6 +1235,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     est._setup_obj = s
     est._replay_fn = lambda capacity_bytes=None, record=False: ALLOCATOR_REPLAY["replay"](arch, s, capacity_bytes,
                                                                                          record)
+    est._provisional_fn = lambda: ALLOCATOR_REPLAY["provisional"](arch, s, peak)
     if gpu is not None:
         est.set_gpu(gpu)
     return est
