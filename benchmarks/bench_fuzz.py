@@ -128,6 +128,9 @@ def run_invalid(start: int, n: int, seed: int):
             counts["VramError"] += 1
             if "\n" in str(e):
                 counts["multi-line messages"] += 1
+            if not e.field or e.field not in str(e):
+                counts["messages not naming their field"] += 1
+                examples.setdefault(f"{target}({k}=...): field {e.field!r} not in: {e}"[:200], (i, ""))
         except Exception as e:  # noqa: BLE001 - counted: the number that must be 0
             counts["exceptions other than VramError"] += 1
             examples.setdefault(f"{target}({k}=...): {type(e).__name__}: {e}"[:200],
@@ -193,7 +196,8 @@ def main(argv=None) -> int:
                 json.dump({t: dict(r, counts=dict(r["counts"]), examples={k: repr(v) for k, v in r["examples"].items()})
                            for t, r in results.items()}, f, indent=1)
     bad = sum(r["counts"]["exceptions other than VramError"] + r["counts"]["invariant violations"]
-              + r["counts"]["multi-line messages"] for r in results.values())
+              + r["counts"]["multi-line messages"] + r["counts"]["messages not naming their field"]
+              for r in results.values())
     return 1 if a.strict and bad else 0
 
 
