@@ -682,7 +682,9 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
                 out.append(("param", t1))
             else:
                 an, bn = coeffs(t1.numel, t2.numel)
-                out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in one[key][1], an, bn))
+                saved = one[key][1]
+                out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in saved, an, bn, t1.outlives,
+                            t1.name in saved and t1.name in one[key][2]))
         return out
 
     return _Profile(arch=arch, per_layer=per_layer, per=coeffs(one["per"], two["per"]),
@@ -764,7 +766,8 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
             "dense": dense_bytes, "head": head, "backend": backend,
             "written": tr.created_bytes, "ops": tr.created_ops,
             "head_written": htr.created_bytes, "head_ops": htr.created_ops, "head_packs": norm_packs,
-            "alloc_ops": (tr.ops, set(tr.saved)), "alloc_ops_first": (tr_first.ops, set(tr_first.saved))}
+            "alloc_ops": (tr.ops, set(tr.saved), tr.saved_by_producer),
+            "alloc_ops_first": (tr_first.ops, set(tr_first.saved), tr_first.saved_by_producer)}
 
 
 def _dora_weight_copies_per_layer(arch: Architecture, s: TrainingSetup, P: _Params) -> float:
@@ -1089,7 +1092,11 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         notes.append("SDPA falls back to the math kernel here (fp32 with grouped KV heads): "
                      "the b x a x s x s probabilities are kept for every layer")
     if A.backend == "eager":
-        notes.append("eager attention keeps fp32 and 16-bit b x a x s x s probabilities for every layer")
+        why = "" if s.attn_implementation == "eager" else (
+            f"attn_implementation={s.attn_implementation!r} is not what runs: transformers has no SDPA path for "
+            f"this model ({'logit soft-capping' if arch.attn_logit_softcapping else arch.model_type}) and runs "
+            "it eager; ")
+        notes.append(why + "eager attention keeps fp32 and 16-bit b x a x s x s probabilities for every layer")
     if s.optimizer.startswith("paged"):
         notes.append("paged optimizer states live in unified memory and move to the CPU under memory pressure")
     if s.precision == "fp8":
@@ -1237,6 +1244,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     est._setup_obj = s
     est._replay_fn = lambda capacity_bytes=None, record=False: ALLOCATOR_REPLAY["replay"](arch, s, capacity_bytes,
                                                                                          record)
+    est._provisional_fn = lambda: ALLOCATOR_REPLAY["provisional"](arch, s, peak)
     if gpu is not None:
         est.set_gpu(gpu)
     return est

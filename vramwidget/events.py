@@ -24,11 +24,14 @@ estimate's own; the order is the one PyTorch's autograd and transformers' module
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from .activations import attention_backend
 from .architecture import Architecture
-from .allocator import parse_alloc_conf, replay
+from .allocator import DEFAULT_RESERVED_PER_ALLOCATED, parse_alloc_conf, replay
 from .estimate import (ALLOCATOR_REPLAY, BNB_8BIT_MIN_SIZE, BNB_8BIT_OPT_BLOCK, CUBLAS_WORKSPACE_BYTES, _get_profile,
                        _params, _resid, _state_dtypes, gc_mode, logits_dtype)
 from .training import TrainingSetup
@@ -200,8 +203,8 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             if op[0] == "param":
                 out.append(op)
             else:
-                _, name, dtype, rg, saved, an, bn = op
-                out.append(("new", name, DTYPE_BYTES[dtype] * (an * T + bn * T2), rg, saved))
+                _, name, dtype, rg, saved, an, bn, outlives, by_producer = op
+                out.append(("new", name, DTYPE_BYTES[dtype] * (an * T + bn * T2), rg, saved, outlives, by_producer))
         return out
 
     steady_ops, first_ops = block_ops(False), block_ops(True)
@@ -213,17 +216,21 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                       label: Tuple[Any, ...]) -> Tuple[Optional[int], List[int]]:
         """Allocate one block's tensors; returns the block output's key and the kept keys."""
         saved: List[int] = []
-        pending: Optional[int] = None     # the last transient, freed once its consumer ran
+        # transients, each freed once the tensors it outlives exist (normally the next one:
+        # its consumer's output): [key, tensors still to come]
+        pending: List[List[Any]] = []
         resid = x_key                     # the residual stream lives until the next add
         out_key: Optional[int] = None
         for op in ops[1:]:                # ops[0] is the block input (the previous output)
             if op[0] == "param":
                 continue
-            _, name, nbytes, rg, is_saved = op
+            _, name, nbytes, rg, is_saved, outlives, _by_producer = op
             key = st.alloc(nbytes, label + (name,))
-            if pending is not None:
-                st.free(pending)
-                pending = None
+            for p in pending:
+                p[1] -= 1
+                if p[1] <= 0:
+                    st.free(p[0])
+            pending = [p for p in pending if p[1] > 0]
             if name in ("residual after attention", "block output"):
                 # the residual stream lives until the next residual add; a norm may save it
                 if resid is not None and resid != x_key and resid not in saved:
@@ -237,10 +244,10 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             if is_saved and keep_saved:
                 if key is not None:
                     saved.append(key)
-            else:
-                pending = key
-        if pending is not None:
-            st.free(pending)
+            elif key is not None:
+                pending.append([key, outlives])
+        for p in pending:
+            st.free(p[0])
         return out_key, saved
 
     def backward_block(ops: List[Tuple[Any, ...]], grad_key: Optional[int], saved: List[int], layer: int,
@@ -252,12 +259,13 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             params.setdefault(module, []).append(nb)
         saved_iter = list(saved)
         g = grad_key
+        deferred: List[int] = []          # kept by the node that made them: freed after its backward
         for op in reversed(ops[1:]):
             if op[0] == "param":
                 for nb in params.pop(op[1], []):
                     grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + (op[1], "grad")))
                 continue
-            _, name, nbytes, rg, is_saved = op
+            _, name, nbytes, rg, is_saved, _outlives, by_producer = op
             # the consumer of this tensor runs: it makes the tensor's gradient, then autograd
             # releases what the node saved, then the consumer's own incoming gradient goes
             if name.endswith("dequantized weight"):
@@ -265,15 +273,23 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                 st.free(st.alloc(nbytes, label + (name,)))
                 continue
             ng = st.alloc(nbytes, label + ("grad of", name)) if rg else None
+            if rg and deferred:
+                # this gradient is the producer's backward output: the producer's saves go now
+                for k in deferred:
+                    st.free(k)
+                deferred = []
             if is_saved and saved_iter:
-                st.free(saved_iter.pop())
+                if by_producer:
+                    deferred.append(saved_iter.pop())
+                else:
+                    st.free(saved_iter.pop())
             if rg:
                 st.free(g)
                 g = ng
         for rest in params.values():      # parameters no op of the trace named (biases...)
             for nb in rest:
                 grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + ("grad",)))
-        for k in saved_iter:
+        for k in saved_iter + deferred:
             st.free(k)
         # the block input's gradient, the size of the residual stream
         ng = st.alloc(resid_bytes, label + ("grad of block input",))
@@ -457,24 +473,112 @@ def _optimizer_step(st: _Stream, s: TrainingSetup, ordered: List[Tuple[Any, ...]
 # The replay behind Estimate.reserved_bytes
 # ----------------------------------------------------------------------------------
 
-_REPLAYS: Dict[Tuple[Any, ...], Any] = {}
+#: (id(arch), setup) -> (arch, ReplayResult): the replays run so far (default settings, no
+#: capacity, no recording).  The arch is kept beside its id so a recycled id never matches.
+_REPLAYS: Dict[Tuple[Any, ...], Tuple[Architecture, Any]] = {}
+#: (id(arch), the setup without batch_size and seq_len) -> (arch, {(batch, seq): ReplayResult}):
+#: the same replays indexed by size, for :func:`provisional_reserved_bytes`
+_BY_SHAPE: Dict[Tuple[Any, ...], Tuple[Architecture, Dict[Tuple[int, int], Any]]] = {}
+#: replays being computed now (key -> Event): a second thread asking for the same setup waits
+#: for the first one's result instead of replaying it again
+_INFLIGHT: Dict[Tuple[Any, ...], threading.Event] = {}
+_LOCK = threading.Lock()
+_MAX_CACHED = 8192
+_SIZE_FIELDS = ("batch_size", "seq_len")
+_SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSetup) if f.name not in _SIZE_FIELDS)
+
+
+
+def _shape_key(arch: Architecture, s: TrainingSetup) -> Tuple[Any, ...]:
+    return (id(arch),) + tuple(getattr(s, f) for f in _SHAPE_FIELDS)
+
+
+def cached_replay(arch: Architecture, s: TrainingSetup) -> Optional[Any]:
+    """The replay of ``s`` (``allocator.ReplayResult``) when one was already run and cached,
+    else None.  Never runs a replay."""
+    hit = _REPLAYS.get((id(arch), s))
+    return hit[1] if hit is not None and hit[0] is arch else None
+
+
+def _store(arch: Architecture, s: TrainingSetup, res: Any) -> None:
+    with _LOCK:
+        if len(_REPLAYS) >= _MAX_CACHED:
+            _REPLAYS.clear()
+            _BY_SHAPE.clear()
+        _REPLAYS[(id(arch), s)] = (arch, res)
+        sk = _shape_key(arch, s)
+        hit = _BY_SHAPE.get(sk)
+        if hit is None or hit[0] is not arch:
+            hit = _BY_SHAPE[sk] = (arch, {})
+        hit[1][(s.batch_size, s.seq_len)] = res
+
+
+def nearest_cached_replay(arch: Architecture, s: TrainingSetup) -> Optional[Tuple[Tuple[int, int], Any]]:
+    """((batch, seq), ReplayResult) of the cached replay of the same setup (every field but
+    ``batch_size`` and ``seq_len`` equal) nearest to ``s`` in |log b - log b'| + |log s - log s'|,
+    or None.  Never runs a replay."""
+    hit = _BY_SHAPE.get(_shape_key(arch, s))
+    if hit is None or hit[0] is not arch or not hit[1]:
+        return None
+    lb, ls = math.log(s.batch_size), math.log(s.seq_len)
+    best = min(list(hit[1].items()), key=lambda kv: abs(math.log(kv[0][0]) - lb) + abs(math.log(kv[0][1]) - ls))
+    return best
+
+
+def reserved_per_allocated(res: Any) -> float:
+    """A replay's fragmentation as a ratio: ``max_reserved_bytes / max_allocated_bytes`` (>= 1)."""
+    return max(1.0, float(res.max_reserved_bytes) / float(res.max_allocated_bytes)) if res.max_allocated_bytes else 1.0
+
+
+def provisional_reserved_bytes(arch: Architecture, s: TrainingSetup, peak_bytes: float) -> Tuple[float, bool]:
+    """Reserved memory without running a replay: ``(bytes, exact)``.
+
+    * the replay of ``s`` is cached: ``(reserved_bytes(arch, s, peak), True)``, the exact value;
+    * else a replay of the same setup at another batch / sequence length is cached: the
+      nearest one's fragmentation carried over as a ratio,
+      ``peak_bytes x max(1, max_reserved / max_allocated of that replay)``, False;
+    * else ``peak_bytes x DEFAULT_RESERVED_PER_ALLOCATED`` (1.0812, the validation set's
+      median ratio), False.
+
+    The one place where an unreplayed setup's reserve is guessed (the widget's first frame,
+    ``Estimate.provisional_device_total_bytes``, the far cells of ``fit_map``).
+    """
+    if cached_replay(arch, s) is not None:
+        return reserved_bytes(arch, s, peak_bytes), True
+    near = nearest_cached_replay(arch, s)
+    ratio = reserved_per_allocated(near[1]) if near is not None else DEFAULT_RESERVED_PER_ALLOCATED
+    return float(peak_bytes) * ratio, False
 
 
 def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Optional[float] = None,
                     record: bool = False) -> Any:
     """Replay the caching allocator (``allocator.replay``, with the setup's ``allocator``
     settings) over this setup's load + three training steps; cached per architecture and
-    setup when no capacity and no recording is asked for."""
+    setup when no capacity and no recording is asked for (safe across threads: two threads
+    asking for the same setup run one replay)."""
+    if capacity_bytes is not None or record:
+        return replay(training_events(arch, s), parse_alloc_conf(s.allocator), capacity_bytes, record)
     key = (id(arch), s)
-    if capacity_bytes is None and not record:
-        hit = _REPLAYS.get(key)
-        if hit is not None and hit[0] is arch:
-            return hit[1]
-    res = replay(training_events(arch, s), parse_alloc_conf(s.allocator), capacity_bytes, record)
-    if capacity_bytes is None and not record:
-        if len(_REPLAYS) > 4096:
-            _REPLAYS.clear()
-        _REPLAYS[key] = (arch, res)
+    while True:
+        hit = cached_replay(arch, s)
+        if hit is not None:
+            return hit
+        with _LOCK:
+            hit = cached_replay(arch, s)
+            if hit is not None:
+                return hit
+            waiting = _INFLIGHT.get(key)
+            if waiting is None:
+                done = _INFLIGHT[key] = threading.Event()
+                break
+        waiting.wait()          # another thread replays this setup: take its result
+    try:
+        res = replay(training_events(arch, s), parse_alloc_conf(s.allocator))
+        _store(arch, s, res)
+    finally:
+        with _LOCK:
+            _INFLIGHT.pop(key, None)
+        done.set()
     return res
 
 
@@ -488,4 +592,4 @@ def reserved_bytes(arch: Architecture, s: TrainingSetup, peak: float) -> float:
     return float(peak) + max(0.0, float(r.max_reserved_bytes - r.max_allocated_bytes))
 
 
-ALLOCATOR_REPLAY.update(replay=replay_training, reserved=reserved_bytes)
+ALLOCATOR_REPLAY.update(replay=replay_training, reserved=reserved_bytes, provisional=provisional_reserved_bytes)
