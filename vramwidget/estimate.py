@@ -678,7 +678,9 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
                 out.append(("param", t1))
             else:
                 an, bn = coeffs(t1.numel, t2.numel)
-                out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in one[key][1], an, bn))
+                saved = one[key][1]
+                out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in saved, an, bn, t1.outlives,
+                            t1.name in saved and t1.name in one[key][2]))
         return out
 
     return _Profile(arch=arch, per_layer=per_layer, per=coeffs(one["per"], two["per"]),
@@ -758,7 +760,8 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
             "dense": dense_bytes, "head": head, "backend": backend,
             "written": tr.created_bytes, "ops": tr.created_ops,
             "head_written": htr.created_bytes, "head_ops": htr.created_ops,
-            "alloc_ops": (tr.ops, set(tr.saved)), "alloc_ops_first": (tr_first.ops, set(tr_first.saved))}
+            "alloc_ops": (tr.ops, set(tr.saved), tr.saved_by_producer),
+            "alloc_ops_first": (tr_first.ops, set(tr_first.saved), tr_first.saved_by_producer)}
 
 
 def _dora_weight_copies_per_layer(arch: Architecture, s: TrainingSetup, P: _Params) -> float:

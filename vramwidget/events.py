@@ -216,8 +216,8 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             if op[0] == "param":
                 out.append(op)
             else:
-                _, name, dtype, rg, saved, an, bn = op
-                out.append(("new", name, DTYPE_BYTES[dtype] * (an * T + bn * T2), rg, saved))
+                _, name, dtype, rg, saved, an, bn, outlives, by_producer = op
+                out.append(("new", name, DTYPE_BYTES[dtype] * (an * T + bn * T2), rg, saved, outlives, by_producer))
         return out
 
     steady_ops, first_ops = block_ops(False), block_ops(True)
@@ -229,17 +229,21 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                       label: Tuple[Any, ...]) -> Tuple[Optional[int], List[int]]:
         """Allocate one block's tensors; returns the block output's key and the kept keys."""
         saved: List[int] = []
-        pending: Optional[int] = None     # the last transient, freed once its consumer ran
+        # transients, each freed once the tensors it outlives exist (normally the next one:
+        # its consumer's output): [key, tensors still to come]
+        pending: List[List[Any]] = []
         resid = x_key                     # the residual stream lives until the next add
         out_key: Optional[int] = None
         for op in ops[1:]:                # ops[0] is the block input (the previous output)
             if op[0] == "param":
                 continue
-            _, name, nbytes, rg, is_saved = op
+            _, name, nbytes, rg, is_saved, outlives, _by_producer = op
             key = st.alloc(nbytes, label + (name,))
-            if pending is not None:
-                st.free(pending)
-                pending = None
+            for p in pending:
+                p[1] -= 1
+                if p[1] <= 0:
+                    st.free(p[0])
+            pending = [p for p in pending if p[1] > 0]
             if name in ("residual after attention", "block output"):
                 # the residual stream lives until the next residual add; a norm may save it
                 if resid is not None and resid != x_key and resid not in saved:
@@ -253,10 +257,10 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             if is_saved and keep_saved:
                 if key is not None:
                     saved.append(key)
-            else:
-                pending = key
-        if pending is not None:
-            st.free(pending)
+            elif key is not None:
+                pending.append([key, outlives])
+        for p in pending:
+            st.free(p[0])
         return out_key, saved
 
     def backward_block(ops: List[Tuple[Any, ...]], grad_key: Optional[int], saved: List[int], layer: int,
@@ -268,12 +272,13 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             params.setdefault(module, []).append(nb)
         saved_iter = list(saved)
         g = grad_key
+        deferred: List[int] = []          # kept by the node that made them: freed after its backward
         for op in reversed(ops[1:]):
             if op[0] == "param":
                 for nb in params.pop(op[1], []):
                     grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + (op[1], "grad")))
                 continue
-            _, name, nbytes, rg, is_saved = op
+            _, name, nbytes, rg, is_saved, _outlives, by_producer = op
             # the consumer of this tensor runs: it makes the tensor's gradient, then autograd
             # releases what the node saved, then the consumer's own incoming gradient goes
             if name.endswith("dequantized weight"):
@@ -281,15 +286,23 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                 st.free(st.alloc(nbytes, label + (name,)))
                 continue
             ng = st.alloc(nbytes, label + ("grad of", name)) if rg else None
+            if rg and deferred:
+                # this gradient is the producer's backward output: the producer's saves go now
+                for k in deferred:
+                    st.free(k)
+                deferred = []
             if is_saved and saved_iter:
-                st.free(saved_iter.pop())
+                if by_producer:
+                    deferred.append(saved_iter.pop())
+                else:
+                    st.free(saved_iter.pop())
             if rg:
                 st.free(g)
                 g = ng
         for rest in params.values():      # parameters no op of the trace named (biases...)
             for nb in rest:
                 grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + ("grad",)))
-        for k in saved_iter:
+        for k in saved_iter + deferred:
             st.free(k)
         # the block input's gradient, the size of the residual stream
         ng = st.alloc(resid_bytes, label + ("grad of block input",))
