@@ -488,7 +488,15 @@ def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
     model = args.model if args.model is not None else cfg.model
     if isinstance(model, str):
         _quiet_hub(model)
-    result = cfg.estimate(model, **overrides)
+    try:
+        result = cfg.estimate(model, **overrides)
+    except VramError as e:
+        if args.model is None and getattr(e, "field", None) == "model":
+            # the file's model could not be loaded (offline, a private or mirrored repo): the
+            # command line may name it (a preset or a local config.json) and keep the file's setup
+            raise VramError(f"{e} (or name the model before --from: vramwidget estimate MODEL --from "
+                            f"{os.path.basename(str(args.from_config))})", field="model") from None
+        raise
     per_gpu = getattr(result, "per_gpu", None)
     est = per_gpu if per_gpu is not None else result
     _time_options(args)
@@ -505,7 +513,8 @@ def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
                              **({"num_gpus": args.num_gpus} if args.num_gpus is not None else {})}
         out.write(json.dumps(d) + "\n")
         return 0
-    lines = [f"read {cfg.source} as a {cfg.format} config: {len(cfg.mapped)} field(s) used, "
+    article = "an" if cfg.format[:1].lower() in "aeiou" else "a"
+    lines = [f"read {cfg.source} as {article} {cfg.format} config: {len(cfg.mapped)} field(s) used, "
              f"{len(cfg.ignored)} ignored"]
     for f, k, v in cfg.mapped:
         lines.append(f"  {f} -> {k}={v!r}")
