@@ -614,7 +614,9 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
                        ) -> List[Tuple[str, float, str]]:
     """A side tower's saved tensors (a VLM's vision encoder over ``images_per_sample`` images
     of each sample): its blocks traced at its own token count (patches per image), each
-    image attending within itself.  Under checkpointing each tower layer keeps its input."""
+    image attending within itself, in the sequences the tower family lays them out in
+    (``tower_attention_layout``), plus what the tower saves once (``tower_saved_once``).
+    Under checkpointing each tower layer keeps its input."""
     out: List[Tuple[str, float, str]] = []
     for name, tarch in arch.towers.items():
         per_sample = arch.family.tower_tokens(arch, name, s)
@@ -628,7 +630,11 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
         if cpu and backend in ("math", "efficient"):
             backend = "flash"
         full = s.method == "full"
-        ctx = BlockContext(arch=tarch, setup=s, T=T, b=n_img, s=patches, c=c, resid=_resid(s),
+        tfam = tarch.family
+        seqs, seq_len = tfam.tower_attention_layout(n_img, patches, s)
+        once = tfam.tower_saved_once(tarch, n_img, patches, s, backend, _resid(s))
+        out.extend(once)
+        ctx = BlockContext(arch=tarch, setup=s, T=T, b=seqs, s=seq_len, c=c, resid=_resid(s),
                            norm_w_dtype="float32" if (s.autocast or s.precision == "fp32") else s.weights_dtype,
                            linear_trains=full, norms_train=full, lora_modules=P.lora_modules,
                            adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu)
