@@ -1044,7 +1044,13 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         grads_live_first = grads_live_end = live
         head_grad = live
     else:
-        embed_grad_live = embed_grad if arch.tie_word_embeddings else 0.0
+        # a tied head and embedding: the head's gradient waits in autograd's input buffer for the
+        # embedding's; the engine adds the two in place only into a plain tensor it holds the last
+        # reference to (torch/csrc/autograd/input_buffer.cpp, ``can_accumulate_inplace``).  The
+        # head's weight gradient is a transposed view of its mm (linear's backward), so the sum
+        # is a third V x h tensor; under autocast it arrives as the fp32 cast of that (a plain
+        # tensor) and the embedding's is added into it (checked on the CPU: aten::add vs add_)
+        embed_grad_live = (embed_grad * (1 if s.autocast else 2)) if arch.tie_word_embeddings else 0.0
         grads_live_first = grads_bytes - embed_grad - layer_grad * 2 / 3
         grads_live_end = grads_bytes
     ev = {
@@ -1192,8 +1198,10 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         else:
             bwd = [grads_part(grads_bytes, "every gradient"),
                    Node("activations", children=[Node("embedding gradient being accumulated",
-                                                      bytes=embed_grad if arch.tie_word_embeddings else 0.0,
-                                                      formula="V x h (tied head and embedding: two contributions)")])]
+                                                      bytes=embed_grad_live,
+                                                      formula="V x h (tied head and embedding: two contributions"
+                                                      + (", added in place)" if s.autocast else
+                                                         ", added out of place: 2 x V x h beside the sum)"))])]
         fwd = [weights, qconst, adapters, state_node, acts, logits_fwd,
                Node("weights", children=[cast_cache]), _deq_node(deq), workspace]
         if accum_grads:
