@@ -345,6 +345,24 @@ def test_torchtune_readme_optimization_flags(row, published_gib, kw):
     assert est.peak_allocated_bytes / GIB == pytest.approx(published_gib, rel=0.10), row
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "torchtune README '+ 8-bit AdamW' 17.6 GiB does not name the optimizer class.  The recipe "
+    "config's default (llama3_2/3B_full_single_device.yaml) is bitsandbytes PagedAdamW8bit, whose "
+    "states come from cudaMallocManaged (bitsandbytes get_paged) outside PyTorch's allocator, so "
+    "'Peak Memory Active' would not count them: about 8.4 GiB.  bitsandbytes AdamW8bit (in-place "
+    "blockwise kernel): 14.5 GiB, -17%.  torchao AdamW8bit (the docs' other suggestion) steps each "
+    "parameter in a torch.compile'd single_param_adam; inductor's CPU code (torch 2.13, torchao "
+    "0.7.0) materialises the updated exp_avg and exp_avg_sq in fp32, 2 x 4 B per value of the "
+    "parameter being stepped (+2.9 GiB for the tied embedding, stepped last): about 15.8 GiB, "
+    "-10%, but what the CUDA build materialises is not verified here."))
+def test_torchtune_readme_8bit_adamw():
+    """torchtune README "+ 8-bit AdamW" (17.6 GiB), on top of optimizer_in_bwd and activation
+    offloading; estimated with bitsandbytes AdamW8bit's states (1 B + fp32 absmax per 256)."""
+    est = estimate("llama-3.2-3b", method="full", optimizer="adamw_8bit", optimizer_in_backward=True,
+                   activation_offloading=True, **TT, **AC)
+    assert est.peak_allocated_bytes / GIB == pytest.approx(17.6, rel=0.10)
+
+
 @pytest.mark.parametrize("model,micro_batch,quantize,published_gb", [
     ("llama-2-7b", 1, None, 21.30), ("llama-2-13b", 1, None, 38.12), ("llama-2-7b", 2, None, 29.07),
     ("llama-2-7b", 1, "bnb.nf4", 14.14), ("llama-2-7b", 1, "bnb.nf4-dq", 13.84),
@@ -434,11 +452,26 @@ def test_peft_docs_70b_qlora_on_two_gpus(strategy, published_gb):
     2 GPUs, examples/sft run_peft_qlora_fsdp.sh / run_peft_qlora_deepspeed_stage3.sh:
     per_device_train_batch_size 2, max_seq_len 2048 (packed), gradient checkpointing, flash
     attention 2, LoRA r 8 alpha 16 dropout 0.1 on all-linear, NF4 with nested quantization,
-    bf16 storage.  Per GPU as nvidia-smi shows it: reserved + CUDA context.
-    Not reproduced within 10%: FSDP with fsdp_offload_params (19.6 GB published; estimate
-    15.9 GB, -19%)."""
+    bf16 storage.  Per GPU as nvidia-smi shows it: reserved + CUDA context.  FSDP with
+    fsdp_offload_params: test_peft_docs_70b_qlora_fsdp_cpu_offload."""
     pe = vw.estimate_parallel("llama-2-70b", strategy=strategy, num_gpus=2, **QLORA_70B)
     assert pe.device_total_bytes / 1e9 == pytest.approx(published_gb, rel=0.10)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "PEFT docs/source/accelerate/fsdp.md: 19.6 GB per GPU with fsdp_offload_params "
+    "(examples/sft/configs/fsdp_config_qlora.yaml, FSDP1, use_orig_params false); estimate 15.9 "
+    "GB, -19% (16.3 GB, -17%, with the March 2024 releases: transformers 4.38, bitsandbytes "
+    "0.43.0, peft 0.10).  The same setup without offload is reproduced (35.6 GB, -6%).  Published, "
+    "offloading saved 16.0 GB, 1.6 GB less than the sharded NF4 storage it moves to the CPU (17.6 "
+    "GB per GPU), which the estimate removes whole; what FSDP1's CPU offload keeps on the GPU "
+    "beyond the unsharded unit and its shard's host-to-device copy is not identified, and the doc "
+    "itself says 'GPU Memory saving when using CPU Offloading is untested' and does not say how "
+    "memory was read."))
+def test_peft_docs_70b_qlora_fsdp_cpu_offload():
+    pe = vw.estimate_parallel("llama-2-70b", strategy="fsdp_full_shard", num_gpus=2, offload_params=True,
+                              **QLORA_70B)
+    assert pe.device_total_bytes / 1e9 == pytest.approx(19.6, rel=0.10)
 
 
 @pytest.mark.parametrize("kw", [
