@@ -618,7 +618,9 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
                        ) -> List[Tuple[str, float, str]]:
     """A side tower's saved tensors (a VLM's vision encoder over ``images_per_sample`` images
     of each sample): its blocks traced at its own token count (patches per image), each
-    image attending within itself.  Under checkpointing each tower layer keeps its input."""
+    image attending within itself, in the sequences the tower family lays them out in
+    (``tower_attention_layout``), plus what the tower saves once (``tower_saved_once``).
+    Under checkpointing each tower layer keeps its input."""
     out: List[Tuple[str, float, str]] = []
     for name, tarch in arch.towers.items():
         per_sample = arch.family.tower_tokens(arch, name, s)
@@ -632,7 +634,11 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
         if cpu and backend in ("math", "efficient"):
             backend = "flash"
         full = s.method == "full"
-        ctx = BlockContext(arch=tarch, setup=s, T=T, b=n_img, s=patches, c=c, resid=_resid(s),
+        tfam = tarch.family
+        seqs, seq_len = tfam.tower_attention_layout(n_img, patches, s)
+        once = tfam.tower_saved_once(tarch, n_img, patches, s, backend, _resid(s))
+        out.extend(once)
+        ctx = BlockContext(arch=tarch, setup=s, T=T, b=seqs, s=seq_len, c=c, resid=_resid(s),
                            norm_w_dtype="float32" if (s.autocast or s.precision == "fp32") else s.weights_dtype,
                            linear_trains=full, norms_train=full, lora_modules=P.lora_modules,
                            adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu)
@@ -1047,7 +1053,13 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         grads_live_first = grads_live_end = live
         head_grad = live
     else:
-        embed_grad_live = embed_grad if arch.tie_word_embeddings else 0.0
+        # a tied head and embedding: the head's gradient waits in autograd's input buffer for the
+        # embedding's; the engine adds the two in place only into a plain tensor it holds the last
+        # reference to (torch/csrc/autograd/input_buffer.cpp, ``can_accumulate_inplace``).  The
+        # head's weight gradient is a transposed view of its mm (linear's backward), so the sum
+        # is a third V x h tensor; under autocast it arrives as the fp32 cast of that (a plain
+        # tensor) and the embedding's is added into it (checked on the CPU: aten::add vs add_)
+        embed_grad_live = (embed_grad * (1 if s.autocast else 2)) if arch.tie_word_embeddings else 0.0
         grads_live_first = grads_bytes - embed_grad - layer_grad * 2 / 3
         grads_live_end = grads_bytes
     ev = {
@@ -1199,8 +1211,10 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         else:
             bwd = [grads_part(grads_bytes, "every gradient"),
                    Node("activations", children=[Node("embedding gradient being accumulated",
-                                                      bytes=embed_grad if arch.tie_word_embeddings else 0.0,
-                                                      formula="V x h (tied head and embedding: two contributions)")])]
+                                                      bytes=embed_grad_live,
+                                                      formula="V x h (tied head and embedding: two contributions"
+                                                      + (", added in place)" if s.autocast else
+                                                         ", added out of place: 2 x V x h beside the sum)"))])]
         fwd = [weights, qconst, adapters, state_node, acts, logits_fwd,
                Node("weights", children=[cast_cache]), _deq_node(deq), workspace]
         if accum_grads:
