@@ -258,7 +258,7 @@ def test_cli_estimate_from_file(tmp_path):
     assert d2["architecture"]["name"] == "llama-3.2-1b" and d2["setup"]["seq_len"] == 512
     text = _cli("estimate", "llama-3-70b", "--from", path("axolotl_qlora_fsdp_70b.yaml"), "--num-gpus", "2")
     assert text.returncode == 0, text.stderr
-    assert "as an axolotl config" in text.stdout and "per GPU (strategy=fsdp_full_shard" in text.stdout
+    assert "as an axolotl config" in text.stdout and "per GPU, the worst one (strategy=fsdp_full_shard" in text.stdout
     none = _cli("estimate", "--from", path("accelerate_fsdp_config_qlora.yaml"))
     assert none.returncode == 2 and "names no model" in none.stderr
     missing = _cli("estimate")

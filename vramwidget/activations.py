@@ -242,7 +242,17 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         tr.save(tr.new(f"{tag} lora_A output", n_tok * r, a_dtype, True, f"T x r (r={r})", LORA_GROUP))
         # lora_B(...) * scaling, added to the base result (promoted to the adapter dtype) and
         # cast back with result.to(torch_result_dtype): transients the trace need not keep
-        tr.temp(f"{tag} lora_B output", n_tok * out_features, a_dtype, True, "T x out (transient)", LORA_GROUP)
+        if tag == "qkv (fused LoRA)" and not {"q_proj", "k_proj", "v_proj"} <= set(ctx.lora_modules):
+            # LitGPT LoRAQKVLinear.zero_pad (litgpt/lora.py; lit_gpt/lora.py in 2023) scatters
+            # the adapted slices into the full qkv width with index_copy(_), whose backward
+            # formula (derivatives.yaml: grad.index_select(dim, index).expand_as(source))
+            # keeps its source: this module's slice of the conv1d (lora_B) output.  With all
+            # of q, k, v adapted zero_pad returns its input and nothing is kept.
+            tr.save(tr.new(f"{tag} {module} lora_B output (kept by zero_pad's index_copy)", n_tok * out_features,
+                           a_dtype, True, f"T x {_dim(out_features)}", LORA_GROUP))
+        else:
+            tr.temp(f"{tag} lora_B output", n_tok * out_features, a_dtype, True, "T x out (transient)",
+                    LORA_GROUP)
         tr.temp(f"{tag} lora_B output x scaling", n_tok * out_features, a_dtype, True, "T x out (transient)",
                LORA_GROUP)
         if _promote(a_dtype, out_dtype) != out_dtype:

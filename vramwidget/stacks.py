@@ -18,7 +18,9 @@ A stack is two dictionaries, read from that stack's own source (cited per entry)
                            ForCausalLMLoss, torchtune's losses); LitGPT's
                            ``chunked_cross_entropy`` runs on the 16-bit logits.
   ``fused_qkv_lora``       one LoRA input (dropout mask, dropped copy) for the fused qkv
-                           projection (LitGPT's LoRAQKVLinear) instead of one per q/k/v.
+                           projection (LitGPT's LoRAQKVLinear) instead of one per q/k/v; when
+                           not all of q, k, v are adapted, its zero_pad keeps the lora_B output
+                           (activations.linear).
   ``packed_sdpa``          packed sequences run through SDPA/flex attention with a document
                            mask kept per kernel (no b x s x s mask tensor), as varlen flash does.
 
@@ -94,8 +96,13 @@ STACKS: Dict[str, Dict[str, Any]] = {
         # model(..., lm_head_chunk_size=128) + utils.chunked_cross_entropy (cross_entropy per
         # 128-token chunk, no fp32 upcast); adapters in the model's dtype (lit_gpt/lora.py).
         # The fused qkv's q, k, v are reshaped copies, the same bytes as separate projections.
+        # --quantize bnb.*: Lightning's BitsandbytesPrecision (lightning/fabric/plugins/precision/
+        # bitsandbytes.py) swaps every torch.nn.Linear built under fabric.init_module for a
+        # bitsandbytes Linear4bit, the lm_head included ("bnb.nf4": no double quantization,
+        # "bnb.nf4-dq": compress_statistics=True).
         "defaults": {"precision": "bf16", "lora_r": 8, "lora_alpha": 16.0, "lora_dropout": 0.05,
-                     "lora_targets": ("q_proj", "v_proj"), "loss": "chunked"},
+                     "lora_targets": ("q_proj", "v_proj"), "loss": "chunked",
+                     "quantized_groups": ("attn_qk", "attn_vo", "mlp", "lm_head")},
         "behaviour": {"adapter_dtype": "weights", "loss_upcast": False, "loss_chunk_tokens": 128,
                       "fused_qkv_lora": True},
         "sources": ("litgpt finetune/lora.py (2023: lm_head_chunk_size=128, chunked_cross_entropy)",
