@@ -47,7 +47,7 @@ def test_params_total_equals_transformers(key, param_counts):
                                  "olmoe-1b-7b", "pythia-1b", "qwen3-8b", "gpt-oss-20b",
                                  "llama-4-scout-17b-16e", "glm-4.5-air", "lfm2-1.2b",
                                  "gemma-3-4b-vision", "mistral-small-3.2-24b", "modernbert-base",
-                                 "bert-base-uncased"])
+                                 "bert-base-uncased", "bart-large"])
 def test_tensor_shapes_equal_transformers(key, param_counts):
     """Every tensor: the same name pattern, shape and number of instances as transformers."""
     arch = _arch_for(key)
