@@ -76,6 +76,10 @@ class Trace:
         #: every tensor the forward creates and every parameter it uses, in order (the
         #: allocation events of the caching-allocator replay, ``events.py``)
         self.ops: List[Tuple[str, Any]] = []
+        #: saved-tensor pack events (``torch.autograd.graph.saved_tensors_hooks`` calls): one
+        #: per autograd node that keeps a tensor, so a tensor kept by two ops counts twice
+        #: (activation offloading's forward stash counts these, estimate._offload)
+        self.packs = 0
         #: saved tensors that the node which *made* them keeps (softmax, exp, tanh save their
         #: output): autograd releases them after that node's backward, one op later than a
         #: tensor kept by its consumer (the replay's order, ``events.py``)
@@ -103,9 +107,12 @@ class Trace:
         made when backward reaches it)."""
         self.ops.append(("param", module))
 
-    def save(self, t: _T, by_producer: bool = False) -> None:
-        """Mark ``t`` as kept for backward (once per storage); ``by_producer``: the node that
-        made ``t`` keeps it (a softmax's output), not only the node that consumes it."""
+    def save(self, t: _T, by_producer: bool = False, packs: int = 1) -> None:
+        """Mark ``t`` as kept for backward (its bytes once per storage); ``by_producer``: the
+        node that made ``t`` keeps it (a softmax's output), not only the node that consumes
+        it; ``packs``: how many autograd nodes keep it (each one is a pack call of the
+        saved-tensor hooks)."""
+        self.packs += packs
         if by_producer:
             self.saved_by_producer.add(t.name)
         if t.name not in self.saved:
@@ -235,7 +242,17 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         tr.save(tr.new(f"{tag} lora_A output", n_tok * r, a_dtype, True, f"T x r (r={r})", LORA_GROUP))
         # lora_B(...) * scaling, added to the base result (promoted to the adapter dtype) and
         # cast back with result.to(torch_result_dtype): transients the trace need not keep
-        tr.temp(f"{tag} lora_B output", n_tok * out_features, a_dtype, True, "T x out (transient)", LORA_GROUP)
+        if tag == "qkv (fused LoRA)" and not {"q_proj", "k_proj", "v_proj"} <= set(ctx.lora_modules):
+            # LitGPT LoRAQKVLinear.zero_pad (litgpt/lora.py; lit_gpt/lora.py in 2023) scatters
+            # the adapted slices into the full qkv width with index_copy(_), whose backward
+            # formula (derivatives.yaml: grad.index_select(dim, index).expand_as(source))
+            # keeps its source: this module's slice of the conv1d (lora_B) output.  With all
+            # of q, k, v adapted zero_pad returns its input and nothing is kept.
+            tr.save(tr.new(f"{tag} {module} lora_B output (kept by zero_pad's index_copy)", n_tok * out_features,
+                           a_dtype, True, f"T x {_dim(out_features)}", LORA_GROUP))
+        else:
+            tr.temp(f"{tag} lora_B output", n_tok * out_features, a_dtype, True, "T x out (transient)",
+                    LORA_GROUP)
         tr.temp(f"{tag} lora_B output x scaling", n_tok * out_features, a_dtype, True, "T x out (transient)",
                LORA_GROUP)
         if _promote(a_dtype, out_dtype) != out_dtype:
@@ -267,8 +284,10 @@ def rms_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: 
         x32.formula, x32.group = f"T x {_dim(dim)} fp32 upcast", group
     rows = x.numel / dim
     if x.rg:
-        tr.save(x32)
-        tr.save(tr.new(f"{name} rsqrt", rows, F32, True, "T x 1 fp32", group))
+        # x32.pow(2) and x32 * rsqrt(...) each keep x32; rsqrt keeps its output for its own
+        # backward and the product keeps it again: two packs each
+        tr.save(x32, packs=2)
+        tr.save(tr.new(f"{name} rsqrt", rows, F32, True, "T x 1 fp32", group), packs=2)
     n32 = tr.new(f"{name} normalised fp32", x.numel, F32, x.rg or trains, f"T x {_dim(dim)} fp32", group)
     if gemma:
         if trains:
@@ -292,7 +311,7 @@ def layer_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group
     xin = tr.cast(x, F32, f"{name} input as fp32") if ctx.setup.autocast else x
     if x.rg or ctx.norms_train:
         tr.save(xin)
-        tr.save(tr.new(f"{name} mean and rstd", 2 * x.numel / dim, F32, True, "2 x T fp32", group))
+        tr.save(tr.new(f"{name} mean and rstd", 2 * x.numel / dim, F32, True, "2 x T fp32", group), packs=2)
     out = tr.new(f"{name} output", x.numel, xin.dtype, x.rg or ctx.norms_train, f"T x {_dim(dim)}", group)
     tr.param(name)
     return out

@@ -15,6 +15,7 @@ function below, next to its formula; the per-op activation rules are in ``activa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -525,6 +526,8 @@ class _Acts:
     fwd_written_bytes_per_layer: float = 0.0
     head_fwd_ops: float = 0.0
     head_fwd_written_bytes: float = 0.0
+    #: saved-tensor packs of the final norm, the newest ones at the end of the forward (_offload)
+    head_packs: int = 0
 
 
 @dataclass
@@ -543,6 +546,7 @@ class _Profile:
     ops: float = 0.0                                # kernels of one block's forward
     head_written: Tuple[float, float] = (0.0, 0.0)
     head_ops: float = 0.0
+    head_packs: int = 0
     #: the block's forward in order, for the allocator replay: ("new", name, dtype, rg, saved,
     #: numel a, numel b) per created tensor, ("param", module) per parameter use; steady and first block
     alloc_ops: Tuple[List[Tuple[Any, ...]], List[Tuple[Any, ...]]] = ([], [])
@@ -601,7 +605,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     head = [(name, per_tok * T, formula) for name, formula, per_tok in prof.head]
     tower = _tower_activations(arch, s, P, cpu) if arch.towers else []
     return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers, tower=tower,
-                 **_timing_fields(prof, T, T2))
+                 head_packs=prof.head_packs, **_timing_fields(prof, T, T2))
 
 
 def _timing_fields(prof: "_Profile", T: float, T2: float) -> Dict[str, float]:
@@ -688,6 +692,7 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
                     head=[(name, formula, nbytes) for name, nbytes, formula in one["head"]],
                     backend=one["backend"], written=coeffs(one["written"], two["written"]), ops=one["ops"],
                     head_written=coeffs(one["head_written"], two["head_written"]), head_ops=one["head_ops"],
+                    head_packs=one["head_packs"],
                     alloc_ops=(alloc_ops("alloc_ops"), alloc_ops("alloc_ops_first")))
 
 
@@ -731,6 +736,7 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     ctx_head = BlockContext(**{**ctx.__dict__, "linear_trains": head_trains, "quant_base": False,
                                "lora_modules": ()})
     n = arch.family.final_norm(htr, ctx_head, x)
+    norm_packs = htr.packs
     if s.autocast or s.precision == "fp8":
         if head_trains or n.rg:
             n_c = htr.cast(n, c, "output head input cast")
@@ -759,7 +765,7 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     return {"per_layer": list(tr.saved.values()), "per": tr.total_bytes, "first": tr_first.total_bytes,
             "dense": dense_bytes, "head": head, "backend": backend,
             "written": tr.created_bytes, "ops": tr.created_ops,
-            "head_written": htr.created_bytes, "head_ops": htr.created_ops,
+            "head_written": htr.created_bytes, "head_ops": htr.created_ops, "head_packs": norm_packs,
             "alloc_ops": (tr.ops, set(tr.saved), tr.saved_by_producer),
             "alloc_ops_first": (tr_first.ops, set(tr_first.saved), tr_first.saved_by_producer)}
 
@@ -1244,25 +1250,40 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     return est
 
 
-#: torchtune OffloadActivations: max_fwd_stash_size (tensors whose GPU copy waits for its
-#: transfer) and min_offload_size (smaller tensors stay on the GPU)
+#: torchtune OffloadActivations: max_fwd_stash_size (pack ids whose GPU copy waits for its
+#: transfer; tensors under min_offload_size, 1 KiB, stay on the GPU)
 OFFLOAD_FWD_STASH = 5
+#: pack calls of one checkpointed layer: non-reentrant torch.utils.checkpoint saves its inputs
+#: through _NoopSaveInputs (torch/utils/checkpoint.py): an empty placeholder tensor and the
+#: layer input (keyword arguments such as masks are kept by reference, not packed)
+CHECKPOINT_PACKS_PER_LAYER = 2
 
 
 def _offload(A: _Acts, layer_acts: float, gc: bool) -> Tuple[float, float]:
     """Activation offloading: (bytes moved to the CPU, bytes still on the GPU).
 
-    torchtune ``OffloadActivations`` (torchtune/training/_activation_offloading.py) packs
-    every saved tensor of at least 1 KiB that is not a parameter into pinned CPU memory; the
-    GPU copy waits in a forward stash until 5 newer tensors are packed, and in backward each
-    tensor is brought back just before its node runs.  The output head is excluded (a
-    NoOpManager around ``model.output``), so the head's tensors and the logits stay.  What is
-    left on the GPU is the stash: 5 checkpointed layer inputs under full checkpointing (the
-    recomputed layer is not packed: backward runs outside the context), else about one
-    block's saved tensors.  Unsloth's offloaded checkpointing moves the same layer inputs.
+    torchtune ``OffloadActivations`` (torchtune/training/_activation_offloading.py, which
+    TRL's ``activation_offloading`` copies) gives every saved tensor a pack id and copies
+    those of at least 1 KiB that are not parameters to pinned CPU memory; the GPU copy
+    stays in a forward stash until a tensor 5 ids newer is offloaded (``pack_tensor``: ids
+    <= id - max_fwd_stash_size leave the stash).  In backward each tensor is brought back
+    just before its node runs.  The output head is excluded (a NoOpManager around
+    ``model.output``), so the head's tensors and the logits stay.
+
+    What is still on the GPU at the end of the forward is that stash.  Under full
+    checkpointing the ids are each layer's two packs (placeholder + input), then the final
+    norm's (``head_packs``: an fp32-upcast RMSNorm packs its fp32 input and its rsqrt twice
+    each, plus the normalised tensor when its weight trains).  Those norm tensors are counted
+    in the head's activations (not offloaded here); the layer inputs among the 5 newest ids
+    stay beside them: Llama with LoRA (4 norm packs) keeps the last layer's input, full
+    fine-tuning (5) keeps none.  The recomputed layer is not packed (backward runs outside
+    the context).  Without checkpointing about one block's saved tensors wait in the stash.
+    Unsloth's offloaded checkpointing moves the same layer inputs.
     """
     if gc:
-        kept = min(OFFLOAD_FWD_STASH, A.n_saving_layers) * A.checkpoint_bytes_per_layer
+        free_ids = max(OFFLOAD_FWD_STASH - A.head_packs, 0)
+        inputs = min(math.ceil(free_ids / CHECKPOINT_PACKS_PER_LAYER), A.n_saving_layers)
+        kept = inputs * A.checkpoint_bytes_per_layer
     else:
         kept = A.per_layer_bytes
     kept = min(kept, layer_acts)
