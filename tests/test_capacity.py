@@ -79,17 +79,18 @@ def test_ecc_on_gddr_cards_moves_a_sixteenth():
         gpus.usable_capacity("T4", torch_version="latest")
 
 
-def test_verdict_states_the_context_and_uses_the_cards_own():
+def test_verdict_states_the_cards_context_and_usable_capacity():
     est = vw.estimate("llama-3.2-1b", batch_size=2, seq_len=1024)
     for name in ("RTX 4090", "A100 80GB", "H200"):
         v = verdict.verdict(est, name)
         ctx, src = gpus.context_bytes(name)
         assert v["context_bytes"] == ctx
-        assert v["need_bytes"] == pytest.approx(est.reserved_bytes + ctx)
-        assert v["capacity_bytes"] == gpus.get_gpu(name).cuda_total_bytes
-        assert v["usable_capacity_bytes"] == pytest.approx(v["capacity_bytes"] - ctx)
-        assert v["headroom_bytes"] == pytest.approx(v["usable_capacity_bytes"] - est.reserved_bytes)
+        assert v["usable_capacity_bytes"] == gpus.usable_capacity(name)[0]
+        assert v["capacity_note"] == gpus.usable_capacity(name)[1]
         assert f"{ctx / MIB:.0f} MiB" in v["context_note"] and src in v["context_note"]
+        # where the card's context differs from the one the device total counts, it says so
+        counted = "the device total counts" in v["context_note"]
+        assert counted == (abs(ctx - est.cuda_context_bytes) >= MIB), name
 
 
 @settings(max_examples=60, deadline=None)

@@ -39,9 +39,8 @@ def test_verdict_judges_the_device_total_not_allocated():
     g = get_gpu("H100-80GB")
     assert v["measure"] == "device_total"
     assert v["need_bytes"] == est.device_total_bytes == est.reserved_bytes + est.cuda_context_bytes
-    # the device memory a process sees (torch's "total capacity"), not nvidia-smi's total
-    assert v["capacity_bytes"] == g.cuda_total_bytes < g.usable_bytes
-    assert v["headroom_bytes"] == g.cuda_total_bytes - est.device_total_bytes
+    assert v["capacity_bytes"] == g.usable_bytes
+    assert v["headroom_bytes"] == g.usable_bytes - est.device_total_bytes
     assert v["band_bytes"] == pytest.approx(est.reserved_bytes * verdict.uncertainty()["rel_error"])
     assert set(v) >= {"state", "measure", "need_bytes", "capacity_bytes", "headroom_bytes", "band_bytes"}
 

@@ -1,12 +1,12 @@
 """Does it fit?  One measure, three states, and a margin from the estimator's own error.
 
 The measure is the **device total**: what the GPU must hold, the caching allocator's
-reserved memory plus the CUDA context *of that card* (:func:`vramwidget.gpus.context_bytes`:
-its generation, lazy module loading), against the device memory a process sees on it
-(:attr:`vramwidget.gpus.GPU.cuda_total_bytes`, ``mem_get_info()``'s total).  Equivalently the
-reserve against :func:`vramwidget.gpus.usable_capacity`, what torch can allocate there.
-Allocated memory is a part of it, never the figure judged.  The verdict says the context
-figure and where it comes from (``context_note``).
+reserved memory plus the CUDA context (:attr:`vramwidget.result.Estimate.device_total_bytes`),
+against the card's usable capacity (:attr:`vramwidget.gpus.GPU.usable_bytes`).  Allocated
+memory is a part of it, never the figure judged.  Beside the judged figures the verdict
+says the card's own CUDA context with its source (:func:`vramwidget.gpus.context_bytes`:
+by generation, torch and CUDA version) and what torch can allocate there
+(:func:`vramwidget.gpus.usable_capacity`): ``context_note``, ``capacity_note``.
 
 Three states:
 
@@ -76,10 +76,10 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
 
     Returns ``{"state", "measure": "device_total", "need_bytes", "capacity_bytes",
     "headroom_bytes", "band_bytes", "headroom_pct", "band_rel", "gpu", "num_gpus",
-    "context_bytes", "usable_capacity_bytes", "context_note"}``: ``need_bytes`` is the
-    reserve plus ``context_bytes`` (the card's CUDA context), ``capacity_bytes`` the device
-    memory a process sees, ``usable_capacity_bytes`` what torch can allocate (capacity less
-    context), ``context_note`` one line with the context figure and its source;
+    "context_bytes", "usable_capacity_bytes", "context_note", "capacity_note"}``:
+    ``context_bytes`` is the card's CUDA context, ``usable_capacity_bytes`` what torch can
+    allocate on it (``gpus.usable_capacity``), ``context_note`` one line with the context
+    figure and its source, ``capacity_note`` the derivation of the usable capacity;
     ``headroom_bytes`` is negative when it does not fit.  A serving estimate that judges
     its own fit (``est.fits`` with a serving budget: the KV pool must hold a sequence)
     gives ``does_not_fit`` when it says so.
@@ -88,11 +88,15 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
 
     g = get_gpu(gpu)
     shown = getattr(est, "per_gpu", est)
+    need = float(getattr(est, "device_total_bytes", shown.device_total_bytes))
     reserved = float(getattr(est, "reserved_bytes", shown.reserved_bytes))
+    counted = float(getattr(shown, "cuda_context_bytes", need - reserved))
+    cap = float(g.usable_bytes)
     context, context_src = context_bytes(g)
-    need = reserved + context
-    cap = float(g.cuda_total_bytes)
     torch_can, capacity_src = usable_capacity(g)
+    note = f"CUDA context on {g.name}: {context / MIB:.0f} MiB ({context_src})"
+    if abs(counted - context) >= MIB:
+        note += f"; the device total counts {counted / MIB:.0f} MiB"
     band = band_bytes(reserved)
     state = state_of(need, cap, band)
     own = getattr(est, "fits", None) if getattr(est, "serving", None) else None
@@ -111,7 +115,7 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
         "num_gpus": int(num_gpus),
         "context_bytes": context,
         "usable_capacity_bytes": torch_can,
-        "context_note": f"CUDA context on {g.name}: {context / MIB:.0f} MiB ({context_src})",
+        "context_note": note,
         "capacity_note": capacity_src,
     }
 
