@@ -345,6 +345,24 @@ def test_torchtune_readme_optimization_flags(row, published_gib, kw):
     assert est.peak_allocated_bytes / GIB == pytest.approx(published_gib, rel=0.10), row
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "torchtune README '+ 8-bit AdamW' 17.6 GiB does not name the optimizer class.  The recipe "
+    "config's default (llama3_2/3B_full_single_device.yaml) is bitsandbytes PagedAdamW8bit, whose "
+    "states come from cudaMallocManaged (bitsandbytes get_paged) outside PyTorch's allocator, so "
+    "'Peak Memory Active' would not count them: about 8.4 GiB.  bitsandbytes AdamW8bit (in-place "
+    "blockwise kernel): 14.5 GiB, -17%.  torchao AdamW8bit (the docs' other suggestion) steps each "
+    "parameter in a torch.compile'd single_param_adam; inductor's CPU code (torch 2.13, torchao "
+    "0.7.0) materialises the updated exp_avg and exp_avg_sq in fp32, 2 x 4 B per value of the "
+    "parameter being stepped (+2.9 GiB for the tied embedding, stepped last): about 15.8 GiB, "
+    "-10%, but what the CUDA build materialises is not verified here."))
+def test_torchtune_readme_8bit_adamw():
+    """torchtune README "+ 8-bit AdamW" (17.6 GiB), on top of optimizer_in_bwd and activation
+    offloading; estimated with bitsandbytes AdamW8bit's states (1 B + fp32 absmax per 256)."""
+    est = estimate("llama-3.2-3b", method="full", optimizer="adamw_8bit", optimizer_in_backward=True,
+                   activation_offloading=True, **TT, **AC)
+    assert est.peak_allocated_bytes / GIB == pytest.approx(17.6, rel=0.10)
+
+
 @pytest.mark.parametrize("model,micro_batch,quantize,published_gb", [
     ("llama-2-7b", 1, None, 21.30), ("llama-2-13b", 1, None, 38.12), ("llama-2-7b", 2, None, 29.07),
     ("llama-2-7b", 1, "bnb.nf4", 14.14), ("llama-2-7b", 1, "bnb.nf4-dq", 13.84),
@@ -389,6 +407,12 @@ def test_litgpt_zero_pad_keeps_the_lora_output():
 QLORA_70B = dict(method="qlora", batch_size=2, seq_len=2048, gradient_checkpointing="full",
                  attn_implementation="flash_attention_2", lora_r=8, lora_alpha=16, lora_dropout=0.1,
                  lora_targets="all-linear", grad_accum_steps=2)
+#: what PEFT's FSDP/ZeRO-3 QLoRA docs ran (peft commit 6008f272a, 13 March 2024, peft
+#: 0.9.1.dev0): examples/sft/requirements.txt installs transformers from git (4.39.0.dev0: the
+#: bnb_4bit_quant_storage the docs use is new there; LlamaForCausalLM still returns fp32 logits)
+#: and the latest bitsandbytes, 0.43.0 (its first release with FSDP-QLoRA's quant_storage;
+#: 4-bit matmuls kept their inputs until 0.43.2)
+PEFT_MARCH_2024 = {"transformers": "4.39", "bitsandbytes": "0.43.0", "peft": "0.9.1"}
 
 
 @pytest.mark.parametrize("strategy", ["fsdp_full_shard", "zero3"])
@@ -434,11 +458,27 @@ def test_peft_docs_70b_qlora_on_two_gpus(strategy, published_gb):
     2 GPUs, examples/sft run_peft_qlora_fsdp.sh / run_peft_qlora_deepspeed_stage3.sh:
     per_device_train_batch_size 2, max_seq_len 2048 (packed), gradient checkpointing, flash
     attention 2, LoRA r 8 alpha 16 dropout 0.1 on all-linear, NF4 with nested quantization,
-    bf16 storage.  Per GPU as nvidia-smi shows it: reserved + CUDA context.
-    Not reproduced within 10%: FSDP with fsdp_offload_params (19.6 GB published; estimate
-    15.9 GB, -19%)."""
-    pe = vw.estimate_parallel("llama-2-70b", strategy=strategy, num_gpus=2, **QLORA_70B)
+    bf16 storage, the libraries of March 2024 (PEFT_MARCH_2024).  Per GPU as nvidia-smi shows
+    it: reserved + CUDA context.  Estimates: FSDP 33.8 GB (-5%), ZeRO-3 33.7 GB (-8%).  FSDP
+    with fsdp_offload_params: test_peft_docs_70b_qlora_fsdp_cpu_offload."""
+    pe = vw.estimate_parallel("llama-2-70b", strategy=strategy, num_gpus=2, versions=PEFT_MARCH_2024, **QLORA_70B)
     assert pe.device_total_bytes / 1e9 == pytest.approx(published_gb, rel=0.10)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "PEFT docs/source/accelerate/fsdp.md: 19.6 GB per GPU with fsdp_offload_params "
+    "(examples/sft/configs/fsdp_config_qlora.yaml, FSDP1, use_orig_params false); estimate 16.3 "
+    "GB with the releases of March 2024, -17% (15.9 GB, -19%, with current ones).  The same setup "
+    "without offload is reproduced (35.6 GB, estimate 33.8, -5%).  Published, "
+    "offloading saved 16.0 GB, 1.6 GB less than the sharded NF4 storage it moves to the CPU (17.6 "
+    "GB per GPU), which the estimate removes whole; what FSDP1's CPU offload keeps on the GPU "
+    "beyond the unsharded unit and its shard's host-to-device copy is not identified, and the doc "
+    "itself says 'GPU Memory saving when using CPU Offloading is untested' and does not say how "
+    "memory was read."))
+def test_peft_docs_70b_qlora_fsdp_cpu_offload():
+    pe = vw.estimate_parallel("llama-2-70b", strategy="fsdp_full_shard", num_gpus=2, offload_params=True,
+                              versions=PEFT_MARCH_2024, **QLORA_70B)
+    assert pe.device_total_bytes / 1e9 == pytest.approx(19.6, rel=0.10)
 
 
 @pytest.mark.parametrize("kw", [

@@ -618,7 +618,9 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
                        ) -> List[Tuple[str, float, str]]:
     """A side tower's saved tensors (a VLM's vision encoder over ``images_per_sample`` images
     of each sample): its blocks traced at its own token count (patches per image), each
-    image attending within itself.  Under checkpointing each tower layer keeps its input."""
+    image attending within itself, in the sequences the tower family lays them out in
+    (``tower_attention_layout``), plus what the tower saves once (``tower_saved_once``).
+    Under checkpointing each tower layer keeps its input."""
     out: List[Tuple[str, float, str]] = []
     for name, tarch in arch.towers.items():
         per_sample = arch.family.tower_tokens(arch, name, s)
@@ -632,7 +634,11 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
         if cpu and backend in ("math", "efficient"):
             backend = "flash"
         full = s.method == "full"
-        ctx = BlockContext(arch=tarch, setup=s, T=T, b=n_img, s=patches, c=c, resid=_resid(s),
+        tfam = tarch.family
+        seqs, seq_len = tfam.tower_attention_layout(n_img, patches, s)
+        once = tfam.tower_saved_once(tarch, n_img, patches, s, backend, _resid(s))
+        out.extend(once)
+        ctx = BlockContext(arch=tarch, setup=s, T=T, b=seqs, s=seq_len, c=c, resid=_resid(s),
                            norm_w_dtype="float32" if (s.autocast or s.precision == "fp32") else s.weights_dtype,
                            linear_trains=full, norms_train=full, lora_modules=P.lora_modules,
                            adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu)
@@ -705,8 +711,9 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     # after prepare_model_for_kbit_training the residual stream is fp32, 4-bit linears return
     # their input's dtype and RoPE's cos/sin follow the hidden states: attention sees fp32
     backend = attention_backend(arch, s, "float32" if (s.quantized and s.prepare_kbit) else c)
-    if cpu and backend in ("math", "efficient"):  # CPU SDPA: one flash-style kernel
-        backend = "flash"
+    if cpu and backend in ("math", "efficient", "flash"):  # CPU SDPA: one flash-style kernel...
+        # ...or the math kernel where the family's attention takes a mask that needs a gradient
+        backend = arch.family.cpu_sdpa_backend or "flash"
     full = s.method == "full"
     ctx = BlockContext(arch=arch, setup=s, T=T, b=b, s=sq, c=c, resid=resid, norm_w_dtype=norm_w,
                        linear_trains=full, norms_train=full or s.method == "norms", lora_modules=P.lora_modules,
@@ -958,18 +965,19 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
 
 
 def size_grid_totals(arch: Architecture, s: TrainingSetup, b: Any, sq: Any,
-                     mx: Callable[..., Any]) -> Dict[str, Any]:
+                     mx: Callable[..., Any], reserved: bool = True) -> Dict[str, Any]:
     """The totals of ``s`` at every (batch ``b``, sequence ``sq``) of two broadcastable
     arrays, computed by the very operations :func:`estimate_setup` does for one size
     (``mx``: an element-wise max of any number of arrays): ``phases`` (forward, backward,
     optimizer_step, first_step, ...), ``peak_allocated_bytes``, ``reserved_bytes`` and
     ``cuda_context_bytes``.  Saved activations are exact polynomials in b and s (see
-    :class:`_Profile`), so one trace serves the whole grid."""
-    return _estimate(arch, s, sizes=(b, sq), mx=mx)
+    :class:`_Profile`), so one trace serves the whole grid.  ``reserved=False`` leaves out
+    ``reserved_bytes`` (one allocator replay per cell: ``fitmap`` chooses the cells)."""
+    return _estimate(arch, s, sizes=(b, sq), mx=mx, grid_reserved=reserved)
 
 
 def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Optional[Tuple[Any, Any]] = None,
-              mx: Callable[..., Any] = max) -> Any:
+              mx: Callable[..., Any] = max, grid_reserved: bool = True) -> Any:
     """estimate_setup's body; with ``sizes`` it stops at the totals (see size_grid_totals)."""
     if s.trains_adapters and s.lora_targets:
         resolve_targets(arch, s.lora_targets)
@@ -1047,7 +1055,13 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         grads_live_first = grads_live_end = live
         head_grad = live
     else:
-        embed_grad_live = embed_grad if arch.tie_word_embeddings else 0.0
+        # a tied head and embedding: the head's gradient waits in autograd's input buffer for the
+        # embedding's; the engine adds the two in place only into a plain tensor it holds the last
+        # reference to (torch/csrc/autograd/input_buffer.cpp, ``can_accumulate_inplace``).  The
+        # head's weight gradient is a transposed view of its mm (linear's backward), so the sum
+        # is a third V x h tensor; under autocast it arrives as the fp32 cast of that (a plain
+        # tensor) and the embedding's is added into it (checked on the CPU: aten::add vs add_)
+        embed_grad_live = (embed_grad * (1 if s.autocast else 2)) if arch.tie_word_embeddings else 0.0
         grads_live_first = grads_bytes - embed_grad - layer_grad * 2 / 3
         grads_live_end = grads_bytes
     ev = {
@@ -1076,8 +1090,10 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     phases["persistent"] = persistent
     context = CUDA_CONTEXT_BYTES
     if sizes is not None:  # a grid of sizes: the totals only (a replay per cell for reserved memory)
-        return {"phases": phases, "peak_allocated_bytes": peak, "reserved_bytes": _grid_reserved(arch, s, sizes, peak),
-                "cuda_context_bytes": context}
+        out = {"phases": phases, "peak_allocated_bytes": peak, "cuda_context_bytes": context}
+        if grid_reserved:
+            out["reserved_bytes"] = _grid_reserved(arch, s, sizes, peak)
+        return out
     bwd_event = max(ev, key=ev.get)
     peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
 
@@ -1199,8 +1215,10 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         else:
             bwd = [grads_part(grads_bytes, "every gradient"),
                    Node("activations", children=[Node("embedding gradient being accumulated",
-                                                      bytes=embed_grad if arch.tie_word_embeddings else 0.0,
-                                                      formula="V x h (tied head and embedding: two contributions)")])]
+                                                      bytes=embed_grad_live,
+                                                      formula="V x h (tied head and embedding: two contributions"
+                                                      + (", added in place)" if s.autocast else
+                                                         ", added out of place: 2 x V x h beside the sum)"))])]
         fwd = [weights, qconst, adapters, state_node, acts, logits_fwd,
                Node("weights", children=[cast_cache]), _deq_node(deq), workspace]
         if accum_grads:

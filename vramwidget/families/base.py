@@ -49,6 +49,9 @@ class Family:
     #: SDPA can run this family's attention (False: ALiBi or another additive bias that
     #: transformers only implements eagerly)
     sdpa_supported: bool = True
+    #: the kernel CPU SDPA runs for this family's attention where it is not the flash-style one
+    #: (for checking against autograd on the CPU only): "math" where a float mask needs a gradient
+    cpu_sdpa_backend: Optional[str] = None
     #: rotary position embeddings (their cos/sin live through an inference forward)
     rotary: bool = True
     #: llama.cpp's architecture name (LLM_ARCH_*, as convert_hf_to_gguf.py maps the HF class), for
@@ -98,6 +101,16 @@ class Family:
     def tower_tokens(self, arch: Any, tower: str, setup: Any) -> int:
         """Tokens one side tower processes per sample (a vision tower: images x patches)."""
         return 0
+
+    def tower_attention_layout(self, images: int, patches: int, setup: Any) -> Tuple[int, int]:
+        """How this tower's attention sees ``images`` images of ``patches`` patches each:
+        (sequences, tokens per sequence).  Default: one sequence per image."""
+        return images, patches
+
+    def tower_saved_once(self, arch: Any, images: int, patches: int, setup: Any, backend: str, dtype: str
+                         ) -> List[Tuple[str, float, str]]:
+        """Tensors this tower saves once for all its blocks (name, bytes, formula): none by default."""
+        return []
 
     # -- training trace ---------------------------------------------------------------
     def block(self, tr: Any, ctx: Any, x: Any) -> Any:
