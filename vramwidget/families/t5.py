@@ -152,6 +152,12 @@ class T5(Family):
         return out
 
     # -- training trace -----------------------------------------------------------------
+    # T5's position bias (relative_attention_bias, or zeros created with requires_grad in training)
+    # is the SDPA mask and needs a gradient: CUDA runs the memory-efficient kernel, which returns
+    # the bias gradient (its derivative in tools/autograd/derivatives.yaml covers attn_bias); the
+    # CPU's flash kernel has none, so the CPU runs the math kernel (scores kept)
+    cpu_sdpa_backend = "math"
+
     def dropout_p(self, cfg: Mapping[str, Any]) -> float:
         """``dropout_rate`` (0.1 by default)."""
         return float(cfg.get("dropout_rate", 0.1) or 0.0)
