@@ -57,7 +57,8 @@ export function verdictPanel(ctx) {
     let badge;
     if (v.state) {
       badge = h("span", { class: `vw-badge vw-${v.state}`, testid: "verdict-badge", "data-state": v.state,
-        "data-fits": String(v.state !== "does_not_fit"), title: bandHint(s.band) }, [verdictText(v)]);
+        "data-fits": String(v.state !== "does_not_fit"),
+        title: [bandHint(s.band), v.context_note].filter(Boolean).join("\n") }, [verdictText(v)]);
     } else {
       badge = h("span", { class: "vw-badge vw-none", testid: "verdict-badge", "data-state": "",
         text: "no GPU chosen: where it fits ↓" });
