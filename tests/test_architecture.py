@@ -245,6 +245,8 @@ TINY_CONFIGS = {
     "t5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=3, num_heads=4, vocab_size=100,
                feed_forward_proj="gated-gelu", tie_word_embeddings=False),
     "mt5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=3, num_heads=4, vocab_size=100),
+    "bart": dict(d_model=64, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
+                 encoder_ffn_dim=96, decoder_ffn_dim=96, vocab_size=100, max_position_embeddings=40),
     "bert": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=100,
                  max_position_embeddings=40, type_vocab_size=3),
     "umt5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=3, num_heads=4, vocab_size=100,
