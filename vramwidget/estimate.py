@@ -1098,7 +1098,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     notes.append(_versions_note(s))
     flops, overhead = _flops(arch, s, P)
 
-    def build() -> Tuple[List[Node], Dict[str, List[Node]]]:
+    def build(reserve_bytes: Optional[float] = None) -> Tuple[List[Node], Dict[str, List[Node]]]:
         """Every phase's component tree (component > module group > tensor, with formulas)."""
         weights = Node("weights")
         for t, dtype, nbytes, trains in P.weights:
@@ -1208,7 +1208,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
             "optimizer_step": _finish([weights, qconst, adapters, state_node, grads, temps, workspace]),
         }
         components = list(phase_components[peak_phase]) + [
-            Node("allocator reserve", bytes=max(0.0, reserved() - peak),
+            Node("allocator reserve", bytes=max(0.0, (reserved() if reserve_bytes is None else reserve_bytes) - peak),
                  formula="caching allocator: cached free blocks and rounding when reserved memory peaks "
                          "(replay of CUDACachingAllocator over this run's allocations)"),
             Node("cuda context", bytes=context, formula="CUDA context + kernels: ~620 MiB on an H200 (CUDA 13)"),
@@ -1229,6 +1229,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                    notes=notes, builder=build)
     est._work = work
     est._setup_obj = s
+    #: the trees with a given reserve instead of the replay's (the widget's provisional frame)
+    est._tree_fn = build
     est._replay_fn = lambda capacity_bytes=None, record=False: ALLOCATOR_REPLAY["replay"](arch, s, capacity_bytes,
                                                                                          record)
     if gpu is not None:

@@ -14,14 +14,25 @@ Three kinds of estimate, chosen by the traits:
 
 With a GPU chosen, every scenario of the comparison carries a fits / does-not-fit verdict;
 when the setup does not fit, :mod:`.suggestions` works out what would make it fit.
+
+An update never waits for slow work.  It draws at once what is known, with a provisional
+device total where an exact caching-allocator replay is not cached yet
+(``Estimate.provisional_device_total_bytes``: the verdict carries ``"provisional": True``
+and ``status`` is "refining"), and hands the slow part to one background thread
+(:mod:`.worker`, latest request wins): the exact replays, a model with no analytic family
+traced (``status`` "tracing"), the fit map, the largest micro-batch and the suggestions.
+When they arrive the worker recomputes the outputs (now from caches) and sets them inside
+``hold_sync``.  ``Calculator.wait()`` blocks until it is done.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import threading
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import traitlets as t
 
@@ -34,17 +45,30 @@ from ..units import GIB
 from .formats import number_formats
 from .inference import INFERENCE_SCENARIOS, InferencePanel, inference_phase_rows
 from .multigpu import ParallelPanel
-from .state import DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, run_estimate, shown
+from .state import (DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, TracedModel, run_estimate,
+                    shown)
 from .suggestions import SuggestionsPanel, suggestion_dict
 from .options import OptionsPanel
 from .training import YOUR_SETUP, TrainingPanel
 from .trainingconfig import TrainingConfigPanel
 from .verdictpanel import VerdictPanel
+from .worker import Worker
 from .views import (COMPARISON_HEADER, COMPARISON_HEADER_TIME, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
                     add_verdicts, build_specs, table_rows)
 
 _MISSING = object()
 
+#: one piece of background work: (what it is, for the status line; the function)
+Todo = Tuple[str, Callable[[], Any]]
+
+
+class _Later(Exception):
+    """The current setup's own estimate is not known yet (its model is being traced)."""
+
+    def __init__(self, arch: Any) -> None:
+        super().__init__(arch.name)
+        self.arch = arch
+        self.todo: List[Todo] = []
 
 
 class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
@@ -91,6 +115,8 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         self._sugg_token = 0
         self._sugg_job: Optional[Tuple[Tuple, Any, Dict[str, Any]]] = None
         self._pending: Any = None
+        self._worker = Worker()
+        self._tl = threading.local()       # the update pass running on this thread
         self._arch_key: Optional[Tuple[str, str]] = None
         self._arch: Any = None
         super().__init__(model=model, **kwargs)
@@ -125,6 +151,7 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             self._busy = False
         self._ready = True
         self._update()
+        self.wait()    # the first frame: every figure exact (a traced model: its trace)
         if self.error:  # nothing valid to show yet: say so in Python, where it was typed
             raise VramError(self.error, field=self.error_field or None)
 
@@ -176,8 +203,16 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         """The current estimate's leaves as a pandas DataFrame."""
         return self.estimate.to_dataframe(phase)
 
+    def wait(self, timeout: Optional[float] = None) -> "Calculator":
+        """Block until the background work for the current inputs is done (exact device
+        totals, a trace, the fit map, the suggestions): then ``status`` is "idle" and every
+        output trait is exact.  Returns the calculator."""
+        self._worker.wait(timeout)
+        return self
+
     def close(self) -> None:
         self._cancel_pending()
+        self._worker.close()
         super().close()
 
     # -- the observers ----------------------------------------------------------------------
@@ -236,12 +271,144 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         if key != self._arch_key:
             if key[0] == "config":
                 cfg = architecture.parse_config_text(self.config_json, source="pasted config.json")
-                name = cfg.get("_name_or_path") or f"pasted config ({cfg.get('model_type', '?')})"
-                self._arch = architecture.from_config(cfg, name=str(name))
+                name = str(cfg.get("_name_or_path") or f"pasted config ({cfg.get('model_type', '?')})")
+                self._arch = self._load_or_trace(lambda: architecture.from_config(cfg, name=name),
+                                                 lambda: (name, cfg), None)
             else:
-                self._arch = architecture.load(self.model)
+                from ..trace import resolve_config
+
+                model = self.model.strip()
+                self._arch = self._load_or_trace(lambda: architecture.load(self.model),
+                                                 lambda: resolve_config(model), model if "/" in model else None)
             self._arch_key = key
         return self._arch
+
+    @staticmethod
+    def _load_or_trace(load: Callable[[], Any], config: Callable[[], Tuple[str, Dict[str, Any]]],
+                       hub_id: Optional[str]) -> Any:
+        """The Architecture; where the model_type has no analytic family and the trace extra
+        is installed, a :class:`~.state.TracedModel` (``estimate``'s ``backend="auto"``: the
+        widget traces it in the background)."""
+        try:
+            return load()
+        except VramError as e:
+            if e.field != "model_type":
+                raise
+            from .. import trace
+
+            if not trace.available():
+                raise VramError(f"{e} (or trace it: {trace.INSTALL_HINT})", field="model_type") from None
+            name, cfg = config()
+            why = trace.refusal(cfg)
+            if why:
+                raise VramError(why, field="model") from None
+            return TracedModel(name, cfg, hub_id)
+
+    # -- background work -------------------------------------------------------------------
+    @property
+    def _deferring(self) -> bool:
+        """Inside an update pass (slow work is queued for the worker, not done here)."""
+        return getattr(self._tl, "todo", None) is not None
+
+    def _want(self, what: str, fn: Callable[[], Any]) -> bool:
+        """Queue ``fn`` for the background; False outside an update pass (then the caller
+        does the work itself)."""
+        todo = getattr(self._tl, "todo", None)
+        if todo is None:
+            return False
+        todo.append((what, fn))
+        return True
+
+    def _view(self, est: Any) -> Any:
+        """``est`` when its device total is known without a replay; else (inside an update)
+        a copy drawn with the provisional reserve (``Estimate.provisional_reserved_bytes``),
+        and the exact replay queued for the worker."""
+        if not self._deferring or not isinstance(est, Estimate) or getattr(est, "_tree_fn", None) is None \
+                or not hasattr(type(est), "reserved_exact") or est.reserved_exact:
+            return est
+        self._want("refining", lambda: est.reserved_bytes)
+        reserve = est.provisional_reserved_bytes
+        view = copy.copy(est)
+        view.reserved_bytes = reserve
+        view._components = view._phase_components = None
+        view._builder = functools.partial(est._tree_fn, reserve)
+        view.provisional = True
+        return view
+
+    def _answer_later(self, key: Tuple, fn: Callable[[], Any]) -> Any:
+        """A cached fit answer, else (inside an update) None and the search queued for the
+        worker; outside an update it is computed now."""
+        with self._lock:
+            if key in self._answers:
+                return self._answer(key, fn)
+        if not self._deferring:
+            return self._answer(key, fn)
+
+        def work() -> None:
+            try:
+                value = fn()
+            except VramError:
+                value = None
+            with self._lock:
+                self._answers[key] = value
+                if len(self._answers) > 32:
+                    self._answers.popitem(last=False)
+
+        self._want("refining", work)
+        return None
+
+    def _pass(self) -> Tuple[Tuple[Any, Any, Dict[str, Any], Any], List[Todo]]:
+        """One update pass (:meth:`_compute`) with the slow work it met queued, not done."""
+        self._tl.todo = []
+        try:
+            return self._compute(), self._tl.todo
+        except _Later as later:
+            later.todo = self._tl.todo
+            raise
+        finally:
+            self._tl.todo = None
+
+    def _background(self, token: int, todo: List[Todo]) -> None:
+        """Run an update's slow work: on the worker thread, or here when ``suggestions_delay``
+        is None."""
+        if self.suggestions_delay is None:
+            self._refine(token, todo)
+        else:
+            self._worker.submit(lambda: self._refine(token, todo))
+
+    def _refine(self, token: int, todo: List[Todo]) -> None:
+        """The worker's job for update ``token``: the queued work, then the outputs
+        recomputed (from caches now) and set; repeated while a pass finds more (a traced
+        model's comparison scenarios); then the suggestions.  Stops as soon as a newer update
+        came in; an exception becomes the error banner."""
+        try:
+            for _ in range(8):
+                if not todo:
+                    break
+                for _what, fn in todo:
+                    if token != self._sugg_token:
+                        return
+                    fn()
+                with self._lock:
+                    if token != self._sugg_token:
+                        return
+                    outputs, todo = self._pass()
+                    self._publish(token, outputs, todo)
+        except Exception as e:   # noqa: BLE001 - never a traceback: the banner says it
+            with self._lock:
+                if token == self._sugg_token:
+                    if isinstance(e, VramError):
+                        self._set_error(str(e), getattr(e, "field", None) or "")
+                    else:
+                        self._set_error(f"internal error ({type(e).__name__}: {e}); please report it", "")
+            return
+        job = self._sugg_job
+        if job is None or token != self._sugg_token:
+            return
+        with self._lock:
+            cached = self._sugg_cache.get(job[0])
+        if cached is None:
+            self._run_suggestions(token, job)
 
     def _key(self, kind: str, kw: Dict[str, Any]) -> Tuple:
         return (self._arch_key, kind, tuple(sorted((k, v) for k, v in kw.items() if k != "model")))
@@ -250,15 +417,24 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         """The estimate of one setup (``kind``: see :func:`_run`); the last few are kept
         (toggling back is free)."""
         key = self._key(kind, kw)
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
-        est = run_estimate(arch, kind, {k: v for k, v in kw.items() if k != "model"})
-        self._cache[key] = est
-        if len(self._cache) > 8:
-            self._cache.popitem(last=False)
-        return est
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        args = {k: v for k, v in kw.items() if k != "model"}
+
+        def work() -> Any:
+            est = run_estimate(arch, kind, args)
+            with self._lock:
+                self._cache[key] = est
+                if len(self._cache) > 40:   # the last 8 updates' setups and scenarios
+                    self._cache.popitem(last=False)
+            return est
+
+        if isinstance(arch, TracedModel) and self._want(f"tracing {arch.name}", work):
+            raise _Later(arch)   # seconds: the worker traces it
+        return work()
 
     def _scenario_box(self, arch: Any, name: str, kind: str, kw: Dict[str, Any]
                       ) -> Tuple[UnitBox, Optional[bool]]:
@@ -271,9 +447,13 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             self._boxes.move_to_end(key)
             self._notes_now[name] = self._box_notes.get(key, "")
             return hit, self._box_fits.get(key)
-        est = self._cache.get(key) or run_estimate(arch, kind, {k: v for k, v in kw.items() if k != "model"})
-        box = unit_box(shown(est), name)
+        est = self._cached_estimate(arch, kind, kw)
+        view = self._view(shown(est))
+        box = unit_box(view, name)
         serving = getattr(est, "serving", None)
+        if view is not shown(est):   # provisional: drawn now, not kept
+            self._notes_now[name] = ""
+            return box, None
         self._boxes[key] = box
         # under a serving budget every format fills the same share of the GPU: what differs
         # is the KV pool (tokens) and how many sequences run at once
@@ -292,45 +472,66 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
     def _update(self) -> None:
         """Estimate the setup and the scenarios; set every output trait at once.
 
-        Nothing raises out of here (it runs in the comm handler when a frontend changes a
-        trait): a failure sets ``error`` and leaves the last valid outputs in place.
+        Nothing slow runs here (see the module docstring): what needs a replay or a trace is
+        queued for the worker.  Nothing raises out of here (it runs in the comm handler when a
+        frontend changes a trait): a failure sets ``error`` and leaves the last valid outputs
+        in place.
         """
         with self._lock:
+            self._cancel_pending()
+            self._sugg_token += 1
+            token = self._sugg_token
+            self._worker.cancel()
             try:
-                outputs = self._compute()
+                outputs, todo = self._pass()
+            except _Later as later:   # its model is being traced: keep the last estimate, dimmed
+                with self.hold_sync():
+                    self.status = "tracing"
+                    self.status_text = f"tracing {later.arch.name}… (its family has no analytic module)"
+                    self.error = ""
+                    self.error_field = ""
+                self._background(token, later.todo)
+                return
             except VramError as e:
                 self._set_error(str(e), getattr(e, "field", None) or "")
                 return
             except Exception as e:  # a bug, not bad input: still never raise into the frontend
                 self._set_error(f"internal error ({type(e).__name__}: {e}); please report it", "")
                 return
-            result, scenario_kw, traits, job = outputs
-            self._result = result
-            self._estimate = shown(result)
-            self._scenario_kw = scenario_kw
-            # suggestions: from the cache, or worked out after this update (off the hot path)
-            self._cancel_pending()
-            self._sugg_token += 1
-            self._sugg_job = job
-            cached = self._sugg_cache.get(job[0]) if job else None
-            if job is None:
-                traits.update(suggestions=[], suggestions_status="")
-            elif cached is not None:
-                traits.update(suggestions=[suggestion_dict(x) for x in cached], suggestions_status="ready")
-            else:
-                traits.update(suggestions=[], suggestions_status="computing")
-            if traits["specs"] is self.specs:
-                del traits["specs"]    # unchanged: the frontend keeps its embedded views
-            with self.hold_sync():
-                for name, value in traits.items():
-                    setattr(self, name, value)
-                self.error = ""
-                self.error_field = ""
-            if job is not None and cached is None:
-                self._schedule_suggestions(self._sugg_token, job)
-            todo, self._fitmap_todo = getattr(self, "_fitmap_todo", None), None
-            if todo is not None:
-                self._defer(self._run_fitmap, self._sugg_token, todo)
+            self._publish(token, outputs, todo)
+            job = self._sugg_job
+            if todo or (job is not None and self._sugg_cache.get(job[0]) is None):
+                self._background(token, todo)
+
+    def _publish(self, token: int, outputs: Tuple[Any, Any, Dict[str, Any], Any], todo: List[Todo]) -> None:
+        """Set the output traits of a pass (under the lock), with the status its queued work
+        leaves: "idle" when every figure is exact, else "refining" / "tracing"."""
+        result, scenario_kw, traits, job = outputs
+        self._result = result
+        self._estimate = shown(result)
+        self._scenario_kw = scenario_kw
+        self._sugg_job = job
+        cached = self._sugg_cache.get(job[0]) if job else None
+        if job is None:
+            traits.update(suggestions=[], suggestions_status="")
+        elif cached is not None:
+            traits.update(suggestions=[suggestion_dict(x) for x in cached], suggestions_status="ready")
+        else:
+            traits.update(suggestions=[], suggestions_status="computing")
+        tracing = [w for w, _ in todo if w.startswith("tracing")]
+        if tracing:
+            traits.update(status="tracing", status_text=f"{tracing[0]}… (the comparison's scenarios)")
+        elif todo:
+            traits.update(status="refining", status_text="refining…")
+        else:
+            traits.update(status="idle", status_text="")
+        if traits["specs"] is self.specs:
+            del traits["specs"]    # unchanged: the frontend keeps its embedded views
+        with self.hold_sync():
+            for name, value in traits.items():
+                setattr(self, name, value)
+            self.error = ""
+            self.error_field = ""
 
     def _compute(self) -> Tuple[Any, List[Tuple[str, str, Dict[str, Any]]], Dict[str, Any], Any]:
         """Everything an update sets, computed before any trait changes: the estimate, the
@@ -352,7 +553,10 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             kind, kw = ("par", dict(self.setup(), **par)) if par else ("train", self.setup())
             setups = self._scenario_setups(self.setup(), par)
         result = self._cached_estimate(arch, kind, kw)
-        est = shown(result)
+        # what is drawn: a single-GPU estimate whose replay is not cached yet, with its
+        # provisional reserve (the worker replaces it with the exact one)
+        view = self._view(result) if kind == "train" else result
+        est = shown(view)
         scenario_kw = [(YOUR_SETUP, kind, kw)] + [(name, kind, s) for name, s in setups]
         scenarios: List[Tuple[str, UnitBox]] = []
         own_fits: Dict[str, Optional[bool]] = {}
@@ -368,6 +572,8 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             except VramError as e:  # a scenario the model cannot do: leave it out, say why
                 skipped.append(f"{name}: {e}")
                 continue
+            except _Later:          # being traced: it joins the comparison when it arrives
+                continue
             scenarios.append((name, box))
             own_fits[name] = own
         cap = gpu.usable_bytes if gpu else None
@@ -382,7 +588,7 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             summary = self._summary_inference(result, arch, gpu, kw, skipped)
         else:
             phases = charts.phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
-            summary = self._summary(result, arch, gpu, skipped, kind, kw)
+            summary = self._summary(view, arch, gpu, skipped, kind, kw)
         rows = {
             charts.DETAIL: layout_rows(est, *DETAIL_SIZE),
             charts.COMPARISON: comparison,
@@ -396,11 +602,20 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             "options": self._options(arch),
         }
         n = int(par.get("num_gpus", 1) or 1) if self.mode == "training" and par else 1
-        v = self._verdict_summary(summary, result, gpu, n)
+        v = self._verdict_summary(summary, view, gpu, n)
+        if v and getattr(est, "provisional", False):
+            v = dict(v, provisional=True)
+            summary["verdict"] = v
+        summary["provisional"] = bool(getattr(est, "provisional", False))
+        summary["backend"] = getattr(est, "backend", "analytic")
+        if isinstance(arch, TracedModel):
+            summary["notes"].insert(0, f"traced: model_type {arch.model_type!r} has no analytic family module, so "
+                                       f"one training step was run on fake tensors (vramwidget.trace)")
         rows[charts.FITMAP] = self._fitmap(arch, gpu, kw) if kind == "train" else []
         traits["verdict"] = v
         job = None
-        if self.mode == "training" and gpu is not None and v.get("state") != "fits":
+        if self.mode == "training" and gpu is not None and v.get("state") != "fits" \
+                and not isinstance(arch, TracedModel):
             job = (self._key(kind, kw) + (gpu.name, self.max_gpus), arch,
                    dict(kw, gpu=gpu.name, max_gpus=self.max_gpus))
         return result, scenario_kw, traits, job
@@ -409,6 +624,8 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         with self.hold_sync():
             self.error = message.splitlines()[0] if message else "invalid input"
             self.error_field = field
+            self.status = "idle"
+            self.status_text = ""
 
     def _gpu_or_none(self) -> Optional[gpus.GPU]:
         if not self.gpu.strip():
