@@ -498,3 +498,28 @@ def test_fit_subcommand(capsys):
     assert cli_main(["fit", "llama-3.2-1b", "--gpu", "H100-80GB"]) == 0
     out = capsys.readouterr().out
     assert "largest batch" in out and "H100" in out
+
+
+def test_estimate_with_gpu_gives_the_verdict(capsys):
+    """``estimate --gpu`` answers "does it fit": the verdict of vramwidget.verdict on the
+    device total.  Llama 3.1 8B QLoRA at batch 4 x 2048 without checkpointing keeps ~72 GiB of
+    activations (the LoRA inputs peft casts to fp32 alone are ~37 GiB): no 24 GiB card holds it,
+    an H200 (141 GB) does."""
+    from vramwidget import verdict as V
+
+    args = ["llama-3.1-8b", "--method", "qlora", "--batch-size", "4", "--seq-len", "2048"]
+    d = run_json(capsys, "estimate", *args, "--gpu", "RTX 4090", "--json")
+    v = d["verdict"]
+    assert v["state"] == "does_not_fit" and v["measure"] == "device_total" and v["gpu"] == "RTX 4090"
+    assert v["need_bytes"] == pytest.approx(d["device_total_bytes"], abs=1)
+    assert v["headroom_bytes"] == pytest.approx(v["capacity_bytes"] - v["need_bytes"])
+    assert v["band_bytes"] == pytest.approx(V.band_bytes(d["reserved_bytes"]))
+    d2 = run_json(capsys, "estimate", *args, "--gpu", "H200", "--json")
+    assert d2["verdict"]["state"] == "fits" and d2["verdict"]["headroom_bytes"] > 0
+    assert "verdict" not in run_json(capsys, "estimate", *args, "--json")     # no GPU, no verdict
+
+    code, text, _ = run(capsys, "estimate", *args, "--gpu", "RTX 4090")
+    assert code == 0
+    line = next(x for x in text.splitlines() if x.startswith("verdict"))
+    assert "DOES NOT FIT on RTX 4090" in line and "over" in line and "uncertainty ±" in line
+    assert "vramwidget fit llama-3.1-8b --gpu \"RTX 4090\"" in text

@@ -254,6 +254,10 @@ def estimate_json(arch, est, tokens: Optional[float] = None,
     d["phases_gb"] = {k: round(v / GB, 4) for k, v in est.phases_bytes.items()}
     d["device_total_gib"] = round(est.device_total_bytes / GIB, 3)
     d["device_total_gb"] = round(est.device_total_bytes / GB, 3)
+    if est.gpu is not None:
+        from .verdict import verdict as judge
+
+        d["verdict"] = judge(est, est.gpu)
     return d
 
 
@@ -316,6 +320,23 @@ def _group_formula(node) -> str:
     return ""
 
 
+def format_verdict(est, model: str = "MODEL") -> List[str]:
+    """The ``verdict`` lines of ``estimate --gpu``: the device total against the GPU's usable
+    memory, with the margin and the estimator's own uncertainty (:mod:`vramwidget.verdict`)."""
+    from .verdict import verdict as judge
+
+    v = judge(est, est.gpu)
+    room = v["headroom_bytes"]
+    word = {"fits": "FITS", "tight": "TIGHT", "does_not_fit": "DOES NOT FIT"}[v["state"]]
+    out = [f"verdict           {word} on {v['gpu']}: needs {fmt_bytes(v['need_bytes'])} of "
+           f"{fmt_bytes(v['capacity_bytes'])} ({fmt_bytes(abs(room))} {'free' if room >= 0 else 'over'}, "
+           f"{abs(v['headroom_pct']):.0f}%; uncertainty ±{fmt_bytes(v['band_bytes'])})"]
+    if v["state"] != "fits":
+        out.append(f"{'':18}`vramwidget fit {model} --gpu \"{v['gpu']}\" ...` lists changes that fit, "
+                   "with their cost")
+    return out
+
+
 def format_estimate(arch, est, units: str = "gib", tokens: Optional[float] = None,
                     usd_per_gpu_hour: Optional[float] = None) -> str:
     """The table ``estimate`` prints."""
@@ -350,6 +371,8 @@ def format_estimate(arch, est, units: str = "gib", tokens: Optional[float] = Non
                      ("device total", est.device_total_bytes)):
         lines.append(f"{label:18}{v / GIB:9.2f} GiB {v / GB:9.2f} GB")
     lines.append(f"{'':18}(device total = reserved + CUDA context {est.cuda_context_bytes / GIB:.2f} GiB)")
+    if est.gpu is not None:
+        lines.extend(format_verdict(est, arch.name))
     if est.flops_per_step:
         lines.append(f"compute           {est.flops_per_step:.3g} FLOPs per step"
                      + (f", +{est.recompute_overhead * 100:.0f}% recomputation" if est.recompute_overhead else ""))

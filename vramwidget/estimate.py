@@ -1083,7 +1083,11 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         notes.append("SDPA falls back to the math kernel here (fp32 with grouped KV heads): "
                      "the b x a x s x s probabilities are kept for every layer")
     if A.backend == "eager":
-        notes.append("eager attention keeps fp32 and 16-bit b x a x s x s probabilities for every layer")
+        why = "" if s.attn_implementation == "eager" else (
+            f"attn_implementation={s.attn_implementation!r} is not what runs: transformers has no SDPA path for "
+            f"this model ({'logit soft-capping' if arch.attn_logit_softcapping else arch.model_type}) and runs "
+            "it eager; ")
+        notes.append(why + "eager attention keeps fp32 and 16-bit b x a x s x s probabilities for every layer")
     if s.optimizer.startswith("paged"):
         notes.append("paged optimizer states live in unified memory and move to the CPU under memory pressure")
     if s.precision == "fp8":
@@ -1233,6 +1237,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     est._tree_fn = build
     est._replay_fn = lambda capacity_bytes=None, record=False: ALLOCATOR_REPLAY["replay"](arch, s, capacity_bytes,
                                                                                          record)
+    est._provisional_fn = lambda: ALLOCATOR_REPLAY["provisional"](arch, s, peak)
     if gpu is not None:
         est.set_gpu(gpu)
     return est

@@ -24,11 +24,14 @@ estimate's own; the order is the one PyTorch's autograd and transformers' module
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from .activations import attention_backend
 from .architecture import Architecture
-from .allocator import parse_alloc_conf, replay
+from .allocator import DEFAULT_RESERVED_PER_ALLOCATED, parse_alloc_conf, replay
 from .estimate import (ALLOCATOR_REPLAY, BNB_8BIT_MIN_SIZE, BNB_8BIT_OPT_BLOCK, CUBLAS_WORKSPACE_BYTES, _get_profile,
                        _params, _resid, _state_dtypes, gc_mode, logits_dtype)
 from .training import TrainingSetup
@@ -457,24 +460,112 @@ def _optimizer_step(st: _Stream, s: TrainingSetup, ordered: List[Tuple[Any, ...]
 # The replay behind Estimate.reserved_bytes
 # ----------------------------------------------------------------------------------
 
-_REPLAYS: Dict[Tuple[Any, ...], Any] = {}
+#: (id(arch), setup) -> (arch, ReplayResult): the replays run so far (default settings, no
+#: capacity, no recording).  The arch is kept beside its id so a recycled id never matches.
+_REPLAYS: Dict[Tuple[Any, ...], Tuple[Architecture, Any]] = {}
+#: (id(arch), the setup without batch_size and seq_len) -> (arch, {(batch, seq): ReplayResult}):
+#: the same replays indexed by size, for :func:`provisional_reserved_bytes`
+_BY_SHAPE: Dict[Tuple[Any, ...], Tuple[Architecture, Dict[Tuple[int, int], Any]]] = {}
+#: replays being computed now (key -> Event): a second thread asking for the same setup waits
+#: for the first one's result instead of replaying it again
+_INFLIGHT: Dict[Tuple[Any, ...], threading.Event] = {}
+_LOCK = threading.Lock()
+_MAX_CACHED = 8192
+_SIZE_FIELDS = ("batch_size", "seq_len")
+_SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSetup) if f.name not in _SIZE_FIELDS)
+
+
+
+def _shape_key(arch: Architecture, s: TrainingSetup) -> Tuple[Any, ...]:
+    return (id(arch),) + tuple(getattr(s, f) for f in _SHAPE_FIELDS)
+
+
+def cached_replay(arch: Architecture, s: TrainingSetup) -> Optional[Any]:
+    """The replay of ``s`` (``allocator.ReplayResult``) when one was already run and cached,
+    else None.  Never runs a replay."""
+    hit = _REPLAYS.get((id(arch), s))
+    return hit[1] if hit is not None and hit[0] is arch else None
+
+
+def _store(arch: Architecture, s: TrainingSetup, res: Any) -> None:
+    with _LOCK:
+        if len(_REPLAYS) >= _MAX_CACHED:
+            _REPLAYS.clear()
+            _BY_SHAPE.clear()
+        _REPLAYS[(id(arch), s)] = (arch, res)
+        sk = _shape_key(arch, s)
+        hit = _BY_SHAPE.get(sk)
+        if hit is None or hit[0] is not arch:
+            hit = _BY_SHAPE[sk] = (arch, {})
+        hit[1][(s.batch_size, s.seq_len)] = res
+
+
+def nearest_cached_replay(arch: Architecture, s: TrainingSetup) -> Optional[Tuple[Tuple[int, int], Any]]:
+    """((batch, seq), ReplayResult) of the cached replay of the same setup (every field but
+    ``batch_size`` and ``seq_len`` equal) nearest to ``s`` in |log b - log b'| + |log s - log s'|,
+    or None.  Never runs a replay."""
+    hit = _BY_SHAPE.get(_shape_key(arch, s))
+    if hit is None or hit[0] is not arch or not hit[1]:
+        return None
+    lb, ls = math.log(s.batch_size), math.log(s.seq_len)
+    best = min(list(hit[1].items()), key=lambda kv: abs(math.log(kv[0][0]) - lb) + abs(math.log(kv[0][1]) - ls))
+    return best
+
+
+def reserved_per_allocated(res: Any) -> float:
+    """A replay's fragmentation as a ratio: ``max_reserved_bytes / max_allocated_bytes`` (>= 1)."""
+    return max(1.0, float(res.max_reserved_bytes) / float(res.max_allocated_bytes)) if res.max_allocated_bytes else 1.0
+
+
+def provisional_reserved_bytes(arch: Architecture, s: TrainingSetup, peak_bytes: float) -> Tuple[float, bool]:
+    """Reserved memory without running a replay: ``(bytes, exact)``.
+
+    * the replay of ``s`` is cached: ``(reserved_bytes(arch, s, peak), True)``, the exact value;
+    * else a replay of the same setup at another batch / sequence length is cached: the
+      nearest one's fragmentation carried over as a ratio,
+      ``peak_bytes x max(1, max_reserved / max_allocated of that replay)``, False;
+    * else ``peak_bytes x DEFAULT_RESERVED_PER_ALLOCATED`` (1.0812, the validation set's
+      median ratio), False.
+
+    The one place where an unreplayed setup's reserve is guessed (the widget's first frame,
+    ``Estimate.provisional_device_total_bytes``, the far cells of ``fit_map``).
+    """
+    if cached_replay(arch, s) is not None:
+        return reserved_bytes(arch, s, peak_bytes), True
+    near = nearest_cached_replay(arch, s)
+    ratio = reserved_per_allocated(near[1]) if near is not None else DEFAULT_RESERVED_PER_ALLOCATED
+    return float(peak_bytes) * ratio, False
 
 
 def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Optional[float] = None,
                     record: bool = False) -> Any:
     """Replay the caching allocator (``allocator.replay``, with the setup's ``allocator``
     settings) over this setup's load + three training steps; cached per architecture and
-    setup when no capacity and no recording is asked for."""
+    setup when no capacity and no recording is asked for (safe across threads: two threads
+    asking for the same setup run one replay)."""
+    if capacity_bytes is not None or record:
+        return replay(training_events(arch, s), parse_alloc_conf(s.allocator), capacity_bytes, record)
     key = (id(arch), s)
-    if capacity_bytes is None and not record:
-        hit = _REPLAYS.get(key)
-        if hit is not None and hit[0] is arch:
-            return hit[1]
-    res = replay(training_events(arch, s), parse_alloc_conf(s.allocator), capacity_bytes, record)
-    if capacity_bytes is None and not record:
-        if len(_REPLAYS) > 4096:
-            _REPLAYS.clear()
-        _REPLAYS[key] = (arch, res)
+    while True:
+        hit = cached_replay(arch, s)
+        if hit is not None:
+            return hit
+        with _LOCK:
+            hit = cached_replay(arch, s)
+            if hit is not None:
+                return hit
+            waiting = _INFLIGHT.get(key)
+            if waiting is None:
+                done = _INFLIGHT[key] = threading.Event()
+                break
+        waiting.wait()          # another thread replays this setup: take its result
+    try:
+        res = replay(training_events(arch, s), parse_alloc_conf(s.allocator))
+        _store(arch, s, res)
+    finally:
+        with _LOCK:
+            _INFLIGHT.pop(key, None)
+        done.set()
     return res
 
 
@@ -488,4 +579,4 @@ def reserved_bytes(arch: Architecture, s: TrainingSetup, peak: float) -> float:
     return float(peak) + max(0.0, float(r.max_reserved_bytes - r.max_allocated_bytes))
 
 
-ALLOCATOR_REPLAY.update(replay=replay_training, reserved=reserved_bytes)
+ALLOCATOR_REPLAY.update(replay=replay_training, reserved=reserved_bytes, provisional=provisional_reserved_bytes)

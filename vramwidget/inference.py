@@ -1580,8 +1580,10 @@ def format_table(est: InferenceEstimate, longest: Optional[int] = None) -> str:
                      f"{v['max_concurrent_sequences']} sequences of {v['context_len']} tokens "
                      f"(running at once: {v['running_sequences']})")
     elif est.gpu:
-        lines.append(f"  {est.gpu}: {'fits' if est.fits else 'does NOT fit'} "
-                     f"({est.gpu_usable_bytes / GIB:.2f} GiB usable)")
+        from .verdict import describe, verdict
+
+        lines.append(f"  {describe(verdict(est, est.gpu))} (device total {est.device_total_bytes / GIB:.2f} GiB of "
+                     f"{est.gpu_usable_bytes / GIB:.2f} GiB usable)")
     if longest is not None:
         lines.append(f"  longest context that fits: {longest:,} tokens")
     for n in est.notes:

@@ -1083,6 +1083,8 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
                        cuda_context_bytes=E.cuda_context_bytes, flops_per_step=E.flops_per_step,
                        recompute_overhead=E.recompute_overhead, notes=list(E.notes) + notes,
                        phase_components=phase_components)
+        est._provisional_fn = lambda E=E, peak=peak: (
+            peak + max(0.0, E.provisional_reserved_bytes - E.peak_allocated_bytes), E.reserved_exact)
     # the per-GPU estimate reports the whole model's parameter counts and the user's setup
     est = _relabel(est, arch, s, E)
     # the step time (timing.py): this GPU's slice, its share of the optimizer update, and
@@ -1128,9 +1130,11 @@ def _relabel(est: Estimate, arch: Architecture, s: TrainingSetup, E: Estimate) -
         est = Estimate(model_name=E.model_name, setup=setup, params_total=arch.params_total,
                        params_trainable=E.params_trainable, components=E.components, phases_bytes=dict(E.phases_bytes),
                        peak_phase=E.peak_phase, peak_allocated_bytes=E.peak_allocated_bytes,
-                       reserved_bytes=E.reserved_bytes, cuda_context_bytes=E.cuda_context_bytes,
+                       reserved_bytes=E.reserved_bytes if E.reserved_exact else (lambda: E.reserved_bytes),
+                       cuda_context_bytes=E.cuda_context_bytes,
                        flops_per_step=E.flops_per_step, recompute_overhead=E.recompute_overhead, notes=list(E.notes),
                        phase_components=E.phase_components)
+        est._provisional_fn = E._provisional_fn
     est.params_total = arch.params_total
     est.setup = setup
     return est

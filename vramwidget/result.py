@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from .allocator import DEFAULT_RESERVED_PER_ALLOCATED
 from .units import GB, GIB, MIB
 
 #: the top-level components, in drawing order, with the colour each gets in charts
@@ -136,6 +137,8 @@ class Estimate:
         self.reserved_bytes = reserved_bytes  # type: ignore[assignment]
         #: the caching-allocator replay behind ``reserved_bytes`` (``allocator.ReplayResult``), when one ran
         self._replay_fn: Optional[Callable[..., Any]] = None
+        #: () -> (reserved bytes, exact) without running a replay (events.provisional_reserved_bytes)
+        self._provisional_fn: Optional[Callable[[], Tuple[float, bool]]] = None
         self.cuda_context_bytes = cuda_context_bytes
         self.flops_per_step = flops_per_step
         self.recompute_overhead = recompute_overhead
@@ -266,11 +269,45 @@ class Estimate:
     @property
     def reserved_bytes(self) -> float:
         """``max_memory_reserved()``: what the caching allocator holds at most (a replay of its
-        placement rules over this step's allocations, run on first access)."""
-        if self._reserved is None:
-            fn, self._reserved_fn = self._reserved_fn, None
-            self._reserved = float(fn()) if fn is not None else 0.0
-        return self._reserved
+        placement rules over this step's allocations, run on first access; safe to read from
+        a background thread while another reads it: the replay runs once)."""
+        r = self._reserved
+        if r is None:
+            fn = self._reserved_fn
+            if fn is None:      # another thread finished it meanwhile (it sets _reserved first)
+                r = self._reserved
+                return r if r is not None else 0.0
+            r = self._reserved = float(fn())
+            self._reserved_fn = None
+        return r
+
+    @property
+    def reserved_exact(self) -> bool:
+        """Whether ``reserved_bytes`` is known without running a replay (already computed,
+        or its replay is cached).  Does no work."""
+        if self._reserved is not None or self._reserved_fn is None:
+            return True
+        fn = self._provisional_fn
+        return bool(fn()[1]) if fn is not None else False
+
+    @property
+    def provisional_reserved_bytes(self) -> float:
+        """``reserved_bytes`` when it is known (``reserved_exact``), else the allocated peak
+        plus the fragmentation carried over from the nearest cached replay of the same setup
+        (``events.provisional_reserved_bytes``: the one place this guess is made).  Never
+        runs a replay."""
+        if self._reserved is not None or self._reserved_fn is None:
+            return self.reserved_bytes
+        fn = self._provisional_fn
+        if fn is not None:
+            return float(fn()[0])
+        return self.peak_allocated_bytes * DEFAULT_RESERVED_PER_ALLOCATED
+
+    @property
+    def provisional_device_total_bytes(self) -> float:
+        """``device_total_bytes`` without running a replay: ``provisional_reserved_bytes`` +
+        CUDA context (equal to ``device_total_bytes`` when ``reserved_exact``)."""
+        return self.provisional_reserved_bytes + self.cuda_context_bytes
 
     @reserved_bytes.setter
     def reserved_bytes(self, value: "float | Callable[[], float]") -> None:
