@@ -59,7 +59,15 @@ def test_setting_batch_size_updates_estimate_and_rows(calc):
     assert calc.estimate.setup["batch_size"] == 8
     assert calc.estimate.peak_allocated_bytes > before_est.peak_allocated_bytes
     assert calc.rows is not before_rows
+    # at once: the setup's own charts with a provisional device total (its replay is not
+    # cached); the comparison's scenarios are worked out in the background and the frontend
+    # keeps the comparison it has until they arrive
+    assert calc.status == "refining" and calc.verdict["provisional"] is True
+    assert set(calc.rows) == {"detail", "phases", "fitmap"}
+    calc.wait()
+    assert calc.status == "idle" and "provisional" not in calc.verdict
     assert set(calc.rows) == {"detail", "comparison", "phases", "fitmap"}
+    assert calc.verdict["need_bytes"] == calc.estimate.device_total_bytes
     detail = {(r["component"], r["group"]): r["bytes"] for r in calc.rows["detail"] if r["level"] == "group"}
     old = {(r["component"], r["group"]): r["bytes"] for r in before_rows["detail"] if r["level"] == "group"}
     assert detail[("weights", "mlp")] == old[("weights", "mlp")]          # weights do not move

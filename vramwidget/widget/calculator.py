@@ -60,6 +60,14 @@ _MISSING = object()
 
 #: one piece of background work: (what it is, for the status line; the function)
 Todo = Tuple[str, Callable[[], Any]]
+#: the label of work done after the verdict is refined (the fit map, the largest batch)
+_SECOND = "refining (fit answers)"
+
+
+def traits_specs_same(calc: Any, mode: str) -> bool:
+    """Whether the charts embedded now are the ones of ``mode`` (a mode switch re-embeds
+    them, and then every dataset is sent anew)."""
+    return calc.specs is calc._specs_for(mode)
 
 
 class _Later(Exception):
@@ -116,6 +124,8 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         self._sugg_job: Optional[Tuple[Tuple, Any, Dict[str, Any]]] = None
         self._pending: Any = None
         self._worker = Worker()
+        self._suggester = Worker("vramwidget-suggestions")
+        self._rows_all: Dict[str, Any] = {}   # every dataset as last sent (rows may hold only some)
         self._tl = threading.local()       # the update pass running on this thread
         self._arch_key: Optional[Tuple[str, str]] = None
         self._arch: Any = None
@@ -151,7 +161,7 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             self._busy = False
         self._ready = True
         self._update()
-        self.wait()    # the first frame: every figure exact (a traced model: its trace)
+        self._worker.wait()    # the first frame: every figure exact (a traced model: its trace)
         if self.error:  # nothing valid to show yet: say so in Python, where it was typed
             raise VramError(self.error, field=self.error_field or None)
 
@@ -208,11 +218,13 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         totals, a trace, the fit map, the suggestions): then ``status`` is "idle" and every
         output trait is exact.  Returns the calculator."""
         self._worker.wait(timeout)
+        self._suggester.wait(timeout)
         return self
 
     def close(self) -> None:
         self._cancel_pending()
         self._worker.close()
+        self._suggester.close()
         super().close()
 
     # -- the observers ----------------------------------------------------------------------
@@ -324,7 +336,7 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         a copy drawn with the provisional reserve (``Estimate.provisional_reserved_bytes``),
         and the exact replay queued for the worker."""
         if not self._deferring or not isinstance(est, Estimate) or getattr(est, "_tree_fn", None) is None \
-                or not hasattr(type(est), "reserved_exact") or est.reserved_exact:
+                or est.reserved_exact:
             return est
         self._want("refining", lambda: est.reserved_bytes)
         reserve = est.provisional_reserved_bytes
@@ -354,7 +366,7 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
                 if len(self._answers) > 32:
                     self._answers.popitem(last=False)
 
-        self._want("refining", work)
+        self._want(_SECOND, work)
         return None
 
     def _pass(self) -> Tuple[Tuple[Any, Any, Dict[str, Any], Any], List[Todo]]:
@@ -385,7 +397,10 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             for _ in range(8):
                 if not todo:
                     break
-                for _what, fn in todo:
+                # the exact device totals and traces first (then the verdict is refined and
+                # published), the fit map and the largest batch after
+                first = [x for x in todo if x[0] != _SECOND]
+                for _what, fn in first or todo:
                     if token != self._sugg_token:
                         return
                     fn()
@@ -408,7 +423,20 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         with self._lock:
             cached = self._sugg_cache.get(job[0])
         if cached is None:
-            self._run_suggestions(token, job)
+            # on a second worker: a search of seconds never holds up the next update's
+            # refined verdict (it cannot be stopped half-way); inline when synchronous
+            if self.suggestions_delay is None:
+                self._run_suggestions(token, job)
+            else:
+                self._suggester.submit(functools.partial(self._delayed_suggestions, token, job))
+
+    def _delayed_suggestions(self, token: int, job: Any) -> None:
+        """Suggestions ``suggestions_delay`` seconds after the verdict settles, unless a
+        newer update came in meanwhile (dragging a slider starts no search)."""
+        import time
+
+        time.sleep(self.suggestions_delay or 0.0)
+        self._run_suggestions(token, job)
 
     def _key(self, kind: str, kw: Dict[str, Any]) -> Tuple:
         return (self._arch_key, kind, tuple(sorted((k, v) for k, v in kw.items() if k != "model")))
@@ -436,6 +464,28 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             raise _Later(arch)   # seconds: the worker traces it
         return work()
 
+    def _defer_box(self, arch: Any, name: str, kind: str, kw: Dict[str, Any]) -> bool:
+        """Inside an update: queue a training scenario's box for the worker when it is not
+        cached (its estimate, its exact replay, its layout); True when queued."""
+        key = self._key(kind, kw)
+        if kind != "train" or name == YOUR_SETUP or not self._deferring or key in self._boxes:
+            return False
+
+        def work() -> None:
+            try:
+                est = shown(self._cached_estimate(arch, kind, kw))
+                est.reserved_bytes             # the exact replay, off the lock
+                box: Any = unit_box(est, name)
+            except VramError as e:              # the pass reports it as a left-out scenario
+                box = e
+            with self._lock:
+                self._boxes[key] = box
+                self._box_fits[key] = None
+                self._box_notes[key] = ""
+
+        self._want(f"tracing {arch.name}" if isinstance(arch, TracedModel) else "refining", work)
+        return True
+
     def _scenario_box(self, arch: Any, name: str, kind: str, kw: Dict[str, Any]
                       ) -> Tuple[UnitBox, Optional[bool]]:
         """A comparison scenario as a unit-square layout, and the estimate's own fits flag
@@ -443,6 +493,8 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         scenario equal to the user's setup reuses its estimate)."""
         key = self._key(kind, kw)
         hit = self._boxes.get(key)
+        if isinstance(hit, VramError):
+            raise hit
         if hit is not None:
             self._boxes.move_to_end(key)
             self._notes_now[name] = self._box_notes.get(key, "")
@@ -482,6 +534,7 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             self._sugg_token += 1
             token = self._sugg_token
             self._worker.cancel()
+            self._suggester.cancel()
             try:
                 outputs, todo = self._pass()
             except _Later as later:   # its model is being traced: keep the last estimate, dimmed
@@ -507,6 +560,7 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         """Set the output traits of a pass (under the lock), with the status its queued work
         leaves: "idle" when every figure is exact, else "refining" / "tracing"."""
         result, scenario_kw, traits, job = outputs
+        self._rows_all = dict(self._rows_all, **traits["rows"])
         self._result = result
         self._estimate = shown(result)
         self._scenario_kw = scenario_kw
@@ -521,8 +575,10 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         tracing = [w for w, _ in todo if w.startswith("tracing")]
         if tracing:
             traits.update(status="tracing", status_text=f"{tracing[0]}… (the comparison's scenarios)")
-        elif todo:
+        elif any(w != _SECOND for w, _ in todo):
             traits.update(status="refining", status_text="refining…")
+        elif todo:
+            traits.update(status="refining", status_text="refining… (fit map, largest batch)")
         else:
             traits.update(status="idle", status_text="")
         if traits["specs"] is self.specs:
@@ -562,7 +618,14 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         own_fits: Dict[str, Optional[bool]] = {}
         skipped: List[str] = []
         times: Dict[str, float] = {}
-        for name, k, s in scenario_kw:
+        # scenarios not laid out yet: their estimates, exact replays and layouts are worked
+        # out by the worker, and the comparison keeps its last rows until they arrive (the
+        # status says "refining")
+        later = sum([self._defer_box(arch, name, k, s) for name, k, s in scenario_kw]) > 0
+        keep = later and bool(self._rows_all.get(charts.COMPARISON)) and traits_specs_same(self, self.mode)
+        for name, k, s in ([] if keep else scenario_kw):
+            if later and name != YOUR_SETUP and self._key(k, s) not in self._boxes:
+                continue
             try:
                 box, own = self._scenario_box(arch, name, k, s)
                 if gpu is not None and k != "infer":
@@ -578,11 +641,13 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             own_fits[name] = own
         cap = gpu.usable_bytes if gpu else None
         cap_label = f"{gpu.name} ({gpu.usable_gib:.1f} GiB)" if gpu else ""
-        comparison = comparison_rows(
-            scenarios, *COMPARISON_SIZE, capacity_bytes=cap, capacity_label=cap_label,
-            header=(COMPARISON_HEADER_TIME if times else COMPARISON_HEADER_VERDICT) if gpu else COMPARISON_HEADER)
-        if gpu is not None:
-            add_verdicts(comparison, gpu, own_fits, dict(self._notes_now), times)
+        comparison: List[Dict[str, Any]] = []
+        if not keep:
+            comparison = comparison_rows(
+                scenarios, *COMPARISON_SIZE, capacity_bytes=cap, capacity_label=cap_label,
+                header=(COMPARISON_HEADER_TIME if times else COMPARISON_HEADER_VERDICT) if gpu else COMPARISON_HEADER)
+            if gpu is not None:
+                add_verdicts(comparison, gpu, own_fits, dict(self._notes_now), times)
         if self.mode == "inference":
             phases = inference_phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
             summary = self._summary_inference(result, arch, gpu, kw, skipped)
@@ -591,9 +656,10 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             summary = self._summary(view, arch, gpu, skipped, kind, kw)
         rows = {
             charts.DETAIL: layout_rows(est, *DETAIL_SIZE),
-            charts.COMPARISON: comparison,
             charts.PHASES_DATA: phases,
         }
+        if not keep:     # kept: not sent again (the frontend keeps a dataset that is absent)
+            rows[charts.COMPARISON] = comparison
         traits = {
             "rows": rows,
             "specs": self._specs_for(self.mode),

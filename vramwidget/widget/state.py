@@ -233,7 +233,10 @@ class State(anywidget.AnyWidget):
     specs = t.Dict(**_doc(
         "Vega-Lite spec of each chart (detail, comparison, phases), set once; each reads the "
         "named dataset of the same name.")).tag(sync=True)
-    rows = t.Dict(**_doc("Dataset name -> list of row dicts, replaced on every update.")).tag(sync=True)
+    rows = t.Dict(**_doc(
+        "Dataset name -> list of row dicts, replaced on every update.  While ``status`` is "
+        "'refining' it may leave out the comparison (its scenarios are being worked out: the "
+        "frontend keeps the dataset it has); when idle it holds every dataset.")).tag(sync=True)
     summary = t.Dict(**_doc(
         "Peak, phase, device total, GPU fit, notes and warnings of the current estimate.")).tag(sync=True)
     table = t.List(**_doc("One row per component: name, colour, GiB, bytes, share.")).tag(sync=True)

@@ -44,8 +44,9 @@ class Worker:
         """Drop the job not yet started and mark a running one as stale."""
         with self._cv:
             self._token += 1
-            self._job = None
-            self._cv.notify_all()
+            if self._job is not None:
+                self._job = None
+                self._cv.notify_all()   # only wait() can be waiting on it: the thread is not
 
     def current(self, token: int) -> bool:
         """Whether ``token`` is still the latest request (a running job checks this)."""
