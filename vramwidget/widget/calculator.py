@@ -58,10 +58,11 @@ from .views import (COMPARISON_HEADER, COMPARISON_HEADER_TIME, COMPARISON_HEADER
 
 _MISSING = object()
 
-#: one piece of background work: (what it is, for the status line; the function)
-Todo = Tuple[str, Callable[[], Any]]
-#: the label of work done after the verdict is refined (the fit map, the largest batch)
-_SECOND = "refining (fit answers)"
+#: one piece of background work: (what it is, for the status line; the function; its rank)
+Todo = Tuple[str, Callable[[], Any], int]
+#: the ranks of background work, done in this order: the setup's own estimate (a trace) and
+#: exact replay, the comparison's scenarios, the fit answers (fit map, largest batch)
+_MAIN, _COMPARISON, _ANSWERS = 0, 1, 2
 
 
 def traits_specs_same(calc: Any, mode: str) -> bool:
@@ -322,13 +323,13 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         """Inside an update pass (slow work is queued for the worker, not done here)."""
         return getattr(self._tl, "todo", None) is not None
 
-    def _want(self, what: str, fn: Callable[[], Any]) -> bool:
+    def _want(self, what: str, fn: Callable[[], Any], rank: int = _MAIN) -> bool:
         """Queue ``fn`` for the background; False outside an update pass (then the caller
         does the work itself)."""
         todo = getattr(self._tl, "todo", None)
         if todo is None:
             return False
-        todo.append((what, fn))
+        todo.append((what, fn, rank))
         return True
 
     def _view(self, est: Any) -> Any:
@@ -366,7 +367,7 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
                 if len(self._answers) > 32:
                     self._answers.popitem(last=False)
 
-        self._want(_SECOND, work)
+        self._want("refining", work, _ANSWERS)
         return None
 
     def _pass(self) -> Tuple[Tuple[Any, Any, Dict[str, Any], Any], List[Todo]]:
@@ -381,34 +382,36 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             self._tl.todo = None
 
     def _background(self, token: int, todo: List[Todo]) -> None:
-        """Run an update's slow work: on the worker thread, or here when ``suggestions_delay``
+        """Run an update's slow work: on the worker threads, or here when ``suggestions_delay``
         is None."""
         if self.suggestions_delay is None:
             self._refine(token, todo)
         else:
             self._worker.submit(lambda: self._refine(token, todo))
 
-    def _refine(self, token: int, todo: List[Todo]) -> None:
-        """The worker's job for update ``token``: the queued work, then the outputs
-        recomputed (from caches now) and set; repeated while a pass finds more (a traced
-        model's comparison scenarios); then the suggestions.  Stops as soon as a newer update
-        came in; an exception becomes the error banner."""
+    def _run_rounds(self, token: int, todo: List[Todo], ranks: Tuple[int, ...]) -> Optional[List[Todo]]:
+        """Do the queued work of ``ranks``, lowest rank first, publishing the outputs after
+        each rank (recomputed from caches under the lock); returns what is left (other
+        ranks), or None when a newer update came in or the work failed (then the error
+        banner says why: never a traceback)."""
         try:
             for _ in range(8):
-                if not todo:
-                    break
-                # the exact device totals and traces first (then the verdict is refined and
-                # published), the fit map and the largest batch after
-                first = [x for x in todo if x[0] != _SECOND]
-                for _what, fn in first or todo:
+                mine = [x for x in todo if x[2] in ranks]
+                if not mine:
+                    return todo
+                low = min(x[2] for x in mine)
+                for _what, fn, rank in mine:
+                    if rank != low:
+                        continue
                     if token != self._sugg_token:
-                        return
+                        return None
                     fn()
                 with self._lock:
                     if token != self._sugg_token:
-                        return
+                        return None
                     outputs, todo = self._pass()
                     self._publish(token, outputs, todo)
+            return todo
         except Exception as e:   # noqa: BLE001 - never a traceback: the banner says it
             with self._lock:
                 if token == self._sugg_token:
@@ -416,6 +419,29 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
                         self._set_error(str(e), getattr(e, "field", None) or "")
                     else:
                         self._set_error(f"internal error ({type(e).__name__}: {e}); please report it", "")
+            return None
+
+    def _refine(self, token: int, todo: List[Todo]) -> None:
+        """The worker's job for update ``token``: the setup's own exact replay (or trace)
+        first, so the refined verdict comes as soon as it can; then the comparison's
+        scenarios.  What is left (the fit map, the largest batch, the suggestions: searches
+        that cannot stop half-way) goes to the second worker, so it never holds up the next
+        update's refined verdict."""
+        left = self._run_rounds(token, todo, (_MAIN, _COMPARISON))
+        if left is None:
+            return
+        job = self._sugg_job
+        if not left and (job is None or self._sugg_cache.get(job[0]) is not None):
+            return
+        if self.suggestions_delay is None:
+            self._answers_and_suggestions(token, left)
+        else:
+            self._suggester.submit(functools.partial(self._answers_and_suggestions, token, left))
+
+    def _answers_and_suggestions(self, token: int, todo: List[Todo]) -> None:
+        """The second worker's job: the fit answers, published; then, ``suggestions_delay``
+        seconds later unless a newer update came in, the suggestions."""
+        if self._run_rounds(token, todo, (_MAIN, _COMPARISON, _ANSWERS)) is None:
             return
         job = self._sugg_job
         if job is None or token != self._sugg_token:
@@ -423,20 +449,11 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         with self._lock:
             cached = self._sugg_cache.get(job[0])
         if cached is None:
-            # on a second worker: a search of seconds never holds up the next update's
-            # refined verdict (it cannot be stopped half-way); inline when synchronous
-            if self.suggestions_delay is None:
-                self._run_suggestions(token, job)
-            else:
-                self._suggester.submit(functools.partial(self._delayed_suggestions, token, job))
+            if self.suggestions_delay:
+                import time
 
-    def _delayed_suggestions(self, token: int, job: Any) -> None:
-        """Suggestions ``suggestions_delay`` seconds after the verdict settles, unless a
-        newer update came in meanwhile (dragging a slider starts no search)."""
-        import time
-
-        time.sleep(self.suggestions_delay or 0.0)
-        self._run_suggestions(token, job)
+                time.sleep(self.suggestions_delay)
+            self._run_suggestions(token, job)
 
     def _key(self, kind: str, kw: Dict[str, Any]) -> Tuple:
         return (self._arch_key, kind, tuple(sorted((k, v) for k, v in kw.items() if k != "model")))
@@ -483,7 +500,7 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
                 self._box_fits[key] = None
                 self._box_notes[key] = ""
 
-        self._want(f"tracing {arch.name}" if isinstance(arch, TracedModel) else "refining", work)
+        self._want(f"tracing {arch.name}" if isinstance(arch, TracedModel) else "refining", work, _COMPARISON)
         return True
 
     def _scenario_box(self, arch: Any, name: str, kind: str, kw: Dict[str, Any]
@@ -572,13 +589,11 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             traits.update(suggestions=[suggestion_dict(x) for x in cached], suggestions_status="ready")
         else:
             traits.update(suggestions=[], suggestions_status="computing")
-        tracing = [w for w, _ in todo if w.startswith("tracing")]
+        tracing = [w for w, _, _ in todo if w.startswith("tracing")]
         if tracing:
             traits.update(status="tracing", status_text=f"{tracing[0]}… (the comparison's scenarios)")
-        elif any(w != _SECOND for w, _ in todo):
-            traits.update(status="refining", status_text="refining…")
         elif todo:
-            traits.update(status="refining", status_text="refining… (fit map, largest batch)")
+            traits.update(status="refining", status_text="refining…")
         else:
             traits.update(status="idle", status_text="")
         if traits["specs"] is self.specs:
