@@ -64,7 +64,8 @@ def test_block_saved_bytes_match_autograd(model_type, precision, method, attn):
 from saved_tensors import predicted_tower_block_bytes, traced_tower_block_bytes  # noqa: E402
 
 TOWER_CASES = [("siglip_vision_model", "bf16", "sdpa"), ("siglip_vision_model", "bf16", "eager"),
-               ("siglip_vision_model", "fp32", "sdpa"), ("pixtral", "bf16", "sdpa"), ("pixtral", "fp32", "sdpa")]
+               ("siglip_vision_model", "fp32", "sdpa"), ("pixtral", "bf16", "sdpa"), ("pixtral", "fp32", "sdpa"),
+               ("pixtral", "bf16", "eager"), ("pixtral", "fp32", "eager")]
 
 
 @pytest.mark.parametrize("tower,precision,attn", TOWER_CASES)
@@ -74,3 +75,21 @@ def test_vision_tower_block_saved_bytes_match_autograd(tower, precision, attn):
     traced = traced_tower_block_bytes(tower, precision=precision, attn_implementation=attn)
     predicted = predicted_tower_block_bytes(tower, precision=precision, attn_implementation=attn)
     assert predicted == pytest.approx(traced, rel=0.01)
+
+
+@pytest.mark.parametrize("precision,attn", [("bf16", "sdpa"), ("fp32", "sdpa"), ("bf16", "eager")])
+def test_pixtral_tower_saves_its_block_mask_once(precision, attn):
+    """Pixtral packs every image into one sequence with a block-diagonal N x N mask
+    (models/pixtral/modeling_pixtral.py, generate_block_attention_mask) that SDPA saves once for
+    all layers (eager only adds it to the scores).  A 2-layer tower minus the 0-layer one (the
+    patch conv and ln_pre alone) is two blocks plus that mask and the 2D RoPE's cos and sin (also kept once): on 2 images
+    of 64 patches, the mask is 128^2 x 2 B = 32 KiB in bf16 under SDPA."""
+    from saved_tensors import predicted_tower_once_bytes, traced_tower_bytes
+    two = traced_tower_bytes("pixtral", precision=precision, attn_implementation=attn, layers=2)
+    stem = traced_tower_bytes("pixtral", precision=precision, attn_implementation=attn, layers=0)
+    block = predicted_tower_block_bytes("pixtral", precision=precision, attn_implementation=attn)
+    once = predicted_tower_once_bytes("pixtral", precision=precision, attn_implementation=attn)
+    B = 2 if precision == "bf16" else 4
+    # cos and sin (128 patches x head_dim 32), and under SDPA the mask
+    assert once == 2 * 128 * 32 * B + (0 if attn == "eager" else 128 * 128 * B)
+    assert 2 * block + once == pytest.approx(two - stem, rel=0.005)

@@ -183,12 +183,12 @@ def replayed():
 
 def test_replayed_max_reserved_matches_the_h200(replayed):
     """max_memory_reserved() of 45 measured cases (h200_training_a.jsonl): the replay of the
-    estimate's own allocations through the allocator model.  The rule of thumb it replaces
-    was 3.1% median, 19% worst."""
+    estimate's own allocations through the allocator model: within 1% median and 4% worst
+    (issue 13's bar).  The rule of thumb it replaces was 3.1% median, 19% worst."""
     errs = sorted(abs(r.max_reserved_bytes / MIB - c["measured"]["max_reserved_mib"]) / c["measured"]["max_reserved_mib"]
                   for c, r, _ in replayed)
     assert statistics.median(errs) <= 0.01, statistics.median(errs)
-    assert errs[-1] <= 0.045, errs[-1]
+    assert errs[-1] <= 0.04, errs[-1]
 
 
 def test_replayed_allocations_reach_the_measured_peak(replayed):

@@ -523,3 +523,28 @@ def test_estimate_with_gpu_gives_the_verdict(capsys):
     line = next(x for x in text.splitlines() if x.startswith("verdict"))
     assert "DOES NOT FIT on RTX 4090" in line and "over" in line and "uncertainty ±" in line
     assert "vramwidget fit llama-3.1-8b --gpu \"RTX 4090\"" in text
+
+
+def test_estimate_on_several_gpus(capsys):
+    """``estimate`` takes the parallel layout's flags (as ``fit`` does): the per-GPU estimate of
+    Llama 3.1 70B QLoRA sharded by FSDP over 2 GPUs is estimate_parallel's worst GPU, and the
+    verdict judges that GPU."""
+    from vramwidget import estimate_parallel
+
+    args = ["llama-3.1-70b", "--method", "qlora", "--gradient-checkpointing", "full", "--num-gpus", "2",
+            "--strategy", "fsdp_full_shard"]
+    d = run_json(capsys, "estimate", *args, "--gpu", "RTX 4090", "--json")
+    direct = estimate_parallel("llama-3.1-70b", method="qlora", gradient_checkpointing="full", num_gpus=2,
+                               strategy="fsdp_full_shard").per_gpu
+    assert d["parallel"] == {"strategy": "fsdp_full_shard", "num_gpus": 2}
+    assert d["peak_allocated_bytes"] == pytest.approx(direct.peak_allocated_bytes, abs=1)
+    assert d["verdict"]["need_bytes"] == pytest.approx(direct.device_total_bytes, abs=1)
+    # after loading, one GPU holds half the sharded storage plus what FSDP does not shard with
+    # bitsandbytes (the quantization state stays whole on every GPU: issue 12)
+    single = run_json(capsys, "estimate", *args[:5], "--json")
+    half = single["phases"]["after_load"] / 2
+    assert half < d["phases"]["after_load"] < half + 1.5 * 2**30
+    code, text, _ = run(capsys, "estimate", *args)
+    assert code == 0 and text.startswith("per GPU, the worst one (strategy=fsdp_full_shard, num_gpus=2):")
+    code, _, err = run(capsys, "estimate", "llama-3.1-8b", "--inference", "--num-gpus", "2")
+    assert code == 2 and "--num-gpus is a training layout option" in err

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis import HealthCheck, Phase, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import vramwidget as vw  # noqa: E402
@@ -51,6 +51,14 @@ def _peaks(model, kw):
           suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])   # no shrinking: each example traces
 @given(model=st.sampled_from(MODELS), kw=SETUPS)
+# the end of backward of a tied head and embedding, the peak at one short sequence with a small
+# optimizer step (the trace was +3.7% and +8.4% here, see tests/test_tied_accumulation.py)
+@example(model="qwen2.5-0.5b", kw=dict(method="full", precision="amp_bf16", optimizer="adamw_fused",
+                                       gradient_checkpointing="none", batch_size=1, seq_len=512))
+@example(model="qwen2.5-0.5b", kw=dict(method="full", precision="bf16", optimizer="sgd_momentum",
+                                       gradient_checkpointing="full", batch_size=1, seq_len=512))
+@example(model="gpt2", kw=dict(method="full", precision="amp_bf16", optimizer="sgd_momentum",
+                               gradient_checkpointing="full", batch_size=1, seq_len=512))
 def test_traced_peak_agrees_with_analytic(model, kw):
     analytic, traced = _peaks(model, kw)
     assert traced == pytest.approx(analytic, rel=0.01), (model, kw)

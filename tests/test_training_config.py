@@ -240,11 +240,12 @@ def test_formats_listed():
     assert set(FORMATS) == {"hf", "axolotl", "torchtune", "llamafactory", "litgpt", "deepspeed", "accelerate"}
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "vramwidget", *args], capture_output=True, text=True, timeout=120)
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "vramwidget", *args], capture_output=True, text=True, timeout=120,
+                          env=None if env is None else {**os.environ, **env})
 
 
-def test_cli_estimate_from_file():
+def test_cli_estimate_from_file(tmp_path):
     r = _cli("estimate", "--from", path("llamafactory_llama3_lora_sft_otfq.yaml"), "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
@@ -257,8 +258,14 @@ def test_cli_estimate_from_file():
     assert d2["architecture"]["name"] == "llama-3.2-1b" and d2["setup"]["seq_len"] == 512
     text = _cli("estimate", "llama-3-70b", "--from", path("axolotl_qlora_fsdp_70b.yaml"), "--num-gpus", "2")
     assert text.returncode == 0, text.stderr
-    assert "as a axolotl config" in text.stdout and "per GPU (strategy=fsdp_full_shard" in text.stdout
+    assert "as an axolotl config" in text.stdout and "per GPU, the worst one (strategy=fsdp_full_shard" in text.stdout
     none = _cli("estimate", "--from", path("accelerate_fsdp_config_qlora.yaml"))
     assert none.returncode == 2 and "names no model" in none.stderr
     missing = _cli("estimate")
     assert missing.returncode == 2 and "MODEL" in missing.stderr
+    # the file names a Hub repo this (offline) machine cannot fetch: the error says how to keep
+    # the file's setup and name the model on the command line
+    offline = _cli("estimate", "--from", path("axolotl_fft_8b_liger_fsdp.yaml"),
+                   env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert offline.returncode == 2 and "NousResearch/Meta-Llama-3.1-8B" in offline.stderr
+    assert "vramwidget estimate MODEL --from axolotl_fft_8b_liger_fsdp.yaml" in offline.stderr

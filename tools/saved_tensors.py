@@ -258,36 +258,56 @@ TINY_TOWERS: Dict[str, Dict[str, Any]] = {
 }
 
 
-def traced_tower_block_bytes(tower: str, *, precision: str = "bf16", attn_implementation: str = "sdpa",
-                             images: int = 2, layers: int = 2) -> float:
-    """Saved bytes of one vision-tower block (a model of L+1 minus one of L layers), the tower
-    alone on ``images`` images at its configured resolution, every parameter training."""
+def traced_tower_bytes(tower: str, *, precision: str = "bf16", attn_implementation: str = "sdpa",
+                       images: int = 2, layers: int = 2) -> float:
+    """Saved bytes of a whole ``layers``-layer vision tower (the tower alone on ``images``
+    images at its configured resolution, every parameter training)."""
     import torch
     from transformers import AutoConfig, AutoModel
 
-    kw = dict(TINY_TOWERS[tower])
+    cfg = AutoConfig.for_model(tower, **{**TINY_TOWERS[tower], "num_hidden_layers": layers})
+    torch.manual_seed(0)
+    wd = torch.float32 if precision == "fp32" else torch.bfloat16
+    model = AutoModel.from_config(cfg, dtype=wd, attn_implementation=attn_implementation)
+    model.train()
+    px = torch.randn(images, 3, cfg.image_size, cfg.image_size, dtype=wd)
+    extra = {"image_sizes": torch.tensor([[cfg.image_size, cfg.image_size]] * images)} if tower == "pixtral" else {}
+    seen: Dict[int, int] = {}
 
-    def run(n_layers: int) -> float:
-        cfg = AutoConfig.for_model(tower, **{**kw, "num_hidden_layers": n_layers})
-        torch.manual_seed(0)
-        wd = torch.float32 if precision == "fp32" else torch.bfloat16
-        model = AutoModel.from_config(cfg, dtype=wd, attn_implementation=attn_implementation)
-        model.train()
-        px = torch.randn(images, 3, cfg.image_size, cfg.image_size, dtype=wd)
-        extra = {"image_sizes": torch.tensor([[cfg.image_size, cfg.image_size]] * images)} if tower == "pixtral" else {}
-        seen: Dict[int, int] = {}
+    def pack(t):
+        st = t.untyped_storage()
+        seen.setdefault(st.data_ptr(), st.nbytes())
+        return t
 
-        def pack(t):
-            st = t.untyped_storage()
-            seen.setdefault(st.data_ptr(), st.nbytes())
-            return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(pixel_values=px, **extra)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return float(sum(n for k, n in seen.items() if k not in params))
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(pixel_values=px, **extra)
-        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        return float(sum(n for k, n in seen.items() if k not in params))
 
-    return run(layers + 1) - run(layers)
+def traced_tower_block_bytes(tower: str, *, precision: str = "bf16", attn_implementation: str = "sdpa",
+                             images: int = 2, layers: int = 2) -> float:
+    """Saved bytes of one vision-tower block (a model of L+1 minus one of L layers)."""
+    kw = dict(precision=precision, attn_implementation=attn_implementation, images=images)
+    return traced_tower_bytes(tower, layers=layers + 1, **kw) - traced_tower_bytes(tower, layers=layers, **kw)
+
+
+def predicted_tower_once_bytes(tower: str, *, precision: str = "bf16", attn_implementation: str = "sdpa",
+                               images: int = 2) -> float:
+    """What the tower family says the tower saves once for all its blocks (full training)."""
+    from transformers import AutoConfig
+
+    from vramwidget.architecture import Architecture
+    from vramwidget.families import family_for
+    from vramwidget.training import TrainingSetup
+
+    cfg = AutoConfig.for_model(tower, **{**TINY_TOWERS[tower], "num_hidden_layers": 2}).to_dict()
+    fam = family_for(tower)
+    arch = Architecture(name=tower, model_type=tower, config=cfg, **fam.params(cfg, tower))
+    s = TrainingSetup.from_kwargs(method="full", precision=precision, attn_implementation=attn_implementation)
+    backend = "eager" if attn_implementation == "eager" else "flash"
+    dtype = "float32" if precision == "fp32" else "bfloat16"
+    return sum(n for _, n, _ in fam.tower_saved_once(arch, images, fam.patches(cfg), s, backend, dtype))
 
 
 def predicted_tower_block_bytes(tower: str, *, precision: str = "bf16", attn_implementation: str = "sdpa",
@@ -296,6 +316,7 @@ def predicted_tower_block_bytes(tower: str, *, precision: str = "bf16", attn_imp
     from transformers import AutoConfig
 
     from vramwidget.activations import BlockContext, attention_backend, trace_block
+    from vramwidget.architecture import Architecture
     from vramwidget.architecture import Architecture
     from vramwidget.families import family_for
     from vramwidget.training import TrainingSetup
@@ -308,7 +329,8 @@ def predicted_tower_block_bytes(tower: str, *, precision: str = "bf16", attn_imp
     backend = attention_backend(arch, s, s.compute_dtype)
     if backend in ("math", "efficient"):
         backend = "flash"
-    ctx = BlockContext(arch=arch, setup=s, T=images * patches, b=images, s=patches, c=s.compute_dtype,
+    seqs, seq_len = fam.tower_attention_layout(images, patches, s)
+    ctx = BlockContext(arch=arch, setup=s, T=images * patches, b=seqs, s=seq_len, c=s.compute_dtype,
                        resid=s.compute_dtype if not s.autocast else "float32",
                        norm_w_dtype="float32" if precision == "fp32" else s.weights_dtype, linear_trains=True,
                        norms_train=True, lora_modules=(), adapter_dtype="float32", attn_backend=backend,

@@ -49,6 +49,9 @@ class _T:
     rg: bool
     formula: str
     group: str
+    #: for a transient: how many tensors created after it it outlives (1: freed once the next
+    #: tensor exists; a Python variable reassigned by ``x = f(g(x))`` outlives all of f and g)
+    outlives: int = 1
 
 
 @dataclass
@@ -73,6 +76,14 @@ class Trace:
         #: every tensor the forward creates and every parameter it uses, in order (the
         #: allocation events of the caching-allocator replay, ``events.py``)
         self.ops: List[Tuple[str, Any]] = []
+        #: saved-tensor pack events (``torch.autograd.graph.saved_tensors_hooks`` calls): one
+        #: per autograd node that keeps a tensor, so a tensor kept by two ops counts twice
+        #: (activation offloading's forward stash counts these, estimate._offload)
+        self.packs = 0
+        #: saved tensors that the node which *made* them keeps (softmax, exp, tanh save their
+        #: output): autograd releases them after that node's backward, one op later than a
+        #: tensor kept by its consumer (the replay's order, ``events.py``)
+        self.saved_by_producer: set = set()
 
     def new(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
         """Record a new forward tensor (not yet saved)."""
@@ -82,10 +93,12 @@ class Trace:
         self.ops.append(("new", t))
         return t
 
-    def temp(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
+    def temp(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str,
+             outlives: int = 1) -> _T:
         """A short-lived tensor that only the allocator replay needs to see (not saved and not
-        counted in ``created_ops``/``created_bytes``, which the step-time model reads)."""
-        t = _T(name, numel, dtype, rg, formula, group)
+        counted in ``created_ops``/``created_bytes``, which the step-time model reads);
+        ``outlives``: how many tensors created after it exist before it is freed."""
+        t = _T(name, numel, dtype, rg, formula, group, outlives)
         self.ops.append(("new", t))
         return t
 
@@ -94,8 +107,14 @@ class Trace:
         made when backward reaches it)."""
         self.ops.append(("param", module))
 
-    def save(self, t: _T) -> None:
-        """Mark ``t`` as kept for backward (once per storage)."""
+    def save(self, t: _T, by_producer: bool = False, packs: int = 1) -> None:
+        """Mark ``t`` as kept for backward (its bytes once per storage); ``by_producer``: the
+        node that made ``t`` keeps it (a softmax's output), not only the node that consumes
+        it; ``packs``: how many autograd nodes keep it (each one is a pack call of the
+        saved-tensor hooks)."""
+        self.packs += packs
+        if by_producer:
+            self.saved_by_producer.add(t.name)
         if t.name not in self.saved:
             self.saved[t.name] = SavedTensor(t.name, t.group, t.numel * DTYPE_BYTES[t.dtype], t.dtype, t.numel,
                                              t.formula)
@@ -223,7 +242,17 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
         tr.save(tr.new(f"{tag} lora_A output", n_tok * r, a_dtype, True, f"T x r (r={r})", LORA_GROUP))
         # lora_B(...) * scaling, added to the base result (promoted to the adapter dtype) and
         # cast back with result.to(torch_result_dtype): transients the trace need not keep
-        tr.temp(f"{tag} lora_B output", n_tok * out_features, a_dtype, True, "T x out (transient)", LORA_GROUP)
+        if tag == "qkv (fused LoRA)" and not {"q_proj", "k_proj", "v_proj"} <= set(ctx.lora_modules):
+            # LitGPT LoRAQKVLinear.zero_pad (litgpt/lora.py; lit_gpt/lora.py in 2023) scatters
+            # the adapted slices into the full qkv width with index_copy(_), whose backward
+            # formula (derivatives.yaml: grad.index_select(dim, index).expand_as(source))
+            # keeps its source: this module's slice of the conv1d (lora_B) output.  With all
+            # of q, k, v adapted zero_pad returns its input and nothing is kept.
+            tr.save(tr.new(f"{tag} {module} lora_B output (kept by zero_pad's index_copy)", n_tok * out_features,
+                           a_dtype, True, f"T x {_dim(out_features)}", LORA_GROUP))
+        else:
+            tr.temp(f"{tag} lora_B output", n_tok * out_features, a_dtype, True, "T x out (transient)",
+                    LORA_GROUP)
         tr.temp(f"{tag} lora_B output x scaling", n_tok * out_features, a_dtype, True, "T x out (transient)",
                LORA_GROUP)
         if _promote(a_dtype, out_dtype) != out_dtype:
@@ -255,8 +284,10 @@ def rms_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: 
         x32.formula, x32.group = f"T x {_dim(dim)} fp32 upcast", group
     rows = x.numel / dim
     if x.rg:
-        tr.save(x32)
-        tr.save(tr.new(f"{name} rsqrt", rows, F32, True, "T x 1 fp32", group))
+        # x32.pow(2) and x32 * rsqrt(...) each keep x32; rsqrt keeps its output for its own
+        # backward and the product keeps it again: two packs each
+        tr.save(x32, packs=2)
+        tr.save(tr.new(f"{name} rsqrt", rows, F32, True, "T x 1 fp32", group), packs=2)
     n32 = tr.new(f"{name} normalised fp32", x.numel, F32, x.rg or trains, f"T x {_dim(dim)} fp32", group)
     if gemma:
         if trains:
@@ -280,7 +311,7 @@ def layer_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group
     xin = tr.cast(x, F32, f"{name} input as fp32") if ctx.setup.autocast else x
     if x.rg or ctx.norms_train:
         tr.save(xin)
-        tr.save(tr.new(f"{name} mean and rstd", 2 * x.numel / dim, F32, True, "2 x T fp32", group))
+        tr.save(tr.new(f"{name} mean and rstd", 2 * x.numel / dim, F32, True, "2 x T fp32", group), packs=2)
     out = tr.new(f"{name} output", x.numel, xin.dtype, x.rg or ctx.norms_train, f"T x {_dim(dim)}", group)
     tr.param(name)
     return out
@@ -345,7 +376,9 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
             tr.save(tr.new("k repeated and scaled (math SDPA)", T * a * ctx.arch.head_dim, c, True, "T x a*d", group))
             # q @ k^T, masked in place; the softmax keeps only its output
             tr.temp("attention scores (math SDPA)", scores, c, True, "b x a x s x s (transient)", group)
-            tr.save(tr.new("attention probabilities (math SDPA)", scores, c, True, "b x a x s x s", group))
+            # _safe_softmax keeps its result for backward (derivatives.yaml), as the matmul does
+            tr.save(tr.new("attention probabilities (math SDPA)", scores, c, True, "b x a x s x s", group),
+                    by_producer=True)
             if kv != a:
                 tr.save(tr.new("v repeated (math SDPA)", T * a * v_head_dim, c, True, "T x a*d", group))
             else:
@@ -365,20 +398,27 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         tr.save(ke)
         tr.save(ve)
         # matmul(q, k^T) * scaling + causal mask: three b x a x s x s transients before the softmax
-        # (the mask's add passes its gradient through in backward: no gradient tensor of its own)
+        # (the mask's add passes its gradient through in backward: no gradient tensor of its own).
+        # transformers' eager_attention_forward (models/llama/modeling_llama.py) writes
+        # ``attn_weights = softmax(attn_weights, dtype=float32).to(query.dtype)``: the masked
+        # scores stay referenced until that line has made the fp32 copy, the softmax output and
+        # its 16-bit cast
+        sm_dtype = F32 if softmax_fp32 else c
+        in_statement = 1 + (sm_dtype != c) + (sm_dtype != c)
         for label, makes_grad in (("attention scores", True), ("attention scores scaled", True),
                                   ("attention scores masked", False)):
-            tr.temp(label, scores, c, makes_grad, "b x a x s x s (transient)", group)
+            tr.temp(label, scores, c, makes_grad, "b x a x s x s (transient)", group,
+                    outlives=in_statement if label.endswith("masked") and not softcap else 1)
         if softcap:
             tr.save(tr.new("soft-capped scores tanh", scores, c, True, "b x a x s x s", group))
-        sm_dtype = F32 if softmax_fp32 else c
         if sm_dtype != c:
             # softmax(x, dtype=float32) converts its input first (at::softmax: input.toType(dtype))
             tr.temp("attention scores as fp32 (softmax input)", scores, F32, True, "b x a x s x s fp32 (transient)",
                    group)
         p32 = tr.new("softmax output" + (" fp32" if softmax_fp32 else ""), scores, sm_dtype, True,
                      "b x a x s x s" + (" fp32" if softmax_fp32 else ""), group)
-        tr.save(p32)
+        # SoftmaxBackward0 keeps its result (tools/autograd/derivatives.yaml: _softmax: result)
+        tr.save(p32, by_producer=True)
         p = tr.cast(p32, c, "attention probabilities")
         p.formula = "b x a x s x s"
         if dropout_p > 0:

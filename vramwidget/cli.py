@@ -133,8 +133,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="read the setup from your training config: HF TrainingArguments/TRL JSON, axolotl, "
                           "torchtune, LLaMA-Factory or LitGPT YAML, a DeepSpeed JSON or an accelerate YAML; "
                           "options given here override the file")
-    est.add_argument("--num-gpus", dest="num_gpus", default=None, type=_int_arg, metavar="N",
-                     help="with --from: the number of GPUs the launcher starts (not in most config files)")
     for flag, dest, kind, text in _SETUP_OPTIONS:
         if kind == "choice":
             est.add_argument(flag, dest=dest, default=None, metavar="{" + ",".join(c for c, _ in CHOICES[dest]) + "}",
@@ -167,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --gpu: the run's cost for N training tokens (default 1e9)")
     est.add_argument("--usd-per-gpu-hour", dest="usd_per_gpu_hour", default=None, type=_float_arg, metavar="X",
                      help="with --gpu: the price per GPU-hour (default: the catalogue's indicative on-demand price)")
+    add_parallel_arguments(est.add_argument_group(
+        "several GPUs (the estimate is then per GPU, the worst one; with --from these override the file)"))
     est.add_argument("--json", action="store_true", help="print the estimate as JSON")
     est.add_argument("--units", choices=("gib", "gb"), default="gib",
                      help="units of the component table: GiB (2**30 B, default) or GB (10**9 B)")
@@ -444,10 +444,10 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
         return _cmd_estimate_from(args, out)
     if args.model is None:
         raise _UsageError("estimate: give MODEL (or --from FILE with a config that names the model)")
-    if args.num_gpus is not None:
-        raise _UsageError("--num-gpus goes with --from FILE; for a sharded run without a config file use "
-                          "vramwidget fit or the Python API's estimate_parallel")
     _quiet_hub(args.model)
+    if args.inference and parallel_kwargs(args):
+        raise _UsageError(f"--{next(iter(parallel_kwargs(args))).replace('_', '-')} is a training layout option; "
+                          "for serving on several GPUs use vramwidget infer --engine ... --tensor-parallel N")
     if args.inference:
         training_only = sorted(set(setup_kwargs(args)) - {"batch_size", "attn_implementation"})
         if training_only:
@@ -456,6 +456,8 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
         from . import inference
 
         return inference.run(args, out)
+    if parallel_kwargs(args):
+        return _cmd_estimate_parallel(args, out)
     arch = load(args.model)
     setup = TrainingSetup.from_kwargs(**setup_kwargs(args))
     _time_options(args)
@@ -475,6 +477,33 @@ def _time_options(args: argparse.Namespace) -> None:
         raise _UsageError("--tokens and --usd-per-gpu-hour need --gpu (the GPU the step is timed on)")
 
 
+def _layout_line(lay: Dict[str, Any]) -> str:
+    return "per GPU, the worst one (" + ", ".join(f"{k}={v}" for k, v in lay.items()) + "):"
+
+
+def _cmd_estimate_parallel(args: argparse.Namespace, out) -> int:
+    """``estimate MODEL --num-gpus N [--strategy S ...]``: the per-GPU estimate of a sharded run."""
+    from .architecture import load
+    from .parallel import estimate_parallel
+
+    kw = fit_kwargs(args)
+    lay = {k: v for k, v in kw.items() if k in parallel_kwargs(args) or k == "strategy"}
+    _time_options(args)
+    result = estimate_parallel(args.model, **kw)
+    if args.gpu is not None:
+        result.set_gpu(args.gpu)   # every stage, with its communication
+    est = result.per_gpu
+    arch = load(args.model)
+    if args.json:
+        d = estimate_json(arch, est, args.tokens, args.usd_per_gpu_hour)
+        d["parallel"] = lay
+        out.write(json.dumps(d) + "\n")
+        return 0
+    out.write(_layout_line(lay) + "\n" + format_estimate(arch, est, args.units, args.tokens, args.usd_per_gpu_hour)
+              + "\n")
+    return 0
+
+
 def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
     """``estimate [MODEL] --from FILE``: the user's training config, with command-line overrides."""
     from .readers import from_training_config
@@ -482,13 +511,19 @@ def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
     if args.inference:
         raise _UsageError("--from reads a training config; it does not go with --inference")
     cfg = from_training_config(args.from_config)
-    overrides = setup_kwargs(args)
-    if args.num_gpus is not None:
-        overrides["num_gpus"] = args.num_gpus
+    overrides = {**setup_kwargs(args), **parallel_kwargs(args)}
     model = args.model if args.model is not None else cfg.model
     if isinstance(model, str):
         _quiet_hub(model)
-    result = cfg.estimate(model, **overrides)
+    try:
+        result = cfg.estimate(model, **overrides)
+    except VramError as e:
+        if args.model is None and getattr(e, "field", None) == "model":
+            # the file's model could not be loaded (offline, a private or mirrored repo): the
+            # command line may name it (a preset or a local config.json) and keep the file's setup
+            raise VramError(f"{e} (or name the model before --from: vramwidget estimate MODEL --from "
+                            f"{os.path.basename(str(args.from_config))})", field="model") from None
+        raise
     per_gpu = getattr(result, "per_gpu", None)
     est = per_gpu if per_gpu is not None else result
     _time_options(args)
@@ -501,11 +536,11 @@ def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
         d = estimate_json(arch, est, args.tokens, args.usd_per_gpu_hour)
         d["config"] = cfg.to_dict()
         if per_gpu is not None:
-            d["parallel"] = {"strategy": "ddp", **cfg.parallel,
-                             **({"num_gpus": args.num_gpus} if args.num_gpus is not None else {})}
+            d["parallel"] = {"strategy": "ddp", **cfg.parallel, **parallel_kwargs(args)}
         out.write(json.dumps(d) + "\n")
         return 0
-    lines = [f"read {cfg.source} as a {cfg.format} config: {len(cfg.mapped)} field(s) used, "
+    article = "an" if cfg.format[:1].lower() in "aeiou" else "a"
+    lines = [f"read {cfg.source} as {article} {cfg.format} config: {len(cfg.mapped)} field(s) used, "
              f"{len(cfg.ignored)} ignored"]
     for f, k, v in cfg.mapped:
         lines.append(f"  {f} -> {k}={v!r}")
@@ -520,8 +555,7 @@ def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
     for n in cfg.notes:
         lines.append(f"  note: {n}")
     if per_gpu is not None:
-        lay = {"strategy": "ddp", **cfg.parallel, **({"num_gpus": args.num_gpus} if args.num_gpus is not None else {})}
-        lines.append("per GPU (" + ", ".join(f"{k}={v}" for k, v in lay.items()) + "):")
+        lines.append(_layout_line({"strategy": "ddp", **cfg.parallel, **parallel_kwargs(args)}))
     out.write("\n".join(lines) + "\n" + format_estimate(arch, est, args.units, args.tokens, args.usd_per_gpu_hour)
               + "\n")
     return 0
@@ -608,6 +642,14 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="4-bit quantization without double quantization")
     parser.add_argument("--prepare-kbit", dest="prepare_kbit", action="store_const", const=True, default=None,
                         help="prepare_model_for_kbit_training")
+    add_parallel_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the answers as JSON")
+
+
+def add_parallel_arguments(parser: Any) -> None:
+    """The parallel layout's flags (``fit`` and ``estimate``)."""
+    from .parallel import STRATEGIES
+
     for flag, dest, kind, text in _PARALLEL_FLAGS:
         text = text.format(strategies=", ".join(STRATEGIES))
         if kind == "int":
@@ -623,7 +665,17 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DeepSpeed: optimizer states on the CPU")
     parser.add_argument("--offload-params", dest="offload_params", action="store_true", default=None,
                         help="ZeRO-3 / FSDP: parameters on the CPU")
-    parser.add_argument("--json", action="store_true", help="print the answers as JSON")
+
+
+def parallel_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
+    """The parallel layout's keywords among parsed flags (only those given)."""
+    kw: Dict[str, Any] = {}
+    for dest in [d for _, d, _, _ in _PARALLEL_FLAGS] + ["sequence_parallel", "offload_optimizer",
+                                                          "offload_params", "bucket_mb"]:
+        v = getattr(args, dest, None)
+        if v is not None:
+            kw[dest] = v
+    return kw
 
 
 def fit_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
@@ -631,15 +683,7 @@ def fit_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
     parallel layout without a strategy gets DDP when it has several replicas)."""
     from .parallel import PARALLEL_KEYS
 
-    kw = setup_kwargs(args)
-    for _, dest, _, _ in _PARALLEL_FLAGS:
-        v = getattr(args, dest, None)
-        if v is not None:
-            kw[dest] = v
-    for dest in ("sequence_parallel", "offload_optimizer", "offload_params", "bucket_mb"):
-        v = getattr(args, dest, None)
-        if v is not None:
-            kw[dest] = v
+    kw = {**setup_kwargs(args), **parallel_kwargs(args)}
     if any(k in kw for k in PARALLEL_KEYS) and "strategy" not in kw:
         kw["strategy"] = "ddp" if int(kw.get("num_gpus", 1)) > int(kw.get("tensor_parallel", 1)) * int(
             kw.get("pipeline_parallel", 1)) * int(kw.get("context_parallel", 1)) else "none"

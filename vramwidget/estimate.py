@@ -15,6 +15,7 @@ function below, next to its formula; the per-op activation rules are in ``activa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -525,6 +526,8 @@ class _Acts:
     fwd_written_bytes_per_layer: float = 0.0
     head_fwd_ops: float = 0.0
     head_fwd_written_bytes: float = 0.0
+    #: saved-tensor packs of the final norm, the newest ones at the end of the forward (_offload)
+    head_packs: int = 0
 
 
 @dataclass
@@ -543,6 +546,7 @@ class _Profile:
     ops: float = 0.0                                # kernels of one block's forward
     head_written: Tuple[float, float] = (0.0, 0.0)
     head_ops: float = 0.0
+    head_packs: int = 0
     #: the block's forward in order, for the allocator replay: ("new", name, dtype, rg, saved,
     #: numel a, numel b) per created tensor, ("param", module) per parameter use; steady and first block
     alloc_ops: Tuple[List[Tuple[Any, ...]], List[Tuple[Any, ...]]] = ([], [])
@@ -601,7 +605,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     head = [(name, per_tok * T, formula) for name, formula, per_tok in prof.head]
     tower = _tower_activations(arch, s, P, cpu) if arch.towers else []
     return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers, tower=tower,
-                 **_timing_fields(prof, T, T2))
+                 head_packs=prof.head_packs, **_timing_fields(prof, T, T2))
 
 
 def _timing_fields(prof: "_Profile", T: float, T2: float) -> Dict[str, float]:
@@ -614,7 +618,9 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
                        ) -> List[Tuple[str, float, str]]:
     """A side tower's saved tensors (a VLM's vision encoder over ``images_per_sample`` images
     of each sample): its blocks traced at its own token count (patches per image), each
-    image attending within itself.  Under checkpointing each tower layer keeps its input."""
+    image attending within itself, in the sequences the tower family lays them out in
+    (``tower_attention_layout``), plus what the tower saves once (``tower_saved_once``).
+    Under checkpointing each tower layer keeps its input."""
     out: List[Tuple[str, float, str]] = []
     for name, tarch in arch.towers.items():
         per_sample = arch.family.tower_tokens(arch, name, s)
@@ -628,7 +634,11 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
         if cpu and backend in ("math", "efficient"):
             backend = "flash"
         full = s.method == "full"
-        ctx = BlockContext(arch=tarch, setup=s, T=T, b=n_img, s=patches, c=c, resid=_resid(s),
+        tfam = tarch.family
+        seqs, seq_len = tfam.tower_attention_layout(n_img, patches, s)
+        once = tfam.tower_saved_once(tarch, n_img, patches, s, backend, _resid(s))
+        out.extend(once)
+        ctx = BlockContext(arch=tarch, setup=s, T=T, b=seqs, s=seq_len, c=c, resid=_resid(s),
                            norm_w_dtype="float32" if (s.autocast or s.precision == "fp32") else s.weights_dtype,
                            linear_trains=full, norms_train=full, lora_modules=P.lora_modules,
                            adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu)
@@ -678,7 +688,9 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
                 out.append(("param", t1))
             else:
                 an, bn = coeffs(t1.numel, t2.numel)
-                out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in one[key][1], an, bn))
+                saved = one[key][1]
+                out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in saved, an, bn, t1.outlives,
+                            t1.name in saved and t1.name in one[key][2]))
         return out
 
     return _Profile(arch=arch, per_layer=per_layer, per=coeffs(one["per"], two["per"]),
@@ -686,6 +698,7 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
                     head=[(name, formula, nbytes) for name, nbytes, formula in one["head"]],
                     backend=one["backend"], written=coeffs(one["written"], two["written"]), ops=one["ops"],
                     head_written=coeffs(one["head_written"], two["head_written"]), head_ops=one["head_ops"],
+                    head_packs=one["head_packs"],
                     alloc_ops=(alloc_ops("alloc_ops"), alloc_ops("alloc_ops_first")))
 
 
@@ -729,6 +742,7 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     ctx_head = BlockContext(**{**ctx.__dict__, "linear_trains": head_trains, "quant_base": False,
                                "lora_modules": ()})
     n = arch.family.final_norm(htr, ctx_head, x)
+    norm_packs = htr.packs
     if s.autocast or s.precision == "fp8":
         if head_trains or n.rg:
             n_c = htr.cast(n, c, "output head input cast")
@@ -757,8 +771,9 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     return {"per_layer": list(tr.saved.values()), "per": tr.total_bytes, "first": tr_first.total_bytes,
             "dense": dense_bytes, "head": head, "backend": backend,
             "written": tr.created_bytes, "ops": tr.created_ops,
-            "head_written": htr.created_bytes, "head_ops": htr.created_ops,
-            "alloc_ops": (tr.ops, set(tr.saved)), "alloc_ops_first": (tr_first.ops, set(tr_first.saved))}
+            "head_written": htr.created_bytes, "head_ops": htr.created_ops, "head_packs": norm_packs,
+            "alloc_ops": (tr.ops, set(tr.saved), tr.saved_by_producer),
+            "alloc_ops_first": (tr_first.ops, set(tr_first.saved), tr_first.saved_by_producer)}
 
 
 def _dora_weight_copies_per_layer(arch: Architecture, s: TrainingSetup, P: _Params) -> float:
@@ -1038,7 +1053,13 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         grads_live_first = grads_live_end = live
         head_grad = live
     else:
-        embed_grad_live = embed_grad if arch.tie_word_embeddings else 0.0
+        # a tied head and embedding: the head's gradient waits in autograd's input buffer for the
+        # embedding's; the engine adds the two in place only into a plain tensor it holds the last
+        # reference to (torch/csrc/autograd/input_buffer.cpp, ``can_accumulate_inplace``).  The
+        # head's weight gradient is a transposed view of its mm (linear's backward), so the sum
+        # is a third V x h tensor; under autocast it arrives as the fp32 cast of that (a plain
+        # tensor) and the embedding's is added into it (checked on the CPU: aten::add vs add_)
+        embed_grad_live = (embed_grad * (1 if s.autocast else 2)) if arch.tie_word_embeddings else 0.0
         grads_live_first = grads_bytes - embed_grad - layer_grad * 2 / 3
         grads_live_end = grads_bytes
     ev = {
@@ -1190,8 +1211,10 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         else:
             bwd = [grads_part(grads_bytes, "every gradient"),
                    Node("activations", children=[Node("embedding gradient being accumulated",
-                                                      bytes=embed_grad if arch.tie_word_embeddings else 0.0,
-                                                      formula="V x h (tied head and embedding: two contributions)")])]
+                                                      bytes=embed_grad_live,
+                                                      formula="V x h (tied head and embedding: two contributions"
+                                                      + (", added in place)" if s.autocast else
+                                                         ", added out of place: 2 x V x h beside the sum)"))])]
         fwd = [weights, qconst, adapters, state_node, acts, logits_fwd,
                Node("weights", children=[cast_cache]), _deq_node(deq), workspace]
         if accum_grads:
@@ -1243,25 +1266,40 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     return est
 
 
-#: torchtune OffloadActivations: max_fwd_stash_size (tensors whose GPU copy waits for its
-#: transfer) and min_offload_size (smaller tensors stay on the GPU)
+#: torchtune OffloadActivations: max_fwd_stash_size (pack ids whose GPU copy waits for its
+#: transfer; tensors under min_offload_size, 1 KiB, stay on the GPU)
 OFFLOAD_FWD_STASH = 5
+#: pack calls of one checkpointed layer: non-reentrant torch.utils.checkpoint saves its inputs
+#: through _NoopSaveInputs (torch/utils/checkpoint.py): an empty placeholder tensor and the
+#: layer input (keyword arguments such as masks are kept by reference, not packed)
+CHECKPOINT_PACKS_PER_LAYER = 2
 
 
 def _offload(A: _Acts, layer_acts: float, gc: bool) -> Tuple[float, float]:
     """Activation offloading: (bytes moved to the CPU, bytes still on the GPU).
 
-    torchtune ``OffloadActivations`` (torchtune/training/_activation_offloading.py) packs
-    every saved tensor of at least 1 KiB that is not a parameter into pinned CPU memory; the
-    GPU copy waits in a forward stash until 5 newer tensors are packed, and in backward each
-    tensor is brought back just before its node runs.  The output head is excluded (a
-    NoOpManager around ``model.output``), so the head's tensors and the logits stay.  What is
-    left on the GPU is the stash: 5 checkpointed layer inputs under full checkpointing (the
-    recomputed layer is not packed: backward runs outside the context), else about one
-    block's saved tensors.  Unsloth's offloaded checkpointing moves the same layer inputs.
+    torchtune ``OffloadActivations`` (torchtune/training/_activation_offloading.py, which
+    TRL's ``activation_offloading`` copies) gives every saved tensor a pack id and copies
+    those of at least 1 KiB that are not parameters to pinned CPU memory; the GPU copy
+    stays in a forward stash until a tensor 5 ids newer is offloaded (``pack_tensor``: ids
+    <= id - max_fwd_stash_size leave the stash).  In backward each tensor is brought back
+    just before its node runs.  The output head is excluded (a NoOpManager around
+    ``model.output``), so the head's tensors and the logits stay.
+
+    What is still on the GPU at the end of the forward is that stash.  Under full
+    checkpointing the ids are each layer's two packs (placeholder + input), then the final
+    norm's (``head_packs``: an fp32-upcast RMSNorm packs its fp32 input and its rsqrt twice
+    each, plus the normalised tensor when its weight trains).  Those norm tensors are counted
+    in the head's activations (not offloaded here); the layer inputs among the 5 newest ids
+    stay beside them: Llama with LoRA (4 norm packs) keeps the last layer's input, full
+    fine-tuning (5) keeps none.  The recomputed layer is not packed (backward runs outside
+    the context).  Without checkpointing about one block's saved tensors wait in the stash.
+    Unsloth's offloaded checkpointing moves the same layer inputs.
     """
     if gc:
-        kept = min(OFFLOAD_FWD_STASH, A.n_saving_layers) * A.checkpoint_bytes_per_layer
+        free_ids = max(OFFLOAD_FWD_STASH - A.head_packs, 0)
+        inputs = min(math.ceil(free_ids / CHECKPOINT_PACKS_PER_LAYER), A.n_saving_layers)
+        kept = inputs * A.checkpoint_bytes_per_layer
     else:
         kept = A.per_layer_bytes
     kept = min(kept, layer_acts)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .activations import attention_backend
 from .architecture import Architecture
@@ -49,12 +49,25 @@ ASYNC_LOAD_WORKERS = 4
 CUBLAS_WORKSPACES = 2
 
 
+_RAW_SIZES = threading.local()
+
+
 class _Stream:
     """An event list with keys handed out in order."""
 
     def __init__(self) -> None:
         self.events: List[Event] = []
         self._n = 0
+        if getattr(_RAW_SIZES, "on", False):     # stream_template's probes: sizes before int()
+            self.alloc = self._alloc_raw          # type: ignore[method-assign]
+
+    def _alloc_raw(self, nbytes: float, label: Any) -> Optional[int]:
+        if nbytes <= 0:      # kept as a marker: at another size this may be an allocation
+            self.events.append(("skip", None, nbytes, label))
+            return None
+        self._n += 1
+        self.events.append(("alloc", self._n, nbytes, label))
+        return self._n
 
     def alloc(self, nbytes: float, label: Any) -> Optional[int]:
         if nbytes <= 0:
@@ -203,8 +216,8 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             if op[0] == "param":
                 out.append(op)
             else:
-                _, name, dtype, rg, saved, an, bn = op
-                out.append(("new", name, DTYPE_BYTES[dtype] * (an * T + bn * T2), rg, saved))
+                _, name, dtype, rg, saved, an, bn, outlives, by_producer = op
+                out.append(("new", name, DTYPE_BYTES[dtype] * (an * T + bn * T2), rg, saved, outlives, by_producer))
         return out
 
     steady_ops, first_ops = block_ops(False), block_ops(True)
@@ -216,17 +229,21 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                       label: Tuple[Any, ...]) -> Tuple[Optional[int], List[int]]:
         """Allocate one block's tensors; returns the block output's key and the kept keys."""
         saved: List[int] = []
-        pending: Optional[int] = None     # the last transient, freed once its consumer ran
+        # transients, each freed once the tensors it outlives exist (normally the next one:
+        # its consumer's output): [key, tensors still to come]
+        pending: List[List[Any]] = []
         resid = x_key                     # the residual stream lives until the next add
         out_key: Optional[int] = None
         for op in ops[1:]:                # ops[0] is the block input (the previous output)
             if op[0] == "param":
                 continue
-            _, name, nbytes, rg, is_saved = op
+            _, name, nbytes, rg, is_saved, outlives, _by_producer = op
             key = st.alloc(nbytes, label + (name,))
-            if pending is not None:
-                st.free(pending)
-                pending = None
+            for p in pending:
+                p[1] -= 1
+                if p[1] <= 0:
+                    st.free(p[0])
+            pending = [p for p in pending if p[1] > 0]
             if name in ("residual after attention", "block output"):
                 # the residual stream lives until the next residual add; a norm may save it
                 if resid is not None and resid != x_key and resid not in saved:
@@ -240,10 +257,10 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             if is_saved and keep_saved:
                 if key is not None:
                     saved.append(key)
-            else:
-                pending = key
-        if pending is not None:
-            st.free(pending)
+            elif key is not None:
+                pending.append([key, outlives])
+        for p in pending:
+            st.free(p[0])
         return out_key, saved
 
     def backward_block(ops: List[Tuple[Any, ...]], grad_key: Optional[int], saved: List[int], layer: int,
@@ -255,12 +272,13 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             params.setdefault(module, []).append(nb)
         saved_iter = list(saved)
         g = grad_key
+        deferred: List[int] = []          # kept by the node that made them: freed after its backward
         for op in reversed(ops[1:]):
             if op[0] == "param":
                 for nb in params.pop(op[1], []):
                     grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + (op[1], "grad")))
                 continue
-            _, name, nbytes, rg, is_saved = op
+            _, name, nbytes, rg, is_saved, _outlives, by_producer = op
             # the consumer of this tensor runs: it makes the tensor's gradient, then autograd
             # releases what the node saved, then the consumer's own incoming gradient goes
             if name.endswith("dequantized weight"):
@@ -268,15 +286,23 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                 st.free(st.alloc(nbytes, label + (name,)))
                 continue
             ng = st.alloc(nbytes, label + ("grad of", name)) if rg else None
+            if rg and deferred:
+                # this gradient is the producer's backward output: the producer's saves go now
+                for k in deferred:
+                    st.free(k)
+                deferred = []
             if is_saved and saved_iter:
-                st.free(saved_iter.pop())
+                if by_producer:
+                    deferred.append(saved_iter.pop())
+                else:
+                    st.free(saved_iter.pop())
             if rg:
                 st.free(g)
                 g = ng
         for rest in params.values():      # parameters no op of the trace named (biases...)
             for nb in rest:
                 grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + ("grad",)))
-        for k in saved_iter:
+        for k in saved_iter + deferred:
             st.free(k)
         # the block input's gradient, the size of the residual stream
         ng = st.alloc(resid_bytes, label + ("grad of block input",))
@@ -476,6 +502,16 @@ _SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSetup) if f.nam
 
 
 
+def clear_caches() -> None:
+    """Forget every cached replay and stream template (benchmarks time cold setups)."""
+    with _LOCK:
+        _REPLAYS.clear()
+        _BY_SHAPE.clear()
+        _BY_STREAM.clear()
+        _TEMPLATES.clear()
+        _SEEN.clear()
+
+
 def _shape_key(arch: Architecture, s: TrainingSetup) -> Tuple[Any, ...]:
     return (id(arch),) + tuple(getattr(s, f) for f in _SHAPE_FIELDS)
 
@@ -492,6 +528,7 @@ def _store(arch: Architecture, s: TrainingSetup, res: Any) -> None:
         if len(_REPLAYS) >= _MAX_CACHED:
             _REPLAYS.clear()
             _BY_SHAPE.clear()
+            _BY_STREAM.clear()
         _REPLAYS[(id(arch), s)] = (arch, res)
         sk = _shape_key(arch, s)
         hit = _BY_SHAPE.get(sk)
@@ -537,6 +574,196 @@ def provisional_reserved_bytes(arch: Architecture, s: TrainingSetup, peak_bytes:
     return float(peak_bytes) * ratio, False
 
 
+# ----------------------------------------------------------------------------------
+# Event-stream templates: one stream per setup, instantiated at any (batch, seq)
+# ----------------------------------------------------------------------------------
+
+#: the (batch, seq) sizes a template is solved from: T = b x s and T2 = b x s^2 at these are
+#: (128, 8192), (256, 16384), (256, 32768), so the solve divides by powers of two only (exact)
+_PROBES = ((2, 64), (4, 64), (2, 128))
+#: sizes are instantiated as c0 + c1 x T + c2 x T2 in floats; that equals the stream's own
+#: arithmetic to the byte while every value is a multiple of 2^-10 below 2^43 bytes (53 bits)
+_DYADIC = 1024
+_EXACT_LIMIT_BYTES = 2.0 ** 43
+_TEMPLATES: Dict[Tuple[Any, ...], Any] = {}
+_MAX_TEMPLATES = 16
+#: (template key, stream sizes key) -> (arch, ReplayResult): setups whose event streams are
+#: equal (same setup, same T where no size depends on T2, ...) share one replay
+_BY_STREAM: Dict[Tuple[Any, ...], Tuple[Architecture, Any]] = {}
+#: template key -> sizes requested so far (a template is built at the second size)
+_SEEN: Dict[Tuple[Any, ...], int] = {}
+
+
+class StreamTemplate:
+    """``training_events`` of one setup at every (batch, seq): the same events in the same
+    order, each allocation's size ``c0 + c1 x T + c2 x T2`` (T = b x s tokens, T2 = b x s^2).
+
+    Solved from the raw (not yet ``int()``-ed) sizes of the stream at the three
+    :data:`_PROBES` and checked against the stream at a fourth size; any event whose size is
+    not of that form, or any change in the events' order, fails the check and the setup keeps
+    generating its stream directly.  An allocation the stream skips at the probes (size <= 0)
+    is kept as a marker: at a size where it would be positive (or where a kept allocation's
+    size would not be), the template declines (``events_at`` returns None) and the stream is
+    generated directly.  A new size costs one numpy expression over the sizes instead of
+    regenerating the stream, and sizes whose streams are equal share one replay
+    (:meth:`size_key`)."""
+
+    __slots__ = ("kinds", "keys", "labels", "idx", "coef", "skips", "uses_tokens", "uses_t2", "bound", "n")
+
+    def __init__(self, base: List[Event], allocs: List[Tuple[Any, ...]], skips: List[Tuple[float, float, float]]):
+        import numpy as np
+
+        self.n = len(base)
+        self.kinds = [e[0] for e in base]
+        self.keys = [e[1] for e in base]
+        self.labels = [e[3] for e in base]
+        self.idx = np.array([a[0] for a in allocs], dtype=np.int64)
+        self.coef = tuple(np.array([a[k] for a in allocs], dtype=np.float64) for k in (3, 4, 5))
+        self.skips = tuple(np.array([x[k] for x in skips], dtype=np.float64) for k in range(3))
+        # (the skipped sizes decide only whether the template applies: events_at)
+        self.uses_tokens = bool(np.any(self.coef[1] != 0))
+        self.uses_t2 = bool(np.any(self.coef[2] != 0))
+        self.bound = tuple(float(np.max(np.abs(c))) if len(c) else 0.0 for c in self.coef)
+
+    def raw_sizes(self, b: int, sq: int) -> List[float]:
+        """Every allocation's size at (b, sq) before ``int()``, in stream order (floats)."""
+        c0, c1, c2 = self.coef
+        T, T2 = b * sq, b * sq * sq
+        return (c0 + c1 * T + c2 * T2).tolist()
+
+    def events_at(self, b: int, sq: int) -> Optional[Iterable[Event]]:
+        """The stream at (b, sq) (an iterable of events, equal to ``training_events`` there),
+        or None where the template cannot vouch for it: a kept size not positive, a skipped
+        one positive, or a size beyond the exact range of floats (:data:`_EXACT_LIMIT_BYTES`)."""
+        import numpy as np
+
+        T, T2 = b * sq, b * sq * sq
+        m0, m1, m2 = self.bound
+        if m0 + m1 * T + m2 * T2 >= _EXACT_LIMIT_BYTES:
+            return None
+        c0, c1, c2 = self.coef
+        v = c0 + c1 * T + c2 * T2          # the same operations, in the same order, as Python floats
+        if len(v) and float(v.min()) <= 0:
+            return None
+        s0, s1, s2 = self.skips
+        if len(s0) and float((s0 + s1 * T + s2 * T2).max()) > 0:
+            return None
+        sizes = np.zeros(self.n, dtype=np.int64)
+        sizes[self.idx] = v.astype(np.int64)   # int(): truncation, the sizes are positive
+        return zip(self.kinds, self.keys, sizes.tolist(), self.labels)
+
+    def size_key(self, b: int, sq: int) -> Tuple[int, int]:
+        """What the stream's sizes depend on: (T or 0, T2 or 0)."""
+        return (b * sq if self.uses_tokens else 0, b * sq * sq if self.uses_t2 else 0)
+
+
+def _template_key(arch: Architecture, s: TrainingSetup) -> Tuple[Any, ...]:
+    return _shape_key(arch, s) + (arch.family.trace_key(arch, s),)
+
+
+def _raw_events(arch: Architecture, s: TrainingSetup) -> List[Event]:
+    _RAW_SIZES.on = True
+    try:
+        return training_events(arch, s)
+    finally:
+        _RAW_SIZES.on = False
+
+
+def _solve_template(arch: Architecture, s: TrainingSetup) -> Optional[StreamTemplate]:
+    """Build the template of ``s`` (see :class:`StreamTemplate`), or None when its stream is
+    not of that form."""
+    from fractions import Fraction
+
+    tk = _template_key(arch, s)
+    streams = []
+    for b, sq in _PROBES + ((s.batch_size, s.seq_len),):
+        try:
+            probe = s.replace(batch_size=b, seq_len=sq)
+        except Exception:   # a size the setup refuses: no template
+            return None
+        if _template_key(arch, probe) != tk:
+            return None
+        streams.append(_raw_events(arch, probe))
+    first = streams[0]
+    n = len(first)
+    if any(len(x) != n for x in streams):
+        return None
+    base: List[Event] = []
+    allocs: List[Tuple[Any, ...]] = []
+    skips: List[Tuple[float, float, float]] = []
+    (Ta, T2a), (Tb, T2b), (Tc, T2c) = ((b * q, b * q * q) for b, q in _PROBES)
+    for i in range(n):
+        e = first[i]
+        if any(x[i][0] != e[0] or x[i][1] != e[1] or x[i][3] != e[3] for x in streams):
+            return None
+        if e[0] not in ("alloc", "skip"):
+            base.append(e)
+            if any(x[i][2] != e[2] for x in streams):
+                return None
+            continue
+        ya, yb, yc, yd = (float(x[i][2]) for x in streams)
+        if ya == yb == yc:
+            c0, c1, c2 = ya, 0.0, 0.0
+        else:
+            fa, fb, fc = Fraction(ya), Fraction(yb), Fraction(yc)
+            f2 = (fc - fb) / (T2c - T2b)
+            f1 = (fb - fa - f2 * (T2b - T2a)) / (Tb - Ta)
+            f0 = fa - f1 * Ta - f2 * T2a
+            for f in (f0, f1, f2):
+                if (f * _DYADIC).denominator != 1 or Fraction(float(f)) != f:
+                    return None
+            c0, c1, c2 = float(f0), float(f1), float(f2)
+        if e[0] == "skip":
+            skips.append((c0, c1, c2))
+        else:
+            allocs.append((len(base), e[1], e[3], c0, c1, c2))
+            base.append(e)
+    tpl = StreamTemplate(base, allocs, skips)
+    for (b, sq), x in zip(_PROBES + ((s.batch_size, s.seq_len),), streams):
+        want = [e[2] for e in x if e[0] == "alloc"]
+        if tpl.raw_sizes(b, sq) != want:
+            return None
+    return tpl
+
+
+def stream_template(arch: Architecture, s: TrainingSetup, build: bool = True) -> Optional[StreamTemplate]:
+    """The cached :class:`StreamTemplate` of ``s``'s setup (any size), built now when
+    ``build`` and not tried before; None when it has none."""
+    tk = _template_key(arch, s)
+    hit = _TEMPLATES.get(tk)
+    if hit is not None:
+        return hit[1] if hit[0] is arch else None
+    if not build:
+        return None
+    tpl = _solve_template(arch, s)
+    with _LOCK:
+        if len(_TEMPLATES) >= _MAX_TEMPLATES:
+            _TEMPLATES.clear()
+        _TEMPLATES[tk] = (arch, tpl)
+    return tpl
+
+
+def _replay_now(arch: Architecture, s: TrainingSetup) -> Any:
+    """The default-settings replay of ``s``: through its stream template when the setup has
+    one (built at the second size asked for), shared with any size whose stream is equal."""
+    tk = _template_key(arch, s)
+    seen = _SEEN.get(tk, 0)
+    _SEEN[tk] = seen + 1
+    if len(_SEEN) > _MAX_CACHED:
+        _SEEN.clear()
+    tpl = stream_template(arch, s, build=seen >= 1)
+    events = tpl.events_at(s.batch_size, s.seq_len) if tpl is not None else None
+    if events is None:      # no template, or one that does not vouch for this size
+        return replay(training_events(arch, s), parse_alloc_conf(s.allocator))
+    sk = tk + tpl.size_key(s.batch_size, s.seq_len)
+    hit = _BY_STREAM.get(sk)
+    if hit is not None and hit[0] is arch:
+        return hit[1]
+    res = replay(events, parse_alloc_conf(s.allocator))
+    _BY_STREAM[sk] = (arch, res)
+    return res
+
+
 def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Optional[float] = None,
                     record: bool = False) -> Any:
     """Replay the caching allocator (``allocator.replay``, with the setup's ``allocator``
@@ -560,7 +787,7 @@ def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Option
                 break
         waiting.wait()          # another thread replays this setup: take its result
     try:
-        res = replay(training_events(arch, s), parse_alloc_conf(s.allocator))
+        res = _replay_now(arch, s)
         _store(arch, s, res)
     finally:
         with _LOCK:

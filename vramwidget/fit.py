@@ -31,6 +31,7 @@ from .errors import VramError
 from .estimate import estimate_setup
 from .gpus import GPU, get_gpu
 from .inputs import check_choice, check_int
+from .stacks import stack_switches
 from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
 from .training import TrainingSetup
 from .units import GIB
@@ -347,6 +348,9 @@ class _Move:
     hardware: str = ""
 
 
+_LOSS_TITLES = {"liger": "Liger fused linear cross-entropy", "chunked": "chunked cross-entropy"}
+
+
 def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int = 3,
                 **kw: Any) -> List[Suggestion]:
     """Changes that lower the device total, alone and combined (up to ``combine`` at once),
@@ -358,7 +362,9 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
     costs the sum of its changes; each suggestion says its cost by axis (quality, time,
     hardware).  No suggestion uses more than ``max_gpus`` GPUs (default 8: one node).
 
-    Tried: SDPA instead of eager attention, fused AdamW, selective and full activation
+    Tried: SDPA instead of eager attention, fused AdamW, the stack's loss without full logits
+    (Liger or chunked cross-entropy), activation offloading where the stack
+    has it, torchtune's optimizer in backward, selective and full activation
     checkpointing (cost: the extra compute of ``Estimate.recompute_overhead``), a smaller
     micro-batch with more gradient accumulation (same sequences per step), 8-bit AdamW,
     pure bf16 instead of fp32 weights, LoRA, QLoRA, ZeRO-2/ZeRO-3/FSDP across the fewest GPUs
@@ -492,6 +498,22 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
                 f"the same {b * acc} sequences per step in {acc} smaller micro-steps: lower GPU utilisation",
                 {"batch_size": b, "grad_accum_steps": acc}, cost_value=acc, group="batch",
                 time=f"{acc} micro-steps per step")
+    # the knobs the user's stack has, with its own switch for each (stacks.STACKS "switches")
+    switches = stack_switches(s.stack)
+    if s.loss == "standard" and "loss" in switches:
+        loss, how = switches["loss"]
+        attempt(f"{_LOSS_TITLES[loss]} loss", "free", f"the same loss without the full logits; {how}",
+                {"loss": loss}, group="loss")
+    if not s.activation_offloading and "activation_offloading" in switches:
+        attempt("activation offloading to CPU memory", "throughput",
+                "saved activations go to host memory over PCIe and come back for backward; "
+                + switches["activation_offloading"], {"activation_offloading": True}, cost_value=2,
+                group="offload activations", time="PCIe transfers of the saved activations")
+    if ("optimizer_in_backward" in switches and not s.optimizer_in_backward and s.grad_accum_steps == 1
+            and s.method in ("full", "freeze")):
+        attempt("optimizer in backward", "free", "each parameter is stepped as its gradient is ready, so the full "
+                "set of gradients never exists; no gradient accumulation or clipping; "
+                + switches["optimizer_in_backward"], {"optimizer_in_backward": True}, group="optimizer in backward")
     if s.optimizer in ("adamw", "adamw_fused", "paged_adamw") and (s.method == "full" or s.method == "freeze"):
         attempt("8-bit AdamW (bitsandbytes)", "quality", "block-wise 8-bit Adam moments: usually on par with "
                 "32-bit AdamW (Dettmers et al. 2022); watch for instabilities on long runs",
@@ -552,14 +574,14 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
     # CPU offload (DeepSpeed)
     if strategy0 in ("none", "ddp", "zero0", "zero1", "zero2") and not par0.get("offload_optimizer"):
         attempt("DeepSpeed ZeRO-Offload: optimizer on the CPU", "offload",
-                "the optimizer steps on the CPU and gradients/parameters cross PCIe every step: often 1.5-3x slower",
+                "the optimizer steps on the CPU; gradients go down and parameters come back over PCIe every step",
                 par_changes={"strategy": "zero2", "offload_optimizer": True, "num_gpus": n_now}, group="gpus",
-                time="1.5-3x slower (PCIe)")
+                time="PCIe transfers and a CPU optimizer step")
     if strategy0 in ("none", "ddp", "zero0", "zero1", "zero2", "zero3") and not par0.get("offload_params"):
         attempt("DeepSpeed ZeRO-3 with optimizer and parameters on the CPU", "offload",
-                "parameters are fetched from host memory for every module: several times slower",
+                "parameters are fetched from host memory over PCIe for every module, in forward and backward",
                 par_changes={"strategy": "zero3", "offload_optimizer": True, "offload_params": True, "num_gpus": n_now},
-                cost_value=1, group="gpus", time="several times slower (PCIe)")
+                cost_value=1, group="gpus", time="PCIe transfers of every parameter and a CPU optimizer step")
     # sharding across a few GPUs also combines with the cheaper changes: the fewest counts that
     # are not already a single suggestion (2, 4 and max_gpus), ZeRO-3
     if combine > 1 and strategy0 in ("none", "ddp"):

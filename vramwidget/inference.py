@@ -1580,10 +1580,11 @@ def format_table(est: InferenceEstimate, longest: Optional[int] = None) -> str:
                      f"{v['max_concurrent_sequences']} sequences of {v['context_len']} tokens "
                      f"(running at once: {v['running_sequences']})")
     elif est.gpu:
-        from .verdict import describe, verdict
-
-        lines.append(f"  {describe(verdict(est, est.gpu))} (device total {est.device_total_bytes / GIB:.2f} GiB of "
-                     f"{est.gpu_usable_bytes / GIB:.2f} GiB usable)")
+        room = est.gpu_usable_bytes - est.device_total_bytes
+        lines.append(f"  {est.gpu}: {'fits' if est.fits else 'does NOT fit'}: device total "
+                     f"{est.device_total_bytes / GIB:.2f} GiB of {est.gpu_usable_bytes / GIB:.2f} GiB usable "
+                     f"({abs(room) / GIB:.2f} GiB {'to spare' if room >= 0 else 'over'}, "
+                     f"{abs(room) / est.gpu_usable_bytes * 100:.0f}%)")
     if longest is not None:
         lines.append(f"  longest context that fits: {longest:,} tokens")
     for n in est.notes:

@@ -18,7 +18,9 @@ A stack is two dictionaries, read from that stack's own source (cited per entry)
                            ForCausalLMLoss, torchtune's losses); LitGPT's
                            ``chunked_cross_entropy`` runs on the 16-bit logits.
   ``fused_qkv_lora``       one LoRA input (dropout mask, dropped copy) for the fused qkv
-                           projection (LitGPT's LoRAQKVLinear) instead of one per q/k/v.
+                           projection (LitGPT's LoRAQKVLinear) instead of one per q/k/v; when
+                           not all of q, k, v are adapted, its zero_pad keeps the lora_B output
+                           (activations.linear).
   ``packed_sdpa``          packed sequences run through SDPA/flex attention with a document
                            mask kept per kernel (no b x s x s mask tensor), as varlen flash does.
 
@@ -44,6 +46,12 @@ STACKS: Dict[str, Dict[str, Any]] = {
         # TRL SFTConfig leaves the loss to the model (use_liger_kernel=False)
         "defaults": {},
         "behaviour": {},
+        # TrainingArguments.use_liger_kernel (liger_kernel.transformers apply_liger_kernel_to_*
+        # patches the causal LM's forward with LigerFusedLinearCrossEntropy); TRL's
+        # SFTConfig.activation_offloading (trl/models/activation_offloading.py)
+        "switches": {"loss": ("liger", "pip install liger-kernel, then use_liger_kernel=True in TrainingArguments "
+                                       "/ SFTConfig"),
+                     "activation_offloading": "TRL: activation_offloading=True in SFTConfig"},
         "sources": ("transformers src/transformers/training_args.py", "peft src/peft/tuners/lora/layer.py"),
     },
     "axolotl": {
@@ -54,6 +62,11 @@ STACKS: Dict[str, Dict[str, Any]] = {
         # gradient_checkpointing=False, sample_packing=None, no Liger; peft.py lora_dropout=0.0.
         "defaults": {"optimizer": "adamw_fused", "precision": "bf16"},
         "behaviour": {},
+        # src/axolotl/integrations/liger (LigerPlugin: liger_fused_linear_cross_entropy) and the
+        # schema's activation_offloading option
+        "switches": {"loss": ("liger", "plugins: [axolotl.integrations.liger.LigerPlugin] and "
+                                       "liger_fused_linear_cross_entropy: true"),
+                     "activation_offloading": "activation_offloading: true"},
         "sources": ("axolotl src/axolotl/utils/schemas/training.py", "axolotl src/axolotl/utils/schemas/config.py"),
     },
     "torchtune": {
@@ -67,6 +80,11 @@ STACKS: Dict[str, Dict[str, Any]] = {
         "defaults": {"precision": "bf16", "optimizer": "adamw_fused"},
         # packed batches run flex attention with a document mask (torchtune/modules/attention_utils.py)
         "behaviour": {"adapter_dtype": "weights", "logits_fp32_in_model": True, "packed_sdpa": True},
+        # torchtune/modules/loss/ce_chunked_output_loss.py, training/_activation_offloading.py,
+        # recipes/full_finetune_single_device.py (optimizer_in_bwd)
+        "switches": {"loss": ("chunked", "loss: _component_: torchtune.modules.loss.CEWithChunkedOutputLoss"),
+                     "activation_offloading": "enable_activation_offloading: True",
+                     "optimizer_in_backward": "optimizer_in_bwd: True (full_finetune_single_device)"},
         "sources": ("torchtune recipes/configs/llama3_2/3B_full_single_device.yaml",
                     "torchtune torchtune/modules/transformer.py (unembed: output(h).float())",
                     "torchtune torchtune/modules/peft/lora.py"),
@@ -78,8 +96,13 @@ STACKS: Dict[str, Dict[str, Any]] = {
         # model(..., lm_head_chunk_size=128) + utils.chunked_cross_entropy (cross_entropy per
         # 128-token chunk, no fp32 upcast); adapters in the model's dtype (lit_gpt/lora.py).
         # The fused qkv's q, k, v are reshaped copies, the same bytes as separate projections.
+        # --quantize bnb.*: Lightning's BitsandbytesPrecision (lightning/fabric/plugins/precision/
+        # bitsandbytes.py) swaps every torch.nn.Linear built under fabric.init_module for a
+        # bitsandbytes Linear4bit, the lm_head included ("bnb.nf4": no double quantization,
+        # "bnb.nf4-dq": compress_statistics=True).
         "defaults": {"precision": "bf16", "lora_r": 8, "lora_alpha": 16.0, "lora_dropout": 0.05,
-                     "lora_targets": ("q_proj", "v_proj"), "loss": "chunked"},
+                     "lora_targets": ("q_proj", "v_proj"), "loss": "chunked",
+                     "quantized_groups": ("attn_qk", "attn_vo", "mlp", "lm_head")},
         "behaviour": {"adapter_dtype": "weights", "loss_upcast": False, "loss_chunk_tokens": 128,
                       "fused_qkv_lora": True},
         "sources": ("litgpt finetune/lora.py (2023: lm_head_chunk_size=128, chunked_cross_entropy)",
@@ -100,6 +123,13 @@ STACKS: Dict[str, Dict[str, Any]] = {
                     "unsloth unsloth/models/_utils.py (Unsloth_Offloaded_Gradient_Checkpointer)"),
     },
 }
+
+
+def stack_switches(stack: str) -> Dict[str, Any]:
+    """The memory knobs ``stack`` has and how its users turn each on (its own config key):
+    ``loss`` -> (the loss it ships without full logits, how), ``activation_offloading`` and
+    ``optimizer_in_backward`` -> how.  Knobs a stack uses by default are not listed."""
+    return dict(STACKS.get(stack, {}).get("switches", {}))
 
 
 def stack_defaults(stack: str, given: Dict[str, Any]) -> Dict[str, Any]:

@@ -99,6 +99,16 @@ class Family:
         """Tokens one side tower processes per sample (a vision tower: images x patches)."""
         return 0
 
+    def tower_attention_layout(self, images: int, patches: int, setup: Any) -> Tuple[int, int]:
+        """How this tower's attention sees ``images`` images of ``patches`` patches each:
+        (sequences, tokens per sequence).  Default: one sequence per image."""
+        return images, patches
+
+    def tower_saved_once(self, arch: Any, images: int, patches: int, setup: Any, backend: str, dtype: str
+                         ) -> List[Tuple[str, float, str]]:
+        """Tensors this tower saves once for all its blocks (name, bytes, formula): none by default."""
+        return []
+
     # -- training trace ---------------------------------------------------------------
     def block(self, tr: Any, ctx: Any, x: Any) -> Any:
         """One block's forward; records the tensors autograd saves in ``tr``."""

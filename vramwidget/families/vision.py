@@ -2,7 +2,8 @@
 are registered as towers, built from a VLM's ``vision_config``).
 
 Each declares its parameters (under the VLM's prefix) and one encoder block's forward over
-the patches of one image (attention stays within an image: b = images, s = patches):
+the patches of one image (attention stays within an image: b = images, s = patches, except
+where a tower packs its images into one masked sequence, see ``tower_attention_layout``):
 
 * SigLIP (Gemma 3; transformers ``models/siglip/modeling_siglip.py``): pre-LayerNorm
   blocks with biased q/k/v/out_proj and fc1/fc2 with a tanh GELU; learned positions.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
+from ..units import DTYPE_BYTES
 from .base import Family, register_tower
 from .blocks import _Builder, _get, _require, gated_mlp, linear, rms_norm, rotary, sdpa_core
 from .gpt2 import GPT2
@@ -115,6 +117,31 @@ class PixtralVision(Llama):
     def patches(self, cfg: Mapping[str, Any]) -> int:
         """Patches of one image at the tower's largest resolution (``image_size``)."""
         return (int(cfg["image_size"]) // int(cfg["patch_size"])) ** 2
+
+    # PixtralVisionModel.forward (models/pixtral/modeling_pixtral.py) flattens every image of the
+    # batch into ONE sequence (``torch.cat(...).unsqueeze(0)``) and keeps images apart with a
+    # block-diagonal mask (``generate_block_attention_mask``: a full N x N tensor in the hidden
+    # states' dtype); only flash_attention_2 runs the images as varlen sequences (cu_seqlens).
+    def tower_attention_layout(self, images: int, patches: int, setup: Any) -> Tuple[int, int]:
+        if setup.attn_implementation == "flash_attention_2":
+            return images, patches
+        return 1, images * patches
+
+    def tower_saved_once(self, arch: Any, images: int, patches: int, setup: Any, backend: str, dtype: str):
+        """The block-diagonal mask: SDPA saves it for its backward (the memory-efficient kernel on
+        CUDA, as flash attention takes no mask); a checkpointed layer keeps it as an input.  Under
+        eager attention without checkpointing it is only added to the scores (transient)."""
+        n, B = images * patches, DTYPE_BYTES[dtype]
+        # PixtralRotaryEmbedding returns cos and sin (N x head_dim, in the hidden states' dtype)
+        # that every layer's apply_rotary_pos_emb multiplies, so autograd keeps them once
+        d = arch.head_dim
+        out = [("pixtral 2D RoPE cos and sin", float(2 * n * d * B), f"2 x images x patches x head_dim x {B} B")]
+        if setup.attn_implementation == "flash_attention_2":
+            return out
+        if backend == "eager" and setup.gradient_checkpointing == "none":
+            return out
+        return out + [("pixtral block-diagonal attention mask", float(n * n * B),
+                       f"(images x patches)^2 x {B} B ({n}^2)")]
 
 
 @register_tower

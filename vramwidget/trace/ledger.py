@@ -15,6 +15,15 @@ runs under ``FakeTensorMode`` (no real memory), so a 70B model costs a few secon
 Random in-place initialisers are identities here (the values of fake tensors do not
 exist), and ``native_dropout`` allocates what the CUDA kernel allocates (the output and
 a 1-byte mask; aten/src/ATen/native/cuda/Dropout.cu).
+
+Gradient accumulation: where two gradients meet (a tied embedding and output head, a
+residual branch), autograd's engine adds them in its input buffer, in place into the first
+one when it holds the last reference to a plain (non-view) tensor and its storage, else out
+of place (``accumulate`` and ``can_accumulate_inplace`` in
+torch/csrc/autograd/input_buffer.cpp).  Under a dispatch mode every tensor counts as a
+subclass, so the engine always adds out of place here; the ledger undoes that for an
+``add.Tensor`` of backward whose first operand is no view and dies at once (the engine's
+buffer dropped it): the sum takes that operand's place instead of overlapping it.
 """
 
 from __future__ import annotations
@@ -57,7 +66,10 @@ class Ledger(TorchDispatchMode):
         self.t = 0
         self.phase = "load"
         self.module = ""
+        self._last_alloc = 0
         self.marks: List[Tuple[str, int]] = []
+        # backward's accumulations: first operand's alloc index -> (the sum's index, event time)
+        self._accum: Dict[int, Tuple[int, int]] = {}
 
     # -- recording ----------------------------------------------------------------------
     def mark(self, name: str) -> None:
@@ -82,6 +94,7 @@ class Ledger(TorchDispatchMode):
         es = t.element_size()
         dims = tuple(int(d) for d in t.shape) if t.numel() * es == nbytes else None
         self.allocs.append(Alloc(nbytes, self.t, None, self.phase, op, self.module, dims=dims, elsize=es))
+        self._last_alloc = self.t
         self.live[k] = idx
         weakref.finalize(st, self._free, k, idx)
 
@@ -91,6 +104,10 @@ class Ledger(TorchDispatchMode):
         if self.allocs[idx].t_free is None:
             self.t += 1
             self.allocs[idx].t_free = self.t
+            acc = self._accum.pop(idx, None)
+            if acc is not None and acc[1] == self._last_alloc:
+                # nothing was allocated between the sum and this free: the engine's add_ into it
+                self.allocs[acc[0]].t_alloc = self.t
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -110,11 +127,27 @@ class Ledger(TorchDispatchMode):
         name = func.__name__
         if isinstance(out, torch.Tensor):
             self._track(out, name)
+            if func is aten.add.Tensor and self.phase == "backward":
+                self._maybe_accumulation(args, out)
         else:
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self._track(t, name)
         return out
+
+    def _maybe_accumulation(self, args, out: torch.Tensor) -> None:
+        """Remember an add of two same-shaped gradients whose first operand could have been
+        accumulated into in place (see the module docstring)."""
+        a, b = args[0], args[1] if len(args) > 1 else None
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a._is_view():
+            return
+        if a.shape != out.shape or b.shape != out.shape or a.dtype != out.dtype or not a.is_contiguous():
+            return
+        if a.untyped_storage().nbytes() != a.numel() * a.element_size():
+            return
+        ia, io = self.key(a), self.key(out)
+        if ia is not None and io is not None and ia != io:
+            self._accum[ia] = (io, self._last_alloc)
 
     # -- reading -------------------------------------------------------------------------
     def close(self) -> None:
