@@ -106,7 +106,7 @@ def test_typing_a_hub_id_without_a_family_traces_it_then_shows_the_estimate(offl
 
 
 def test_a_failure_in_the_worker_is_the_error_banner(offline_hub, monkeypatch):
-    from vramwidget.widget import calculator as calc_mod
+    from vramwidget.widget import background as calc_mod
 
     c = Calculator("llama-3.2-1b", seq_len=256)
 
