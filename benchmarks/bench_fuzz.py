@@ -1,6 +1,7 @@
 """Fuzz run of issue 14: 100,000 random valid setups and 10,000 random invalid inputs.
 
-Valid setups are drawn (seed 0) from ``tests/invariants.SPACE`` (every preset, every method
+Valid setups are drawn (seed 0; setup i from its own generator, so chunks add up to the
+whole run) from ``tests/invariants.SPACE`` (every preset, every method
 including freeze and norms, every precision, optimizer, checkpointing and attention, batch
 1-16, seq 1-4096, ...); a draw the estimator refuses with VramError is counted and redrawn.
 Each valid setup is estimated and checked against every invariant of
@@ -13,15 +14,17 @@ the wrong place.  Targets and keywords are those of ``tests/test_fuzz_inputs.TAR
 (found by introspection).  Only VramError may come out; a value that happens to be legal
 is counted as accepted.
 
-    python benchmarks/bench_fuzz.py                   # 100,000 + 10,000 (about 10-20 min on 2 cores)
+    python benchmarks/bench_fuzz.py --strict          # 100,000 + 10,000; exit 1 on any non-VramError or violation
     python benchmarks/bench_fuzz.py --valid 2000 --invalid 500
-    python benchmarks/bench_fuzz.py --strict          # exit 1 on any non-VramError or violation
+    python benchmarks/bench_fuzz.py --valid 5000 --invalid 0 --start 5000 --json c1.json   # one chunk
+    python benchmarks/bench_fuzz.py --sum c*.json --strict                                 # the chunks' total
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import random
 import sys
@@ -56,30 +59,47 @@ def random_json(rng: random.Random, depth: int = 0):
     return {str(random_json(rng, 2))[:10]: random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))}
 
 
-def run_valid(n: int, seed: int):
-    rng = random.Random(seed)
+def _rng(seed: int, kind: str, i: int) -> random.Random:
+    """The generator of draw ``i``: each draw has its own seed, so a run split into chunks
+    (``--start``/``--count``) draws exactly what one whole run draws."""
+    return random.Random(f"{seed}:{kind}:{i}")
+
+
+def run_valid(start: int, n: int, seed: int):
+    """Valid setups number start .. start + n - 1: setup i is the first draw of its own
+    generator that the estimator accepts (refused draws are counted)."""
     counts = collections.Counter()
     examples = {}
     t0 = time.perf_counter()
-    while counts["valid setups"] < n:
-        d = random_setup(rng)
-        try:
-            if valid(d) is None:
+    for i in range(start, start + n):
+        rng = _rng(seed, "valid", i)
+        while True:
+            d = random_setup(rng)
+            try:
+                est = valid(d)
+            except Exception as e:  # noqa: BLE001 - counted: the number that must be 0
+                counts["exceptions other than VramError"] += 1
+                examples.setdefault(f"{type(e).__name__}: {e}"[:200], (i, d))
+                break
+            if est is None:
                 counts["refused draws (VramError)"] += 1
                 continue
             counts["valid setups"] += 1
-            if counts["valid setups"] % 10_000 == 0:   # progress, for long runs on busy machines
-                print(f"  ... {dict(counts)} after {time.perf_counter() - t0:.0f} s", flush=True)
-            for v in violations(d):
-                counts["invariant violations"] += 1
-                examples.setdefault(v, d)
-        except Exception as e:  # noqa: BLE001 - counted: the number that must be 0
-            counts["exceptions other than VramError"] += 1
-            examples.setdefault(f"{type(e).__name__}: {e}"[:200], d)
+            try:
+                for v in violations(d, est=est):
+                    counts["invariant violations"] += 1
+                    examples.setdefault(v, (i, d))
+            except Exception as e:  # noqa: BLE001 - counted: the number that must be 0
+                counts["exceptions other than VramError"] += 1
+                examples.setdefault(f"{type(e).__name__}: {e}"[:200], (i, d))
+            break
+        done = i - start + 1
+        if done % 5_000 == 0:   # progress, for long runs on busy machines
+            print(f"  ... {done:,} setups, {dict(counts)} after {time.perf_counter() - t0:.0f} s", flush=True)
     return counts, examples, time.perf_counter() - t0
 
 
-def run_invalid(n: int, seed: int):
+def run_invalid(start: int, n: int, seed: int):
     from test_fuzz_inputs import NASTY_VALUES, TARGETS
 
     from vramwidget import CHOICES, Calculator
@@ -91,11 +111,11 @@ def run_invalid(n: int, seed: int):
     targets["widget trait"] = (lambda k, v: setattr(calc, k, v), sorted(INPUTS))
     names = sorted(targets)
     choice_names = sorted({c for v in CHOICES.values() for c, _ in v})
-    rng = random.Random(seed)
     counts = collections.Counter()
     examples = {}
     t0 = time.perf_counter()
-    for _ in range(n):
+    for i in range(start, start + n):
+        rng = _rng(seed, "invalid", i)
         target = rng.choice(names)
         fn, keywords = targets[target]
         k = rng.choice(keywords)
@@ -108,10 +128,13 @@ def run_invalid(n: int, seed: int):
             counts["VramError"] += 1
             if "\n" in str(e):
                 counts["multi-line messages"] += 1
+            if not e.field or e.field not in str(e):
+                counts["messages not naming their field"] += 1
+                examples.setdefault(f"{target}({k}=...): field {e.field!r} not in: {e}"[:200], (i, ""))
         except Exception as e:  # noqa: BLE001 - counted: the number that must be 0
             counts["exceptions other than VramError"] += 1
             examples.setdefault(f"{target}({k}=...): {type(e).__name__}: {e}"[:200],
-                                traceback.format_exc(limit=3)[-600:])
+                                (i, traceback.format_exc(limit=3)[-600:]))
         finally:
             if target == "widget trait":   # back to a valid widget for the next call
                 try:
@@ -123,24 +146,58 @@ def run_invalid(n: int, seed: int):
     return counts, examples, time.perf_counter() - t0
 
 
+def _report(title: str, n: int, counts, examples, secs: float) -> None:
+    print(f"{title}: {n:,} in {secs:.0f} s", flush=True)
+    for k, v in sorted(counts.items()):
+        print(f"  {k:<36} {v:>9,}", flush=True)
+    for k, v in list(examples.items())[:10]:
+        print(f"  example: {k}\n           {v}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--valid", type=int, default=100_000)
-    ap.add_argument("--invalid", type=int, default=10_000)
+    ap.add_argument("--valid", type=int, default=100_000, help="valid setups to check")
+    ap.add_argument("--invalid", type=int, default=10_000, help="invalid inputs to try")
+    ap.add_argument("--start", type=int, default=0,
+                    help="number of the first setup and first input (a chunk of a longer run)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--strict", action="store_true")
+    ap.add_argument("--json", help="write the counts, examples and seconds to this file")
+    ap.add_argument("--sum", nargs="+", metavar="JSON", help="add up the --json files of chunks and print the total")
+    ap.add_argument("--strict", action="store_true", help="exit 1 on any non-VramError, violation or multi-line message")
     a = ap.parse_args(argv)
-    bad = 0
-    for title, fn, n in (("valid setups", run_valid, a.valid), ("invalid inputs", run_invalid, a.invalid)):
-        if not n:
-            continue
-        counts, examples, secs = fn(n, a.seed)
-        print(f"{title}: {n:,} in {secs:.0f} s", flush=True)
-        for k, v in sorted(counts.items()):
-            print(f"  {k:<36} {v:>9,}", flush=True)
-        for k, v in list(examples.items())[:10]:
-            print(f"  example: {k}\n           {v}")
-        bad += counts["exceptions other than VramError"] + counts["invariant violations"] + counts["multi-line messages"]
+    results = {}
+    if a.sum:
+        for path in a.sum:
+            with open(path) as f:
+                for title, r in json.load(f).items():
+                    t = results.setdefault(title, {"n": 0, "counts": collections.Counter(), "examples": {},
+                                                   "seconds": 0.0, "ranges": []})
+                    t["n"] += r["n"]
+                    t["counts"].update(r["counts"])
+                    t["seconds"] += r["seconds"]
+                    t["ranges"].append(r["range"])
+                    for k, v in r["examples"].items():
+                        t["examples"].setdefault(k, v)
+        for title, t in results.items():
+            spans = sorted(tuple(x) for x in t["ranges"])
+            gaps = [(b[0], a_[1]) for a_, b in zip(spans, spans[1:]) if b[0] != a_[1]]
+            print(f"(chunks {spans}{', GAPS OR OVERLAPS ' + str(gaps) if gaps else ''}; seconds summed over chunks)")
+            _report(title, t["n"], t["counts"], t["examples"], t["seconds"])
+    else:
+        for title, fn, n in (("valid setups", run_valid, a.valid), ("invalid inputs", run_invalid, a.invalid)):
+            if not n:
+                continue
+            counts, examples, secs = fn(a.start, n, a.seed)
+            _report(title, n, counts, examples, secs)
+            results[title] = {"n": n, "counts": counts, "examples": examples, "seconds": secs,
+                              "range": [a.start, a.start + n]}
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({t: dict(r, counts=dict(r["counts"]), examples={k: repr(v) for k, v in r["examples"].items()})
+                           for t, r in results.items()}, f, indent=1)
+    bad = sum(r["counts"]["exceptions other than VramError"] + r["counts"]["invariant violations"]
+              + r["counts"]["multi-line messages"] + r["counts"]["messages not naming their field"]
+              for r in results.values())
     return 1 if a.strict and bad else 0
 
 

@@ -44,6 +44,11 @@ CASES = [
     ("t5:encoder", "bf16", "lora", "eager"), ("t5:decoder", "bf16", "full", "eager"),
     ("t5:decoder", "fp32", "full", "eager"), ("t5:decoder", "bf16", "lora", "eager"),
     ("t5:decoder_v1", "bf16", "full", "eager"), ("t5:decoder_v1", "bf16", "lora", "eager"),
+    # T5 under SDPA: its position bias is a mask that needs a gradient, so CPU SDPA runs the math
+    # kernel (Family.cpu_sdpa_backend); fp32 full fine-tuning matches it exactly.  Not yet matched:
+    # bf16 (the CPU math kernel's reduced-precision handling, -12% encoder / -7% decoder) and
+    # LoRA / the fp32 decoder (+2% to +8%), CPU-kernel details that CUDA's efficient kernel lacks
+    ("t5:encoder", "fp32", "full", "sdpa"),
     # BERT (post-LN): SDPA without dropout (CPU SDPA has no dropout kernel), eager with it
     ("bert", "bf16", "full", "sdpa"), ("bert", "fp32", "full", "eager"), ("bert", "bf16", "lora", "sdpa"),
     ("bert:dropout", "bf16", "full", "eager"), ("bert:dropout", "bf16", "lora", "eager"),

@@ -32,23 +32,54 @@ SETUPS = [
 ]
 
 
-def _check(model, gpu, kw, batches, seqs):
-    df = vw.fit_map(model, gpu, batch_sizes=batches, seq_lens=seqs, **kw)
+def _check(model, gpu, kw, batches, seqs, exact=False):
+    """Every cell against estimate(): peak and state always; the device total where the map
+    says it is exact (every cell with exact=True)."""
+    df = vw.fit_map(model, gpu, batch_sizes=batches, seq_lens=seqs, exact=exact, **kw)
     assert list(df.columns) == ["batch_size", "seq_len", "peak_allocated_bytes", "device_total_bytes",
-                                "band_bytes", "state"]
+                                "band_bytes", "state", "reserved_exact"]
     assert len(df) == len(batches) * len(seqs)
+    if exact:
+        assert df["reserved_exact"].all()
     for r in df.itertuples():
         est = vw.estimate(model, batch_size=int(r.batch_size), seq_len=int(r.seq_len), **kw)
         assert r.peak_allocated_bytes == est.peak_allocated_bytes, (r.batch_size, r.seq_len)
-        assert r.device_total_bytes == est.device_total_bytes, (r.batch_size, r.seq_len)
         v = verdict.verdict(est, gpu)
-        assert r.state == v["state"] and r.band_bytes == v["band_bytes"], (r.batch_size, r.seq_len)
+        assert r.state == v["state"], (r.batch_size, r.seq_len)
+        if r.reserved_exact:
+            assert r.device_total_bytes == est.device_total_bytes, (r.batch_size, r.seq_len)
+            assert r.band_bytes == v["band_bytes"], (r.batch_size, r.seq_len)
+        else:   # not replayed: the allocated peak with a carried-over fragmentation ratio >= 1
+            assert r.device_total_bytes >= est.peak_allocated_bytes + est.cuda_context_bytes
     return df
 
 
 @pytest.mark.parametrize("model, gpu, kw", SETUPS)
 def test_every_cell_equals_estimate_exactly(model, gpu, kw):
+    _check(model, gpu, kw, BATCHES, SEQS, exact=True)
+
+
+@pytest.mark.parametrize("model, gpu, kw", SETUPS)
+def test_default_map_states_equal_estimate(model, gpu, kw):
     _check(model, gpu, kw, BATCHES, SEQS)
+
+
+def test_default_map_replays_only_near_the_line():
+    """Llama 3.1 8B QLoRA + full checkpointing on an RTX 4090, 16 x 16 cells: the state of
+    every cell is estimate()'s (checked above for smaller grids; here against the exact map),
+    with at most a quarter of the cells replayed."""
+    kw = dict(method="qlora", gradient_checkpointing="full")
+    bs, ss = list(range(1, 33, 2)), [128 * k for k in range(1, 33, 2)]
+    df = vw.fit_map("llama-3.1-8b", "RTX 4090", batch_sizes=bs, seq_lens=ss, **kw)
+    dx = vw.fit_map("llama-3.1-8b", "RTX 4090", batch_sizes=bs, seq_lens=ss, exact=True, **kw)
+    assert (df["state"] == dx["state"]).all()
+    assert (df["peak_allocated_bytes"] == dx["peak_allocated_bytes"]).all()
+    k = df["reserved_exact"]
+    assert (df["device_total_bytes"][k] == dx["device_total_bytes"][k]).all()
+    assert set(df["state"]) == {"fits", "tight", "does_not_fit"}
+    assert 0 < k.sum() <= len(df) // 4
+    # every tight cell is replayed: the strip around the line is exact
+    assert df[df["state"] == "tight"]["reserved_exact"].all()
 
 
 @settings(max_examples=25, deadline=None)

@@ -84,6 +84,7 @@ def call(fn, k, v):
     except vw.VramError as e:
         msg = str(e)
         assert "\n" not in msg, msg
+        assert e.field and e.field in msg, (e.field, msg[:200])   # the message names its field
         assert len(msg) < 1200, msg[:200]   # long values are shortened, never repeated whole
         return e
     return None

@@ -57,12 +57,31 @@ def test_checkpointing_never_needs_more(d):
     arch = load(d["model"])
     slack = 8 * tokens * arch.hidden_size + 16 * tokens
     assert full <= none + slack
-    if arch.config.get("is_encoder_decoder") and tokens <= 8:
-        # Known exception, open: T5's selective recompute at a handful of tokens keeps up to
-        # ~0.2 MB more than no checkpointing (t0-3b, QLoRA + prepare_kbit, 1 token: 183 KB of
-        # 1.79 GB); not yet traced to its tensor, so only full checkpointing is held to it here
-        return
     assert sel <= none + slack
+
+
+def test_t5_cross_attention_reads_the_encoder_output_in_its_norm_dtype():
+    """Was an open exception: t0-3b, QLoRA + prepare_kbit, 1 token needed 183,360 B more with
+    selective checkpointing than without (7.6 KB a token per decoder layer at any length).
+    The decoder's encoder output was drawn in bf16 while the encoder's final_layer_norm gives
+    fp32 under prepare_kbit (fp32 norm weights); without checkpointing k and v were counted
+    in bf16, with it they showed up as fp32 casts.  Now both read the fp32 output: the
+    decoder's cross-attention k and v are twice their bytes without prepare_kbit (bf16
+    there), with and without checkpointing."""
+    d = dict(model="t0-3b", method="qlora", precision="bf16", optimizer="adamw", gradient_checkpointing="none",
+             attn_implementation="sdpa", batch_size=1, seq_len=64, grad_accum_steps=1, lora_r=1,
+             trainable_layers=1, prepare_kbit=True)
+    none, sel = run(d), run(d, gradient_checkpointing="selective")
+    assert sel.peak_allocated_bytes <= none.peak_allocated_bytes
+
+    def kept(est):
+        return {path[-1]: n.bytes for path, n in est.tree("forward").leaves() if path[-1].startswith("cross-attention")}
+
+    bf16 = kept(run(d, prepare_kbit=False))
+    for est in (none, sel):
+        got = kept(est)
+        for name in ("cross-attention k output (decoder, 24 of 48 layers)", "cross-attention v (decoder, 24 of 48 layers)"):
+            assert got[name] == 2 * bf16[name] > 0
 
 
 def test_checkpointing_freeze_under_autocast_keeps_no_head_copy():

@@ -354,7 +354,9 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
                     t = tr.new(f"{label} cast", n, core, True, f"T x heads*d as {core}", group)
                 tr.save(t if t.numel == n else tr.new(f"{label} (kept for the recomputed core)", n, core, True,
                                                       "T x heads*d", group))
-        return tr.new("attention output", out_numel, q.dtype, rg, "T x a*d", group)
+        # the recomputed kernel's output, in the dtype it computes in (eager: the compute
+        # dtype, as the eager branch below returns; the rest: q's)
+        return tr.new("attention output", out_numel, core, rg, "T x a*d", group)
     if backend in ("flash", "efficient"):
         if rg:
             for t in (q, k, v):

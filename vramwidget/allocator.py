@@ -728,39 +728,50 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
     """``replay`` with the default settings, no capacity and no recording: the same rules as
     ``CachingAllocator`` (best fit, split above 1 MiB / 512 B, merge on free, segments from
     ``get_allocation_size``) in one loop over plain lists, for speed.  A block is a list
-    ``[addr, size, prev, next, allocated, small]``."""
-    free_lists = {True: [], False: []}       # (size, addr) sorted, per pool
+    ``[addr, size, prev, next, allocated, small]``.  (Reserved memory only grows here, so its
+    maximum is checked where a segment is added.)"""
+    small_free: List[Tuple[int, int]] = []     # (size, addr) sorted, per pool
+    large_free: List[Tuple[int, int]] = []
     free_blocks: Dict[Tuple[int, int], list] = {}
     live: Dict[object, list] = {}
     insort, bisect_left = bisect.insort, bisect.bisect_left
+    min_block, small_size, small_buffer = K_MIN_BLOCK_SIZE, K_SMALL_SIZE, K_SMALL_BUFFER
+    min_large, large_buffer, round_large = K_MIN_LARGE_ALLOC, K_LARGE_BUFFER, K_ROUND_LARGE
     reserved = allocated = max_reserved = max_allocated = frag = segs = 0
     next_addr = 1 << 40
     last_sig = None
     n = 0
     for n, (kind, key, nbytes, _label) in enumerate(events):
         if kind == "alloc":
-            size = (int(nbytes) + 511) & ~511 if nbytes >= K_MIN_BLOCK_SIZE else K_MIN_BLOCK_SIZE
-            small = size <= K_SMALL_SIZE
-            lst = free_lists[small]
+            size = (int(nbytes) + 511) & ~511 if nbytes >= min_block else min_block
+            if size <= small_size:
+                small = True
+                lst = small_free
+            else:
+                small = False
+                lst = large_free
             i = bisect_left(lst, (size, -1))
+            grown = False
             if i < len(lst):
                 b = free_blocks.pop(lst.pop(i))
             else:
                 if small:
-                    seg = K_SMALL_BUFFER
-                elif size < K_MIN_LARGE_ALLOC:
-                    seg = K_LARGE_BUFFER
+                    seg = small_buffer
+                elif size < min_large:
+                    seg = large_buffer
                 else:
-                    seg = -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
+                    seg = -(-size // round_large) * round_large
                 b = [next_addr, seg, None, None, False, small]
                 next_addr += seg + (1 << 21)
                 reserved += seg
                 segs += 1
+                grown = True
             remaining = b[1] - size
-            if remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE:
-                rest = [b[0] + size, remaining, b, b[3], False, small]
-                if b[3] is not None:
-                    b[3][2] = rest
+            if remaining >= min_block if small else remaining > small_size:
+                nxt = b[3]
+                rest = [b[0] + size, remaining, b, nxt, False, small]
+                if nxt is not None:
+                    nxt[2] = rest
                 b[3] = rest
                 b[1] = size
                 k2 = (remaining, rest[0])
@@ -771,39 +782,39 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
             live[key] = b
             if allocated > max_allocated:
                 max_allocated = allocated
-            if reserved > max_reserved:
+            if grown and reserved > max_reserved:
                 max_reserved = reserved
                 frag = reserved - allocated
         elif kind == "free":
             b = live.pop(key)
             b[4] = False
             allocated -= b[1]
-            lst = free_lists[b[5]]
+            lst = small_free if b[5] else large_free
             nb = b[2]
             if nb is not None and not nb[4]:
                 k2 = (nb[1], nb[0])
                 del lst[bisect_left(lst, k2)]
                 del free_blocks[k2]
                 b[0] = nb[0]
-                b[2] = nb[2]
-                if nb[2] is not None:
-                    nb[2][3] = b
+                pp = b[2] = nb[2]
+                if pp is not None:
+                    pp[3] = b
                 b[1] += nb[1]
             nb = b[3]
             if nb is not None and not nb[4]:
                 k2 = (nb[1], nb[0])
                 del lst[bisect_left(lst, k2)]
                 del free_blocks[k2]
-                b[3] = nb[3]
-                if nb[3] is not None:
-                    nb[3][2] = b
+                nn = b[3] = nb[3]
+                if nn is not None:
+                    nn[2] = b
                 b[1] += nb[1]
             k2 = (b[1], b[0])
             insort(lst, k2)
             free_blocks[k2] = b
         elif kind == "step_end":
-            sig = (tuple(sorted((b[0], b[1]) for b in live.values())), tuple(free_lists[False]),
-                   tuple(free_lists[True]), reserved)
+            sig = (tuple(sorted((b[0], b[1]) for b in live.values())), tuple(large_free),
+                   tuple(small_free), reserved)
             if key >= 2 and sig == last_sig:
                 break
             last_sig = sig

@@ -230,7 +230,7 @@ def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Option
         except UnicodeDecodeError:
             raise fail("model", f"{shown(path)} is not UTF-8 text", show_value=False) from None
         except OSError as e:
-            raise VramError(f"config: cannot read {shown(path)}: {e.strerror or e}", field="model") from None
+            raise VramError(f"model: cannot read {shown(path)}: {e.strerror or e}", field="model") from None
         config = parse_config_text(text, source=path)
         if name is None:
             name = os.path.basename(os.path.dirname(os.path.abspath(path))) or "custom"

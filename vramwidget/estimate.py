@@ -711,8 +711,9 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     # after prepare_model_for_kbit_training the residual stream is fp32, 4-bit linears return
     # their input's dtype and RoPE's cos/sin follow the hidden states: attention sees fp32
     backend = attention_backend(arch, s, "float32" if (s.quantized and s.prepare_kbit) else c)
-    if cpu and backend in ("math", "efficient"):  # CPU SDPA: one flash-style kernel
-        backend = "flash"
+    if cpu and backend in ("math", "efficient", "flash"):  # CPU SDPA: one flash-style kernel...
+        # ...or the math kernel where the family's attention takes a mask that needs a gradient
+        backend = arch.family.cpu_sdpa_backend or "flash"
     full = s.method == "full"
     ctx = BlockContext(arch=arch, setup=s, T=T, b=b, s=sq, c=c, resid=resid, norm_w_dtype=norm_w,
                        linear_trains=full, norms_train=full or s.method == "norms", lora_modules=P.lora_modules,
@@ -964,18 +965,19 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
 
 
 def size_grid_totals(arch: Architecture, s: TrainingSetup, b: Any, sq: Any,
-                     mx: Callable[..., Any]) -> Dict[str, Any]:
+                     mx: Callable[..., Any], reserved: bool = True) -> Dict[str, Any]:
     """The totals of ``s`` at every (batch ``b``, sequence ``sq``) of two broadcastable
     arrays, computed by the very operations :func:`estimate_setup` does for one size
     (``mx``: an element-wise max of any number of arrays): ``phases`` (forward, backward,
     optimizer_step, first_step, ...), ``peak_allocated_bytes``, ``reserved_bytes`` and
     ``cuda_context_bytes``.  Saved activations are exact polynomials in b and s (see
-    :class:`_Profile`), so one trace serves the whole grid."""
-    return _estimate(arch, s, sizes=(b, sq), mx=mx)
+    :class:`_Profile`), so one trace serves the whole grid.  ``reserved=False`` leaves out
+    ``reserved_bytes`` (one allocator replay per cell: ``fitmap`` chooses the cells)."""
+    return _estimate(arch, s, sizes=(b, sq), mx=mx, grid_reserved=reserved)
 
 
 def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Optional[Tuple[Any, Any]] = None,
-              mx: Callable[..., Any] = max) -> Any:
+              mx: Callable[..., Any] = max, grid_reserved: bool = True) -> Any:
     """estimate_setup's body; with ``sizes`` it stops at the totals (see size_grid_totals)."""
     if s.trains_adapters and s.lora_targets:
         resolve_targets(arch, s.lora_targets)
@@ -1088,8 +1090,10 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     phases["persistent"] = persistent
     context = CUDA_CONTEXT_BYTES
     if sizes is not None:  # a grid of sizes: the totals only (a replay per cell for reserved memory)
-        return {"phases": phases, "peak_allocated_bytes": peak, "reserved_bytes": _grid_reserved(arch, s, sizes, peak),
-                "cuda_context_bytes": context}
+        out = {"phases": phases, "peak_allocated_bytes": peak, "cuda_context_bytes": context}
+        if grid_reserved:
+            out["reserved_bytes"] = _grid_reserved(arch, s, sizes, peak)
+        return out
     bwd_event = max(ev, key=ev.get)
     peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
 

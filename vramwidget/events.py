@@ -537,21 +537,49 @@ def _store(arch: Architecture, s: TrainingSetup, res: Any) -> None:
         hit[1][(s.batch_size, s.seq_len)] = res
 
 
+def _nearest_index(arch: Architecture, s: TrainingSetup, b: Any, sq: Any) -> Tuple[List[Tuple[int, int]], List[Any], Any]:
+    """The cached replays of ``s``'s setup (every field but the sizes equal): their sizes,
+    their results, and for each (b, sq) of two arrays the index of the nearest one in
+    |log b - log b'| + |log s - log s'| (the first of equals); empty lists when none."""
+    import numpy as np
+
+    hit = _BY_SHAPE.get(_shape_key(arch, s))
+    if hit is None or hit[0] is not arch or not hit[1]:
+        return [], [], None
+    items = list(hit[1].items())
+    sizes = [k for k, _ in items]
+    lb = np.log(np.asarray([k[0] for k in sizes], dtype=float))
+    ls = np.log(np.asarray([k[1] for k in sizes], dtype=float))
+    qb = np.log(np.asarray(b, dtype=float)).reshape(-1, 1)
+    qs = np.log(np.asarray(sq, dtype=float)).reshape(-1, 1)
+    return sizes, [r for _, r in items], np.argmin(np.abs(qb - lb) + np.abs(qs - ls), axis=1)
+
+
 def nearest_cached_replay(arch: Architecture, s: TrainingSetup) -> Optional[Tuple[Tuple[int, int], Any]]:
     """((batch, seq), ReplayResult) of the cached replay of the same setup (every field but
     ``batch_size`` and ``seq_len`` equal) nearest to ``s`` in |log b - log b'| + |log s - log s'|,
     or None.  Never runs a replay."""
-    hit = _BY_SHAPE.get(_shape_key(arch, s))
-    if hit is None or hit[0] is not arch or not hit[1]:
+    sizes, results, idx = _nearest_index(arch, s, [s.batch_size], [s.seq_len])
+    if not sizes:
         return None
-    lb, ls = math.log(s.batch_size), math.log(s.seq_len)
-    best = min(list(hit[1].items()), key=lambda kv: abs(math.log(kv[0][0]) - lb) + abs(math.log(kv[0][1]) - ls))
-    return best
+    return sizes[int(idx[0])], results[int(idx[0])]
 
 
 def reserved_per_allocated(res: Any) -> float:
     """A replay's fragmentation as a ratio: ``max_reserved_bytes / max_allocated_bytes`` (>= 1)."""
     return max(1.0, float(res.max_reserved_bytes) / float(res.max_allocated_bytes)) if res.max_allocated_bytes else 1.0
+
+
+def carried_ratios(arch: Architecture, s: TrainingSetup, b: Any, sq: Any) -> Any:
+    """For each (batch, seq) of two arrays, the reserved / allocated ratio that
+    :func:`provisional_reserved_bytes` carries over: the nearest cached replay's of the same
+    setup, else :data:`DEFAULT_RESERVED_PER_ALLOCATED` (a numpy array)."""
+    import numpy as np
+
+    sizes, results, idx = _nearest_index(arch, s, b, sq)
+    if not sizes:
+        return np.full(np.shape(np.asarray(b)) or (1,), DEFAULT_RESERVED_PER_ALLOCATED, dtype=float).reshape(-1)
+    return np.asarray([reserved_per_allocated(r) for r in results], dtype=float)[idx]
 
 
 def provisional_reserved_bytes(arch: Architecture, s: TrainingSetup, peak_bytes: float) -> Tuple[float, bool]:
@@ -565,12 +593,12 @@ def provisional_reserved_bytes(arch: Architecture, s: TrainingSetup, peak_bytes:
       median ratio), False.
 
     The one place where an unreplayed setup's reserve is guessed (the widget's first frame,
-    ``Estimate.provisional_device_total_bytes``, the far cells of ``fit_map``).
+    ``Estimate.provisional_device_total_bytes``, the cells of ``fit_map`` it does not replay,
+    which call :func:`carried_ratios` for the whole grid at once).
     """
     if cached_replay(arch, s) is not None:
         return reserved_bytes(arch, s, peak_bytes), True
-    near = nearest_cached_replay(arch, s)
-    ratio = reserved_per_allocated(near[1]) if near is not None else DEFAULT_RESERVED_PER_ALLOCATED
+    ratio = float(carried_ratios(arch, s, [s.batch_size], [s.seq_len])[0])
     return float(peak_bytes) * ratio, False
 
 
@@ -671,12 +699,18 @@ def _raw_events(arch: Architecture, s: TrainingSetup) -> List[Event]:
 
 def _solve_template(arch: Architecture, s: TrainingSetup) -> Optional[StreamTemplate]:
     """Build the template of ``s`` (see :class:`StreamTemplate`), or None when its stream is
-    not of that form."""
-    from fractions import Fraction
+    not of that form.
+
+    Per allocation, with (T, T2) = (128, 8192), (256, 16384), (256, 32768) at the probes:
+    c2 = (yc - yb) / 16384, c1 = (yb - ya - 8192 c2) / 128, c0 = ya - 128 c1 - 8192 c2.  Every
+    size is checked to be a multiple of 2^-10 below 2^43 bytes, where these float operations
+    are exact, and the template is checked to give every probe's and ``s``'s sizes back."""
+    import numpy as np
 
     tk = _template_key(arch, s)
+    points = _PROBES + ((s.batch_size, s.seq_len),)
     streams = []
-    for b, sq in _PROBES + ((s.batch_size, s.seq_len),):
+    for b, sq in points:
         try:
             probe = s.replace(batch_size=b, seq_len=sq)
         except Exception:   # a size the setup refuses: no template
@@ -685,43 +719,52 @@ def _solve_template(arch: Architecture, s: TrainingSetup) -> Optional[StreamTemp
             return None
         streams.append(_raw_events(arch, probe))
     first = streams[0]
-    n = len(first)
-    if any(len(x) != n for x in streams):
+    shape = [(e[0], e[1], e[3]) for e in first]
+    if any([(e[0], e[1], e[3]) for e in x] != shape for x in streams[1:]):
+        return None
+    sized = [i for i, e in enumerate(first) if e[0] in ("alloc", "skip")]
+    others = [i for i, e in enumerate(first) if e[0] not in ("alloc", "skip")]
+    if any([x[i][2] for i in others] != [first[i][2] for i in others] for x in streams[1:]):
+        return None
+    ya, yb, yc, yd = (np.array([x[i][2] for i in sized], dtype=np.float64) for x in streams)
+
+    # a size that is the same at every probe is a constant, kept as it is; the others must be
+    # multiples of 2^-10 below 2^43 bytes for the solve to be exact
+    varies = (ya != yb) | (yb != yc) | (yc != yd)
+
+    def dyadic(v: Any) -> bool:
+        v = v[varies]
+        w = v * _DYADIC
+        return bool(np.all(np.abs(v) < _EXACT_LIMIT_BYTES) and np.all(np.floor(w) == w))
+
+    if not all(dyadic(v) for v in (ya, yb, yc)):
+        return None
+    (Ta, T2a), (Tb, T2b), (Tc, T2c) = ((b * q, b * q * q) for b, q in _PROBES)
+    c2 = np.where(varies, (yc - yb) / (T2c - T2b), 0.0)
+    c1 = np.where(varies, (yb - ya - c2 * (T2b - T2a)) / (Tb - Ta), 0.0)
+    c0 = np.where(varies, ya - c1 * Ta - c2 * T2a, ya)
+    if not all(dyadic(c) for c in (c0, c1, c2)):
         return None
     base: List[Event] = []
     allocs: List[Tuple[Any, ...]] = []
     skips: List[Tuple[float, float, float]] = []
-    (Ta, T2a), (Tb, T2b), (Tc, T2c) = ((b * q, b * q * q) for b, q in _PROBES)
-    for i in range(n):
-        e = first[i]
-        if any(x[i][0] != e[0] or x[i][1] != e[1] or x[i][3] != e[3] for x in streams):
-            return None
-        if e[0] not in ("alloc", "skip"):
-            base.append(e)
-            if any(x[i][2] != e[2] for x in streams):
-                return None
-            continue
-        ya, yb, yc, yd = (float(x[i][2]) for x in streams)
-        if ya == yb == yc:
-            c0, c1, c2 = ya, 0.0, 0.0
-        else:
-            fa, fb, fc = Fraction(ya), Fraction(yb), Fraction(yc)
-            f2 = (fc - fb) / (T2c - T2b)
-            f1 = (fb - fa - f2 * (T2b - T2a)) / (Tb - Ta)
-            f0 = fa - f1 * Ta - f2 * T2a
-            for f in (f0, f1, f2):
-                if (f * _DYADIC).denominator != 1 or Fraction(float(f)) != f:
-                    return None
-            c0, c1, c2 = float(f0), float(f1), float(f2)
+    j = 0
+    for i, e in enumerate(first):
         if e[0] == "skip":
-            skips.append((c0, c1, c2))
-        else:
-            allocs.append((len(base), e[1], e[3], c0, c1, c2))
-            base.append(e)
+            skips.append((float(c0[j]), float(c1[j]), float(c2[j])))
+            j += 1
+            continue
+        if e[0] == "alloc":
+            allocs.append((len(base), e[1], e[3], float(c0[j]), float(c1[j]), float(c2[j])))
+            j += 1
+        base.append(e)
     tpl = StreamTemplate(base, allocs, skips)
-    for (b, sq), x in zip(_PROBES + ((s.batch_size, s.seq_len),), streams):
-        want = [e[2] for e in x if e[0] == "alloc"]
-        if tpl.raw_sizes(b, sq) != want:
+    for (b, sq), x in zip(points, streams):
+        if tpl.raw_sizes(b, sq) != [float(e[2]) for e in x if e[0] == "alloc"]:
+            return None
+        s0, s1, s2 = tpl.skips
+        T, T2 = b * sq, b * sq * sq
+        if len(s0) and float((s0 + s1 * T + s2 * T2).max()) > 0:     # skipped there too
             return None
     return tpl
 

@@ -37,8 +37,12 @@ def fetch_config(repo_id: str) -> Dict[str, Any]:
         reason = {"GatedRepoError": "the repository is gated (accept its licence and set HF_TOKEN)",
                   "RepositoryNotFoundError": "no such repository (or it is private: set HF_TOKEN)",
                   "EntryNotFoundError": "the repository has no config.json",
-                  "LocalEntryNotFoundError": "offline and not in the local cache"}.get(kind, f"{kind}: {e}")
-        reason = reason.splitlines()[0][:200]
+                  "LocalEntryNotFoundError": "offline and not in the local cache",
+                  # huggingface_hub/utils/_validators.py validate_repo_id: its message repeats the whole id
+                  "HFValidationError": "not a Hub id (name or org/name: letters, digits, '-', '_', '.', "
+                                       "at most 96 characters)"}.get(kind)
+        if reason is None:   # another error: its first line, with the id (maybe huge) shown shortened
+            reason = f"{kind}: {str(e).replace(repo_id, shown(repo_id)) if repo_id else e}".splitlines()[0][:200]
         raise VramError(f"model: could not fetch config.json of {shown(repo_id)}: {reason}; {alternatives}",
                         field="model") from None
     with open(path, encoding="utf-8") as f:

@@ -152,6 +152,12 @@ class T5(Family):
         return out
 
     # -- training trace -----------------------------------------------------------------
+    # T5's position bias (relative_attention_bias, or zeros created with requires_grad in training)
+    # is the SDPA mask and needs a gradient: CUDA runs the memory-efficient kernel, which returns
+    # the bias gradient (its derivative in tools/autograd/derivatives.yaml covers attn_bias); the
+    # CPU's flash kernel has none, so the CPU runs the math kernel (scores kept)
+    cpu_sdpa_backend = "math"
+
     def dropout_p(self, cfg: Mapping[str, Any]) -> float:
         """``dropout_rate`` (0.1 by default)."""
         return float(cfg.get("dropout_rate", 0.1) or 0.0)
@@ -196,7 +202,11 @@ class T5(Family):
         o = self.attention(tr, ctx, n1, n1, "self-attention ", False)
         x1 = residual(tr, x, o, "residual after self-attention")
         if cross:
-            enc = tr.new("encoder output", x.numel, ctx.c, True, "T x h", "attention")
+            # the encoder output is its final_layer_norm's output: the dtype this block's own
+            # norm gives the same residual stream (fp32 where the norm weights are fp32, as
+            # after prepare_model_for_kbit_training or under autocast; T5LayerNorm.forward in
+            # transformers models/t5/modeling_t5.py casts to the weight's dtype only when 16-bit)
+            enc = tr.new("encoder output", x.numel, n1.dtype, True, "T x h", "attention")
             n2 = self.norm(tr, ctx, x1, "cross-attention layer_norm")
             o2 = self.attention(tr, ctx, n2, enc, "cross-attention ", True)
             x1 = residual(tr, x1, o2, "residual after cross-attention")
