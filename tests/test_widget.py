@@ -87,8 +87,12 @@ def test_an_unreplayed_setup_is_shown_provisional_then_refined(calc):
     # the comparison's scenarios are worked out in the background: the frontend keeps the
     # comparison it has until they arrive
     assert set(calc.rows) == {"detail", "phases", "fitmap"}
+    reserve = [r for r in calc.rows["detail"] if r["component"] == "allocator reserve"]
+    assert reserve and reserve[0]["formula"].startswith("provisional")
     calc.wait()
     assert cached_replay(calc._arch, s) is not None
+    reserve = [r for r in calc.rows["detail"] if r["component"] == "allocator reserve"]
+    assert reserve and reserve[0]["formula"].startswith("caching allocator")
     assert calc.status == "idle" and calc.status_text == ""
     assert "provisional" not in calc.verdict and calc.summary["provisional"] is False
     assert calc.verdict["need_bytes"] == calc.estimate.device_total_bytes

@@ -101,17 +101,16 @@ class BackgroundPanel:
 
     def _view(self, est: Any) -> Any:
         """``est`` when its device total is known without a replay; else (inside an update)
-        a copy drawn with the provisional reserve (``Estimate.provisional_reserved_bytes``),
-        and the exact replay queued for the worker."""
-        if not self._deferring or not isinstance(est, Estimate) or getattr(est, "_tree_fn", None) is None \
-                or est.reserved_exact:
+        a copy drawn with the provisional reserve (``Estimate.provisional_reserved_bytes``
+        and ``provisional_components``: the reserve's formula says it is provisional), and
+        the exact replay queued for the worker."""
+        if not self._deferring or not isinstance(est, Estimate) or est.reserved_exact:
             return est
         self._want("refining", lambda: est.reserved_bytes)
-        reserve = est.provisional_reserved_bytes
+        components = est.provisional_components
         view = copy.copy(est)
-        view.reserved_bytes = reserve
-        view._components = view._phase_components = None
-        view._builder = functools.partial(est._tree_fn, reserve)
+        view._components = components
+        view.reserved_bytes = est.provisional_reserved_bytes
         view.provisional = True
         return view
 
