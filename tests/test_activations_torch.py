@@ -49,6 +49,12 @@ CASES = [
     # bf16 (the CPU math kernel's reduced-precision handling, -12% encoder / -7% decoder) and
     # LoRA / the fp32 decoder (+2% to +8%), CPU-kernel details that CUDA's efficient kernel lacks
     ("t5:encoder", "fp32", "full", "sdpa"),
+    # BART (post-LN encoder-decoder): each stack's block by itself; SDPA without attention dropout
+    # (CPU SDPA has no dropout kernel), eager with every dropout
+    ("bart:encoder", "bf16", "full", "sdpa"), ("bart:encoder", "fp32", "full", "eager"),
+    ("bart:encoder", "bf16", "lora", "sdpa"), ("bart:decoder", "bf16", "full", "sdpa"),
+    ("bart:decoder", "fp32", "full", "eager"), ("bart:decoder", "bf16", "lora", "sdpa"),
+    ("bart:dropout", "bf16", "full", "eager"), ("bart:dropout", "bf16", "lora", "eager"),
     # BERT (post-LN): SDPA without dropout (CPU SDPA has no dropout kernel), eager with it
     ("bert", "bf16", "full", "sdpa"), ("bert", "fp32", "full", "eager"), ("bert", "bf16", "lora", "sdpa"),
     ("bert:dropout", "bf16", "full", "eager"), ("bert:dropout", "bf16", "lora", "eager"),

@@ -95,11 +95,21 @@ TINY.update({
     "bert:dropout": dict(hidden_size=256, intermediate_size=1024, num_attention_heads=8, vocab_size=512,
                          max_position_embeddings=64),
 })
+_BART = dict(d_model=256, encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=1024,
+             decoder_ffn_dim=1024, vocab_size=512, max_position_embeddings=64, encoder_layers=2, decoder_layers=2)
+TINY.update({
+    # CPU SDPA has no dropout kernel: attention_dropout 0 there (it would fall back to math)
+    "bart:encoder": dict(_BART, attention_dropout=0.0),
+    "bart:decoder": dict(_BART, attention_dropout=0.0),
+    "bart:dropout": dict(_BART, attention_dropout=0.1, activation_dropout=0.1),   # eager: every dropout
+})
 #: the config field that holds the varied stack's layer count (default num_hidden_layers)
 LAYER_KEY = {"gpt2": "n_layer", "t5:encoder": "num_layers", "t5:decoder": "num_decoder_layers",
-             "t5:decoder_v1": "num_decoder_layers"}
+             "t5:decoder_v1": "num_decoder_layers", "bart:encoder": "encoder_layers",
+             "bart:decoder": "decoder_layers", "bart:dropout": "decoder_layers"}
 #: the kind of block a variant checks (Architecture.layer_kinds), when it is one kind of a mixed stack
-KIND = {"modernbert": "layer", "t5:encoder": "encoder", "t5:decoder": "decoder", "t5:decoder_v1": "decoder"}
+KIND = {"modernbert": "layer", "t5:encoder": "encoder", "t5:decoder": "decoder", "t5:decoder_v1": "decoder",
+        "bart:encoder": "encoder", "bart:decoder": "decoder", "bart:dropout": "decoder"}
 
 #: the transformers Auto class of each vramwidget task
 AUTO_CLASS = {"causal_lm": "AutoModelForCausalLM", "image_text_to_text": "AutoModelForImageTextToText",
