@@ -512,6 +512,8 @@ def test_estimate_with_gpu_gives_the_verdict(capsys):
     v = d["verdict"]
     assert v["state"] == "does_not_fit" and v["measure"] == "device_total" and v["gpu"] == "RTX 4090"
     assert v["need_bytes"] == pytest.approx(d["device_total_bytes"], abs=1)
+    # the card's own CUDA context and its source are said beside the judged figures
+    assert "CUDA context on RTX 4090: 426 MiB" in v["context_note"]
     assert v["headroom_bytes"] == pytest.approx(v["capacity_bytes"] - v["need_bytes"])
     assert v["band_bytes"] == pytest.approx(V.band_bytes(d["reserved_bytes"]))
     d2 = run_json(capsys, "estimate", *args, "--gpu", "H200", "--json")

@@ -266,10 +266,10 @@ def test_fit_flag():
 # ----------------------------------------------------------------------------------
 
 def test_serving_tokens_by_hand():
-    # Llama-2-7B fp16 on an H100 80GB (no torch-visible total in the catalog: nvidia-smi's
-    # 81,559 MiB), utilization 0.9, vLLM's default release (V1, memory_profiling baseline: the
-    # CUDA context is not subtracted; one GPU: no communication buffers)
-    C = 81559 * MIB
+    # Llama-2-7B fp16 on an H100 80GB (the torch-visible total, "total capacity of 79.11 GiB"
+    # in vLLM issue 27508: 81,009 MiB), utilization 0.9, vLLM's default release (V1,
+    # memory_profiling baseline: the CUDA context is not subtracted; one GPU: no communication buffers)
+    C = 81009 * MIB
     weights = 6738415616 * 2 + 4096 * 128 * 2                # parameters + rotary cos/sin cache
     # profiling forward of 2,048 tokens (V1 serve default) over 256 sequences:
     layer = 2048 * (3 * 4096 + 3 * 11008) * 2                 # residual, normed, gate_up, act, down

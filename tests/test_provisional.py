@@ -119,3 +119,21 @@ def test_two_threads_run_one_replay(replays):
     assert len(out) == 3 and len(set(out)) == 1 and out[0] > est.peak_allocated_bytes
     assert len(replays) == 1
     assert est.reserved_exact and other.reserved_exact
+
+
+def test_provisional_components_run_no_replay(replays):
+    """The widget's first frame: the component list with the provisional reserve, no replay;
+    once the replay has run, the very list ``components`` gives."""
+    est = vw.estimate(MODEL, batch_size=2, seq_len=512, method="lora")
+    prov = est.provisional_components
+    assert replays == []
+    names = [c.name for c in prov]
+    assert names[-2:] == ["allocator reserve", "cuda context"]
+    assert prov[-2].bytes == pytest.approx(est.provisional_reserved_bytes - est.peak_allocated_bytes)
+    assert "provisional" in prov[-2].formula
+    assert sum(c.bytes for c in prov) == pytest.approx(est.provisional_device_total_bytes)
+    exact = est.components                      # runs the replay
+    assert len(replays) == 1
+    assert sum(c.bytes for c in exact) == pytest.approx(est.device_total_bytes)
+    assert est.provisional_components is exact
+    assert [c.name for c in exact] == names and "provisional" not in exact[-2].formula

@@ -59,6 +59,7 @@ def test_setting_batch_size_updates_estimate_and_rows(calc):
     assert calc.estimate.setup["batch_size"] == 8
     assert calc.estimate.peak_allocated_bytes > before_est.peak_allocated_bytes
     assert calc.rows is not before_rows
+    calc.wait()
     assert set(calc.rows) == {"detail", "comparison", "phases", "fitmap"}
     detail = {(r["component"], r["group"]): r["bytes"] for r in calc.rows["detail"] if r["level"] == "group"}
     old = {(r["component"], r["group"]): r["bytes"] for r in before_rows["detail"] if r["level"] == "group"}
@@ -67,6 +68,38 @@ def test_setting_batch_size_updates_estimate_and_rows(calc):
         sum(b for (c, _), b in old.items() if c == "activations")         # activations grow
     # the specs were built once and are not rebuilt on an update
     assert calc.specs is specs
+
+
+def test_an_unreplayed_setup_is_shown_provisional_then_refined(calc):
+    """Issue 10: the update never runs an uncached allocator replay.  A sequence length no
+    replay has seen (1536: not on the fit map's grid, not in the batch search) is drawn at
+    once with the provisional device total (events.provisional_reserved_bytes), the verdict
+    says so, and the worker sets the exact one."""
+    from vramwidget.events import cached_replay
+
+    calc.wait()
+    calc.seq_len = 1536
+    s = calc.estimate._setup_obj
+    provisional = calc.verdict["need_bytes"]
+    assert calc.status == "refining" and calc.status_text == "refining…"
+    assert calc.verdict["provisional"] is True and calc.summary["provisional"] is True
+    assert provisional == calc.estimate.provisional_device_total_bytes
+    # the comparison's scenarios are worked out in the background: the frontend keeps the
+    # comparison it has until they arrive
+    assert set(calc.rows) == {"detail", "phases", "fitmap"}
+    reserve = [r for r in calc.rows["detail"] if r["component"] == "allocator reserve"]
+    assert reserve and reserve[0]["formula"].startswith("provisional")
+    calc.wait()
+    assert cached_replay(calc._arch, s) is not None
+    reserve = [r for r in calc.rows["detail"] if r["component"] == "allocator reserve"]
+    assert reserve and reserve[0]["formula"].startswith("caching allocator")
+    assert calc.status == "idle" and calc.status_text == ""
+    assert "provisional" not in calc.verdict and calc.summary["provisional"] is False
+    assert calc.verdict["need_bytes"] == calc.estimate.device_total_bytes
+    assert calc.summary["device_total_bytes"] == calc.estimate.device_total_bytes
+    assert set(calc.rows) == {"detail", "comparison", "phases", "fitmap"}
+    mine = [r for r in calc.rows["comparison"] if r["level"] == "title" and r["scenario"] == "your setup"]
+    assert mine[0]["bytes"] == calc.estimate.device_total_bytes
 
 
 def test_rows_are_the_treemap_of_the_estimate(calc):

@@ -330,7 +330,8 @@ def format_verdict(est, model: str = "MODEL") -> List[str]:
     word = {"fits": "FITS", "tight": "TIGHT", "does_not_fit": "DOES NOT FIT"}[v["state"]]
     out = [f"verdict           {word} on {v['gpu']}: needs {fmt_bytes(v['need_bytes'])} of "
            f"{fmt_bytes(v['capacity_bytes'])} ({fmt_bytes(abs(room))} {'free' if room >= 0 else 'over'}, "
-           f"{abs(v['headroom_pct']):.0f}%; uncertainty ±{fmt_bytes(v['band_bytes'])})"]
+           f"{abs(v['headroom_pct']):.0f}%; uncertainty ±{fmt_bytes(v['band_bytes'])})",
+           f"{'':18}({v['context_note']})"]
     if v["state"] != "fits":
         out.append(f"{'':18}`vramwidget fit {model} --gpu \"{v['gpu']}\" ...` lists changes that fit, "
                    "with their cost")

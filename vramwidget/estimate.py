@@ -648,9 +648,18 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
             out.append((f"{name} tower layer inputs kept by checkpointing ({L} layers)", nbytes,
                         f"{L} x images x patches x h_{name} ({n_img} x {patches} x {tarch.hidden_size})"))
             continue
-        steady = trace_block(ctx, input_rg=True).total_bytes
-        first = trace_block(ctx, input_rg=full).total_bytes
-        out.append((f"{name} tower saved tensors ({L} layers)", first + (L - 1) * steady,
+        # layers whose attention sees other sequences (windows) are traced at their own layout
+        # (T is the same; the scores of eager attention differ)
+        total = 0.0
+        for j, ((sq_n, sq_len), count) in enumerate(tfam.tower_layer_layouts(tarch, n_img, patches, s)):
+            lctx = replace(ctx, b=sq_n, s=sq_len)
+            steady = trace_block(lctx, input_rg=True).total_bytes
+            if j == 0:
+                lctx = replace(ctx, b=sq_n, s=sq_len)
+                total += trace_block(lctx, input_rg=full).total_bytes + (count - 1) * steady
+            else:
+                total += count * steady
+        out.append((f"{name} tower saved tensors ({L} layers)", total,
                     f"{L} blocks over images x patches ({n_img} x {patches})"))
     return out
 
@@ -1238,13 +1247,21 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
             "backward": _finish([weights, qconst, adapters, state_node] + bwd + [workspace]),
             "optimizer_step": _finish([weights, qconst, adapters, state_node, grads, temps, workspace]),
         }
-        components = list(phase_components[peak_phase]) + [
-            Node("allocator reserve", bytes=max(0.0, reserved() - peak),
-                 formula="caching allocator: cached free blocks and rounding when reserved memory peaks "
-                         "(replay of CUDACachingAllocator over this run's allocations)"),
+        return None, phase_components    # the peak's list: components_at (it needs the reserve)
+
+    def components_at(reserved_value: float, exact: bool = True) -> List[Node]:
+        """The peak phase's components plus the allocator reserve at ``reserved_value`` (the
+        replayed one for ``Estimate.components``; a provisional one for
+        ``Estimate.provisional_components``) and the CUDA context."""
+        formula = ("caching allocator: cached free blocks and rounding when reserved memory peaks "
+                   "(replay of CUDACachingAllocator over this run's allocations)")
+        if not exact:
+            formula = ("provisional, the replay has not run yet: allocated peak x the reserved / allocated "
+                       "ratio of the nearest replayed size of this setup (events.provisional_reserved_bytes)")
+        return list(est.phase_components[peak_phase]) + [
+            Node("allocator reserve", bytes=max(0.0, reserved_value - peak), formula=formula),
             Node("cuda context", bytes=context, formula="CUDA context + kernels: ~620 MiB on an H200 (CUDA 13)"),
         ]
-        return components, phase_components
 
     def work() -> Any:
         """The step's work for the step time (timing.py), computed when first asked for."""
@@ -1263,6 +1280,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     est._replay_fn = lambda capacity_bytes=None, record=False: ALLOCATOR_REPLAY["replay"](arch, s, capacity_bytes,
                                                                                          record)
     est._provisional_fn = lambda: ALLOCATOR_REPLAY["provisional"](arch, s, peak)
+    est._components_at = components_at
     if gpu is not None:
         est.set_gpu(gpu)
     return est

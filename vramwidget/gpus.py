@@ -5,10 +5,19 @@ card:
 
 ``memory_bytes``
     the capacity as sold (the box says "80 GB"; for DRAM that is binary, 80 GiB).
-``usable_bytes``
+``usable_bytes`` (= ``smi_total_bytes``)
     what the driver reports as device memory (``nvidia-smi`` memory.total) where it is
-    known, else ``memory_bytes``.  An estimate's device total (allocator reserve + CUDA
-    context) must stay under it for the run to fit.
+    known, else ``memory_bytes``.
+``cuda_total_bytes``
+    the device memory a process sees (``torch.cuda.mem_get_info()``'s total, the "total
+    capacity" of torch's out-of-memory message): nvidia-smi's total less what the driver
+    keeps for itself.  The verdict (:mod:`vramwidget.verdict`) holds an estimate's device
+    total (allocator reserve + the card's CUDA context) against it.
+
+:func:`usable_capacity` says what torch itself can allocate on a card: that total less
+the CUDA context, which depends on the GPU generation, the torch and CUDA versions (lazy
+module loading) and, on GDDR cards, whether ECC is on.  Every figure comes with its source
+(``data/gpus.json``).
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from statistics import median
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import VramError
@@ -52,6 +62,9 @@ class GPU:
     usd_per_gpu_hour: Optional[float] = None     # indicative on-demand price
     price_source: Optional[str] = None
     spec_source: Optional[str] = None
+    #: GDDR cards: ECC's default state and the share of memory it takes when on (1/16)
+    ecc_on_by_default: Optional[bool] = None
+    ecc_reserved_fraction: float = 0.0
 
     def peak_flops_per_second(self, dtype: str, tf32: bool = False) -> Optional[float]:
         """Dense peak matmul FLOP/s for ``dtype`` (``float32``, ``bfloat16``, ``float16``,
@@ -78,9 +91,15 @@ class GPU:
         return self.memory_gb * GIB
 
     @property
-    def usable_bytes(self) -> float:
-        """Device memory the driver reports, else the capacity as sold."""
+    def smi_total_bytes(self) -> float:
+        """Device memory ``nvidia-smi`` reports (memory.total), else the capacity as sold."""
         return self.total_mib * MIB if self.total_mib else self.memory_bytes
+
+    @property
+    def usable_bytes(self) -> float:
+        """Device memory the driver reports (:attr:`smi_total_bytes`); a process sees
+        :attr:`cuda_total_bytes` of it, torch can allocate :func:`usable_capacity`."""
+        return self.smi_total_bytes
 
     @property
     def usable_gib(self) -> float:
@@ -90,24 +109,36 @@ class GPU:
     def cuda_total_bytes(self) -> float:
         """The total ``torch.cuda.mem_get_info()`` reports (what serving engines multiply by
         ``gpu_memory_utilization``): below nvidia-smi's figure by the driver's own reserve.
-        Where the catalog has no such measurement, nvidia-smi's total (:attr:`usable_bytes`)."""
-        return self.cuda_total_mib * MIB if self.cuda_total_mib else self.usable_bytes
+        Measured where the catalog has a source, else nvidia-smi's total less the driver's
+        reserve of the same architecture (:func:`driver_reserve_bytes`)."""
+        if self.cuda_total_mib:
+            return self.cuda_total_mib * MIB
+        return self.smi_total_bytes - driver_reserve_bytes(self.architecture)[0]
 
     @property
     def cuda_total_source(self) -> str:
-        """Where :attr:`cuda_total_bytes` comes from ("nvidia-smi" when it is that figure)."""
-        return self.cuda_total_from if self.cuda_total_mib else "nvidia-smi"
+        """Where :attr:`cuda_total_bytes` comes from."""
+        if self.cuda_total_mib:
+            return self.cuda_total_from
+        reserve, why = driver_reserve_bytes(self.architecture)
+        smi = f"nvidia-smi's {self.total_mib:,.0f} MiB" if self.total_mib else f"{self.memory_gb:g} GiB as sold"
+        return f"derived: {smi} less the driver's reserve {reserve / MIB:.0f} MiB ({why})"
 
     @property
     def cuda_context_bytes(self) -> float:
         """The CUDA context (non-torch memory at start-up) measured on this GPU, else the
-        package's default (620.8 MiB, measured on the H200)."""
-        return self.cuda_context_mib * MIB if self.cuda_context_mib else CUDA_CONTEXT_BYTES
+        figure of its architecture with lazy module loading (:func:`context_bytes`)."""
+        return context_bytes(self)[0]
 
     @property
     def cuda_context_source(self) -> str:
         """Where :attr:`cuda_context_bytes` comes from."""
-        return self.cuda_context_from if self.cuda_context_mib else "default: 620.8 MiB measured on an H200"
+        return context_bytes(self)[1]
+
+    @property
+    def usable_capacity_bytes(self) -> float:
+        """What torch can allocate on this card with a current torch and CUDA (:func:`usable_capacity`)."""
+        return usable_capacity(self)[0]
 
     @property
     def label(self) -> str:
@@ -174,9 +205,109 @@ def _catalog() -> Tuple[GPU, ...]:
             usd_per_gpu_hour=g.get("usd_per_gpu_hour"),
             price_source=g.get("price_source"),
             spec_source=g.get("spec_source"),
+            ecc_on_by_default=g.get("ecc_on_by_default"),
+            ecc_reserved_fraction=float(g.get("ecc_reserved_fraction") or 0.0),
         )
         for g in raw
     )
+
+
+@lru_cache(maxsize=1)
+def _context_table() -> Dict[str, Any]:
+    with open(_DATA, encoding="utf-8") as f:
+        return json.load(f)["cuda_context"]
+
+
+@lru_cache(maxsize=None)
+def driver_reserve_bytes(architecture: str) -> Tuple[float, str]:
+    """What the driver keeps of the device memory nvidia-smi reports (nvidia-smi's total less
+    ``mem_get_info()``'s): the median over the catalog's cards of ``architecture`` that have
+    both figures, else over every card that has them.  Returns (bytes, how it was found)."""
+    cards = {g.name: g for g in _catalog()}
+    arch_vendor = next((g.vendor for g in _catalog() if g.architecture == architecture), "")
+    pairs = [(g.name, g.total_mib - g.cuda_total_mib) for g in _catalog() if g.total_mib and g.cuda_total_mib]
+    same = [(n, d) for n, d in pairs if cards[n].architecture == architecture]
+    vendor = [(n, d) for n, d in pairs if cards[n].vendor == arch_vendor]
+    if not (same or vendor):
+        return 0.0, f"no measured card of {arch_vendor or architecture}: none subtracted"
+    use, scope = (same, architecture) if same else (vendor, f"every measured {arch_vendor} card")
+    value = float(median(d for _, d in use)) * MIB
+    return value, f"median of {scope}: " + ", ".join(f"{n} {d:.0f}" for n, d in use)
+
+
+def _version_tuple(text: Optional[str]) -> Optional[Tuple[int, ...]]:
+    if text is None:
+        return None
+    parts = []
+    for p in str(text).split("+")[0].split("."):
+        digits = "".join(ch for ch in p if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    if not parts:
+        raise VramError(f"version: cannot read a version number from {shown(text)} (e.g. '2.11' or '12.4')",
+                        field="version")
+    return tuple(parts)
+
+
+def lazy_loading(torch_version: Optional[str] = None, cuda_version: Optional[str] = None) -> bool:
+    """Whether CUDA kernels load lazily: torch >= 1.13 sets ``CUDA_MODULE_LOADING=LAZY`` with a
+    CUDA runtime >= 11.7; from CUDA 12.2 the runtime does it by default.  Unknown versions
+    (None) are taken as current ones."""
+    t = _context_table()["lazy_loading"]
+    tv, cv = _version_tuple(torch_version), _version_tuple(cuda_version)
+    if cv is not None and cv < _version_tuple(t["min_cuda"]):
+        return False
+    if cv is not None and cv >= _version_tuple(t["cuda_default"]):
+        return True
+    return tv is None or tv >= _version_tuple(t["min_torch"])
+
+
+def context_bytes(gpu: "str | GPU", torch_version: Optional[str] = None,
+                  cuda_version: Optional[str] = None) -> Tuple[float, str]:
+    """The CUDA context on ``gpu`` (bytes outside torch's allocator once CUDA is started) and
+    its source: the card's own measurement, else its architecture's (``data/gpus.json``
+    ``cuda_context``), plus eager module loading's extra where kernels load eagerly."""
+    g = get_gpu(gpu)
+    table = _context_table()
+    if g.cuda_context_mib:
+        mib, src = float(g.cuda_context_mib), g.cuda_context_from
+    else:
+        row = table["by_architecture"].get(g.architecture)
+        if row is None:
+            mib, src = CUDA_CONTEXT_BYTES / MIB, "no figure for this architecture: the H200's 620.8 MiB"
+        else:
+            mib, src = float(row["mib"]), f"{g.architecture}: {row['source']}"
+    if not lazy_loading(torch_version, cuda_version):
+        mib += float(table["eager_extra_mib"])
+        src += f"; + {table['eager_extra_mib']:.0f} MiB for eager module loading ({table['eager_source']})"
+    return mib * MIB, src
+
+
+def usable_capacity(gpu: "str | GPU", *, torch_version: Optional[str] = None, cuda_version: Optional[str] = None,
+                    ecc: Optional[bool] = None) -> Tuple[float, str]:
+    """What torch can allocate on ``gpu``: the device memory a process sees less the CUDA
+    context.  Returns (bytes, source text).
+
+    ``torch_version`` / ``cuda_version`` (e.g. ``"2.11"``, ``"12.4"``; None: current ones)
+    decide lazy module loading; ``ecc`` (None: the card's default) on a GDDR card moves
+    1/16 of nvidia-smi's total in or out.  The figures and their sources are in
+    ``data/gpus.json``.
+    """
+    g = get_gpu(gpu)
+    if ecc is not None and not isinstance(ecc, bool):
+        raise VramError(f"ecc: must be True, False or None; got {shown(ecc)}", field="ecc")
+    total, total_src = g.cuda_total_bytes, g.cuda_total_source
+    if ecc is not None and g.ecc_on_by_default is not None and ecc != g.ecc_on_by_default and g.ecc_reserved_fraction:
+        keep = 1.0 - g.ecc_reserved_fraction
+        smi = g.smi_total_bytes * (keep if ecc else 1.0 / keep)
+        reserve = g.smi_total_bytes - total
+        total = smi - reserve
+        total_src += f"; ECC {'on' if ecc else 'off'}: nvidia-smi's total x {keep if ecc else 1 / keep:.4f}"
+    ctx, ctx_src = context_bytes(g, torch_version, cuda_version)
+    text = (f"{g.name}: {total / GIB:.2f} GiB device memory ({total_src}) less the CUDA context "
+            f"{ctx / MIB:.0f} MiB ({ctx_src})")
+    return total - ctx, text
 
 
 def _key(name: str) -> str:

@@ -1128,13 +1128,15 @@ def _relabel(est: Estimate, arch: Architecture, s: TrainingSetup, E: Estimate) -
         return est
     if est is E:   # do not alter the estimator's object
         est = Estimate(model_name=E.model_name, setup=setup, params_total=arch.params_total,
-                       params_trainable=E.params_trainable, components=E.components, phases_bytes=dict(E.phases_bytes),
+                       params_trainable=E.params_trainable, components=E._components, phases_bytes=dict(E.phases_bytes),
                        peak_phase=E.peak_phase, peak_allocated_bytes=E.peak_allocated_bytes,
                        reserved_bytes=E.reserved_bytes if E.reserved_exact else (lambda: E.reserved_bytes),
                        cuda_context_bytes=E.cuda_context_bytes,
                        flops_per_step=E.flops_per_step, recompute_overhead=E.recompute_overhead, notes=list(E.notes),
                        phase_components=E.phase_components)
         est._provisional_fn = E._provisional_fn
+        if est._components is None:    # composed with the reserve when first read (no replay before)
+            est._components_at = E._components_at
     est.params_total = arch.params_total
     est.setup = setup
     return est

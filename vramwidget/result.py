@@ -139,6 +139,9 @@ class Estimate:
         self._replay_fn: Optional[Callable[..., Any]] = None
         #: () -> (reserved bytes, exact) without running a replay (events.provisional_reserved_bytes)
         self._provisional_fn: Optional[Callable[[], Tuple[float, bool]]] = None
+        #: (reserved bytes, exact=True) -> the peak's components with that allocator reserve,
+        #: for builders that leave ``components`` to it (estimate.py's training step)
+        self._components_at: Optional[Callable[..., List[Node]]] = None
         self.cuda_context_bytes = cuda_context_bytes
         self.flops_per_step = flops_per_step
         self.recompute_overhead = recompute_overhead
@@ -159,14 +162,29 @@ class Estimate:
 
     def _build(self) -> None:
         if self._builder is not None:
-            self._components, self._phase_components = self._builder()
+            comps, self._phase_components = self._builder()
             self._builder = None
+            if comps is not None:
+                self._components = comps
 
     @property
     def components(self) -> List[Node]:
         if self._components is None:
             self._build()
+            if self._components is None and self._components_at is not None:
+                self._components = self._components_at(self.reserved_bytes)
         return self._components if self._components is not None else []
+
+    @property
+    def provisional_components(self) -> List[Node]:
+        """``components`` without running a replay: the allocator reserve at
+        ``provisional_reserved_bytes`` (its formula says so) until ``reserved_exact``; then
+        the very list ``components`` gives."""
+        if self._components is not None or self._components_at is None or self.reserved_exact:
+            return self.components
+        if self._phase_components is None:
+            self._build()
+        return self._components_at(self.provisional_reserved_bytes, False)
 
     @property
     def phase_components(self) -> Dict[str, List[Node]]:

@@ -3,7 +3,10 @@
 The measure is the **device total**: what the GPU must hold, the caching allocator's
 reserved memory plus the CUDA context (:attr:`vramwidget.result.Estimate.device_total_bytes`),
 against the card's usable capacity (:attr:`vramwidget.gpus.GPU.usable_bytes`).  Allocated
-memory is a part of it, never the figure judged.
+memory is a part of it, never the figure judged.  Beside the judged figures the verdict
+says the card's own CUDA context with its source (:func:`vramwidget.gpus.context_bytes`:
+by generation, torch and CUDA version) and what torch can allocate there
+(:func:`vramwidget.gpus.usable_capacity`): ``context_note``, ``capacity_note``.
 
 Three states:
 
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 from typing import Any, Dict, Optional
+
+from .units import MIB
 
 #: the validation field whose error sets the band: the predicted reserved memory
 FIELD = "max_reserved_mib"
@@ -70,18 +75,28 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
     """The verdict of an estimate (an Estimate, or a ParallelEstimate: its worst GPU) on a GPU.
 
     Returns ``{"state", "measure": "device_total", "need_bytes", "capacity_bytes",
-    "headroom_bytes", "band_bytes", "headroom_pct", "band_rel", "gpu", "num_gpus"}``;
+    "headroom_bytes", "band_bytes", "headroom_pct", "band_rel", "gpu", "num_gpus",
+    "context_bytes", "usable_capacity_bytes", "context_note", "capacity_note"}``:
+    ``context_bytes`` is the card's CUDA context, ``usable_capacity_bytes`` what torch can
+    allocate on it (``gpus.usable_capacity``), ``context_note`` one line with the context
+    figure and its source, ``capacity_note`` the derivation of the usable capacity;
     ``headroom_bytes`` is negative when it does not fit.  A serving estimate that judges
     its own fit (``est.fits`` with a serving budget: the KV pool must hold a sequence)
     gives ``does_not_fit`` when it says so.
     """
-    from .gpus import get_gpu
+    from .gpus import context_bytes, get_gpu, usable_capacity
 
     g = get_gpu(gpu)
     shown = getattr(est, "per_gpu", est)
     need = float(getattr(est, "device_total_bytes", shown.device_total_bytes))
     reserved = float(getattr(est, "reserved_bytes", shown.reserved_bytes))
+    counted = float(getattr(shown, "cuda_context_bytes", need - reserved))
     cap = float(g.usable_bytes)
+    context, context_src = context_bytes(g)
+    torch_can, capacity_src = usable_capacity(g)
+    note = f"CUDA context on {g.name}: {context / MIB:.0f} MiB ({context_src})"
+    if abs(counted - context) >= MIB:
+        note += f"; the device total counts {counted / MIB:.0f} MiB"
     band = band_bytes(reserved)
     state = state_of(need, cap, band)
     own = getattr(est, "fits", None) if getattr(est, "serving", None) else None
@@ -98,6 +113,10 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
         "band_rel": uncertainty()["rel_error"],
         "gpu": g.name,
         "num_gpus": int(num_gpus),
+        "context_bytes": context,
+        "usable_capacity_bytes": torch_can,
+        "context_note": note,
+        "capacity_note": capacity_src,
     }
 
 

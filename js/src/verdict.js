@@ -6,7 +6,8 @@
  * with the headroom in bytes and percent. Allocated memory is said beside it, as a part.
  * Below, a row of common GPUs (24, 40, 48, 80, 141 GB classes) with their verdicts; a
  * click chooses that GPU. The bar has a fixed height: nothing below it moves when a
- * verdict appears or changes.
+ * verdict appears or changes. A provisional verdict (the exact replay still running) is
+ * drawn with a dashed badge; the status slot beside it says "refining…".
  */
 import { fmtBytes, h } from "./dom.js";
 
@@ -38,8 +39,11 @@ function bandHint(band) {
     `worst ${(100 * band.max).toFixed(1)}%; ${band.source})`;
 }
 
-/** @param {Ctx} ctx @returns {{ el: HTMLElement, sync: () => void }} */
-export function verdictPanel(ctx) {
+/**
+ * @param {Ctx} ctx @param {HTMLElement | null} [status]  the status slot, kept at the end of the verdict line
+ * @returns {{ el: HTMLElement, sync: () => void }}
+ */
+export function verdictPanel(ctx, status = null) {
   const { model, send } = ctx;
   const box = h("div", { class: "vw-verdict", testid: "verdict", "aria-live": "polite" });
   const sync = () => {
@@ -57,7 +61,10 @@ export function verdictPanel(ctx) {
     let badge;
     if (v.state) {
       badge = h("span", { class: `vw-badge vw-${v.state}`, testid: "verdict-badge", "data-state": v.state,
-        "data-fits": String(v.state !== "does_not_fit"), title: bandHint(s.band) }, [verdictText(v)]);
+        "data-fits": String(v.state !== "does_not_fit"), "data-provisional": String(!!v.provisional),
+        title: [v.provisional ? "provisional: the exact reserved memory is being worked out." : "",
+          bandHint(s.band), v.context_note].filter(Boolean).join("\n"),
+      }, [verdictText(v)]);
     } else {
       badge = h("span", { class: "vw-badge vw-none", testid: "verdict-badge", "data-state": "",
         text: "no GPU chosen: where it fits ↓" });
@@ -76,7 +83,7 @@ export function verdictPanel(ctx) {
       ? h("span", { class: "vw-defaults", title: (s.defaults || []).join("; "), text: `defaults: ${(s.defaults || []).join("; ")}` })
       : null;
     box.replaceChildren(
-      h("div", { class: "vw-verdict-line" }, [need, badge]),
+      h("div", { class: "vw-verdict-line" }, [need, badge, ...(status ? [status] : [])]),
       h("div", { class: "vw-chips", role: "group", "aria-label": "common GPUs" }, [
         h("span", { class: "vw-muted", text: "common GPUs:" }), ...chips, ...(defaults ? [defaults] : []),
       ]),

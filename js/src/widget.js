@@ -9,6 +9,7 @@
  *                   quantization, LoRA), their choices and disabled reasons
  *   error.js        the banner (an input that cannot be used, named with its value)
  *   verdict.js      does it fit: device total vs the GPU, three states, common GPUs
+ *   status.js       the status slot: "refining…" (provisional totals), "tracing <id>…"
  *   summary.js      headline, model line, notes; parallel.js and inference.js add their facts
  *   suggestions.js  changes that make the setup fit
  *   charts.js       the three Vega charts (embedded once, rows swapped in place), the theme
@@ -36,7 +37,7 @@
  *   outputs (read here): specs {name: vega-lite spec}, rows {name: [row]}, summary, verdict, table,
  *                        disabled {trait: reason}, options {trait: [[value, label]]},
  *                        formats [number format], error, error_field, suggestions [change],
- *                        suggestions_status
+ *                        suggestions_status, status (idle | refining | tracing), status_text
  *
  * data-testid attributes (stable, for browser tests):
  *   vramwidget                      the root element
@@ -51,6 +52,9 @@
  *                                   its space is kept)
  *   verdict, verdict-badge          the verdict bar and its badge (data-state fits | tight |
  *                                   does_not_fit, "" without a GPU); headline: what the GPU holds
+ *                                   (data-provisional="true" while the exact replay runs)
+ *   status                          the status slot (data-status idle | refining | tracing;
+ *                                   its space is kept)
  *   gpu-chip-<name>                 the common GPUs with their verdicts (a click picks one)
  *   summary                         peak allocated, device total, the mode's facts, notes
  *   control-mode                    the mode radios (control-mode-training, control-mode-inference)
@@ -77,6 +81,7 @@ import { h } from "./dom.js";
 import { errorPanel } from "./error.js";
 import { formatsPanel } from "./formats.js";
 import { suggestionsPanel } from "./suggestions.js";
+import { statusPanel } from "./status.js";
 import { summaryPanel } from "./summary.js";
 import { tablePanel } from "./table.js";
 import { trainingConfigPanel } from "./trainingconfig.js";
@@ -123,7 +128,8 @@ export default {
     const controls = controlsPanel(ctx);
     /** @type {ReturnType<typeof errorPanel>} */
     const error = errorPanel(ctx, controls.syncDisabled);
-    const verdict = verdictPanel(ctx);
+    const status = statusPanel(ctx);
+    const verdict = verdictPanel(ctx, status.el);
     const summary = summaryPanel(ctx);
     const suggestions = suggestionsPanel(ctx);
     const charts = chartsPanel(ctx);
@@ -159,12 +165,15 @@ export default {
     on("change:formats", formats.sync);
     on("change:training_config_report", trainingConfig.sync);
     on("change:rows", charts.updateRows);
+    on("change:status", status.sync);
+    on("change:status_text", status.sync);
     on("change:specs", charts.embedAll);
 
     controls.syncInputs();
     error.sync();
     summary.sync();
     verdict.sync();
+    status.sync();
     charts.syncTitles();
     charts.syncLegend();
     suggestions.sync();

@@ -10,6 +10,8 @@ one module:
 * :mod:`.suggestions`: what to change when it does not fit, worked out after the update;
 * :mod:`.views`: chart sizes and specs, the component table, the comparison's verdicts;
 * :mod:`.formats`: the number-format panel;
+* :mod:`.background`, :mod:`.worker`: what an update leaves for later (exact allocator
+  replays, a traced model, the fit map, suggestions) and the threads that do it;
 * :mod:`.calculator`: the ``Calculator`` class that joins them, its observer and update.
 
 The frontend (``static/widget.js``, built from ``js/src/``, one file per panel) embeds each

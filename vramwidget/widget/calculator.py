@@ -14,6 +14,15 @@ Three kinds of estimate, chosen by the traits:
 
 With a GPU chosen, every scenario of the comparison carries a fits / does-not-fit verdict;
 when the setup does not fit, :mod:`.suggestions` works out what would make it fit.
+
+An update never waits for slow work.  It draws at once what is known, with a provisional
+device total where an exact caching-allocator replay is not cached yet
+(``Estimate.provisional_device_total_bytes``: the verdict carries ``"provisional": True``
+and ``status`` is "refining"), and hands the slow part to one background thread
+(:mod:`.worker`, latest request wins): the exact replays, a model with no analytic family
+traced (``status`` "tracing"), the fit map, the largest micro-batch and the suggestions.
+When they arrive the worker recomputes the outputs (now from caches) and sets them inside
+``hold_sync``.  ``Calculator.wait()`` blocks until it is done.
 """
 
 from __future__ import annotations
@@ -34,21 +43,20 @@ from ..units import GIB
 from .formats import number_formats
 from .inference import INFERENCE_SCENARIOS, InferencePanel, inference_phase_rows
 from .multigpu import ParallelPanel
-from .state import DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, run_estimate, shown
-from .suggestions import SuggestionsPanel, suggestion_dict
+from .state import DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, TracedModel, shown
+from .suggestions import SuggestionsPanel
 from .options import OptionsPanel
 from .training import YOUR_SETUP, TrainingPanel
 from .trainingconfig import TrainingConfigPanel
 from .verdictpanel import VerdictPanel
+from .background import BackgroundPanel, _Later, traits_specs_same
+from .worker import Worker
 from .views import (COMPARISON_HEADER, COMPARISON_HEADER_TIME, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
                     add_verdicts, build_specs, table_rows)
 
-_MISSING = object()
 
-
-
-class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, InferencePanel, SuggestionsPanel,
-                 TrainingConfigPanel, State):
+class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, InferencePanel,
+                 SuggestionsPanel, TrainingConfigPanel, State):
     """GPU memory of one training step (on one GPU or per GPU of a parallel run) or of
     inference, as a live notebook widget.
 
@@ -91,6 +99,10 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         self._sugg_token = 0
         self._sugg_job: Optional[Tuple[Tuple, Any, Dict[str, Any]]] = None
         self._pending: Any = None
+        self._worker = Worker()
+        self._suggester = Worker("vramwidget-suggestions")
+        self._rows_all: Dict[str, Any] = {}   # every dataset as last sent (rows may hold only some)
+        self._tl = threading.local()       # the update pass running on this thread
         self._arch_key: Optional[Tuple[str, str]] = None
         self._arch: Any = None
         super().__init__(model=model, **kwargs)
@@ -125,6 +137,7 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             self._busy = False
         self._ready = True
         self._update()
+        self._worker.wait()    # the first frame: every figure exact (a traced model: its trace)
         if self.error:  # nothing valid to show yet: say so in Python, where it was typed
             raise VramError(self.error, field=self.error_field or None)
 
@@ -178,6 +191,8 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
 
     def close(self) -> None:
         self._cancel_pending()
+        self._worker.close()
+        self._suggester.close()
         super().close()
 
     # -- the observers ----------------------------------------------------------------------
@@ -236,29 +251,20 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         if key != self._arch_key:
             if key[0] == "config":
                 cfg = architecture.parse_config_text(self.config_json, source="pasted config.json")
-                name = cfg.get("_name_or_path") or f"pasted config ({cfg.get('model_type', '?')})"
-                self._arch = architecture.from_config(cfg, name=str(name))
+                name = str(cfg.get("_name_or_path") or f"pasted config ({cfg.get('model_type', '?')})")
+                self._arch = self._load_or_trace(lambda: architecture.from_config(cfg, name=name),
+                                                 lambda: (name, cfg), None)
             else:
-                self._arch = architecture.load(self.model)
+                from ..trace import resolve_config
+
+                model = self.model.strip()
+                self._arch = self._load_or_trace(lambda: architecture.load(self.model),
+                                                 lambda: resolve_config(model), model if "/" in model else None)
             self._arch_key = key
         return self._arch
 
     def _key(self, kind: str, kw: Dict[str, Any]) -> Tuple:
         return (self._arch_key, kind, tuple(sorted((k, v) for k, v in kw.items() if k != "model")))
-
-    def _cached_estimate(self, arch: Any, kind: str, kw: Dict[str, Any]) -> Any:
-        """The estimate of one setup (``kind``: see :func:`_run`); the last few are kept
-        (toggling back is free)."""
-        key = self._key(kind, kw)
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
-        est = run_estimate(arch, kind, {k: v for k, v in kw.items() if k != "model"})
-        self._cache[key] = est
-        if len(self._cache) > 8:
-            self._cache.popitem(last=False)
-        return est
 
     def _scenario_box(self, arch: Any, name: str, kind: str, kw: Dict[str, Any]
                       ) -> Tuple[UnitBox, Optional[bool]]:
@@ -267,13 +273,19 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         scenario equal to the user's setup reuses its estimate)."""
         key = self._key(kind, kw)
         hit = self._boxes.get(key)
+        if isinstance(hit, VramError):
+            raise hit
         if hit is not None:
             self._boxes.move_to_end(key)
             self._notes_now[name] = self._box_notes.get(key, "")
             return hit, self._box_fits.get(key)
-        est = self._cache.get(key) or run_estimate(arch, kind, {k: v for k, v in kw.items() if k != "model"})
-        box = unit_box(shown(est), name)
+        est = self._cached_estimate(arch, kind, kw)
+        view = self._view(shown(est))
+        box = unit_box(view, name)
         serving = getattr(est, "serving", None)
+        if view is not shown(est):   # provisional: drawn now, not kept
+            self._notes_now[name] = ""
+            return box, None
         self._boxes[key] = box
         # under a serving budget every format fills the same share of the GPU: what differs
         # is the KV pool (tokens) and how many sequences run at once
@@ -292,45 +304,37 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
     def _update(self) -> None:
         """Estimate the setup and the scenarios; set every output trait at once.
 
-        Nothing raises out of here (it runs in the comm handler when a frontend changes a
-        trait): a failure sets ``error`` and leaves the last valid outputs in place.
+        Nothing slow runs here (see the module docstring): what needs a replay or a trace is
+        queued for the worker.  Nothing raises out of here (it runs in the comm handler when a
+        frontend changes a trait): a failure sets ``error`` and leaves the last valid outputs
+        in place.
         """
         with self._lock:
+            self._cancel_pending()
+            self._sugg_token += 1
+            token = self._sugg_token
+            self._worker.cancel()
+            self._suggester.cancel()
             try:
-                outputs = self._compute()
+                outputs, todo = self._pass()
+            except _Later as later:   # its model is being traced: keep the last estimate, dimmed
+                with self.hold_sync():
+                    self.status = "tracing"
+                    self.status_text = f"tracing {later.arch.name}… (its family has no analytic module)"
+                    self.error = ""
+                    self.error_field = ""
+                self._background(token, later.todo)
+                return
             except VramError as e:
                 self._set_error(str(e), getattr(e, "field", None) or "")
                 return
             except Exception as e:  # a bug, not bad input: still never raise into the frontend
                 self._set_error(f"internal error ({type(e).__name__}: {e}); please report it", "")
                 return
-            result, scenario_kw, traits, job = outputs
-            self._result = result
-            self._estimate = shown(result)
-            self._scenario_kw = scenario_kw
-            # suggestions: from the cache, or worked out after this update (off the hot path)
-            self._cancel_pending()
-            self._sugg_token += 1
-            self._sugg_job = job
-            cached = self._sugg_cache.get(job[0]) if job else None
-            if job is None:
-                traits.update(suggestions=[], suggestions_status="")
-            elif cached is not None:
-                traits.update(suggestions=[suggestion_dict(x) for x in cached], suggestions_status="ready")
-            else:
-                traits.update(suggestions=[], suggestions_status="computing")
-            if traits["specs"] is self.specs:
-                del traits["specs"]    # unchanged: the frontend keeps its embedded views
-            with self.hold_sync():
-                for name, value in traits.items():
-                    setattr(self, name, value)
-                self.error = ""
-                self.error_field = ""
-            if job is not None and cached is None:
-                self._schedule_suggestions(self._sugg_token, job)
-            todo, self._fitmap_todo = getattr(self, "_fitmap_todo", None), None
-            if todo is not None:
-                self._defer(self._run_fitmap, self._sugg_token, todo)
+            self._publish(token, outputs, todo)
+            job = self._sugg_job
+            if todo or (job is not None and self._sugg_cache.get(job[0]) is None):
+                self._background(token, todo)
 
     def _compute(self) -> Tuple[Any, List[Tuple[str, str, Dict[str, Any]]], Dict[str, Any], Any]:
         """Everything an update sets, computed before any trait changes: the estimate, the
@@ -352,13 +356,23 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             kind, kw = ("par", dict(self.setup(), **par)) if par else ("train", self.setup())
             setups = self._scenario_setups(self.setup(), par)
         result = self._cached_estimate(arch, kind, kw)
-        est = shown(result)
+        # what is drawn: a single-GPU estimate whose replay is not cached yet, with its
+        # provisional reserve (the worker replaces it with the exact one)
+        view = self._view(result) if kind == "train" else result
+        est = shown(view)
         scenario_kw = [(YOUR_SETUP, kind, kw)] + [(name, kind, s) for name, s in setups]
         scenarios: List[Tuple[str, UnitBox]] = []
         own_fits: Dict[str, Optional[bool]] = {}
         skipped: List[str] = []
         times: Dict[str, float] = {}
-        for name, k, s in scenario_kw:
+        # scenarios not laid out yet: their estimates, exact replays and layouts are worked
+        # out by the worker, and the comparison keeps its last rows until they arrive (the
+        # status says "refining")
+        later = sum([self._defer_box(arch, name, k, s) for name, k, s in scenario_kw]) > 0
+        keep = later and bool(self._rows_all.get(charts.COMPARISON)) and traits_specs_same(self, self.mode)
+        for name, k, s in ([] if keep else scenario_kw):
+            if later and name != YOUR_SETUP and self._key(k, s) not in self._boxes:
+                continue
             try:
                 box, own = self._scenario_box(arch, name, k, s)
                 if gpu is not None and k != "infer":
@@ -368,26 +382,31 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             except VramError as e:  # a scenario the model cannot do: leave it out, say why
                 skipped.append(f"{name}: {e}")
                 continue
+            except _Later:          # being traced: it joins the comparison when it arrives
+                continue
             scenarios.append((name, box))
             own_fits[name] = own
         cap = gpu.usable_bytes if gpu else None
         cap_label = f"{gpu.name} ({gpu.usable_gib:.1f} GiB)" if gpu else ""
-        comparison = comparison_rows(
-            scenarios, *COMPARISON_SIZE, capacity_bytes=cap, capacity_label=cap_label,
-            header=(COMPARISON_HEADER_TIME if times else COMPARISON_HEADER_VERDICT) if gpu else COMPARISON_HEADER)
-        if gpu is not None:
-            add_verdicts(comparison, gpu, own_fits, dict(self._notes_now), times)
+        comparison: List[Dict[str, Any]] = []
+        if not keep:
+            comparison = comparison_rows(
+                scenarios, *COMPARISON_SIZE, capacity_bytes=cap, capacity_label=cap_label,
+                header=(COMPARISON_HEADER_TIME if times else COMPARISON_HEADER_VERDICT) if gpu else COMPARISON_HEADER)
+            if gpu is not None:
+                add_verdicts(comparison, gpu, own_fits, dict(self._notes_now), times)
         if self.mode == "inference":
             phases = inference_phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
             summary = self._summary_inference(result, arch, gpu, kw, skipped)
         else:
             phases = charts.phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
-            summary = self._summary(result, arch, gpu, skipped, kind, kw)
+            summary = self._summary(view, arch, gpu, skipped, kind, kw)
         rows = {
             charts.DETAIL: layout_rows(est, *DETAIL_SIZE),
-            charts.COMPARISON: comparison,
             charts.PHASES_DATA: phases,
         }
+        if not keep:     # kept: not sent again (the frontend keeps a dataset that is absent)
+            rows[charts.COMPARISON] = comparison
         traits = {
             "rows": rows,
             "specs": self._specs_for(self.mode),
@@ -396,11 +415,20 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             "options": self._options(arch),
         }
         n = int(par.get("num_gpus", 1) or 1) if self.mode == "training" and par else 1
-        v = self._verdict_summary(summary, result, gpu, n)
+        v = self._verdict_summary(summary, view, gpu, n)
+        if v and getattr(est, "provisional", False):
+            v = dict(v, provisional=True)
+            summary["verdict"] = v
+        summary["provisional"] = bool(getattr(est, "provisional", False))
+        summary["backend"] = getattr(est, "backend", "analytic")
+        if isinstance(arch, TracedModel):
+            summary["notes"].insert(0, f"traced: model_type {arch.model_type!r} has no analytic family module, so "
+                                       f"one training step was run on fake tensors (vramwidget.trace)")
         rows[charts.FITMAP] = self._fitmap(arch, gpu, kw) if kind == "train" else []
         traits["verdict"] = v
         job = None
-        if self.mode == "training" and gpu is not None and v.get("state") != "fits":
+        if self.mode == "training" and gpu is not None and v.get("state") != "fits" \
+                and not isinstance(arch, TracedModel):
             job = (self._key(kind, kw) + (gpu.name, self.max_gpus), arch,
                    dict(kw, gpu=gpu.name, max_gpus=self.max_gpus))
         return result, scenario_kw, traits, job
@@ -409,6 +437,8 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
         with self.hold_sync():
             self.error = message.splitlines()[0] if message else "invalid input"
             self.error_field = field
+            self.status = "idle"
+            self.status_text = ""
 
     def _gpu_or_none(self) -> Optional[gpus.GPU]:
         if not self.gpu.strip():
@@ -466,18 +496,3 @@ class Calculator(VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, Infer
             "inference": None,
             "time": None,
         }
-
-    def _answer(self, key: Tuple, fn) -> Any:
-        """A fit answer (largest batch, longest context), cached by the setup it depends on."""
-        hit = self._answers.get(key, _MISSING)
-        if hit is not _MISSING:
-            self._answers.move_to_end(key)
-            return hit
-        try:
-            value = fn()
-        except VramError:
-            value = None
-        self._answers[key] = value
-        if len(self._answers) > 32:
-            self._answers.popitem(last=False)
-        return value

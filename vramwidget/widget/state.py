@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 import anywidget
 import traitlets as t
 
+from ..errors import VramError
 from ..inputs import guard_traits
 from ..inputs import shown as short_repr
 from ..result import Estimate
@@ -75,9 +76,33 @@ def estimate_fn():
     return estimate
 
 
+class TracedModel:
+    """A model whose family has no analytic module (vramwidget/families/): its config, which
+    ``estimate(..., backend="auto")`` traces (vramwidget/trace/, seconds per setup; the
+    widget runs it in its background worker)."""
+
+    def __init__(self, name: str, config: Dict[str, Any], hub_id: Optional[str] = None) -> None:
+        self.name = name
+        self.config = dict(config, _name_or_path=name)
+        self.hub_id = hub_id
+        self.model_type = str(config.get("model_type", "?"))
+        self.num_layers = config.get("num_hidden_layers") or config.get("n_layer") or 8
+        self.max_position_embeddings = config.get("max_position_embeddings")
+
+    def linear_modules(self):
+        return []
+
+
 def run_estimate(arch: Any, kind: str, kw: Dict[str, Any]) -> Any:
     """One estimate: ``kind`` is "train" (estimate), "par" (estimate_parallel: a
-    ParallelEstimate) or "infer" (estimate_inference)."""
+    ParallelEstimate) or "infer" (estimate_inference).  A :class:`TracedModel` is traced
+    (training on one GPU only)."""
+    if isinstance(arch, TracedModel):
+        if kind != "train":
+            what = "inference" if kind == "infer" else "a parallel layout"
+            raise VramError(f"model: {arch.name} ({arch.model_type}) has no analytic family module, and the trace "
+                            f"backend estimates one GPU's training step only, not {what}", field="model")
+        return estimate_fn()(arch.config, **kw)
     if kind == "train":
         return estimate_fn()(arch, **kw)
     if kind == "par":
@@ -208,7 +233,10 @@ class State(anywidget.AnyWidget):
     specs = t.Dict(**_doc(
         "Vega-Lite spec of each chart (detail, comparison, phases), set once; each reads the "
         "named dataset of the same name.")).tag(sync=True)
-    rows = t.Dict(**_doc("Dataset name -> list of row dicts, replaced on every update.")).tag(sync=True)
+    rows = t.Dict(**_doc(
+        "Dataset name -> list of row dicts, replaced on every update.  While ``status`` is "
+        "'refining' it may leave out the comparison (its scenarios are being worked out: the "
+        "frontend keeps the dataset it has); when idle it holds every dataset.")).tag(sync=True)
     summary = t.Dict(**_doc(
         "Peak, phase, device total, GPU fit, notes and warnings of the current estimate.")).tag(sync=True)
     table = t.List(**_doc("One row per component: name, colour, GiB, bytes, share.")).tag(sync=True)
@@ -230,6 +258,15 @@ class State(anywidget.AnyWidget):
     suggestions = t.List(**_doc(
         "When the setup does not fit the GPU (training): fit.suggestions as dicts (title, changes, "
         "saved_gib, device_total_gib, fits, cost, ...), ranked; [] otherwise.")).tag(sync=True)
+    status = t.Unicode("idle", **_doc(
+        "What the background worker is doing for the current inputs: 'idle' (every figure shown "
+        "is exact), 'refining' (the device totals shown are provisional: the exact caching-"
+        "allocator replays are running) or 'tracing' (the model's family has no analytic "
+        "module: one training step is being traced; the last estimate stays on screen)."
+    )).tag(sync=True)
+    status_text = t.Unicode("", **_doc(
+        "The status line the frontend shows in its reserved slot ('refining…', 'tracing org/name…'); "
+        "'' when idle.")).tag(sync=True)
     suggestions_status = t.Unicode("", **_doc(
         "'' (fits, no GPU or inference mode), 'computing' (the setup does not fit and its "
         "suggestions are being worked out after the update), 'ready', or 'failed: why'."
@@ -246,8 +283,9 @@ class State(anywidget.AnyWidget):
             return head
         return head + "\n" + result.summary_text()
 
-    #: seconds after the last change before suggestions are worked out; None = at once,
-    #: inside the update (scripts and tests that want them synchronously)
+    #: None: the background work (exact replays, a trace, the fit map, suggestions) runs at
+    #: once inside the update (scripts and tests that want every figure synchronously); a
+    #: number: it runs on the background worker thread (the default)
     suggestions_delay: Optional[float] = 0.15
 
 

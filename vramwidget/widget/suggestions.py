@@ -1,12 +1,10 @@
 """The suggestions panel: when the setup does not fit the chosen GPU, the changes that would
-make it fit (:func:`vramwidget.fit.suggestions`, tens of milliseconds), worked out *after*
-the update, off the path that redraws the charts: on the kernel's event loop shortly after
-the last change (or a timer thread where no loop runs), so dragging a control stays fast."""
+make it fit (:func:`vramwidget.fit.suggestions`, tens of milliseconds to seconds), worked
+out *after* the update, off the path that redraws the charts: by the widget's background
+worker (:mod:`.worker`), once the exact verdict is known, so dragging a control stays fast."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from typing import Any, Dict, List, Tuple
 
 from ..units import GIB
@@ -48,44 +46,6 @@ class SuggestionsPanel:
             if len(self._sugg_cache) > 16:
                 self._sugg_cache.popitem(last=False)
         return items
-
-    def _schedule_suggestions(self, token: int, job: Tuple[Tuple, Any, Dict[str, Any]]) -> None:
-        """Work out the suggestions ``suggestions_delay`` seconds after the last change: on
-        the running event loop (the Jupyter kernel's: the same thread, between messages),
-        else on a timer thread; at once when the delay is None."""
-        delay = self.suggestions_delay
-        if delay is None:
-            self._run_suggestions(token, job)
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is not None:
-            self._pending = loop.call_later(delay, self._run_suggestions, token, job)
-        else:
-            timer = threading.Timer(delay, self._run_suggestions, (token, job))
-            timer.daemon = True
-            self._pending = timer
-            timer.start()
-
-    def _defer(self, fn: Any, *args: Any) -> None:
-        """Run ``fn(*args)`` after the update the way suggestions are (``suggestions_delay``
-        seconds later on the event loop or a timer thread; at once when it is None)."""
-        delay = self.suggestions_delay
-        if delay is None:
-            fn(*args)
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is not None:
-            loop.call_later(delay, fn, *args)
-        else:
-            timer = threading.Timer(delay, fn, args)
-            timer.daemon = True
-            timer.start()
 
     def _cancel_pending(self) -> None:
         pending = getattr(self, "_pending", None)   # None too when __init__ failed early

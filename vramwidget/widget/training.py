@@ -9,7 +9,7 @@ from .. import charts, gpus
 from ..treemap import fmt_gib
 from ..units import GIB
 from .multigpu import parallel_summary
-from .state import ESTIMATE_INPUTS, run_estimate, shown
+from .state import ESTIMATE_INPUTS, TracedModel, run_estimate, shown
 
 #: the scenario comparison: name -> what it changes in the user's setup
 SCENARIOS: Tuple[Tuple[str, Dict[str, Any]], ...] = (
@@ -125,31 +125,17 @@ class TrainingPanel:
 
         key = ("fitmap", self._key("train", rest), gpu.name)
         current = charts.fitmap_rows([], batch_size=kw.get("batch_size"), seq_len=kw.get("seq_len"))
-        if key in self._answers:
+        if isinstance(arch, TracedModel):
+            return current
+        if not self._deferring:
             return (self._answer(key, grid) or []) + current
-        # not known yet: the grid (one allocator replay per cell) is worked out after the
-        # update, off the path that redraws the charts (see _run_fitmap); numpy and pandas
-        # are imported here, on this thread (two threads importing them at once fail)
+        # not known yet: the grid is worked out by the background worker (see
+        # calculator._answer_later); numpy and pandas are imported here, on this thread
+        # (two threads importing them at once fail)
         import numpy  # noqa: F401
         import pandas  # noqa: F401
 
-        self._fitmap_todo = (key, grid, current)
-        return current
-
-    def _run_fitmap(self, token: int, todo: Tuple[Any, Any, List[Dict[str, Any]]]) -> None:
-        """The fit map's grid for the setup of update ``token``, then its rows published
-        (nothing when the setup changed since)."""
-        if token != self._sugg_token:
-            return
-        key, grid, current = todo
-        try:
-            cells = self._answer(key, grid) or []
-        except Exception:   # never raise out of a callback
-            return
-        with self._lock:
-            if token != self._sugg_token:
-                return
-            self.rows = dict(self.rows, **{charts.FITMAP: cells + current})
+        return (self._answer_later(key, grid) or []) + current
 
     def setup(self) -> Dict[str, Any]:
         """The keyword arguments estimate() gets for the current traits (training)."""
@@ -288,6 +274,8 @@ class TrainingPanel:
         so changing the batch itself costs nothing."""
         from .. import fit
 
+        if isinstance(arch, TracedModel):
+            return None
         rest = {k: v for k, v in kw.items() if k not in ("batch_size", "model")}
-        return self._answer(("max_batch", self._key(kind, rest), gpu.name),
-                            lambda: fit.max_batch_size(arch, gpu, **rest))
+        return self._answer_later(("max_batch", self._key(kind, rest), gpu.name),
+                                  lambda: fit.max_batch_size(arch, gpu, **rest))
