@@ -184,8 +184,9 @@ def main(argv=None) -> int:
                         t["examples"].setdefault(k, v)
         for title, t in results.items():
             spans = sorted(tuple(x) for x in t["ranges"])
-            gaps = [(b[0], a_[1]) for a_, b in zip(spans, spans[1:]) if b[0] != a_[1]]
-            print(f"(chunks {spans}{', GAPS OR OVERLAPS ' + str(gaps) if gaps else ''}; seconds summed over chunks)")
+            gaps = [f"{a_[1]:,}-{b[0]:,}" for a_, b in zip(spans, spans[1:]) if b[0] != a_[1]]
+            print(f"(numbers {', '.join(f'{x:,}-{y:,}' for x, y in spans)}"
+                  f"{'; not contiguous: from-to ' + ', '.join(gaps) if gaps else ''}; seconds summed over chunks)")
             _report(title, t["n"], t["counts"], t["examples"], t["seconds"])
     else:
         def save() -> None:
