@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import vramwidget as vw
 from vramwidget.allocator import (AllocatorConfig, CachingAllocator, allocation_size, parse_alloc_conf, replay,
                                   round_size)
-from vramwidget.architecture import from_config
+from vramwidget.architecture import from_config, load
 from vramwidget.events import training_events
 from vramwidget.training import setup_from_case
 from vramwidget.units import MIB
@@ -227,3 +227,53 @@ def test_invariants_hold_through_free_and_retry(seq, conf, capacity_mib):
                 assert e.size + e.reserved > capacity_mib * MIB or e.reserved > 0
         assert al.allocated <= al.reserved <= capacity_mib * MIB
         assert al.reserved == al.allocated + al.cached_bytes()
+
+
+# -- lifetimes in the event stream, each from the source that sets it --------------------------
+
+def _lifetimes(events):
+    """{label: (alloc index, free index or None)} for the first allocation of each label."""
+    born, out = {}, {}
+    for i, (kind, key, _n, label) in enumerate(events):
+        if kind == "alloc":
+            born[key] = (i, label)
+            out.setdefault(label, [i, None, key])
+        elif kind == "free" and key in born:
+            lab = born[key][1]
+            if out.get(lab) and out[lab][2] == key and out[lab][1] is None:
+                out[lab][1] = i
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def test_eager_attention_lifetimes():
+    """transformers' eager_attention_forward: ``softmax(attn_weights, dtype=float32).to(dtype)``
+    keeps the masked scores referenced until the 16-bit probabilities exist; SoftmaxBackward0
+    keeps its fp32 output until the softmax's own backward has made its input's gradient
+    (derivatives.yaml: _softmax saves result), one op later than a consumer's saves go."""
+    s = setup_from_case({"method": "full", "weights_dtype": "bfloat16", "autocast_dtype": None, "optimizer": "adamw",
+                         "gradient_checkpointing": False, "attn_implementation": "eager", "batch_size": 1,
+                         "seq_len": 256})
+    arch = load("llama-3.2-1b")
+    life = _lifetimes(training_events(arch, s, steps=1))
+    L = ("layer", 0)
+    masked, probs = life[L + ("attention scores masked",)], life[L + ("attention probabilities",)]
+    assert masked[1] > probs[0]                 # freed after the probabilities were made
+    sm = life[L + ("softmax output fp32",)]
+    g_in = life[L + ("grad of", "attention scores as fp32 (softmax input)")]
+    g_out = life[L + ("grad of", "softmax output fp32")]
+    assert g_out[0] < g_in[0] < sm[1]           # released after the softmax's backward ran
+
+
+def test_autocast_cache_keeps_trainable_casts_through_the_checkpointed_forward():
+    """aten/src/ATen/autocast_mode.cpp cached_cast caches the 16-bit copy of a leaf that
+    requires grad until torch.autocast exits: under checkpointing a trained weight's copy lives
+    to the end of the forward pass (a frozen one's only while its block runs)."""
+    base = {"weights_dtype": "float32", "autocast_dtype": "bfloat16", "optimizer": "adamw",
+            "gradient_checkpointing": True, "attn_implementation": "sdpa", "batch_size": 1, "seq_len": 128}
+    arch = load("llama-3.2-1b")
+    for method, to_the_end in (("full", True), ("lora", False)):
+        ev = training_events(arch, setup_from_case(dict(base, method=method)), steps=1)
+        life = _lifetimes(ev)
+        cast = life[("layer", 0, "weight cast")]
+        logsm = life["log_softmax output (fp32)"]
+        assert (cast[1] > logsm[0]) == to_the_end, method

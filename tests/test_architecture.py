@@ -47,7 +47,7 @@ def test_params_total_equals_transformers(key, param_counts):
                                  "olmoe-1b-7b", "pythia-1b", "qwen3-8b", "gpt-oss-20b",
                                  "llama-4-scout-17b-16e", "glm-4.5-air", "lfm2-1.2b",
                                  "gemma-3-4b-vision", "mistral-small-3.2-24b", "modernbert-base",
-                                 "bert-base-uncased"])
+                                 "bert-base-uncased", "bart-large"])
 def test_tensor_shapes_equal_transformers(key, param_counts):
     """Every tensor: the same name pattern, shape and number of instances as transformers."""
     arch = _arch_for(key)
@@ -245,6 +245,8 @@ TINY_CONFIGS = {
     "t5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=3, num_heads=4, vocab_size=100,
                feed_forward_proj="gated-gelu", tie_word_embeddings=False),
     "mt5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=3, num_heads=4, vocab_size=100),
+    "bart": dict(d_model=64, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
+                 encoder_ffn_dim=96, decoder_ffn_dim=96, vocab_size=100, max_position_embeddings=40),
     "bert": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=100,
                  max_position_embeddings=40, type_vocab_size=3),
     "umt5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=3, num_heads=4, vocab_size=100,

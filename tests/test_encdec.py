@@ -39,6 +39,23 @@ def test_estimate_of_a_config_dict_counts_what_transformers_counts(name):
     assert any("decoder reads as many tokens" in n for n in est.notes)
 
 
+def test_bart_large_counts_what_transformers_counts():
+    """facebook/bart-large as BartForConditionalGeneration: 406,291,456 parameters (recorded by
+    tools/record_param_counts.py with transformers 5.23 on meta; lm_head and both stacks'
+    embed_tokens are ``model.shared``), and a tiny config with unequal stacks built live."""
+    from vramwidget.presets import get
+    cfg = dict(get("bart-large")["config"])
+    assert from_config(cfg).params_total == RECORD["bart-large"]["params_total"] == 406_291_456
+    assert RECORD["bart-large"]["model_class"] == "BartForConditionalGeneration"
+    est = vw.estimate(cfg, batch_size=2, seq_len=128)
+    assert est.params_total == 406_291_456
+    assert any("decoder reads as many tokens" in n for n in est.notes)
+    tiny = dict(model_type="bart", d_model=64, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=100,
+                max_position_embeddings=32)
+    assert from_config(tiny).params_total == _meta_count(tiny, "AutoModelForSeq2SeqLM")
+
+
 def test_live_meta_count_of_an_untied_v1_1_config():
     """A T5 v1.1 config (gated-gelu, tie_word_embeddings false) built by transformers now."""
     cfg = dict(model_type="t5", d_model=128, d_kv=32, d_ff=320, num_layers=3, num_decoder_layers=2, num_heads=4,

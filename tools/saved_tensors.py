@@ -95,11 +95,21 @@ TINY.update({
     "bert:dropout": dict(hidden_size=256, intermediate_size=1024, num_attention_heads=8, vocab_size=512,
                          max_position_embeddings=64),
 })
+_BART = dict(d_model=256, encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=1024,
+             decoder_ffn_dim=1024, vocab_size=512, max_position_embeddings=64, encoder_layers=2, decoder_layers=2)
+TINY.update({
+    # CPU SDPA has no dropout kernel: attention_dropout 0 there (it would fall back to math)
+    "bart:encoder": dict(_BART, attention_dropout=0.0),
+    "bart:decoder": dict(_BART, attention_dropout=0.0),
+    "bart:dropout": dict(_BART, attention_dropout=0.1, activation_dropout=0.1),   # eager: every dropout
+})
 #: the config field that holds the varied stack's layer count (default num_hidden_layers)
 LAYER_KEY = {"gpt2": "n_layer", "t5:encoder": "num_layers", "t5:decoder": "num_decoder_layers",
-             "t5:decoder_v1": "num_decoder_layers"}
+             "t5:decoder_v1": "num_decoder_layers", "bart:encoder": "encoder_layers",
+             "bart:decoder": "decoder_layers", "bart:dropout": "decoder_layers"}
 #: the kind of block a variant checks (Architecture.layer_kinds), when it is one kind of a mixed stack
-KIND = {"modernbert": "layer", "t5:encoder": "encoder", "t5:decoder": "decoder", "t5:decoder_v1": "decoder"}
+KIND = {"modernbert": "layer", "t5:encoder": "encoder", "t5:decoder": "decoder", "t5:decoder_v1": "decoder",
+        "bart:encoder": "encoder", "bart:decoder": "decoder", "bart:dropout": "decoder"}
 
 #: the transformers Auto class of each vramwidget task
 AUTO_CLASS = {"causal_lm": "AutoModelForCausalLM", "image_text_to_text": "AutoModelForImageTextToText",
@@ -335,4 +345,65 @@ def predicted_tower_block_bytes(tower: str, *, precision: str = "bf16", attn_imp
                        norm_w_dtype="float32" if precision == "fp32" else s.weights_dtype, linear_trains=True,
                        norms_train=True, lora_modules=(), adapter_dtype="float32", attn_backend=backend,
                        quant_base=False, cpu=True)
+    return trace_block(ctx, input_rg=True).total_bytes
+
+
+#: Qwen2.5-VL's vision transformer (not an AutoModel of its own): a tiny tower on images of
+#: QWEN_VL_SIDE x QWEN_VL_SIDE patches, 8 x 8-patch windows (window_size 112 px / patch 14 px)
+QWEN_VL_TOWER = dict(hidden_size=128, num_heads=4, intermediate_size=320, out_hidden_size=256, window_size=112,
+                     patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+QWEN_VL_SIDE = 16
+
+
+def traced_qwen_vl_block_bytes(*, windowed: bool, precision: str = "bf16", attn_implementation: str = "sdpa",
+                               images: int = 2, layers: int = 2) -> float:
+    """Saved bytes of one Qwen2.5-VL vision block (L+1 minus L layers), every layer windowed
+    (``fullatt_block_indexes=[]``) or every layer attending over its whole image."""
+    import torch
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    def run(n: int) -> float:
+        cfg = Qwen2_5_VLVisionConfig(depth=n, fullatt_block_indexes=[] if windowed else list(range(n)), **QWEN_VL_TOWER)
+        torch.manual_seed(0)
+        wd = torch.float32 if precision == "fp32" else torch.bfloat16
+        model = Qwen2_5_VisionTransformerPretrainedModel._from_config(cfg, dtype=wd,
+                                                                       attn_implementation=attn_implementation)
+        model.train()
+        side = QWEN_VL_SIDE
+        px = torch.randn(images * side * side, 3 * 2 * 14 * 14, dtype=wd)
+        seen: Dict[int, int] = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            seen.setdefault(st.data_ptr(), st.nbytes())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(px, grid_thw=torch.tensor([[1, side, side]] * images))
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        return float(sum(nb for k, nb in seen.items() if k not in params))
+
+    return run(layers + 1) - run(layers)
+
+
+def predicted_qwen_vl_block_bytes(*, windowed: bool, precision: str = "bf16", attn_implementation: str = "sdpa",
+                                  images: int = 2) -> float:
+    """What the Qwen2.5-VL tower family says one block of that layout saves (CPU kernels)."""
+    from vramwidget.activations import BlockContext, trace_block
+    from vramwidget.architecture import Architecture
+    from vramwidget.families import family_for
+    from vramwidget.training import TrainingSetup
+
+    mt = "qwen2_5_vl_vision"
+    cfg = dict(QWEN_VL_TOWER, depth=1, fullatt_block_indexes=[] if windowed else [0])
+    fam = family_for(mt)
+    arch = Architecture(name=mt, model_type=mt, config=cfg, **fam.params(cfg, mt))
+    s = TrainingSetup.from_kwargs(method="full", precision=precision, attn_implementation=attn_implementation)
+    patches = QWEN_VL_SIDE * QWEN_VL_SIDE
+    ((seqs, seq_len), _), = fam.tower_layer_layouts(arch, images, patches, s)
+    ctx = BlockContext(arch=arch, setup=s, T=images * patches, b=seqs, s=seq_len, c=s.compute_dtype,
+                       resid=s.compute_dtype, norm_w_dtype="float32" if precision == "fp32" else s.weights_dtype,
+                       linear_trains=True, norms_train=True, lora_modules=(), adapter_dtype="float32",
+                       attn_backend="eager" if attn_implementation == "eager" else "flash", quant_base=False, cpu=True)
     return trace_block(ctx, input_rg=True).total_bytes

@@ -648,9 +648,18 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
             out.append((f"{name} tower layer inputs kept by checkpointing ({L} layers)", nbytes,
                         f"{L} x images x patches x h_{name} ({n_img} x {patches} x {tarch.hidden_size})"))
             continue
-        steady = trace_block(ctx, input_rg=True).total_bytes
-        first = trace_block(ctx, input_rg=full).total_bytes
-        out.append((f"{name} tower saved tensors ({L} layers)", first + (L - 1) * steady,
+        # layers whose attention sees other sequences (windows) are traced at their own layout
+        # (T is the same; the scores of eager attention differ)
+        total = 0.0
+        for j, ((sq_n, sq_len), count) in enumerate(tfam.tower_layer_layouts(tarch, n_img, patches, s)):
+            lctx = replace(ctx, b=sq_n, s=sq_len)
+            steady = trace_block(lctx, input_rg=True).total_bytes
+            if j == 0:
+                lctx = replace(ctx, b=sq_n, s=sq_len)
+                total += trace_block(lctx, input_rg=full).total_bytes + (count - 1) * steady
+            else:
+                total += count * steady
+        out.append((f"{name} tower saved tensors ({L} layers)", total,
                     f"{L} blocks over images x patches ({n_img} x {patches})"))
     return out
 

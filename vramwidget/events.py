@@ -315,10 +315,14 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
     head_trains = bool(head_params) or (s.method == "full")
     states_made = False
     cast_bytes = {}   # autocast's 16-bit weight copies, per layer (made in forward, kept for backward)
+    cached = {}       # per layer: whether autocast's cache keeps them to the end of the forward pass
     if s.autocast:
         for layer in range(L):
             cast_bytes[layer] = [n * DTYPE_BYTES[c] for t, dt, nb, tr, n in per_layer[layer]
                                  if t.linear and not t.is_bias and dt == "float32"]
+            # aten/src/ATen/autocast_mode.cpp cached_cast: only leaves that require grad are cached
+            cached[layer] = any(tr for t, dt, nb, tr, n in per_layer[layer]
+                                if t.linear and not t.is_bias and dt == "float32")
         cast_bytes[-1] = [n * DTYPE_BYTES[c] for t, dt, nb, tr, n in before + after
                           if (t.role == "output_head" or (t.role == "embedding" and arch.tie_word_embeddings))
                           and dt == "float32"]
@@ -329,14 +333,18 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         x = st.alloc(resid_bytes, "embedding output")
         mask = st.alloc(b * sq * sq * DTYPE_BYTES[c], "causal mask (eager)") if backend == "eager" else None
         keep: List[Tuple[Optional[int], List[int], List[int]]] = []   # per block: input, saved, casts
+        autocast_cache: List[int] = []    # casts of trainable weights under checkpointing: freed on autocast exit
         for layer in range(L):
             ops = first_ops if layer == first_train else steady_ops
             casts = [k for k in (st.alloc(nb, ("layer", layer, "weight cast")) for nb in cast_bytes.get(layer, []))
                      if k is not None]
             if gc:
                 out, saved = forward_block(ops, x, False, ("layer", layer))
-                for k in casts:
-                    st.free(k)
+                if cached.get(layer):
+                    autocast_cache.extend(casts)
+                else:
+                    for k in casts:
+                        st.free(k)
                 casts = []
             else:
                 out, saved = forward_block(ops, x, layer >= first_train, ("layer", layer))
@@ -360,6 +368,8 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         logsm = st.alloc(fp32_TV, "log_softmax output (fp32)")
         st.free(up)
         st.free(mask)
+        for k in autocast_cache:   # leaving torch.autocast clears its cache (autocast_mode.cpp clear_cache)
+            st.free(k)
         # -- backward: loss and head --------------------------------------------------------
         st.free(logits)            # del out: the logits are not saved (the head saves its input)
         g_nll = st.alloc(fp32_TV, "nll_loss gradient (fp32)")

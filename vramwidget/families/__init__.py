@@ -17,7 +17,7 @@ from . import olmo, olmo2, olmoe, deepseek, smollm3  # noqa: E402,F401
 # issue 11: this year's families
 from . import gpt_oss, llama4, glm4_moe, lfm2  # noqa: E402,F401
 from . import vision, vlm, encoders  # noqa: E402,F401
-from . import t5, bert  # noqa: E402,F401
+from . import t5, bert, bart  # noqa: E402,F401
 from . import qwen3_next  # noqa: E402,F401
 
 __all__ = ["ALIASES", "REGISTRY", "Family", "family_for", "register", "resolve_model_type",

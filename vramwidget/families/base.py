@@ -107,6 +107,12 @@ class Family:
         (sequences, tokens per sequence).  Default: one sequence per image."""
         return images, patches
 
+    def tower_layer_layouts(self, arch: Any, images: int, patches: int, setup: Any
+                            ) -> List[Tuple[Tuple[int, int], int]]:
+        """The attention layouts of this tower's layers and how many layers use each:
+        [((sequences, tokens per sequence), layers)].  Default: every layer one layout."""
+        return [(self.tower_attention_layout(images, patches, setup), arch.num_layers)]
+
     def tower_saved_once(self, arch: Any, images: int, patches: int, setup: Any, backend: str, dtype: str
                          ) -> List[Tuple[str, float, str]]:
         """Tensors this tower saves once for all its blocks (name, bytes, formula): none by default."""

@@ -178,6 +178,22 @@ class Qwen25Vision(Family):
         b.top(P + "merger.mlp.2.bias", (out,), "mlp_down", "2")
         return _vision_info(h, L, a, i, b, "gated", "rms")
 
+    def tower_layer_layouts(self, arch: Any, images: int, patches: int, setup: Any):
+        """Qwen2_5_VisionTransformerPretrainedModel.forward: the ``fullatt_block_indexes`` layers
+        attend within each image (cu_seqlens), the others within windows of ``window_size``
+        pixels (``cu_window_seqlens``: (window_size / patch_size)^2 patches each; an image whose
+        side is no multiple of it has smaller edge windows, counted here as full ones)."""
+        cfg = arch.config
+        L = arch.num_layers
+        full = [j for j in (cfg.get("fullatt_block_indexes") or [7, 15, 23, 31]) if 0 <= int(j) < L]
+        side = max(1, int(_get(cfg, "window_size", default=112) or 112) // int(cfg.get("patch_size") or 14))
+        per_window = min(patches, side * side)
+        windows = images * max(1, -(-patches // per_window))
+        out = [((images, patches), len(full)), ((windows, per_window), L - len(full))]
+        if 0 not in full:   # the first layer's layout first (its input may need no gradient)
+            out.reverse()
+        return [o for o in out if o[1]]
+
     def patches(self, cfg: Mapping[str, Any]) -> int:
         """Dynamic resolution: a 448 x 448 image (32 x 32 patches of 14 px) unless
         ``image_patches`` says otherwise."""
@@ -191,8 +207,13 @@ class Qwen25Vision(Family):
         q = tr.new("q", T * h, qkv.dtype, qkv.rg, "T x h", "attention")
         k = tr.new("k", T * h, qkv.dtype, qkv.rg, "T x h", "attention")
         qr, kr = rotary(tr, ctx, q, k, T * h, T * h)
-        v = tr.new("v (contiguous)", T * h, qkv.dtype, qkv.rg, "T x h", "attention")
-        o_in = sdpa_core(tr, ctx, qr, kr, v, d)
+        # Qwen2_5_VLVisionAttention: v is a view of the fused qkv output (``unbind``), so what the
+        # attention keeps of v keeps the whole qkv output alive; SDPA and eager run one call per
+        # chunk of cu_seqlens (an image, or a window) and ``torch.cat`` the chunks' outputs, a
+        # new tensor that ``proj`` keeps beside the per-chunk outputs the kernel saved
+        o_chunks = sdpa_core(tr, ctx, qr, kr, qkv, d)
+        o_in = tr.new("attention output (the chunks concatenated)", T * h, o_chunks.dtype, o_chunks.rg, "T x h",
+                      "attention")
         o = linear(tr, ctx, o_in, "proj", h, "proj output", "attention", in_features=h)
         x1 = tr.new("residual after attention", x.numel, x.dtype, True, "T x h", "norms")
         n2 = rms_norm(tr, ctx, x1, "norm2", h)
