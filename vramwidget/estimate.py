@@ -720,9 +720,8 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     # after prepare_model_for_kbit_training the residual stream is fp32, 4-bit linears return
     # their input's dtype and RoPE's cos/sin follow the hidden states: attention sees fp32
     backend = attention_backend(arch, s, "float32" if (s.quantized and s.prepare_kbit) else c)
-    if cpu and backend in ("math", "efficient", "flash"):  # CPU SDPA: one flash-style kernel...
-        # ...or the math kernel where the family's attention takes a mask that needs a gradient
-        backend = arch.family.cpu_sdpa_backend or "flash"
+    if cpu and backend in ("math", "efficient"):  # CPU SDPA: one flash-style kernel
+        backend = "flash"
     full = s.method == "full"
     ctx = BlockContext(arch=arch, setup=s, T=T, b=b, s=sq, c=c, resid=resid, norm_w_dtype=norm_w,
                        linear_trains=full, norms_train=full or s.method == "norms", lora_modules=P.lora_modules,
