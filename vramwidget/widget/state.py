@@ -90,6 +90,8 @@ class TracedModel:
         self.max_position_embeddings = config.get("max_position_embeddings")
 
     def linear_modules(self):
+        """No choices for the LoRA-targets control: a traced model adapts peft's
+        ``all-linear`` (``vramwidget.trace.default_lora_targets``) unless targets are named."""
         return []
 
 
