@@ -696,10 +696,13 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
             if kind == "param":
                 out.append(("param", t1))
             else:
-                an, bn = coeffs(t1.numel, t2.numel)
+                # a tensor the same size at both probes does not scale with the tokens: a weight's
+                # transient (bitsandbytes' dequantized weight), a constant, not a*T + b*T2
+                an, bn = coeffs(t1.numel, t2.numel) if t1.numel != t2.numel else (0.0, 0.0)
+                cn = t1.numel if t1.numel == t2.numel else 0.0
                 saved = one[key][1]
                 out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in saved, an, bn, t1.outlives,
-                            t1.name in saved and t1.name in one[key][2]))
+                            t1.name in saved and t1.name in one[key][2], cn))
         return out
 
     return _Profile(arch=arch, per_layer=per_layer, per=coeffs(one["per"], two["per"]),

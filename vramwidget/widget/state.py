@@ -90,8 +90,8 @@ class TracedModel:
         self.max_position_embeddings = config.get("max_position_embeddings")
 
     def linear_modules(self):
-        """No choices for the LoRA-targets control: a traced model adapts peft's
-        ``all-linear`` (``vramwidget.trace.default_lora_targets``) unless targets are named."""
+        """The LoRA target choices of the analytic families' architectures; a traced model has no
+        module list until it is built, so its LoRA targets stay the setup's own."""
         return []
 
 
