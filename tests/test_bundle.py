@@ -105,6 +105,7 @@ def test_specs_compile_and_update_in_place_with_the_bundled_vega():
     c.batch_size = 4
     c.method = "qlora"
     c.gpu = ""
+    c.wait()              # the comparison's scenarios are refined in the background
     second = c.rows
     for name, spec in c.specs.items():
         payload = {"spec": dict(spec, datasets={name: first[name]}), "updates": [{name: second[name]}]}

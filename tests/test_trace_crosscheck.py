@@ -57,7 +57,7 @@ def _peaks(model, kw):
                                        gradient_checkpointing="none", batch_size=1, seq_len=512))
 @example(model="qwen2.5-0.5b", kw=dict(method="full", precision="bf16", optimizer="sgd_momentum",
                                        gradient_checkpointing="full", batch_size=1, seq_len=512))
-@example(model="gpt2", kw=dict(method="full", precision="amp_bf16", optimizer="sgd_momentum",
+@example(model="gpt2", kw=dict(method="full", precision="bf16", optimizer="sgd_momentum",
                                gradient_checkpointing="full", batch_size=1, seq_len=512))
 def test_traced_peak_agrees_with_analytic(model, kw):
     analytic, traced = _peaks(model, kw)

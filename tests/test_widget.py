@@ -389,3 +389,25 @@ def test_an_internal_failure_is_reported_not_raised(calc, monkeypatch):
     calc.batch_size = 3
     assert calc.error.startswith("internal error (ZeroDivisionError: boom)")
     assert calc.estimate is est and calc.rows is rows
+
+
+def test_dragging_a_slider_does_not_pile_up_background_work(calc):
+    """Issue 10: ten quick changes (a slider drag) start at most a few background jobs (the
+    worker runs the latest request; a newer one stops the running job at its next step),
+    and the state they leave is the last setup's, exact."""
+    calc.wait()
+    started = []
+    refine = calc._refine
+
+    def counting(token, todo):
+        started.append(token)
+        return refine(token, todo)
+
+    calc._refine = counting
+    for seq in range(1100, 1200, 10):        # sequence lengths no replay has seen
+        calc.seq_len = seq
+    calc.wait()
+    assert 1 <= len(started) < 10, started
+    assert calc.status == "idle" and calc.estimate.setup["seq_len"] == 1190
+    assert "provisional" not in calc.verdict
+    assert calc.verdict["need_bytes"] == calc.estimate.device_total_bytes

@@ -372,7 +372,11 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
             return tr.new("attention output (transposed copy)", out_numel, q.dtype, rg, "T x a*d", group)
         return out
     if backend == "math":
-        c = q.dtype
+        # the math kernel computes in fp32 from 16-bit q, k, v ("Keep query, key, value in high
+        # precision for accuracy": _scaled_dot_product_attention_math in
+        # aten/src/ATen/native/transformers/attention.cpp, unless allowFP16BF16ReductionMathSDP)
+        # and casts its output back
+        c = F32 if q.dtype in ("bfloat16", "float16") else q.dtype
         if rg:
             tr.save(tr.new("q scaled (math SDPA)", q.numel, c, True, "T x a*d", group))
             tr.save(tr.new("k repeated and scaled (math SDPA)", T * a * ctx.arch.head_dim, c, True, "T x a*d", group))
@@ -384,9 +388,9 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
             if kv != a:
                 tr.save(tr.new("v repeated (math SDPA)", T * a * v_head_dim, c, True, "T x a*d", group))
             else:
-                tr.save(v)
+                tr.save(tr.cast(v, c, "v as fp32 (math SDPA)"))
         # the math kernel's output is (b, a, s, d)-contiguous: transformers copies it before o_proj
-        return tr.new("attention output", out_numel, c, rg, "T x a*d (transposed copy)", group)
+        return tr.new("attention output", out_numel, q.dtype, rg, "T x a*d (transposed copy)", group)
     # eager: explicit scores and softmax
     c = ctx.c
     n_rep = a // kv if kv else 1

@@ -696,10 +696,13 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
             if kind == "param":
                 out.append(("param", t1))
             else:
-                an, bn = coeffs(t1.numel, t2.numel)
+                # a tensor the same size at both probes does not scale with the tokens: a weight's
+                # transient (bitsandbytes' dequantized weight), a constant, not a*T + b*T2
+                an, bn = coeffs(t1.numel, t2.numel) if t1.numel != t2.numel else (0.0, 0.0)
+                cn = t1.numel if t1.numel == t2.numel else 0.0
                 saved = one[key][1]
                 out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in saved, an, bn, t1.outlives,
-                            t1.name in saved and t1.name in one[key][2]))
+                            t1.name in saved and t1.name in one[key][2], cn))
         return out
 
     return _Profile(arch=arch, per_layer=per_layer, per=coeffs(one["per"], two["per"]),
@@ -720,9 +723,8 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     # after prepare_model_for_kbit_training the residual stream is fp32, 4-bit linears return
     # their input's dtype and RoPE's cos/sin follow the hidden states: attention sees fp32
     backend = attention_backend(arch, s, "float32" if (s.quantized and s.prepare_kbit) else c)
-    if cpu and backend in ("math", "efficient", "flash"):  # CPU SDPA: one flash-style kernel...
-        # ...or the math kernel where the family's attention takes a mask that needs a gradient
-        backend = arch.family.cpu_sdpa_backend or "flash"
+    if cpu and backend in ("math", "efficient"):  # CPU SDPA: one flash-style kernel
+        backend = "flash"
     full = s.method == "full"
     ctx = BlockContext(arch=arch, setup=s, T=T, b=b, s=sq, c=c, resid=resid, norm_w_dtype=norm_w,
                        linear_trains=full, norms_train=full or s.method == "norms", lora_modules=P.lora_modules,

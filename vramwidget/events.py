@@ -216,8 +216,9 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             if op[0] == "param":
                 out.append(op)
             else:
-                _, name, dtype, rg, saved, an, bn, outlives, by_producer = op
-                out.append(("new", name, DTYPE_BYTES[dtype] * (an * T + bn * T2), rg, saved, outlives, by_producer))
+                _, name, dtype, rg, saved, an, bn, outlives, by_producer, cn = op
+                out.append(("new", name, DTYPE_BYTES[dtype] * (cn + an * T + bn * T2), rg, saved, outlives,
+                            by_producer))
         return out
 
     steady_ops, first_ops = block_ops(False), block_ops(True)

@@ -85,6 +85,29 @@ def _settle(page, ms: int = 400) -> None:
     page.wait_for_timeout(ms)
 
 
+#: the refined state: the background worker has set the exact verdict (issue 10: the
+#: update shows a provisional device total at once, then the exact one)
+REFINED_JS = """() => {
+  const st = document.querySelector('[data-testid=status]');
+  const badge = document.querySelector('[data-testid=verdict-badge]');
+  return st && st.dataset.status === 'idle' && badge && badge.dataset.provisional !== 'true';
+}"""
+
+#: records every status the slot shows and whether the badge was provisional, from now on
+WATCH_STATUS_JS = """() => {
+  const st = document.querySelector('[data-testid=status]');
+  window.__vwSeen = [];
+  const note = () => {
+    const badge = document.querySelector('[data-testid=verdict-badge]');
+    window.__vwSeen.push([st.dataset.status, st.textContent, badge ? badge.dataset.provisional : '']);
+  };
+  window.__vwWatch && window.__vwWatch.disconnect();
+  window.__vwWatch = new MutationObserver(note);
+  window.__vwWatch.observe(document.querySelector('[data-testid=verdict]'),
+                           {attributes: true, childList: true, subtree: true, characterData: true});
+}"""
+
+
 PHASE_GEOMETRY_JS = """
 (root) => {
   const svg = root.querySelector('svg');
@@ -108,6 +131,7 @@ def test_just_under_and_just_over_the_line_agree(session, artifacts):
         page.wait_for_function(
             "(n) => document.querySelector('[data-testid=headline]').dataset.needBytes === String(n)",
             arg=vw.estimate(MODEL, seq_len=seq).device_total_bytes, timeout=60_000)
+        page.wait_for_function(REFINED_JS, timeout=60_000)   # the exact verdict, not the provisional one
         _settle(page, 600)
         lab.scroll_to_top(widget)
         page.screenshot(path=str(artifacts / f"fit-line-{side}.png"))
@@ -130,6 +154,30 @@ def test_just_under_and_just_over_the_line_agree(session, artifacts):
             assert state in ("fits", "tight") and "over" not in badge
         else:
             assert state in ("tight", "does_not_fit") and "over" in badge
+
+
+def test_the_refined_verdict_arrives(session, artifacts):
+    """Issue 10: a setup whose allocator replay is not cached (sequence length 1000: on no
+    grid, in no search) is shown at once with a provisional verdict ("refining…" in the
+    status slot, a dashed badge), then the worker's exact verdict replaces it, and the
+    headline, the badge and Python agree on it."""
+    page, lab = session["page"], session["lab"]
+    page.evaluate(WATCH_STATUS_JS)
+    _set_number(page, "seq_len", 1000)
+    exact = vw.estimate(MODEL, seq_len=1000).device_total_bytes
+    page.wait_for_function(
+        "(n) => document.querySelector('[data-testid=headline]').dataset.needBytes === String(n)",
+        arg=exact, timeout=60_000)
+    page.wait_for_function(REFINED_JS, timeout=60_000)
+    seen = page.evaluate("() => window.__vwSeen")
+    statuses = [x[0] for x in seen]
+    assert "refining" in statuses, seen
+    assert any(x[0] == "refining" and x[1] == "refining…" and x[2] == "true" for x in seen), seen
+    assert statuses[-1] == "idle" and seen[-1][2] == "false"
+    assert statuses.index("refining") < len(statuses) - 1 - statuses[::-1].index("idle")
+    py = lab.run_new_cell("print(calc.status, calc.verdict.get('provisional'), calc.verdict['need_bytes'])").split()
+    assert py[0] == "idle" and py[1] == "None" and float(py[2]) == exact
+    assert page.locator("[data-testid=status]").inner_text() == ""
 
 
 def _box(page, testid: str):

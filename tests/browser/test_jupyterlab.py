@@ -113,7 +113,13 @@ def test_batch_size_from_the_frontend_changes_python_and_the_drawing(session):
     assert float(bytes1) / 2**30 == pytest.approx(peak_after, abs=1e-3)
 
     # (b) the drawing changed: the detail's boxes moved (activations grew), and in the
-    # comparison (one shared scale) the boxes changed size
+    # comparison (one shared scale) the boxes changed size.  The comparison's scenarios
+    # are worked out by the widget's background worker (their exact allocator replays):
+    # wait for it to be done (the status slot back to idle), then for Vega to draw
+    page.wait_for_function(
+        "() => { const s = document.querySelector('[data-testid=status]'); return s && s.dataset.status === 'idle'; }",
+        timeout=60_000)
+    page.wait_for_timeout(500)
     page.wait_for_function(
         "(n) => document.querySelectorAll('[data-testid=chart-detail] svg g.mark-rect path').length > 0", arg=0)
     d_after, c_after = chart_shapes(detail), chart_shapes(comparison)

@@ -49,9 +49,6 @@ class Family:
     #: SDPA can run this family's attention (False: ALiBi or another additive bias that
     #: transformers only implements eagerly)
     sdpa_supported: bool = True
-    #: the kernel CPU SDPA runs for this family's attention where it is not the flash-style one
-    #: (for checking against autograd on the CPU only): "math" where a float mask needs a gradient
-    cpu_sdpa_backend: Optional[str] = None
     #: rotary position embeddings (their cos/sin live through an inference forward)
     rotary: bool = True
     #: llama.cpp's architecture name (LLM_ARCH_*, as convert_hf_to_gguf.py maps the HF class), for

@@ -31,6 +31,7 @@ are (no fp32 upcast, unlike ``ForCausalLMLoss``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .base import Family, register
@@ -152,12 +153,6 @@ class T5(Family):
         return out
 
     # -- training trace -----------------------------------------------------------------
-    # T5's position bias (relative_attention_bias, or zeros created with requires_grad in training)
-    # is the SDPA mask and needs a gradient: CUDA runs the memory-efficient kernel, which returns
-    # the bias gradient (its derivative in tools/autograd/derivatives.yaml covers attn_bias); the
-    # CPU's flash kernel has none, so the CPU runs the math kernel (scores kept)
-    cpu_sdpa_backend = "math"
-
     def dropout_p(self, cfg: Mapping[str, Any]) -> float:
         """``dropout_rate`` (0.1 by default)."""
         return float(cfg.get("dropout_rate", 0.1) or 0.0)
@@ -190,6 +185,15 @@ class T5(Family):
                  "attention dropout mask", "attention probabilities after dropout", "attention output",
                  "attention logsumexp", "q", "k", "v")
         sub = _Prefixed(tr, prefix, names)
+        # T5's position bias is the SDPA mask.  It needs a gradient where relative_attention_bias
+        # trains (self-attention, full fine-tuning) or, under checkpointing, where T5Attention
+        # makes its zeros require grad (cross-attention).  CUDA runs the memory-efficient kernel
+        # either way (flash takes no mask; the efficient kernel returns the bias gradient,
+        # tools/autograd/derivatives.yaml); the CPU's flash kernel has no mask gradient, so there
+        # a mask that needs one sends SDPA to the math kernel (for the CPU checks)
+        bias_grad = ctx.linear_trains if not cross else ctx.setup.gradient_checkpointing == "full"
+        if ctx.cpu and ctx.attn_backend == "flash" and bias_grad:
+            ctx = replace(ctx, attn_backend="math")
         o_in = sdpa_core(sub, ctx, q, k, v, d, dropout_p=self.dropout_p(arch.config), softmax_fp32=False)
         o = linear(tr, ctx, o_in, "o", h, prefix + "o output", "attention", in_features=a * d)
         return dropout(tr, o, self.dropout_p(arch.config), prefix + "output", ctx.cpu)

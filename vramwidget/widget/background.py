@@ -56,7 +56,10 @@ class _Later(Exception):
 
 
 class BackgroundPanel:
-    def wait(self, timeout: Optional[float] = None) -> "Calculator":
+    """The Calculator's background work: the update pass that queues it, the workers' jobs,
+    and ``wait()``."""
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the background work for the current inputs is done (exact device
         totals, a trace, the fit map, the suggestions): then ``status`` is "idle" and every
         output trait is exact.  Returns the calculator."""

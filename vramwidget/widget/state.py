@@ -90,6 +90,8 @@ class TracedModel:
         self.max_position_embeddings = config.get("max_position_embeddings")
 
     def linear_modules(self):
+        """The LoRA target choices of the analytic families' architectures; a traced model has no
+        module list until it is built, so its LoRA targets stay the setup's own."""
         return []
 
 
