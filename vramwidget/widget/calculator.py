@@ -191,8 +191,10 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
 
     def close(self) -> None:
         self._cancel_pending()
-        self._worker.close()
-        self._suggester.close()
+        for name in ("_worker", "_suggester"):     # absent when __init__ failed early (bad keyword)
+            worker = getattr(self, name, None)
+            if worker is not None:
+                worker.close()
         super().close()
 
     # -- the observers ----------------------------------------------------------------------
