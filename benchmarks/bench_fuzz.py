@@ -65,9 +65,11 @@ def _rng(seed: int, kind: str, i: int) -> random.Random:
     return random.Random(f"{seed}:{kind}:{i}")
 
 
-def run_valid(start: int, n: int, seed: int):
+def run_valid(start: int, n: int, seed: int, partial=None):
     """Valid setups number start .. start + n - 1: setup i is the first draw of its own
-    generator that the estimator accepts (refused draws are counted)."""
+    generator that the estimator accepts (refused draws are counted).  ``partial(counts,
+    examples, seconds, done)`` is called every 100 setups (a long run killed midway keeps
+    what it checked)."""
     counts = collections.Counter()
     examples = {}
     t0 = time.perf_counter()
@@ -94,6 +96,8 @@ def run_valid(start: int, n: int, seed: int):
                 examples.setdefault(f"{type(e).__name__}: {e}"[:200], (i, d))
             break
         done = i - start + 1
+        if partial is not None and done % 100 == 0:
+            partial(counts, examples, time.perf_counter() - t0, done)
         if done % 5_000 == 0:   # progress, for long runs on busy machines
             print(f"  ... {done:,} setups, {dict(counts)} after {time.perf_counter() - t0:.0f} s", flush=True)
     return counts, examples, time.perf_counter() - t0
@@ -180,21 +184,31 @@ def main(argv=None) -> int:
                         t["examples"].setdefault(k, v)
         for title, t in results.items():
             spans = sorted(tuple(x) for x in t["ranges"])
-            gaps = [(b[0], a_[1]) for a_, b in zip(spans, spans[1:]) if b[0] != a_[1]]
-            print(f"(chunks {spans}{', GAPS OR OVERLAPS ' + str(gaps) if gaps else ''}; seconds summed over chunks)")
+            gaps = [f"{a_[1]:,}-{b[0]:,}" for a_, b in zip(spans, spans[1:]) if b[0] != a_[1]]
+            print(f"(numbers {', '.join(f'{x:,}-{y:,}' for x, y in spans)}"
+                  f"{'; not contiguous: from-to ' + ', '.join(gaps) if gaps else ''}; seconds summed over chunks)")
             _report(title, t["n"], t["counts"], t["examples"], t["seconds"])
     else:
+        def save() -> None:
+            if a.json:
+                with open(a.json + ".tmp", "w") as f:
+                    json.dump({t: dict(r, counts=dict(r["counts"]), examples={k: repr(v) for k, v in r["examples"].items()})
+                               for t, r in results.items()}, f, indent=1)
+                os.replace(a.json + ".tmp", a.json)
+
+        def partial(counts, examples, secs, done) -> None:
+            results["valid setups"] = {"n": done, "counts": counts, "examples": examples, "seconds": secs,
+                                       "range": [a.start, a.start + done]}
+            save()
+
         for title, fn, n in (("valid setups", run_valid, a.valid), ("invalid inputs", run_invalid, a.invalid)):
             if not n:
                 continue
-            counts, examples, secs = fn(a.start, n, a.seed)
+            counts, examples, secs = fn(a.start, n, a.seed, partial) if fn is run_valid else fn(a.start, n, a.seed)
             _report(title, n, counts, examples, secs)
             results[title] = {"n": n, "counts": counts, "examples": examples, "seconds": secs,
                               "range": [a.start, a.start + n]}
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump({t: dict(r, counts=dict(r["counts"]), examples={k: repr(v) for k, v in r["examples"].items()})
-                           for t, r in results.items()}, f, indent=1)
+            save()
     bad = sum(r["counts"]["exceptions other than VramError"] + r["counts"]["invariant violations"]
               + r["counts"]["multi-line messages"] + r["counts"]["messages not naming their field"]
               for r in results.values())
