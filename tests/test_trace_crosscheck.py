@@ -59,7 +59,16 @@ def _peaks(model, kw):
                                        gradient_checkpointing="full", batch_size=1, seq_len=512))
 @example(model="gpt2", kw=dict(method="full", precision="bf16", optimizer="sgd_momentum",
                                gradient_checkpointing="full", batch_size=1, seq_len=512))
+@example(model="gpt2", kw=dict(method="full", precision="amp_bf16", optimizer="sgd_momentum",
+                               gradient_checkpointing="full", batch_size=1, seq_len=512))
 def test_traced_peak_agrees_with_analytic(model, kw):
+    if model == "gpt2" and kw["precision"] == "amp_bf16" and kw["gradient_checkpointing"] == "full":
+        # a known refusal, not an agreement to check: GPT-2 under autocast with checkpointing
+        # cannot be traced (torch.utils.checkpoint's CheckpointError: the recomputed values'
+        # metadata differ under the trace's dispatch mode); the trace says so in one line
+        with pytest.raises(vw.VramError, match="tracing gpt2 failed .*CheckpointError"):
+            vw.estimate(model, backend="trace", **kw)
+        return
     analytic, traced = _peaks(model, kw)
     assert traced == pytest.approx(analytic, rel=0.01), (model, kw)
 
