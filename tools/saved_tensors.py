@@ -302,9 +302,8 @@ def traced_tower_block_bytes(tower: str, *, precision: str = "bf16", attn_implem
     return traced_tower_bytes(tower, layers=layers + 1, **kw) - traced_tower_bytes(tower, layers=layers, **kw)
 
 
-def predicted_tower_once_bytes(tower: str, *, precision: str = "bf16", attn_implementation: str = "sdpa",
-                               images: int = 2) -> float:
-    """What the tower family says the tower saves once for all its blocks (full training)."""
+def _tiny_tower(tower: str, precision: str, attn_implementation: str):
+    """The tiny tower's family, config dict, Architecture and full-training setup."""
     from transformers import AutoConfig
 
     from vramwidget.architecture import Architecture
@@ -315,6 +314,13 @@ def predicted_tower_once_bytes(tower: str, *, precision: str = "bf16", attn_impl
     fam = family_for(tower)
     arch = Architecture(name=tower, model_type=tower, config=cfg, **fam.params(cfg, tower))
     s = TrainingSetup.from_kwargs(method="full", precision=precision, attn_implementation=attn_implementation)
+    return fam, cfg, arch, s
+
+
+def predicted_tower_once_bytes(tower: str, *, precision: str = "bf16", attn_implementation: str = "sdpa",
+                               images: int = 2) -> float:
+    """What the tower family says the tower saves once for all its blocks (full training)."""
+    fam, cfg, arch, s = _tiny_tower(tower, precision, attn_implementation)
     backend = "eager" if attn_implementation == "eager" else "flash"
     dtype = "float32" if precision == "fp32" else "bfloat16"
     return sum(n for _, n, _ in fam.tower_saved_once(arch, images, fam.patches(cfg), s, backend, dtype))
@@ -323,18 +329,9 @@ def predicted_tower_once_bytes(tower: str, *, precision: str = "bf16", attn_impl
 def predicted_tower_block_bytes(tower: str, *, precision: str = "bf16", attn_implementation: str = "sdpa",
                                 images: int = 2) -> float:
     """What the tower family's block trace says one block saves (CPU kernels, full training)."""
-    from transformers import AutoConfig
-
     from vramwidget.activations import BlockContext, attention_backend, trace_block
-    from vramwidget.architecture import Architecture
-    from vramwidget.architecture import Architecture
-    from vramwidget.families import family_for
-    from vramwidget.training import TrainingSetup
 
-    cfg = AutoConfig.for_model(tower, **{**TINY_TOWERS[tower], "num_hidden_layers": 2}).to_dict()
-    fam = family_for(tower)
-    arch = Architecture(name=tower, model_type=tower, config=cfg, **fam.params(cfg, tower))
-    s = TrainingSetup.from_kwargs(method="full", precision=precision, attn_implementation=attn_implementation)
+    fam, cfg, arch, s = _tiny_tower(tower, precision, attn_implementation)
     patches = fam.patches(cfg)
     backend = attention_backend(arch, s, s.compute_dtype)
     if backend in ("math", "efficient"):

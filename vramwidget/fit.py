@@ -106,14 +106,7 @@ def _largest(ok, limit: int, cheap=None) -> int:
             if not ok(1):
                 return 0
             good = 1
-        bad = hi
-        while bad - good > 1:
-            mid = (good + bad) // 2
-            if ok(mid):
-                good = mid
-            else:
-                bad = mid
-        return good
+        return _bisect(ok, good, hi)
     if limit < 1 or not ok(1):
         return 0
     good = 1
@@ -126,6 +119,11 @@ def _largest(ok, limit: int, cheap=None) -> int:
             good = nxt
         else:
             bad = nxt
+    return _bisect(ok, good, bad)
+
+
+def _bisect(ok, good: int, bad: int) -> int:
+    """The largest k in [good, bad) with ok(k), given ok(good) and not ok(bad)."""
     while bad - good > 1:
         mid = (good + bad) // 2
         if ok(mid):
