@@ -39,6 +39,7 @@ parsed as ``c10/cuda/CUDAAllocatorConfig.cpp`` (``parseArgs``) reads them.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -825,3 +826,316 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
     return ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_allocated, reserved_bytes=reserved,
                         allocated_bytes=allocated, fragmentation_at_max_bytes=frag, segments_allocated=segs,
                         num_events=n + 1)
+
+
+# ----------------------------------------------------------------------------------
+# Repeated steps whose sizes grow linearly: an exact skip-ahead
+# ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepRun:
+    """``n_steps`` repetitions of one step (a decode step of ``generate()``): step ``m``
+    (0-based) replays ``events`` with each allocation's size ``c0 + c1 x m`` bytes.
+
+    ``events``: ``("alloc", key, c0, c1, label)`` / ``("free", key, 0, 0, "")``; a free may
+    name a key allocated before the run (the previous step's tensor).  After every step,
+    ``renames`` (``(from_key, to_key)`` pairs) rename live keys: ``("k", 3, "new") -> ("k", 3)``
+    makes this step's new cache tensor the one the next step frees."""
+
+    events: Tuple[Tuple[str, Any, int, int, Any], ...]
+    n_steps: int
+    renames: Tuple[Tuple[Any, Any], ...] = ()
+
+
+def expand_runs(parts: Iterable[Any]) -> List[Event]:
+    """The flat event stream of ``parts`` (plain events and :class:`StepRun` s), every step's
+    keys made unique: what :func:`replay_runs` replays, as :func:`replay` takes it."""
+    out: List[Event] = []
+    alias: Dict[Any, Any] = {}
+    for r, part in enumerate(parts):
+        if not isinstance(part, StepRun):
+            out.extend(part)
+            for kind, key, _n, _l in part:
+                if kind == "alloc":
+                    alias[key] = key
+            continue
+        for m in range(part.n_steps):
+            for kind, key, c0, c1, label in part.events:
+                if kind == "alloc":
+                    u = alias[key] = ("run", r, m, key)
+                    out.append(("alloc", u, c0 + c1 * m, label))
+                else:
+                    out.append(("free", alias.pop(key), 0.0, ""))
+            for a, b in part.renames:
+                alias[b] = alias.pop(a)
+    return out
+
+
+def replay_runs(parts: Sequence[Any], config: Optional[AllocatorConfig] = None,
+                capacity_bytes: Optional[float] = None, record: bool = False) -> ReplayResult:
+    """``replay(expand_runs(parts), ...)``, byte for byte, without replaying every step of a
+    :class:`StepRun` where that is provably unnecessary.
+
+    The skip (no capacity, no recording, no ``roundup_power2_divisions``): two consecutive
+    (super)steps are replayed while every decision the allocator takes is recorded: for each
+    request, which free block it takes and how every free block of its pool compares with it
+    (``get_free_block``'s best fit and the ``max_split_size`` rules), and whether the block
+    is split (``should_split``).  With the same decisions, every block size and address after a
+    step is an affine function of those before it and of the requests, so when the two steps
+    leave the same block structure and grow every block by the same bytes D, the state after
+    step k is X1 + (k - 1) D for as long as every recorded comparison keeps its sign, which is
+    an affine inequality in k: the replay jumps to the last step where all of them still hold
+    and continues from there.  Requests must grow by whole 512-byte blocks per superstep (a
+    superstep is P steps, with P x c1 a multiple of 512 for every size), so that ``round_size``
+    is affine too.  tests/test_inference_replay.py checks the result equals the full replay."""
+    cfg = config or AllocatorConfig()
+    if (record or capacity_bytes is not None or cfg.roundup_power2_divisions or cfg.roundup_power2_intervals
+            or cfg.garbage_collection_threshold > 0):
+        return replay(expand_runs(parts), cfg, capacity_bytes, record)
+    al = CachingAllocator(cfg)
+    live: Dict[Any, _Block] = {}
+    n = 0
+    for part in parts:
+        if isinstance(part, StepRun):
+            n += _replay_run(al, live, part)
+            continue
+        for kind, key, nbytes, label in part:
+            n += 1
+            if kind == "alloc":
+                live[key] = al.malloc(nbytes, label)
+            elif kind == "free":
+                al.free(live.pop(key))
+            elif kind == "reset_peak":
+                al.reset_peak()
+            elif kind == "empty_cache":
+                al.empty_cache()
+            else:
+                raise ValueError(f"unknown replay event {kind!r}")
+    return ReplayResult(max_reserved_bytes=al.max_reserved, max_allocated_bytes=al.max_allocated,
+                        reserved_bytes=al.reserved, allocated_bytes=al.allocated,
+                        fragmentation_at_max_bytes=al.frag_at_max, segments_allocated=al.segments_allocated,
+                        num_events=n)
+
+
+def _superstep(run: StepRun) -> Optional[int]:
+    """P: the fewest steps over which every size grows by whole 512-byte blocks; None when a
+    size is not an integer (then the run is replayed step by step)."""
+    p = 1
+    for kind, _key, c0, c1, _label in run.events:
+        if kind != "alloc":
+            continue
+        if c0 != int(c0) or c1 != int(c1):
+            return None
+        g = math.gcd(int(c1), K_MIN_BLOCK_SIZE)
+        p = p * (K_MIN_BLOCK_SIZE // g) // math.gcd(p, K_MIN_BLOCK_SIZE // g)
+    return p
+
+
+def _structure(al: CachingAllocator, owner: Dict[int, Any]) -> Tuple[Tuple[Any, ...], List[int], List[_Block]]:
+    """The allocator's block structure (reserved bytes, each segment's blocks in address
+    order with their use and owner: sizes left out), the sizes in that order, and the blocks."""
+    at: Dict[int, _Block] = dict(al._live)
+    for b in al._by_key.values():
+        at[b.addr] = b
+    shape: List[Any] = [al.reserved]
+    sizes: List[int] = []
+    order: List[_Block] = []
+    for seg_addr in sorted(al._segments):
+        b = at.get(seg_addr)
+        shape.append(seg_addr)
+        while b is not None:
+            shape.append(owner.get(id(b), -1) if b.allocated else None)
+            sizes.append(b.size)
+            order.append(b)
+            b = b.next
+    return tuple(shape), sizes, order
+
+
+#: weighs a size difference above any address difference of one pool (addresses start at
+#: 2^40; the expandable segments at 2^44 above), so that one value orders (size, address)
+_LEX = 1 << 46
+
+
+def _step(al: CachingAllocator, live: Dict[Any, _Block], run: StepRun, m: int,
+          rec: Optional[Tuple[List[Any], List[int], List[int]]]) -> None:
+    """Replay step ``m`` of ``run``; with ``rec`` = (decisions, comparisons, allocated after
+    each event), record them (see :func:`replay_runs`)."""
+    cfg = al.cfg
+    ms = cfg.max_split_size_bytes
+    for kind, key, c0, c1, label in run.events:
+        if kind != "alloc":
+            al.free(live.pop(key))
+            if rec is not None:
+                rec[2].append(al.allocated)
+            continue
+        raw = c0 + c1 * m
+        if rec is None:
+            live[key] = al.malloc(raw, label)
+            continue
+        decisions, comps, alloc_after = rec
+        size = round_size(int(raw), cfg)
+        small = size <= K_SMALL_SIZE
+        free = sorted((al._by_key[k] for k in al._free[small]), key=lambda x: x.addr)
+        before = {id(b): b.size for b in free}
+        addrs = {id(b): b.addr for b in free}
+        reserved = al.reserved
+        b = live[key] = al.malloc(raw, label)
+        if al.reserved != reserved:
+            decisions.append(None)          # a new segment: never skipped over
+            continue
+        chosen = next(i for i, f in enumerate(free) if addrs[id(f)] == b.addr)
+        csize, caddr = before[id(free[chosen])], b.addr
+        decisions.append((chosen, small, b.size != csize))
+        # each comparison as a value whose sign (>= 0 or < 0) must not change
+        comps.append(int(raw) - K_MIN_BLOCK_SIZE)                  # round_size's 512-B floor
+        comps.append(K_SMALL_SIZE - size)                          # get_pool
+        for i, f in enumerate(free):
+            fs = before[id(f)]
+            comps.append(fs - size)                                # big enough (best fit)
+            if i != chosen:                                        # not a better fit: (size, address) after
+                comps.append((fs - csize) * _LEX + (addrs[id(f)] - caddr) - 1)
+        rem = csize - size
+        if small or cfg.expandable_segments:
+            comps.append(rem - K_MIN_BLOCK_SIZE)                   # should_split
+        else:
+            comps.append(rem - K_SMALL_SIZE - 1)
+        if ms < NO_LIMIT:
+            comps.append(size - ms)
+            comps.append(csize - ms)
+            comps.append(csize - size - K_LARGE_BUFFER)
+        alloc_after.append(al.allocated)
+    if al.allocated > al.max_allocated:
+        al.max_allocated = al.allocated
+    for a, b2 in run.renames:
+        live[b2] = live.pop(a)
+
+
+def _horizon(va: List[int], vb: List[int]) -> Optional[int]:
+    """The last k >= 2 such that every v(k) = va + (k - 1) (vb - va) has had, for each k' in
+    1..k, the sign class (>= 0 or < 0) it had at k = 1 and 2; None when a sign already
+    differs between the two (the regime is changing) or no value limits k (unbounded: -1)."""
+    kmax = -1
+    for a, b in zip(va, vb):
+        if (a >= 0) != (b >= 0):
+            return None
+        s = b - a
+        if a >= 0 and s < 0:
+            k = 1 + a // (-s)                   # a + (k-1) s >= 0
+        elif a < 0 and s > 0:
+            k = 1 + (-a - 1) // s               # a + (k-1) s <= -1
+        else:
+            continue
+        kmax = k if kmax < 0 else min(kmax, k)
+    return kmax
+
+
+#: probes in a row that skip too little before a run is replayed step by step to its end
+#: (the probes' recording and the per-step layout hashing cost more than they save there)
+_MAX_MISSES = 3
+
+
+def _replay_run(al: CachingAllocator, live: Dict[Any, _Block], run: StepRun) -> int:
+    """Replay ``run`` on ``al``, skipping ahead where :func:`replay_runs` proves it exact;
+    returns the number of events it stands for.
+
+    The superstep is found, not assumed: the block structure (with owners) is hashed at every
+    step boundary, and when it recurs after Q steps (the decode steps' cache tensors rotate
+    through a segment and come back to the same layout after about L + 1 steps), two
+    supersteps of lcm(Q, P) steps are replayed with their decisions recorded and the skip is
+    tried over that period."""
+    n = run.n_steps
+    per_step = len(run.events)
+    P = _superstep(run)
+    m = 0
+    seen: Dict[Tuple[Any, ...], int] = {}
+    reserved = al.reserved
+    misses = 0                            # probes in a row that skipped nothing
+    while m < n:
+        if P is None or misses >= _MAX_MISSES:
+            _step(al, live, run, m, None)
+            m += 1
+            continue
+        if al.reserved != reserved:       # reserved only grows: no earlier layout comes back
+            seen.clear()
+            reserved = al.reserved
+        owner = {id(b): k for k, b in live.items()}
+        shape, sizes1, _ = _structure(al, owner)
+        last = seen.get(shape)
+        seen[shape] = m
+        if last is None or n - m < 3 * (m - last):
+            _step(al, live, run, m, None)
+            m += 1
+            continue
+        Q = m - last
+        Q = Q * P // math.gcd(Q, P)
+        if n - m < 3 * Q:
+            _step(al, live, run, m, None)
+            m += 1
+            continue
+        recs = []
+        states = [sizes1]
+        shapes = [shape]
+        for _ in range(2):
+            rec: Tuple[List[Any], List[int], List[int]] = ([], [], [])
+            for j in range(Q):
+                _step(al, live, run, m + j, rec)
+            m += Q
+            recs.append(rec)
+            owner = {id(b): k for k, b in live.items()}
+            sh, sz, _ = _structure(al, owner)
+            shapes.append(sh)
+            states.append(sz)
+        (d1, c1, u1), (d2, c2, u2) = recs
+        misses += 1
+        if not (shapes[0] == shapes[1] == shapes[2] and d1 == d2 and None not in d1 and len(c1) == len(c2)):
+            continue
+        D = [b - a for a, b in zip(states[1], states[2])]
+        if D != [b - a for a, b in zip(states[0], states[1])]:
+            continue
+        kmax = _horizon(c1, c2)
+        if kmax is None:
+            continue
+        left = (n - m) // Q                       # supersteps that may still be skipped
+        k = 2 + left if kmax < 0 else min(kmax, 2 + left)
+        if k <= 2 or (k - 2) * Q < 4 * Q:
+            if k <= 2:
+                continue
+        else:
+            misses = 0
+        # the peaks of the skipped supersteps 3..k: affine in k, so at an end
+        for kk in (3, k):
+            top = max((a + (kk - 1) * (b - a) for a, b in zip(u1, u2)), default=0)
+            if top > al.max_allocated:
+                al.max_allocated = top
+        # jump: the state after superstep k is X1 + k D
+        _, _, order = _structure(al, {})
+        _set_sizes(al, order, [a + k * d for a, d in zip(sizes1, D)])
+        m += (k - 2) * Q
+    return n * per_step
+
+
+def _set_sizes(al: CachingAllocator, order: List[_Block], sizes: List[int]) -> None:
+    """Give every block (address order within each segment) its new size, and the addresses
+    and free lists that follow."""
+    al._live.clear()
+    al._by_key.clear()
+    al._free = {True: [], False: []}
+    allocated = 0
+    addr = None
+    seg = None
+    for b, size in zip(order, sizes):
+        if b.seg is not seg:
+            seg = b.seg
+            addr = seg.addr
+        b.addr, b.size = addr, size
+        addr += size
+        if b.allocated:
+            al._live[b.addr] = b
+            allocated += size
+        else:
+            key = (size, b.addr)
+            al._free[b.small].append(key)
+            al._by_key[key] = b
+    for lst in al._free.values():
+        lst.sort()
+    al.allocated = allocated
