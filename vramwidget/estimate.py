@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from .activations import LORA_GROUP, BlockContext, SavedTensor, Trace, attention_backend, trace_block
 from .architecture import HEAD_TARGETS, Architecture, ParamTensor, _restrict, load, resolve_targets
 from .errors import VramError
+from .gpus import context_for, get_gpu
 from .inputs import MAX_BYTES, check_total
 from .result import Estimate, Node
 from .stacks import behaviour
@@ -528,6 +529,8 @@ class _Acts:
     head_fwd_written_bytes: float = 0.0
     #: saved-tensor packs of the final norm, the newest ones at the end of the forward (_offload)
     head_packs: int = 0
+    #: checkpointing: the largest block a backward rebuilds (the trained kinds' largest)
+    recompute_layer_bytes: float = 0.0
 
 
 @dataclass
@@ -547,6 +550,9 @@ class _Profile:
     head_written: Tuple[float, float] = (0.0, 0.0)
     head_ops: float = 0.0
     head_packs: int = 0
+    #: the blocks a checkpointed backward may rebuild, one (a, b) each: every kind among the
+    #: trained layers after the first (the first alone when it is the only one trained)
+    recompute: List[Tuple[float, float]] = field(default_factory=list)
     #: the block's forward in order, for the allocator replay: ("new", name, dtype, rg, saved,
     #: numel a, numel b) per created tensor, ("param", module) per parameter use; steady and first block
     alloc_ops: Tuple[List[Tuple[Any, ...]], List[Tuple[Any, ...]]] = ([], [])
@@ -584,8 +590,13 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     per = prof.per[0] * T + prof.per[1] * T2 + dora_w
     first = prof.first[0] * T + prof.first[1] * T2 + dora_w
     dense = prof.dense[0] * T + prof.dense[1] * T2 + dora_w
-    n_layers = arch.num_layers if s.method != "freeze" else s.trainable_layers
-    n_dense = min(arch.dense_layers, n_layers) if arch.is_moe else 0
+    first_train, n_layers = _trained_range(arch, s)
+    # DeepSeek-style leading dense layers among the trained ones (freeze trains the last layers)
+    n_dense = max(0, min(arch.dense_layers, arch.num_layers) - first_train) if arch.is_moe else 0
+    recompute = None
+    for a_T, b_T2 in prof.recompute:
+        x = a_T * T + b_T2 * T2 + dora_w
+        recompute = x if recompute is None else mx(recompute, x)
     # the first block (dense in DeepSeek-style MoE) + the other dense blocks + the MoE blocks
     layers = first + max(n_dense - 1, 0) * dense + (n_layers - max(n_dense, 1)) * per
     c = s.compute_dtype
@@ -605,7 +616,8 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     head = [(name, per_tok * T, formula) for name, formula, per_tok in prof.head]
     tower = _tower_activations(arch, s, P, cpu) if arch.towers else []
     return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers, tower=tower,
-                 head_packs=prof.head_packs, **_timing_fields(prof, T, T2))
+                 head_packs=prof.head_packs, recompute_layer_bytes=per if recompute is None else recompute,
+                 **_timing_fields(prof, T, T2))
 
 
 def _timing_fields(prof: "_Profile", T: float, T2: float) -> Dict[str, float]:
@@ -666,7 +678,8 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
 
 def _get_profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False) -> _Profile:
     """The block trace of this architecture and size-free setup (cached)."""
-    key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS) + (arch.family.trace_key(arch, s),)
+    key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS) + (arch.family.trace_key(arch, s),
+                                                                             _trained_layout(arch, s))
     prof = _PROFILES.get(key)
     if prof is None or prof.arch is not arch:
         prof = _profile(arch, s, P, cpu)
@@ -706,6 +719,7 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
         return out
 
     return _Profile(arch=arch, per_layer=per_layer, per=coeffs(one["per"], two["per"]),
+                    recompute=[coeffs(x1, x2) for x1, x2 in zip(one["recompute"], two["recompute"])],
                     first=coeffs(one["first"], two["first"]), dense=coeffs(one["dense"], two["dense"]),
                     head=[(name, formula, nbytes) for name, nbytes, formula in one["head"]],
                     backend=one["backend"], written=coeffs(one["written"], two["written"]), ops=one["ops"],
@@ -740,13 +754,22 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     embed_trains = "embed_tokens" in head_targets or "embed_tokens" in s.modules_to_save
     first_rg = full or (s.trains_adapters and s.gradient_checkpointing == "full") or embed_trains
     dense = bool(arch.dense_layers and arch.is_moe)
-    kinds = arch.family.layer_kinds(arch)
-    if kinds:
-        tr, tr_first = _mixed_stack(ctx, kinds, first_rg)
+    layers = _trained_layers(arch, s)
+    (first_kind, first_dense), others = layers[0], layers[1:]
+    order = arch.family.layer_order(arch)
+    if order:
+        tr, recompute = _mixed_stack(ctx, order, [kind for kind, _ in others or layers])
     else:
         tr = trace_block(ctx, input_rg=True)
-        tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=dense)
+        recompute = [tr]
+    ctx.kind = first_kind
+    tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=first_dense)
+    ctx.kind = ""
     dense_bytes = trace_block(ctx, input_rg=True, dense_layer=True).total_bytes if dense else tr.total_bytes
+    if any(d for _, d in others):
+        recompute.append(trace_block(ctx, input_rg=True, dense_layer=True))
+    # the only trained layer is the first: the one a backward rebuilds is that block itself
+    recompute_bytes = [t.total_bytes for t in (recompute if others else [tr_first])]
     # final norm + output head input
     htr = Trace()
     x = htr.new("final norm input", T * arch.hidden_size, resid, True, "T x h", "output head")
@@ -781,7 +804,7 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     head = [(t.name, t.nbytes, t.formula) for t in htr.saved.values()]
     head += arch.family.head_saved(arch, T, full)
     return {"per_layer": list(tr.saved.values()), "per": tr.total_bytes, "first": tr_first.total_bytes,
-            "dense": dense_bytes, "head": head, "backend": backend,
+            "dense": dense_bytes, "head": head, "backend": backend, "recompute": recompute_bytes,
             "written": tr.created_bytes, "ops": tr.created_ops,
             "head_written": htr.created_bytes, "head_ops": htr.created_ops, "head_packs": norm_packs,
             "alloc_ops": (tr.ops, set(tr.saved), tr.saved_by_producer),
@@ -824,25 +847,62 @@ def _head_targets(s: TrainingSetup) -> Tuple[str, ...]:
     return tuple(t for t in (s.lora_targets or ()) if t in HEAD_TARGETS) if s.trains_adapters else ()
 
 
-def _mixed_stack(ctx: BlockContext, kinds: List[Tuple[str, int]], first_rg: bool) -> Tuple[Trace, Trace]:
+def _trained_range(arch: Architecture, s: TrainingSetup) -> Tuple[int, int]:
+    """(index of the first trained layer, trained layers): every layer, or under freeze the
+    last ``trainable_layers`` (LlamaFactory's freeze tuning trains the top layers; _params)."""
+    L = arch.num_layers
+    k = min(s.trainable_layers, L) if s.method == "freeze" else L
+    return L - k, k
+
+
+def _trained_layers(arch: Architecture, s: TrainingSetup) -> List[Tuple[str, bool]]:
+    """The trained layers in order, each as (kind, dense): the kind from the family's layer
+    order ("" where every block is alike), dense for a DeepSeek-style leading dense layer."""
+    first, k = _trained_range(arch, s)
+    order = arch.family.layer_order(arch)
+    lead = arch.dense_layers if arch.is_moe else 0
+    return [(order[j] if order else "", j < lead) for j in range(first, first + max(k, 1))]
+
+
+def _trained_layout(arch: Architecture, s: TrainingSetup) -> Tuple[Any, ...]:
+    """What of the trained layers' layout the block trace depends on (part of its cache key):
+    the first one's kind, the other kinds' proportions, whether another one is dense."""
+    layers = _trained_layers(arch, s)
+    counts: Dict[str, int] = {}
+    for kind, _ in layers[1:]:
+        counts[kind] = counts.get(kind, 0) + 1
+    g = 0
+    for c in counts.values():
+        g = math.gcd(g, c)
+    return (layers[0], tuple((kd, c // g) for kd, c in counts.items()), any(d for _, d in layers[1:]))
+
+
+def _mixed_stack(ctx: BlockContext, order: List[str], trained: List[str]) -> Tuple[Trace, List[Trace]]:
     """A stack of blocks of several kinds (a hybrid's linear-attention and attention layers,
-    an encoder-decoder's two stacks): the average block, each kind's saved tensors weighted by
-    its share of the layers (so L x the average is the stack's total), and the first block."""
-    n = sum(c for _, c in kinds)
+    an encoder-decoder's two stacks): the average steady block, each kind's saved tensors
+    weighted by its share of ``trained`` (the trained layers after the first, so the first +
+    their count x the average is what they save together), and each of those kinds' block.
+    Its forward work (kernels, bytes written) is averaged over every layer of ``order``:
+    frozen layers run their forward too."""
+    n = len(trained)
+    L = len(order)
     avg = Trace()
-    for kind, count in kinds:
+    blocks: List[Trace] = []
+    for kind in dict.fromkeys(order):
         ctx.kind = kind
         trk = trace_block(ctx, input_rg=True)
-        w = count / n
-        for t in trk.saved.values():
-            name = f"{t.name} ({kind}, {count} of {n} layers)"
-            avg.saved[name] = SavedTensor(name, t.group, t.nbytes * w, t.dtype, t.numel * w, t.formula)
-        avg.created_ops += trk.created_ops * w
-        avg.created_bytes += trk.created_bytes * w
-    ctx.kind = kinds[0][0]
-    first = trace_block(ctx, input_rg=first_rg)
+        count = trained.count(kind)
+        if count:
+            blocks.append(trk)
+            w = count / n
+            for t in trk.saved.values():
+                name = f"{t.name} ({kind}, {count} of {n} layers)"
+                avg.saved[name] = SavedTensor(name, t.group, t.nbytes * w, t.dtype, t.numel * w, t.formula)
+        share = order.count(kind) / L
+        avg.created_ops += trk.created_ops * share
+        avg.created_bytes += trk.created_bytes * share
     ctx.kind = ""
-    return avg, first
+    return avg, blocks
 
 
 def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
@@ -976,15 +1036,16 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
 
 
 def size_grid_totals(arch: Architecture, s: TrainingSetup, b: Any, sq: Any,
-                     mx: Callable[..., Any], reserved: bool = True) -> Dict[str, Any]:
+                     mx: Callable[..., Any], reserved: bool = True, gpu: Any = None) -> Dict[str, Any]:
     """The totals of ``s`` at every (batch ``b``, sequence ``sq``) of two broadcastable
     arrays, computed by the very operations :func:`estimate_setup` does for one size
     (``mx``: an element-wise max of any number of arrays): ``phases`` (forward, backward,
     optimizer_step, first_step, ...), ``peak_allocated_bytes``, ``reserved_bytes`` and
-    ``cuda_context_bytes``.  Saved activations are exact polynomials in b and s (see
+    ``cuda_context_bytes`` (``gpu``'s own, :func:`vramwidget.gpus.context_for`; the H200's
+    without one).  Saved activations are exact polynomials in b and s (see
     :class:`_Profile`), so one trace serves the whole grid.  ``reserved=False`` leaves out
     ``reserved_bytes`` (one allocator replay per cell: ``fitmap`` chooses the cells)."""
-    return _estimate(arch, s, sizes=(b, sq), mx=mx, grid_reserved=reserved)
+    return _estimate(arch, s, gpu=gpu, sizes=(b, sq), mx=mx, grid_reserved=reserved)
 
 
 def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Optional[Tuple[Any, Any]] = None,
@@ -1043,7 +1104,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     grads_bytes = grads.bytes
     accum_grads = grads_bytes if s.grad_accum_steps > 1 else 0.0
     # forward: saved activations + the loss's working set (or a recomputed layer under gc)
-    recompute = A.per_layer_bytes if gc else 0.0   # one block's saved tensors, rebuilt in backward
+    recompute = A.recompute_layer_bytes if gc else 0.0   # one block's saved tensors, rebuilt in backward
     # DoRA computes each adapted weight's norm in the forward pass (and again when a
     # checkpointed layer is recomputed in backward)
     dora_tmp = dora_norm_bytes(arch, s, P)
@@ -1099,7 +1160,9 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     peak = mx(forward, backward, optimizer)
     phases["first_step"] = mx(forward - states_bytes, backward - states_bytes, optimizer)
     phases["persistent"] = persistent
-    context = CUDA_CONTEXT_BYTES
+    # the chosen card's CUDA context (the H200's without a GPU): gpus.context_for, the one
+    # place it is chosen; Estimate.set_gpu below keeps it with the card
+    context = context_for(get_gpu(gpu) if gpu is not None else None)[0]
     if sizes is not None:  # a grid of sizes: the totals only (a replay per cell for reserved memory)
         out = {"phases": phases, "peak_allocated_bytes": peak, "cuda_context_bytes": context}
         if grid_reserved:
@@ -1262,7 +1325,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                        "ratio of the nearest replayed size of this setup (events.provisional_reserved_bytes)")
         return list(est.phase_components[peak_phase]) + [
             Node("allocator reserve", bytes=max(0.0, reserved_value - peak), formula=formula),
-            Node("cuda context", bytes=context, formula="CUDA context + kernels: ~620 MiB on an H200 (CUDA 13)"),
+            Node("cuda context", bytes=est.cuda_context_bytes, formula=est.cuda_context_source),
         ]
 
     def work() -> Any:

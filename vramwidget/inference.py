@@ -47,8 +47,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
+from .gpus import context_for
 from .inputs import MAX_BYTES, check_bool, check_total, check_int, check_keywords, check_number, check_text, close_match, shown
-from .estimate import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, _quant_const_bytes, _quantizable
+from .estimate import CUBLAS_WORKSPACE_BYTES, _quant_const_bytes, _quantizable
 from .result import Estimate, Node
 from .units import DTYPE_BYTES, GIB, canonical_dtype
 
@@ -1008,7 +1009,9 @@ class InferenceEstimate(Estimate):
         serving budget sets it from the KV pool.  Read lazily: it runs the allocator replay."""
         if self._fits is not None or self.gpu_usable_bytes is None:
             return self._fits
-        return self.device_total_bytes <= self.gpu_usable_bytes
+        from .verdict import fits
+
+        return fits(self.device_total_bytes, self.gpu_usable_bytes)
 
     @fits.setter
     def fits(self, value: Optional[bool]) -> None:
@@ -1198,6 +1201,9 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     peak = phases[peak_phase]
     phase_components = {"after_load": after_nodes, "prefill": prefill_nodes, "decode": decode_nodes}
 
+    # the GPU's own CUDA context (the H200's without one): gpus.context_for, as training counts it
+    context, context_src = context_for(gpu)
+
     def components_at(reserved_value: float, exact: bool = True) -> List[Node]:
         """The peak phase's components, the allocator reserve at ``reserved_value`` (the
         replayed one, or a provisional one until the replay has run) and the CUDA context."""
@@ -1208,7 +1214,7 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
                        "reserved / allocated ratio (inference_events.provisional_reserved_bytes)")
         return list(phase_components[peak_phase]) + [
             Node("allocator reserve", bytes=max(0.0, reserved_value - peak), formula=formula),
-            Node("cuda context", bytes=CUDA_CONTEXT_BYTES, formula="CUDA context + kernels: ~620 MiB on an H200")]
+            Node("cuda context", bytes=context, formula=context_src)]
 
     from .inference_events import hooks
 
@@ -1222,15 +1228,18 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     est = InferenceEstimate(
         model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total, params_trainable=0,
         components=None, phases_bytes=phases, peak_phase=peak_phase, peak_allocated_bytes=peak,
-        reserved_bytes=reserved, cuda_context_bytes=CUDA_CONTEXT_BYTES, notes=notes,
+        reserved_bytes=reserved, cuda_context_bytes=context, cuda_context_source=context_src, notes=notes,
         phase_components=phase_components, kv_cache_bytes=kv_dec.bytes, kv_cache_prefill_bytes=kv_pre.bytes,
         kv_bytes_per_token=lay.bytes_per_token, weights_bytes=w_bytes)
     est._components_at = components_at
     est._replay_fn = replay_fn
     est._provisional_fn = provisional_fn
     if gpu is not None:
+        from .verdict import capacity_bytes
+
         est.gpu = gpu.name
-        est.gpu_usable_bytes = gpu.usable_bytes
+        # whether it fits is read lazily (InferenceEstimate.fits: it runs the allocator replay)
+        est.gpu_usable_bytes = capacity_bytes(gpu)
     return est
 
 
@@ -1333,15 +1342,17 @@ def _serving_estimate(arch: Architecture, s: InferenceSetup, lay: KVLayout, gpu:
         notes.append(f"does not start: the KV cache holds {p.kv_tokens:,} tokens, less than one "
                      f"{s.context_len:,}-token request (budget {p.kv_budget_bytes / GIB:.2f} GiB after weights, "
                      f"activations and non-torch memory)")
+    from .verdict import capacity_bytes
+
     ctx = gpu.cuda_context_bytes
     est = InferenceEstimate(
         model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total, params_trainable=0,
         components=components, phases_bytes=phases, peak_phase="serving", peak_allocated_bytes=peak,
         reserved_bytes=reserved + sum(x[1] for x in p.non_torch_items if x[0] != "CUDA context")
-        + p.cuda_graph_bytes, cuda_context_bytes=ctx, notes=notes,
+        + p.cuda_graph_bytes, cuda_context_bytes=ctx, cuda_context_source=gpu.cuda_context_source, notes=notes,
         phase_components={"after_load": after, "profile": profile, "serving": serving},
         kv_cache_bytes=pool, kv_cache_prefill_bytes=0.0, kv_bytes_per_token=p.kv_bytes_per_token,
-        weights_bytes=p.weights_bytes, serving=info, gpu=gpu.name, gpu_usable_bytes=gpu.usable_bytes,
+        weights_bytes=p.weights_bytes, serving=info, gpu=gpu.name, gpu_usable_bytes=capacity_bytes(gpu),
         fits=info["fits"])
     est.plan = p
     return est
@@ -1360,8 +1371,8 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     ``gpu`` for the batch: that context fits, one more block does not.  0 if not even one
     block fits.
 
-    generate() mode: the device total (reserve + CUDA context) must stay under the GPU's
-    usable memory; the prompt is the whole context unless ``prompt_len`` is given (then
+    generate() mode: the device total (reserve + the GPU's own CUDA context) must stay
+    within what CUDA reports as its total (:mod:`vramwidget.verdict`); the prompt is the whole context unless ``prompt_len`` is given (then
     min(prompt_len, context)).  Serving mode (``gpu_memory_utilization``): at least
     ``batch_size`` sequences of that context must fit the paged KV pool.
     """
@@ -1612,7 +1623,7 @@ def format_table(est: InferenceEstimate, longest: Optional[int] = None) -> str:
     elif est.gpu:
         room = est.gpu_usable_bytes - est.device_total_bytes
         lines.append(f"  {est.gpu}: {'fits' if est.fits else 'does NOT fit'}: device total "
-                     f"{est.device_total_bytes / GIB:.2f} GiB of {est.gpu_usable_bytes / GIB:.2f} GiB usable "
+                     f"{est.device_total_bytes / GIB:.2f} GiB of {est.gpu_usable_bytes / GIB:.2f} GiB CUDA total "
                      f"({abs(room) / GIB:.2f} GiB {'to spare' if room >= 0 else 'over'}, "
                      f"{abs(room) / est.gpu_usable_bytes * 100:.0f}%)")
     if longest is not None:
