@@ -1234,6 +1234,7 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     est._components_at = components_at
     est._replay_fn = replay_fn
     est._provisional_fn = provisional_fn
+    est._inference = (arch, s)      # the resolved architecture and setup (longest_context reuses them)
     if gpu is not None:
         from .verdict import capacity_bytes
 
@@ -1387,32 +1388,62 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     blk = _posint("block_size", kw.get("block_size", BLOCK_SIZE))
     batch = kw.get("batch_size") or 1
 
-    def fits(n_blocks: int) -> bool:
+    def estimate_at(n_blocks: int) -> InferenceEstimate:
         ctx = n_blocks * blk
         p = min(prompt, ctx) if prompt else None
-        e = estimate_inference_setup(arch, InferenceSetup.from_kwargs(context_len=ctx, prompt_len=p, **kw))
-        if serving:
-            return bool(e.serving and e.serving["max_concurrent_sequences"] >= batch)
-        return bool(e.fits)
+        return estimate_inference_setup(arch, InferenceSetup.from_kwargs(context_len=ctx, prompt_len=p, **kw))
 
-    if not fits(1):
-        return 0
     cap = max(MAX_SEARCH_TOKENS // blk, 1)
+    if serving:
+        return _largest_true(lambda n: bool((e := estimate_at(n)).serving
+                                            and e.serving["max_concurrent_sequences"] >= batch), cap) * blk
+    from .verdict import fits as fits_rule
+
+    # reserved memory is at least the allocated peak: the peak alone bounds the answer (no
+    # replay); the replays then decide below that bound
+    bound = _largest_true(lambda n: fits_rule((e := estimate_at(n)).peak_allocated_bytes + e.cuda_context_bytes,
+                                              e.gpu_usable_bytes), cap)
+    if bound == 0:
+        return 0
+    if not prompt or prompt >= bound * blk:
+        # the whole context is the prompt: each estimate replays a prefill (no decode steps)
+        return _largest_true(lambda n: bool(estimate_at(n).fits), bound) * blk
+    # a fixed prompt: the stream of a shorter context is the first events of the bound's, so
+    # one replay gives the reserved memory of every context (inference_events.reserved_by_decode_steps)
+    from .inference_events import reserved_by_decode_steps
+
+    top = estimate_at(bound)
+    reserved_at = reserved_by_decode_steps(*top._inference)
+
+    def exact(n: int) -> bool:
+        e = estimate_at(n)
+        if n * blk <= prompt:
+            return bool(e.fits)
+        need = max(reserved_at(n * blk - prompt), e.peak_allocated_bytes) + e.cuda_context_bytes
+        return fits_rule(need, e.gpu_usable_bytes)
+
+    return _largest_true(exact, bound) * blk
+
+
+def _largest_true(pred: Any, cap: int) -> int:
+    """The largest n in [1, cap] with ``pred(n)`` (true up to some n, false after), 0 if none."""
+    if not pred(1):
+        return 0
     lo, hi = 1, 2
-    while hi <= cap and fits(hi):
+    while hi <= cap and pred(hi):
         lo = hi
         hi *= 2
     if hi > cap:
-        if fits(cap):
-            return cap * blk     # the search limit, not the GPU, stops it
+        if pred(cap):
+            return cap
         hi = cap
-    while hi - lo > 1:       # fits(lo), not fits(hi)
+    while hi - lo > 1:       # pred(lo), not pred(hi)
         mid = (lo + hi) // 2
-        if fits(mid):
+        if pred(mid):
             lo = mid
         else:
             hi = mid
-    return lo * blk
+    return lo
 
 
 # ----------------------------------------------------------------------------------

@@ -439,3 +439,34 @@ def hooks(arch: Architecture, s: InferenceSetup, peak_bytes: float
     return (lambda: reserved_bytes(arch, s, peak_bytes),
             lambda capacity_bytes=None, record=False: replay_inference(arch, s, capacity_bytes, record),
             lambda: provisional_reserved_bytes(arch, s, peak_bytes))
+
+
+def reserved_by_decode_steps(arch: Architecture, s: InferenceSetup) -> Callable[[int], float]:
+    """``max_memory_reserved()`` of the same generate() call stopped after k decode steps, for
+    every k up to ``s``'s: one replay (``replay_runs``' growth log), read at each prefix of the
+    stream (the stream of context ``prompt_len + k`` is this stream's first events)."""
+    import bisect
+
+    parts = inference_runs(arch, s)
+    log: List[Tuple[int, bool, int]] = []
+    replay_runs(parts, parse_alloc_conf(s.allocator), growth_log=log)
+    per_pool: Dict[bool, Tuple[List[int], List[int]]] = {True: ([], []), False: ([], [])}
+    for g, pool, r in sorted(log):
+        per_pool[pool][0].append(g)
+        per_pool[pool][1].append(r)
+    prefix = sum(len(p) for p in parts if not isinstance(p, StepRun))
+    runs = [(p.n_steps, len(p.events)) for p in parts if isinstance(p, StepRun)]
+
+    def at(k: int) -> float:
+        end, left = prefix, k
+        for n, width in runs:
+            take = min(n, left)
+            end += take * width
+            left -= take
+        total = 0
+        for idx, val in per_pool.values():
+            i = bisect.bisect_left(idx, end) - 1     # the pool's last growth before the end
+            total += val[i] if i >= 0 else 0
+        return float(total)
+
+    return at
