@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from .activations import LORA_GROUP, BlockContext, SavedTensor, Trace, attention_backend, trace_block
 from .architecture import HEAD_TARGETS, Architecture, ParamTensor, _restrict, load, resolve_targets
 from .errors import VramError
+from .gpus import context_for, get_gpu
 from .inputs import MAX_BYTES, check_total
 from .result import Estimate, Node
 from .stacks import behaviour
@@ -1056,15 +1057,16 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
 
 
 def size_grid_totals(arch: Architecture, s: TrainingSetup, b: Any, sq: Any,
-                     mx: Callable[..., Any], reserved: bool = True) -> Dict[str, Any]:
+                     mx: Callable[..., Any], reserved: bool = True, gpu: Any = None) -> Dict[str, Any]:
     """The totals of ``s`` at every (batch ``b``, sequence ``sq``) of two broadcastable
     arrays, computed by the very operations :func:`estimate_setup` does for one size
     (``mx``: an element-wise max of any number of arrays): ``phases`` (forward, backward,
     optimizer_step, first_step, ...), ``peak_allocated_bytes``, ``reserved_bytes`` and
-    ``cuda_context_bytes``.  Saved activations are exact polynomials in b and s (see
+    ``cuda_context_bytes`` (``gpu``'s own, :func:`vramwidget.gpus.context_for`; the H200's
+    without one).  Saved activations are exact polynomials in b and s (see
     :class:`_Profile`), so one trace serves the whole grid.  ``reserved=False`` leaves out
     ``reserved_bytes`` (one allocator replay per cell: ``fitmap`` chooses the cells)."""
-    return _estimate(arch, s, sizes=(b, sq), mx=mx, grid_reserved=reserved)
+    return _estimate(arch, s, gpu=gpu, sizes=(b, sq), mx=mx, grid_reserved=reserved)
 
 
 def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Optional[Tuple[Any, Any]] = None,
@@ -1179,7 +1181,9 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     peak = mx(forward, backward, optimizer)
     phases["first_step"] = mx(forward - states_bytes, backward - states_bytes, optimizer)
     phases["persistent"] = persistent
-    context = CUDA_CONTEXT_BYTES
+    # the chosen card's CUDA context (the H200's without a GPU): gpus.context_for, the one
+    # place it is chosen; Estimate.set_gpu below keeps it with the card
+    context = context_for(get_gpu(gpu) if gpu is not None else None)[0]
     if sizes is not None:  # a grid of sizes: the totals only (a replay per cell for reserved memory)
         out = {"phases": phases, "peak_allocated_bytes": peak, "cuda_context_bytes": context}
         if grid_reserved:
@@ -1342,7 +1346,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                        "ratio of the nearest replayed size of this setup (events.provisional_reserved_bytes)")
         return list(est.phase_components[peak_phase]) + [
             Node("allocator reserve", bytes=max(0.0, reserved_value - peak), formula=formula),
-            Node("cuda context", bytes=context, formula="CUDA context + kernels: ~620 MiB on an H200 (CUDA 13)"),
+            Node("cuda context", bytes=est.cuda_context_bytes, formula=est.cuda_context_source),
         ]
 
     def work() -> Any:
