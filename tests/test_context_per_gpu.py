@@ -23,6 +23,8 @@ The figures and their sources (vramwidget/data/gpus.json):
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import vramwidget as vw
 from vramwidget import fit, gpus, verdict
@@ -153,3 +155,21 @@ def test_fit_answers_agree_on_a_non_hopper_card():
         assert c.usable_bytes == v["capacity_bytes"] == 24248 * MIB
         assert c.fits is fits_expected and (v["headroom_bytes"] >= 0) is fits_expected
         assert df["state"][0] == v["state"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from([g.name for g in gpus.list_gpus()]),
+       batch=st.sampled_from([1, 2]), seq=st.sampled_from([256, 1024]))
+def test_every_catalog_card_counts_its_own_context(name, batch, seq):
+    """Invariants on every card of the catalogue: the device total made on the card is the
+    no-GPU one moved by exactly (card's context - the H200's); the verdict of either is the
+    same; its headroom is what torch can allocate there less the reserved memory."""
+    on = vw.estimate(MODEL, gpu=name, batch_size=batch, seq_len=seq)
+    off = vw.estimate(MODEL, batch_size=batch, seq_len=seq)
+    ctx = gpus.context_bytes(name)[0]
+    assert on.cuda_context_bytes == ctx == on.component_bytes()["cuda context"]
+    assert on.device_total_bytes - off.device_total_bytes == pytest.approx(ctx - CUDA_CONTEXT_BYTES, abs=1e-3)
+    a, b = verdict.verdict(on, name), verdict.verdict(off, name)
+    assert a["need_bytes"] == b["need_bytes"] == on.device_total_bytes
+    assert a["state"] == b["state"] and a["capacity_bytes"] == gpus.get_gpu(name).cuda_total_bytes
+    assert a["headroom_bytes"] == pytest.approx(gpus.usable_capacity(name)[0] - on.reserved_bytes, abs=1e-3)

@@ -556,6 +556,10 @@ class _Profile:
     #: the block's forward in order, for the allocator replay: ("new", name, dtype, rg, saved,
     #: numel a, numel b) per created tensor, ("param", module) per parameter use; steady and first block
     alloc_ops: Tuple[List[Tuple[Any, ...]], List[Tuple[Any, ...]]] = ([], [])
+    #: the same per layer key (kind, leading dense) of a stack whose blocks differ (a mixed
+    #: stack's kinds, DeepSeek-style dense layers): the replay runs each layer's own block
+    #: (:func:`layer_key`); empty where every block is ``alloc_ops[0]``
+    kind_alloc_ops: Dict[Tuple[str, bool], List[Tuple[Any, ...]]] = field(default_factory=dict)
 
 
 _PROFILES: Dict[Tuple[Any, ...], _Profile] = {}
@@ -703,9 +707,10 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
         ab, bb = coeffs(t1.nbytes, t2.nbytes)
         an, bn = coeffs(t1.numel, t2.numel)
         per_layer.append((t1.name, t1.group, t1.dtype, t1.formula, ab, bb, an, bn))
-    def alloc_ops(key: str) -> List[Tuple[Any, ...]]:
+    def alloc_ops(key: Any, src: str = "") -> List[Tuple[Any, ...]]:
+        o1, o2 = (one[src][key], two[src][key]) if src else (one[key], two[key])
         out: List[Tuple[Any, ...]] = []
-        for (kind, t1), (_, t2) in zip(one[key][0], two[key][0]):
+        for (kind, t1), (_, t2) in zip(o1[0], o2[0]):
             if kind == "param":
                 out.append(("param", t1))
             else:
@@ -713,9 +718,9 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
                 # transient (bitsandbytes' dequantized weight), a constant, not a*T + b*T2
                 an, bn = coeffs(t1.numel, t2.numel) if t1.numel != t2.numel else (0.0, 0.0)
                 cn = t1.numel if t1.numel == t2.numel else 0.0
-                saved = one[key][1]
+                saved = o1[1]
                 out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in saved, an, bn, t1.outlives,
-                            t1.name in saved and t1.name in one[key][2], cn))
+                            t1.name in saved and t1.name in o1[2], cn, o1[3].get(t1.name, "")))
         return out
 
     return _Profile(arch=arch, per_layer=per_layer, per=coeffs(one["per"], two["per"]),
@@ -725,7 +730,8 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
                     backend=one["backend"], written=coeffs(one["written"], two["written"]), ops=one["ops"],
                     head_written=coeffs(one["head_written"], two["head_written"]), head_ops=one["head_ops"],
                     head_packs=one["head_packs"],
-                    alloc_ops=(alloc_ops("alloc_ops"), alloc_ops("alloc_ops_first")))
+                    alloc_ops=(alloc_ops("alloc_ops"), alloc_ops("alloc_ops_first")),
+                    kind_alloc_ops={k: alloc_ops(k, "kind_alloc_ops") for k in one["kind_alloc_ops"]})
 
 
 def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: int, sq: int) -> Dict[str, Any]:
@@ -757,17 +763,26 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     layers = _trained_layers(arch, s)
     (first_kind, first_dense), others = layers[0], layers[1:]
     order = arch.family.layer_order(arch)
+    kinds: Dict[Tuple[str, bool], Trace] = {}     # each kind's steady block, for the replay
     if order:
-        tr, recompute = _mixed_stack(ctx, order, [kind for kind, _ in others or layers])
+        tr, by_kind = _mixed_stack(ctx, order, [kind for kind, _ in others or layers])
+        kinds = {(kind, False): t for kind, t in by_kind.items()}
+        recompute = [by_kind[kind] for kind in dict.fromkeys(kind for kind, _ in others or layers)]
     else:
         tr = trace_block(ctx, input_rg=True)
         recompute = [tr]
     ctx.kind = first_kind
     tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=first_dense)
+    dense_bytes = tr.total_bytes
+    if dense:
+        # the leading dense layers: the stack's first kind
+        ctx.kind = order[0] if order else ""
+        tr_dense = trace_block(ctx, input_rg=True, dense_layer=True)
+        dense_bytes = tr_dense.total_bytes
+        kinds[(ctx.kind, True)] = tr_dense
+        if any(d for _, d in others):
+            recompute.append(tr_dense)
     ctx.kind = ""
-    dense_bytes = trace_block(ctx, input_rg=True, dense_layer=True).total_bytes if dense else tr.total_bytes
-    if any(d for _, d in others):
-        recompute.append(trace_block(ctx, input_rg=True, dense_layer=True))
     # the only trained layer is the first: the one a backward rebuilds is that block itself
     recompute_bytes = [t.total_bytes for t in (recompute if others else [tr_first])]
     # final norm + output head input
@@ -807,8 +822,9 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
             "dense": dense_bytes, "head": head, "backend": backend, "recompute": recompute_bytes,
             "written": tr.created_bytes, "ops": tr.created_ops,
             "head_written": htr.created_bytes, "head_ops": htr.created_ops, "head_packs": norm_packs,
-            "alloc_ops": (tr.ops, set(tr.saved), tr.saved_by_producer),
-            "alloc_ops_first": (tr_first.ops, set(tr_first.saved), tr_first.saved_by_producer)}
+            "alloc_ops": (tr.ops, set(tr.saved), tr.saved_by_producer, tr.stream),
+            "alloc_ops_first": (tr_first.ops, set(tr_first.saved), tr_first.saved_by_producer, tr_first.stream),
+            "kind_alloc_ops": {k: (t.ops, set(t.saved), t.saved_by_producer, t.stream) for k, t in kinds.items()}}
 
 
 def _dora_weight_copies_per_layer(arch: Architecture, s: TrainingSetup, P: _Params) -> float:
@@ -855,13 +871,19 @@ def _trained_range(arch: Architecture, s: TrainingSetup) -> Tuple[int, int]:
     return L - k, k
 
 
+def layer_key(arch: Architecture, order: Optional[List[str]], layer: int) -> Tuple[str, bool]:
+    """Layer ``layer``'s block as (kind, dense): the kind from the family's layer order
+    (``order``; "" where every block is alike), dense for a DeepSeek-style leading dense layer."""
+    lead = arch.dense_layers if arch.is_moe else 0
+    return (order[layer] if order and layer < len(order) else "", layer < lead)
+
+
 def _trained_layers(arch: Architecture, s: TrainingSetup) -> List[Tuple[str, bool]]:
     """The trained layers in order, each as (kind, dense): the kind from the family's layer
     order ("" where every block is alike), dense for a DeepSeek-style leading dense layer."""
     first, k = _trained_range(arch, s)
     order = arch.family.layer_order(arch)
-    lead = arch.dense_layers if arch.is_moe else 0
-    return [(order[j] if order else "", j < lead) for j in range(first, first + max(k, 1))]
+    return [layer_key(arch, order, j) for j in range(first, first + max(k, 1))]
 
 
 def _trained_layout(arch: Architecture, s: TrainingSetup) -> Tuple[Any, ...]:
@@ -877,23 +899,22 @@ def _trained_layout(arch: Architecture, s: TrainingSetup) -> Tuple[Any, ...]:
     return (layers[0], tuple((kd, c // g) for kd, c in counts.items()), any(d for _, d in layers[1:]))
 
 
-def _mixed_stack(ctx: BlockContext, order: List[str], trained: List[str]) -> Tuple[Trace, List[Trace]]:
+def _mixed_stack(ctx: BlockContext, order: List[str], trained: List[str]) -> Tuple[Trace, Dict[str, Trace]]:
     """A stack of blocks of several kinds (a hybrid's linear-attention and attention layers,
     an encoder-decoder's two stacks): the average steady block, each kind's saved tensors
     weighted by its share of ``trained`` (the trained layers after the first, so the first +
-    their count x the average is what they save together), and each of those kinds' block.
+    their count x the average is what they save together), and every kind's steady block.
     Its forward work (kernels, bytes written) is averaged over every layer of ``order``:
     frozen layers run their forward too."""
     n = len(trained)
     L = len(order)
     avg = Trace()
-    blocks: List[Trace] = []
+    blocks: Dict[str, Trace] = {}
     for kind in dict.fromkeys(order):
         ctx.kind = kind
-        trk = trace_block(ctx, input_rg=True)
+        trk = blocks[kind] = trace_block(ctx, input_rg=True)
         count = trained.count(kind)
         if count:
-            blocks.append(trk)
             w = count / n
             for t in trk.saved.values():
                 name = f"{t.name} ({kind}, {count} of {n} layers)"

@@ -503,9 +503,16 @@ def _slice(arch: Architecture, first: int, last: int, embed: bool, head: bool, t
     n = last - first + 1
     dense = max(0, min(arch.dense_layers - 1, last) - first + 1) if arch.dense_layers else 0
     sliding = round(arch.sliding_layers * n / L) if arch.sliding_layers else 0
+    # a mixed stack's stage holds its own layers' kinds (an encoder-decoder's first stages the
+    # encoder's, a hybrid's its share of linear-attention and attention layers)
+    order = arch.family.layer_order(arch)
+    kinds = arch.layer_kinds
+    if order:
+        order = order[first:last + 1]
+        kinds = [(kd, order.count(kd)) for kd in dict.fromkeys(order)]
     base = replace(arch, tensors=tensors, num_layers=n, dense_layers=dense, sliding_layers=sliding,
                    tie_word_embeddings=tied and embed and head,
-                   vocab_size=arch.vocab_size if head else 0)
+                   vocab_size=arch.vocab_size if head else 0, layer_order=order, layer_kinds=kinds)
     if tp == 1 and ep == 1:
         out = (base, base)
     else:

@@ -198,7 +198,7 @@ def test_another_card_counts_its_own_context(session, artifacts):
     assert float(py[4]) == check.usable_bytes == float(py[6]) == 24248 * 2**20
     assert float(py[5]) == 426 * 2**20
     page.screenshot(path=str(artifacts / "fit-rtx4090-context.png"))
-    lab.run_new_cell(f"calc.gpu = {GPU!r}")
+    assert lab.run_new_cell(f"calc.gpu = {GPU!r}; print(calc.error or 'ok')").strip() == "ok"
     page.wait_for_function(
         "(n) => document.querySelector('[data-testid=headline]').dataset.needBytes === String(n)",
         arg=t4.device_total_bytes, timeout=60_000)
