@@ -854,10 +854,12 @@ def expand_runs(parts: Iterable[Any]) -> List[Event]:
     alias: Dict[Any, Any] = {}
     for r, part in enumerate(parts):
         if not isinstance(part, StepRun):
-            out.extend(part)
-            for kind, key, _n, _l in part:
+            for kind, key, nbytes, label in part:
                 if kind == "alloc":
                     alias[key] = key
+                elif kind == "free":
+                    key = alias.pop(key, key)
+                out.append((kind, key, nbytes, label))
             continue
         for m in range(part.n_steps):
             for kind, key, c0, c1, label in part.events:

@@ -17,7 +17,8 @@ prefill   cuBLAS's workspaces at the first matmul; RoPE's cos/sin and any mask; 
           attention (``DynamicLayer.update`` on an empty cache: ``torch.cat`` allocates the
           prompt's keys, then its values); the final norm and the last position's logits,
           their fp32 copy (``logits_items``)
-decode    ``context_len - prompt_len`` steps.  Per layer, the steps of ``layer_steps(1, S)``;
+decode    ``context_len - prompt_len`` steps (then generate() returns: the last scores and
+          the cache are dropped).  Per layer, the steps of ``layer_steps(1, S)``;
           the cache grows by ``torch.cat``: transformers' ``cache_utils.py``
           ``DynamicLayer.update`` does ``self.keys = torch.cat([self.keys, key_states], dim=-2)``
           then the same for values, so each layer allocates its keys at S + 1 tokens, drops
@@ -346,6 +347,12 @@ def inference_runs(arch: Architecture, s: InferenceSetup) -> List[Any]:
         lo += 1                      # steps in the run
         parts.append(StepRun(tpl, lo, renames))
         S += lo
+    # generate() returns: the loop's last scores and the cache (not returned) are dropped
+    end = [("free", "scores", 0, "")]
+    for layer, kind in enumerate(kinds):
+        if kind is not None:
+            end += [("free", ("k", layer), 0, ""), ("free", ("v", layer), 0, "")]
+    parts.append(end)
     return parts
 
 
