@@ -1009,7 +1009,7 @@ class InferenceEstimate(Estimate):
         serving budget sets it from the KV pool.  Read lazily: it runs the allocator replay."""
         if self._fits is not None or self.gpu_usable_bytes is None:
             return self._fits
-        from .verdict import fits
+        from .gpus import fits
 
         return fits(self.device_total_bytes, self.gpu_usable_bytes)
 
@@ -1236,7 +1236,7 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     est._provisional_fn = provisional_fn
     est._inference = (arch, s)      # the resolved architecture and setup (longest_context reuses them)
     if gpu is not None:
-        from .verdict import capacity_bytes
+        from .gpus import capacity_bytes
 
         est.gpu = gpu.name
         # whether it fits is read lazily (InferenceEstimate.fits: it runs the allocator replay)
@@ -1343,7 +1343,7 @@ def _serving_estimate(arch: Architecture, s: InferenceSetup, lay: KVLayout, gpu:
         notes.append(f"does not start: the KV cache holds {p.kv_tokens:,} tokens, less than one "
                      f"{s.context_len:,}-token request (budget {p.kv_budget_bytes / GIB:.2f} GiB after weights, "
                      f"activations and non-torch memory)")
-    from .verdict import capacity_bytes
+    from .gpus import capacity_bytes
 
     ctx = gpu.cuda_context_bytes
     est = InferenceEstimate(
@@ -1397,7 +1397,7 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     if serving:
         return _largest_true(lambda n: bool((e := estimate_at(n)).serving
                                             and e.serving["max_concurrent_sequences"] >= batch), cap) * blk
-    from .verdict import fits as fits_rule
+    from .gpus import fits as fits_rule
 
     # reserved memory is at least the allocated peak: the peak alone bounds the answer (no
     # replay); the replays then decide below that bound
