@@ -38,6 +38,16 @@ SPACE: Dict[str, Any] = {
 }
 
 
+def _mixed(name: str) -> bool:
+    arch = load(name)
+    return bool(arch.family.layer_order(arch)) or bool(arch.dense_layers and arch.is_moe)
+
+
+#: presets whose layers are not all alike (encoder-decoders, hybrids, leading dense layers):
+#: which kinds train under ``freeze`` depends on ``trainable_layers``
+MIXED_STACKS: List[str] = [p for p in SPACE["model"] if _mixed(p)]
+
+
 def random_setup(rng: random.Random) -> Dict[str, Any]:
     """One setup drawn from SPACE."""
     return {k: rng.choice(v) if isinstance(v, list) else rng.randint(*v) for k, v in SPACE.items()}

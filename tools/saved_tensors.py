@@ -219,10 +219,16 @@ def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: s
     acts = _activations(arch, s, _params(arch, s), cpu=True)
     kind = KIND.get(model_type)
     if kind:
-        # the mixed stack's average block weights each kind by its share of the layers
-        n = sum(c for _, c in arch.layer_kinds)
-        count = dict(arch.layer_kinds)[kind]
-        return sum(t.nbytes for t in acts.per_layer if f"({kind}, " in t.name) * n / count
+        # the mixed stack's average block weighs each kind by its share c / n of the layers it
+        # averages (its names say "NAME (KIND, c of n layers)"): one KIND block is its items x n / c
+        import re
+
+        total = 0.0
+        for t in acts.per_layer:
+            m = re.search(r"\(" + re.escape(kind) + r", (\d+) of (\d+) layers\)$", t.name)
+            if m:
+                total += t.nbytes * int(m.group(2)) / int(m.group(1))
+        return total
     return acts.per_layer_bytes
 
 

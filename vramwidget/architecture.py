@@ -74,6 +74,10 @@ class Architecture:
     #: appearance (hybrids: "linear_attention"/"full_attention"; encoder-decoders:
     #: "encoder"/"decoder"); None: every block is alike.  The family's ``block`` reads ctx.kind.
     layer_kinds: Optional[List[Tuple[str, int]]] = None
+    #: the kind of each layer by index, where kinds interleave (a hybrid's layer_types);
+    #: None: the kinds of ``layer_kinds`` one after another (an encoder's layers, then the
+    #: decoder's).  Freeze trains the last layers, so which kinds train depends on it.
+    layer_order: Optional[List[str]] = None
     #: side towers (a VLM's vision encoder) as architectures of their own
     towers: Dict[str, "Architecture"] = field(default_factory=dict, repr=False)
     #: the transformers model class counted: causal_lm, image_text_to_text, seq2seq_lm, masked_lm

@@ -546,6 +546,8 @@ class _Acts:
     head_fwd_written_bytes: float = 0.0
     #: saved-tensor packs of the final norm, the newest ones at the end of the forward (_offload)
     head_packs: int = 0
+    #: checkpointing: the largest block a backward rebuilds (the trained kinds' largest)
+    recompute_layer_bytes: float = 0.0
 
 
 @dataclass
@@ -553,9 +555,9 @@ class _Profile:
     """A block trace as a function of batch b, sequence s and (an encoder-decoder's) target
     length t: every saved tensor's bytes are a sum of coefficients times the size terms of
     :func:`size_terms`: ``alpha * b * s + beta * b * s**2`` for one sequence (T-linear tensors,
-    and the b x a x s x s scores); for an encoder-decoder five terms b s, b s^2 (the
-    encoder), b t, b t^2 (the decoder's own tokens and self-attention scores) and b s t (its
-    cross-attention scores over the encoder's keys)."""
+    and the b x a x s x s scores); for an encoder-decoder given a ``target_len``, five terms
+    b s, b s^2 (the encoder), b t, b t^2 (the decoder's own tokens and self-attention scores)
+    and b s t (its cross-attention scores over the encoder's keys)."""
 
     arch: Architecture
     per_layer: List[Tuple[str, str, str, str, Tuple[float, ...], Tuple[float, ...]]]  # name, group, dtype, formula, bytes, numel coefficients
@@ -569,6 +571,9 @@ class _Profile:
     head_written: Tuple[float, ...] = (0.0, 0.0)
     head_ops: float = 0.0
     head_packs: int = 0
+    #: the blocks a checkpointed backward may rebuild, one (a, b) each: every kind among the
+    #: trained layers after the first (the first alone when it is the only one trained)
+    recompute: List[Tuple[float, float]] = field(default_factory=list)
     #: the block's forward in order, for the allocator replay: ("new", name, dtype, rg, saved,
     #: numel coefficients, outlives, by_producer, constant numel) per created tensor, ("param",
     #: module) per parameter use; steady and first block
@@ -671,8 +676,13 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     per = _dot(prof.per, M) + dora_w
     first = _dot(prof.first, M) + dora_w
     dense = _dot(prof.dense, M) + dora_w
-    n_layers = arch.num_layers if s.method != "freeze" else s.trainable_layers
-    n_dense = min(arch.dense_layers, n_layers) if arch.is_moe else 0
+    first_train, n_layers = _trained_range(arch, s)
+    # DeepSeek-style leading dense layers among the trained ones (freeze trains the last layers)
+    n_dense = max(0, min(arch.dense_layers, arch.num_layers) - first_train) if arch.is_moe else 0
+    recompute = None
+    for coef in prof.recompute:
+        x = _dot(coef, M) + dora_w
+        recompute = x if recompute is None else mx(recompute, x)
     # the first block (dense in DeepSeek-style MoE) + the other dense blocks + the MoE blocks
     layers = first + max(n_dense - 1, 0) * dense + (n_layers - max(n_dense, 1)) * per
     c = s.compute_dtype
@@ -680,10 +690,10 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     Tw, sw = T, sq     # the tokens and sequence of the widest block
     if prof.target:
         # checkpointing keeps each block's input: b x s x h per encoder layer, b x t x h per
-        # decoder layer (the per-layer figure is their average over the stack)
-        kinds = arch.family.layer_kinds(arch)
-        n_dec = sum(n for k, n in kinds if k in arch.family.target_kinds)
-        ckpt = (T * (arch.num_layers - n_dec) + b * tq * n_dec) / arch.num_layers * arch.hidden_size \
+        # decoder layer (the per-layer figure is their average over the trained layers)
+        trained = _trained_layers(arch, s)
+        n_dec = sum(1 for k, _ in trained if k in arch.family.target_kinds)
+        ckpt = (T * (len(trained) - n_dec) + b * tq * n_dec) / len(trained) * arch.hidden_size \
             * DTYPE_BYTES[_resid(s)]
         sw = mx(sq, tq)
         Tw = b * sw
@@ -702,7 +712,8 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     head = [(name, _dot(coef, M), formula) for name, formula, coef in prof.head]
     tower = _tower_activations(arch, s, P, cpu) if arch.towers else []
     return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers, tower=tower,
-                 head_packs=prof.head_packs, **_timing_fields(prof, M))
+                 head_packs=prof.head_packs, recompute_layer_bytes=per if recompute is None else recompute,
+                 **_timing_fields(prof, M))
 
 
 def _timing_fields(prof: "_Profile", M: Tuple[Any, ...]) -> Dict[str, float]:
@@ -763,7 +774,9 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
 
 def _get_profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False) -> _Profile:
     """The block trace of this architecture and size-free setup (cached)."""
-    key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS) + (arch.family.trace_key(arch, s),)
+    key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS) + (arch.family.trace_key(arch, s),
+                                                                             _trained_layout(arch, s),
+                                                                             s.target_len is not None)
     prof = _PROFILES.get(key)
     if prof is None or prof.arch is not arch:
         prof = _profile(arch, s, P, cpu)
@@ -775,8 +788,9 @@ def _get_profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
 
 def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Profile:
     """Trace one block (steady, first, dense) and the head at (b, s) = (1, 1) and (1, 2); an
-    encoder-decoder's at the five (s, t) of :data:`_TARGET_PROBES` (see :class:`_Profile`)."""
-    target = has_target(arch)
+    encoder-decoder's with a ``target_len`` at the five (s, t) of :data:`_TARGET_PROBES` (see
+    :class:`_Profile`; without one its decoder reads s tokens: the two traces, as before)."""
+    target = has_target(arch) and s.target_len is not None
     if target:
         probes = [_trace_all(arch, s, P, cpu, 1, sq, tq) for sq, tq in _TARGET_PROBES]
 
@@ -829,6 +843,7 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
         # one sequence: every head tensor is linear in the tokens (bytes per token at b s = 1)
         head = [(name, formula, (nbytes,)) for name, nbytes, formula in one["head"]]
     return _Profile(arch=arch, per_layer=per_layer, per=field("per"), first=field("first"), dense=field("dense"),
+                    recompute=[coeffs(*xs) for xs in zip(*(p["recompute"] for p in probes))],
                     head=head, backend=one["backend"], written=field("written"), ops=one["ops"],
                     head_written=field("head_written"), head_ops=one["head_ops"], head_packs=one["head_packs"],
                     alloc_ops=(alloc_ops("alloc_ops"), alloc_ops("alloc_ops_first")), target=target)
@@ -867,13 +882,20 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     embed_trains = "embed_tokens" in head_targets or "embed_tokens" in s.modules_to_save
     first_rg = full or (s.trains_adapters and s.gradient_checkpointing == "full") or embed_trains
     dense = bool(arch.dense_layers and arch.is_moe)
-    kinds = arch.family.layer_kinds(arch)
-    if kinds:
-        tr, tr_first = _mixed_stack(ctx, kinds, first_rg, tq)
+    layers = _trained_layers(arch, s)
+    (first_kind, first_dense), others = layers[0], layers[1:]
+    order = arch.family.layer_order(arch)
+    if order:
+        tr, recompute = _mixed_stack(ctx, order, [kind for kind, _ in others or layers], tq)
     else:
         tr = trace_block(ctx, input_rg=True)
-        tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=dense)
+        recompute = [tr]
+    tr_first = trace_block(kind_context(ctx, first_kind, tq), input_rg=first_rg, dense_layer=first_dense)
     dense_bytes = trace_block(ctx, input_rg=True, dense_layer=True).total_bytes if dense else tr.total_bytes
+    if any(d for _, d in others):
+        recompute.append(trace_block(ctx, input_rg=True, dense_layer=True))
+    # the only trained layer is the first: the one a backward rebuilds is that block itself
+    recompute_bytes = [t.total_bytes for t in (recompute if others else [tr_first])]
     # final norm + output head input
     htr = Trace()
     x = htr.new("final norm input", Th * arch.hidden_size, resid, True, "T x h", "output head")
@@ -908,7 +930,7 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     head = [(t.name, t.nbytes, t.formula) for t in htr.saved.values()]
     head += arch.family.head_saved(arch, Th, full)
     return {"per_layer": list(tr.saved.values()), "per": tr.total_bytes, "first": tr_first.total_bytes,
-            "dense": dense_bytes, "head": head, "backend": backend,
+            "dense": dense_bytes, "head": head, "backend": backend, "recompute": recompute_bytes,
             "written": tr.created_bytes, "ops": tr.created_ops,
             "head_written": htr.created_bytes, "head_ops": htr.created_ops, "head_packs": norm_packs,
             "alloc_ops": (tr.ops, set(tr.saved), tr.saved_by_producer),
@@ -951,6 +973,36 @@ def _head_targets(s: TrainingSetup) -> Tuple[str, ...]:
     return tuple(t for t in (s.lora_targets or ()) if t in HEAD_TARGETS) if s.trains_adapters else ()
 
 
+def _trained_range(arch: Architecture, s: TrainingSetup) -> Tuple[int, int]:
+    """(index of the first trained layer, trained layers): every layer, or under freeze the
+    last ``trainable_layers`` (LlamaFactory's freeze tuning trains the top layers; _params)."""
+    L = arch.num_layers
+    k = min(s.trainable_layers, L) if s.method == "freeze" else L
+    return L - k, k
+
+
+def _trained_layers(arch: Architecture, s: TrainingSetup) -> List[Tuple[str, bool]]:
+    """The trained layers in order, each as (kind, dense): the kind from the family's layer
+    order ("" where every block is alike), dense for a DeepSeek-style leading dense layer."""
+    first, k = _trained_range(arch, s)
+    order = arch.family.layer_order(arch)
+    lead = arch.dense_layers if arch.is_moe else 0
+    return [(order[j] if order else "", j < lead) for j in range(first, first + max(k, 1))]
+
+
+def _trained_layout(arch: Architecture, s: TrainingSetup) -> Tuple[Any, ...]:
+    """What of the trained layers' layout the block trace depends on (part of its cache key):
+    the first one's kind, the other kinds' proportions, whether another one is dense."""
+    layers = _trained_layers(arch, s)
+    counts: Dict[str, int] = {}
+    for kind, _ in layers[1:]:
+        counts[kind] = counts.get(kind, 0) + 1
+    g = 0
+    for c in counts.values():
+        g = math.gcd(g, c)
+    return (layers[0], tuple((kd, c // g) for kd, c in counts.items()), any(d for _, d in layers[1:]))
+
+
 def kind_context(ctx: BlockContext, kind: str, tq: Optional[int]) -> BlockContext:
     """``ctx`` for a block of ``kind``: a decoder block of an encoder-decoder (a kind of the
     family's ``target_kinds``) reads b x tq target tokens (its self-attention t x t, its
@@ -960,24 +1012,32 @@ def kind_context(ctx: BlockContext, kind: str, tq: Optional[int]) -> BlockContex
     return replace(ctx, kind=kind)
 
 
-def _mixed_stack(ctx: BlockContext, kinds: List[Tuple[str, int]], first_rg: bool,
-                 tq: Optional[int] = None) -> Tuple[Trace, Trace]:
+def _mixed_stack(ctx: BlockContext, order: List[str], trained: List[str],
+                 tq: Optional[int] = None) -> Tuple[Trace, List[Trace]]:
     """A stack of blocks of several kinds (a hybrid's linear-attention and attention layers,
-    an encoder-decoder's two stacks): the average block, each kind's saved tensors weighted by
-    its share of the layers (so L x the average is the stack's total), and the first block.
-    ``tq``: an encoder-decoder's target length (its decoder blocks' tokens, see kind_context)."""
-    n = sum(c for _, c in kinds)
+    an encoder-decoder's two stacks): the average steady block, each kind's saved tensors
+    weighted by its share of ``trained`` (the trained layers after the first, so the first +
+    their count x the average is what they save together), and each of those kinds' block.
+    Its forward work (kernels, bytes written) is averaged over every layer of ``order``:
+    frozen layers run their forward too.  ``tq``: an encoder-decoder's target length (its
+    decoder blocks' tokens, see kind_context)."""
+    n = len(trained)
+    L = len(order)
     avg = Trace()
-    for kind, count in kinds:
+    blocks: List[Trace] = []
+    for kind in dict.fromkeys(order):
         trk = trace_block(kind_context(ctx, kind, tq), input_rg=True)
-        w = count / n
-        for t in trk.saved.values():
-            name = f"{t.name} ({kind}, {count} of {n} layers)"
-            avg.saved[name] = SavedTensor(name, t.group, t.nbytes * w, t.dtype, t.numel * w, t.formula)
-        avg.created_ops += trk.created_ops * w
-        avg.created_bytes += trk.created_bytes * w
-    first = trace_block(kind_context(ctx, kinds[0][0], tq), input_rg=first_rg)
-    return avg, first
+        count = trained.count(kind)
+        if count:
+            blocks.append(trk)
+            w = count / n
+            for t in trk.saved.values():
+                name = f"{t.name} ({kind}, {count} of {n} layers)"
+                avg.saved[name] = SavedTensor(name, t.group, t.nbytes * w, t.dtype, t.numel * w, t.formula)
+        share = order.count(kind) / L
+        avg.created_ops += trk.created_ops * share
+        avg.created_bytes += trk.created_bytes * share
+    return avg, blocks
 
 
 def logits_dtype(arch: Architecture, s: TrainingSetup) -> str:
@@ -1184,7 +1244,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     grads_bytes = grads.bytes
     accum_grads = grads_bytes if s.grad_accum_steps > 1 else 0.0
     # forward: saved activations + the loss's working set (or a recomputed layer under gc)
-    recompute = A.per_layer_bytes if gc else 0.0   # one block's saved tensors, rebuilt in backward
+    recompute = A.recompute_layer_bytes if gc else 0.0   # one block's saved tensors, rebuilt in backward
     # DoRA computes each adapted weight's norm in the forward pass (and again when a
     # checkpointed layer is recomputed in backward)
     dora_tmp = dora_norm_bytes(arch, s, P)

@@ -99,6 +99,16 @@ class Family:
         """Kinds of blocks and how many of each, when they differ (see Architecture.layer_kinds)."""
         return arch.layer_kinds
 
+    def layer_order(self, arch: Any) -> Optional[List[str]]:
+        """The kind of each layer, by index (None when every block is alike):
+        ``Architecture.layer_order``, else the kinds of ``layer_kinds`` in the order listed."""
+        if arch.layer_order:
+            return list(arch.layer_order)
+        kinds = self.layer_kinds(arch)
+        if not kinds:
+            return None
+        return [kind for kind, count in kinds for _ in range(count)]
+
     def tower_tokens(self, arch: Any, tower: str, setup: Any) -> int:
         """Tokens one side tower processes per sample (a vision tower: images x patches)."""
         return 0

@@ -98,7 +98,8 @@ class Lfm2(Llama):
         kinds = [(k, sum(1 for t in types if (t == "full_attention") == (k == "full_attention"))) for k, _ in kinds]
         return dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=kv, head_dim=d, vocab_size=V,
                     tie_word_embeddings=tied, intermediate_size=i, tensors=b.tensors, mlp_kind="gated",
-                    norm_kind="rms", layer_kinds=kinds, kv_cache_layers=len(attn), state_elems_per_seq=len(conv) * h * K)
+                    norm_kind="rms", layer_kinds=kinds, kv_cache_layers=len(attn),
+                    layer_order=["full_attention" if t == "full_attention" else "conv" for t in types], state_elems_per_seq=len(conv) * h * K)
 
     def block(self, tr: Any, ctx: Any, x: Any) -> Any:
         arch, T = ctx.arch, ctx.T

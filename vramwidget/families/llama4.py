@@ -80,15 +80,16 @@ class Llama4Text(Llama):
             b.top("lm_head.weight", (V, h), "output_head", "lm_head")
         n_rope = len(rope_layers)
         moe_set = set(moe_layers)
+        order = [("rope" if j in set(rope_layers) else "nope") + ("+moe" if j in moe_set else "+dense")
+                 for j in range(L)]
         kinds: Dict[str, int] = {}
-        for j in range(L):
-            key = ("rope" if j in set(rope_layers) else "nope") + ("+moe" if j in moe_set else "+dense")
+        for key in order:
             kinds[key] = kinds.get(key, 0) + 1
         info: Dict[str, Any] = dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=kv, head_dim=d,
                                     vocab_size=V, tie_word_embeddings=tied, intermediate_size=i_mlp,
                                     num_experts=E, experts_per_token=k, expert_intermediate_size=i,
                                     shared_expert_intermediate_size=i, tensors=b.tensors, mlp_kind="gated",
-                                    norm_kind="rms", layer_kinds=list(kinds.items()))
+                                    norm_kind="rms", layer_kinds=list(kinds.items()), layer_order=order)
         chunk = _get(cfg, "attention_chunk_size")
         if chunk and n_rope:
             # chunked attention keeps at most one chunk of keys per RoPE layer (a window for the cache)

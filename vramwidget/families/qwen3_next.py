@@ -121,6 +121,7 @@ class Qwen3Next(Llama):
                     tie_word_embeddings=tied, intermediate_size=i or i_e, num_experts=E, experts_per_token=k,
                     expert_intermediate_size=i_e, shared_expert_intermediate_size=i_sh, tensors=b.tensors,
                     mlp_kind="gated", norm_kind="rms", layer_kinds=kinds, kv_cache_layers=len(full),
+                    layer_order=["full_attention" if t == "full_attention" else "linear_attention" for t in types],
                     state_elems_per_seq=len(lin) * (nv * dk * dv + conv_dim * K))
 
     def block(self, tr: Any, ctx: Any, x: Any) -> Any:

@@ -101,6 +101,9 @@ class VisionLanguage(Family):
     def layer_kinds(self, arch: Any) -> Optional[List[Tuple[str, int]]]:
         return self.text.layer_kinds(arch)
 
+    def layer_order(self, arch: Any) -> Optional[List[str]]:
+        return self.text.layer_order(arch)
+
     def trace_key(self, arch: Any, setup: Any) -> Any:
         return self.text.trace_key(arch, setup)
 
