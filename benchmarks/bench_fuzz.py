@@ -65,11 +65,18 @@ def _rng(seed: int, kind: str, i: int) -> random.Random:
     return random.Random(f"{seed}:{kind}:{i}")
 
 
-def run_valid(start: int, n: int, seed: int, partial=None):
+def _matches(d, where) -> bool:
+    """Whether drawn setup ``d`` is one ``--where`` asks for: any clause (field, values) whose
+    field's value, as text, is one of its values.  No clause: every setup."""
+    return not where or any(str(d.get(field)) in values for field, values in where)
+
+
+def run_valid(start: int, n: int, seed: int, partial=None, where=()):
     """Valid setups number start .. start + n - 1: setup i is the first draw of its own
     generator that the estimator accepts (refused draws are counted).  ``partial(counts,
     examples, seconds, done)`` is called every 100 setups (a long run killed midway keeps
-    what it checked)."""
+    what it checked).  ``where``: check only the setups that match (:func:`_matches`; the
+    others are drawn, so the numbering is the whole run's, counted as not selected)."""
     counts = collections.Counter()
     examples = {}
     t0 = time.perf_counter()
@@ -86,6 +93,9 @@ def run_valid(start: int, n: int, seed: int, partial=None):
             if est is None:
                 counts["refused draws (VramError)"] += 1
                 continue
+            if not _matches(d, where):
+                counts["not selected (--where)"] += 1
+                break
             counts["valid setups"] += 1
             try:
                 for v in violations(d, est=est):
@@ -167,8 +177,17 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the counts, examples and seconds to this file")
     ap.add_argument("--sum", nargs="+", metavar="JSON", help="add up the --json files of chunks and print the total")
+    ap.add_argument("--where", action="append", default=[], metavar="FIELD=V1,V2",
+                    help="check only valid setups whose FIELD is one of the values (repeatable: any clause "
+                         "matches), e.g. --where method=freeze to re-check one method at a later commit")
     ap.add_argument("--strict", action="store_true", help="exit 1 on any non-VramError, violation or multi-line message")
     a = ap.parse_args(argv)
+    where = []
+    for clause in a.where:
+        field, sep, values = clause.partition("=")
+        if not sep or not field or not values:
+            ap.error(f"--where: expected FIELD=V1,V2, got {clause!r}")
+        where.append((field, set(values.split(","))))
     results = {}
     if a.sum:
         for path in a.sum:
@@ -204,7 +223,7 @@ def main(argv=None) -> int:
         for title, fn, n in (("valid setups", run_valid, a.valid), ("invalid inputs", run_invalid, a.invalid)):
             if not n:
                 continue
-            counts, examples, secs = fn(a.start, n, a.seed, partial) if fn is run_valid else fn(a.start, n, a.seed)
+            counts, examples, secs = fn(a.start, n, a.seed, partial, where) if fn is run_valid else fn(a.start, n, a.seed)
             _report(title, n, counts, examples, secs)
             results[title] = {"n": n, "counts": counts, "examples": examples, "seconds": secs,
                               "range": [a.start, a.start + n]}

@@ -536,8 +536,8 @@ def test_estimate_on_several_gpus(capsys):
     args = ["llama-3.1-70b", "--method", "qlora", "--gradient-checkpointing", "full", "--num-gpus", "2",
             "--strategy", "fsdp_full_shard"]
     d = run_json(capsys, "estimate", *args, "--gpu", "RTX 4090", "--json")
-    direct = estimate_parallel("llama-3.1-70b", method="qlora", gradient_checkpointing="full", num_gpus=2,
-                               strategy="fsdp_full_shard").per_gpu
+    direct = estimate_parallel("llama-3.1-70b", gpu="RTX 4090", method="qlora", gradient_checkpointing="full",
+                               num_gpus=2, strategy="fsdp_full_shard").per_gpu
     assert d["parallel"] == {"strategy": "fsdp_full_shard", "num_gpus": 2}
     assert d["peak_allocated_bytes"] == pytest.approx(direct.peak_allocated_bytes, abs=1)
     assert d["verdict"]["need_bytes"] == pytest.approx(direct.device_total_bytes, abs=1)

@@ -56,12 +56,13 @@ def test_nothing_fits_is_zero():
 
 
 def test_fit_is_judged_on_the_device_total():
-    """The rule the docstrings state: estimate's device total (reserved + CUDA context)
-    against the card's usable memory."""
+    """The rule the docstrings state: estimate's device total on the card (reserved + the
+    card's own CUDA context) against what CUDA reports as the card's total."""
     c = check("llama-3.1-8b", "H100-80GB", method="lora")
-    est = estimate("llama-3.1-8b", method="lora")
+    est = estimate("llama-3.1-8b", gpu="H100-80GB", method="lora")
     assert c.device_total_bytes == est.device_total_bytes
-    assert c.usable_bytes == get_gpu("H100 80GB").usable_bytes
+    # torch's out-of-memory message on an H100: "total capacity of 79.11 GiB" (vLLM issue 27508)
+    assert c.usable_bytes == get_gpu("H100 80GB").cuda_total_bytes == 81009 * 2**20
     assert c.fits == (est.device_total_bytes <= c.usable_bytes)
     assert c.headroom_bytes == c.usable_bytes - c.device_total_bytes
 
@@ -171,7 +172,7 @@ def test_answers_match_the_parts():
     a = answers("llama-3.1-8b", "A100 80GB", method="lora", batch_size=2)
     assert a["max_batch_size"] == max_batch_size("llama-3.1-8b", "A100 80GB", method="lora")
     assert a["min_gpus"]["zero3"] == min_gpus("llama-3.1-8b", "A100 80GB", "zero3", method="lora", batch_size=2)
-    pe = estimate_parallel("llama-3.1-8b", method="lora", batch_size=2)
+    pe = estimate_parallel("llama-3.1-8b", gpu="A100 80GB", method="lora", batch_size=2)
     assert a["check"]["device_total_bytes"] == int(round(pe.device_total_bytes))
 
 
@@ -224,7 +225,7 @@ def test_suggestions_offer_the_stacks_own_knobs():
     top = sug[0]
     assert top.changes == {"loss": "liger"} and top.state == "fits" and not top.costs["quality"]
     assert "use_liger_kernel=True" in top.cost
-    liger = estimate("llama-3.1-8b", loss="liger", **kw)
+    liger = estimate("llama-3.1-8b", gpu="RTX 4090", loss="liger", **kw)
     assert top.device_total_bytes == pytest.approx(liger.device_total_bytes)
     # activation offloading is offered where the stack has it (TRL), with its switch named
     assert any(x.changes == {"activation_offloading": True} and "SFTConfig" in x.cost for x in sug)

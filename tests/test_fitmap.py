@@ -42,7 +42,8 @@ def _check(model, gpu, kw, batches, seqs, exact=False):
     if exact:
         assert df["reserved_exact"].all()
     for r in df.itertuples():
-        est = vw.estimate(model, batch_size=int(r.batch_size), seq_len=int(r.seq_len), **kw)
+        # made on the card: its device total counts the card's own CUDA context, as the map's
+        est = vw.estimate(model, gpu=gpu, batch_size=int(r.batch_size), seq_len=int(r.seq_len), **kw)
         assert r.peak_allocated_bytes == est.peak_allocated_bytes, (r.batch_size, r.seq_len)
         v = verdict.verdict(est, gpu)
         assert r.state == v["state"], (r.batch_size, r.seq_len)

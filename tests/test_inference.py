@@ -326,7 +326,10 @@ def test_longest_context_is_consistent(model, gpu, kw):
     more = estimate_inference(model, gpu=gpu, context_len=n + 16,
                               prompt_len=min(p, n + 16) if p else None, **kw)
     assert at.fits and not more.fits
-    assert at.device_total_bytes <= get_gpu(gpu).usable_bytes < more.device_total_bytes
+    # the line: what CUDA reports as the card's total (verdict.capacity_bytes), the device
+    # totals counting the card's own CUDA context
+    assert at.device_total_bytes <= get_gpu(gpu).cuda_total_bytes < more.device_total_bytes
+    assert at.cuda_context_bytes == get_gpu(gpu).cuda_context_bytes
 
 
 def test_longest_context_serving_and_none():

@@ -79,3 +79,62 @@ def test_fuzz_cases_full_checkpointing_needs_no_more(case):
     tokens = d["batch_size"] * d["seq_len"]
     assert full <= none + 8 * tokens * load(d["model"]).hidden_size + 16 * tokens
     assert kwargs(d)["trainable_layers"] == 1
+
+
+# -- the allocator replay runs each layer's own block ------------------------------------------
+
+from vramwidget import estimate  # noqa: E402
+from vramwidget.allocator import replay  # noqa: E402
+from vramwidget.events import training_events  # noqa: E402
+from vramwidget.training import TrainingSetup  # noqa: E402
+
+MIB = 2 ** 20
+
+
+def _layer_labels(model, **kw):
+    """{layer: the names of the tensors the replay allocates in that layer's forward and backward}."""
+    out = {}
+    for kind, _key, _n, label in training_events(load(model), TrainingSetup.from_kwargs(**kw)):
+        if kind == "alloc" and isinstance(label, tuple) and label[0] == "layer" and len(label) > 2:
+            out.setdefault(label[1], set()).add(str(label[-1]))
+    return out
+
+
+def test_replay_runs_each_layer_as_its_own_kind():
+    """t5-base: layers 0-11 are encoder blocks (no cross-attention), 12-23 decoder blocks;
+    qwen3-next: every 4th layer is full attention (layer 3), the others gated DeltaNet.  The
+    replay allocated nothing in a mixed stack's steady blocks before (their averaged trace has
+    no op order)."""
+    t5 = _layer_labels("t5-base", method="lora", batch_size=1, seq_len=64)
+    assert all(any("cross-attention" in n for n in t5[j]) for j in range(12, 24))
+    assert not any("cross-attention" in n for j in range(12) for n in t5[j])
+    assert all(len(t5[j]) > 20 for j in range(24))
+    lfm = _layer_labels("lfm2-1.2b", method="lora", batch_size=1, seq_len=64)
+    order = load("lfm2-1.2b").family.layer_order(load("lfm2-1.2b"))
+    for j, kind in enumerate(order):
+        assert any("q_layernorm" in n for n in lfm[j]) == (kind == "full_attention"), j
+
+
+#: mixed-stack presets small enough to replay here, and the setups checked
+REPLAYED = ["t5-base", "flan-t5-large", "bart-large", "modernbert-base", "lfm2-1.2b", "deepseek-v2-lite"]
+REPLAY_SETUPS = [dict(method="lora", batch_size=4, seq_len=512),
+                 dict(method="full", precision="bf16", batch_size=2, seq_len=512),
+                 dict(method="lora", gradient_checkpointing="full", batch_size=2, seq_len=1024)]
+
+
+@pytest.mark.parametrize("model", REPLAYED)
+def test_replayed_allocations_reach_the_analytic_peak_on_mixed_stacks(model):
+    """The event stream is the estimate's tensors laid out in time: its allocated peak (the
+    replay's max_memory_allocated, which counts each block's rounded size) is the analytic
+    peak within 2.5% on the mixed stacks too.  On the 45 measured (single-kind) H200 cases it
+    is within 0.5% of the measured peak (test_allocator); over 114 single-kind preset setups
+    (these three, presets under 20B parameters) the spread is -9.2% .. +2.1%, median 0.02%;
+    here -0.5% .. +2.3%.  Before each layer ran its own kind, t5-base LoRA b4 x 512 replayed
+    no block tensor at all: reserved == peak allocated, 4,034.2 MiB."""
+    for kw in REPLAY_SETUPS:
+        est = estimate(model, **kw)
+        r = replay(training_events(load(model), TrainingSetup.from_kwargs(**kw)))
+        assert abs(r.max_allocated_bytes / est.peak_allocated_bytes - 1) <= 0.025, (kw, r.max_allocated_bytes / MIB,
+                                                                                  est.peak_allocated_bytes / MIB)
+        assert est.reserved_bytes == max(r.max_reserved_bytes, est.peak_allocated_bytes)
+        assert r.max_reserved_bytes > r.max_allocated_bytes

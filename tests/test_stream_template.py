@@ -23,6 +23,8 @@ SETUPS = [
     ("gpt2", dict(method="freeze", trainable_layers=3)),
     ("qwen2.5-0.5b", dict(precision="amp_bf16", optimizer="adamw_8bit", gradient_checkpointing="selective")),
     ("llama-3.2-1b", dict(allocator="expandable_segments")),
+    ("t5-base", dict(method="lora")),                                       # mixed stack: each layer its kind
+    ("lfm2-1.2b", dict(method="freeze", trainable_layers=3)),
 ]
 SIZES = [(1, 1), (1, 2), (1, 3), (3, 5), (2, 64), (5, 777), (16, 4096)]
 

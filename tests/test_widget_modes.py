@@ -36,6 +36,12 @@ def _setup_kw(calc):
     return {k: v for k, v in calc.setup().items() if k != "model"}
 
 
+def _on_gpu(calc):
+    """The setup as the widget estimates it: on its GPU (whose own CUDA context the device
+    totals count: an RTX 4090's 426 MiB, not the H200's 620.8)."""
+    return dict(_setup_kw(calc), gpu=calc.gpu or None)
+
+
 def _titles(calc):
     return {r["scenario"]: r for r in calc.rows["comparison"] if r["level"] == "title"}
 
@@ -84,8 +90,9 @@ def test_defaults_are_the_single_gpu_estimate(calc):
     assert calc.parallel_setup() == {}
     assert calc.parallel_estimate is None
     assert calc.summary["parallel"] is None
-    direct = vw.estimate(MODEL, **_setup_kw(calc))
+    direct = vw.estimate(MODEL, **_on_gpu(calc))
     assert calc.estimate.device_total_bytes == direct.device_total_bytes
+    assert calc.estimate.cuda_context_bytes == gpus.context_bytes(GPU)[0] == 426 * 2**20
 
 
 def test_zero3_shows_the_per_gpu_estimate_smaller_than_one_gpu(calc):
@@ -94,7 +101,7 @@ def test_zero3_shows_the_per_gpu_estimate_smaller_than_one_gpu(calc):
     assert calc.strategy == "ddp"                    # several replicas: DDP is picked
     calc.strategy = "zero3"
     assert calc.error == ""
-    direct = estimate_parallel(MODEL, strategy="zero3", num_gpus=8, **_setup_kw(calc))
+    direct = estimate_parallel(MODEL, strategy="zero3", num_gpus=8, **_on_gpu(calc))
     assert calc.parallel_estimate is not None
     assert calc.estimate is calc.parallel_estimate.per_gpu
     assert calc.estimate.device_total_bytes == direct.per_gpu.device_total_bytes
@@ -110,7 +117,7 @@ def test_zero3_shows_the_per_gpu_estimate_smaller_than_one_gpu(calc):
     # every scenario of the comparison is laid out per GPU under the same layout
     scen = dict(calc.scenarios)
     fp32 = estimate_parallel(MODEL, strategy="zero3", num_gpus=8,
-                             **dict(_setup_kw(calc), precision="fp32"))
+                             **dict(_on_gpu(calc), precision="fp32"))
     assert scen["FP32 full"].device_total_bytes == fp32.per_gpu.device_total_bytes
     assert _titles(calc)["FP32 full"]["bytes"] == pytest.approx(fp32.per_gpu.device_total_bytes)
 
@@ -146,7 +153,7 @@ def test_pipeline_stages_are_listed(calc):
     calc.num_gpus = 2
     assert calc.error == ""
     stages = calc.summary["parallel"]["stages"]
-    direct = estimate_parallel(MODEL, num_gpus=2, pipeline_parallel=2, **_setup_kw(calc))
+    direct = estimate_parallel(MODEL, num_gpus=2, pipeline_parallel=2, **_on_gpu(calc))
     assert [s["stage"] for s in stages] == [0, 1]
     assert stages[0]["holds"] == "embeddings" and stages[1]["holds"] == "output head"
     assert [s["device_total_gib"] for s in stages] == pytest.approx(
@@ -164,7 +171,8 @@ def test_pipeline_stages_are_listed(calc):
 
 def test_every_scenario_has_a_fits_verdict(calc):
     calc.batch_size = 2
-    usable = gpus.get_gpu(GPU).usable_bytes
+    usable = verdict.capacity_bytes(GPU)          # what CUDA reports as the card's total
+    assert usable == gpus.get_gpu(GPU).cuda_total_bytes == 24248 * 2**20
     titles = _titles(calc)
     assert list(titles) == [YOUR_SETUP] + [n for n, _ in SCENARIOS]
     scen = dict(calc.scenarios)

@@ -84,6 +84,10 @@ class Trace:
         #: output): autograd releases them after that node's backward, one op later than a
         #: tensor kept by its consumer (the replay's order, ``events.py``)
         self.saved_by_producer: set = set()
+        #: the residual stream, by tensor name, for the allocator replay (``events.py``):
+        #: "resid" for a tensor the block holds until the next one (a residual sum, or a
+        #: post-LN block's normalised sum), "out" for the block's output (``trace_block``)
+        self.stream: Dict[str, str] = {}
 
     def new(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
         """Record a new forward tensor (not yet saved)."""
@@ -100,6 +104,11 @@ class Trace:
         ``outlives``: how many tensors created after it exist before it is freed."""
         t = _T(name, numel, dtype, rg, formula, group, outlives)
         self.ops.append(("new", t))
+        return t
+
+    def residual_stream(self, t: _T) -> _T:
+        """Mark ``t`` as the residual stream: it lives until the next stream tensor exists."""
+        self.stream.setdefault(t.name, "resid")
         return t
 
     def param(self, module: str) -> None:
@@ -529,5 +538,7 @@ def trace_block(ctx: BlockContext, *, input_rg: bool = True, dense_layer: bool =
     tr = Trace()
     x = tr.new("block input", ctx.T * ctx.arch.hidden_size, ctx.resid, input_rg, "T x h", "norms")
     ctx.dense_layer = dense_layer
-    ctx.arch.family.block(tr, ctx, x)
+    out = ctx.arch.family.block(tr, ctx, x)
+    if out is not None:
+        tr.stream[out.name] = "out"
     return tr

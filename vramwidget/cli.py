@@ -323,15 +323,16 @@ def _group_formula(node) -> str:
 
 
 def format_verdict(est, model: str = "MODEL") -> List[str]:
-    """The ``verdict`` lines of ``estimate --gpu``: the device total against the GPU's usable
-    memory, with the margin and the estimator's own uncertainty (:mod:`vramwidget.verdict`)."""
+    """The ``verdict`` lines of ``estimate --gpu``: the device total on the GPU (reserved + its
+    own CUDA context) against what CUDA reports as its total, with the margin and the
+    estimator's own uncertainty (:mod:`vramwidget.verdict`)."""
     from .verdict import verdict as judge
 
     v = judge(est, est.gpu)
     room = v["headroom_bytes"]
     word = {"fits": "FITS", "tight": "TIGHT", "does_not_fit": "DOES NOT FIT"}[v["state"]]
     out = [f"verdict           {word} on {v['gpu']}: needs {fmt_bytes(v['need_bytes'])} of "
-           f"{fmt_bytes(v['capacity_bytes'])} ({fmt_bytes(abs(room))} {'free' if room >= 0 else 'over'}, "
+           f"{fmt_bytes(v['capacity_bytes'])} CUDA total ({fmt_bytes(abs(room))} {'free' if room >= 0 else 'over'}, "
            f"{abs(v['headroom_pct']):.0f}%; uncertainty ±{fmt_bytes(v['band_bytes'])})",
            f"{'':18}({v['context_note']})"]
     if v["state"] != "fits":
@@ -373,7 +374,8 @@ def format_estimate(arch, est, units: str = "gib", tokens: Optional[float] = Non
     for label, v in (("peak allocated", est.peak_allocated_bytes), ("predicted reserved", est.reserved_bytes),
                      ("device total", est.device_total_bytes)):
         lines.append(f"{label:18}{v / GIB:9.2f} GiB {v / GB:9.2f} GB")
-    lines.append(f"{'':18}(device total = reserved + CUDA context {est.cuda_context_bytes / GIB:.2f} GiB)")
+    where = f"{est.gpu.name}'s" if est.gpu is not None else "no GPU chosen: the H200's measured"
+    lines.append(f"{'':18}(device total = reserved + CUDA context {est.cuda_context_bytes / GIB:.2f} GiB, {where})")
     if est.gpu is not None:
         lines.extend(format_verdict(est, arch.name))
     if est.flops_per_step:
@@ -698,7 +700,8 @@ def format_fit_answers(a: Dict[str, Any]) -> str:
     g = a["gpu"]
     c = a["check"]
     lines = [f"model             {a['model']}",
-             f"GPU               {g['name']}: {fmt_bytes(g['usable_bytes'])} usable"
+             f"GPU               {g['name']}: {fmt_bytes(c['usable_bytes'])} CUDA total "
+             f"({fmt_bytes(g['usable_bytes'])} in nvidia-smi)"
              + ("" if g["bf16"] else " (no bf16)")]
     s = a["setup"]
     bits = [s["method"], s["precision"], s["optimizer"], f"checkpointing {s['gradient_checkpointing']}",
@@ -713,10 +716,11 @@ def format_fit_answers(a: Dict[str, Any]) -> str:
     verdict = {"fits": "FITS", "tight": "TIGHT", "does_not_fit": "DOES NOT FIT"}[v["state"]]
     room = v["headroom_bytes"]
     lines.append(f"verdict           {verdict}: device total {fmt_bytes(v['need_bytes'])} of "
-                 f"{fmt_bytes(v['capacity_bytes'])} ({fmt_bytes(abs(room))} {'free' if room >= 0 else 'over'}, "
+                 f"{fmt_bytes(v['capacity_bytes'])} CUDA total ({fmt_bytes(abs(room))} {'free' if room >= 0 else 'over'}, "
                  f"{abs(v['headroom_pct']):.0f}%; uncertainty ±{fmt_bytes(v['band_bytes'])})")
-    lines.append("                  (device total = predicted reserved memory + CUDA context, the worst GPU;"
-                 " tight = within the uncertainty)")
+    lines.append("                  (device total = predicted reserved memory + the card's CUDA context, the worst"
+                 " GPU; tight = within the uncertainty)")
+    lines.append(f"                  ({v['context_note']})")
     lines.append(f"largest batch     {a['max_batch_size']} (at seq {s['seq_len']})")
     mp = a.get("max_position_embeddings")
     lines.append(f"longest sequence  {a['max_seq_len']:,} tokens (at batch {s['batch_size']})"

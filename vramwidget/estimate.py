@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from .activations import LORA_GROUP, BlockContext, SavedTensor, Trace, attention_backend, trace_block
 from .architecture import HEAD_TARGETS, Architecture, ParamTensor, _restrict, load, resolve_targets
 from .errors import VramError
+from .gpus import context_for, get_gpu
 from .inputs import MAX_BYTES, check_total
 from .result import Estimate, Node
 from .stacks import behaviour
@@ -578,8 +579,13 @@ class _Profile:
     #: numel coefficients, outlives, by_producer, constant numel) per created tensor, ("param",
     #: module) per parameter use; steady and first block
     alloc_ops: Tuple[List[Tuple[Any, ...]], List[Tuple[Any, ...]]] = ([], [])
+    #: the same per layer key (kind, leading dense) of a stack whose blocks differ (a mixed
+    #: stack's kinds, DeepSeek-style dense layers): the replay runs each layer's own block
+    #: (:func:`layer_key`); empty where every block is ``alloc_ops[0]``
+    kind_alloc_ops: Dict[Tuple[str, bool], List[Tuple[Any, ...]]] = field(default_factory=dict)
     #: an encoder-decoder's five size terms (b s, b s^2, b t, b t^2, b s t); else (b s, b s^2)
     target: bool = False
+
 
 
 #: an encoder-decoder's profile is traced at these (seq_len, target_len) sizes, batch 1, and
@@ -818,9 +824,11 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
         per_layer.append((t1.name, t1.group, t1.dtype, t1.formula, coeffs(*(t.nbytes for t in ts)),
                           coeffs(*(t.numel for t in ts))))
 
-    def alloc_ops(key: str) -> List[Tuple[Any, ...]]:
+    def alloc_ops(key: Any, src: str = "") -> List[Tuple[Any, ...]]:
+        os_ = [p[src][key] if src else p[key] for p in probes]
+        o1 = os_[0]
         out: List[Tuple[Any, ...]] = []
-        for ops in zip(*(p[key][0] for p in probes)):
+        for ops in zip(*(o[0] for o in os_)):
             kind, t1 = ops[0]
             if kind == "param":
                 out.append(("param", t1))
@@ -831,9 +839,9 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
                 const = all(n == sizes[0] for n in sizes)
                 cn = t1.numel if const else 0.0
                 coef = tuple(0.0 for _ in sizes) if const else coeffs(*sizes)
-                saved = one[key][1]
+                saved = o1[1]
                 out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in saved, coef, t1.outlives,
-                            t1.name in saved and t1.name in one[key][2], cn))
+                            t1.name in saved and t1.name in o1[2], cn, o1[3].get(t1.name, "")))
         return out
 
     if target:
@@ -846,7 +854,8 @@ def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Pr
                     recompute=[coeffs(*xs) for xs in zip(*(p["recompute"] for p in probes))],
                     head=head, backend=one["backend"], written=field("written"), ops=one["ops"],
                     head_written=field("head_written"), head_ops=one["head_ops"], head_packs=one["head_packs"],
-                    alloc_ops=(alloc_ops("alloc_ops"), alloc_ops("alloc_ops_first")), target=target)
+                    alloc_ops=(alloc_ops("alloc_ops"), alloc_ops("alloc_ops_first")),
+                    kind_alloc_ops={k: alloc_ops(k, "kind_alloc_ops") for k in one["kind_alloc_ops"]}, target=target)
 
 
 def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: int, sq: int,
@@ -885,15 +894,24 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     layers = _trained_layers(arch, s)
     (first_kind, first_dense), others = layers[0], layers[1:]
     order = arch.family.layer_order(arch)
+    kinds: Dict[Tuple[str, bool], Trace] = {}     # each kind's steady block, for the replay
     if order:
-        tr, recompute = _mixed_stack(ctx, order, [kind for kind, _ in others or layers], tq)
+        tr, by_kind = _mixed_stack(ctx, order, [kind for kind, _ in others or layers], tq)
+        kinds = {(kind, False): t for kind, t in by_kind.items()}
+        recompute = [by_kind[kind] for kind in dict.fromkeys(kind for kind, _ in others or layers)]
     else:
         tr = trace_block(ctx, input_rg=True)
         recompute = [tr]
     tr_first = trace_block(kind_context(ctx, first_kind, tq), input_rg=first_rg, dense_layer=first_dense)
-    dense_bytes = trace_block(ctx, input_rg=True, dense_layer=True).total_bytes if dense else tr.total_bytes
-    if any(d for _, d in others):
-        recompute.append(trace_block(ctx, input_rg=True, dense_layer=True))
+    dense_bytes = tr.total_bytes
+    if dense:
+        # the leading dense layers: the stack's first kind
+        dkind = order[0] if order else ""
+        tr_dense = trace_block(kind_context(ctx, dkind, tq), input_rg=True, dense_layer=True)
+        dense_bytes = tr_dense.total_bytes
+        kinds[(dkind, True)] = tr_dense
+        if any(d for _, d in others):
+            recompute.append(tr_dense)
     # the only trained layer is the first: the one a backward rebuilds is that block itself
     recompute_bytes = [t.total_bytes for t in (recompute if others else [tr_first])]
     # final norm + output head input
@@ -933,8 +951,9 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
             "dense": dense_bytes, "head": head, "backend": backend, "recompute": recompute_bytes,
             "written": tr.created_bytes, "ops": tr.created_ops,
             "head_written": htr.created_bytes, "head_ops": htr.created_ops, "head_packs": norm_packs,
-            "alloc_ops": (tr.ops, set(tr.saved), tr.saved_by_producer),
-            "alloc_ops_first": (tr_first.ops, set(tr_first.saved), tr_first.saved_by_producer)}
+            "alloc_ops": (tr.ops, set(tr.saved), tr.saved_by_producer, tr.stream),
+            "alloc_ops_first": (tr_first.ops, set(tr_first.saved), tr_first.saved_by_producer, tr_first.stream),
+            "kind_alloc_ops": {k: (t.ops, set(t.saved), t.saved_by_producer, t.stream) for k, t in kinds.items()}}
 
 
 def _dora_weight_copies_per_layer(arch: Architecture, s: TrainingSetup, P: _Params) -> float:
@@ -981,13 +1000,19 @@ def _trained_range(arch: Architecture, s: TrainingSetup) -> Tuple[int, int]:
     return L - k, k
 
 
+def layer_key(arch: Architecture, order: Optional[List[str]], layer: int) -> Tuple[str, bool]:
+    """Layer ``layer``'s block as (kind, dense): the kind from the family's layer order
+    (``order``; "" where every block is alike), dense for a DeepSeek-style leading dense layer."""
+    lead = arch.dense_layers if arch.is_moe else 0
+    return (order[layer] if order and layer < len(order) else "", layer < lead)
+
+
 def _trained_layers(arch: Architecture, s: TrainingSetup) -> List[Tuple[str, bool]]:
     """The trained layers in order, each as (kind, dense): the kind from the family's layer
     order ("" where every block is alike), dense for a DeepSeek-style leading dense layer."""
     first, k = _trained_range(arch, s)
     order = arch.family.layer_order(arch)
-    lead = arch.dense_layers if arch.is_moe else 0
-    return [(order[j] if order else "", j < lead) for j in range(first, first + max(k, 1))]
+    return [layer_key(arch, order, j) for j in range(first, first + max(k, 1))]
 
 
 def _trained_layout(arch: Architecture, s: TrainingSetup) -> Tuple[Any, ...]:
@@ -1013,23 +1038,22 @@ def kind_context(ctx: BlockContext, kind: str, tq: Optional[int]) -> BlockContex
 
 
 def _mixed_stack(ctx: BlockContext, order: List[str], trained: List[str],
-                 tq: Optional[int] = None) -> Tuple[Trace, List[Trace]]:
+                 tq: Optional[int] = None) -> Tuple[Trace, Dict[str, Trace]]:
     """A stack of blocks of several kinds (a hybrid's linear-attention and attention layers,
     an encoder-decoder's two stacks): the average steady block, each kind's saved tensors
     weighted by its share of ``trained`` (the trained layers after the first, so the first +
-    their count x the average is what they save together), and each of those kinds' block.
+    their count x the average is what they save together), and every kind's steady block.
     Its forward work (kernels, bytes written) is averaged over every layer of ``order``:
     frozen layers run their forward too.  ``tq``: an encoder-decoder's target length (its
     decoder blocks' tokens, see kind_context)."""
     n = len(trained)
     L = len(order)
     avg = Trace()
-    blocks: List[Trace] = []
+    blocks: Dict[str, Trace] = {}
     for kind in dict.fromkeys(order):
-        trk = trace_block(kind_context(ctx, kind, tq), input_rg=True)
+        trk = blocks[kind] = trace_block(kind_context(ctx, kind, tq), input_rg=True)
         count = trained.count(kind)
         if count:
-            blocks.append(trk)
             w = count / n
             for t in trk.saved.values():
                 name = f"{t.name} ({kind}, {count} of {n} layers)"
@@ -1174,15 +1198,16 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
 
 
 def size_grid_totals(arch: Architecture, s: TrainingSetup, b: Any, sq: Any,
-                     mx: Callable[..., Any], reserved: bool = True) -> Dict[str, Any]:
+                     mx: Callable[..., Any], reserved: bool = True, gpu: Any = None) -> Dict[str, Any]:
     """The totals of ``s`` at every (batch ``b``, sequence ``sq``) of two broadcastable
     arrays, computed by the very operations :func:`estimate_setup` does for one size
     (``mx``: an element-wise max of any number of arrays): ``phases`` (forward, backward,
     optimizer_step, first_step, ...), ``peak_allocated_bytes``, ``reserved_bytes`` and
-    ``cuda_context_bytes``.  Saved activations are exact polynomials in b and s (see
+    ``cuda_context_bytes`` (``gpu``'s own, :func:`vramwidget.gpus.context_for`; the H200's
+    without one).  Saved activations are exact polynomials in b and s (see
     :class:`_Profile`), so one trace serves the whole grid.  ``reserved=False`` leaves out
     ``reserved_bytes`` (one allocator replay per cell: ``fitmap`` chooses the cells)."""
-    return _estimate(arch, s, sizes=(b, sq), mx=mx, grid_reserved=reserved)
+    return _estimate(arch, s, gpu=gpu, sizes=(b, sq), mx=mx, grid_reserved=reserved)
 
 
 def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Optional[Tuple[Any, Any]] = None,
@@ -1300,7 +1325,9 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     peak = mx(forward, backward, optimizer)
     phases["first_step"] = mx(forward - states_bytes, backward - states_bytes, optimizer)
     phases["persistent"] = persistent
-    context = CUDA_CONTEXT_BYTES
+    # the chosen card's CUDA context (the H200's without a GPU): gpus.context_for, the one
+    # place it is chosen; Estimate.set_gpu below keeps it with the card
+    context = context_for(get_gpu(gpu) if gpu is not None else None)[0]
     if sizes is not None:  # a grid of sizes: the totals only (a replay per cell for reserved memory)
         out = {"phases": phases, "peak_allocated_bytes": peak, "cuda_context_bytes": context}
         if grid_reserved:
@@ -1463,7 +1490,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                        "ratio of the nearest replayed size of this setup (events.provisional_reserved_bytes)")
         return list(est.phase_components[peak_phase]) + [
             Node("allocator reserve", bytes=max(0.0, reserved_value - peak), formula=formula),
-            Node("cuda context", bytes=context, formula="CUDA context + kernels: ~620 MiB on an H200 (CUDA 13)"),
+            Node("cuda context", bytes=est.cuda_context_bytes, formula=est.cuda_context_source),
         ]
 
     def work() -> Any:

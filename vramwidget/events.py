@@ -33,7 +33,8 @@ from .activations import attention_backend
 from .architecture import Architecture
 from .allocator import DEFAULT_RESERVED_PER_ALLOCATED, parse_alloc_conf, replay
 from .estimate import (ALLOCATOR_REPLAY, BNB_8BIT_MIN_SIZE, BNB_8BIT_OPT_BLOCK, CUBLAS_WORKSPACE_BYTES, _get_profile,
-                       _params, _poly, _resid, _state_dtypes, gc_mode, logits_dtype, size_terms)
+                       _params, _poly, _resid, _state_dtypes, gc_mode, layer_key, logits_dtype, size_terms)
+from .stacks import behaviour
 from .training import TrainingSetup
 from .units import DTYPE_BYTES
 
@@ -214,21 +215,32 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
     ordered = embed_params + [p for lp in layer_params for p in lp] + head_params
 
     # -- the block's forward, at this size ---------------------------------------------------
-    def block_ops(first: bool) -> List[Tuple[Any, ...]]:
-        src = prof.alloc_ops[1] if first else prof.alloc_ops[0]
+    def block_ops(src: List[Tuple[Any, ...]]) -> List[Tuple[Any, ...]]:
         out = []
         for op in src:
             if op[0] == "param":
                 out.append(op)
             else:
-                _, name, dtype, rg, saved, coef, outlives, by_producer, cn = op
+                _, name, dtype, rg, saved, coef, outlives, by_producer, cn, *stream = op
                 out.append(("new", name, DTYPE_BYTES[dtype] * _poly(cn, coef, M), rg, saved, outlives,
-                            by_producer))
+                            by_producer, stream[0] if stream else ""))
         return out
 
-    steady_ops, first_ops = block_ops(False), block_ops(True)
     first_train = L - s.trainable_layers if s.method == "freeze" else 0
+    first_ops = block_ops(prof.alloc_ops[1])
+    # each layer runs its own kind's block (a mixed stack's kinds, leading dense layers;
+    # estimate.layer_key), the first trained one its traced first block
+    by_key = {k: block_ops(ops) for k, ops in prof.kind_alloc_ops.items()}
+    steady = block_ops(prof.alloc_ops[0])
+    order = arch.family.layer_order(arch) if by_key else None
+    layer_ops = [first_ops if layer == first_train else by_key.get(layer_key(arch, order, layer), steady)
+                 for layer in range(L)]
     resid_bytes = T * h * DTYPE_BYTES[_resid(s)]
+    # each layer's residual stream: an encoder-decoder's decoder layers carry the b x target_len
+    # tokens (estimate.kind_context), the others b x s
+    kinds_order = arch.family.layer_order(arch) if s.target_len is not None else None
+    layer_resid = [Th * h * DTYPE_BYTES[_resid(s)] if kinds_order and layer < len(kinds_order)
+                   and kinds_order[layer] in arch.family.target_kinds else resid_bytes for layer in range(L)]
     backend = attention_backend(arch, s, c)
 
     def forward_block(ops: List[Tuple[Any, ...]], x_key: Optional[int], keep_saved: bool,
@@ -243,19 +255,19 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         for op in ops[1:]:                # ops[0] is the block input (the previous output)
             if op[0] == "param":
                 continue
-            _, name, nbytes, rg, is_saved, outlives, _by_producer = op
+            _, name, nbytes, rg, is_saved, outlives, _by_producer, stream = op
             key = st.alloc(nbytes, label + (name,))
             for p in pending:
                 p[1] -= 1
                 if p[1] <= 0:
                     st.free(p[0])
             pending = [p for p in pending if p[1] > 0]
-            if name in ("residual after attention", "block output"):
+            if stream:
                 # the residual stream lives until the next residual add; a norm may save it
                 if resid is not None and resid != x_key and resid not in saved:
                     st.free(resid)
                 resid = key
-                if name == "block output":
+                if stream == "out":
                     out_key = key
                 elif is_saved and keep_saved and key is not None:
                     saved.append(key)
@@ -284,7 +296,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                 for nb in params.pop(op[1], []):
                     grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + (op[1], "grad")))
                 continue
-            _, name, nbytes, rg, is_saved, _outlives, by_producer = op
+            _, name, nbytes, rg, is_saved, _outlives, by_producer, _stream = op
             # the consumer of this tensor runs: it makes the tensor's gradient, then autograd
             # releases what the node saved, then the consumer's own incoming gradient goes
             if name.endswith("dequantized weight"):
@@ -311,13 +323,16 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         for k in saved_iter + deferred:
             st.free(k)
         # the block input's gradient, the size of the residual stream
-        ng = st.alloc(resid_bytes, label + ("grad of block input",))
+        ng = st.alloc(layer_resid[layer], label + ("grad of block input",))
         st.free(g)
         return ng
 
     lg_dtype = logits_dtype(arch, s)
     lg_bytes = Th * V * DTYPE_BYTES[lg_dtype]
-    fp32_TV = Th * V * 4.0
+    # the cross-entropy's dtype: fp32 where the loss upcasts (transformers' ForCausalLMLoss),
+    # else the logits' own (T5ForConditionalGeneration's CrossEntropyLoss; estimate.loss_memory)
+    upcast = bool(behaviour(s.stack)["loss_upcast"]) and arch.family.loss_upcast
+    fp32_TV = Th * V * 4.0 if upcast else lg_bytes
     head_trains = bool(head_params) or (s.method == "full")
     states_made = False
     cast_bytes = {}   # autocast's 16-bit weight copies, per layer (made in forward, kept for backward)
@@ -343,7 +358,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         keep: List[Tuple[Optional[int], List[int], List[int]]] = []   # per block: input, saved, casts
         autocast_cache: List[int] = []    # casts of trainable weights under checkpointing: freed on autocast exit
         for layer in range(L):
-            ops = first_ops if layer == first_train else steady_ops
+            ops = layer_ops[layer]
             casts = [k for k in (st.alloc(nb, ("layer", layer, "weight cast")) for nb in cast_bytes.get(layer, []))
                      if k is not None]
             if gc:
@@ -372,19 +387,19 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         normed = st.alloc(Th * h * DTYPE_BYTES[c] * (2 if DTYPE_BYTES[_resid(s)] > DTYPE_BYTES[c] else 1),
                           "final norm output")
         logits = st.alloc(lg_bytes, "logits")
-        up = st.alloc(fp32_TV, "logits upcast to fp32") if lg_dtype != "float32" else None
-        logsm = st.alloc(fp32_TV, "log_softmax output (fp32)")
+        up = st.alloc(fp32_TV, "logits upcast to fp32") if upcast and lg_dtype != "float32" else None
+        logsm = st.alloc(fp32_TV, "log_softmax output (fp32)" if upcast else "log_softmax output")
         st.free(up)
         st.free(mask)
         for k in autocast_cache:   # leaving torch.autocast clears its cache (autocast_mode.cpp clear_cache)
             st.free(k)
         # -- backward: loss and head --------------------------------------------------------
         st.free(logits)            # del out: the logits are not saved (the head saves its input)
-        g_nll = st.alloc(fp32_TV, "nll_loss gradient (fp32)")
-        g_ls = st.alloc(fp32_TV, "log_softmax gradient (fp32)")
+        g_nll = st.alloc(fp32_TV, "nll_loss gradient (fp32)" if upcast else "nll_loss gradient")
+        g_ls = st.alloc(fp32_TV, "log_softmax gradient (fp32)" if upcast else "log_softmax gradient")
         st.free(logsm)
         st.free(g_nll)
-        g_lg = st.alloc(lg_bytes, "logits gradient") if lg_dtype != "float32" else g_ls
+        g_lg = st.alloc(lg_bytes, "logits gradient") if upcast and lg_dtype != "float32" else g_ls
         if g_lg is not g_ls:
             st.free(g_ls)
         grads: Dict[Tuple[str, int], List[int]] = {}
@@ -405,7 +420,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         g = g2
         for layer in reversed(range(first_train, L)):
             xin, saved, casts = keep[layer]
-            ops = first_ops if layer == first_train else steady_ops
+            ops = layer_ops[layer]
             if gc:
                 # non-reentrant checkpointing: the block's forward runs again, keeping its saves
                 recasts = [st.alloc(nb, ("layer", layer, "weight cast (recompute)")) for nb in cast_bytes.get(layer, [])]

@@ -1,11 +1,13 @@
 """What fits a GPU: the largest micro-batch, the longest sequence, the fewest GPUs, and the
 single changes that make a setup fit.
 
-**The fit rule.**  A setup fits a card when the estimate's *device total* -- the predicted
-reserved memory of PyTorch's caching allocator plus the CUDA context, i.e. what
-``nvidia-smi`` shows -- is at most the card's usable memory
-(:attr:`vramwidget.gpus.GPU.usable_bytes`: the driver-reported total where known, else the
-capacity on the box).  For a parallel run (any of the keywords of
+**The fit rule.**  A setup fits a card when the estimate's *device total* on that card --
+the predicted reserved memory of PyTorch's caching allocator plus the card's own CUDA
+context (:func:`vramwidget.verdict.device_total_on`) -- is at most what CUDA reports as
+the card's total (:func:`vramwidget.verdict.capacity_bytes`: ``mem_get_info()``'s total,
+nvidia-smi's less the driver's own reserve); i.e. the reserved memory is at most what torch
+can allocate there (:func:`vramwidget.gpus.usable_capacity`).  Every estimate here is made
+on the card (``gpu=``), so it counts that context.  For a parallel run (any of the keywords of
 :func:`vramwidget.parallel.estimate_parallel`) the worst GPU decides.  Host memory needed by
 CPU offload is reported, not judged.
 
@@ -35,6 +37,7 @@ from .stacks import stack_switches
 from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
 from .training import TrainingSetup
 from .units import GIB
+from .verdict import capacity_bytes, fits
 
 #: sharding strategies min_gpus and suggestions try, in this order
 SHARDED = ("zero2", "zero3", "fsdp_full_shard")
@@ -57,14 +60,16 @@ class _Query:
         self.par = {k: kw[k] for k in PARALLEL_KEYS if k in kw}
         setup_kw = {k: v for k, v in kw.items() if k not in PARALLEL_KEYS}
         self.setup = TrainingSetup.from_kwargs(**setup_kw)
-        self.usable = self.gpu.usable_bytes
+        #: the capacity judged: what CUDA reports as the card's total (verdict.capacity_bytes)
+        self.usable = capacity_bytes(self.gpu)
 
     def estimate(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None):
+        """The estimate on this card (its device total counts the card's own CUDA context)."""
         s = self.setup if s is None else s
         par = self.par if par is None else par
         if par:
-            return estimate_parallel_setup(self.arch, s, **par)
-        return estimate_setup(self.arch, s)
+            return estimate_parallel_setup(self.arch, s, **par).set_gpu(self.gpu)
+        return estimate_setup(self.arch, s, gpu=self.gpu)
 
     def total(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> float:
         return self.estimate(s, par).device_total_bytes
@@ -81,7 +86,7 @@ class _Query:
         per_gpu = getattr(est, "per_gpu", est)
         if est.peak_allocated_bytes + per_gpu.cuda_context_bytes > self.usable:
             return False
-        return est.device_total_bytes <= self.usable
+        return fits(est.device_total_bytes, self.usable)
 
 
 def _largest(ok, limit: int, cheap=None) -> int:
@@ -142,14 +147,14 @@ class FitCheck:
     """One setup against one card."""
 
     fits: bool
-    device_total_bytes: float
-    usable_bytes: float
+    device_total_bytes: float        # reserved + the card's own CUDA context
+    usable_bytes: float              # what CUDA reports as the card's total (verdict.capacity_bytes)
     gpu: str
     estimate: Any   # Estimate or ParallelEstimate
 
     @property
     def headroom_bytes(self) -> float:
-        """Usable memory left (negative: how much is missing)."""
+        """Memory left of the card's CUDA total (negative: how much is missing)."""
         return self.usable_bytes - self.device_total_bytes
 
     def to_dict(self) -> Dict[str, Any]:
@@ -161,17 +166,18 @@ class FitCheck:
 
 
 def check(model: Any, gpu: Any, **kw: Any) -> FitCheck:
-    """Whether ``model`` with this setup fits ``gpu``: the estimate's device total (reserved +
-    CUDA context; the worst GPU of a parallel run) against the card's usable memory."""
+    """Whether ``model`` with this setup fits ``gpu``: the estimate's device total on the card
+    (reserved + the card's own CUDA context; the worst GPU of a parallel run) against what
+    CUDA reports as its total (see the module's fit rule)."""
     q = _Query(model, gpu, kw)
     est = q.estimate()
     total = est.device_total_bytes
-    return FitCheck(total <= q.usable, total, q.usable, q.gpu.name, est)
+    return FitCheck(fits(total, q.usable), total, q.usable, q.gpu.name, est)
 
 
 def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: Any) -> int:
     """The largest micro-batch (``batch_size``; per data-parallel replica in a parallel run)
-    whose device total fits ``gpu``'s usable memory; 0 when even one sequence does not fit.
+    whose device total fits ``gpu`` (the fit rule above); 0 when even one sequence does not fit.
     The rest of the setup (``seq_len``, method, precision, parallel keywords...) is fixed."""
     limit = check_int("limit", limit, lo=1)
     q = _Query(model, gpu, kw)
@@ -260,7 +266,7 @@ class Suggestion:
     ``changes`` are the keywords that change (setup fields or parallel keywords);
     ``kwargs`` the whole keyword set to pass back to :func:`check` / the estimators.
     ``saved_bytes`` is the drop in device total; ``fits`` whether the device total is under
-    the GPU's usable memory, ``state`` the verdict with the estimate's uncertainty band
+    the GPU's CUDA total (the fit rule above), ``state`` the verdict with the estimate's uncertainty band
     (:mod:`vramwidget.verdict`: fits | tight | does_not_fit); ``cost`` says what the change
     costs in words and ``costs`` by axis (``quality``, ``time``, ``hardware``: "" when free
     on that axis); ``extra_compute`` the share of extra FLOPs per step where that is a cost
@@ -454,7 +460,7 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
             words[-1] += (f"; {t[0]:.3g} s per step, {t[1]:,.0f} tokens/s"
                           + (f" ({change * 100:+.0f}% GPU time per token)" if change is not None else ""))
         usd = (t[2] * 1e6 / 3600 * q.gpu.usd_per_gpu_hour) if t and q.gpu.usd_per_gpu_hour else None
-        return Suggestion(title, changes, kwargs, total, base - total, total <= q.usable, kind,
+        return Suggestion(title, changes, kwargs, total, base - total, fits(total, q.usable), kind,
                           "; ".join(words) if len(ms) == 1 else " | ".join(words), extra, cpu,
                           ms[0].cost_value if len(ms) == 1 else score, state,
                           {"quality": ", ".join(quality), "time": ", ".join(time), "hardware": ", ".join(hardware)},

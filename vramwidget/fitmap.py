@@ -9,8 +9,9 @@ and sequence length, exactly: the grid is computed by the estimator's own operat
 (:func:`vramwidget.estimate.size_grid_totals`) on numpy arrays (the saved activations are
 exact polynomials in batch and sequence, traced once).  The state of a cell is
 :mod:`vramwidget.verdict`'s: fits, tight (within the estimate's own uncertainty) or
-does_not_fit, judged on the device total (reserved + CUDA context) against the GPU's usable
-memory.  Reserved memory needs an allocator replay per cell; only the cells whose state
+does_not_fit, judged on the device total on the card (reserved + the card's own CUDA
+context, :func:`vramwidget.verdict.device_total_on`) against what CUDA reports as its total
+(:func:`vramwidget.verdict.capacity_bytes`).  Reserved memory needs an allocator replay per cell; only the cells whose state
 depends on it are replayed (see :func:`fit_map`, and ``exact=True`` for all of them).
 """
 
@@ -162,8 +163,9 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
 def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None,
             seq_lens: Optional[Sequence[int]] = None, exact: bool = False, **setup: Any):
     """A pandas DataFrame with one row per (batch_size, seq_len): ``batch_size``,
-    ``seq_len``, ``peak_allocated_bytes``, ``device_total_bytes``, ``band_bytes``, ``state``
-    (fits | tight | does_not_fit on ``gpu``) and ``reserved_exact``.
+    ``seq_len``, ``peak_allocated_bytes``, ``device_total_bytes`` (reserved + ``gpu``'s own
+    CUDA context), ``band_bytes``, ``state`` (fits | tight | does_not_fit on ``gpu``) and
+    ``reserved_exact``.
 
     ``setup`` takes the keyword arguments of :func:`vramwidget.estimate` (one GPU, the
     training step); ``batch_size`` and ``seq_len`` there are ignored (the grid sets them).
@@ -208,15 +210,15 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
     b = np.repeat(np.asarray(bs, dtype=np.int64), len(ss))
     sq = np.tile(np.asarray(ss, dtype=np.int64), len(bs))
     if _array_safe(s):
-        tot = size_grid_totals(arch, s, b, sq, lambda *xs: reduce(np.maximum, xs), reserved=False)
+        tot = size_grid_totals(arch, s, b, sq, lambda *xs: reduce(np.maximum, xs), reserved=False, gpu=g)
         peak = np.array(np.broadcast_to(np.asarray(tot["peak_allocated_bytes"], dtype=float), b.shape))
         context = tot["cuda_context_bytes"]
     else:  # a mechanism with integer steps in the sizes: one estimate per cell (still exact)
-        ests = [estimate_setup(arch, s.replace(batch_size=int(x), seq_len=int(y))) for x, y in zip(b, sq)]
+        ests = [estimate_setup(arch, s.replace(batch_size=int(x), seq_len=int(y)), gpu=g) for x, y in zip(b, sq)]
         peak = np.array([e.peak_allocated_bytes for e in ests], dtype=float)
         context = ests[0].cuda_context_bytes
     rel = verdict.uncertainty()["rel_error"]
-    cap = float(g.usable_bytes)
+    cap = verdict.capacity_bytes(g)
     reserved, known, rank = _sparse_reserved(arch, s, b, sq, peak, context, cap, rel, bool(exact))
     state = np.asarray(verdict.STATES, dtype=object)[rank].astype(str)
     return pd.DataFrame({"batch_size": b, "seq_len": sq, "peak_allocated_bytes": peak,

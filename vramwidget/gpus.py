@@ -284,6 +284,21 @@ def context_bytes(gpu: "str | GPU", torch_version: Optional[str] = None,
     return mib * MIB, src
 
 
+#: where the context an estimate counts comes from when no GPU is chosen
+NO_GPU_CONTEXT_SOURCE = ("no GPU chosen: the H200's 620.8 MiB, measured with this package's validation cases "
+                         "(data/h200_training_a.jsonl env.cuda_context_mib; torch 2.11.0+cu130)")
+
+
+def context_for(gpu: "str | GPU | None") -> Tuple[float, str]:
+    """The CUDA context an estimate counts in its device total, and its source: the chosen
+    card's own (:func:`context_bytes`, current torch and CUDA), or with no GPU chosen
+    (None) the H200 measurement of the validation cases (``units.CUDA_CONTEXT_BYTES``).
+    The one place an estimate's context is chosen (``Estimate.set_gpu``, ``fit_map``)."""
+    if gpu is None:
+        return CUDA_CONTEXT_BYTES, NO_GPU_CONTEXT_SOURCE
+    return context_bytes(gpu)
+
+
 def usable_capacity(gpu: "str | GPU", *, torch_version: Optional[str] = None, cuda_version: Optional[str] = None,
                     ecc: Optional[bool] = None) -> Tuple[float, str]:
     """What torch can allocate on ``gpu``: the device memory a process sees less the CUDA

@@ -47,8 +47,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
+from .gpus import context_for
 from .inputs import MAX_BYTES, check_bool, check_total, check_int, check_keywords, check_number, check_text, close_match, shown
-from .estimate import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, _quant_const_bytes, _quantizable
+from .estimate import CUBLAS_WORKSPACE_BYTES, _quant_const_bytes, _quantizable
 from .result import Estimate, Node
 from .units import DTYPE_BYTES, GIB, canonical_dtype
 
@@ -1178,10 +1179,12 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     peak = phases[peak_phase]
     reserved = peak * 1.02
     phase_components = {"after_load": after_nodes, "prefill": prefill_nodes, "decode": decode_nodes}
+    # the GPU's own CUDA context (the H200's without one): gpus.context_for, as training counts it
+    context, context_src = context_for(gpu)
     components = list(phase_components[peak_phase]) + [
         Node("allocator reserve", bytes=reserved - peak,
              formula="caching allocator: 2% of the peak (the training rule; not yet measured for inference)"),
-        Node("cuda context", bytes=CUDA_CONTEXT_BYTES, formula="CUDA context + kernels: ~620 MiB on an H200")]
+        Node("cuda context", bytes=context, formula=context_src)]
     if s.attn_implementation == "eager":
         notes.append("eager attention materialises b x a x q x S scores and repeats K/V to every head")
     if lay.sliding_layers and lay.window and p > lay.window:
@@ -1191,16 +1194,18 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     est = InferenceEstimate(
         model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total, params_trainable=0,
         components=components, phases_bytes=phases, peak_phase=peak_phase, peak_allocated_bytes=peak,
-        reserved_bytes=reserved, cuda_context_bytes=CUDA_CONTEXT_BYTES, notes=notes,
+        reserved_bytes=reserved, cuda_context_bytes=context, cuda_context_source=context_src, notes=notes,
         phase_components=phase_components, kv_cache_bytes=kv_dec.bytes, kv_cache_prefill_bytes=kv_pre.bytes,
         kv_bytes_per_token=lay.bytes_per_token, weights_bytes=w_bytes)
     if gpu is not None:
+        from .verdict import capacity_bytes, fits
+
         est.gpu = gpu.name
-        est.gpu_usable_bytes = gpu.usable_bytes
-        est.fits = est.device_total_bytes <= gpu.usable_bytes
+        est.gpu_usable_bytes = capacity_bytes(gpu)
+        est.fits = fits(est.device_total_bytes, est.gpu_usable_bytes)
         if not est.fits:
             notes.append(f"does not fit {gpu.name}: {est.device_total_bytes / GIB:.2f} GiB needed, "
-                         f"{gpu.usable_gib:.2f} GiB usable")
+                         f"{est.gpu_usable_bytes / GIB:.2f} GiB CUDA total")
     return est
 
 
@@ -1303,15 +1308,17 @@ def _serving_estimate(arch: Architecture, s: InferenceSetup, lay: KVLayout, gpu:
         notes.append(f"does not start: the KV cache holds {p.kv_tokens:,} tokens, less than one "
                      f"{s.context_len:,}-token request (budget {p.kv_budget_bytes / GIB:.2f} GiB after weights, "
                      f"activations and non-torch memory)")
+    from .verdict import capacity_bytes
+
     ctx = gpu.cuda_context_bytes
     est = InferenceEstimate(
         model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total, params_trainable=0,
         components=components, phases_bytes=phases, peak_phase="serving", peak_allocated_bytes=peak,
         reserved_bytes=reserved + sum(x[1] for x in p.non_torch_items if x[0] != "CUDA context")
-        + p.cuda_graph_bytes, cuda_context_bytes=ctx, notes=notes,
+        + p.cuda_graph_bytes, cuda_context_bytes=ctx, cuda_context_source=gpu.cuda_context_source, notes=notes,
         phase_components={"after_load": after, "profile": profile, "serving": serving},
         kv_cache_bytes=pool, kv_cache_prefill_bytes=0.0, kv_bytes_per_token=p.kv_bytes_per_token,
-        weights_bytes=p.weights_bytes, serving=info, gpu=gpu.name, gpu_usable_bytes=gpu.usable_bytes,
+        weights_bytes=p.weights_bytes, serving=info, gpu=gpu.name, gpu_usable_bytes=capacity_bytes(gpu),
         fits=info["fits"])
     est.plan = p
     return est
@@ -1330,8 +1337,8 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     ``gpu`` for the batch: that context fits, one more block does not.  0 if not even one
     block fits.
 
-    generate() mode: the device total (reserve + CUDA context) must stay under the GPU's
-    usable memory; the prompt is the whole context unless ``prompt_len`` is given (then
+    generate() mode: the device total (reserve + the GPU's own CUDA context) must stay
+    within what CUDA reports as its total (:mod:`vramwidget.verdict`); the prompt is the whole context unless ``prompt_len`` is given (then
     min(prompt_len, context)).  Serving mode (``gpu_memory_utilization``): at least
     ``batch_size`` sequences of that context must fit the paged KV pool.
     """
@@ -1582,7 +1589,7 @@ def format_table(est: InferenceEstimate, longest: Optional[int] = None) -> str:
     elif est.gpu:
         room = est.gpu_usable_bytes - est.device_total_bytes
         lines.append(f"  {est.gpu}: {'fits' if est.fits else 'does NOT fit'}: device total "
-                     f"{est.device_total_bytes / GIB:.2f} GiB of {est.gpu_usable_bytes / GIB:.2f} GiB usable "
+                     f"{est.device_total_bytes / GIB:.2f} GiB of {est.gpu_usable_bytes / GIB:.2f} GiB CUDA total "
                      f"({abs(room) / GIB:.2f} GiB {'to spare' if room >= 0 else 'over'}, "
                      f"{abs(room) / est.gpu_usable_bytes * 100:.0f}%)")
     if longest is not None:

@@ -235,7 +235,8 @@ class ParallelEstimate:
 
     # -- time (timing.py) ---------------------------------------------------------
     def set_gpu(self, gpu: Any) -> "ParallelEstimate":
-        """Time every stage's step on ``gpu`` (a catalogue name); returns self."""
+        """Put every stage on ``gpu`` (a catalogue name; None: no GPU): timed there, each
+        device total counting the card's own CUDA context (``Estimate.set_gpu``); returns self."""
         for st in self.stages:
             st.estimate.set_gpu(gpu)
         return self
@@ -272,11 +273,11 @@ class ParallelEstimate:
         return self.slowest.run_cost(tokens, usd_per_gpu_hour)
 
     def fits(self, gpu: Any) -> bool:
-        """Whether the worst GPU's device total (reserved + CUDA context) stays within
-        the card's usable memory (:attr:`vramwidget.gpus.GPU.usable_bytes`)."""
-        from .gpus import get_gpu
+        """Whether the worst GPU's device total on ``gpu`` (reserved + the card's own CUDA
+        context) stays within what CUDA reports as the card's total (:mod:`vramwidget.verdict`)."""
+        from .verdict import capacity_bytes, device_total_on, fits
 
-        return self.device_total_bytes <= get_gpu(gpu).usable_bytes
+        return fits(device_total_on(self, gpu), capacity_bytes(gpu))
 
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
@@ -505,9 +506,16 @@ def _slice(arch: Architecture, first: int, last: int, embed: bool, head: bool, t
     n = last - first + 1
     dense = max(0, min(arch.dense_layers - 1, last) - first + 1) if arch.dense_layers else 0
     sliding = round(arch.sliding_layers * n / L) if arch.sliding_layers else 0
+    # a mixed stack's stage holds its own layers' kinds (an encoder-decoder's first stages the
+    # encoder's, a hybrid's its share of linear-attention and attention layers)
+    order = arch.family.layer_order(arch)
+    kinds = arch.layer_kinds
+    if order:
+        order = order[first:last + 1]
+        kinds = [(kd, order.count(kd)) for kd in dict.fromkeys(order)]
     base = replace(arch, tensors=tensors, num_layers=n, dense_layers=dense, sliding_layers=sliding,
                    tie_word_embeddings=tied and embed and head,
-                   vocab_size=arch.vocab_size if head else 0)
+                   vocab_size=arch.vocab_size if head else 0, layer_order=order, layer_kinds=kinds)
     if tp == 1 and ep == 1:
         out = (base, base)
     else:
@@ -1079,13 +1087,13 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
         comps = list(phase_components[peak_phase]) + [
             Node("allocator reserve", bytes=max(0.0, reserved() - peak),
                  formula="caching allocator: cached free blocks of the replayed single-GPU step"),
-            Node("cuda context", bytes=E.cuda_context_bytes, formula="CUDA context + kernels")]
+            Node("cuda context", bytes=E.cuda_context_bytes, formula=E.cuda_context_source)]
         est = Estimate(model_name=E.model_name, setup=E.setup, params_total=E.params_total,
                        params_trainable=E.params_trainable, components=comps, phases_bytes=phases,
                        peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
                        cuda_context_bytes=E.cuda_context_bytes, flops_per_step=E.flops_per_step,
                        recompute_overhead=E.recompute_overhead, notes=list(E.notes) + notes,
-                       phase_components=phase_components)
+                       phase_components=phase_components, cuda_context_source=E.cuda_context_source)
         est._provisional_fn = lambda E=E, peak=peak: (
             peak + max(0.0, E.provisional_reserved_bytes - E.peak_allocated_bytes), E.reserved_exact)
     # the per-GPU estimate reports the whole model's parameter counts and the user's setup
@@ -1134,7 +1142,7 @@ def _relabel(est: Estimate, arch: Architecture, s: TrainingSetup, E: Estimate) -
                        params_trainable=E.params_trainable, components=E._components, phases_bytes=dict(E.phases_bytes),
                        peak_phase=E.peak_phase, peak_allocated_bytes=E.peak_allocated_bytes,
                        reserved_bytes=E.reserved_bytes if E.reserved_exact else (lambda: E.reserved_bytes),
-                       cuda_context_bytes=E.cuda_context_bytes,
+                       cuda_context_bytes=E.cuda_context_bytes, cuda_context_source=E.cuda_context_source,
                        flops_per_step=E.flops_per_step, recompute_overhead=E.recompute_overhead, notes=list(E.notes),
                        phase_components=E.phase_components)
         est._provisional_fn = E._provisional_fn

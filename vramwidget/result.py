@@ -33,6 +33,12 @@ COMPONENT_KINDS: Tuple[str, ...] = (
     "allocator reserve",
 )
 
+def _no_gpu_context_source() -> str:
+    from .gpus import NO_GPU_CONTEXT_SOURCE
+
+    return NO_GPU_CONTEXT_SOURCE
+
+
 #: the phases of one training step, in time order
 PHASES: Tuple[str, ...] = ("after_load", "forward", "backward", "optimizer_step")
 
@@ -122,7 +128,7 @@ class Estimate:
                  recompute_overhead: float = 0.0, notes: Optional[List[str]] = None,
                  phase_components: Optional[Dict[str, List[Node]]] = None,
                  builder: Optional[Callable[[], Tuple[List[Node], Dict[str, List[Node]]]]] = None,
-                 backend: str = "analytic"):
+                 backend: str = "analytic", cuda_context_source: Optional[str] = None):
         self.model_name = model_name
         #: how it was computed: "analytic" (the modelled families) or "trace" (a traced step)
         self.backend = backend
@@ -142,7 +148,14 @@ class Estimate:
         #: (reserved bytes, exact=True) -> the peak's components with that allocator reserve,
         #: for builders that leave ``components`` to it (estimate.py's training step)
         self._components_at: Optional[Callable[..., List[Node]]] = None
+        #: the CUDA context the device total counts: the chosen card's own (``set_gpu``:
+        #: :func:`vramwidget.gpus.context_for`), the H200 measurement while no GPU is chosen
         self.cuda_context_bytes = cuda_context_bytes
+        #: where ``cuda_context_bytes`` comes from
+        self.cuda_context_source = cuda_context_source or _no_gpu_context_source()
+        #: every context this estimate has counted (as built, then each set_gpu): the
+        #: "cuda context" boxes holding one of them follow ``cuda_context_bytes``
+        self._contexts_counted = {float(cuda_context_bytes)}
         self.flops_per_step = flops_per_step
         self.recompute_overhead = recompute_overhead
         self.notes = list(notes or [])
@@ -173,7 +186,16 @@ class Estimate:
             self._build()
             if self._components is None and self._components_at is not None:
                 self._components = self._components_at(self.reserved_bytes)
-        return self._components if self._components is not None else []
+        return self._context_now(self._components) if self._components is not None else []
+
+    def _context_now(self, nodes: List[Node]) -> List[Node]:
+        """``nodes`` with their "cuda context" box at the context this estimate counts now
+        (``set_gpu`` may have changed it since the list was built)."""
+        for i, n in enumerate(nodes):
+            if n.name == "cuda context" and not n.children and float(n.bytes) in self._contexts_counted and (
+                    n.bytes != self.cuda_context_bytes or n.formula != self.cuda_context_source):
+                nodes[i] = Node("cuda context", bytes=self.cuda_context_bytes, formula=self.cuda_context_source)
+        return nodes
 
     @property
     def provisional_components(self) -> List[Node]:
@@ -184,7 +206,7 @@ class Estimate:
             return self.components
         if self._phase_components is None:
             self._build()
-        return self._components_at(self.provisional_reserved_bytes, False)
+        return self._context_now(self._components_at(self.provisional_reserved_bytes, False))
 
     @property
     def phase_components(self) -> Dict[str, List[Node]]:
@@ -194,10 +216,15 @@ class Estimate:
 
     # -- time -----------------------------------------------------------------------
     def set_gpu(self, gpu: Any) -> "Estimate":
-        """Time the step on ``gpu`` (a catalogue name or GPU); returns self."""
-        from .gpus import get_gpu
+        """Put the estimate on ``gpu`` (a catalogue name or GPU; None: no GPU): the step is
+        timed there, and the device total and the "cuda context" box count that card's own
+        CUDA context (:func:`vramwidget.gpus.context_for`: by generation, with its source;
+        without a GPU the H200 measurement).  Returns self."""
+        from .gpus import context_for, get_gpu
 
         self.gpu = get_gpu(gpu) if gpu is not None else None
+        self.cuda_context_bytes, self.cuda_context_source = context_for(self.gpu)
+        self._contexts_counted.add(float(self.cuda_context_bytes))
         self._step_time = None
         return self
 
@@ -424,6 +451,7 @@ class Estimate:
             "peak_phase": self.peak_phase,
             "reserved_bytes": int(round(self.reserved_bytes)),
             "cuda_context_bytes": int(round(self.cuda_context_bytes)),
+            "cuda_context_source": self.cuda_context_source,
             "device_total_bytes": int(round(self.device_total_bytes)),
             "phases": {k: int(round(v)) for k, v in self.phases_bytes.items()},
             "flops_per_step": self.flops_per_step,

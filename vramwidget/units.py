@@ -9,8 +9,9 @@ TIB = 2**40
 GB = 10**9
 
 #: CUDA context (not in torch's allocated memory; nvidia-smi shows it): measured 620.8 MiB
-#: on the H200 (driver for CUDA 13); 300-700 MiB across GPUs and drivers.  The default of
-#: every estimate (vramwidget.estimate re-exports it) and of GPUs without a measured one.
+#: on the H200 (driver for CUDA 13); 270-700 MiB across GPUs and drivers.  What an estimate
+#: made without a GPU counts (vramwidget.estimate re-exports it); on a chosen card the card's
+#: own figure counts instead (gpus.context_for, by generation: data/gpus.json cuda_context).
 CUDA_CONTEXT_BYTES = 620.8 * MIB
 
 #: bytes per element of each storage dtype we model

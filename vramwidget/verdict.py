@@ -1,12 +1,17 @@
 """Does it fit?  One measure, three states, and a margin from the estimator's own error.
 
-The measure is the **device total**: what the GPU must hold, the caching allocator's
-reserved memory plus the CUDA context (:attr:`vramwidget.result.Estimate.device_total_bytes`),
-against the card's usable capacity (:attr:`vramwidget.gpus.GPU.usable_bytes`).  Allocated
-memory is a part of it, never the figure judged.  Beside the judged figures the verdict
-says the card's own CUDA context with its source (:func:`vramwidget.gpus.context_bytes`:
-by generation, torch and CUDA version) and what torch can allocate there
-(:func:`vramwidget.gpus.usable_capacity`): ``context_note``, ``capacity_note``.
+The measure is the **device total on the card**: what the GPU must hold, the caching
+allocator's reserved memory plus *that card's own* CUDA context
+(:func:`device_total_on`: :func:`vramwidget.gpus.context_for`, by generation, torch and
+CUDA version, with its source; e.g. 426 MiB on Ada, 620.8 MiB on Hopper), against what CUDA
+reports as the card's total (:func:`capacity_bytes`: ``torch.cuda.mem_get_info()``'s
+total, :attr:`vramwidget.gpus.GPU.cuda_total_bytes`: nvidia-smi's total less what the
+driver keeps).  So a setup fits exactly when its reserved memory is at most what torch can
+allocate there, :func:`vramwidget.gpus.usable_capacity` (total less the context).
+Allocated memory is a part of it, never the figure judged.  An estimate made without a GPU
+counts the H200's measured context (620.8 MiB); judged on a card, the card's own counts.
+These two functions are the one place the judged need and capacity are chosen: fit,
+fit_map, the suggestions, the CLI and the widget all call them.
 
 Three states:
 
@@ -18,7 +23,7 @@ The band is the uncertainty of the predicted figure: the reserved memory times t
 ``QUANTILE`` of the relative error of the predicted ``max_reserved`` over the measured
 validation cases shipped with the package (``data/h200_training_a.jsonl``).  It is computed
 from those cases on first use, so it tightens by itself when the reserved-memory prediction
-improves.  The CUDA context is a measured constant and adds no band.
+improves.  The CUDA context is a measured figure per card and adds no band.
 """
 
 from __future__ import annotations
@@ -64,6 +69,37 @@ def band_bytes(reserved_bytes: float) -> float:
     return float(reserved_bytes) * uncertainty()["rel_error"]
 
 
+def capacity_bytes(gpu: Any) -> float:
+    """The capacity a device total is judged against on ``gpu``: what CUDA reports as the
+    card's total (``torch.cuda.mem_get_info()``'s total, the "total capacity" of torch's
+    out-of-memory message), :attr:`vramwidget.gpus.GPU.cuda_total_bytes` with its source."""
+    from .gpus import get_gpu
+
+    return float(get_gpu(gpu).cuda_total_bytes)
+
+
+def device_total_on(est: Any, gpu: Any) -> float:
+    """The device total of ``est`` (an Estimate, or a ParallelEstimate: its worst GPU) on
+    ``gpu``: its reserved memory plus that card's own CUDA context
+    (:func:`vramwidget.gpus.context_for`).  Equal to ``est.device_total_bytes`` when the
+    estimate was made on ``gpu`` (``Estimate.set_gpu``)."""
+    from .gpus import context_for, get_gpu
+
+    shown = getattr(est, "per_gpu", est)
+    reserved = float(getattr(est, "reserved_bytes", shown.reserved_bytes))
+    return reserved + context_for(get_gpu(gpu))[0]
+
+
+def mib_text(nbytes: float) -> str:
+    """'620.8' / '426': MiB to one decimal, without a trailing '.0'."""
+    return f"{nbytes / MIB:,.1f}".removesuffix(".0")
+
+
+def fits(need_bytes: float, capacity: float) -> bool:
+    """The fit rule without the band: the device total at most the capacity."""
+    return need_bytes <= capacity
+
+
 def state_of(need_bytes: float, capacity_bytes: float, band: float) -> str:
     """fits | tight | does_not_fit for a need against a capacity with a band."""
     if abs(capacity_bytes - need_bytes) <= band:
@@ -77,6 +113,8 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
     Returns ``{"state", "measure": "device_total", "need_bytes", "capacity_bytes",
     "headroom_bytes", "band_bytes", "headroom_pct", "band_rel", "gpu", "num_gpus",
     "context_bytes", "usable_capacity_bytes", "context_note", "capacity_note"}``:
+    ``need_bytes`` is :func:`device_total_on` (reserved + the card's own CUDA context),
+    ``capacity_bytes`` :func:`capacity_bytes` (what CUDA reports as the card's total);
     ``context_bytes`` is the card's CUDA context, ``usable_capacity_bytes`` what torch can
     allocate on it (``gpus.usable_capacity``), ``context_note`` one line with the context
     figure and its source, ``capacity_note`` the derivation of the usable capacity;
@@ -84,19 +122,20 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
     its own fit (``est.fits`` with a serving budget: the KV pool must hold a sequence)
     gives ``does_not_fit`` when it says so.
     """
-    from .gpus import context_bytes, get_gpu, usable_capacity
+    from .gpus import context_for, get_gpu, usable_capacity
 
     g = get_gpu(gpu)
     shown = getattr(est, "per_gpu", est)
-    need = float(getattr(est, "device_total_bytes", shown.device_total_bytes))
     reserved = float(getattr(est, "reserved_bytes", shown.reserved_bytes))
-    counted = float(getattr(shown, "cuda_context_bytes", need - reserved))
-    cap = float(g.usable_bytes)
-    context, context_src = context_bytes(g)
+    need = device_total_on(est, g)
+    cap = capacity_bytes(g)
+    context, context_src = context_for(g)
     torch_can, capacity_src = usable_capacity(g)
-    note = f"CUDA context on {g.name}: {context / MIB:.0f} MiB ({context_src})"
-    if abs(counted - context) >= MIB:
-        note += f"; the device total counts {counted / MIB:.0f} MiB"
+    note = f"CUDA context on {g.name}: {mib_text(context)} MiB ({context_src})"
+    built = getattr(shown, "cuda_context_bytes", None)
+    if built is not None and abs(float(built) - context) >= MIB:
+        note += (f"; judged with it, not the {mib_text(float(built))} MiB the estimate counts as made "
+                 f"({getattr(shown, 'cuda_context_source', '')})")
     band = band_bytes(reserved)
     state = state_of(need, cap, band)
     own = getattr(est, "fits", None) if getattr(est, "serving", None) else None

@@ -1,7 +1,8 @@
 // @ts-check
 /**
  * The verdict bar: does it fit? One measure everywhere: what the GPU must hold (device
- * total = PyTorch's reserved memory + the CUDA context) against the GPU's usable memory,
+ * total = PyTorch's reserved memory + that card's own CUDA context) against what CUDA
+ * reports as the card's total (torch.cuda.mem_get_info()'s total),
  * in three states (fits, tight: within the estimate's own uncertainty, does not fit),
  * with the headroom in bytes and percent. Allocated memory is said beside it, as a part.
  * Below, a row of common GPUs (24, 40, 48, 80, 141 GB classes) with their verdicts; a
@@ -53,7 +54,7 @@ export function verdictPanel(ctx, status = null) {
     const par = s.parallel || null;
     const perGpu = par ? ` per GPU (the worst of ${par.num_gpus})` : "";
     const need = h("span", { class: "vw-need", testid: "headline", "data-need-bytes": String(s.device_total_bytes),
-      title: "What nvidia-smi would show: the memory PyTorch's caching allocator reserves (allocated tensors + cached blocks) plus the CUDA context. The verdict and the phase chart use this figure." }, [
+      title: "What nvidia-smi would show: the memory PyTorch's caching allocator reserves (allocated tensors + cached blocks) plus the chosen card's CUDA context. The verdict and the phase chart use this figure." }, [
       h("strong", { text: fmtBytes(s.device_total_bytes) }), ` on the GPU${perGpu}`,
       h("span", { class: "vw-muted", text: ` · allocated ${fmtBytes(s.peak_bytes)} at ${s.peak_phase_label}` }),
     ]);

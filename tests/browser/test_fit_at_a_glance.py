@@ -23,7 +23,8 @@ from __future__ import annotations
 import pytest
 
 import vramwidget as vw
-from vramwidget.gpus import get_gpu
+from vramwidget.gpus import context_bytes
+from vramwidget.verdict import capacity_bytes
 
 from .conftest import BrowserPage, Lab, write_notebook
 
@@ -35,10 +36,12 @@ CELLS = [f"import vramwidget\ncalc = vramwidget.Calculator({MODEL!r}, gpu={GPU!r
 
 
 def _line_crossing(step: int = 16):
-    """Two sequence lengths ``step`` tokens apart around the GPU's line: (under, over)."""
-    cap = get_gpu(GPU).usable_bytes
+    """Two sequence lengths ``step`` tokens apart around the GPU's line: (under, over).  The
+    line is what CUDA reports as the card's total, the need the device total on the card (its
+    own CUDA context: a T4's 274 MiB, not the H200's 620.8)."""
+    cap = capacity_bytes(GPU)
     lo, hi = 256, 65536
-    need = lambda s: vw.estimate(MODEL, seq_len=s).device_total_bytes  # noqa: E731
+    need = lambda s: vw.estimate(MODEL, gpu=GPU, seq_len=s).device_total_bytes  # noqa: E731
     assert need(lo) < cap < need(hi)
     while hi - lo > step:
         mid = (lo + hi) // 2 // step * step
@@ -125,12 +128,12 @@ PHASE_GEOMETRY_JS = """
 def test_just_under_and_just_over_the_line_agree(session, artifacts):
     page, lab, widget = session["page"], session["lab"], session["widget"]
     under, over = _line_crossing()
-    cap = get_gpu(GPU).usable_bytes
+    cap = capacity_bytes(GPU)
     for seq, side in ((under, "under"), (over, "over")):
         _set_number(page, "seq_len", seq)
         page.wait_for_function(
             "(n) => document.querySelector('[data-testid=headline]').dataset.needBytes === String(n)",
-            arg=vw.estimate(MODEL, seq_len=seq).device_total_bytes, timeout=60_000)
+            arg=vw.estimate(MODEL, gpu=GPU, seq_len=seq).device_total_bytes, timeout=60_000)
         page.wait_for_function(REFINED_JS, timeout=60_000)   # the exact verdict, not the provisional one
         _settle(page, 600)
         lab.scroll_to_top(widget)
@@ -141,10 +144,17 @@ def test_just_under_and_just_over_the_line_agree(session, artifacts):
         geo = page.locator("[data-testid=chart-phases]").evaluate(PHASE_GEOMETRY_JS)
         py = lab.run_new_cell("print(calc.verdict['state'], calc.verdict['need_bytes'], "
                               "calc.estimate.device_total_bytes, max(r['bytes'] for r in calc.rows['phases'] "
-                              "if r['level'] == 'total'))").split()
+                              "if r['level'] == 'total'), calc.estimate.cuda_context_bytes, "
+                              "[r['bytes'] for r in calc.rows['phases'] if r['level'] == 'capacity'][0])").split()
         # one measure: the verdict's need is the headline's figure and the tallest bar's top
         assert py[0] == state
         assert float(py[1]) == need == float(py[2]) == pytest.approx(float(py[3]))
+        # the T4's own context (274 MiB, pytorch PR 86509) in it, the line at its CUDA total
+        assert float(py[4]) == context_bytes(GPU)[0] == 274 * 2**20 and float(py[5]) == cap
+        shown = page.locator("[data-testid=device-total]")
+        assert float(shown.get_attribute("data-context-bytes")) == 274 * 2**20
+        assert "CUDA context 274 MiB (T4's)" in shown.inner_text()
+        assert "CUDA context on T4: 274 MiB" in page.locator("[data-testid=verdict-badge]").get_attribute("title")
         assert (need > cap) == (side == "over")
         # the bar is above the dashed line (smaller y) exactly when the need is over
         assert geo["line"] is not None
@@ -156,6 +166,44 @@ def test_just_under_and_just_over_the_line_agree(session, artifacts):
             assert state in ("tight", "does_not_fit") and "over" in badge
 
 
+def test_another_card_counts_its_own_context(session, artifacts):
+    """A click on the RTX 4090 chip: the headline, the badge, the phase chart's line and
+    Python move to that card's context (Ada: 426 MiB, unsloth-zoo PR 1053) and CUDA total
+    (24,248 MiB), equal to estimate(gpu="RTX 4090") and to fit.check; back to the T4 after."""
+    from vramwidget import fit
+
+    page, lab = session["page"], session["lab"]
+    seq = 2048
+    _set_number(page, "seq_len", seq)
+    page.wait_for_function(REFINED_JS, timeout=60_000)
+    page.locator("[data-testid=gpu-chip-RTX-4090]").click()
+    ada = vw.estimate(MODEL, gpu="RTX 4090", seq_len=seq)
+    page.wait_for_function(
+        "(n) => document.querySelector('[data-testid=headline]').dataset.needBytes === String(n)",
+        arg=ada.device_total_bytes, timeout=60_000)
+    page.wait_for_function(REFINED_JS, timeout=60_000)
+    t4 = vw.estimate(MODEL, gpu=GPU, seq_len=seq)
+    assert ada.device_total_bytes - t4.device_total_bytes == pytest.approx((426 - 274) * 2**20, abs=1e-3)
+    shown = page.locator("[data-testid=device-total]")
+    assert float(shown.get_attribute("data-context-bytes")) == 426 * 2**20
+    assert "(RTX 4090's)" in shown.inner_text()
+    badge = page.locator("[data-testid=verdict-badge]")
+    assert "CUDA context on RTX 4090: 426 MiB" in badge.get_attribute("title")
+    check = fit.check(MODEL, "RTX 4090", seq_len=seq)
+    py = lab.run_new_cell("print(calc.gpu, calc.verdict['state'], calc.verdict['need_bytes'], "
+                          "calc.verdict['capacity_bytes'], calc.estimate.cuda_context_bytes, "
+                          "[r['bytes'] for r in calc.rows['phases'] if r['level'] == 'capacity'][0])").split()
+    assert py[:2] == ["RTX", "4090"] and py[2] == badge.get_attribute("data-state")
+    assert float(py[3]) == ada.device_total_bytes == check.device_total_bytes
+    assert float(py[4]) == check.usable_bytes == float(py[6]) == 24248 * 2**20
+    assert float(py[5]) == 426 * 2**20
+    page.screenshot(path=str(artifacts / "fit-rtx4090-context.png"))
+    assert lab.run_new_cell(f"calc.gpu = {GPU!r}; print(calc.error or 'ok')").strip() == "ok"
+    page.wait_for_function(
+        "(n) => document.querySelector('[data-testid=headline]').dataset.needBytes === String(n)",
+        arg=t4.device_total_bytes, timeout=60_000)
+
+
 def test_the_refined_verdict_arrives(session, artifacts):
     """Issue 10: a setup whose allocator replay is not cached (sequence length 1000: on no
     grid, in no search) is shown at once with a provisional verdict ("refining…" in the
@@ -164,7 +212,7 @@ def test_the_refined_verdict_arrives(session, artifacts):
     page, lab = session["page"], session["lab"]
     page.evaluate(WATCH_STATUS_JS)
     _set_number(page, "seq_len", 1000)
-    exact = vw.estimate(MODEL, seq_len=1000).device_total_bytes
+    exact = vw.estimate(MODEL, gpu=GPU, seq_len=1000).device_total_bytes
     page.wait_for_function(
         "(n) => document.querySelector('[data-testid=headline]').dataset.needBytes === String(n)",
         arg=exact, timeout=60_000)

@@ -154,7 +154,8 @@ class Bart(Family):
         o = linear(tr, ctx, o_in, "out_proj", h, prefix + "out_proj output", "attention", in_features=h)
         o = dropout(tr, o, self.p(cfg, "dropout"), prefix + "output", ctx.cpu)
         s = tr.new(prefix + "residual sum", x.numel, o.dtype, True, "T x h", "norms")
-        return layer_norm(tr, ctx, s, prefix + "layer_norm", h)
+        # post-LN: the normalised sum is the residual stream the next sub-layer adds to
+        return tr.residual_stream(layer_norm(tr, ctx, s, prefix + "layer_norm", h))
 
     def block(self, tr: Any, ctx: Any, x: Any) -> Any:
         arch = ctx.arch

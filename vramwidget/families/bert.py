@@ -108,7 +108,8 @@ class Bert(Family):
         o = linear(tr, ctx, o_in, "dense", h, "attention output dense", "attention", in_features=a * d)
         o = dropout(tr, o, p, "attention output", ctx.cpu)
         s1 = tr.new("attention residual sum", x.numel, o.dtype, True, "T x h", "norms")
-        a1 = layer_norm(tr, ctx, s1, "attention.output.LayerNorm", h)
+        # post-LN: the normalised sum is the residual stream the MLP's sum adds to
+        a1 = tr.residual_stream(layer_norm(tr, ctx, s1, "attention.output.LayerNorm", h))
         f = linear(tr, ctx, a1, "dense", i, "intermediate output", "mlp")
         act = GPT2.activation(self, tr, ctx, f, i)
         m = linear(tr, ctx, act, "dense", h, "output dense", "mlp", in_features=i)

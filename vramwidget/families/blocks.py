@@ -114,5 +114,5 @@ def rotary(tr: Trace, ctx: BlockContext, q: _T, k: _T, q_numel: float, k_numel: 
 
 
 def residual(tr: Trace, x: _T, y: _T, name: str) -> _T:
-    """``x + y``: a new tensor in the promoted dtype; add saves nothing."""
-    return tr.new(name, x.numel, _promote(x.dtype, y.dtype), True, "T x h", "norms")
+    """``x + y``: a new tensor in the promoted dtype (the residual stream); add saves nothing."""
+    return tr.residual_stream(tr.new(name, x.numel, _promote(x.dtype, y.dtype), True, "T x h", "norms"))

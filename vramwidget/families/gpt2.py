@@ -106,7 +106,8 @@ class GPT2(Family):
         if self.parallel(cfg):
             n2 = self.mlp_norm_input(tr, ctx, x, n1)
         else:
-            x1 = tr.new("residual after attention", x.numel, _promote(x.dtype, o.dtype), True, "T x h", "norms")
+            x1 = tr.residual_stream(tr.new("residual after attention", x.numel, _promote(x.dtype, o.dtype), True,
+                                           "T x h", "norms"))
             n2 = layer_norm(tr, ctx, x1, "ln_2", h)
         f = linear(tr, ctx, n2, self.names[2], i, "fc output", "mlp")
         act = self.activation(tr, ctx, f, i)

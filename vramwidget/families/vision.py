@@ -215,7 +215,7 @@ class Qwen25Vision(Family):
         o_in = tr.new("attention output (the chunks concatenated)", T * h, o_chunks.dtype, o_chunks.rg, "T x h",
                       "attention")
         o = linear(tr, ctx, o_in, "proj", h, "proj output", "attention", in_features=h)
-        x1 = tr.new("residual after attention", x.numel, x.dtype, True, "T x h", "norms")
+        x1 = tr.residual_stream(tr.new("residual after attention", x.numel, x.dtype, True, "T x h", "norms"))
         n2 = rms_norm(tr, ctx, x1, "norm2", h)
         gated_mlp(tr, ctx, n2, i)
         return tr.new("block output", x.numel, x.dtype, True, "T x h", "norms")

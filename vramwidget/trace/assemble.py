@@ -122,7 +122,8 @@ def estimate_from_log(name: str, s: TrainingSetup, allocs: List[Alloc], marks: L
         comps = list(per_phase[peak_phase]) + [
             Node("allocator reserve", bytes=max(0.0, reserved - peak),
                  formula="caching allocator: freed blocks kept for reuse (predicted)"),
-            Node("cuda context", bytes=cuda.context_bytes, formula="CUDA context + kernels: ~620 MiB on an H200 (CUDA 13)"),
+            # the estimate's own context (Estimate.set_gpu: the chosen card's) replaces it when read
+            Node("cuda context", bytes=cuda.context_bytes, formula="CUDA context + kernels (Estimate.cuda_context_source)"),
         ]
         return comps, per_phase
 

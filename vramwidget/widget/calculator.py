@@ -40,6 +40,7 @@ from ..inputs import shown as short_repr
 from ..result import Estimate
 from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
 from ..units import GIB
+from ..verdict import capacity_bytes
 from .formats import number_formats
 from .inference import INFERENCE_SCENARIOS, InferencePanel, inference_phase_rows
 from .multigpu import ParallelPanel
@@ -355,8 +356,11 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
             setups = [(name, dict(kw, **change)) for name, change in INFERENCE_SCENARIOS]
         else:
             par = self.parallel_setup()
-            kind, kw = ("par", dict(self.setup(), **par)) if par else ("train", self.setup())
-            setups = self._scenario_setups(self.setup(), par)
+            # made on the chosen card: every device total counts its own CUDA context
+            # (Estimate.set_gpu); without a GPU the H200's measured one
+            base = dict(self.setup(), gpu=gpu.name) if gpu is not None else self.setup()
+            kind, kw = ("par", dict(base, **par)) if par else ("train", base)
+            setups = self._scenario_setups(base, par)
         result = self._cached_estimate(arch, kind, kw)
         # what is drawn: a single-GPU estimate whose replay is not cached yet, with its
         # provisional reserve (the worker replaces it with the exact one)
@@ -388,8 +392,9 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
                 continue
             scenarios.append((name, box))
             own_fits[name] = own
-        cap = gpu.usable_bytes if gpu else None
-        cap_label = f"{gpu.name} ({gpu.usable_gib:.1f} GiB)" if gpu else ""
+        # the capacity the verdict judges: what CUDA reports as the card's total
+        cap = capacity_bytes(gpu) if gpu else None
+        cap_label = f"{gpu.name} ({cap / GIB:.1f} GiB CUDA total)" if gpu else ""
         comparison: List[Dict[str, Any]] = []
         if not keep:
             comparison = comparison_rows(
@@ -483,12 +488,14 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
             "peak_phase_label": peak_label,
             "reserved_gib": est.reserved_bytes / GIB,
             "cuda_context_gib": est.cuda_context_bytes / GIB,
+            "cuda_context_bytes": est.cuda_context_bytes,
+            "cuda_context_source": est.cuda_context_source,
             "device_total_bytes": est.device_total_bytes,
             "device_total_gib": est.device_total_gib,
             "gpu": gpu.name if gpu else "",
-            "gpu_gib": gpu.usable_gib if gpu else None,
+            "gpu_gib": capacity_bytes(gpu) / GIB if gpu else None,
             "fits": fits,
-            "headroom_gib": (gpu.usable_bytes - est.device_total_bytes) / GIB if gpu else None,
+            "headroom_gib": (capacity_bytes(gpu) - est.device_total_bytes) / GIB if gpu else None,
             "phases_gib": {k: v / GIB for k, v in est.phases_bytes.items()},
             "recompute_overhead": est.recompute_overhead,
             "notes": list(est.notes),

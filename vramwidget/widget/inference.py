@@ -10,6 +10,8 @@ from .. import charts, gpus
 from ..result import Estimate
 from ..treemap import fmt_gib
 from ..units import GIB
+from ..verdict import capacity_bytes
+from ..verdict import fits as judge_fits
 from .state import INFERENCE_KEYWORDS
 
 #: the comparison in inference mode: the same context and batch in three weight formats
@@ -105,7 +107,7 @@ class InferencePanel:
         the longest context that fits the GPU."""
         from ..inference import MAX_SEARCH_TOKENS
 
-        fits = (bool(est.fits) if est.fits is not None else est.device_total_bytes <= gpu.usable_bytes) \
+        fits = (bool(est.fits) if est.fits is not None else judge_fits(est.device_total_bytes, capacity_bytes(gpu))) \
             if gpu is not None else None
         out = self._base_summary(est, arch, gpu, skipped, fits, _INFERENCE_PHASE_LABELS)
         longest = self._longest(arch, gpu, kw) if gpu is not None else None
@@ -148,7 +150,7 @@ class InferencePanel:
                 f"device total {fmt_gib(est.device_total_bytes)}; KV cache "
                 f"{est.kv_bytes_per_token / 1024:g} KiB per token, {fmt_gib(est.kv_cache_bytes)} in all")
         if gpu:
-            text += f"; {'fits' if fits else 'does not fit'} {gpu.name} ({gpu.usable_gib:.1f} GiB)"
+            text += f"; {'fits' if fits else 'does not fit'} {gpu.name} ({capacity_bytes(gpu) / GIB:.1f} GiB CUDA total)"
             if longest is not None:
                 text += f"; longest context that fits {gpu.name}: {longest:,} tokens"
         out["text"] = text

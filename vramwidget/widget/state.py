@@ -230,8 +230,9 @@ class State(anywidget.AnyWidget):
     # -- outputs: set by Python, drawn by the frontend ------------------------------------
     verdict = t.Dict(**_doc(
         "Does it fit the chosen GPU: {state: fits | tight | does_not_fit, measure: 'device_total', "
-        "need_bytes, capacity_bytes, headroom_bytes, band_bytes, headroom_pct, band_rel, gpu, "
-        "num_gpus} (vramwidget.verdict); {} without a GPU.")).tag(sync=True)
+        "need_bytes (reserved + the card's own CUDA context), capacity_bytes (what CUDA reports as the "
+        "card's total), headroom_bytes, band_bytes, headroom_pct, band_rel, gpu, num_gpus, context_bytes, "
+        "usable_capacity_bytes, context_note, capacity_note} (vramwidget.verdict); {} without a GPU.")).tag(sync=True)
     specs = t.Dict(**_doc(
         "Vega-Lite spec of each chart (detail, comparison, phases), set once; each reads the "
         "named dataset of the same name.")).tag(sync=True)

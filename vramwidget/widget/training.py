@@ -8,6 +8,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from .. import charts, gpus
 from ..treemap import fmt_gib
 from ..units import GIB
+from ..verdict import capacity_bytes
+from ..verdict import fits as judge_fits
 from .multigpu import parallel_summary
 from .state import ESTIMATE_INPUTS, TracedModel, run_estimate, shown
 
@@ -115,13 +117,13 @@ class TrainingPanel:
         the current point.  No rows without a GPU."""
         if gpu is None:
             return []
-        rest = {k: v for k, v in kw.items() if k not in ("batch_size", "seq_len", "model")}
+        rest = {k: v for k, v in kw.items() if k not in ("batch_size", "seq_len", "model", "gpu")}
 
         def grid() -> List[Dict[str, Any]]:
             from ..fitmap import fit_map
 
             df = fit_map(arch, gpu, batch_sizes=FITMAP_BATCHES, seq_lens=FITMAP_SEQS, **rest)
-            return charts.fitmap_rows(df, capacity_bytes=gpu.usable_bytes)
+            return charts.fitmap_rows(df, capacity_bytes=capacity_bytes(gpu))
 
         key = ("fitmap", self._key("train", rest), gpu.name)
         current = charts.fitmap_rows([], batch_size=kw.get("batch_size"), seq_len=kw.get("seq_len"))
@@ -224,7 +226,7 @@ class TrainingPanel:
         """Training: one GPU's numbers (the worst GPU's with a parallel layout), the layout,
         CPU offload, pipeline stages and the largest micro-batch that fits."""
         est = shown(result)
-        fits = est.device_total_bytes <= gpu.usable_bytes if gpu is not None else None
+        fits = judge_fits(est.device_total_bytes, capacity_bytes(gpu)) if gpu is not None else None
         out = self._base_summary(est, arch, gpu, skipped, fits, charts.PHASE_LABELS)
         if gpu is not None:
             ok, why = gpu.supports(self.precision)
@@ -248,7 +250,8 @@ class TrainingPanel:
             text += (f"; CPU offload {par['cpu_per_gpu_gib']:.2f} GiB per GPU, "
                      f"{par['cpu_per_node_gib']:.1f} GiB per node")
         if gpu:
-            text += f"; {'fits' if fits else 'does not fit'} {gpu.name} ({gpu.usable_gib:.1f} GiB)"
+            text += (f"; {'fits' if fits else 'does not fit'} {gpu.name} "
+                     f"({capacity_bytes(gpu) / GIB:.1f} GiB CUDA total)")
             if out["max_batch_size"] is not None:
                 text += f"; largest micro-batch that fits: {out['max_batch_size']}"
             if out["time"]:
@@ -276,6 +279,6 @@ class TrainingPanel:
 
         if isinstance(arch, TracedModel):
             return None
-        rest = {k: v for k, v in kw.items() if k not in ("batch_size", "model")}
+        rest = {k: v for k, v in kw.items() if k not in ("batch_size", "model", "gpu")}
         return self._answer_later(("max_batch", self._key(kind, rest), gpu.name),
                                   lambda: fit.max_batch_size(arch, gpu, **rest))

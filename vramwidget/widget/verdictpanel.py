@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Tuple
 
 from .. import gpus
-from ..verdict import describe, uncertainty
+from ..units import GIB
+from ..verdict import capacity_bytes, describe, uncertainty
 from ..verdict import verdict as verdict_of
 
 #: the row of common GPUs shown with their verdicts (24, 40, 48, 80 and 141 GB classes)
@@ -22,7 +23,9 @@ class VerdictPanel:
         v = verdict_of(result, gpu, num_gpus=num_gpus) if gpu is not None else {}
         summary["verdict"] = v
         summary["verdict_text"] = describe(v)
-        summary["gpu_row"] = [dict(verdict_of(result, g, num_gpus=num_gpus), label=g.label)
+        # each card judged with its own CUDA context against its own CUDA total
+        summary["gpu_row"] = [dict(verdict_of(result, g, num_gpus=num_gpus),
+                                   label=f"{g.name} ({capacity_bytes(g) / GIB:.1f} GiB CUDA total)")
                               for g in (gpus.get_gpu(name) for name in COMMON_GPUS)]
         summary["band"] = dict(uncertainty())
         summary["defaults"] = list(getattr(self, "_defaults_said", []))

@@ -9,6 +9,7 @@ from .. import charts, gpus
 from ..result import Estimate
 from ..treemap import KNOWN_COMPONENTS, fmt_gib, total_bytes
 from ..units import GIB
+from ..verdict import capacity_bytes
 
 #: chart sizes in pixels (the treemap layout is computed for exactly these)
 DETAIL_SIZE = (640.0, 320.0)
@@ -57,8 +58,8 @@ def table_rows(est: Estimate) -> List[Dict[str, Any]]:
 def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, Optional[bool]],
                  notes: Optional[Dict[str, str]] = None, seconds: Optional[Dict[str, float]] = None) -> None:
     """Give each scenario caption of the comparison a verdict line against ``gpu``:
-    "✓ fits", "≈ tight" or "✗ 3.2 GiB over" (the verdict's three states: device total vs
-    the card's usable memory, with the estimate's band; a serving budget's own verdict
+    "✓ fits", "≈ tight" or "✗ 3.2 GiB over" (the verdict's three states: the device total
+    on the card vs what CUDA reports as its total, with the estimate's band; a serving budget's own verdict
     where the estimate has one), and ``state``/``fits``/``over_gib`` fields.  ``notes``
     replace the total for a scenario (a serving budget: its KV tokens and concurrent
     sequences, which is what differs between weight formats there); with ``seconds``
@@ -66,7 +67,7 @@ def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, 
     notes = notes or {}
     from ..verdict import band_bytes, state_of
 
-    usable = gpu.usable_bytes
+    usable = capacity_bytes(gpu)
     for r in rows:
         if r["level"] != "title":
             continue
