@@ -299,6 +299,31 @@ def context_for(gpu: "str | GPU | None") -> Tuple[float, str]:
     return context_bytes(gpu)
 
 
+# the fit rule: the one place the judged need and capacity are chosen (vramwidget.verdict,
+# fit, fit_map, the suggestions, inference, the CLI and the widget call these)
+
+def capacity_bytes(gpu: Any) -> float:
+    """The capacity a device total is judged against on ``gpu``: what CUDA reports as the
+    card's total (``torch.cuda.mem_get_info()``'s total, the "total capacity" of torch's
+    out-of-memory message), :attr:`vramwidget.gpus.GPU.cuda_total_bytes` with its source."""
+    return float(get_gpu(gpu).cuda_total_bytes)
+
+
+def device_total_on(est: Any, gpu: Any) -> float:
+    """The device total of ``est`` (an Estimate, or a ParallelEstimate: its worst GPU) on
+    ``gpu``: its reserved memory plus that card's own CUDA context
+    (:func:`vramwidget.gpus.context_for`).  Equal to ``est.device_total_bytes`` when the
+    estimate was made on ``gpu`` (``Estimate.set_gpu``)."""
+    shown = getattr(est, "per_gpu", est)
+    reserved = float(getattr(est, "reserved_bytes", shown.reserved_bytes))
+    return reserved + context_for(get_gpu(gpu))[0]
+
+
+def fits(need_bytes: float, capacity: float) -> bool:
+    """The fit rule without the band: the device total at most the capacity."""
+    return need_bytes <= capacity
+
+
 def usable_capacity(gpu: "str | GPU", *, torch_version: Optional[str] = None, cuda_version: Optional[str] = None,
                     ecc: Optional[bool] = None) -> Tuple[float, str]:
     """What torch can allocate on ``gpu``: the device memory a process sees less the CUDA

@@ -1198,7 +1198,7 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
         phase_components=phase_components, kv_cache_bytes=kv_dec.bytes, kv_cache_prefill_bytes=kv_pre.bytes,
         kv_bytes_per_token=lay.bytes_per_token, weights_bytes=w_bytes)
     if gpu is not None:
-        from .verdict import capacity_bytes, fits
+        from .gpus import capacity_bytes, fits
 
         est.gpu = gpu.name
         est.gpu_usable_bytes = capacity_bytes(gpu)
@@ -1308,7 +1308,7 @@ def _serving_estimate(arch: Architecture, s: InferenceSetup, lay: KVLayout, gpu:
         notes.append(f"does not start: the KV cache holds {p.kv_tokens:,} tokens, less than one "
                      f"{s.context_len:,}-token request (budget {p.kv_budget_bytes / GIB:.2f} GiB after weights, "
                      f"activations and non-torch memory)")
-    from .verdict import capacity_bytes
+    from .gpus import capacity_bytes
 
     ctx = gpu.cuda_context_bytes
     est = InferenceEstimate(

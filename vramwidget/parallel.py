@@ -275,7 +275,7 @@ class ParallelEstimate:
     def fits(self, gpu: Any) -> bool:
         """Whether the worst GPU's device total on ``gpu`` (reserved + the card's own CUDA
         context) stays within what CUDA reports as the card's total (:mod:`vramwidget.verdict`)."""
-        from .verdict import capacity_bytes, device_total_on, fits
+        from .gpus import capacity_bytes, device_total_on, fits
 
         return fits(device_total_on(self, gpu), capacity_bytes(gpu))
 

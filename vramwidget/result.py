@@ -33,6 +33,7 @@ COMPONENT_KINDS: Tuple[str, ...] = (
     "allocator reserve",
 )
 
+
 def _no_gpu_context_source() -> str:
     from .gpus import NO_GPU_CONTEXT_SOURCE
 

@@ -10,8 +10,9 @@ driver keeps).  So a setup fits exactly when its reserved memory is at most what
 allocate there, :func:`vramwidget.gpus.usable_capacity` (total less the context).
 Allocated memory is a part of it, never the figure judged.  An estimate made without a GPU
 counts the H200's measured context (620.8 MiB); judged on a card, the card's own counts.
-These two functions are the one place the judged need and capacity are chosen: fit,
-fit_map, the suggestions, the CLI and the widget all call them.
+These two functions (in :mod:`vramwidget.gpus`, re-exported here) are the one place the
+judged need and capacity are chosen: fit, fit_map, the suggestions, the CLI and the widget
+all call them.
 
 Three states:
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Dict, Optional
 
+from .gpus import capacity_bytes, device_total_on, fits  # noqa: F401  (the fit rule, re-exported)
 from .units import MIB
 
 #: the validation field whose error sets the band: the predicted reserved memory
@@ -69,35 +71,9 @@ def band_bytes(reserved_bytes: float) -> float:
     return float(reserved_bytes) * uncertainty()["rel_error"]
 
 
-def capacity_bytes(gpu: Any) -> float:
-    """The capacity a device total is judged against on ``gpu``: what CUDA reports as the
-    card's total (``torch.cuda.mem_get_info()``'s total, the "total capacity" of torch's
-    out-of-memory message), :attr:`vramwidget.gpus.GPU.cuda_total_bytes` with its source."""
-    from .gpus import get_gpu
-
-    return float(get_gpu(gpu).cuda_total_bytes)
-
-
-def device_total_on(est: Any, gpu: Any) -> float:
-    """The device total of ``est`` (an Estimate, or a ParallelEstimate: its worst GPU) on
-    ``gpu``: its reserved memory plus that card's own CUDA context
-    (:func:`vramwidget.gpus.context_for`).  Equal to ``est.device_total_bytes`` when the
-    estimate was made on ``gpu`` (``Estimate.set_gpu``)."""
-    from .gpus import context_for, get_gpu
-
-    shown = getattr(est, "per_gpu", est)
-    reserved = float(getattr(est, "reserved_bytes", shown.reserved_bytes))
-    return reserved + context_for(get_gpu(gpu))[0]
-
-
 def mib_text(nbytes: float) -> str:
     """'620.8' / '426': MiB to one decimal, without a trailing '.0'."""
     return f"{nbytes / MIB:,.1f}".removesuffix(".0")
-
-
-def fits(need_bytes: float, capacity: float) -> bool:
-    """The fit rule without the band: the device total at most the capacity."""
-    return need_bytes <= capacity
 
 
 def state_of(need_bytes: float, capacity_bytes: float, band: float) -> str:

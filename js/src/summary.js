@@ -43,11 +43,11 @@ export function summaryPanel(ctx) {
       h("span", { class: "vw-peak", "data-peak-gib": s.peak_gib.toFixed(4) }, [
         h("strong", { text: fmtBytes(s.peak_bytes) }), ` peak allocated${perGpu}, at ${s.peak_phase_label}`,
       ]),
-      h("span", { testid: "device-total", "data-context-bytes": String(s.cuda_context_bytes),
+      h("span", { testid: "device-total", "data-context-bytes": String(s.cuda_context_gib * 2 ** 30),
         title: "what nvidia-smi would show: memory PyTorch's caching allocator reserves (allocated + cached blocks) " +
           `plus the CUDA context. CUDA context: ${s.cuda_context_source || ""}`,
         text: `device total ${fmtBytes(s.device_total_bytes)} = reserved ${fmtGiB(s.reserved_gib)} + CUDA context ` +
-          `${fmtBytes(s.cuda_context_bytes)} (${s.gpu ? `${s.gpu}'s` : "no GPU chosen: the H200's measured"})` }),
+          `${fmtBytes(s.cuda_context_gib * 2 ** 30)} (${s.gpu ? `${s.gpu}'s` : "no GPU chosen: the H200's measured"})` }),
       ...(inf ? [] : [timeFact(s.time)].filter((x) => x !== null)),
     ]);
     const params = inf ? `${fmtCount(s.params_total)} parameters`

@@ -40,7 +40,6 @@ from ..inputs import shown as short_repr
 from ..result import Estimate
 from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
 from ..units import GIB
-from ..verdict import capacity_bytes
 from .formats import number_formats
 from .inference import INFERENCE_SCENARIOS, InferencePanel, inference_phase_rows
 from .multigpu import ParallelPanel
@@ -53,7 +52,7 @@ from .verdictpanel import VerdictPanel
 from .background import BackgroundPanel, _Later, traits_specs_same
 from .worker import Worker
 from .views import (COMPARISON_HEADER, COMPARISON_HEADER_TIME, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
-                    add_verdicts, build_specs, table_rows)
+                    add_verdicts, build_specs, gpu_line, table_rows)
 
 
 class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, InferencePanel,
@@ -356,11 +355,8 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
             setups = [(name, dict(kw, **change)) for name, change in INFERENCE_SCENARIOS]
         else:
             par = self.parallel_setup()
-            # made on the chosen card: every device total counts its own CUDA context
-            # (Estimate.set_gpu); without a GPU the H200's measured one
-            base = dict(self.setup(), gpu=gpu.name) if gpu is not None else self.setup()
-            kind, kw = ("par", dict(base, **par)) if par else ("train", base)
-            setups = self._scenario_setups(base, par)
+            kind, kw = ("par", dict(self.setup_on(gpu), **par)) if par else ("train", self.setup_on(gpu))
+            setups = self._scenario_setups(self.setup_on(gpu), par)
         result = self._cached_estimate(arch, kind, kw)
         # what is drawn: a single-GPU estimate whose replay is not cached yet, with its
         # provisional reserve (the worker replaces it with the exact one)
@@ -392,9 +388,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
                 continue
             scenarios.append((name, box))
             own_fits[name] = own
-        # the capacity the verdict judges: what CUDA reports as the card's total
-        cap = capacity_bytes(gpu) if gpu else None
-        cap_label = f"{gpu.name} ({cap / GIB:.1f} GiB CUDA total)" if gpu else ""
+        cap, cap_label = gpu_line(gpu)
         comparison: List[Dict[str, Any]] = []
         if not keep:
             comparison = comparison_rows(
@@ -487,15 +481,13 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
             "peak_phase": est.peak_phase,
             "peak_phase_label": peak_label,
             "reserved_gib": est.reserved_bytes / GIB,
-            "cuda_context_gib": est.cuda_context_bytes / GIB,
-            "cuda_context_bytes": est.cuda_context_bytes,
-            "cuda_context_source": est.cuda_context_source,
+            "cuda_context_gib": est.cuda_context_bytes / GIB, "cuda_context_source": est.cuda_context_source,
             "device_total_bytes": est.device_total_bytes,
             "device_total_gib": est.device_total_gib,
             "gpu": gpu.name if gpu else "",
-            "gpu_gib": capacity_bytes(gpu) / GIB if gpu else None,
+            "gpu_gib": gpu_line(gpu)[0] / GIB if gpu else None,
             "fits": fits,
-            "headroom_gib": (capacity_bytes(gpu) - est.device_total_bytes) / GIB if gpu else None,
+            "headroom_gib": (gpu_line(gpu)[0] - est.device_total_bytes) / GIB if gpu else None,
             "phases_gib": {k: v / GIB for k, v in est.phases_bytes.items()},
             "recompute_overhead": est.recompute_overhead,
             "notes": list(est.notes),

@@ -139,6 +139,11 @@ class TrainingPanel:
 
         return (self._answer_later(key, grid) or []) + current
 
+    def setup_on(self, gpu: Optional[gpus.GPU]) -> Dict[str, Any]:
+        """:meth:`setup` made on the chosen card: its device totals count that card's own CUDA
+        context (``Estimate.set_gpu``); without a GPU, the H200's measured one."""
+        return dict(self.setup(), gpu=gpu.name) if gpu is not None else self.setup()
+
     def setup(self) -> Dict[str, Any]:
         """The keyword arguments estimate() gets for the current traits (training)."""
         kw = {name: getattr(self, name) for name in ESTIMATE_INPUTS}

@@ -55,6 +55,16 @@ def table_rows(est: Estimate) -> List[Dict[str, Any]]:
     } for c in comps]
 
 
+def gpu_line(gpu: Optional[gpus.GPU]) -> Tuple[Optional[float], str]:
+    """The GPU line of the charts: the capacity the verdict judges (what CUDA reports as the
+    card's total, :func:`vramwidget.verdict.capacity_bytes`) and its label; (None, "")
+    without a GPU."""
+    if gpu is None:
+        return None, ""
+    cap = capacity_bytes(gpu)
+    return cap, f"{gpu.name} ({cap / GIB:.1f} GiB CUDA total)"
+
+
 def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, Optional[bool]],
                  notes: Optional[Dict[str, str]] = None, seconds: Optional[Dict[str, float]] = None) -> None:
     """Give each scenario caption of the comparison a verdict line against ``gpu``:
