@@ -194,3 +194,113 @@ def test_modernbert_loss_upcasts_the_logits():
 def test_modernbert_has_no_kv_cache():
     from vramwidget.inference import kv_cache_bytes
     assert kv_cache_bytes("modernbert-base", 8192, batch_size=2) == 0
+
+
+# ----------------------------------------------------------------------------------
+# target_len: the decoder's own length (summarization, translation: 512 in, 128 out)
+# ----------------------------------------------------------------------------------
+
+def test_target_len_is_refused_where_there_is_no_decoder_stack():
+    with pytest.raises(vw.VramError) as e:
+        vw.estimate("llama-3.2-1b", target_len=128)
+    assert str(e.value) == "target_len: llama-3.2-1b is decoder-only; its sequence is seq_len"
+    assert e.value.field == "target_len"
+    with pytest.raises(vw.VramError, match=r"^target_len: bert-base-uncased is an encoder \(no decoder\)"):
+        vw.estimate("bert-base-uncased", seq_len=128, target_len=32)
+    with pytest.raises(vw.VramError, match=r"^target_len: .* is an encoder \(no decoder\)"):
+        vw.estimate("flan-t5-base", task="encoder", seq_len=128, target_len=32)
+    with pytest.raises(vw.VramError, match="^target_len"):
+        vw.estimate("t5-base", target_len=0)
+    with pytest.raises(vw.VramError, match="^target_len: the traced backend"):
+        vw.estimate("t5-base", target_len=64, backend="trace")
+
+
+def test_target_len_none_or_equal_to_seq_len_is_todays_estimate():
+    """target_len=None keeps every existing caller's estimate; target_len == seq_len is the
+    same step (the five-term profile summed at t = s: equal to rounding)."""
+    kw = dict(batch_size=4, seq_len=256)
+    base = vw.estimate("t5-base", **kw)
+    assert vw.estimate("t5-base", target_len=None, **kw).peak_allocated_bytes == base.peak_allocated_bytes
+    same = vw.estimate("t5-base", target_len=256, **kw)
+    assert same.peak_allocated_bytes == pytest.approx(base.peak_allocated_bytes, rel=1e-12)
+    for k, v in base.phases_bytes.items():
+        assert same.phases_bytes[k] == pytest.approx(v, rel=1e-12)
+
+
+def test_t5_base_512_in_128_out():
+    """t5-base (bf16 full fine-tuning, AdamW, batch 8, eager attention so the scores show):
+    512 input and 128 target tokens.  Exact counts from T5ForConditionalGeneration's shapes:
+    the logits and CrossEntropyLoss's log_softmax are b x t x V (8 x 128 x 32128 x 2 B); a decoder
+    layer's cross-attention softmax is b x heads x t x s (8 x 12 x 128 x 512 x 2 B), its
+    self-attention's b x heads x t x t; an encoder layer's b x heads x s x s."""
+    kw = dict(batch_size=8, seq_len=512, attn_implementation="eager")
+    before = vw.estimate("t5-base", **kw)
+    after = vw.estimate("t5-base", target_len=128, **kw)
+    from vramwidget.estimate import _activations, _params, loss_memory
+    from vramwidget.training import TrainingSetup
+    arch = vw.architecture.load("t5-base")
+    s = TrainingSetup.from_kwargs(target_len=128, **kw)
+    fwd = dict((n, b) for n, b, _ in loss_memory(arch, s)[0])
+    assert fwd["logits"] == fwd["log_softmax output"] == 8 * 128 * 32128 * 2
+    import re
+    per = {}
+    for t in _activations(arch, s, _params(arch, s)).per_layer:
+        # the mixed stack's average block: "NAME (KIND, c of n layers)" weighs a kind's block by c / n
+        name, kind, c, n = re.match(r"(.*) \((\w+), (\d+) of (\d+) layers\)$", t.name).groups()
+        per[(name, kind)] = t.nbytes * int(n) / int(c)
+    assert per[("cross-attention softmax output", "decoder")] == pytest.approx(8 * 12 * 128 * 512 * 2, rel=1e-12)
+    assert per[("self-attention softmax output", "decoder")] == pytest.approx(8 * 12 * 128 * 128 * 2, rel=1e-12)
+    assert per[("self-attention softmax output", "encoder")] == pytest.approx(8 * 12 * 512 * 512 * 2, rel=1e-12)
+    # the 128-token target is between both stacks at 128 and both at 512
+    both128 = vw.estimate("t5-base", **dict(kw, seq_len=128))
+    assert both128.peak_allocated_bytes < after.peak_allocated_bytes < before.peak_allocated_bytes
+
+
+def test_bart_target_len_sizes_the_decoder_and_the_loss():
+    kw = dict(batch_size=4, seq_len=1024, method="lora")
+    est = vw.estimate("bart-large", target_len=256, **kw)
+    df = est.to_dataframe()
+    ls = df[df["tensor"].str.startswith("log_softmax output")]["bytes"]
+    assert len(ls) >= 1 and (ls == 4 * 256 * 50265 * 2).all()
+    assert est.peak_allocated_bytes < vw.estimate("bart-large", **kw).peak_allocated_bytes
+
+
+try:
+    from hypothesis import given, settings, strategies as st
+except ImportError:  # pragma: no cover
+    given = None
+
+if given is not None:
+    @settings(max_examples=25, deadline=None)
+    @given(b=st.integers(1, 16), sq=st.integers(1, 4096), tq=st.integers(1, 4096),
+           mt=st.sampled_from(["t5", "bart"]), method=st.sampled_from(["full", "lora"]),
+           attn=st.sampled_from(["sdpa", "eager"]))
+    def test_the_five_term_profile_is_the_trace_at_any_size(b, sq, tq, mt, method, attn):
+        """The profile traced at five (s, t) and solved for b s, b s^2, b t, b t^2, b s t gives,
+        at any (b, s, t), what tracing the blocks and the head at that size gives (to float rounding:
+        the mixed stack weighs each kind by its share of the layers, 2/5 and 3/5 here)."""
+        from vramwidget.estimate import _activations, _params, _trace_all
+        from vramwidget.training import TrainingSetup
+        cfg = (dict(model_type="t5", d_model=64, d_kv=16, d_ff=96, num_heads=4, num_layers=2, num_decoder_layers=3,
+                    vocab_size=100, feed_forward_proj="gated-gelu") if mt == "t5" else
+               dict(model_type="bart", d_model=64, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+                    decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, vocab_size=100,
+                    max_position_embeddings=32))
+        arch = from_config(cfg)
+        s = TrainingSetup.from_kwargs(batch_size=b, seq_len=sq, target_len=tq, method=method,
+                                      attn_implementation=attn)
+        P = _params(arch, s)
+        A = _activations(arch, s, P)
+        direct = _trace_all(arch, s, P, False, b, sq, tq)
+        assert A.per_layer_bytes == pytest.approx(direct["per"], rel=1e-9)
+        assert A.first_layer_bytes == pytest.approx(direct["first"], rel=1e-9)
+        assert {n: v for n, v, _ in A.head} == pytest.approx({n: v for n, v, _ in direct["head"]}, rel=1e-9)
+
+
+def test_fit_map_varies_the_input_with_the_target_fixed():
+    """fit_map's seq_len is the encoder's input; a given target_len is the same on every cell:
+    each cell's allocated peak is the estimate at that seq_len with that target_len."""
+    df = vw.fit_map("t5-base", "RTX 4090", batch_sizes=[2, 8], seq_lens=[256, 1024], target_len=64)
+    for row in df.itertuples():
+        est = vw.estimate("t5-base", batch_size=int(row.batch_size), seq_len=int(row.seq_len), target_len=64)
+        assert row.peak_allocated_bytes == pytest.approx(est.peak_allocated_bytes, rel=1e-12)
