@@ -4,6 +4,8 @@ the replay's invariants hold on inference streams, and the estimate's reserved m
 replay's, not a rule of thumb."""
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 import vramwidget as vw
 from vramwidget import allocator
@@ -202,3 +204,40 @@ def test_widget_inference_update_runs_no_replay(monkeypatch):
     assert calc.verdict["need_bytes"] == calc.estimate.device_total_bytes
     reserve = [r for r in calc.rows["detail"] if r["component"] == "allocator reserve"]
     assert reserve and reserve[0]["formula"].startswith("caching allocator")
+
+
+@settings(max_examples=25, deadline=None)
+# the cache crosses from the small pool (<= 1 MiB) to the large one mid-decode: 8 x 128 x 2 B x 3
+# sequences = 6 KiB per token and layer, past 1 MiB at 171 tokens
+@example(layers=2, kv_heads=8, head_dim=128, window=None, batch=3, prompt=80, new=200, conf="default", attn="sdpa")
+@example(layers=2, kv_heads=8, head_dim=128, window=None, batch=3, prompt=80, new=200,
+         conf="expandable_segments", attn="eager")
+@example(layers=3, kv_heads=8, head_dim=128, window=None, batch=3, prompt=160, new=120,
+         conf="max_split_size_mb:64", attn="sdpa")
+@given(layers=st.integers(1, 3), kv_heads=st.sampled_from([1, 2, 8]), head_dim=st.sampled_from([24, 64, 128]),
+       window=st.sampled_from([None, 8, 40]), batch=st.integers(1, 3), prompt=st.integers(1, 80),
+       new=st.integers(1, 200), conf=st.sampled_from(CONFS), attn=st.sampled_from(["sdpa", "eager"]))
+def test_any_small_generate_replays_exactly(layers, kv_heads, head_dim, window, batch, prompt, new, conf, attn):
+    """Property: for any small shape (GQA/MQA, head sizes whose per-token bytes are not a
+    multiple of 512, sliding windows that fill mid-decode, caches that cross from the small
+    pool to the large one), replay_runs equals the full replay field by field, and
+    reserved >= allocated = reserved - cached after every event of the written-out stream."""
+    cfg = dict(TINY, num_hidden_layers=layers, num_key_value_heads=kv_heads, num_attention_heads=8,
+               hidden_size=8 * head_dim, head_dim=head_dim)
+    if window:
+        cfg.update(model_type="mistral", sliding_window=window)
+    arch = from_config(cfg)
+    s = InferenceSetup.from_kwargs(batch_size=batch, prompt_len=prompt, context_len=prompt + new, allocator=conf,
+                                   attn_implementation=attn)
+    parts = inference_runs(arch, s)
+    c = parse_alloc_conf(conf)
+    events = expand_runs(parts)
+    assert replay_runs(parts, c) == replay(events, c)
+    al = CachingAllocator(c)
+    live = {}
+    for kind, key, nbytes, label in events:
+        if kind == "alloc":
+            live[key] = al.malloc(nbytes, label)
+        else:
+            al.free(live.pop(key))
+        assert al.reserved >= al.allocated == al.reserved - al.cached_bytes()

@@ -1142,7 +1142,7 @@ def _allocated_profile(parts: Sequence[Any], cfg: AllocatorConfig, at: int, slac
             cur = int(flat[-1])
             g += flat.size
             last_r = r[-1]
-        for key in [k for k in ev_keys_freed(ev, alloc_j)]:
+        for key in _carried_frees(ev, alloc_j):
             size.pop(key, None)
         for a, b in part.renames:
             if a in alloc_j:
@@ -1150,7 +1150,7 @@ def _allocated_profile(parts: Sequence[Any], cfg: AllocatorConfig, at: int, slac
     return g, top, at_value
 
 
-def ev_keys_freed(ev: Sequence[Any], alloc_j: Dict[Any, int]) -> List[Any]:
+def _carried_frees(ev: Sequence[Any], alloc_j: Dict[Any, int]) -> List[Any]:
     """Keys a step frees that it did not allocate (the previous step's)."""
     return [key for j, (kind, key, *_r) in enumerate(ev) if kind != "alloc" and not (key in alloc_j and alloc_j[key] < j)]
 
