@@ -241,3 +241,21 @@ def test_any_small_generate_replays_exactly(layers, kv_heads, head_dim, window, 
         else:
             al.free(live.pop(key))
         assert al.reserved >= al.allocated == al.reserved - al.cached_bytes()
+
+
+def test_a_card_smaller_than_the_unbounded_reserve_frees_cached_segments():
+    """Without a capacity the growing cache leaves cached segments behind (reserved far above
+    allocated); on a card just above the allocated peak, the replay takes CUDACachingAllocator's
+    free-and-retry path (release_cached_blocks, then cudaMalloc again) and finishes; below the
+    peak the first allocation that cannot be placed is reported."""
+    cfg = dict(TINY, num_hidden_layers=2, num_key_value_heads=8, num_attention_heads=8, hidden_size=1024,
+               head_dim=128)
+    arch = from_config(cfg)
+    s = InferenceSetup.from_kwargs(batch_size=3, prompt_len=80, context_len=400)
+    free = replay_inference(arch, s)
+    assert free.max_reserved_bytes > free.max_allocated_bytes + 20 * MIB
+    cap = free.max_allocated_bytes + 22 * MIB       # room for one 20 MiB segment past the peak
+    tight = replay_inference(arch, s, capacity_bytes=cap)
+    assert tight.oom is None and tight.max_reserved_bytes <= cap < free.max_reserved_bytes
+    short = replay_inference(arch, s, capacity_bytes=free.max_allocated_bytes - MIB)
+    assert short.oom is not None and short.oom.capacity == free.max_allocated_bytes - MIB
