@@ -259,3 +259,23 @@ def test_a_card_smaller_than_the_unbounded_reserve_frees_cached_segments():
     assert tight.oom is None and tight.max_reserved_bytes <= cap < free.max_reserved_bytes
     short = replay_inference(arch, s, capacity_bytes=free.max_allocated_bytes - MIB)
     assert short.oom is not None and short.oom.capacity == free.max_allocated_bytes - MIB
+
+
+def test_provisional_carries_the_ratio_of_a_replayed_size():
+    """Before its replay, an inference setup's reserve is its allocated peak x the reserved /
+    allocated ratio of the last replayed setup that differs only in batch, context or prompt
+    (else the training median, 1.0812); nothing is replayed for it."""
+    from vramwidget import inference_events
+    from vramwidget.allocator import DEFAULT_RESERVED_PER_ALLOCATED
+
+    inference_events.clear_caches()
+    arch = load("llama-3.2-1b")
+    a = vw.estimate_inference(arch, context_len=2048, batch_size=2)
+    b = vw.estimate_inference(arch, context_len=3072, batch_size=2)
+    assert b.provisional_reserved_bytes == b.peak_allocated_bytes * DEFAULT_RESERVED_PER_ALLOCATED
+    ratio = a.reserved_bytes / a.peak_allocated_bytes
+    assert not b.reserved_exact
+    assert b.provisional_reserved_bytes == b.peak_allocated_bytes * ratio
+    assert not b.reserved_exact                      # still not replayed
+    other = vw.estimate_inference(arch, context_len=3072, batch_size=2, weights="nf4")
+    assert other.provisional_reserved_bytes == other.peak_allocated_bytes * DEFAULT_RESERVED_PER_ALLOCATED

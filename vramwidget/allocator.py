@@ -892,6 +892,11 @@ def replay_runs(parts: Sequence[Any], config: Optional[AllocatorConfig] = None,
     superstep is P steps, with P x c1 a multiple of 512 for every size), so that ``round_size``
     is affine too.  tests/test_inference_replay.py checks the result equals the full replay.
 
+    The two pools are replayed apart (:func:`_pool_parts`): without a capacity they never
+    meet, and the small pool's steps (per-token tensors of constant size) then repeat exactly
+    and are skipped even while the large pool's (the growing cache) are replayed one by one.
+    Allocated memory is summed from the stream (:func:`_allocated_profile`).
+
     With ``growth_log`` (a list), each request that grew a pool's reserved memory is appended
     as (index in the whole stream, small pool?, that pool's reserved bytes after it): the
     reserved memory of every prefix of the stream, from one replay."""

@@ -385,8 +385,10 @@ def cached_replay(arch: Architecture, s: InferenceSetup) -> Optional[ReplayResul
 
 
 def clear_caches() -> None:
+    """Forget every cached replay (benchmarks time cold setups)."""
     with _LOCK:
         _REPLAYS.clear()
+        _RATIOS.clear()
 
 
 def replay_inference(arch: Architecture, s: InferenceSetup, capacity_bytes: Optional[float] = None,
@@ -424,20 +426,40 @@ def replay_inference(arch: Architecture, s: InferenceSetup, capacity_bytes: Opti
     return res
 
 
+#: (id(arch), the setup but its sizes) -> (arch, reserved / allocated peak of the last such
+#: setup replayed): the ratio a provisional reserve carries over
+_RATIOS: Dict[Tuple[Any, ...], Tuple[Architecture, float]] = {}
+_SIZES = ("batch_size", "context_len", "prompt_len")
+
+
+def _shape_key(arch: Architecture, s: InferenceSetup) -> Tuple[Any, ...]:
+    return tuple(v for f, v in zip(("id",) + s.FIELDS, _key(arch, s)) if f not in _SIZES)
+
+
 def reserved_bytes(arch: Architecture, s: InferenceSetup, peak_bytes: float) -> float:
     """``max_memory_reserved()`` of the generate() call: the replay's maximum, never below the
     estimate's allocated peak (the analytic phases add one step's transients at their largest
     together, which the laid-out stream reaches only in part)."""
-    return max(float(replay_inference(arch, s).max_reserved_bytes), float(peak_bytes))
+    out = max(float(replay_inference(arch, s).max_reserved_bytes), float(peak_bytes))
+    if peak_bytes > 0:
+        with _LOCK:
+            if len(_RATIOS) >= _MAX_CACHED:
+                _RATIOS.clear()
+            _RATIOS[_shape_key(arch, s)] = (arch, out / float(peak_bytes))
+    return out
 
 
 def provisional_reserved_bytes(arch: Architecture, s: InferenceSetup, peak_bytes: float) -> Tuple[float, bool]:
     """Reserved memory without running a replay, ``(bytes, exact)``: the cached replay's when
-    there is one, else the allocated peak x :data:`~vramwidget.allocator.DEFAULT_RESERVED_PER_ALLOCATED`
-    (the training cases' median ratio, until the worker's replay replaces it)."""
+    there is one; else the allocated peak x the reserved / allocated ratio of the last replayed
+    setup that differs only in batch, context or prompt length; else the allocated peak x
+    :data:`~vramwidget.allocator.DEFAULT_RESERVED_PER_ALLOCATED` (the training cases' median),
+    until the worker's replay replaces it."""
     if cached_replay(arch, s) is not None:
         return reserved_bytes(arch, s, peak_bytes), True
-    return float(peak_bytes) * DEFAULT_RESERVED_PER_ALLOCATED, False
+    hit = _RATIOS.get(_shape_key(arch, s))
+    ratio = hit[1] if hit is not None and hit[0] is arch else DEFAULT_RESERVED_PER_ALLOCATED
+    return float(peak_bytes) * ratio, False
 
 
 def hooks(arch: Architecture, s: InferenceSetup, peak_bytes: float
