@@ -279,3 +279,17 @@ def test_provisional_carries_the_ratio_of_a_replayed_size():
     assert not b.reserved_exact                      # still not replayed
     other = vw.estimate_inference(arch, context_len=3072, batch_size=2, weights="nf4")
     assert other.provisional_reserved_bytes == other.peak_allocated_bytes * DEFAULT_RESERVED_PER_ALLOCATED
+
+
+@pytest.mark.parametrize("cfg", [TINY, TINY_SLIDING])
+def test_reserved_by_decode_steps_is_each_shorter_call_replayed(cfg):
+    """One replay read at every prefix (longest_context's search) gives what each shorter
+    generate() call's own replay gives."""
+    from vramwidget.inference_events import reserved_by_decode_steps
+
+    arch = from_config(dict(cfg, num_key_value_heads=8, num_attention_heads=8, hidden_size=1024, head_dim=128))
+    p, ctx = 60, 260
+    at = reserved_by_decode_steps(arch, InferenceSetup.from_kwargs(batch_size=3, prompt_len=p, context_len=ctx))
+    for k in (1, 7, 64, 111, 150, 200):
+        own = replay_inference(arch, InferenceSetup.from_kwargs(batch_size=3, prompt_len=p, context_len=p + k))
+        assert at(k) == own.max_reserved_bytes

@@ -483,7 +483,7 @@ def reserved_by_decode_steps(arch: Architecture, s: InferenceSetup) -> Callable[
     for g, pool, r in sorted(log):
         per_pool[pool][0].append(g)
         per_pool[pool][1].append(r)
-    prefix = sum(len(p) for p in parts if not isinstance(p, StepRun))
+    prefix = len(parts[0])                       # load + prefill (the last part is generate()'s return)
     runs = [(p.n_steps, len(p.events)) for p in parts if isinstance(p, StepRun)]
 
     def at(k: int) -> float:
