@@ -43,7 +43,7 @@ from .allocator import (DEFAULT_RESERVED_PER_ALLOCATED, ReplayResult, StepRun, e
 from .architecture import Architecture
 from .estimate import CUBLAS_WORKSPACE_BYTES
 from .events import ASYNC_LOAD_WORKERS, CUBLAS_WORKSPACES
-from .inference import (InferenceSetup, _dequant_transient, _persistent_prefill, decode_transients, kv_layout,
+from .inference import (GENERATE_REPLAY, InferenceSetup, _dequant_transient, _persistent_prefill, decode_transients, kv_layout,
                         layer_steps, logits_items, weight_storage)
 from .units import DTYPE_BYTES
 
@@ -499,3 +499,6 @@ def reserved_by_decode_steps(arch: Architecture, s: InferenceSetup) -> Callable[
         return float(total)
 
     return at
+
+
+GENERATE_REPLAY.update(hooks=hooks, reserved_by_decode_steps=reserved_by_decode_steps)
