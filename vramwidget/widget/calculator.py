@@ -432,8 +432,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
                 and not isinstance(arch, TracedModel):
             job = (self._key(kind, kw) + (gpu.name, self.max_gpus), arch,
                    dict(kw, gpu=gpu.name, max_gpus=self.max_gpus))
-        # which controls apply, for the model just resolved (a model change resolves it here)
-        traits["disabled"] = self._disabled()
+        traits["disabled"] = self._disabled()     # which controls apply to the model resolved here
         return result, scenario_kw, traits, job
 
     def _set_error(self, message: str, field: str) -> None:
