@@ -1677,14 +1677,19 @@ def _autocast_cache(arch: Architecture, s: TrainingSetup, P: _Params) -> Node:
     base under LoRA) is cast afresh at each use; without checkpointing the matmul saves that
     copy for backward, so it lives as long as a cached one, but under full checkpointing the
     saved copy is dropped with the block's other saved tensors and exists only while its block
-    runs: it is not held here."""
+    runs: it is not held here.  The blocks below the first trained one (``method="freeze"``)
+    run outside autograd's graph (nothing in them, nor their input, requires grad): their
+    matmuls save nothing, so their weights' copies exist only while each runs."""
     name = "bf16 weight copies (autocast cache)" if s.compute_dtype == "bfloat16" else \
         "fp16 weight copies (autocast cache)"
     node = Node(name)
+    first_train, _ = _trained_range(arch, s)
     if s.autocast:
         for t, dtype, nbytes, trains in P.weights:
             if not trains and gc_mode(s) and t.layers is not None:
                 continue  # a frozen block weight's copy is recomputed with its block
+            if not trains and t.layers is not None and t.layers[1] < first_train:
+                continue  # a block below the trained ones keeps no copy
             if (t.linear or t.role == "output_head" or (t.role == "embedding" and arch.tie_word_embeddings)) \
                     and not t.is_bias and dtype == "float32":
                 _add_to_group(node, t.group, t.numel * DTYPE_BYTES[s.compute_dtype], t.numel, s.compute_dtype,

@@ -371,7 +371,14 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                 casts = []
             else:
                 out, saved = forward_block(ops, x, layer >= first_train, ("layer", layer))
-            if gc or layer < first_train:
+            if layer < first_train:
+                # a frozen layer below the trained ones (freeze) runs outside autograd's graph: it
+                # saves nothing, its input goes once it has run, and autocast's copies of its
+                # weights are not cached (only leaves that require grad are: autocast_mode.cpp)
+                keep.append((None, [], []))
+                for k in casts + ([x] if x is not None else []):
+                    st.free(k)
+            elif gc:
                 keep.append((x, [], casts))
             else:
                 # the block input is saved by the first norm (when it needs no cast) or freed
@@ -432,8 +439,6 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                 st.free(k)
             if xin is not None:
                 st.free(xin)
-        for layer in range(first_train):
-            st.free(keep[layer][0])
         if embed_params:
             for module, nb, dtype, numel, _shape in embed_params:
                 if arch.tie_word_embeddings and s.method == "full":

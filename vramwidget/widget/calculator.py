@@ -360,7 +360,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
         result = self._cached_estimate(arch, kind, kw)
         # what is drawn: a single-GPU estimate whose replay is not cached yet, with its
         # provisional reserve (the worker replaces it with the exact one)
-        view = self._view(result) if kind == "train" else result
+        view = self._view(result) if kind in ("train", "infer") else result
         est = shown(view)
         scenario_kw = [(YOUR_SETUP, kind, kw)] + [(name, kind, s) for name, s in setups]
         scenarios: List[Tuple[str, UnitBox]] = []
