@@ -398,7 +398,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
                 add_verdicts(comparison, gpu, own_fits, dict(self._notes_now), times)
         if self.mode == "inference":
             phases = inference_phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
-            summary = self._summary_inference(result, arch, gpu, kw, skipped)
+            summary = self._summary_inference(view, arch, gpu, kw, skipped)
         else:
             phases = charts.phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
             summary = self._summary(view, arch, gpu, skipped, kind, kw)
