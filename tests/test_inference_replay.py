@@ -161,3 +161,44 @@ def test_replay_is_cached_per_setup():
     arch = from_config(TINY)
     s = InferenceSetup.from_kwargs(batch_size=2, prompt_len=48, context_len=80)
     assert replay_inference(arch, s) is replay_inference(arch, s)
+
+
+def test_widget_inference_update_runs_no_replay(monkeypatch):
+    """Issue 10's rule in inference mode: the update draws the provisional device total at
+    once (the verdict says so) and the worker replaces it with the replayed one.  The replay
+    is held until the update's outputs are checked, so the check cannot race the worker."""
+    from vramwidget import inference_events
+    from vramwidget.widget import Calculator
+
+    import threading
+
+    gate = threading.Event()
+    real = inference_events.replay_runs
+    on_update_path = []
+
+    def held(*a, **k):
+        if threading.current_thread() is threading.main_thread():
+            on_update_path.append(1)
+            return real(*a, **k)
+        gate.wait(30)
+        return real(*a, **k)
+
+    calc = Calculator("llama-3.2-1b", gpu="RTX 4090")
+    calc.wait()
+    inference_events.clear_caches()
+    monkeypatch.setattr(inference_events, "replay_runs", held)
+    calc.mode = "inference"
+    calc.context_len = 3072
+    assert not on_update_path
+    assert calc.status == "refining"
+    assert calc.verdict["provisional"] is True
+    est = calc.estimate
+    assert calc.verdict["need_bytes"] == est.provisional_device_total_bytes
+    reserve = [r for r in calc.rows["detail"] if r["component"] == "allocator reserve"]
+    assert reserve and reserve[0]["formula"].startswith("provisional")
+    gate.set()
+    calc.wait()
+    assert "provisional" not in calc.verdict and calc.status == "idle"
+    assert calc.verdict["need_bytes"] == calc.estimate.device_total_bytes
+    reserve = [r for r in calc.rows["detail"] if r["component"] == "allocator reserve"]
+    assert reserve and reserve[0]["formula"].startswith("caching allocator")

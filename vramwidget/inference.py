@@ -1208,7 +1208,9 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
         """The peak phase's components, the allocator reserve at ``reserved_value`` (the
         replayed one, or a provisional one until the replay has run) and the CUDA context."""
         formula = ("caching allocator: max_memory_reserved of a replay of CUDACachingAllocator over this "
-                   "generate() call's allocations (inference_events.py) minus the allocated peak")
+                   "generate() call's allocations (inference_events.py) minus the allocated peak, on a card "
+                   "with room for it (short of memory, torch frees its cached segments before it fails: "
+                   "Estimate.replay(capacity_bytes=...).oom)")
         if not exact:
             formula = ("provisional, the replay has not run yet: allocated peak x the training cases' median "
                        "reserved / allocated ratio (inference_events.provisional_reserved_bytes)")

@@ -398,7 +398,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
                 add_verdicts(comparison, gpu, own_fits, dict(self._notes_now), times)
         if self.mode == "inference":
             phases = inference_phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
-            summary = self._summary_inference(result, arch, gpu, kw, skipped)
+            summary = self._summary_inference(view, arch, gpu, kw, skipped)
         else:
             phases = charts.phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
             summary = self._summary(view, arch, gpu, skipped, kind, kw)
@@ -432,6 +432,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
                 and not isinstance(arch, TracedModel):
             job = (self._key(kind, kw) + (gpu.name, self.max_gpus), arch,
                    dict(kw, gpu=gpu.name, max_gpus=self.max_gpus))
+        traits["disabled"] = self._disabled()     # which controls apply to the model resolved here
         return result, scenario_kw, traits, job
 
     def _set_error(self, message: str, field: str) -> None:
