@@ -92,7 +92,10 @@ def _instances(arch: Architecture, P: Any) -> Tuple[List[Tuple[Any, ...]], List[
     seen_layer = False
     for t, dtype, nbytes, trains in P.weights:
         if t.layers is None:
-            (after if seen_layer else before).append((t, dtype, nbytes / t.repeat, trains, t.numel_each))
+            # outside the decoder's blocks; a side tower's blocks (a VLM's vision encoder) repeat
+            # one tensor per block: each block's is its own parameter
+            for _ in range(max(t.repeat, 1)):
+                (after if seen_layer else before).append((t, dtype, nbytes / t.repeat, trains, t.numel_each))
             continue
         seen_layer = True
         first, last = t.layers
@@ -158,13 +161,14 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         if len(pending) > ASYNC_LOAD_WORKERS:
             convert(pending.pop(0))
 
-    for inst in before:
-        load_param(inst, -1)
+    # outside the blocks each instance gets its own negative index (a tower repeats a tensor)
+    for i, inst in enumerate(before):
+        load_param(inst, -1 - i)
     for layer in range(L):
         for inst in per_layer[layer]:
             load_param(inst, layer)
-    for inst in after:
-        load_param(inst, -1)
+    for i, inst in enumerate(after):
+        load_param(inst, -1 - len(before) - i)
     while pending:
         convert(pending.pop(0))
     if arch.tie_word_embeddings:
