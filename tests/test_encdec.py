@@ -355,3 +355,22 @@ def test_max_seq_len_varies_the_input_with_the_target_fixed():
     assert fit.check("t5-base", "RTX 4090", seq_len=L, **kw).fits
     assert not fit.check("t5-base", "RTX 4090", seq_len=L + 64, **kw).fits
     assert L > fit.max_seq_len("t5-base", "RTX 4090", multiple_of=64, batch_size=8)
+
+
+def test_step_time_counts_each_stack_over_its_own_tokens():
+    """The step time's forward FLOPs with target_len (timing.step_work): t5-base's encoder
+    matmuls (q, k, v, o: 4 h^2, wi and wo: 2 h d_ff per layer) over b x s tokens; the
+    decoder's self-attention, cross-attention q and o and MLP (6 h^2 + 2 h d_ff) over b x t,
+    its cross-attention k and v (2 h^2) over the b x s encoder output; the head 2 b t V h; the
+    attention cores 2 b (a d) (s^2 per encoder layer, t^2 + 2 t s per decoder layer: causal
+    self-attention, full cross-attention).  t5-base: h 768, d_ff 3072, 12 + 12 layers, 12 heads
+    x d_kv 64, V 32128 (its config.json)."""
+    b, s, t, h, i, V, ad = 8, 512, 128, 768, 3072, 32128, 768
+    mm = 2 * b * s * 12 * (4 * h * h + 2 * h * i) + 2 * b * t * 12 * (6 * h * h + 2 * h * i) \
+        + 2 * b * s * 12 * (2 * h * h) + 2 * b * t * V * h
+    core = 2 * b * ad * (s * s * 12 + (t * t + 2 * t * s) * 12)
+    est = vw.estimate("t5-base", batch_size=b, seq_len=s, target_len=t)
+    assert est._work()[0].flops == mm + core
+    # without target_len the step time is what it was (one length for both stacks)
+    none = vw.estimate("t5-base", batch_size=b, seq_len=s)
+    assert none._work()[0].flops > est._work()[0].flops

@@ -138,6 +138,11 @@ class Family:
         """The norm between the last block and the output head."""
         raise NotImplementedError
 
+    def reads_encoder(self, tensor: Any) -> bool:
+        """A decoder block's parameter that runs over the encoder's tokens, not the target's
+        (an encoder-decoder's cross-attention k and v projections): none by default."""
+        return False
+
     def head_saved(self, arch: Any, T: int, full: bool) -> List[Tuple[str, float, str]]:
         """Extra tensors saved outside the blocks (name, bytes, formula): none by default."""
         return []
