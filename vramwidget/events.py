@@ -398,6 +398,15 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         normed = st.alloc(Th * h * DTYPE_BYTES[c] * (2 if DTYPE_BYTES[_resid(s)] > DTYPE_BYTES[c] else 1),
                           "final norm output")
         logits = st.alloc(lg_bytes, "logits")
+        tanh = None
+        if arch.final_logit_softcapping:
+            # final logit soft-capping (Gemma 2, modeling_gemma2.py Gemma2ForCausalLM.forward):
+            # logits / cap, tanh (autograd saves tanh's output for its backward), * cap
+            scaled = st.alloc(lg_bytes, "logits / final_logit_softcapping")
+            st.free(logits)
+            tanh = st.alloc(lg_bytes, "soft-capped logits tanh (saved)")
+            st.free(scaled)
+            logits = st.alloc(lg_bytes, "soft-capped logits")
         up = st.alloc(fp32_TV, "logits upcast to fp32") if upcast and lg_dtype != "float32" else None
         logsm = st.alloc(fp32_TV, "log_softmax output (fp32)" if upcast else "log_softmax output")
         st.free(up)
@@ -413,6 +422,15 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         g_lg = st.alloc(lg_bytes, "logits gradient") if upcast and lg_dtype != "float32" else g_ls
         if g_lg is not g_ls:
             st.free(g_ls)
+        if tanh is not None:
+            # back through * cap, tanh (1 - y^2, then its saved output goes) and / cap
+            g1 = st.alloc(lg_bytes, "gradient of the tanh output")
+            st.free(g_lg)
+            g2 = st.alloc(lg_bytes, "gradient of the tanh input")
+            st.free(g1)
+            st.free(tanh)
+            g_lg = st.alloc(lg_bytes, "gradient of the head's logits")
+            st.free(g2)
         grads: Dict[Tuple[str, int], List[int]] = {}
         if head_trains:
             for module, nb, dtype, numel, _shape in head_params:
