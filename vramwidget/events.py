@@ -293,16 +293,16 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                        label: Tuple[Any, ...], grads: Dict[Tuple[str, int], List[int]]) -> Optional[int]:
         """Walk one block's ops in reverse: each op makes its input's gradient and frees its
         output's; parameter gradients appear where their op ran; saved tensors go as passed."""
-        params = {}
-        for module, nb, dtype, numel, _shape in layer_params[layer]:
-            params.setdefault(module, []).append(nb)
+        params: Dict[str, List[Tuple[Any, ...]]] = {}
+        for entry in layer_params[layer]:
+            params.setdefault(entry[0], []).append(entry)
         saved_iter = list(saved)
         g = grad_key
         deferred: List[int] = []          # kept by the node that made them: freed after its backward
         for op in reversed(ops[1:]):
             if op[0] == "param":
-                for nb in params.pop(op[1], []):
-                    grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + (op[1], "grad")))
+                for entry in params.pop(op[1], []):
+                    grad_ready(("layer", layer), st.alloc(entry[1], label + (op[1], "grad")), entry)
                 continue
             _, name, nbytes, rg, is_saved, _outlives, by_producer, _stream = op
             # the consumer of this tensor runs: it makes the tensor's gradient, then autograd
@@ -326,8 +326,8 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                 st.free(g)
                 g = ng
         for rest in params.values():      # parameters no op of the trace named (biases...)
-            for nb in rest:
-                grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + ("grad",)))
+            for entry in rest:
+                grad_ready(("layer", layer), st.alloc(entry[1], label + ("grad",)), entry)
         for k in saved_iter + deferred:
             st.free(k)
         # the block input's gradient, the size of the residual stream
@@ -355,6 +355,21 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         cast_bytes[-1] = [n * DTYPE_BYTES[c] for t, dt, nb, tr, n in before + after
                           if (t.role == "output_head" or (t.role == "embedding" and arch.tie_word_embeddings))
                           and dt == "float32"]
+
+    grads: Dict[Tuple[str, int], List[int]] = {}   # this step's gradients, per bucket
+
+    def grad_ready(bucket: Tuple[str, int], key: Optional[int], entry: Tuple[Any, ...]) -> None:
+        """A parameter's gradient is accumulated.  With the optimizer in backward (torchtune's
+        register_optim_in_bwd_hooks, training/memory.py) its own optimizer steps in the
+        post-accumulate-grad hook (making its states on the first step) and zero_grad frees
+        the gradient at once; otherwise it waits for step()."""
+        if not s.optimizer_in_backward:
+            grads.setdefault(bucket, []).append(key)   # type: ignore[arg-type]
+            return
+        if not states_made:
+            _optimizer_states(st, s, [entry])
+        _optimizer_step(st, s, [entry])
+        st.free(key)
 
     ids = st.alloc(T * 8, "input_ids")
     # an encoder-decoder with its own target length: the labels are a tensor of their own
@@ -435,13 +450,13 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             st.free(tanh)
             g_lg = st.alloc(lg_bytes, "gradient of the head's logits")
             st.free(g2)
-        grads: Dict[Tuple[str, int], List[int]] = {}
+        grads.clear()
+        tied_key: Optional[int] = None    # the tied head's gradient, waiting for the embedding's
         if head_trains:
-            for module, nb, dtype, numel, _shape in head_params:
-                grads.setdefault(("head", 0), []).append(st.alloc(nb, (module, "grad")))
+            for entry in head_params:
+                grad_ready(("head", 0), st.alloc(entry[1], (entry[0], "grad")), entry)
             if arch.tie_word_embeddings and s.method == "full":
-                grads.setdefault(("head", 0), []).append(st.alloc(V * h * DTYPE_BYTES[s.weights_dtype],
-                                                                  "lm_head grad (tied to the embedding)"))
+                tied_key = st.alloc(V * h * DTYPE_BYTES[s.weights_dtype], "lm_head grad (tied to the embedding)")
         g = st.alloc(Th * h * DTYPE_BYTES[c], "head input gradient")
         st.free(g_lg)
         st.free(normed)
@@ -466,18 +481,24 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             if xin is not None:
                 st.free(xin)
         if embed_params:
-            for module, nb, dtype, numel, _shape in embed_params:
+            for entry in embed_params:
+                module, nb = entry[0], entry[1]
                 if arch.tie_word_embeddings and s.method == "full":
                     tmp = st.alloc(nb, "embedding gradient (accumulated into the tied head's)")
                     st.free(tmp)
+                    grad_ready(("embed", 0), tied_key, entry)
+                    tied_key = None
                 else:
-                    grads.setdefault(("embed", 0), []).append(st.alloc(nb, (module, "grad")))
+                    grad_ready(("embed", 0), st.alloc(nb, (module, "grad")), entry)
+        if tied_key is not None:
+            grads.setdefault(("head", 0), []).append(tied_key)
         st.free(g)
         # -- optimizer ------------------------------------------------------------------------
-        if not states_made:
-            _optimizer_states(st, s, ordered)
-            states_made = True
-        _optimizer_step(st, s, ordered)
+        if not s.optimizer_in_backward:
+            if not states_made:
+                _optimizer_states(st, s, ordered)
+            _optimizer_step(st, s, ordered)
+        states_made = True
         for keys in grads.values():
             for k in keys:
                 st.free(k)
