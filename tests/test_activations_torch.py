@@ -119,3 +119,57 @@ def test_qwen2_5_vl_vision_block_saved_bytes_match_autograd(windowed, precision,
     from saved_tensors import predicted_qwen_vl_block_bytes, traced_qwen_vl_block_bytes
     kw = dict(windowed=windowed, precision=precision, attn_implementation=attn)
     assert predicted_qwen_vl_block_bytes(**kw) == pytest.approx(traced_qwen_vl_block_bytes(**kw), rel=0.01)
+
+
+# Encoder-decoders with a target length of their own (``target_len``): labels of t tokens
+# beside s input tokens, so the decoder block's self-attention is b x t x t, its
+# cross-attention b x t x s, its per-token tensors b x t (and its cross-attention k and v
+# b x s), while the encoder block stays b x s.  Both a short target (summarization's 512/128
+# shape, scaled down) and one longer than the input.
+TARGET_CASES = [
+    ("t5:encoder", "bf16", "full", "eager"), ("t5:decoder", "bf16", "full", "eager"),
+    ("t5:decoder", "fp32", "full", "eager"), ("t5:decoder", "bf16", "lora", "eager"),
+    ("t5:decoder_v1", "bf16", "full", "eager"), ("t5:decoder", "bf16", "full", "sdpa"),
+    ("bart:encoder", "bf16", "full", "sdpa"), ("bart:decoder", "bf16", "full", "sdpa"),
+    ("bart:decoder", "fp32", "full", "eager"), ("bart:decoder", "bf16", "lora", "sdpa"),
+    ("bart:dropout", "bf16", "full", "eager"),
+]
+
+
+@pytest.mark.parametrize("seq_len,target_len", [(32, 8), (16, 40)])
+@pytest.mark.parametrize("model_type,precision,method,attn", TARGET_CASES)
+def test_block_saved_bytes_with_a_target_length_match_autograd(model_type, precision, method, attn, seq_len,
+                                                               target_len):
+    kw = dict(precision=precision, method=method, attn_implementation=attn, seq_len=seq_len, target_len=target_len)
+    traced = traced_block_bytes(model_type, **kw)
+    predicted = predicted_block_bytes(model_type, **kw)
+    assert predicted == pytest.approx(traced["per_layer"], rel=0.01)
+
+
+@pytest.mark.parametrize("model_type,attn", [("t5:decoder", "eager"), ("bart:decoder", "sdpa")])
+def test_whole_model_saves_what_the_input_length_adds(model_type, attn):
+    """The whole model (2 encoder + 2 decoder layers, full fine-tuning) at seq_len 32 and 16 with
+    the same 8 target tokens: the loss (b x t x V) is the same, so the difference is every
+    encoder-length tensor: the encoder blocks, the decoder blocks' cross-attention k and v and
+    b x t x s scores, and around the head the encoder output kept by every cross-attention, the
+    encoder's embeddings and final norm.  The estimate's blocks (the first, an encoder block, +
+    L - 1 x the average of the others) plus its head give that difference within 1%."""
+    from saved_tensors import LAYER_KEY, TINY
+    from transformers import AutoConfig
+
+    from vramwidget.architecture import from_config
+    from vramwidget.estimate import _activations, _params
+    from vramwidget.training import TrainingSetup
+
+    kw = dict(precision="bf16", method="full", attn_implementation=attn)
+    mt = model_type.split(":")[0]
+    arch = from_config(AutoConfig.for_model(mt, **{**TINY[model_type], LAYER_KEY[model_type]: 2}).to_dict())
+
+    def predicted(sl):
+        s = TrainingSetup.from_kwargs(batch_size=2, seq_len=sl, target_len=8, **kw)
+        A = _activations(arch, s, _params(arch, s), cpu=True)
+        return A.layers_bytes + sum(n for _, n, _ in A.head)
+
+    traced = (traced_block_bytes(model_type, seq_len=32, target_len=8, **kw)["total_L"]
+              - traced_block_bytes(model_type, seq_len=16, target_len=8, **kw)["total_L"])
+    assert predicted(32) - predicted(16) == pytest.approx(traced, rel=0.01)

@@ -550,3 +550,18 @@ def test_estimate_on_several_gpus(capsys):
     assert code == 0 and text.startswith("per GPU, the worst one (strategy=fsdp_full_shard, num_gpus=2):")
     code, _, err = run(capsys, "estimate", "llama-3.1-8b", "--inference", "--num-gpus", "2")
     assert code == 2 and "--num-gpus is a training layout option" in err
+
+
+def test_estimate_target_len_flag(capsys):
+    """--target-len: an encoder-decoder's decoder length (the same as the API's target_len);
+    a decoder-only model refuses it in one line naming the field (exit 2)."""
+    import vramwidget as vw
+
+    d = run_json(capsys, "estimate", "t5-base", "--batch-size", "8", "--seq-len", "512", "--target-len", "128",
+                 "--json")
+    assert d["setup"]["target_len"] == 128 and d["setup"]["seq_len"] == 512
+    api = vw.estimate("t5-base", batch_size=8, seq_len=512, target_len=128)
+    assert d["peak_allocated_bytes"] == pytest.approx(api.peak_allocated_bytes, abs=1)   # JSON: whole bytes
+    assert cli.main(["estimate", "llama-3.2-1b", "--target-len", "128"]) == 2
+    err = capsys.readouterr().err
+    assert "target_len: llama-3.2-1b is decoder-only; its sequence is seq_len" in err

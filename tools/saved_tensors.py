@@ -134,13 +134,15 @@ def _per_layer(kw: Dict[str, Any], n_layers: int) -> Dict[str, Any]:
 def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str = "full",
                        attn_implementation: str = "sdpa", batch_size: int = 2, seq_len: int = 32,
                        layers: int = 2, overrides: Optional[Dict[str, Any]] = None,
-                       lora: Optional[Dict[str, Any]] = None, alive_only: bool = False) -> Dict[str, float]:
+                       lora: Optional[Dict[str, Any]] = None, alive_only: bool = False,
+                       target_len: Optional[int] = None) -> Dict[str, float]:
     """Saved bytes of one block, traced with torch: {'per_layer': ..., 'total_L': ...}.
 
     ``lora``: extra LoraConfig keywords (``use_dora``, ``lora_dropout``, ``target_modules`` with
     ``lm_head``/``embed_tokens``, ``modules_to_save``); ``method="norms"`` trains only the norms.  ``alive_only``: count only
     what the graph still holds when the forward pass ends (DoRA builds and drops a side graph
-    for its weight norm)."""
+    for its weight norm).  ``target_len``: an encoder-decoder's labels of that many tokens (the
+    decoder reads them shifted right), beside ``seq_len`` input tokens; None: the input ids."""
     import torch
     from transformers import AutoConfig
 
@@ -172,6 +174,7 @@ def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str 
                 p.requires_grad_("norm" in name)
         model.train()
         ids = torch.randint(0, cfg.vocab_size, (batch_size, seq_len))
+        labels = ids if target_len is None else torch.randint(0, cfg.vocab_size, (batch_size, target_len))
         seen: Dict[int, int] = {}
         refs = []
 
@@ -184,7 +187,7 @@ def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str 
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp_bf16"):
-                out = model(input_ids=ids, labels=ids)
+                out = model(input_ids=ids, labels=labels)
         if alive_only:
             seen = {ptr: n for r, ptr, n in refs if r() is not None}
         del out
@@ -216,10 +219,16 @@ def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: s
     acts = _activations(arch, s, _params(arch, s), cpu=True)
     kind = KIND.get(model_type)
     if kind:
-        # the mixed stack's average block weights each kind by its share of the layers
-        n = sum(c for _, c in arch.layer_kinds)
-        count = dict(arch.layer_kinds)[kind]
-        return sum(t.nbytes for t in acts.per_layer if f"({kind}, " in t.name) * n / count
+        # the mixed stack's average block weighs each kind by its share c / n of the layers it
+        # averages (its names say "NAME (KIND, c of n layers)"): one KIND block is its items x n / c
+        import re
+
+        total = 0.0
+        for t in acts.per_layer:
+            m = re.search(r"\(" + re.escape(kind) + r", (\d+) of (\d+) layers\)$", t.name)
+            if m:
+                total += t.nbytes * int(m.group(2)) / int(m.group(1))
+        return total
     return acts.per_layer_bytes
 
 

@@ -161,6 +161,15 @@ class BlockContext:
     fused_qkv_lora: bool = False  # q, k and v adapters share one input (LitGPT's fused qkv)
     cpu: bool = False           # CPU kernels (for checking against torch without a GPU)
     kind: str = ""              # the block's kind in a mixed stack (Architecture.layer_kinds)
+    #: an encoder-decoder's encoder tokens per sample: the keys and values of a decoder block's
+    #: cross-attention, and the encoder side of the head (0: ``s``; a decoder block's own ``s``
+    #: is the target length, TrainingSetup.target_len)
+    enc_s: int = 0
+
+    @property
+    def src_s(self) -> int:
+        """The encoder's tokens per sample (``enc_s``, else this block's own ``s``)."""
+        return self.enc_s or self.s
 
 
 def attention_backend(arch: Any, setup: TrainingSetup, compute_dtype: str) -> str:
@@ -339,16 +348,20 @@ def dropout(tr: Trace, x: _T, p: float, name: str, cpu: bool = False) -> _T:
 
 def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int, group: str = "attention",
               softcap: bool = False, dropout_p: float = 0.0, softmax_fp32: bool = True,
-              q_heads_major: bool = False) -> _T:
-    """The attention core for the chosen backend; returns the (b, s, a*d) output."""
+              q_heads_major: bool = False, kv_len: Optional[int] = None) -> _T:
+    """The attention core for the chosen backend; returns the (b, s, a*d) output.
+    ``kv_len``: keys per sequence when they are not the queries' own (an encoder-decoder's
+    cross-attention: ``s`` target queries over ``kv_len`` encoder keys, b x a x s x kv_len scores)."""
     a, kv = ctx.arch.num_heads, ctx.arch.num_kv_heads
     b, s, T = ctx.b, ctx.s, ctx.T
+    kl = kv_len if kv_len is not None else s
+    Tk = b * kl            # key/value tokens (T for self-attention)
     backend = ctx.attn_backend
     rg = q.rg or k.rg or v.rg
     if ctx.setup.autocast and backend != "eager":
         q, k, v = (tr.cast(t, ctx.c, f"{t.name} cast to {ctx.c}") for t in (q, k, v))
     out_numel = T * a * v_head_dim
-    scores = b * a * s * s
+    scores = b * a * s * kl
     if backend == "recompute":
         # the checkpointed core keeps its inputs; v is kept as its own (contiguous) tensor,
         # not as a view that would hold a fused QKV output alive.  The recomputed core is the
@@ -357,8 +370,8 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         # are cast), the others read them as they are (in one dtype: SDPA refuses mixed ones)
         core = ctx.c if ctx.setup.attn_implementation == "eager" else q.dtype
         if rg:
-            for t, n, label in ((q, T * a * ctx.arch.head_dim, "q"), (k, T * kv * ctx.arch.head_dim, "k"),
-                                (v, T * kv * v_head_dim, "v")):
+            for t, n, label in ((q, T * a * ctx.arch.head_dim, "q"), (k, Tk * kv * ctx.arch.head_dim, "k"),
+                                (v, Tk * kv * v_head_dim, "v")):
                 if t.dtype != core:
                     t = tr.new(f"{label} cast", n, core, True, f"T x heads*d as {core}", group)
                 tr.save(t if t.numel == n else tr.new(f"{label} (kept for the recomputed core)", n, core, True,
@@ -388,14 +401,14 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         c = F32 if q.dtype in ("bfloat16", "float16") else q.dtype
         if rg:
             tr.save(tr.new("q scaled (math SDPA)", q.numel, c, True, "T x a*d", group))
-            tr.save(tr.new("k repeated and scaled (math SDPA)", T * a * ctx.arch.head_dim, c, True, "T x a*d", group))
+            tr.save(tr.new("k repeated and scaled (math SDPA)", Tk * a * ctx.arch.head_dim, c, True, "T x a*d", group))
             # q @ k^T, masked in place; the softmax keeps only its output
             tr.temp("attention scores (math SDPA)", scores, c, True, "b x a x s x s (transient)", group)
             # _safe_softmax keeps its result for backward (derivatives.yaml), as the matmul does
             tr.save(tr.new("attention probabilities (math SDPA)", scores, c, True, "b x a x s x s", group),
                     by_producer=True)
             if kv != a:
-                tr.save(tr.new("v repeated (math SDPA)", T * a * v_head_dim, c, True, "T x a*d", group))
+                tr.save(tr.new("v repeated (math SDPA)", Tk * a * v_head_dim, c, True, "T x a*d", group))
             else:
                 tr.save(tr.cast(v, c, "v as fp32 (math SDPA)"))
         # the math kernel's output is (b, a, s, d)-contiguous: transformers copies it before o_proj
@@ -406,9 +419,9 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
     if rg:
         tr.save(tr.cast(q, c, "q cast"))
         # repeat_kv copies k and v to every head; the matmuls (under autocast: their 16-bit casts) keep them
-        ke = tr.cast(k, c, "k cast") if n_rep == 1 else tr.new("k repeated to all heads", T * a * ctx.arch.head_dim,
+        ke = tr.cast(k, c, "k cast") if n_rep == 1 else tr.new("k repeated to all heads", Tk * a * ctx.arch.head_dim,
                                                                 c, True, "T x a*d (repeat_kv copy)", group)
-        ve = tr.cast(v, c, "v cast") if n_rep == 1 else tr.new("v repeated to all heads", T * a * v_head_dim, c,
+        ve = tr.cast(v, c, "v cast") if n_rep == 1 else tr.new("v repeated to all heads", Tk * a * v_head_dim, c,
                                                                 True, "T x a*d (repeat_kv copy)", group)
         tr.save(ke)
         tr.save(ve)

@@ -39,6 +39,7 @@ parsed as ``c10/cuda/CUDAAllocatorConfig.cpp`` (``parseArgs``) reads them.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -825,3 +826,603 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
     return ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_allocated, reserved_bytes=reserved,
                         allocated_bytes=allocated, fragmentation_at_max_bytes=frag, segments_allocated=segs,
                         num_events=n + 1)
+
+
+# ----------------------------------------------------------------------------------
+# Repeated steps whose sizes grow linearly: an exact skip-ahead
+# ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepRun:
+    """``n_steps`` repetitions of one step (a decode step of ``generate()``): step ``m``
+    (0-based) replays ``events`` with each allocation's size ``c0 + c1 x m`` bytes.
+
+    ``events``: ``("alloc", key, c0, c1, label)`` / ``("free", key, 0, 0, "")``; a free may
+    name a key allocated before the run (the previous step's tensor).  After every step,
+    ``renames`` (``(from_key, to_key)`` pairs) rename live keys: ``("k", 3, "new") -> ("k", 3)``
+    makes this step's new cache tensor the one the next step frees."""
+
+    events: Tuple[Tuple[str, Any, int, int, Any], ...]
+    n_steps: int
+    renames: Tuple[Tuple[Any, Any], ...] = ()
+
+
+def expand_runs(parts: Iterable[Any]) -> List[Event]:
+    """The flat event stream of ``parts`` (plain events and :class:`StepRun` s), every step's
+    keys made unique: what :func:`replay_runs` replays, as :func:`replay` takes it."""
+    out: List[Event] = []
+    alias: Dict[Any, Any] = {}
+    for r, part in enumerate(parts):
+        if not isinstance(part, StepRun):
+            for kind, key, nbytes, label in part:
+                if kind == "alloc":
+                    alias[key] = key
+                elif kind == "free":
+                    key = alias.pop(key, key)
+                out.append((kind, key, nbytes, label))
+            continue
+        for m in range(part.n_steps):
+            for kind, key, c0, c1, label in part.events:
+                if kind == "alloc":
+                    u = alias[key] = ("run", r, m, key)
+                    out.append(("alloc", u, c0 + c1 * m, label))
+                else:
+                    out.append(("free", alias.pop(key), 0.0, ""))
+            for a, b in part.renames:
+                alias[b] = alias.pop(a)
+    return out
+
+
+def replay_runs(parts: Sequence[Any], config: Optional[AllocatorConfig] = None,
+                capacity_bytes: Optional[float] = None, record: bool = False,
+                growth_log: Optional[List[Tuple[int, bool, int]]] = None) -> ReplayResult:
+    """``replay(expand_runs(parts), ...)``, byte for byte, without replaying every step of a
+    :class:`StepRun` where that is provably unnecessary.
+
+    The skip (no capacity, no recording, no ``roundup_power2_divisions``): two consecutive
+    (super)steps are replayed while every decision the allocator takes is recorded: for each
+    request, which free block it takes and how every free block of its pool compares with it
+    (``get_free_block``'s best fit and the ``max_split_size`` rules), and whether the block
+    is split (``should_split``).  With the same decisions, every block size and address after a
+    step is an affine function of those before it and of the requests, so when the two steps
+    leave the same block structure and grow every block by the same bytes D, the state after
+    step k is X1 + (k - 1) D for as long as every recorded comparison keeps its sign, which is
+    an affine inequality in k: the replay jumps to the last step where all of them still hold
+    and continues from there.  Requests must grow by whole 512-byte blocks per superstep (a
+    superstep is P steps, with P x c1 a multiple of 512 for every size), so that ``round_size``
+    is affine too.  tests/test_inference_replay.py checks the result equals the full replay.
+
+    With ``growth_log`` (a list), each request that grew a pool's reserved memory is appended
+    as (index in the whole stream, small pool?, that pool's reserved bytes after it): the
+    reserved memory of every prefix of the stream, from one replay."""
+    cfg = config or AllocatorConfig()
+    if (record or capacity_bytes is not None or cfg.roundup_power2_divisions or cfg.roundup_power2_intervals
+            or cfg.garbage_collection_threshold > 0):
+        return replay(expand_runs(parts), cfg, capacity_bytes, record)
+    split = _pool_parts(parts, cfg)
+    if split is None:
+        if growth_log is not None:
+            raise ValueError("growth_log needs a stream without peak resets or empty_cache")
+        return _replay_together(parts, cfg)
+    import numpy as np
+
+    reserved = segments = allocated = 0
+    last = -1
+    s_idx: List[Any] = []                 # global event index and bytes where a block's size
+    s_val: List[Any] = []                 # differs from its rounded request (see _step)
+    for pool in (True, False):
+        al = CachingAllocator(cfg)
+        live: Dict[Any, _Block] = {}
+        for item in split[pool]:
+            if isinstance(item, list):
+                for kind, key, nbytes, label, g in item:
+                    if kind == "alloc":
+                        r0 = al.reserved
+                        b = live[key] = al.malloc(nbytes, label)
+                        if al.reserved != r0:
+                            last = max(last, g)
+                            if growth_log is not None:
+                                growth_log.append((g, pool, al.reserved))
+                        if b.size != b.requested:
+                            s_idx.append(np.array([g]))
+                            s_val.append(np.array([b.size - b.requested]))
+                    else:
+                        b = live.pop(key)
+                        if b.size != b.requested:
+                            s_idx.append(np.array([g]))
+                            s_val.append(np.array([b.requested - b.size]))
+                        al.free(b)
+                continue
+            run, orig, base, width = item
+            growth: List[Any] = []
+            slack: List[Any] = []
+            _replay_run(al, live, run, growth, slack)
+            for m, j, r in growth:
+                last = max(last, base + m * width + orig[j])
+                if growth_log is not None:
+                    growth_log.append((base + m * width + orig[j], pool, r))
+            if slack:
+                o = np.asarray(orig, dtype=np.int64)
+                pts = [x for x in slack if x[0] != "block"]
+                if pts:
+                    arr = np.array(pts, dtype=np.int64)
+                    s_idx.append(base + arr[:, 0] * width + o[arr[:, 1]])
+                    s_val.append(arr[:, 2])
+                for x in slack:
+                    if x[0] == "block":
+                        s_idx.append(base + x[1] * width + o[x[2]])
+                        s_val.append(x[3])
+        reserved += al.reserved
+        segments += al.segments_allocated
+        allocated += al.allocated
+    idx = np.concatenate(s_idx) if s_idx else np.zeros(0, dtype=np.int64)
+    val = np.concatenate(s_val) if s_val else np.zeros(0, dtype=np.int64)
+    order = np.argsort(idx, kind="stable")
+    n, max_allocated, at_last = _allocated_profile(parts, cfg, last, idx[order], val[order])
+    return ReplayResult(max_reserved_bytes=reserved, max_allocated_bytes=max_allocated, reserved_bytes=reserved,
+                        allocated_bytes=allocated, fragmentation_at_max_bytes=reserved - at_last if last >= 0 else 0,
+                        segments_allocated=segments, num_events=n)
+
+
+def _replay_together(parts: Sequence[Any], cfg: AllocatorConfig) -> ReplayResult:
+    """:func:`replay_runs` on one allocator for both pools (streams with peak resets or
+    ``empty_cache``)."""
+    al = CachingAllocator(cfg)
+    live: Dict[Any, _Block] = {}
+    n = 0
+    for part in parts:
+        if isinstance(part, StepRun):
+            n += _replay_run(al, live, part)
+            continue
+        for kind, key, nbytes, label in part:
+            n += 1
+            if kind == "alloc":
+                live[key] = al.malloc(nbytes, label)
+            elif kind == "free":
+                al.free(live.pop(key))
+            elif kind == "reset_peak":
+                al.reset_peak()
+            elif kind == "empty_cache":
+                al.empty_cache()
+            else:
+                raise ValueError(f"unknown replay event {kind!r}")
+    return ReplayResult(max_reserved_bytes=al.max_reserved, max_allocated_bytes=al.max_allocated,
+                        reserved_bytes=al.reserved, allocated_bytes=al.allocated,
+                        fragmentation_at_max_bytes=al.frag_at_max, segments_allocated=al.segments_allocated,
+                        num_events=n)
+
+
+def _is_small(nbytes: float, cfg: AllocatorConfig) -> bool:
+    return round_size(int(nbytes), cfg) <= K_SMALL_SIZE
+
+
+def _split_run(run: StepRun, cfg: AllocatorConfig) -> List[Tuple[StepRun, int]]:
+    """``run`` cut where a request changes pool (its size crosses 1 MiB): (sub-run, first step)."""
+    cuts = {0, run.n_steps}
+    for kind, _key, c0, c1, _label in run.events:
+        if kind != "alloc" or not c1:
+            continue
+        # round_size(x) <= 1 MiB exactly when x <= 1 MiB (a multiple of 512): the size is affine
+        # in m, so it crosses once, at the first m past (1 MiB - c0) / c1
+        if c1 > 0 and c0 <= K_SMALL_SIZE:
+            cut = (K_SMALL_SIZE - c0) // c1 + 1
+        elif c1 < 0 and c0 > K_SMALL_SIZE:
+            cut = -((K_SMALL_SIZE - c0) // c1)
+        else:
+            continue
+        if 0 < cut < run.n_steps:
+            cuts.add(int(cut))
+    edges = sorted(cuts)
+    out = []
+    for a, b in zip(edges, edges[1:]):
+        ev = tuple((k, key, c0 + c1 * a, c1, lb) if k == "alloc" else (k, key, c0, c1, lb)
+                   for k, key, c0, c1, lb in run.events)
+        out.append((StepRun(ev, b - a, run.renames), a))
+    return out
+
+
+def _pool_parts(parts: Sequence[Any], cfg: AllocatorConfig) -> Optional[Dict[bool, List[Any]]]:
+    """The stream cut in two, one per pool (small: requests up to 1 MiB), each event with its
+    index in the whole stream; None when it has peak resets or ``empty_cache`` (then both pools
+    are replayed on one allocator).
+
+    Without a capacity the two pools never meet (``get_free_block`` searches the request's
+    pool only; nothing is released, since release happens only on the way to an
+    out-of-memory error), so each pool's replay is the whole replay's, and reserved memory,
+    which then only grows, peaks at the sum of the two pools' last values.  A decode run's
+    frees of the previous step's tensors go to both pools' templates: the pool that does not
+    hold the key passes over it (at the first step of a run the previous step may have
+    placed it in the other pool)."""
+    out: Dict[bool, List[Any]] = {True: [], False: []}
+    pool_of: Dict[Any, bool] = {}
+    g = 0
+    for part in parts:
+        if not isinstance(part, StepRun):
+            ev: Dict[bool, List[Any]] = {True: [], False: []}
+            for kind, key, nbytes, label in part:
+                if kind == "alloc":
+                    p = pool_of[key] = _is_small(nbytes, cfg)
+                elif kind == "free":
+                    p = pool_of.pop(key)
+                else:
+                    return None
+                ev[p].append((kind, key, nbytes, label, g))
+                g += 1
+            out[True].append(ev[True])
+            out[False].append(ev[False])
+            continue
+        for sub, _first in _split_run(part, cfg):
+            width = len(sub.events)
+            mine: Dict[Any, bool] = {}
+            carried: List[Any] = []
+            idx: Dict[bool, List[int]] = {True: [], False: []}
+            for j, (kind, key, c0, _c1, _label) in enumerate(sub.events):
+                if kind == "alloc":
+                    p = mine[key] = _is_small(c0, cfg)
+                    idx[p].append(j)
+                elif key in mine:
+                    idx[mine[key]].append(j)
+                else:
+                    carried.append(key)
+                    idx[True].append(j)
+                    idx[False].append(j)
+            for p in (True, False):
+                out[p].append((StepRun(tuple(sub.events[j] for j in idx[p]), sub.n_steps, sub.renames),
+                               idx[p], g, width))
+            g += width * sub.n_steps
+            for key in carried:
+                pool_of.pop(key, None)
+            for a, b in sub.renames:
+                if a in mine:
+                    pool_of[b] = mine[a]
+    return out
+
+
+def _allocated_profile(parts: Sequence[Any], cfg: AllocatorConfig, at: int, slack_idx: Any, slack_val: Any
+                       ) -> Tuple[int, int, int]:
+    """(events, max_memory_allocated, memory_allocated just after event ``at``) of the stream:
+    allocated memory is the sum of the live requests' rounded sizes (placement does not
+    matter) plus, where a block was taken whole, what it has beyond the request (``slack_*``:
+    sorted global event indices and bytes, from the pools' replays); summed here, a run's
+    steps at once with numpy."""
+    import numpy as np
+
+    size: Dict[Any, int] = {}
+    cur = top = at_value = 0
+    g = 0
+    ptr = 0
+    n_slack = len(slack_idx)
+    for part in parts:
+        if not isinstance(part, StepRun):
+            for kind, key, nbytes, _label in part:
+                if kind == "alloc":
+                    r = size[key] = round_size(int(nbytes), cfg)
+                    cur += r
+                else:
+                    cur -= size.pop(key)
+                while ptr < n_slack and slack_idx[ptr] == g:
+                    cur += int(slack_val[ptr])
+                    ptr += 1
+                top = max(top, cur)
+                if g == at:
+                    at_value = cur
+                g += 1
+            continue
+        ev = part.events
+        width, n = len(ev), part.n_steps
+        alloc_j = {key: j for j, (kind, key, *_r) in enumerate(ev) if kind == "alloc"}
+        source = {b: alloc_j[a] for a, b in part.renames if a in alloc_j}
+        c0 = np.array([e[2] if e[0] == "alloc" else 0 for e in ev], dtype=np.int64)
+        c1 = np.array([e[3] if e[0] == "alloc" else 0 for e in ev], dtype=np.int64)
+        is_alloc = np.array([e[0] == "alloc" for e in ev])
+        chunk = max(1, 2_000_000 // max(width, 1))
+        for m0 in range(0, n, chunk):
+            ms = np.arange(m0, min(n, m0 + chunk), dtype=np.int64)[:, None]
+            raw = c0[None, :] + c1[None, :] * ms
+            r = np.where(raw < K_MIN_BLOCK_SIZE, K_MIN_BLOCK_SIZE, (raw + 511) // 512 * 512)
+            delta = np.where(is_alloc[None, :], r, 0)
+            for j, (kind, key, *_r) in enumerate(ev):
+                if kind == "alloc":
+                    continue
+                if key in alloc_j and alloc_j[key] < j:
+                    delta[:, j] = -r[:, alloc_j[key]]
+                else:                         # the previous step's tensor (or one from before the run)
+                    a = source[key]
+                    prev = np.concatenate(([size[key] if m0 == 0 else int(last_r[a])], r[:-1, a]))
+                    delta[:, j] = -prev
+            flat_delta = delta.reshape(-1)
+            lo = ptr
+            ptr = int(np.searchsorted(slack_idx, g + flat_delta.size, side="left"))
+            if ptr > lo:
+                np.add.at(flat_delta, slack_idx[lo:ptr] - g, slack_val[lo:ptr])
+            flat = np.cumsum(flat_delta) + cur
+            top = max(top, int(flat.max()))
+            if g <= at < g + flat.size:
+                at_value = int(flat[at - g])
+            cur = int(flat[-1])
+            g += flat.size
+            last_r = r[-1]
+        for key in [k for k in ev_keys_freed(ev, alloc_j)]:
+            size.pop(key, None)
+        for a, b in part.renames:
+            if a in alloc_j:
+                size[b] = int(last_r[alloc_j[a]])
+    return g, top, at_value
+
+
+def ev_keys_freed(ev: Sequence[Any], alloc_j: Dict[Any, int]) -> List[Any]:
+    """Keys a step frees that it did not allocate (the previous step's)."""
+    return [key for j, (kind, key, *_r) in enumerate(ev) if kind != "alloc" and not (key in alloc_j and alloc_j[key] < j)]
+
+
+def _superstep(run: StepRun) -> Optional[int]:
+    """P: the fewest steps over which every size grows by whole 512-byte blocks; None when a
+    size is not an integer (then the run is replayed step by step)."""
+    p = 1
+    for kind, _key, c0, c1, _label in run.events:
+        if kind != "alloc":
+            continue
+        if c0 != int(c0) or c1 != int(c1):
+            return None
+        g = math.gcd(int(c1), K_MIN_BLOCK_SIZE)
+        p = p * (K_MIN_BLOCK_SIZE // g) // math.gcd(p, K_MIN_BLOCK_SIZE // g)
+    return p
+
+
+def _structure(al: CachingAllocator, owner: Dict[int, Any]) -> Tuple[Tuple[Any, ...], List[int], List[_Block]]:
+    """The allocator's block structure (reserved bytes, each segment's blocks in address
+    order with their use and owner: sizes left out), the sizes in that order (an allocated
+    block's size followed by its rounded request), and the blocks."""
+    at: Dict[int, _Block] = dict(al._live)
+    for b in al._by_key.values():
+        at[b.addr] = b
+    shape: List[Any] = [al.reserved]
+    sizes: List[int] = []
+    order: List[_Block] = []
+    for seg_addr in sorted(al._segments):
+        b = at.get(seg_addr)
+        shape.append(seg_addr)
+        while b is not None:
+            shape.append(owner.get(id(b), -1) if b.allocated else None)
+            sizes.append(b.size)
+            if b.allocated:
+                sizes.append(b.requested)
+            order.append(b)
+            b = b.next
+    return tuple(shape), sizes, order
+
+
+#: weighs a size difference above any address difference of one pool (addresses start at
+#: 2^40; the expandable segments at 2^44 above), so that one value orders (size, address)
+_LEX = 1 << 46
+
+
+def _step(al: CachingAllocator, live: Dict[Any, _Block], run: StepRun, m: int,
+          rec: Optional[Tuple[List[Any], List[int], List[int], List[int]]], growth: Optional[List[Any]] = None,
+          slack: Optional[List[Any]] = None) -> None:
+    """Replay step ``m`` of ``run``; with ``rec`` = (decisions, comparisons, allocated after
+    each event), record them (see :func:`replay_runs`).  With ``growth`` (one pool's replay:
+    a free or rename of a key this pool does not hold belongs to the other pool and is passed
+    over), ``growth`` gets (m, event index, reserved bytes after it) of each request that grew
+    reserved memory,
+    and ``slack`` gets (m, event index, bytes) where allocated memory moved by more than the
+    rounded request: a block taken whole (not split) is allocated in full, and so is freed."""
+    cfg = al.cfg
+    ms = cfg.max_split_size_bytes
+    for j, (kind, key, c0, c1, label) in enumerate(run.events):
+        if kind != "alloc":
+            b0 = live.pop(key, None)
+            if b0 is None:
+                if growth is None:
+                    raise KeyError(key)
+                continue
+            extra = b0.size - b0.requested
+            al.free(b0)
+            if rec is not None:
+                rec[2].append(al.allocated)
+                rec[3].append((m, j, -extra))
+            elif extra and slack is not None:
+                slack.append((m, j, -extra))
+            continue
+        raw = c0 + c1 * m
+        if rec is None:
+            r0 = al.reserved
+            b0 = live[key] = al.malloc(raw, label)
+            if growth is not None and al.reserved != r0:
+                growth.append((m, j, al.reserved))
+            if slack is not None and b0.size != b0.requested:
+                slack.append((m, j, b0.size - b0.requested))
+            continue
+        decisions, comps, alloc_after, extras = rec
+        size = round_size(int(raw), cfg)
+        small = size <= K_SMALL_SIZE
+        free = sorted((al._by_key[k] for k in al._free[small]), key=lambda x: x.addr)
+        before = {id(b): b.size for b in free}
+        addrs = {id(b): b.addr for b in free}
+        reserved = al.reserved
+        b = live[key] = al.malloc(raw, label)
+        if al.reserved != reserved:
+            decisions.append(None)          # a new segment: never skipped over
+            if growth is not None:
+                growth.append((m, j, al.reserved))
+            continue
+        chosen = next(i for i, f in enumerate(free) if addrs[id(f)] == b.addr)
+        csize, caddr = before[id(free[chosen])], b.addr
+        decisions.append((chosen, small, b.size != csize))
+        # each comparison as a value whose sign (>= 0 or < 0) must not change
+        comps.append(int(raw) - K_MIN_BLOCK_SIZE)                  # round_size's 512-B floor
+        comps.append(K_SMALL_SIZE - size)                          # get_pool
+        for i, f in enumerate(free):
+            fs = before[id(f)]
+            comps.append(fs - size)                                # big enough (best fit)
+            if i != chosen:                                        # not a better fit: (size, address) after
+                comps.append((fs - csize) * _LEX + (addrs[id(f)] - caddr) - 1)
+        rem = csize - size
+        if small or cfg.expandable_segments:
+            comps.append(rem - K_MIN_BLOCK_SIZE)                   # should_split
+        else:
+            comps.append(rem - K_SMALL_SIZE - 1)
+        if ms < NO_LIMIT:
+            comps.append(size - ms)
+            comps.append(csize - ms)
+            comps.append(csize - size - K_LARGE_BUFFER)
+        alloc_after.append(al.allocated)
+        extras.append((m, j, b.size - b.requested))
+    if al.allocated > al.max_allocated:
+        al.max_allocated = al.allocated
+    for a, b2 in run.renames:
+        if a in live or growth is None:
+            live[b2] = live.pop(a)
+
+
+def _horizon(va: List[int], vb: List[int]) -> Optional[int]:
+    """The last k >= 2 such that every v(k) = va + (k - 1) (vb - va) has had, for each k' in
+    1..k, the sign class (>= 0 or < 0) it had at k = 1 and 2; None when a sign already
+    differs between the two (the regime is changing) or no value limits k (unbounded: -1)."""
+    kmax = -1
+    for a, b in zip(va, vb):
+        if (a >= 0) != (b >= 0):
+            return None
+        s = b - a
+        if a >= 0 and s < 0:
+            k = 1 + a // (-s)                   # a + (k-1) s >= 0
+        elif a < 0 and s > 0:
+            k = 1 + (-a - 1) // s               # a + (k-1) s <= -1
+        else:
+            continue
+        kmax = k if kmax < 0 else min(kmax, k)
+    return kmax
+
+
+#: probes in a row that skip too little, or steps hashed without a layout coming back, before
+#: a run is replayed step by step to its end (the probes' recording and the per-step layout
+#: hashing cost more than they save there)
+_MAX_MISSES = 3
+_MAX_HASHED = 160
+
+
+def _replay_run(al: CachingAllocator, live: Dict[Any, _Block], run: StepRun,
+                growth: Optional[List[Any]] = None, slack: Optional[List[Any]] = None) -> int:
+    """Replay ``run`` on ``al``, skipping ahead where :func:`replay_runs` proves it exact;
+    returns the number of events it stands for (``growth``, ``slack``: see :func:`_step`; a
+    skipped stretch's slack is appended as one ("block", steps, event indices, bytes) of
+    numpy arrays).
+
+    The superstep is found, not assumed: the block structure (with owners) is hashed at every
+    step boundary, and when it recurs after Q steps (the decode steps' cache tensors rotate
+    through a segment and come back to the same layout after about L + 1 steps), two
+    supersteps of lcm(Q, P) steps are replayed with their decisions recorded and the skip is
+    tried over that period."""
+    n = run.n_steps
+    per_step = len(run.events)
+    P = _superstep(run)
+    m = 0
+    seen: Dict[Tuple[Any, ...], int] = {}
+    reserved = al.reserved
+    misses = 0                            # probes in a row that skipped little
+    hashed = 0                            # steps hashed since the last probe
+    while m < n:
+        if P is None or misses >= _MAX_MISSES or hashed >= _MAX_HASHED:
+            _step(al, live, run, m, None, growth, slack)
+            m += 1
+            continue
+        if al.reserved != reserved:       # reserved only grows: no earlier layout comes back
+            seen.clear()
+            reserved = al.reserved
+        owner = {id(b): k for k, b in live.items()}
+        shape, sizes1, _ = _structure(al, owner)
+        last = seen.get(shape)
+        seen[shape] = m
+        Q = 0 if last is None else (m - last) * P // math.gcd(m - last, P)
+        hashed += 1
+        if not Q or n - m < 3 * Q:
+            _step(al, live, run, m, None, growth, slack)
+            m += 1
+            continue
+        start = m
+        hashed = 0
+        recs = []
+        states = [sizes1]
+        shapes = [shape]
+        for _ in range(2):
+            rec: Tuple[List[Any], List[int], List[int], List[Any]] = ([], [], [], [])
+            for j in range(Q):
+                _step(al, live, run, m + j, rec, growth)
+            m += Q
+            recs.append(rec)
+            owner = {id(b): k for k, b in live.items()}
+            sh, sz, _ = _structure(al, owner)
+            shapes.append(sh)
+            states.append(sz)
+        (d1, c1, u1, x1), (d2, c2, u2, x2) = recs
+        if slack is not None:             # the probes' own slack, as replayed
+            slack.extend(x for x in x1 + x2 if x[2])
+        misses += 1
+        if not (shapes[0] == shapes[1] == shapes[2] and d1 == d2 and None not in d1 and len(c1) == len(c2)
+                and [(a[0] - start, a[1]) for a in x1] == [(b[0] - start - Q, b[1]) for b in x2]):
+            continue
+        D = [b - a for a, b in zip(states[1], states[2])]
+        if D != [b - a for a, b in zip(states[0], states[1])]:
+            continue
+        kmax = _horizon(c1, c2)
+        if kmax is None:
+            continue
+        left = (n - m) // Q                       # supersteps that may still be skipped
+        k = 2 + left if kmax < 0 else min(kmax, 2 + left)
+        if k <= 2:
+            continue
+        if k - 2 >= 4:
+            misses = 0
+        # the peaks of the skipped supersteps 3..k: affine in k, so at an end
+        for kk in (3, k):
+            top = max((a + (kk - 1) * (b - a) for a, b in zip(u1, u2)), default=0)
+            if top > al.max_allocated:
+                al.max_allocated = top
+        if slack is not None and x1:
+            import numpy as np
+
+            ks = np.arange(3, k + 1, dtype=np.int64)[:, None]
+            q = np.array([a[0] - start for a in x1], dtype=np.int64)[None, :]
+            da = np.array([a[2] for a in x1], dtype=np.int64)[None, :]
+            db = np.array([b[2] for b in x2], dtype=np.int64)[None, :]
+            vals = da + (ks - 1) * (db - da)
+            steps = start + (ks - 1) * Q + q + 0 * vals
+            js = np.array([a[1] for a in x1], dtype=np.int64)[None, :] + 0 * vals
+            keep = vals != 0
+            slack.append(("block", steps[keep], js[keep], vals[keep]))
+        # jump: the state after superstep k is X1 + k D
+        _, _, order = _structure(al, {})
+        _set_sizes(al, order, [a + k * d for a, d in zip(sizes1, D)])
+        m += (k - 2) * Q
+    return n * per_step
+
+
+def _set_sizes(al: CachingAllocator, order: List[_Block], sizes: List[int]) -> None:
+    """Give every block (address order within each segment) its new size, and the addresses
+    and free lists that follow."""
+    al._live.clear()
+    al._by_key.clear()
+    al._free = {True: [], False: []}
+    allocated = 0
+    addr = None
+    seg = None
+    it = iter(sizes)
+    for b in order:
+        size = next(it)
+        if b.allocated:
+            b.requested = next(it)
+        if b.seg is not seg:
+            seg = b.seg
+            addr = seg.addr
+        b.addr, b.size = addr, size
+        addr += size
+        if b.allocated:
+            al._live[b.addr] = b
+            allocated += size
+        else:
+            key = (size, b.addr)
+            al._free[b.small].append(key)
+            al._by_key[key] = b
+    for lst in al._free.values():
+        lst.sort()
+    al.allocated = allocated

@@ -39,7 +39,9 @@ _SETUP_OPTIONS = (
     ("--gradient-checkpointing", "gradient_checkpointing", "choice", "activation checkpointing"),
     ("--attn-implementation", "attn_implementation", "choice", "attention implementation"),
     ("--batch-size", "batch_size", "int", "micro-batch size (default 1)"),
-    ("--seq-len", "seq_len", "int", "sequence length in tokens (default 2048)"),
+    ("--seq-len", "seq_len", "int", "sequence length in tokens (default 2048); an encoder-decoder's input length"),
+    ("--target-len", "target_len", "int", "an encoder-decoder's target length in tokens, what its decoder, head "
+                                          "and loss read (T5, BART; default: the sequence length)"),
     ("--grad-accum-steps", "grad_accum_steps", "int", "gradient accumulation steps (default 1)"),
     ("--lora-r", "lora_r", "int", "LoRA rank (default 16)"),
     ("--lora-alpha", "lora_alpha", "float", "LoRA alpha (default 32)"),

@@ -55,6 +55,7 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
         ``precision``, ``quantization``, ``double_quant``, ``quantized_groups``,
         ``prepare_kbit``, ``optimizer``, ``optimizer_state_dtypes``,
         ``gradient_checkpointing``, ``attn_implementation``, ``batch_size``, ``seq_len``,
+        ``target_len`` (an encoder-decoder's decoder tokens per sample; None: ``seq_len``),
         ``grad_accum_steps``, ``lora_r``, ``lora_alpha``, ``lora_dropout``,
         ``lora_targets``, ``trainable_layers``, ``tf32``, ``backend`` ("auto": analytic where
         the model's family is modelled, else traced; "analytic"; "trace": see ``vramwidget.trace``),
@@ -74,6 +75,10 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
     """
     task = setup.pop("task", None)
     s = setup if isinstance(setup, TrainingSetup) else TrainingSetup.from_kwargs(**setup)
+    if s.target_len is not None and s.backend != "analytic":
+        # the traced step passes labels = input_ids (one length) and its size profile varies
+        # batch and sequence only: a target length of its own is the analytic families' (T5, BART)
+        _traced_target_len(model, s, task)
     if s.backend == "trace":
         from .trace import estimate_traced
 
@@ -92,6 +97,19 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
     est = estimate_setup(arch, s, gpu=gpu)
     check_physical(est, arch, s)
     return est
+
+
+def _traced_target_len(model: Model, s: TrainingSetup, task: Optional[str]) -> None:
+    """``target_len`` with a backend that may trace: refused unless the model is analytic."""
+    if s.backend == "auto":
+        try:
+            load(model, task=task)
+            return              # analytic: estimate_setup checks the model (check_target_len)
+        except VramError as e:
+            if e.field != "model_type":
+                return          # the load's own error comes from the estimate itself
+    raise VramError("target_len: the traced backend runs the decoder on the input ids (one length); a target "
+                    "length of its own is modelled for the analytic encoder-decoders (T5, BART)", field="target_len")
 
 
 def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
@@ -535,31 +553,98 @@ class _Acts:
 
 @dataclass
 class _Profile:
-    """A block trace as a function of batch b and sequence s: every saved tensor's bytes are
-    ``alpha * b * s + beta * b * s**2`` (T-linear tensors, and the b x a x s x s scores)."""
+    """A block trace as a function of batch b, sequence s and (an encoder-decoder's) target
+    length t: every saved tensor's bytes are a sum of coefficients times the size terms of
+    :func:`size_terms`: ``alpha * b * s + beta * b * s**2`` for one sequence (T-linear tensors,
+    and the b x a x s x s scores); for an encoder-decoder given a ``target_len``, five terms
+    b s, b s^2 (the encoder), b t, b t^2 (the decoder's own tokens and self-attention scores)
+    and b s t (its cross-attention scores over the encoder's keys)."""
 
     arch: Architecture
-    per_layer: List[Tuple[str, str, str, str, float, float, float, float]]  # name, group, dtype, formula, a, b (bytes), a, b (numel)
-    per: Tuple[float, float]
-    first: Tuple[float, float]
-    dense: Tuple[float, float]
-    head: List[Tuple[str, str, float]]    # name, formula, bytes per token
+    per_layer: List[Tuple[str, str, str, str, Tuple[float, ...], Tuple[float, ...]]]  # name, group, dtype, formula, bytes, numel coefficients
+    per: Tuple[float, ...]
+    first: Tuple[float, ...]
+    dense: Tuple[float, ...]
+    head: List[Tuple[str, str, Tuple[float, ...]]]    # name, formula, bytes coefficients (one sequence: per token)
     backend: str
-    written: Tuple[float, float] = (0.0, 0.0)       # bytes the block's forward writes (a T + b T s)
+    written: Tuple[float, ...] = (0.0, 0.0)       # bytes the block's forward writes (a T + b T s)
     ops: float = 0.0                                # kernels of one block's forward
-    head_written: Tuple[float, float] = (0.0, 0.0)
+    head_written: Tuple[float, ...] = (0.0, 0.0)
     head_ops: float = 0.0
     head_packs: int = 0
     #: the blocks a checkpointed backward may rebuild, one (a, b) each: every kind among the
     #: trained layers after the first (the first alone when it is the only one trained)
     recompute: List[Tuple[float, float]] = field(default_factory=list)
     #: the block's forward in order, for the allocator replay: ("new", name, dtype, rg, saved,
-    #: numel a, numel b) per created tensor, ("param", module) per parameter use; steady and first block
+    #: numel coefficients, outlives, by_producer, constant numel) per created tensor, ("param",
+    #: module) per parameter use; steady and first block
     alloc_ops: Tuple[List[Tuple[Any, ...]], List[Tuple[Any, ...]]] = ([], [])
     #: the same per layer key (kind, leading dense) of a stack whose blocks differ (a mixed
     #: stack's kinds, DeepSeek-style dense layers): the replay runs each layer's own block
     #: (:func:`layer_key`); empty where every block is ``alloc_ops[0]``
     kind_alloc_ops: Dict[Tuple[str, bool], List[Tuple[Any, ...]]] = field(default_factory=dict)
+    #: an encoder-decoder's five size terms (b s, b s^2, b t, b t^2, b s t); else (b s, b s^2)
+    target: bool = False
+
+
+
+#: an encoder-decoder's profile is traced at these (seq_len, target_len) sizes, batch 1, and
+#: solved exactly for the coefficients of b s, b s^2, b t, b t^2 and b s t
+_TARGET_PROBES = ((1, 1), (2, 1), (3, 1), (1, 2), (2, 2))
+
+
+def _target_inverse() -> List[List[Any]]:
+    """The inverse of the five size terms at :data:`_TARGET_PROBES` (exact rationals)."""
+    from fractions import Fraction
+
+    rows = [[Fraction(x) for x in (sq, sq * sq, tq, tq * tq, sq * tq)] for sq, tq in _TARGET_PROBES]
+    n = len(rows)
+    A = [r + [Fraction(int(i == j)) for j in range(n)] for i, r in enumerate(rows)]
+    for col in range(n):
+        piv = next(i for i in range(col, n) if A[i][col] != 0)
+        A[col], A[piv] = A[piv], A[col]
+        A[col] = [x / A[col][col] for x in A[col]]
+        for i in range(n):
+            if i != col and A[i][col] != 0:
+                f = A[i][col]
+                A[i] = [x - f * y for x, y in zip(A[i], A[col])]
+    return [r[n:] for r in A]
+
+
+_TARGET_INV = _target_inverse()
+
+
+def has_target(arch: Architecture) -> bool:
+    """Whether the model has a decoder stack of its own that reads the target tokens
+    (``target_len``): a block kind of the family's ``target_kinds`` is in its layers."""
+    kinds = arch.family.layer_kinds(arch) or []
+    return any(k in arch.family.target_kinds for k, _ in kinds)
+
+
+def size_terms(prof: "_Profile", b: Any, sq: Any, tq: Any = None) -> Tuple[Any, ...]:
+    """The size terms a profile's coefficients multiply: (T, T2) = (b s, b s^2) for one
+    sequence; an encoder-decoder's (b s, b s^2, b t, b t^2, b s t), t = ``tq`` (None: s)."""
+    if not prof.target:
+        return (b * sq, b * sq * sq)
+    tq = sq if tq is None else tq
+    return (b * sq, b * sq * sq, b * tq, b * tq * tq, b * sq * tq)
+
+
+def _dot(coef: Tuple[float, ...], terms: Tuple[Any, ...]) -> Any:
+    """``coef[0] * terms[0] + coef[1] * terms[1] + ...``, left to right (a T + b T2 for one
+    sequence: the very operations the two-term profile always did)."""
+    v = coef[0] * terms[0]
+    for c, m in zip(coef[1:], terms[1:]):
+        v = v + c * m
+    return v
+
+
+def _poly(const: float, coef: Tuple[float, ...], terms: Tuple[Any, ...]) -> Any:
+    """``const + coef . terms``, left to right (c + a T + b T2 for one sequence)."""
+    v = const
+    for c, m in zip(coef, terms):
+        v = v + c * m
+    return v
 
 
 _PROFILES: Dict[Tuple[Any, ...], _Profile] = {}
@@ -586,48 +671,61 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     """
     prof = _get_profile(arch, s, P, cpu)
     b, sq = sizes if sizes is not None else (s.batch_size, s.seq_len)
+    # an encoder-decoder's target length: the setup's, else as long as the input (a grid of
+    # sizes varies seq_len; a given target_len stays fixed there)
+    tq = s.target_len if s.target_len is not None else sq
+    M = size_terms(prof, b, sq, tq)
     T = b * sq
-    T2 = b * sq * sq
     # DoRA with dropout recomputes the base output from a fp32 copy of each adapted weight,
     # which F.linear keeps (a per-layer constant, not traced: it does not scale with tokens)
     dora_w = _dora_weight_copies_per_layer(arch, s, P)
-    per = prof.per[0] * T + prof.per[1] * T2 + dora_w
-    first = prof.first[0] * T + prof.first[1] * T2 + dora_w
-    dense = prof.dense[0] * T + prof.dense[1] * T2 + dora_w
+    per = _dot(prof.per, M) + dora_w
+    first = _dot(prof.first, M) + dora_w
+    dense = _dot(prof.dense, M) + dora_w
     first_train, n_layers = _trained_range(arch, s)
     # DeepSeek-style leading dense layers among the trained ones (freeze trains the last layers)
     n_dense = max(0, min(arch.dense_layers, arch.num_layers) - first_train) if arch.is_moe else 0
     recompute = None
-    for a_T, b_T2 in prof.recompute:
-        x = a_T * T + b_T2 * T2 + dora_w
+    for coef in prof.recompute:
+        x = _dot(coef, M) + dora_w
         recompute = x if recompute is None else mx(recompute, x)
     # the first block (dense in DeepSeek-style MoE) + the other dense blocks + the MoE blocks
     layers = first + max(n_dense - 1, 0) * dense + (n_layers - max(n_dense, 1)) * per
     c = s.compute_dtype
     ckpt = T * arch.hidden_size * DTYPE_BYTES[_resid(s)]
+    Tw, sw = T, sq     # the tokens and sequence of the widest block
+    if prof.target:
+        # checkpointing keeps each block's input: b x s x h per encoder layer, b x t x h per
+        # decoder layer (the per-layer figure is their average over the trained layers)
+        trained = _trained_layers(arch, s)
+        n_dec = sum(1 for k, _ in trained if k in arch.family.target_kinds)
+        ckpt = (T * (len(trained) - n_dec) + b * tq * n_dec) / len(trained) * arch.hidden_size \
+            * DTYPE_BYTES[_resid(s)]
+        sw = mx(sq, tq)
+        Tw = b * sw
     # backward working buffers of one block: gradients of the widest intermediate tensors
     i_width = max(arch.intermediate_size, arch.expert_intermediate_size * max(arch.experts_per_token, 1))
     gw = DTYPE_BYTES[c] if not s.autocast else 4
-    transient = 2 * T * i_width * DTYPE_BYTES[c] + T * arch.hidden_size * gw
+    transient = 2 * Tw * i_width * DTYPE_BYTES[c] + Tw * arch.hidden_size * gw
     if prof.backend in ("eager", "math") or (prof.backend == "recompute" and s.attn_implementation == "eager"):
-        transient = mx(transient, 2 * b * arch.num_heads * sq * sq * 4)
-    per_layer = [SavedTensor(name, group, ab * T + bb * T2, dtype, an * T + bn * T2, formula)
-                 for name, group, dtype, formula, ab, bb, an, bn in prof.per_layer]
+        transient = mx(transient, 2 * b * arch.num_heads * sw * sw * 4)
+    per_layer = [SavedTensor(name, group, _dot(cb, M), dtype, _dot(cn, M), formula)
+                 for name, group, dtype, formula, cb, cn in prof.per_layer]
     if dora_w:
         per_layer.append(SavedTensor("DoRA norm vectors" + (" and weight copies (dropout > 0)" if s.lora_dropout else ""),
                                      LORA_GROUP, dora_w, P.adapter_dtype, dora_w / DTYPE_BYTES[P.adapter_dtype],
                                      "3 x out" + (" + out x in" if s.lora_dropout else "") + " per adapted module"))
-    head = [(name, per_tok * T, formula) for name, formula, per_tok in prof.head]
+    head = [(name, _dot(coef, M), formula) for name, formula, coef in prof.head]
     tower = _tower_activations(arch, s, P, cpu) if arch.towers else []
     return _Acts(per_layer, per, first, n_layers, ckpt, head, transient, prof.backend, layers, tower=tower,
                  head_packs=prof.head_packs, recompute_layer_bytes=per if recompute is None else recompute,
-                 **_timing_fields(prof, T, T2))
+                 **_timing_fields(prof, M))
 
 
-def _timing_fields(prof: "_Profile", T: float, T2: float) -> Dict[str, float]:
+def _timing_fields(prof: "_Profile", M: Tuple[Any, ...]) -> Dict[str, float]:
     return dict(
-fwd_ops_per_layer=prof.ops, fwd_written_bytes_per_layer=prof.written[0] * T + prof.written[1] * T2,
-                head_fwd_ops=prof.head_ops, head_fwd_written_bytes=prof.head_written[0] * T + prof.head_written[1] * T2)
+fwd_ops_per_layer=prof.ops, fwd_written_bytes_per_layer=_dot(prof.written, M),
+                head_fwd_ops=prof.head_ops, head_fwd_written_bytes=_dot(prof.head_written, M))
 
 
 def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool
@@ -683,7 +781,8 @@ def _tower_activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bo
 def _get_profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = False) -> _Profile:
     """The block trace of this architecture and size-free setup (cached)."""
     key = (id(arch), cpu) + tuple(getattr(s, f) for f in _TRACE_FIELDS) + (arch.family.trace_key(arch, s),
-                                                                             _trained_layout(arch, s))
+                                                                             _trained_layout(arch, s),
+                                                                             s.target_len is not None)
     prof = _PROFILES.get(key)
     if prof is None or prof.arch is not arch:
         prof = _profile(arch, s, P, cpu)
@@ -694,48 +793,79 @@ def _get_profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
 
 
 def _profile(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool) -> _Profile:
-    """Trace one block (steady, first, dense) and the head at (b, s) = (1, 1) and (1, 2)."""
-    one = _trace_all(arch, s, P, cpu, 1, 1)
-    two = _trace_all(arch, s, P, cpu, 1, 2)
+    """Trace one block (steady, first, dense) and the head at (b, s) = (1, 1) and (1, 2); an
+    encoder-decoder's with a ``target_len`` at the five (s, t) of :data:`_TARGET_PROBES` (see
+    :class:`_Profile`; without one its decoder reads s tokens: the two traces, as before)."""
+    target = has_target(arch) and s.target_len is not None
+    if target:
+        probes = [_trace_all(arch, s, P, cpu, 1, sq, tq) for sq, tq in _TARGET_PROBES]
 
-    def coeffs(x1: float, x2: float) -> Tuple[float, float]:
-        beta = (x2 - 2 * x1) / 2     # x(1,1) = a + b, x(1,2) = 2a + 4b
-        return x1 - beta, beta
+        def coeffs(*ys: float) -> Tuple[float, ...]:
+            from fractions import Fraction
+
+            fy = [Fraction(y) for y in ys]
+            return tuple(float(sum(w * y for w, y in zip(row, fy))) for row in _TARGET_INV)
+    else:
+        probes = [_trace_all(arch, s, P, cpu, 1, 1), _trace_all(arch, s, P, cpu, 1, 2)]
+
+        def coeffs(*ys: float) -> Tuple[float, ...]:
+            x1, x2 = ys
+            beta = (x2 - 2 * x1) / 2     # x(1,1) = a + b, x(1,2) = 2a + 4b
+            return x1 - beta, beta
+    one = probes[0]
+
+    def field(key: str) -> Tuple[float, ...]:
+        return coeffs(*(p[key] for p in probes))
 
     per_layer = []
-    for t1, t2 in zip(one["per_layer"], two["per_layer"]):
-        ab, bb = coeffs(t1.nbytes, t2.nbytes)
-        an, bn = coeffs(t1.numel, t2.numel)
-        per_layer.append((t1.name, t1.group, t1.dtype, t1.formula, ab, bb, an, bn))
+    for ts in zip(*(p["per_layer"] for p in probes)):
+        t1 = ts[0]
+        assert all(t.name == t1.name for t in ts), "every probe traces the same tensors"
+        per_layer.append((t1.name, t1.group, t1.dtype, t1.formula, coeffs(*(t.nbytes for t in ts)),
+                          coeffs(*(t.numel for t in ts))))
+
     def alloc_ops(key: Any, src: str = "") -> List[Tuple[Any, ...]]:
-        o1, o2 = (one[src][key], two[src][key]) if src else (one[key], two[key])
+        os_ = [p[src][key] if src else p[key] for p in probes]
+        o1 = os_[0]
         out: List[Tuple[Any, ...]] = []
-        for (kind, t1), (_, t2) in zip(o1[0], o2[0]):
+        for ops in zip(*(o[0] for o in os_)):
+            kind, t1 = ops[0]
             if kind == "param":
                 out.append(("param", t1))
             else:
-                # a tensor the same size at both probes does not scale with the tokens: a weight's
+                # a tensor the same size at every probe does not scale with the tokens: a weight's
                 # transient (bitsandbytes' dequantized weight), a constant, not a*T + b*T2
-                an, bn = coeffs(t1.numel, t2.numel) if t1.numel != t2.numel else (0.0, 0.0)
-                cn = t1.numel if t1.numel == t2.numel else 0.0
+                sizes = [t.numel for _, t in ops]
+                const = all(n == sizes[0] for n in sizes)
+                cn = t1.numel if const else 0.0
+                coef = tuple(0.0 for _ in sizes) if const else coeffs(*sizes)
                 saved = o1[1]
-                out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in saved, an, bn, t1.outlives,
+                out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in saved, coef, t1.outlives,
                             t1.name in saved and t1.name in o1[2], cn, o1[3].get(t1.name, "")))
         return out
 
-    return _Profile(arch=arch, per_layer=per_layer, per=coeffs(one["per"], two["per"]),
-                    recompute=[coeffs(x1, x2) for x1, x2 in zip(one["recompute"], two["recompute"])],
-                    first=coeffs(one["first"], two["first"]), dense=coeffs(one["dense"], two["dense"]),
-                    head=[(name, formula, nbytes) for name, nbytes, formula in one["head"]],
-                    backend=one["backend"], written=coeffs(one["written"], two["written"]), ops=one["ops"],
-                    head_written=coeffs(one["head_written"], two["head_written"]), head_ops=one["head_ops"],
-                    head_packs=one["head_packs"],
+    if target:
+        heads = [{name: nbytes for name, nbytes, _ in p["head"]} for p in probes]
+        head = [(name, formula, coeffs(*(h[name] for h in heads))) for name, _, formula in one["head"]]
+    else:
+        # one sequence: every head tensor is linear in the tokens (bytes per token at b s = 1)
+        head = [(name, formula, (nbytes,)) for name, nbytes, formula in one["head"]]
+    return _Profile(arch=arch, per_layer=per_layer, per=field("per"), first=field("first"), dense=field("dense"),
+                    recompute=[coeffs(*xs) for xs in zip(*(p["recompute"] for p in probes))],
+                    head=head, backend=one["backend"], written=field("written"), ops=one["ops"],
+                    head_written=field("head_written"), head_ops=one["head_ops"], head_packs=one["head_packs"],
                     alloc_ops=(alloc_ops("alloc_ops"), alloc_ops("alloc_ops_first")),
-                    kind_alloc_ops={k: alloc_ops(k, "kind_alloc_ops") for k in one["kind_alloc_ops"]})
+                    kind_alloc_ops={k: alloc_ops(k, "kind_alloc_ops") for k in one["kind_alloc_ops"]}, target=target)
 
 
-def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: int, sq: int) -> Dict[str, Any]:
+def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: int, sq: int,
+               tq: Optional[int] = None) -> Dict[str, Any]:
+    """Every block trace and the head's at batch ``b``, sequence ``sq`` and (an
+    encoder-decoder's) target length ``tq``: its decoder blocks, output head and loss read
+    b x tq tokens, its cross-attention b x tq x sq scores."""
     T = b * sq
+    # the output head's tokens: the decoder's of an encoder-decoder
+    Th = b * tq if tq is not None else T
     c = s.compute_dtype
     resid = _resid(s)
     norm_w = "float32" if (s.autocast or s.precision == "fp32" or (s.quantized and s.prepare_kbit)) else (
@@ -749,7 +879,8 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     ctx = BlockContext(arch=arch, setup=s, T=T, b=b, s=sq, c=c, resid=resid, norm_w_dtype=norm_w,
                        linear_trains=full, norms_train=full or s.method == "norms", lora_modules=P.lora_modules,
                        adapter_dtype=P.adapter_dtype, attn_backend=backend, quant_base=s.quantized, cpu=cpu,
-                       fused_qkv_lora=bool(behaviour(s.stack).get("fused_qkv_lora")))
+                       fused_qkv_lora=bool(behaviour(s.stack).get("fused_qkv_lora")),
+                       enc_s=sq if tq is not None else 0)
     if s.method == "freeze":
         ctx.linear_trains = True
         ctx.norms_train = True
@@ -765,32 +896,30 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
     order = arch.family.layer_order(arch)
     kinds: Dict[Tuple[str, bool], Trace] = {}     # each kind's steady block, for the replay
     if order:
-        tr, by_kind = _mixed_stack(ctx, order, [kind for kind, _ in others or layers])
+        tr, by_kind = _mixed_stack(ctx, order, [kind for kind, _ in others or layers], tq)
         kinds = {(kind, False): t for kind, t in by_kind.items()}
         recompute = [by_kind[kind] for kind in dict.fromkeys(kind for kind, _ in others or layers)]
     else:
         tr = trace_block(ctx, input_rg=True)
         recompute = [tr]
-    ctx.kind = first_kind
-    tr_first = trace_block(ctx, input_rg=first_rg, dense_layer=first_dense)
+    tr_first = trace_block(kind_context(ctx, first_kind, tq), input_rg=first_rg, dense_layer=first_dense)
     dense_bytes = tr.total_bytes
     if dense:
         # the leading dense layers: the stack's first kind
-        ctx.kind = order[0] if order else ""
-        tr_dense = trace_block(ctx, input_rg=True, dense_layer=True)
+        dkind = order[0] if order else ""
+        tr_dense = trace_block(kind_context(ctx, dkind, tq), input_rg=True, dense_layer=True)
         dense_bytes = tr_dense.total_bytes
-        kinds[(ctx.kind, True)] = tr_dense
+        kinds[(dkind, True)] = tr_dense
         if any(d for _, d in others):
             recompute.append(tr_dense)
-    ctx.kind = ""
     # the only trained layer is the first: the one a backward rebuilds is that block itself
     recompute_bytes = [t.total_bytes for t in (recompute if others else [tr_first])]
     # final norm + output head input
     htr = Trace()
-    x = htr.new("final norm input", T * arch.hidden_size, resid, True, "T x h", "output head")
+    x = htr.new("final norm input", Th * arch.hidden_size, resid, True, "T x h", "output head")
     head_trains = full or (s.method == "freeze" and not arch.tie_word_embeddings) or "lm_head" in s.modules_to_save
     ctx_head = BlockContext(**{**ctx.__dict__, "linear_trains": head_trains, "quant_base": False,
-                               "lora_modules": ()})
+                               "lora_modules": (), "T": Th, "s": tq if tq is not None else sq})
     n = arch.family.final_norm(htr, ctx_head, x)
     norm_packs = htr.packs
     if s.autocast or s.precision == "fp8":
@@ -805,10 +934,10 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
         # kept; DoRA also keeps the base output and the LoRA output (T x V each)
         r, a_dt, V = s.lora_r, P.adapter_dtype, arch.vocab_size
         htr.save(htr.cast(n, a_dt, "lm_head LoRA input as " + a_dt))
-        htr.save(htr.new("lm_head lora_A output", T * r, a_dt, True, f"T x r (r={r})", "output head"))
+        htr.save(htr.new("lm_head lora_A output", Th * r, a_dt, True, f"T x r (r={r})", "output head"))
         if s.lora_variant == "dora":
-            htr.save(htr.new("lm_head DoRA base output", T * V, logits_dtype(arch, s), True, "T x V", "output head"))
-            htr.save(htr.new("lm_head DoRA LoRA output", T * V, a_dt, True, "T x V", "output head"))
+            htr.save(htr.new("lm_head DoRA base output", Th * V, logits_dtype(arch, s), True, "T x V", "output head"))
+            htr.save(htr.new("lm_head DoRA LoRA output", Th * V, a_dt, True, "T x V", "output head"))
     if embed_trains:
         # F.embedding keeps the token ids for its weight gradient
         htr.save(htr.new("token ids (embedding backward)", T, "int64", True, "T x 8 B (int64)", "embedding"))
@@ -817,7 +946,7 @@ def _trace_all(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool, b: i
         # the product with lora_embedding_B
         htr.save(htr.new("embed_tokens LoRA after_A", T * s.lora_r, P.adapter_dtype, True, "T x r", "embedding"))
     head = [(t.name, t.nbytes, t.formula) for t in htr.saved.values()]
-    head += arch.family.head_saved(arch, T, full)
+    head += arch.family.head_saved(arch, Th, full)
     return {"per_layer": list(tr.saved.values()), "per": tr.total_bytes, "first": tr_first.total_bytes,
             "dense": dense_bytes, "head": head, "backend": backend, "recompute": recompute_bytes,
             "written": tr.created_bytes, "ops": tr.created_ops,
@@ -899,20 +1028,30 @@ def _trained_layout(arch: Architecture, s: TrainingSetup) -> Tuple[Any, ...]:
     return (layers[0], tuple((kd, c // g) for kd, c in counts.items()), any(d for _, d in layers[1:]))
 
 
-def _mixed_stack(ctx: BlockContext, order: List[str], trained: List[str]) -> Tuple[Trace, Dict[str, Trace]]:
+def kind_context(ctx: BlockContext, kind: str, tq: Optional[int]) -> BlockContext:
+    """``ctx`` for a block of ``kind``: a decoder block of an encoder-decoder (a kind of the
+    family's ``target_kinds``) reads b x tq target tokens (its self-attention t x t, its
+    cross-attention t x s over the encoder's ``enc_s``); the others ``ctx``'s own sizes."""
+    if tq is not None and kind in ctx.arch.family.target_kinds:
+        return replace(ctx, kind=kind, T=ctx.b * tq, s=tq)
+    return replace(ctx, kind=kind)
+
+
+def _mixed_stack(ctx: BlockContext, order: List[str], trained: List[str],
+                 tq: Optional[int] = None) -> Tuple[Trace, Dict[str, Trace]]:
     """A stack of blocks of several kinds (a hybrid's linear-attention and attention layers,
     an encoder-decoder's two stacks): the average steady block, each kind's saved tensors
     weighted by its share of ``trained`` (the trained layers after the first, so the first +
     their count x the average is what they save together), and every kind's steady block.
     Its forward work (kernels, bytes written) is averaged over every layer of ``order``:
-    frozen layers run their forward too."""
+    frozen layers run their forward too.  ``tq``: an encoder-decoder's target length (its
+    decoder blocks' tokens, see kind_context)."""
     n = len(trained)
     L = len(order)
     avg = Trace()
     blocks: Dict[str, Trace] = {}
     for kind in dict.fromkeys(order):
-        ctx.kind = kind
-        trk = blocks[kind] = trace_block(ctx, input_rg=True)
+        trk = blocks[kind] = trace_block(kind_context(ctx, kind, tq), input_rg=True)
         count = trained.count(kind)
         if count:
             w = count / n
@@ -922,7 +1061,6 @@ def _mixed_stack(ctx: BlockContext, order: List[str], trained: List[str]) -> Tup
         share = order.count(kind) / L
         avg.created_ops += trk.created_ops * share
         avg.created_bytes += trk.created_bytes * share
-    ctx.kind = ""
     return avg, blocks
 
 
@@ -982,8 +1120,10 @@ def loss_memory(arch: Architecture, s: TrainingSetup, tokens: Any = None
       forward pass and kept for backward.
     """
     bh = behaviour(s.stack)
-    # ``tokens`` replaces b x s (an array of sizes for fit_map)
-    T, V, h = (s.tokens if tokens is None else tokens), arch.vocab_size, arch.hidden_size
+    # ``tokens`` replaces b x s (an array of sizes for fit_map); an encoder-decoder's head and
+    # loss read the decoder's b x t target tokens (T5ForConditionalGeneration.forward:
+    # lm_logits = self.lm_head(sequence_output), the decoder's output; labels b x t)
+    T, V, h = (s.batch_size * s.dec_len if tokens is None else tokens), arch.vocab_size, arch.hidden_size
     c = DTYPE_BYTES[logits_dtype(arch, s)]
     TV = T * V
     fwd: List[Tuple[str, float, str]] = []
@@ -1011,7 +1151,8 @@ def loss_memory(arch: Architecture, s: TrainingSetup, tokens: Any = None
         fwd.append(("logits upcast to fp32 in the model", TV * 4.0,
                     "T x V x 4 B (the model returns output(h).float())"))
     else:
-        fwd.append(("logits", TV * c, f"b x s x V ({s.batch_size} x {s.seq_len} x {V}) x {c:g} B"
+        fwd.append(("logits", TV * c, (f"b x s x V ({s.batch_size} x {s.seq_len} x {V})" if s.target_len is None
+                                       else f"b x t x V ({s.batch_size} x {s.target_len} x {V})") + f" x {c:g} B"
                     + (f", {n} chunks" if n > 1 else "")))
     if softcap:
         fwd.append(("soft-capped logits tanh", TV * c, "T x V (final_logit_softcapping)"))
@@ -1077,7 +1218,10 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     P = _params(arch, s)
     if s.method in ("lora", "qlora") and not P.adapters:
         raise VramError(f"lora_targets: none of the targets are linear layers of {arch.name}", field="lora_targets")
-    T = s.tokens if sizes is None else sizes[0] * sizes[1]
+    # the output head's and the loss's tokens: an encoder-decoder's b x target_len (a grid of
+    # sizes varies seq_len, a given target_len stays fixed)
+    T = s.batch_size * s.dec_len if sizes is None else sizes[0] * (
+        s.target_len if s.target_len is not None else sizes[1])
     gc = gc_mode(s)
     _check_knobs(arch, s)
 
@@ -1485,6 +1629,7 @@ def _versions_note(s: TrainingSetup) -> str:
 
 def _check_knobs(arch: Architecture, s: TrainingSetup) -> None:
     """Knobs that the estimator refuses rather than guess, with the reason."""
+    check_target_len(arch, s)
     if s.compile and s.gradient_checkpointing != "full":
         raise VramError("compile: without full activation checkpointing, which tensors inductor's partitioner "
                         "saves in each block depends on its recompute heuristics and is not modelled; use "
@@ -1498,6 +1643,16 @@ def _check_knobs(arch: Architecture, s: TrainingSetup) -> None:
         raise VramError("loss: Liger's fused linear cross-entropy multiplies by lm_head.weight itself, so a LoRA "
                         "on lm_head is not applied there; drop 'lm_head' from lora_targets or use another loss",
                         field="loss")
+
+
+def check_target_len(arch: Architecture, s: TrainingSetup) -> None:
+    """``target_len`` is the decoder's length of a model with a decoder stack separate from
+    its encoder (T5, BART: :func:`has_target`); anywhere else it is refused."""
+    if s.target_len is None or has_target(arch):
+        return
+    what = "an encoder (no decoder)" if arch.family.encoder_decoder or arch.task in ("encoder", "masked_lm") \
+        else "decoder-only"
+    raise VramError(f"target_len: {arch.name} is {what}; its sequence is seq_len", field="target_len")
 
 
 def _grid_reserved(arch: Architecture, s: TrainingSetup, sizes: Tuple[Any, Any], peak: Any) -> Any:
@@ -1522,14 +1677,19 @@ def _autocast_cache(arch: Architecture, s: TrainingSetup, P: _Params) -> Node:
     base under LoRA) is cast afresh at each use; without checkpointing the matmul saves that
     copy for backward, so it lives as long as a cached one, but under full checkpointing the
     saved copy is dropped with the block's other saved tensors and exists only while its block
-    runs: it is not held here."""
+    runs: it is not held here.  The blocks below the first trained one (``method="freeze"``)
+    run outside autograd's graph (nothing in them, nor their input, requires grad): their
+    matmuls save nothing, so their weights' copies exist only while each runs."""
     name = "bf16 weight copies (autocast cache)" if s.compute_dtype == "bfloat16" else \
         "fp16 weight copies (autocast cache)"
     node = Node(name)
+    first_train, _ = _trained_range(arch, s)
     if s.autocast:
         for t, dtype, nbytes, trains in P.weights:
             if not trains and gc_mode(s) and t.layers is not None:
                 continue  # a frozen block weight's copy is recomputed with its block
+            if not trains and t.layers is not None and t.layers[1] < first_train:
+                continue  # a block below the trained ones keeps no copy
             if (t.linear or t.role == "output_head" or (t.role == "embedding" and arch.tie_word_embeddings)) \
                     and not t.is_bias and dtype == "float32":
                 _add_to_group(node, t.group, t.numel * DTYPE_BYTES[s.compute_dtype], t.numel, s.compute_dtype,
@@ -1628,6 +1788,21 @@ def _flops(arch: Architecture, s: TrainingSetup, P: _Params) -> Tuple[float, flo
     head = arch.vocab_size * arch.hidden_size
     mm = 2 * T * (lin + head)
     attn = 2 * s.batch_size * s.seq_len ** 2 * arch.num_heads * arch.head_dim * arch.num_layers  # causal half of 4bs^2ad
+    if s.target_len is not None and has_target(arch):
+        # an encoder-decoder with its own target length: the decoder's linears (its layers'
+        # tensors) and the head run over b x t tokens, the encoder's over b x s; the decoder's
+        # self-attention is b t^2, its cross-attention b t s (the encoder's b s^2 as above)
+        kinds = dict(arch.family.layer_kinds(arch))
+        n_enc = sum(n for k, n in kinds.items() if k not in arch.family.target_kinds)
+        dec_lin = sum(t.numel for t in arch.tensors if t.linear and not t.experts and t.layers
+                      and t.layers[0] >= n_enc)
+        Tt = s.batch_size * s.target_len
+        mm = 2 * T * (lin - dec_lin) + 2 * Tt * (dec_lin + head)
+        n_dec = arch.num_layers - n_enc
+        ad = arch.num_heads * arch.head_dim
+        attn = (2 * s.batch_size * s.seq_len ** 2 * ad * n_enc + 2 * s.batch_size * s.target_len ** 2 * ad * n_dec
+                + 4 * s.batch_size * s.target_len * s.seq_len * ad * n_dec)
+        T = Tt
     fwd = mm + attn
     if s.method in ("full", "freeze"):
         bwd = 2 * fwd

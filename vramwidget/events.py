@@ -33,7 +33,7 @@ from .activations import attention_backend
 from .architecture import Architecture
 from .allocator import DEFAULT_RESERVED_PER_ALLOCATED, parse_alloc_conf, replay
 from .estimate import (ALLOCATOR_REPLAY, BNB_8BIT_MIN_SIZE, BNB_8BIT_OPT_BLOCK, CUBLAS_WORKSPACE_BYTES, _get_profile,
-                       _params, _resid, _state_dtypes, gc_mode, layer_key, logits_dtype)
+                       _params, _poly, _resid, _state_dtypes, gc_mode, layer_key, logits_dtype, size_terms)
 from .stacks import behaviour
 from .training import TrainingSetup
 from .units import DTYPE_BYTES
@@ -92,7 +92,10 @@ def _instances(arch: Architecture, P: Any) -> Tuple[List[Tuple[Any, ...]], List[
     seen_layer = False
     for t, dtype, nbytes, trains in P.weights:
         if t.layers is None:
-            (after if seen_layer else before).append((t, dtype, nbytes / t.repeat, trains, t.numel_each))
+            # outside the decoder's blocks; a side tower's blocks (a VLM's vision encoder) repeat
+            # one tensor per block: each block's is its own parameter
+            for _ in range(max(t.repeat, 1)):
+                (after if seen_layer else before).append((t, dtype, nbytes / t.repeat, trains, t.numel_each))
             continue
         seen_layer = True
         first, last = t.layers
@@ -111,7 +114,12 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
     st = _Stream()
     gc = gc_mode(s)
     b, sq = s.batch_size, s.seq_len
-    T, T2 = b * sq, b * sq * sq
+    T = b * sq
+    # the size terms the block profile's coefficients multiply (an encoder-decoder's include
+    # its target length: estimate.size_terms)
+    M = size_terms(prof, b, sq, s.target_len)
+    # the output head's and the loss's tokens: an encoder-decoder's decoder reads b x target_len
+    Th = b * s.dec_len
     h, V = arch.hidden_size, arch.vocab_size
     c = s.compute_dtype
     L = arch.num_layers
@@ -153,13 +161,14 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         if len(pending) > ASYNC_LOAD_WORKERS:
             convert(pending.pop(0))
 
-    for inst in before:
-        load_param(inst, -1)
+    # outside the blocks each instance gets its own negative index (a tower repeats a tensor)
+    for i, inst in enumerate(before):
+        load_param(inst, -1 - i)
     for layer in range(L):
         for inst in per_layer[layer]:
             load_param(inst, layer)
-    for inst in after:
-        load_param(inst, -1)
+    for i, inst in enumerate(after):
+        load_param(inst, -1 - len(before) - i)
     while pending:
         convert(pending.pop(0))
     if arch.tie_word_embeddings:
@@ -216,8 +225,8 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             if op[0] == "param":
                 out.append(op)
             else:
-                _, name, dtype, rg, saved, an, bn, outlives, by_producer, cn, *stream = op
-                out.append(("new", name, DTYPE_BYTES[dtype] * (cn + an * T + bn * T2), rg, saved, outlives,
+                _, name, dtype, rg, saved, coef, outlives, by_producer, cn, *stream = op
+                out.append(("new", name, DTYPE_BYTES[dtype] * _poly(cn, coef, M), rg, saved, outlives,
                             by_producer, stream[0] if stream else ""))
         return out
 
@@ -231,6 +240,11 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
     layer_ops = [first_ops if layer == first_train else by_key.get(layer_key(arch, order, layer), steady)
                  for layer in range(L)]
     resid_bytes = T * h * DTYPE_BYTES[_resid(s)]
+    # each layer's residual stream: an encoder-decoder's decoder layers carry the b x target_len
+    # tokens (estimate.kind_context), the others b x s
+    kinds_order = arch.family.layer_order(arch) if s.target_len is not None else None
+    layer_resid = [Th * h * DTYPE_BYTES[_resid(s)] if kinds_order and layer < len(kinds_order)
+                   and kinds_order[layer] in arch.family.target_kinds else resid_bytes for layer in range(L)]
     backend = attention_backend(arch, s, c)
 
     def forward_block(ops: List[Tuple[Any, ...]], x_key: Optional[int], keep_saved: bool,
@@ -313,16 +327,16 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         for k in saved_iter + deferred:
             st.free(k)
         # the block input's gradient, the size of the residual stream
-        ng = st.alloc(resid_bytes, label + ("grad of block input",))
+        ng = st.alloc(layer_resid[layer], label + ("grad of block input",))
         st.free(g)
         return ng
 
     lg_dtype = logits_dtype(arch, s)
-    lg_bytes = T * V * DTYPE_BYTES[lg_dtype]
+    lg_bytes = Th * V * DTYPE_BYTES[lg_dtype]
     # the cross-entropy's dtype: fp32 where the loss upcasts (transformers' ForCausalLMLoss),
     # else the logits' own (T5ForConditionalGeneration's CrossEntropyLoss; estimate.loss_memory)
     upcast = bool(behaviour(s.stack)["loss_upcast"]) and arch.family.loss_upcast
-    fp32_TV = T * V * 4.0 if upcast else lg_bytes
+    fp32_TV = Th * V * 4.0 if upcast else lg_bytes
     head_trains = bool(head_params) or (s.method == "full")
     states_made = False
     cast_bytes = {}   # autocast's 16-bit weight copies, per layer (made in forward, kept for backward)
@@ -339,6 +353,8 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                           and dt == "float32"]
 
     ids = st.alloc(T * 8, "input_ids")
+    # an encoder-decoder with its own target length: the labels are a tensor of their own
+    labels = st.alloc(Th * 8, "labels") if s.target_len is not None else None
     for step in range(1, steps + 1):
         # -- forward ----------------------------------------------------------------------
         x = st.alloc(resid_bytes, "embedding output")
@@ -359,7 +375,14 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                 casts = []
             else:
                 out, saved = forward_block(ops, x, layer >= first_train, ("layer", layer))
-            if gc or layer < first_train:
+            if layer < first_train:
+                # a frozen layer below the trained ones (freeze) runs outside autograd's graph: it
+                # saves nothing, its input goes once it has run, and autocast's copies of its
+                # weights are not cached (only leaves that require grad are: autocast_mode.cpp)
+                keep.append((None, [], []))
+                for k in casts + ([x] if x is not None else []):
+                    st.free(k)
+            elif gc:
                 keep.append((x, [], casts))
             else:
                 # the block input is saved by the first norm (when it needs no cast) or freed
@@ -372,9 +395,18 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         # final norm, head, loss
         final_in = x
         head_casts = [st.alloc(nb, "head weight cast") for nb in cast_bytes.get(-1, [])]
-        normed = st.alloc(T * h * DTYPE_BYTES[c] * (2 if DTYPE_BYTES[_resid(s)] > DTYPE_BYTES[c] else 1),
+        normed = st.alloc(Th * h * DTYPE_BYTES[c] * (2 if DTYPE_BYTES[_resid(s)] > DTYPE_BYTES[c] else 1),
                           "final norm output")
         logits = st.alloc(lg_bytes, "logits")
+        tanh = None
+        if arch.final_logit_softcapping:
+            # final logit soft-capping (Gemma 2, modeling_gemma2.py Gemma2ForCausalLM.forward):
+            # logits / cap, tanh (autograd saves tanh's output for its backward), * cap
+            scaled = st.alloc(lg_bytes, "logits / final_logit_softcapping")
+            st.free(logits)
+            tanh = st.alloc(lg_bytes, "soft-capped logits tanh (saved)")
+            st.free(scaled)
+            logits = st.alloc(lg_bytes, "soft-capped logits")
         up = st.alloc(fp32_TV, "logits upcast to fp32") if upcast and lg_dtype != "float32" else None
         logsm = st.alloc(fp32_TV, "log_softmax output (fp32)" if upcast else "log_softmax output")
         st.free(up)
@@ -390,6 +422,15 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         g_lg = st.alloc(lg_bytes, "logits gradient") if upcast and lg_dtype != "float32" else g_ls
         if g_lg is not g_ls:
             st.free(g_ls)
+        if tanh is not None:
+            # back through * cap, tanh (1 - y^2, then its saved output goes) and / cap
+            g1 = st.alloc(lg_bytes, "gradient of the tanh output")
+            st.free(g_lg)
+            g2 = st.alloc(lg_bytes, "gradient of the tanh input")
+            st.free(g1)
+            st.free(tanh)
+            g_lg = st.alloc(lg_bytes, "gradient of the head's logits")
+            st.free(g2)
         grads: Dict[Tuple[str, int], List[int]] = {}
         if head_trains:
             for module, nb, dtype, numel, _shape in head_params:
@@ -397,12 +438,12 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             if arch.tie_word_embeddings and s.method == "full":
                 grads.setdefault(("head", 0), []).append(st.alloc(V * h * DTYPE_BYTES[s.weights_dtype],
                                                                   "lm_head grad (tied to the embedding)"))
-        g = st.alloc(T * h * DTYPE_BYTES[c], "head input gradient")
+        g = st.alloc(Th * h * DTYPE_BYTES[c], "head input gradient")
         st.free(g_lg)
         st.free(normed)
         for k in head_casts:
             st.free(k)
-        g2 = st.alloc(resid_bytes, "final norm input gradient")
+        g2 = st.alloc(Th * h * DTYPE_BYTES[_resid(s)], "final norm input gradient")
         st.free(g)
         st.free(final_in)
         g = g2
@@ -420,8 +461,6 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                 st.free(k)
             if xin is not None:
                 st.free(xin)
-        for layer in range(first_train):
-            st.free(keep[layer][0])
         if embed_params:
             for module, nb, dtype, numel, _shape in embed_params:
                 if arch.tie_word_embeddings and s.method == "full":
@@ -440,6 +479,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                 st.free(k)
         st.events.append(("step_end", step, 0.0, ""))
     st.free(ids)
+    st.free(labels)
     return st.events
 
 
@@ -728,6 +768,11 @@ def _solve_template(arch: Architecture, s: TrainingSetup) -> Optional[StreamTemp
     are exact, and the template is checked to give every probe's and ``s``'s sizes back."""
     import numpy as np
 
+    if s.target_len is not None:
+        # an encoder-decoder's fixed target length adds b x t and b x s x t sizes, which the
+        # probes (varying b and s only) cannot tell from c0 + c1 T + c2 T2: no template, the
+        # stream is generated at each size
+        return None
     tk = _template_key(arch, s)
     points = _PROBES + ((s.batch_size, s.seq_len),)
     streams = []

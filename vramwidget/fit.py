@@ -189,7 +189,9 @@ def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: 
 def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of: int = 1, **kw: Any) -> int:
     """The longest sequence (tokens, a multiple of ``multiple_of`` and of the context-parallel
     size) whose device total fits ``gpu``; 0 when none does.  The model's own position
-    limit is not applied (``Architecture.max_position_embeddings`` tells it)."""
+    limit is not applied (``Architecture.max_position_embeddings`` tells it).  For an
+    encoder-decoder this is the input (encoder) length: a given ``target_len`` stays fixed,
+    without one the target grows with it (the decoder reads as many tokens)."""
     limit = check_int("limit", limit, lo=1)
     step = check_int("multiple_of", multiple_of, lo=1)
     q = _Query(model, gpu, kw)

@@ -169,6 +169,8 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
 
     ``setup`` takes the keyword arguments of :func:`vramwidget.estimate` (one GPU, the
     training step); ``batch_size`` and ``seq_len`` there are ignored (the grid sets them).
+    For an encoder-decoder ``seq_len`` is the input (encoder) length: a given ``target_len``
+    stays fixed on every cell, without one the target is as long as each cell's ``seq_len``.
 
     What is exact.  ``peak_allocated_bytes`` is, on every cell (the estimator's own
     operations on arrays).  The device total needs the caching-allocator replay of the cell

@@ -162,12 +162,16 @@ class InferenceSetup:
     enable_chunked_prefill: Optional[bool] = None
     mem_fraction_static: Optional[float] = None
     disable_custom_all_reduce: bool = False
+    #: the caching allocator's settings for generate()'s replay: "default", "expandable_segments"
+    #: or a PYTORCH_CUDA_ALLOC_CONF string (allocator.parse_alloc_conf)
+    allocator: str = "default"
 
     FIELDS = ("weights", "dtype", "group_size", "double_quant", "kv_cache_dtype", "batch_size", "context_len",
               "prompt_len", "attn_implementation", "mla_cache", "use_sliding_window", "logits", "gpu",
               "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "block_size", "engine",
               "versions", "tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel",
-              "enforce_eager", "enable_chunked_prefill", "mem_fraction_static", "disable_custom_all_reduce")
+              "enforce_eager", "enable_chunked_prefill", "mem_fraction_static", "disable_custom_all_reduce",
+              "allocator")
 
     @property
     def serving(self) -> bool:
@@ -324,6 +328,10 @@ class InferenceSetup:
         for name in ("enforce_eager", "disable_custom_all_reduce", "enable_chunked_prefill"):
             if kw.get(name) is not None:
                 v[name] = check_bool(name, kw[name])
+        if kw.get("allocator") is not None:
+            from .training import _allocator
+
+            v["allocator"] = _allocator(kw["allocator"])
         return cls(**v)
 
 
@@ -993,7 +1001,21 @@ class InferenceEstimate(Estimate):
         self.serving = serving
         self.gpu = gpu
         self.gpu_usable_bytes = gpu_usable_bytes
-        self.fits = fits
+        self._fits = fits
+
+    @property
+    def fits(self) -> Optional[bool]:
+        """Whether the device total fits the GPU's usable memory (None without a GPU); a
+        serving budget sets it from the KV pool.  Read lazily: it runs the allocator replay."""
+        if self._fits is not None or self.gpu_usable_bytes is None:
+            return self._fits
+        from .gpus import fits
+
+        return fits(self.device_total_bytes, self.gpu_usable_bytes)
+
+    @fits.setter
+    def fits(self, value: Optional[bool]) -> None:
+        self._fits = value
 
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
@@ -1056,9 +1078,9 @@ def estimate_inference(model: Model, **setup: Any) -> InferenceEstimate:
     arch = load(model)
     s = setup if isinstance(setup, InferenceSetup) else InferenceSetup.from_kwargs(**setup)
     est = estimate_inference_setup(arch, s)
-    if est.device_total_bytes > MAX_BYTES:   # an input error, not an estimate
+    if est.provisional_device_total_bytes > MAX_BYTES:   # an input error, not an estimate (no replay run)
         field = "model" if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES else "context_len"
-        check_total(est.device_total_bytes, "this inference run" if field != "model" else f"{arch.name}'s weights",
+        check_total(est.provisional_device_total_bytes, "this inference run" if field != "model" else f"{arch.name}'s weights",
                     {field: arch.name if field == "model" else s.context_len, "batch_size": s.batch_size})
     return est
 
@@ -1177,14 +1199,28 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     phases = {"after_load": w_bytes, "prefill": prefill, "decode": decode}
     peak_phase = "prefill" if prefill >= decode else "decode"
     peak = phases[peak_phase]
-    reserved = peak * 1.02
     phase_components = {"after_load": after_nodes, "prefill": prefill_nodes, "decode": decode_nodes}
+
     # the GPU's own CUDA context (the H200's without one): gpus.context_for, as training counts it
     context, context_src = context_for(gpu)
-    components = list(phase_components[peak_phase]) + [
-        Node("allocator reserve", bytes=reserved - peak,
-             formula="caching allocator: 2% of the peak (the training rule; not yet measured for inference)"),
-        Node("cuda context", bytes=context, formula=context_src)]
+
+    def components_at(reserved_value: float, exact: bool = True) -> List[Node]:
+        """The peak phase's components, the allocator reserve at ``reserved_value`` (the
+        replayed one, or a provisional one until the replay has run) and the CUDA context."""
+        formula = ("caching allocator: max_memory_reserved of a replay of CUDACachingAllocator over this "
+                   "generate() call's allocations (inference_events.py) minus the allocated peak, on a card "
+                   "with room for it (short of memory, torch frees its cached segments before it fails: "
+                   "Estimate.replay(capacity_bytes=...).oom)")
+        if not exact:
+            formula = ("provisional, the replay has not run yet: allocated peak x the training cases' median "
+                       "reserved / allocated ratio (inference_events.provisional_reserved_bytes)")
+        return list(phase_components[peak_phase]) + [
+            Node("allocator reserve", bytes=max(0.0, reserved_value - peak), formula=formula),
+            Node("cuda context", bytes=context, formula=context_src)]
+
+    from .inference_events import hooks
+
+    reserved, replay_fn, provisional_fn = hooks(arch, s, peak)
     if s.attn_implementation == "eager":
         notes.append("eager attention materialises b x a x q x S scores and repeats K/V to every head")
     if lay.sliding_layers and lay.window and p > lay.window:
@@ -1193,19 +1229,20 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
                      f"min(S, {lay.window}) tokens")
     est = InferenceEstimate(
         model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total, params_trainable=0,
-        components=components, phases_bytes=phases, peak_phase=peak_phase, peak_allocated_bytes=peak,
+        components=None, phases_bytes=phases, peak_phase=peak_phase, peak_allocated_bytes=peak,
         reserved_bytes=reserved, cuda_context_bytes=context, cuda_context_source=context_src, notes=notes,
         phase_components=phase_components, kv_cache_bytes=kv_dec.bytes, kv_cache_prefill_bytes=kv_pre.bytes,
         kv_bytes_per_token=lay.bytes_per_token, weights_bytes=w_bytes)
+    est._components_at = components_at
+    est._replay_fn = replay_fn
+    est._provisional_fn = provisional_fn
+    est._inference = (arch, s)      # the resolved architecture and setup (longest_context reuses them)
     if gpu is not None:
-        from .gpus import capacity_bytes, fits
+        from .gpus import capacity_bytes
 
         est.gpu = gpu.name
+        # whether it fits is read lazily (InferenceEstimate.fits: it runs the allocator replay)
         est.gpu_usable_bytes = capacity_bytes(gpu)
-        est.fits = fits(est.device_total_bytes, est.gpu_usable_bytes)
-        if not est.fits:
-            notes.append(f"does not fit {gpu.name}: {est.device_total_bytes / GIB:.2f} GiB needed, "
-                         f"{est.gpu_usable_bytes / GIB:.2f} GiB CUDA total")
     return est
 
 
@@ -1353,32 +1390,62 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     blk = _posint("block_size", kw.get("block_size", BLOCK_SIZE))
     batch = kw.get("batch_size") or 1
 
-    def fits(n_blocks: int) -> bool:
+    def estimate_at(n_blocks: int) -> InferenceEstimate:
         ctx = n_blocks * blk
         p = min(prompt, ctx) if prompt else None
-        e = estimate_inference_setup(arch, InferenceSetup.from_kwargs(context_len=ctx, prompt_len=p, **kw))
-        if serving:
-            return bool(e.serving and e.serving["max_concurrent_sequences"] >= batch)
-        return bool(e.fits)
+        return estimate_inference_setup(arch, InferenceSetup.from_kwargs(context_len=ctx, prompt_len=p, **kw))
 
-    if not fits(1):
-        return 0
     cap = max(MAX_SEARCH_TOKENS // blk, 1)
+    if serving:
+        return _largest_true(lambda n: bool((e := estimate_at(n)).serving
+                                            and e.serving["max_concurrent_sequences"] >= batch), cap) * blk
+    from .gpus import fits as fits_rule
+
+    # reserved memory is at least the allocated peak: the peak alone bounds the answer (no
+    # replay); the replays then decide below that bound
+    bound = _largest_true(lambda n: fits_rule((e := estimate_at(n)).peak_allocated_bytes + e.cuda_context_bytes,
+                                              e.gpu_usable_bytes), cap)
+    if bound == 0:
+        return 0
+    if not prompt or prompt >= bound * blk:
+        # the whole context is the prompt: each estimate replays a prefill (no decode steps)
+        return _largest_true(lambda n: bool(estimate_at(n).fits), bound) * blk
+    # a fixed prompt: the stream of a shorter context is the first events of the bound's, so
+    # one replay gives the reserved memory of every context (inference_events.reserved_by_decode_steps)
+    from .inference_events import reserved_by_decode_steps
+
+    top = estimate_at(bound)
+    reserved_at = reserved_by_decode_steps(*top._inference)
+
+    def exact(n: int) -> bool:
+        e = estimate_at(n)
+        if n * blk <= prompt:
+            return bool(e.fits)
+        need = max(reserved_at(n * blk - prompt), e.peak_allocated_bytes) + e.cuda_context_bytes
+        return fits_rule(need, e.gpu_usable_bytes)
+
+    return _largest_true(exact, bound) * blk
+
+
+def _largest_true(pred: Any, cap: int) -> int:
+    """The largest n in [1, cap] with ``pred(n)`` (true up to some n, false after), 0 if none."""
+    if not pred(1):
+        return 0
     lo, hi = 1, 2
-    while hi <= cap and fits(hi):
+    while hi <= cap and pred(hi):
         lo = hi
         hi *= 2
     if hi > cap:
-        if fits(cap):
-            return cap * blk     # the search limit, not the GPU, stops it
+        if pred(cap):
+            return cap
         hi = cap
-    while hi - lo > 1:       # fits(lo), not fits(hi)
+    while hi - lo > 1:       # pred(lo), not pred(hi)
         mid = (lo + hi) // 2
-        if fits(mid):
+        if pred(mid):
             lo = mid
         else:
             hi = mid
-    return lo * blk
+    return lo
 
 
 # ----------------------------------------------------------------------------------

@@ -375,6 +375,9 @@ def _layout(arch: Architecture, s: TrainingSetup, strategy: str, num_gpus: Any, 
                         field="pipeline_parallel")
     if pp > 1 and s.method == "freeze":
         raise VramError("pipeline_parallel: method='freeze' with pipeline stages is not modelled", field="method")
+    if cp > 1 and s.target_len is not None:
+        raise VramError("context_parallel: splitting an encoder-decoder's target_len across GPUs is not modelled; "
+                        "use context_parallel=1", field="context_parallel")
     if cp > 1 and s.seq_len % cp:
         raise VramError(f"context_parallel: seq_len {s.seq_len} is not divisible by {cp}", field="context_parallel")
     if ep > 1:

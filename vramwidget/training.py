@@ -109,6 +109,10 @@ class TrainingSetup:
     attn_implementation: str = "sdpa"
     batch_size: int = 1
     seq_len: int = 2048
+    #: an encoder-decoder's target tokens per sample (what the decoder reads: the labels,
+    #: shifted right); None: as many as ``seq_len``.  Refused for models without a decoder
+    #: stack of their own (estimate._check_knobs)
+    target_len: Optional[int] = None
     grad_accum_steps: int = 1
     lora_r: int = 16
     lora_alpha: float = 32.0
@@ -174,6 +178,11 @@ class TrainingSetup:
     @property
     def tokens(self) -> int:
         return self.batch_size * self.seq_len
+
+    @property
+    def dec_len(self) -> int:
+        """The decoder's tokens per sample: ``target_len``, else ``seq_len``."""
+        return self.target_len if self.target_len is not None else self.seq_len
 
     def version(self, package: str) -> Optional[Tuple[int, ...]]:
         """The release of ``package`` the user named in ``versions`` (None: the current one)."""
@@ -364,7 +373,10 @@ FIELDS: Dict[str, Field] = {f.name: f for f in (
     _choice_field("gradient_checkpointing"),
     _choice_field("attn_implementation"),
     Field("batch_size", "int", 1, "micro-batch size", lo=1, none="error"),
-    Field("seq_len", "int", 2048, "tokens per sequence", lo=1, none="error"),
+    Field("seq_len", "int", 2048, "tokens per sequence (an encoder-decoder's input, what the encoder reads)",
+          lo=1, none="error"),
+    Field("target_len", "int", None, "an encoder-decoder's target tokens per sample, what the decoder, the "
+          "output head and the loss read (None: seq_len)", lo=1, none="none"),
     Field("grad_accum_steps", "int", 1, "micro-batches per optimizer step", lo=1, none="error"),
     Field("lora_r", "int", 16, "LoRA rank", lo=1, none="error"),
     Field("lora_alpha", "number", 32.0, "LoRA alpha", lo=0, lo_open=True, none="error"),

@@ -17,9 +17,10 @@ then ``fc1`` -> GELU -> dropout (``activation_dropout``) -> ``fc2`` -> dropout -
 LayerNorm(residual + .).  Each stack's input is ``embed_tokens(ids) * embed_scale +
 embed_positions`` -> ``layernorm_embedding`` -> dropout.
 
-The stacks are one mixed stack of kinds "encoder" and "decoder"; the decoder reads as many
-tokens as the encoder (``seq_len``; ``labels`` shifted right become the decoder input), said
-in the notes.  The loss is ``CrossEntropyLoss`` on the logits as they are (no fp32 upcast).
+The stacks are one mixed stack of kinds "encoder" and "decoder"; the encoder reads
+``seq_len`` tokens, the decoder ``target_len`` (``labels`` shifted right become the decoder
+input, ``shift_tokens_right`` in ``BartForConditionalGeneration.forward``; default: as many as
+the encoder): b x heads x t x t self-attention and b x heads x t x s cross-attention scores.  The loss is ``CrossEntropyLoss`` on the logits as they are (no fp32 upcast).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class Bart(Family):
     task = "seq2seq_lm"
     tasks = ("seq2seq_lm",)
     encoder_decoder = True
+    #: the decoder stack reads the target tokens (TrainingSetup.target_len)
+    target_kinds = ("decoder",)
     mlp_kind = "plain"
     norm_kind = "layernorm"
     rotary = False
@@ -102,10 +105,15 @@ class Bart(Family):
                     kv_cache_layers=2 * Ld, task=self.task)
 
     def notes(self, arch: Any) -> List[str]:
-        return ["BART: the decoder reads as many tokens as the encoder (seq_len for both; the loss is over "
-                "batch x seq_len decoder tokens); lm_head is tied to the shared embedding",
+        return ["BART: the decoder reads as many tokens as the encoder unless target_len says otherwise (then the "
+                "decoder, its cross-attention queries, the head and the loss read batch x target_len tokens); "
+                "lm_head is tied to the shared embedding",
                 "BART inference: the KV cache is each decoder layer's self-attention keys/values plus the "
                 "cross-attention keys/values of the encoder output (2 x decoder_layers layers' worth per token)"]
+
+    def reads_encoder(self, tensor: Any) -> bool:
+        """``encoder_attn.k_proj`` and ``.v_proj`` project the encoder output (key_value_states)."""
+        return ".encoder_attn.k_proj." in tensor.name or ".encoder_attn.v_proj." in tensor.name
 
     # -- training trace -----------------------------------------------------------------
     def p(self, cfg: Mapping[str, Any], name: str) -> float:
@@ -130,8 +138,10 @@ class Bart(Family):
         if cross:
             # the encoder output is one tensor: every decoder layer's k_proj and v_proj keep that
             # same storage as their input (counted once, in final_norm)
-            k = linear(tr, ctx, kv_in, "k_proj", h, prefix + "k output", "attention", trains=False)
-            v = linear(tr, ctx, kv_in, "v_proj", h, prefix + "v output", "attention", trains=False)
+            # over the encoder's tokens (b x s_enc): BartAttention's key_value_states
+            Tk = ctx.b * ctx.src_s
+            k = linear(tr, ctx, kv_in, "k_proj", h, prefix + "k output", "attention", trains=False, tokens=Tk)
+            v = linear(tr, ctx, kv_in, "v_proj", h, prefix + "v output", "attention", trains=False, tokens=Tk)
             if ctx.linear_trains:
                 k.rg = v.rg = True
         else:
@@ -141,7 +151,10 @@ class Bart(Family):
                  "attention dropout mask", "attention probabilities after dropout", "attention output",
                  "attention logsumexp", "q", "k", "v")
         sub = _Prefixed(tr, prefix, names)
-        o_in = sdpa_core(sub, ctx, q, k, v, d, dropout_p=self.p(cfg, "attention_dropout"), softmax_fp32=False)
+        # cross-attention scores are b x heads x t x s_enc (BartAttention.forward in transformers
+        # models/bart/modeling_bart.py: queries from the decoder, keys from the encoder output)
+        o_in = sdpa_core(sub, ctx, q, k, v, d, dropout_p=self.p(cfg, "attention_dropout"), softmax_fp32=False,
+                         kv_len=ctx.src_s if cross else None)
         o = linear(tr, ctx, o_in, "out_proj", h, prefix + "out_proj output", "attention", in_features=h)
         o = dropout(tr, o, self.p(cfg, "dropout"), prefix + "output", ctx.cpu)
         s = tr.new(prefix + "residual sum", x.numel, o.dtype, True, "T x h", "norms")
@@ -154,7 +167,7 @@ class Bart(Family):
         cfg = arch.config
         x1 = self.attention(tr, ctx, x, x, "self-attention ", False)
         if ctx.kind == "decoder":
-            enc = tr.new("encoder output", x.numel, x1.dtype, True, "T x h", "attention")
+            enc = tr.new("encoder output", ctx.b * ctx.src_s * h, x1.dtype, True, "b x s x h", "attention")
             x1 = self.attention(tr, ctx, x1, enc, "cross-attention ", True)
         f = linear(tr, ctx, x1, "fc1", i, "fc1 output", "mlp")
         act = GPT2.activation(self, tr, ctx, f, i)
@@ -172,12 +185,15 @@ class Bart(Family):
         arch = ctx.arch
         h = arch.hidden_size
         if ctx.linear_trains:
-            ne = tr.new("encoder output (kept by every cross-attention k_proj and v_proj)", x.numel, x.dtype, True,
-                        "T x h", "attention")
+            # the encoder side reads b x s_enc tokens, the decoder side (x) the b x t target tokens
+            enc_numel = ctx.b * ctx.src_s * h
+            ne = tr.new("encoder output (kept by every cross-attention k_proj and v_proj)", enc_numel, x.dtype, True,
+                        "b x s x h", "attention")
             tr.save(ne)
             for S in ("encoder", "decoder"):
-                e = tr.new(f"{S} embeddings sum", x.numel, ctx.c if ctx.setup.autocast else x.dtype, True, "T x h",
-                           "embedding")
+                e = tr.new(f"{S} embeddings sum", enc_numel if S == "encoder" else x.numel,
+                           ctx.c if ctx.setup.autocast else x.dtype, True,
+                           "b x s x h" if S == "encoder" else "b x t x h", "embedding")
                 en = layer_norm(tr, ctx, e, f"{S} layernorm_embedding", h, group="embedding")
                 dropout(tr, en, self.p(arch.config, "dropout"), f"{S} input embeddings", ctx.cpu)
         return x

@@ -43,6 +43,10 @@ class Family:
     tasks: Tuple[str, ...] = ("causal_lm",)
     #: an encoder-decoder (a config's ``is_encoder_decoder`` is refused by other families)
     encoder_decoder: bool = False
+    #: kinds of blocks (Architecture.layer_kinds) that read the decoder's target tokens
+    #: (``TrainingSetup.target_len``) rather than the input's ``seq_len``; the output head and
+    #: the loss then read them too.  Empty: one sequence (a decoder-only or an encoder model)
+    target_kinds: Tuple[str, ...] = ()
     #: "gated" (gate, up, down) or "plain" (fc, proj); "rms" or "layernorm"
     mlp_kind: str = "gated"
     norm_kind: str = "rms"
@@ -133,6 +137,11 @@ class Family:
     def final_norm(self, tr: Any, ctx: Any, x: Any) -> Any:
         """The norm between the last block and the output head."""
         raise NotImplementedError
+
+    def reads_encoder(self, tensor: Any) -> bool:
+        """A decoder block's parameter that runs over the encoder's tokens, not the target's
+        (an encoder-decoder's cross-attention k and v projections): none by default."""
+        return False
 
     def head_saved(self, arch: Any, T: int, full: bool) -> List[Tuple[str, float, str]]:
         """Extra tensors saved outside the blocks (name, bytes, formula): none by default."""

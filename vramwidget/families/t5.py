@@ -24,8 +24,11 @@ the MLP (``wi`` + ReLU, or ``act(wi_0) * wi_1`` with ``gated-gelu`` = the tanh-c
 once per stack (in its first layer) and passed to the others.
 
 The stacks are one mixed stack of kinds "encoder" (``num_layers``) and "decoder"
-(``num_decoder_layers``); the decoder reads as many tokens as the encoder (the estimate's
-``seq_len``), said in the notes.  The loss is ``CrossEntropyLoss`` on the logits as they
+(``num_decoder_layers``); the encoder reads ``seq_len`` tokens, the decoder ``target_len``
+(``T5ForConditionalGeneration.forward``: ``decoder_input_ids = self._shift_right(labels)``;
+default: as many as the encoder): its self-attention scores are b x heads x t x t, its
+cross-attention's b x heads x t x s (``T5Attention.forward``: the position bias is
+(1, heads, query_length, key_length)), its k and v projections read the b x s encoder output.  The loss is ``CrossEntropyLoss`` on the logits as they
 are (no fp32 upcast, unlike ``ForCausalLMLoss``).
 """
 
@@ -46,6 +49,8 @@ class T5(Family):
     task = "seq2seq_lm"
     tasks = ("seq2seq_lm", "encoder")
     encoder_decoder = True
+    #: the decoder stack reads the target tokens (TrainingSetup.target_len)
+    target_kinds = ("decoder",)
     mlp_kind = "plain"
     norm_kind = "rms"
     rotary = False
@@ -140,8 +145,8 @@ class T5(Family):
                     task=task)
 
     def notes(self, arch: Any) -> List[str]:
-        out = ["T5: the decoder reads as many tokens as the encoder (seq_len for both; the loss is over "
-               "batch x seq_len decoder tokens)",
+        out = ["T5: the decoder reads as many tokens as the encoder unless target_len says otherwise (then the "
+               "decoder, its cross-attention queries, the head and the loss read batch x target_len tokens)",
                "T5: lm_head is tied to the shared embedding (transformers 5 forces tie_word_embeddings=True; "
                "the config's false only turns off the d_model^-0.5 decoder-output scaling)"]
         out.append("T5 inference: the KV cache is each decoder layer's self-attention keys/values plus the "
@@ -151,6 +156,10 @@ class T5(Family):
             out.append("T5: task='encoder' counts T5EncoderModel (no decoder, no LM head); the head and loss "
                        "of the estimate stand for whatever the encoder feeds")
         return out
+
+    def reads_encoder(self, tensor: Any) -> bool:
+        """``EncDecAttention.k`` and ``.v`` project the encoder output (key_value_states)."""
+        return ".EncDecAttention.k." in tensor.name or ".EncDecAttention.v." in tensor.name
 
     # -- training trace -----------------------------------------------------------------
     def dropout_p(self, cfg: Mapping[str, Any]) -> float:
@@ -174,8 +183,10 @@ class T5(Family):
         if cross:
             # the encoder output is one tensor: every decoder layer's k and v keep that same
             # storage (counted once, in final_norm); LoRA's copies are per module
-            k = linear(tr, ctx, kv_in, "k", a * d, prefix + "k output", "attention", trains=False)
-            v = linear(tr, ctx, kv_in, "v", a * d, prefix + "v", "attention", trains=False)
+            # over the encoder's tokens (b x s_enc): T5Attention's key_value_states
+            Tk = ctx.b * ctx.src_s
+            k = linear(tr, ctx, kv_in, "k", a * d, prefix + "k output", "attention", trains=False, tokens=Tk)
+            v = linear(tr, ctx, kv_in, "v", a * d, prefix + "v", "attention", trains=False, tokens=Tk)
             if ctx.linear_trains:
                 k.rg = v.rg = True
         else:
@@ -194,7 +205,11 @@ class T5(Family):
         bias_grad = ctx.linear_trains if not cross else ctx.setup.gradient_checkpointing == "full"
         if ctx.cpu and ctx.attn_backend == "flash" and bias_grad:
             ctx = replace(ctx, attn_backend="math")
-        o_in = sdpa_core(sub, ctx, q, k, v, d, dropout_p=self.dropout_p(arch.config), softmax_fp32=False)
+        # scores (b x heads x t x s_enc for the cross-attention): T5Attention.forward adds the
+        # position bias of shape (1, heads, query_length, key_length), compute_bias or the
+        # cross-attention's zeros (transformers models/t5/modeling_t5.py)
+        o_in = sdpa_core(sub, ctx, q, k, v, d, dropout_p=self.dropout_p(arch.config), softmax_fp32=False,
+                         kv_len=ctx.src_s if cross else None)
         o = linear(tr, ctx, o_in, "o", h, prefix + "o output", "attention", in_features=a * d)
         return dropout(tr, o, self.dropout_p(arch.config), prefix + "output", ctx.cpu)
 
@@ -210,7 +225,8 @@ class T5(Family):
             # norm gives the same residual stream (fp32 where the norm weights are fp32, as
             # after prepare_model_for_kbit_training or under autocast; T5LayerNorm.forward in
             # transformers models/t5/modeling_t5.py casts to the weight's dtype only when 16-bit)
-            enc = tr.new("encoder output", x.numel, n1.dtype, True, "T x h", "attention")
+            enc = tr.new("encoder output", ctx.b * ctx.src_s * arch.hidden_size, n1.dtype, True, "b x s x h",
+                         "attention")
             n2 = self.norm(tr, ctx, x1, "cross-attention layer_norm")
             o2 = self.attention(tr, ctx, n2, enc, "cross-attention ", True)
             x1 = residual(tr, x1, o2, "residual after cross-attention")
@@ -245,17 +261,20 @@ class T5(Family):
         embedding dropouts, and the decoder's final_layer_norm + dropout before the head."""
         arch = ctx.arch
         p = self.dropout_p(arch.config)
-        enc_x = tr.new("encoder final norm input", x.numel, x.dtype, x.rg, "T x h", "output head")
+        # the encoder side reads b x s_enc tokens, the decoder side (x) the b x t target tokens
+        enc_numel = ctx.b * ctx.src_s * arch.hidden_size
+        enc_x = tr.new("encoder final norm input", enc_numel, x.dtype, x.rg, "b x s x h", "output head")
         ne = self.norm(tr, ctx, enc_x, "encoder final_layer_norm", "output head")
         ne = dropout(tr, ne, p, "encoder output", ctx.cpu)
         if arch.task == "seq2seq_lm" and ctx.linear_trains:
             ne.name, ne.group, ne.formula = "encoder output (kept by every cross-attention k and v)", "attention", \
-                "T x h"
+                "b x s x h"
             tr.save(ne)
         if ctx.linear_trains:   # the embedding trains: both stacks drop out their input embeddings
             for S in ("encoder", "decoder") if arch.task == "seq2seq_lm" else ("encoder",):
-                e = tr.new(f"{S} input embeddings", x.numel, ctx.c if ctx.setup.autocast else x.dtype, True,
-                           "T x h", "embedding")
+                e = tr.new(f"{S} input embeddings", enc_numel if S == "encoder" else x.numel,
+                           ctx.c if ctx.setup.autocast else x.dtype, True,
+                           "b x s x h" if S == "encoder" else "b x t x h", "embedding")
                 dropout(tr, e, p, f"{S} input embeddings", ctx.cpu)
         if arch.task != "seq2seq_lm":
             return ne

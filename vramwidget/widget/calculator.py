@@ -360,7 +360,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
         result = self._cached_estimate(arch, kind, kw)
         # what is drawn: a single-GPU estimate whose replay is not cached yet, with its
         # provisional reserve (the worker replaces it with the exact one)
-        view = self._view(result) if kind == "train" else result
+        view = self._view(result) if kind in ("train", "infer") else result
         est = shown(view)
         scenario_kw = [(YOUR_SETUP, kind, kw)] + [(name, kind, s) for name, s in setups]
         scenarios: List[Tuple[str, UnitBox]] = []
@@ -398,7 +398,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
                 add_verdicts(comparison, gpu, own_fits, dict(self._notes_now), times)
         if self.mode == "inference":
             phases = inference_phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
-            summary = self._summary_inference(result, arch, gpu, kw, skipped)
+            summary = self._summary_inference(view, arch, gpu, kw, skipped)
         else:
             phases = charts.phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
             summary = self._summary(view, arch, gpu, skipped, kind, kw)
@@ -432,6 +432,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
                 and not isinstance(arch, TracedModel):
             job = (self._key(kind, kw) + (gpu.name, self.max_gpus), arch,
                    dict(kw, gpu=gpu.name, max_gpus=self.max_gpus))
+        traits["disabled"] = self._disabled()     # which controls apply to the model resolved here
         return result, scenario_kw, traits, job
 
     def _set_error(self, message: str, field: str) -> None:

@@ -161,8 +161,9 @@ class InferencePanel:
         from ..inference import longest_context
 
         rest = {k: v for k, v in kw.items() if k not in ("context_len", "gpu")}
-        return self._answer(("longest", self._key("infer", rest), gpu.name),
-                            lambda: longest_context(arch, gpu.name, **rest))
+        # a search over allocator replays: the worker's job (None until it is done)
+        return self._answer_later(("longest", self._key("infer", rest), gpu.name),
+                                  lambda: longest_context(arch, gpu.name, **rest))
 
 
 def inference_phase_rows(est: Estimate, *, capacity_bytes: Optional[float] = None,

@@ -1,0 +1,204 @@
+"""generate()'s allocations replayed through the caching-allocator model
+(vramwidget/inference_events.py, allocator.replay_runs): the skip-ahead equals the full replay,
+the replay's invariants hold on inference streams, and the estimate's reserved memory is the
+replay's, not a rule of thumb."""
+
+import pytest
+
+import vramwidget as vw
+from vramwidget import allocator
+from vramwidget.allocator import (CachingAllocator, StepRun, expand_runs, parse_alloc_conf, replay, replay_runs)
+from vramwidget.architecture import from_config, load
+from vramwidget.inference import InferenceSetup
+from vramwidget.inference_events import inference_events, inference_runs, replay_inference
+from vramwidget.units import MIB
+
+#: a tiny Llama (the shape tests/test_inference_trace.py runs through transformers' generate())
+TINY = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 32000, "max_position_embeddings": 4096}
+#: the same with a 64-token sliding window (Mistral v0.1's mechanism): the cache stops growing
+TINY_SLIDING = dict(TINY, model_type="mistral", sliding_window=64)
+CONFS = ("default", "expandable_segments", "max_split_size_mb:64")
+
+
+def _kv_ring(L=8, tok=2048, p=512, steps=600):
+    """Only the cache's torch.cat: per layer keys then values at S + 1 tokens, the S-token
+    ones dropped (tok bytes per token and layer), with a small constant transient per layer."""
+    pre = [("alloc", (x, l), p * tok, x) for l in range(L) for x in "kv"]
+    ev = []
+    for l in range(L):
+        ev.append(("alloc", ("t", l), 8192, 0, "t"))
+        for x in "kv":
+            ev.append(("alloc", (x, l, "new"), (p + 1) * tok, tok, x))
+            ev.append(("free", (x, l), 0, 0, ""))
+        ev.append(("free", ("t", l), 0, 0, ""))
+    return [pre, StepRun(tuple(ev), steps, tuple(((x, l, "new"), (x, l)) for l in range(L) for x in "kv"))]
+
+
+@pytest.mark.parametrize("conf", CONFS)
+@pytest.mark.parametrize("shape", [
+    (TINY, dict(batch_size=2, prompt_len=48, context_len=400)),
+    (TINY, dict(batch_size=1, prompt_len=1, context_len=700, attn_implementation="eager")),
+    (TINY_SLIDING, dict(batch_size=2, prompt_len=40, context_len=300)),
+    (TINY, dict(batch_size=3, prompt_len=100, context_len=350, weights="nf4")),
+])
+def test_skip_ahead_equals_the_full_replay(shape, conf):
+    """replay_runs (decode steps as StepRuns, skipped where provably equal) gives every field of
+    the full replay of the written-out stream, byte for byte."""
+    cfg, kw = shape
+    arch = from_config(cfg)
+    s = InferenceSetup.from_kwargs(allocator=conf, **kw)
+    parts = inference_runs(arch, s)
+    c = parse_alloc_conf(conf)
+    assert replay_runs(parts, c) == replay(expand_runs(parts), c)
+
+
+@pytest.mark.parametrize("conf", CONFS)
+@pytest.mark.parametrize("ring", [dict(L=4, tok=6144, p=3000, steps=800), dict(L=2, tok=4096, p=256, steps=800),
+                                  dict(L=3, tok=1024, p=2000, steps=800), dict(L=4, tok=512, p=64, steps=800)])
+def test_skip_ahead_on_the_cache_ring_is_exact_and_skips(ring, conf, monkeypatch):
+    """The cache tensors rotate through a segment and come back to the same layout after
+    about L + 1 steps; where the recorded comparisons allow it the replay jumps, and the
+    result is still the full replay's."""
+    jumps = []
+    orig = allocator._set_sizes
+    monkeypatch.setattr(allocator, "_set_sizes", lambda *a: (jumps.append(1), orig(*a)))
+    parts = _kv_ring(**ring)
+    c = parse_alloc_conf(conf)
+    assert replay_runs(parts, c) == replay(expand_runs(parts), c)
+    assert jumps, "no skip happened: the test would not exercise the shortcut"
+
+
+def test_constant_steps_skip_to_the_end():
+    """Steps whose sizes do not grow leave the allocator as they found it: one probe and the
+    rest is skipped (a million events replayed as a handful)."""
+    ev = (("alloc", "a", 5 * MIB, 0, "a"), ("alloc", "b", 3000, 0, "b"), ("free", "a", 0, 0, ""),
+          ("free", "b", 0, 0, ""))
+    parts = [[("alloc", "w", 100 * MIB, "w")], StepRun(ev, 250_000)]
+    res = replay_runs(parts)
+    assert res.num_events == 1 + 4 * 250_000
+    assert res == replay(expand_runs(parts))
+
+
+@pytest.mark.parametrize("conf", CONFS)
+def test_reserved_is_allocated_plus_cached_at_every_event(conf):
+    """The replay's invariant on an inference stream: reserved >= allocated after every event,
+    and reserved = allocated + the cached free blocks (the fragmentation as the replay counts it)."""
+    arch = from_config(TINY_SLIDING)
+    s = InferenceSetup.from_kwargs(batch_size=2, prompt_len=40, context_len=120, allocator=conf)
+    al = CachingAllocator(parse_alloc_conf(conf))
+    live = {}
+    for kind, key, nbytes, label in inference_events(arch, s):
+        if kind == "alloc":
+            live[key] = al.malloc(nbytes, label)
+        else:
+            al.free(live.pop(key))
+        assert al.reserved >= al.allocated
+        assert al.reserved == al.allocated + al.cached_bytes()
+
+
+def test_decode_cache_grows_by_torch_cat():
+    """transformers cache_utils.py DynamicLayer.update: self.keys = torch.cat([self.keys,
+    key_states], dim=-2), then the values: per layer and decode step, keys at S + 1 tokens are
+    allocated before the S-token ones go, then the values the same way."""
+    arch = from_config(TINY)
+    b, p, ctx = 2, 48, 51
+    s = InferenceSetup.from_kwargs(batch_size=b, prompt_len=p, context_len=ctx)
+    per_token = 2 * 32 * 2        # kv heads x head_dim x 2 B (bf16), keys or values of one layer
+    sizes = {}
+    cache = []
+    for kind, key, nbytes, label in inference_events(arch, s):
+        if kind == "alloc":
+            sizes[key] = nbytes
+        if kind == "alloc" and "cache" in str(label):
+            cache.append(("alloc", nbytes // (b * per_token)))
+            sizes[("lbl", key)] = label
+        elif kind == "free" and ("lbl", key) in sizes:
+            cache.append(("free", sizes[key] // (b * per_token)))
+    prefill = [("alloc", p)] * 4            # 2 layers x keys, values
+    decode = []
+    for S in range(p, ctx):
+        decode += [("alloc", S + 1), ("free", S)] * 4
+    returned = [("free", ctx)] * 4          # generate() returns: the cache is dropped
+    assert cache == prefill + decode + returned
+
+
+def test_estimate_reserved_is_the_replay():
+    """Llama-3.1-8B generate(): reserved memory is the replay's max_memory_reserved (at least
+    the allocated peak), computed lazily; the allocator reserve's formula says so."""
+    arch = load("llama-3.1-8b")
+    est = vw.estimate_inference(arch, context_len=4096, prompt_len=4000)
+    assert not est.reserved_exact                         # nothing replayed yet
+    res = est.replay()
+    assert est.reserved_bytes == max(res.max_reserved_bytes, est.peak_allocated_bytes)
+    assert est.reserved_exact
+    reserve = next(n for n in est.components if n.name == "allocator reserve")
+    assert "replay" in reserve.formula
+    assert reserve.bytes == est.reserved_bytes - est.peak_allocated_bytes
+    # the stream reaches the estimate's allocated peak to within the transients it does not
+    # lay out at once (the analytic decode phase adds one step's transients together)
+    assert res.max_allocated_bytes <= est.peak_allocated_bytes + 4 * MIB
+
+
+def test_expandable_segments_reserve_less_than_default_segments():
+    """Expandable segments map 20 MiB pages at the end of one segment instead of a segment
+    per large request: on generate() the reserve over the allocated peak shrinks."""
+    arch = load("llama-3.1-8b")
+    kw = dict(context_len=2048, prompt_len=1900, batch_size=2)
+    d = vw.estimate_inference(arch, **kw)
+    e = vw.estimate_inference(arch, allocator="expandable_segments", **kw)
+    assert d.peak_allocated_bytes == e.peak_allocated_bytes
+    assert e.peak_allocated_bytes <= e.reserved_bytes < d.reserved_bytes
+    assert e.reserved_bytes - e.peak_allocated_bytes < 2 * 20 * MIB + 2 * 2 * MIB
+
+
+def test_allocator_field_is_checked():
+    with pytest.raises(vw.VramError, match="allocator"):
+        vw.estimate_inference("llama-3.2-1b", allocator="max_split_size_mb:banana")
+
+
+def test_replay_is_cached_per_setup():
+    arch = from_config(TINY)
+    s = InferenceSetup.from_kwargs(batch_size=2, prompt_len=48, context_len=80)
+    assert replay_inference(arch, s) is replay_inference(arch, s)
+
+
+def test_widget_inference_update_runs_no_replay(monkeypatch):
+    """Issue 10's rule in inference mode: the update draws the provisional device total at
+    once (the verdict says so) and the worker replaces it with the replayed one.  The replay
+    is held until the update's outputs are checked, so the check cannot race the worker."""
+    from vramwidget import inference_events
+    from vramwidget.widget import Calculator
+
+    import threading
+
+    gate = threading.Event()
+    real = inference_events.replay_runs
+    on_update_path = []
+
+    def held(*a, **k):
+        if threading.current_thread() is threading.main_thread():
+            on_update_path.append(1)
+            return real(*a, **k)
+        gate.wait(30)
+        return real(*a, **k)
+
+    calc = Calculator("llama-3.2-1b", gpu="RTX 4090")
+    calc.wait()
+    inference_events.clear_caches()
+    monkeypatch.setattr(inference_events, "replay_runs", held)
+    calc.mode = "inference"
+    calc.context_len = 3072
+    assert not on_update_path
+    assert calc.status == "refining"
+    assert calc.verdict["provisional"] is True
+    est = calc.estimate
+    assert calc.verdict["need_bytes"] == est.provisional_device_total_bytes
+    reserve = [r for r in calc.rows["detail"] if r["component"] == "allocator reserve"]
+    assert reserve and reserve[0]["formula"].startswith("provisional")
+    gate.set()
+    calc.wait()
+    assert "provisional" not in calc.verdict and calc.status == "idle"
+    assert calc.verdict["need_bytes"] == calc.estimate.device_total_bytes
+    reserve = [r for r in calc.rows["detail"] if r["component"] == "allocator reserve"]
+    assert reserve and reserve[0]["formula"].startswith("caching allocator")
