@@ -185,7 +185,11 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
     adapters: Dict[Tuple[str, int], List[float]] = {}
     if P.adapters:
         for module, group, nbytes, numel in P.adapters:
-            t = next((x for x in arch.lora_tensors(P.lora_modules) if x.module == module), None)
+            # a module name can repeat across groups (GPT-2's attn.c_proj and mlp.c_proj): the
+            # group tells them apart
+            targets = arch.lora_tensors(P.lora_modules)
+            t = next((x for x in targets if x.module == module and x.group == group),
+                     next((x for x in targets if x.module == module), None))
             if t is None:
                 # not a block module's A/B pair: DoRA magnitudes, LoRA on lm_head/embed_tokens
                 st.alloc(nbytes, (module, "adapter"))
