@@ -616,9 +616,8 @@ _TARGET_INV = _target_inverse()
 
 def has_target(arch: Architecture) -> bool:
     """Whether the model has a decoder stack of its own that reads the target tokens
-    (``target_len``): a block kind of the family's ``target_kinds`` is in its layers."""
-    kinds = arch.family.layer_kinds(arch) or []
-    return any(k in arch.family.target_kinds for k, _ in kinds)
+    (``target_len``): the family says (``Family.has_target``)."""
+    return arch.family.has_target(arch)
 
 
 def size_terms(prof: "_Profile", b: Any, sq: Any, tq: Any = None) -> Tuple[Any, ...]:

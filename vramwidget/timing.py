@@ -540,13 +540,11 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
 
 def _stack_tokens(arch: Any, s: Any) -> Tuple[Callable[[Any], float], float, int]:
     """(tokens a parameter's matmul runs over, the head's tokens, decoder layers): b x s for
-    everything, except an encoder-decoder given a ``target_len`` (estimate.has_target), whose
+    everything, except an encoder-decoder given a ``target_len`` (Family.has_target), whose
     decoder layers' matmuls run over b x t target tokens (their cross-attention k and v over
     the b x s encoder output: ``Family.reads_encoder``), as do the head and the loss."""
-    from .estimate import has_target
-
     T = s.tokens
-    if s.target_len is None or not has_target(arch):
+    if s.target_len is None or not arch.family.has_target(arch):
         return (lambda t: T), T, 0
     order = arch.family.layer_order(arch)
     kinds = arch.family.target_kinds

@@ -95,6 +95,12 @@ class Family:
         """What the estimate assumes about this family (shown on every estimate)."""
         return []
 
+    def has_target(self, arch: Any) -> bool:
+        """Whether the model has a decoder stack of its own that reads the target tokens
+        (``target_len``): a block kind of ``target_kinds`` is in its layers."""
+        kinds = self.layer_kinds(arch) or []
+        return any(k in self.target_kinds for k, _ in kinds)
+
     def layer_kinds(self, arch: Any) -> Optional[List[Tuple[str, int]]]:
         """Kinds of blocks and how many of each, when they differ (see Architecture.layer_kinds)."""
         return arch.layer_kinds
