@@ -159,3 +159,29 @@ def test_every_method_is_drawn():
 SPACE_EXAMPLE = dict(model="llama-3.2-1b", method="full", precision="bf16", optimizer="adamw",
                      gradient_checkpointing="none", attn_implementation="sdpa", batch_size=1, seq_len=128,
                      grad_accum_steps=1, lora_r=8, trainable_layers=2, prepare_kbit=False)
+
+
+def _enc_dec(name):
+    from vramwidget.estimate import has_target
+    return has_target(load(name))
+
+
+#: presets with a decoder stack of their own (T5, mT5, T0, BART): the ones target_len applies to
+ENCODER_DECODERS = [p for p in SPACE["model"] if _enc_dec(p)]
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(setups, st.sampled_from(ENCODER_DECODERS), st.integers(1, 4096), st.integers(1, 2048))
+def test_target_len_keeps_every_invariant_and_a_longer_target_never_needs_less(d, model, t, extra):
+    """An encoder-decoder with its own target length (the five-term profile): every invariant
+    of tests/invariants.py (monotone in batch and input length, checkpointing, trees add up,
+    finite), and more target tokens never need less memory."""
+    d = dict(d, model=model, target_len=t)
+    drawn(d)
+    assert violations(d) == []
+    assert run(d, target_len=t + extra).peak_allocated_bytes >= run(d).peak_allocated_bytes
+
+
+def test_encoder_decoders_are_drawn_with_a_target():
+    assert {"t5-base", "flan-t5-xl", "bart-large"} <= set(ENCODER_DECODERS)
+    assert not {"llama-3.2-1b", "bert-base-uncased", "modernbert-base"} & set(ENCODER_DECODERS)

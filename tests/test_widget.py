@@ -78,7 +78,11 @@ def test_an_unreplayed_setup_is_shown_provisional_then_refined(calc):
     from vramwidget.events import cached_replay
 
     calc.wait()
-    calc.seq_len = 1536
+    # 1536, or the next length whose replay no earlier test of this process has cached (the
+    # replay cache is per process, and a replay serves every size with the same event stream)
+    base = {k: v for k, v in calc.setup().items() if k != "model"}
+    calc.seq_len = next(x for x in range(1536, 8192, 8) if x & (x - 1) and not vw.estimate(
+        calc._arch, gpu=calc.gpu, **dict(base, seq_len=x)).reserved_exact)
     s = calc.estimate._setup_obj
     provisional = calc.verdict["need_bytes"]
     assert calc.status == "refining" and calc.status_text == "refining…"
@@ -415,3 +419,23 @@ def test_dragging_a_slider_does_not_pile_up_background_work(calc):
     assert calc.status == "idle" and calc.estimate.setup["seq_len"] == 1190
     assert "provisional" not in calc.verdict
     assert calc.verdict["need_bytes"] == calc.estimate.device_total_bytes
+
+
+def test_target_len_control_applies_to_encoder_decoders_only():
+    """target_len (an encoder-decoder's decoder length) is a control for T5 and BART only: for
+    other models ``disabled`` says why (the frontend hides a control of MODEL_ONLY then) and a
+    value left over from an encoder-decoder is not sent to the estimate."""
+    c = Calculator("t5-base", batch_size=8, seq_len=512, target_len=128)
+    assert "target_len" not in c.disabled and c.error == ""
+    assert c.estimate.setup["target_len"] == 128
+    api = vw.estimate("t5-base", batch_size=8, seq_len=512, target_len=128)
+    assert c.estimate.peak_allocated_bytes == api.peak_allocated_bytes
+    c.model = MODEL                     # decoder-only: the leftover 128 is ignored, not an error
+    assert c.error == ""
+    assert "encoder-decoders" in c.disabled["target_len"]
+    assert c.estimate.setup["target_len"] is None
+    assert c.estimate.peak_allocated_bytes == vw.estimate(MODEL, batch_size=8, seq_len=512).peak_allocated_bytes
+    c.model = "bart-large"              # back to an encoder-decoder: the value applies again
+    assert "target_len" not in c.disabled and c.estimate.setup["target_len"] == 128
+    c.target_len = None
+    assert c.estimate.setup["target_len"] is None and c.error == ""

@@ -92,7 +92,10 @@ def _instances(arch: Architecture, P: Any) -> Tuple[List[Tuple[Any, ...]], List[
     seen_layer = False
     for t, dtype, nbytes, trains in P.weights:
         if t.layers is None:
-            (after if seen_layer else before).append((t, dtype, nbytes / t.repeat, trains, t.numel_each))
+            # outside the decoder's blocks; a side tower's blocks (a VLM's vision encoder) repeat
+            # one tensor per block: each block's is its own parameter
+            for _ in range(max(t.repeat, 1)):
+                (after if seen_layer else before).append((t, dtype, nbytes / t.repeat, trains, t.numel_each))
             continue
         seen_layer = True
         first, last = t.layers
@@ -158,13 +161,14 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         if len(pending) > ASYNC_LOAD_WORKERS:
             convert(pending.pop(0))
 
-    for inst in before:
-        load_param(inst, -1)
+    # outside the blocks each instance gets its own negative index (a tower repeats a tensor)
+    for i, inst in enumerate(before):
+        load_param(inst, -1 - i)
     for layer in range(L):
         for inst in per_layer[layer]:
             load_param(inst, layer)
-    for inst in after:
-        load_param(inst, -1)
+    for i, inst in enumerate(after):
+        load_param(inst, -1 - len(before) - i)
     while pending:
         convert(pending.pop(0))
     if arch.tie_word_embeddings:
@@ -181,7 +185,11 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
     adapters: Dict[Tuple[str, int], List[float]] = {}
     if P.adapters:
         for module, group, nbytes, numel in P.adapters:
-            t = next((x for x in arch.lora_tensors(P.lora_modules) if x.module == module), None)
+            # a module name can repeat across groups (GPT-2's attn.c_proj and mlp.c_proj): the
+            # group tells them apart
+            targets = arch.lora_tensors(P.lora_modules)
+            t = next((x for x in targets if x.module == module and x.group == group),
+                     next((x for x in targets if x.module == module), None))
             if t is None:
                 # not a block module's A/B pair: DoRA magnitudes, LoRA on lm_head/embed_tokens
                 st.alloc(nbytes, (module, "adapter"))
@@ -285,16 +293,16 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                        label: Tuple[Any, ...], grads: Dict[Tuple[str, int], List[int]]) -> Optional[int]:
         """Walk one block's ops in reverse: each op makes its input's gradient and frees its
         output's; parameter gradients appear where their op ran; saved tensors go as passed."""
-        params = {}
-        for module, nb, dtype, numel, _shape in layer_params[layer]:
-            params.setdefault(module, []).append(nb)
+        params: Dict[str, List[Tuple[Any, ...]]] = {}
+        for entry in layer_params[layer]:
+            params.setdefault(entry[0], []).append(entry)
         saved_iter = list(saved)
         g = grad_key
         deferred: List[int] = []          # kept by the node that made them: freed after its backward
         for op in reversed(ops[1:]):
             if op[0] == "param":
-                for nb in params.pop(op[1], []):
-                    grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + (op[1], "grad")))
+                for entry in params.pop(op[1], []):
+                    grad_ready(("layer", layer), st.alloc(entry[1], label + (op[1], "grad")), entry)
                 continue
             _, name, nbytes, rg, is_saved, _outlives, by_producer, _stream = op
             # the consumer of this tensor runs: it makes the tensor's gradient, then autograd
@@ -318,8 +326,8 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                 st.free(g)
                 g = ng
         for rest in params.values():      # parameters no op of the trace named (biases...)
-            for nb in rest:
-                grads.setdefault(("layer", layer), []).append(st.alloc(nb, label + ("grad",)))
+            for entry in rest:
+                grad_ready(("layer", layer), st.alloc(entry[1], label + ("grad",)), entry)
         for k in saved_iter + deferred:
             st.free(k)
         # the block input's gradient, the size of the residual stream
@@ -347,6 +355,21 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         cast_bytes[-1] = [n * DTYPE_BYTES[c] for t, dt, nb, tr, n in before + after
                           if (t.role == "output_head" or (t.role == "embedding" and arch.tie_word_embeddings))
                           and dt == "float32"]
+
+    grads: Dict[Tuple[str, int], List[int]] = {}   # this step's gradients, per bucket
+
+    def grad_ready(bucket: Tuple[str, int], key: Optional[int], entry: Tuple[Any, ...]) -> None:
+        """A parameter's gradient is accumulated.  With the optimizer in backward (torchtune's
+        register_optim_in_bwd_hooks, training/memory.py) its own optimizer steps in the
+        post-accumulate-grad hook (making its states on the first step) and zero_grad frees
+        the gradient at once; otherwise it waits for step()."""
+        if not s.optimizer_in_backward:
+            grads.setdefault(bucket, []).append(key)   # type: ignore[arg-type]
+            return
+        if not states_made:
+            _optimizer_states(st, s, [entry])
+        _optimizer_step(st, s, [entry])
+        st.free(key)
 
     ids = st.alloc(T * 8, "input_ids")
     # an encoder-decoder with its own target length: the labels are a tensor of their own
@@ -394,6 +417,15 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         normed = st.alloc(Th * h * DTYPE_BYTES[c] * (2 if DTYPE_BYTES[_resid(s)] > DTYPE_BYTES[c] else 1),
                           "final norm output")
         logits = st.alloc(lg_bytes, "logits")
+        tanh = None
+        if arch.final_logit_softcapping:
+            # final logit soft-capping (Gemma 2, modeling_gemma2.py Gemma2ForCausalLM.forward):
+            # logits / cap, tanh (autograd saves tanh's output for its backward), * cap
+            scaled = st.alloc(lg_bytes, "logits / final_logit_softcapping")
+            st.free(logits)
+            tanh = st.alloc(lg_bytes, "soft-capped logits tanh (saved)")
+            st.free(scaled)
+            logits = st.alloc(lg_bytes, "soft-capped logits")
         up = st.alloc(fp32_TV, "logits upcast to fp32") if upcast and lg_dtype != "float32" else None
         logsm = st.alloc(fp32_TV, "log_softmax output (fp32)" if upcast else "log_softmax output")
         st.free(up)
@@ -409,13 +441,22 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         g_lg = st.alloc(lg_bytes, "logits gradient") if upcast and lg_dtype != "float32" else g_ls
         if g_lg is not g_ls:
             st.free(g_ls)
-        grads: Dict[Tuple[str, int], List[int]] = {}
+        if tanh is not None:
+            # back through * cap, tanh (1 - y^2, then its saved output goes) and / cap
+            g1 = st.alloc(lg_bytes, "gradient of the tanh output")
+            st.free(g_lg)
+            g2 = st.alloc(lg_bytes, "gradient of the tanh input")
+            st.free(g1)
+            st.free(tanh)
+            g_lg = st.alloc(lg_bytes, "gradient of the head's logits")
+            st.free(g2)
+        grads.clear()
+        tied_key: Optional[int] = None    # the tied head's gradient, waiting for the embedding's
         if head_trains:
-            for module, nb, dtype, numel, _shape in head_params:
-                grads.setdefault(("head", 0), []).append(st.alloc(nb, (module, "grad")))
+            for entry in head_params:
+                grad_ready(("head", 0), st.alloc(entry[1], (entry[0], "grad")), entry)
             if arch.tie_word_embeddings and s.method == "full":
-                grads.setdefault(("head", 0), []).append(st.alloc(V * h * DTYPE_BYTES[s.weights_dtype],
-                                                                  "lm_head grad (tied to the embedding)"))
+                tied_key = st.alloc(V * h * DTYPE_BYTES[s.weights_dtype], "lm_head grad (tied to the embedding)")
         g = st.alloc(Th * h * DTYPE_BYTES[c], "head input gradient")
         st.free(g_lg)
         st.free(normed)
@@ -440,18 +481,24 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             if xin is not None:
                 st.free(xin)
         if embed_params:
-            for module, nb, dtype, numel, _shape in embed_params:
+            for entry in embed_params:
+                module, nb = entry[0], entry[1]
                 if arch.tie_word_embeddings and s.method == "full":
                     tmp = st.alloc(nb, "embedding gradient (accumulated into the tied head's)")
                     st.free(tmp)
+                    grad_ready(("embed", 0), tied_key, entry)
+                    tied_key = None
                 else:
-                    grads.setdefault(("embed", 0), []).append(st.alloc(nb, (module, "grad")))
+                    grad_ready(("embed", 0), st.alloc(nb, (module, "grad")), entry)
+        if tied_key is not None:
+            grads.setdefault(("head", 0), []).append(tied_key)
         st.free(g)
         # -- optimizer ------------------------------------------------------------------------
-        if not states_made:
-            _optimizer_states(st, s, ordered)
-            states_made = True
-        _optimizer_step(st, s, ordered)
+        if not s.optimizer_in_backward:
+            if not states_made:
+                _optimizer_states(st, s, ordered)
+            _optimizer_step(st, s, ordered)
+        states_made = True
         for keys in grads.values():
             for k in keys:
                 st.free(k)

@@ -29,7 +29,7 @@ Symbols: T tokens per micro-batch (b x s), h hidden, V vocabulary, L layers, a h
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .units import DTYPE_BYTES
 
@@ -373,6 +373,8 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
     """
     T = s.tokens
     L = arch.num_layers
+    # an encoder-decoder with its own target length: which tokens each matmul runs over
+    tokens_of, T_head, n_dec = _stack_tokens(arch, s)
     fwd_blocks = Work()
     head = Work()
     bwd_extra = Work()
@@ -386,10 +388,11 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
             continue
         n = t.numel * (k_active if t.experts else 1.0)
         md = _mm_dtype(s, dtype)
-        fwd_blocks.add_flops(md, 2 * T * n)
+        Tn = tokens_of(t)
+        fwd_blocks.add_flops(md, 2 * Tn * n)
         # backward: the input gradient wherever anything below trains; the weight gradient if it trains
         below_trains = s.trains_adapters or trains or s.method == "full"
-        bwd_extra.add_flops(md, 2 * T * n * ((1.0 if below_trains else 0.0) + (1.0 if trains else 0.0)))
+        bwd_extra.add_flops(md, 2 * Tn * n * ((1.0 if below_trains else 0.0) + (1.0 if trains else 0.0)))
         if dtype in ("nf4", "fp4", "int8"):
             # bitsandbytes dequantises the weight to the compute dtype for every matmul
             # (bitsandbytes/autograd/_functions.py MatMul4Bit: forward, and again for the
@@ -415,11 +418,12 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
         r = s.lora_r
         for t in arch.lora_tensors(P.lora_modules):
             io = (t.in_features + t.out_features) * t.repeat
-            fwd_blocks.add_flops(ad, 2 * T * r * io)
-            bwd_extra.add_flops(ad, 2 * 2 * T * r * io)
+            Tn = tokens_of(t)
+            fwd_blocks.add_flops(ad, 2 * Tn * r * io)
+            bwd_extra.add_flops(ad, 2 * 2 * Tn * r * io)
             ab = DTYPE_BYTES[ad]
             # result + lora_B(...) * scaling in the adapter dtype, then .to(result dtype)
-            out_bytes = T * t.out_features * t.repeat * (ab * 3 + ab * 2 + DTYPE_BYTES[s.compute_dtype] * 2)
+            out_bytes = Tn * t.out_features * t.repeat * (ab * 3 + ab * 2 + DTYPE_BYTES[s.compute_dtype] * 2)
             fwd_blocks.add_bytes("LoRA adapters", out_bytes)
             bwd_extra.add_bytes("LoRA adapters", 2 * out_bytes)
             fwd_blocks.kernels += 4 * t.repeat
@@ -429,6 +433,14 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
     # the attention core
     b, sq = s.batch_size, s.seq_len
     core = 2 * b * sq * sq * arch.num_heads * arch.head_dim * L     # causal half of 4 b s^2 a d
+    score_elems = b * arch.num_heads * sq * sq * L                   # b x a x s x s per layer
+    if n_dec:
+        # the encoder's layers b s^2; a decoder layer's causal self-attention over its t target
+        # tokens (b t^2) and its cross-attention of t queries over the s encoder keys (b t s,
+        # every pair: twice a causal half)
+        tq, ad_ = s.target_len, arch.num_heads * arch.head_dim
+        core = 2 * b * ad_ * (sq * sq * (L - n_dec) + (tq * tq + 2 * tq * sq) * n_dec)
+        score_elems = b * arch.num_heads * (sq * sq * (L - n_dec) + (tq * tq + tq * sq) * n_dec)
     c = s.compute_dtype
     # q, k, v come in the residual stream's dtype: fp32 after prepare_model_for_kbit_training
     # (Linear4bit returns its input's dtype), the compute dtype otherwise
@@ -447,7 +459,7 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
         # the raw scores, their scaling and the causal mask's addition are three more passes
         fwd_blocks.add_flops(ad, 2 * core)
         bwd_extra.add_flops(ad, 4 * core)
-        scores = b * arch.num_heads * sq * sq * L * DTYPE_BYTES[ad]
+        scores = score_elems * DTYPE_BYTES[ad]
         fwd_blocks.add_bytes("attention scores", scores * 6)
         bwd_extra.add_bytes("attention scores", scores * 12)
         fwd_blocks.kernels += 3 * L
@@ -456,7 +468,7 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
         if A.backend == "recompute":
             # the trace saved no probabilities (the core is recomputed): the softmax's fp32
             # output and its 16-bit copy are written and read in forward and again in recompute
-            eager_scores.add_bytes("attention scores", b * arch.num_heads * sq * sq * L * (4 + DTYPE_BYTES[ad]) * 2)
+            eager_scores.add_bytes("attention scores", score_elems * (4 + DTYPE_BYTES[ad]) * 2)
             fwd_blocks.add_bytes("attention scores", eager_scores.memory_bytes)
     # the blocks' other kernels: every tensor the forward creates is written once and read
     # at least once; backward runs about two kernels and twice the traffic per forward op
@@ -470,6 +482,7 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
     bwd_extra.model_ops += A.fwd_ops_per_layer * n_layers
     # the output head and the loss: logits (T x V), their fp32 upcast, log_softmax and nll
     V, h = arch.vocab_size, arch.hidden_size
+    T = T_head      # the head and the loss read the decoder's tokens (b x target_len)
     if head_weight is not None:
         t, dtype, trains = head_weight
         md = _mm_dtype(s, dtype) if dtype not in ("nf4", "fp4", "int8") else c
@@ -513,7 +526,7 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
         recompute = Work()
         if kernel == "eager":
             recompute.add_flops(ad, 2 * core)
-            recompute.add_bytes("attention scores", b * arch.num_heads * sq * sq * L * DTYPE_BYTES[ad] * 6
+            recompute.add_bytes("attention scores", score_elems * DTYPE_BYTES[ad] * 6
                                 + eager_scores.memory_bytes)
             recompute.kernels += 6 * L
             recompute.model_ops += 6 * L
@@ -523,6 +536,25 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
             recompute.model_ops += 4 * L
     opt = optimizer_work(s, P.trainable_tensors, state_dtypes)
     return fwd, bwd_extra, recompute, opt
+
+
+def _stack_tokens(arch: Any, s: Any) -> Tuple[Callable[[Any], float], float, int]:
+    """(tokens a parameter's matmul runs over, the head's tokens, decoder layers): b x s for
+    everything, except an encoder-decoder given a ``target_len`` (Family.has_target), whose
+    decoder layers' matmuls run over b x t target tokens (their cross-attention k and v over
+    the b x s encoder output: ``Family.reads_encoder``), as do the head and the loss."""
+    T = s.tokens
+    if s.target_len is None or not arch.family.has_target(arch):
+        return (lambda t: T), T, 0
+    order = arch.family.layer_order(arch)
+    kinds = arch.family.target_kinds
+    Tt = s.batch_size * s.target_len
+
+    def tokens(t: Any) -> float:
+        dec = bool(t.layers) and order[t.layers[0]] in kinds
+        return Tt if dec and not arch.family.reads_encoder(t) else T
+
+    return tokens, Tt, sum(1 for k in order if k in kinds)
 
 
 def step_time(gpu: Any, s: Any, works: Tuple[Work, Work, Work, Work], communication_seconds: float = 0.0) -> StepTime:

@@ -33,7 +33,8 @@ const SELECTS = [
  */
 const NUMBERS = [
   ["batch_size", "Batch size", "int", 1, 1, "Micro-batch: sequences per forward pass (per GPU replica)"],
-  ["seq_len", "Sequence", "int", 1, 1, "Sequence length: tokens per sequence"],
+  ["seq_len", "Sequence", "int", 1, 1, "Sequence length: tokens per sequence (an encoder-decoder's input)"],
+  ["target_len", "Target", "int?", 1, 1, "Encoder-decoders (T5, BART): target tokens per sample, what the decoder, head and loss read (blank: as long as the sequence)"],
   ["context_len", "Context", "int", 1, 1, "Context length: tokens per sequence at the end of generation (prompt + generated)"],
   ["grad_accum_steps", "Grad. accum.", "int", 1, 1, "Gradient accumulation steps (same peak, more sequences per step)"],
   ["lora_r", "LoRA rank", "int", 1, 1, "LoRA rank r"],
@@ -47,6 +48,14 @@ const NUMBERS = [
   ["max_gpus", "Max GPUs", "int", 1, 1, "The most GPUs a suggestion may use (8: one node)"],
   ["gpu_memory_utilization", "Serving", "float?", 0.05, 0.05, "Serving budget. Blank: generate(). A fraction such as 0.9: a vLLM-style server whose paged KV cache fills that share of the GPU", 1],
 ];
+
+/** Placeholders of optional number boxes whose blank is not "all" / "none". */
+const BLANK_MEANS = { target_len: "= sequence" };
+/**
+ * Controls that exist only for some models: hidden (not greyed) while ``disabled`` says they
+ * do not apply, e.g. an encoder-decoder's target length for a decoder-only model.
+ */
+const MODEL_ONLY = ["target_len"];
 
 /** Controls (and groups) shown in one mode only; the other mode hides them. */
 const MODE_OF = {
@@ -142,7 +151,8 @@ export function controlsPanel(ctx) {
     const float = kind === "float" || kind === "float?";
     const inp = /** @type {HTMLInputElement} */ (h("input", {
       type: "number", min, max, step, inputmode: float ? "decimal" : "numeric",
-      placeholder: kind === "int?" ? "all" : kind === "float?" ? "none" : undefined,
+      placeholder: BLANK_MEANS[/** @type {keyof typeof BLANK_MEANS} */ (name)]
+        || (kind === "int?" ? "all" : kind === "float?" ? "none" : undefined),
     }));
     const commit = () => {
       const raw = inp.value.trim();
@@ -238,7 +248,7 @@ export function controlsPanel(ctx) {
   ]);
   const fsBatch = h("fieldset", { class: "vw-group" }, [
     h("legend", { text: "Batch" }),
-    numberFields.batch_size, numberFields.seq_len, numberFields.context_len,
+    numberFields.batch_size, numberFields.seq_len, numberFields.target_len, numberFields.context_len,
     numberFields.grad_accum_steps, numberFields.trainable_layers,
   ]);
   for (const [name, mode] of Object.entries(MODE_OF)) numberFields[name].dataset.mode = mode;
@@ -383,6 +393,7 @@ export function controlsPanel(ctx) {
       }
       wrap.classList.toggle("vw-off", !!reason);
       wrap.classList.toggle("vw-bad", name === errField);
+      if (MODEL_ONLY.includes(name)) wrap.hidden = !!reason;
     }
     targetsList.querySelectorAll("input").forEach((n) => {
       n.toggleAttribute("disabled", !!off.lora_targets || allTargets.checked);

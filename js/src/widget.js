@@ -24,6 +24,7 @@
  *   inputs  (set here):  model, config_json, method, precision, quantization,
  *                        double_quant, quantized_groups, prepare_kbit, optimizer,
  *                        gradient_checkpointing, attn_implementation, batch_size, seq_len,
+ *                        target_len (encoder-decoders only: hidden for other models),
  *                        grad_accum_steps, lora_r, lora_alpha, lora_dropout, lora_targets,
  *                        trainable_layers, stack, loss, loss_chunks, lora_variant,
  *                        activation_offloading, optimizer_in_backward, packing, compile,
@@ -92,7 +93,7 @@ import { verdictPanel } from "./verdict.js";
 const INPUT_TRAITS = [
   "model", "config_json", "method", "precision", "quantization", "double_quant",
   "quantized_groups", "prepare_kbit", "optimizer", "gradient_checkpointing",
-  "attn_implementation", "batch_size", "seq_len", "grad_accum_steps", "lora_r",
+  "attn_implementation", "batch_size", "seq_len", "target_len", "grad_accum_steps", "lora_r",
   "lora_alpha", "lora_dropout", "lora_targets", "trainable_layers", "gpu", "mode",
   "num_gpus", "strategy", "tensor_parallel", "pipeline_parallel", "offload_optimizer",
   "offload_params", "weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization",

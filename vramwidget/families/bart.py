@@ -111,6 +111,10 @@ class Bart(Family):
                 "BART inference: the KV cache is each decoder layer's self-attention keys/values plus the "
                 "cross-attention keys/values of the encoder output (2 x decoder_layers layers' worth per token)"]
 
+    def reads_encoder(self, tensor: Any) -> bool:
+        """``encoder_attn.k_proj`` and ``.v_proj`` project the encoder output (key_value_states)."""
+        return ".encoder_attn.k_proj." in tensor.name or ".encoder_attn.v_proj." in tensor.name
+
     # -- training trace -----------------------------------------------------------------
     def p(self, cfg: Mapping[str, Any], name: str) -> float:
         """A dropout probability of the config (BartConfig's default 0.1 for ``dropout``, 0.0 for

@@ -95,6 +95,12 @@ class Family:
         """What the estimate assumes about this family (shown on every estimate)."""
         return []
 
+    def has_target(self, arch: Any) -> bool:
+        """Whether the model has a decoder stack of its own that reads the target tokens
+        (``target_len``): a block kind of ``target_kinds`` is in its layers."""
+        kinds = self.layer_kinds(arch) or []
+        return any(k in self.target_kinds for k, _ in kinds)
+
     def layer_kinds(self, arch: Any) -> Optional[List[Tuple[str, int]]]:
         """Kinds of blocks and how many of each, when they differ (see Architecture.layer_kinds)."""
         return arch.layer_kinds
@@ -137,6 +143,11 @@ class Family:
     def final_norm(self, tr: Any, ctx: Any, x: Any) -> Any:
         """The norm between the last block and the output head."""
         raise NotImplementedError
+
+    def reads_encoder(self, tensor: Any) -> bool:
+        """A decoder block's parameter that runs over the encoder's tokens, not the target's
+        (an encoder-decoder's cross-attention k and v projections): none by default."""
+        return False
 
     def head_saved(self, arch: Any, T: int, full: bool) -> List[Tuple[str, float, str]]:
         """Extra tensors saved outside the blocks (name, bytes, formula): none by default."""

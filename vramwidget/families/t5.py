@@ -157,6 +157,10 @@ class T5(Family):
                        "of the estimate stand for whatever the encoder feeds")
         return out
 
+    def reads_encoder(self, tensor: Any) -> bool:
+        """``EncDecAttention.k`` and ``.v`` project the encoder output (key_value_states)."""
+        return ".EncDecAttention.k." in tensor.name or ".EncDecAttention.v." in tensor.name
+
     # -- training trace -----------------------------------------------------------------
     def dropout_p(self, cfg: Mapping[str, Any]) -> float:
         """``dropout_rate`` (0.1 by default)."""

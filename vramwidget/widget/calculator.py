@@ -432,6 +432,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
                 and not isinstance(arch, TracedModel):
             job = (self._key(kind, kw) + (gpu.name, self.max_gpus), arch,
                    dict(kw, gpu=gpu.name, max_gpus=self.max_gpus))
+        traits["disabled"] = self._disabled()     # which controls apply to the model resolved here
         return result, scenario_kw, traits, job
 
     def _set_error(self, message: str, field: str) -> None:

@@ -31,7 +31,7 @@ MODES: Tuple[str, ...] = ("training", "inference")
 ESTIMATE_INPUTS: Tuple[str, ...] = (
     "model", "method", "precision", "quantization", "double_quant", "quantized_groups",
     "prepare_kbit", "optimizer", "gradient_checkpointing", "attn_implementation",
-    "batch_size", "seq_len", "grad_accum_steps", "lora_r", "lora_alpha", "lora_dropout",
+    "batch_size", "seq_len", "target_len", "grad_accum_steps", "lora_r", "lora_alpha", "lora_dropout",
     "lora_targets", "trainable_layers", "stack", "loss", "loss_chunks", "activation_offloading",
     "optimizer_in_backward", "lora_variant", "packing", "compile",
 )
@@ -151,7 +151,10 @@ class State(anywidget.AnyWidget):
     gradient_checkpointing = t.Unicode("none", **_doc("none | selective | full")).tag(sync=True)
     attn_implementation = t.Unicode("sdpa", **_doc("sdpa | eager | flash_attention_2")).tag(sync=True)
     batch_size = t.Int(1, **_doc("Micro-batch size per GPU (sequences per forward pass).")).tag(sync=True)
-    seq_len = t.Int(2048, **_doc("Tokens per sequence.")).tag(sync=True)
+    seq_len = t.Int(2048, **_doc("Tokens per sequence (an encoder-decoder's input).")).tag(sync=True)
+    target_len = t.Int(None, allow_none=True, **_doc(
+        "An encoder-decoder's target tokens per sample (T5, BART: what the decoder, head and loss "
+        "read); None = seq_len.  Shown only for such models; ignored (and hidden) for others.")).tag(sync=True)
     grad_accum_steps = t.Int(1, **_doc(
         "Gradient accumulation steps (memory of one micro-batch; more steps, same peak).")).tag(sync=True)
     lora_r = t.Int(16, **_doc("LoRA rank r.")).tag(sync=True)

@@ -147,6 +147,8 @@ class TrainingPanel:
     def setup(self) -> Dict[str, Any]:
         """The keyword arguments estimate() gets for the current traits (training)."""
         kw = {name: getattr(self, name) for name in ESTIMATE_INPUTS}
+        if not self._has_target():
+            kw["target_len"] = None     # kept for when an encoder-decoder comes back; not this model's
         kw["quantized_groups"] = tuple(kw["quantized_groups"])
         if kw["lora_targets"] is not None:
             kw["lora_targets"] = tuple(kw["lora_targets"])
@@ -180,7 +182,20 @@ class TrainingPanel:
         if self.method not in _LORA_METHODS and self.lora_variant != "lora":
             self.lora_variant = "lora"
 
+    def _has_target(self) -> bool:
+        """Whether the current model has a decoder stack that reads its own target length
+        (``estimate.has_target``: T5, BART); False while none is resolved."""
+        from ..estimate import has_target
+
+        try:
+            return bool(self._arch is not None and has_target(self._arch))
+        except Exception:   # a traced model (no family module) or none resolved yet
+            return False
+
     def _disabled_training(self, off: Dict[str, str]) -> None:
+        if not self._has_target():
+            # the frontend hides a control whose reason says it applies to another kind of model
+            off["target_len"] = "applies only to encoder-decoders (T5, BART): the decoder's target length"
         if self.quantization == "none":
             why = "applies only to a quantized base (choose nf4, fp4 or int8)"
             off["quantized_groups"] = why
