@@ -324,6 +324,90 @@ def fits(need_bytes: float, capacity: float) -> bool:
     return need_bytes <= capacity
 
 
+#: (id(arch), setup, capacity in bytes) -> (arch, replay): the capacity replays of judge_on
+_CAPACITY_REPLAYS: Dict[Tuple[Any, ...], Tuple[Any, Any]] = {}
+_MAX_CAPACITY_REPLAYS = 256
+
+
+def _capacity_replay(est: Any, torch_capacity: float) -> Any:
+    """``est.replay(capacity_bytes=torch_capacity)``, cached per (architecture, setup, capacity)."""
+    run = getattr(est, "_replayed", None)
+    key = None
+    if run is not None:
+        try:
+            hash(run[1])
+            key = (id(run[0]), run[1], int(torch_capacity))
+        except TypeError:       # a setup with a dict field: its repr names every field
+            key = (id(run[0]), repr(run[1]), int(torch_capacity))
+    if key is not None:
+        hit = _CAPACITY_REPLAYS.get(key)
+        if hit is not None and hit[0] is run[0]:
+            return hit[1]
+    res = est.replay(capacity_bytes=torch_capacity)
+    if key is not None:
+        if len(_CAPACITY_REPLAYS) >= _MAX_CAPACITY_REPLAYS:
+            _CAPACITY_REPLAYS.clear()
+        _CAPACITY_REPLAYS[key] = (run[0], res)
+    return res
+
+
+def judge_on(est: Any, gpu: Any) -> Dict[str, Any]:
+    """Whether ``est`` fits ``gpu``, with the caching allocator's free-and-retry at the card's
+    limit: the one place fit, fit_map, longest_context, the verdict and the widget decide it.
+
+    An unlimited replay keeps every segment it ever reserved; on a card, when ``cudaMalloc``
+    of a new segment fails the allocator frees its cached whole segments and tries again
+    (torch ``c10/cuda/CUDACachingAllocator.cpp``, ``DeviceCachingAllocator::malloc``:
+    ``alloc_block(params, false)`` || ``release_available_cached_blocks`` then ``alloc_block``
+    || ``release_cached_blocks`` then ``alloc_block(params, true)``; only then the OOM error;
+    modelled in ``allocator.CachingAllocator.malloc``).  So with ``cap`` = :func:`capacity_bytes`
+    and ``context`` = the card's own CUDA context (:func:`context_for`):
+
+    1. unlimited reserved + context <= cap: fits (no further replay);
+    2. allocated peak + context > cap: does not fit (reserved >= allocated; no replay);
+    3. otherwise the run is replayed with ``cap - context`` as what torch may reserve
+       (``est.replay(capacity_bytes=...)``, cached per setup and capacity): it fits exactly
+       when that replay has no out-of-memory error, and the reserved memory on this card is
+       that replay's ``max_reserved_bytes``.  An estimate without a replay (a parallel run's)
+       keeps the unlimited reserve.
+
+    Returns ``{"fits", "need_bytes" (reserved on this card + context), "reserved_bytes" (on
+    this card), "unlimited_reserved_bytes", "context_bytes", "capacity_bytes", "case"
+    ("reserve" | "peak" | "capacity_replay"), "oom" (the failing request or None), "note"}``.
+    """
+    g = get_gpu(gpu)
+    shown_est = getattr(est, "per_gpu", est)
+    cap = capacity_bytes(g)
+    context = context_for(g)[0]
+    out: Dict[str, Any] = {"context_bytes": context, "capacity_bytes": cap, "oom": None, "note": ""}
+    peak = float(est.peak_allocated_bytes)
+    if peak + context > cap:
+        # the allocated peak alone is over: no replay needed (the unlimited reserve is shown
+        # only when it is already known)
+        reserved = float(getattr(est, "reserved_bytes", shown_est.reserved_bytes))
+        out.update(fits=False, case="peak", reserved_bytes=reserved, unlimited_reserved_bytes=reserved,
+                   need_bytes=reserved + context)
+        return out
+    reserved = float(getattr(est, "reserved_bytes", shown_est.reserved_bytes))
+    out.update(unlimited_reserved_bytes=reserved)
+    if reserved + context <= cap or getattr(est, "_replay_fn", None) is None:
+        out.update(fits=reserved + context <= cap, case="reserve", reserved_bytes=reserved,
+                   need_bytes=reserved + context)
+        return out
+    res = _capacity_replay(est, cap - context)
+    if res.oom is not None:
+        out.update(fits=False, case="capacity_replay", reserved_bytes=reserved, need_bytes=reserved + context,
+                   oom=res.oom,
+                   note=(f"the allocator frees its cached blocks at {g.name}'s limit and still runs out of "
+                         f"memory: {res.oom}"))
+        return out
+    on_card = float(max(res.max_reserved_bytes, peak))
+    out.update(fits=True, case="capacity_replay", reserved_bytes=on_card, need_bytes=on_card + context,
+               note=(f"the allocator frees its cached blocks at {g.name}'s limit: reserved on this card "
+                     f"{on_card / GIB:.2f} GiB; without a limit {reserved / GIB:.2f} GiB"))
+    return out
+
+
 def usable_capacity(gpu: "str | GPU", *, torch_version: Optional[str] = None, cuda_version: Optional[str] = None,
                     ecc: Optional[bool] = None) -> Tuple[float, str]:
     """What torch can allocate on ``gpu``: the device memory a process sees less the CUDA

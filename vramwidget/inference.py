@@ -1015,9 +1015,10 @@ class InferenceEstimate(Estimate):
         serving budget sets it from the KV pool.  Read lazily: it runs the allocator replay."""
         if self._fits is not None or self.gpu_usable_bytes is None:
             return self._fits
-        from .gpus import fits
+        from .gpus import judge_on
 
-        return fits(self.device_total_bytes, self.gpu_usable_bytes)
+        # the allocator frees its cached blocks at the card's limit (gpus.judge_on)
+        return judge_on(self, getattr(self, "_gpu_obj", None) or self.gpu)["fits"]
 
     @fits.setter
     def fits(self, value: Optional[bool]) -> None:
@@ -1241,10 +1242,12 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     est._replay_fn = replay_fn
     est._provisional_fn = provisional_fn
     est._inference = (arch, s)      # the resolved architecture and setup (longest_context reuses them)
+    est._replayed = (arch, s)       # what the replay runs (gpus.judge_on caches capacity replays by it)
     if gpu is not None:
         from .gpus import capacity_bytes
 
         est.gpu = gpu.name
+        est._gpu_obj = gpu
         # whether it fits is read lazily (InferenceEstimate.fits: it runs the allocator replay)
         est.gpu_usable_bytes = capacity_bytes(gpu)
     return est
@@ -1424,7 +1427,11 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
         if n * blk <= prompt:
             return bool(e.fits)
         need = max(reserved_at(n * blk - prompt), e.peak_allocated_bytes) + e.cuda_context_bytes
-        return fits_rule(need, e.gpu_usable_bytes)
+        if fits_rule(need, e.gpu_usable_bytes):
+            return True
+        # over with the unlimited reserve: the card's allocator frees its cached blocks at the
+        # limit (gpus.judge_on, the one rule: a replay with the card's capacity)
+        return bool(e.fits)
 
     return _largest_true(exact, bound) * blk
 
