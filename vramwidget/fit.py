@@ -421,6 +421,7 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
         # judged on the card (verdict.state_on: its allocator frees cached blocks at the limit)
         state, judged, _ = state_on(est, q.gpu)
         total = judged["need_bytes"]
+        per_gpu = est.per_gpu if isinstance(est, ParallelEstimate) else est
         extra = None
         quality, time, hardware, words = [], [], [], []
         score = 0.0
