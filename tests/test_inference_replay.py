@@ -4,6 +4,8 @@ the replay's invariants hold on inference streams, and the estimate's reserved m
 replay's, not a rule of thumb."""
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 import vramwidget as vw
 from vramwidget import allocator
@@ -202,3 +204,92 @@ def test_widget_inference_update_runs_no_replay(monkeypatch):
     assert calc.verdict["need_bytes"] == calc.estimate.device_total_bytes
     reserve = [r for r in calc.rows["detail"] if r["component"] == "allocator reserve"]
     assert reserve and reserve[0]["formula"].startswith("caching allocator")
+
+
+@settings(max_examples=25, deadline=None)
+# the cache crosses from the small pool (<= 1 MiB) to the large one mid-decode: 8 x 128 x 2 B x 3
+# sequences = 6 KiB per token and layer, past 1 MiB at 171 tokens
+@example(layers=2, kv_heads=8, head_dim=128, window=None, batch=3, prompt=80, new=200, conf="default", attn="sdpa")
+@example(layers=2, kv_heads=8, head_dim=128, window=None, batch=3, prompt=80, new=200,
+         conf="expandable_segments", attn="eager")
+@example(layers=3, kv_heads=8, head_dim=128, window=None, batch=3, prompt=160, new=120,
+         conf="max_split_size_mb:64", attn="sdpa")
+@given(layers=st.integers(1, 3), kv_heads=st.sampled_from([1, 2, 8]), head_dim=st.sampled_from([24, 64, 128]),
+       window=st.sampled_from([None, 8, 40]), batch=st.integers(1, 3), prompt=st.integers(1, 80),
+       new=st.integers(1, 200), conf=st.sampled_from(CONFS), attn=st.sampled_from(["sdpa", "eager"]))
+def test_any_small_generate_replays_exactly(layers, kv_heads, head_dim, window, batch, prompt, new, conf, attn):
+    """Property: for any small shape (GQA/MQA, head sizes whose per-token bytes are not a
+    multiple of 512, sliding windows that fill mid-decode, caches that cross from the small
+    pool to the large one), replay_runs equals the full replay field by field, and
+    reserved >= allocated = reserved - cached after every event of the written-out stream."""
+    cfg = dict(TINY, num_hidden_layers=layers, num_key_value_heads=kv_heads, num_attention_heads=8,
+               hidden_size=8 * head_dim, head_dim=head_dim)
+    if window:
+        cfg.update(model_type="mistral", sliding_window=window)
+    arch = from_config(cfg)
+    s = InferenceSetup.from_kwargs(batch_size=batch, prompt_len=prompt, context_len=prompt + new, allocator=conf,
+                                   attn_implementation=attn)
+    parts = inference_runs(arch, s)
+    c = parse_alloc_conf(conf)
+    events = expand_runs(parts)
+    assert replay_runs(parts, c) == replay(events, c)
+    al = CachingAllocator(c)
+    live = {}
+    for kind, key, nbytes, label in events:
+        if kind == "alloc":
+            live[key] = al.malloc(nbytes, label)
+        else:
+            al.free(live.pop(key))
+        assert al.reserved >= al.allocated == al.reserved - al.cached_bytes()
+
+
+def test_a_card_smaller_than_the_unbounded_reserve_frees_cached_segments():
+    """Without a capacity the growing cache leaves cached segments behind (reserved far above
+    allocated); on a card just above the allocated peak, the replay takes CUDACachingAllocator's
+    free-and-retry path (release_cached_blocks, then cudaMalloc again) and finishes; below the
+    peak the first allocation that cannot be placed is reported."""
+    cfg = dict(TINY, num_hidden_layers=2, num_key_value_heads=8, num_attention_heads=8, hidden_size=1024,
+               head_dim=128)
+    arch = from_config(cfg)
+    s = InferenceSetup.from_kwargs(batch_size=3, prompt_len=80, context_len=400)
+    free = replay_inference(arch, s)
+    assert free.max_reserved_bytes > free.max_allocated_bytes + 20 * MIB
+    cap = free.max_allocated_bytes + 22 * MIB       # room for one 20 MiB segment past the peak
+    tight = replay_inference(arch, s, capacity_bytes=cap)
+    assert tight.oom is None and tight.max_reserved_bytes <= cap < free.max_reserved_bytes
+    short = replay_inference(arch, s, capacity_bytes=free.max_allocated_bytes - MIB)
+    assert short.oom is not None and short.oom.capacity == free.max_allocated_bytes - MIB
+
+
+def test_provisional_carries_the_ratio_of_a_replayed_size():
+    """Before its replay, an inference setup's reserve is its allocated peak x the reserved /
+    allocated ratio of the last replayed setup that differs only in batch, context or prompt
+    (else the training median, 1.0812); nothing is replayed for it."""
+    from vramwidget import inference_events
+    from vramwidget.allocator import DEFAULT_RESERVED_PER_ALLOCATED
+
+    inference_events.clear_caches()
+    arch = load("llama-3.2-1b")
+    a = vw.estimate_inference(arch, context_len=2048, batch_size=2)
+    b = vw.estimate_inference(arch, context_len=3072, batch_size=2)
+    assert b.provisional_reserved_bytes == b.peak_allocated_bytes * DEFAULT_RESERVED_PER_ALLOCATED
+    ratio = a.reserved_bytes / a.peak_allocated_bytes
+    assert not b.reserved_exact
+    assert b.provisional_reserved_bytes == b.peak_allocated_bytes * ratio
+    assert not b.reserved_exact                      # still not replayed
+    other = vw.estimate_inference(arch, context_len=3072, batch_size=2, weights="nf4")
+    assert other.provisional_reserved_bytes == other.peak_allocated_bytes * DEFAULT_RESERVED_PER_ALLOCATED
+
+
+@pytest.mark.parametrize("cfg", [TINY, TINY_SLIDING])
+def test_reserved_by_decode_steps_is_each_shorter_call_replayed(cfg):
+    """One replay read at every prefix (longest_context's search) gives what each shorter
+    generate() call's own replay gives."""
+    from vramwidget.inference_events import reserved_by_decode_steps
+
+    arch = from_config(dict(cfg, num_key_value_heads=8, num_attention_heads=8, hidden_size=1024, head_dim=128))
+    p, ctx = 60, 260
+    at = reserved_by_decode_steps(arch, InferenceSetup.from_kwargs(batch_size=3, prompt_len=p, context_len=ctx))
+    for k in (1, 7, 64, 111, 150, 200):
+        own = replay_inference(arch, InferenceSetup.from_kwargs(batch_size=3, prompt_len=p, context_len=p + k))
+        assert at(k) == own.max_reserved_bytes

@@ -107,3 +107,25 @@ def test_vocabulary_rows_match_generate(traced):
     real = [(k, n) for k, n in events if n in rows]
     ours = [(k, n) for k, n in _stream() if n in rows]
     assert ours == real
+
+
+def test_generate_snapshot_opens_in_pytorchs_visualiser(tmp_path):
+    """The replayed generate() call as torch.cuda.memory._snapshot() writes it: PyTorch's own
+    torch/cuda/_memory_viz.py accounts every segment (segsum) and draws the trace, and the
+    segments left are the replay's reserved and allocated bytes."""
+    import pickle
+
+    import vramwidget as vw
+
+    torch_viz = pytest.importorskip("torch.cuda._memory_viz")
+    est = vw.estimate_inference(from_config(dict(CFG, model_type="llama")), batch_size=B, prompt_len=PROMPT,
+                                context_len=PROMPT + 40)
+    path = tmp_path / "generate.pickle"
+    path.write_bytes(pickle.dumps(est.to_memory_snapshot()))
+    data = pickle.loads(path.read_bytes())
+    assert "total_reserved" in torch_viz.segsum(data)
+    assert "<html>" in torch_viz.trace_plot(data) or torch_viz.trace_plot(data).startswith("\n<!DOCTYPE html>")
+    res = est.replay(record=True)
+    assert sum(s["total_size"] for s in data["segments"]) == res.reserved_bytes
+    labels = {e.get("frames", [{}])[0].get("name", "") for e in data["device_traces"][0] if e["action"] == "alloc"}
+    assert any("cache (torch.cat)" in x for x in labels)

@@ -892,6 +892,11 @@ def replay_runs(parts: Sequence[Any], config: Optional[AllocatorConfig] = None,
     superstep is P steps, with P x c1 a multiple of 512 for every size), so that ``round_size``
     is affine too.  tests/test_inference_replay.py checks the result equals the full replay.
 
+    The two pools are replayed apart (:func:`_pool_parts`): without a capacity they never
+    meet, and the small pool's steps (per-token tensors of constant size) then repeat exactly
+    and are skipped even while the large pool's (the growing cache) are replayed one by one.
+    Allocated memory is summed from the stream (:func:`_allocated_profile`).
+
     With ``growth_log`` (a list), each request that grew a pool's reserved memory is appended
     as (index in the whole stream, small pool?, that pool's reserved bytes after it): the
     reserved memory of every prefix of the stream, from one replay."""
@@ -1142,7 +1147,7 @@ def _allocated_profile(parts: Sequence[Any], cfg: AllocatorConfig, at: int, slac
             cur = int(flat[-1])
             g += flat.size
             last_r = r[-1]
-        for key in [k for k in ev_keys_freed(ev, alloc_j)]:
+        for key in _carried_frees(ev, alloc_j):
             size.pop(key, None)
         for a, b in part.renames:
             if a in alloc_j:
@@ -1150,7 +1155,7 @@ def _allocated_profile(parts: Sequence[Any], cfg: AllocatorConfig, at: int, slac
     return g, top, at_value
 
 
-def ev_keys_freed(ev: Sequence[Any], alloc_j: Dict[Any, int]) -> List[Any]:
+def _carried_frees(ev: Sequence[Any], alloc_j: Dict[Any, int]) -> List[Any]:
     """Keys a step frees that it did not allocate (the previous step's)."""
     return [key for j, (kind, key, *_r) in enumerate(ev) if kind != "alloc" and not (key in alloc_j and alloc_j[key] < j)]
 

@@ -123,6 +123,12 @@ _GGUF_BASE = {"q2_k": "Q2_K", "q3_k_s": "Q3_K", "q3_k_m": "Q3_K", "q3_k_l": "Q3_
               "q4_1": "Q4_1", "q4_k_s": "Q4_K", "q4_k_m": "Q4_K", "q5_0": "Q5_0", "q5_1": "Q5_1",
               "q5_k_s": "Q5_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K", "q8_0": "Q8_0", "f16": "F16"}
 
+#: the caching-allocator replay of generate(), registered by inference_events.py (imported by
+#: the package): "hooks" (arch, setup, peak) -> (reserved, replay, provisional) callables and
+#: "reserved_by_decode_steps" (arch, setup) -> reserved bytes after k decode steps; as
+#: estimate.ALLOCATOR_REPLAY is for training, so that this module does not import that one
+GENERATE_REPLAY: Dict[str, Any] = {}
+
 _CHILD_ORDER = ("weights", "quantization constants", "kv cache", "activations", "logits", "workspace",
                 "allocator reserve", "cuda context")
 
@@ -1218,9 +1224,7 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
             Node("allocator reserve", bytes=max(0.0, reserved_value - peak), formula=formula),
             Node("cuda context", bytes=context, formula=context_src)]
 
-    from .inference_events import hooks
-
-    reserved, replay_fn, provisional_fn = hooks(arch, s, peak)
+    reserved, replay_fn, provisional_fn = GENERATE_REPLAY["hooks"](arch, s, peak)
     if s.attn_implementation == "eager":
         notes.append("eager attention materialises b x a x q x S scores and repeats K/V to every head")
     if lay.sliding_layers and lay.window and p > lay.window:
@@ -1412,10 +1416,8 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
         return _largest_true(lambda n: bool(estimate_at(n).fits), bound) * blk
     # a fixed prompt: the stream of a shorter context is the first events of the bound's, so
     # one replay gives the reserved memory of every context (inference_events.reserved_by_decode_steps)
-    from .inference_events import reserved_by_decode_steps
-
     top = estimate_at(bound)
-    reserved_at = reserved_by_decode_steps(*top._inference)
+    reserved_at = GENERATE_REPLAY["reserved_by_decode_steps"](*top._inference)
 
     def exact(n: int) -> bool:
         e = estimate_at(n)

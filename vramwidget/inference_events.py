@@ -43,7 +43,7 @@ from .allocator import (DEFAULT_RESERVED_PER_ALLOCATED, ReplayResult, StepRun, e
 from .architecture import Architecture
 from .estimate import CUBLAS_WORKSPACE_BYTES
 from .events import ASYNC_LOAD_WORKERS, CUBLAS_WORKSPACES
-from .inference import (InferenceSetup, _dequant_transient, _persistent_prefill, decode_transients, kv_layout,
+from .inference import (GENERATE_REPLAY, InferenceSetup, _dequant_transient, _persistent_prefill, decode_transients, kv_layout,
                         layer_steps, logits_items, weight_storage)
 from .units import DTYPE_BYTES
 
@@ -385,8 +385,10 @@ def cached_replay(arch: Architecture, s: InferenceSetup) -> Optional[ReplayResul
 
 
 def clear_caches() -> None:
+    """Forget every cached replay (benchmarks time cold setups)."""
     with _LOCK:
         _REPLAYS.clear()
+        _RATIOS.clear()
 
 
 def replay_inference(arch: Architecture, s: InferenceSetup, capacity_bytes: Optional[float] = None,
@@ -424,20 +426,40 @@ def replay_inference(arch: Architecture, s: InferenceSetup, capacity_bytes: Opti
     return res
 
 
+#: (id(arch), the setup but its sizes) -> (arch, reserved / allocated peak of the last such
+#: setup replayed): the ratio a provisional reserve carries over
+_RATIOS: Dict[Tuple[Any, ...], Tuple[Architecture, float]] = {}
+_SIZES = ("batch_size", "context_len", "prompt_len")
+
+
+def _shape_key(arch: Architecture, s: InferenceSetup) -> Tuple[Any, ...]:
+    return tuple(v for f, v in zip(("id",) + s.FIELDS, _key(arch, s)) if f not in _SIZES)
+
+
 def reserved_bytes(arch: Architecture, s: InferenceSetup, peak_bytes: float) -> float:
     """``max_memory_reserved()`` of the generate() call: the replay's maximum, never below the
     estimate's allocated peak (the analytic phases add one step's transients at their largest
     together, which the laid-out stream reaches only in part)."""
-    return max(float(replay_inference(arch, s).max_reserved_bytes), float(peak_bytes))
+    out = max(float(replay_inference(arch, s).max_reserved_bytes), float(peak_bytes))
+    if peak_bytes > 0:
+        with _LOCK:
+            if len(_RATIOS) >= _MAX_CACHED:
+                _RATIOS.clear()
+            _RATIOS[_shape_key(arch, s)] = (arch, out / float(peak_bytes))
+    return out
 
 
 def provisional_reserved_bytes(arch: Architecture, s: InferenceSetup, peak_bytes: float) -> Tuple[float, bool]:
     """Reserved memory without running a replay, ``(bytes, exact)``: the cached replay's when
-    there is one, else the allocated peak x :data:`~vramwidget.allocator.DEFAULT_RESERVED_PER_ALLOCATED`
-    (the training cases' median ratio, until the worker's replay replaces it)."""
+    there is one; else the allocated peak x the reserved / allocated ratio of the last replayed
+    setup that differs only in batch, context or prompt length; else the allocated peak x
+    :data:`~vramwidget.allocator.DEFAULT_RESERVED_PER_ALLOCATED` (the training cases' median),
+    until the worker's replay replaces it."""
     if cached_replay(arch, s) is not None:
         return reserved_bytes(arch, s, peak_bytes), True
-    return float(peak_bytes) * DEFAULT_RESERVED_PER_ALLOCATED, False
+    hit = _RATIOS.get(_shape_key(arch, s))
+    ratio = hit[1] if hit is not None and hit[0] is arch else DEFAULT_RESERVED_PER_ALLOCATED
+    return float(peak_bytes) * ratio, False
 
 
 def hooks(arch: Architecture, s: InferenceSetup, peak_bytes: float
@@ -461,7 +483,7 @@ def reserved_by_decode_steps(arch: Architecture, s: InferenceSetup) -> Callable[
     for g, pool, r in sorted(log):
         per_pool[pool][0].append(g)
         per_pool[pool][1].append(r)
-    prefix = sum(len(p) for p in parts if not isinstance(p, StepRun))
+    prefix = len(parts[0])                       # load + prefill (the last part is generate()'s return)
     runs = [(p.n_steps, len(p.events)) for p in parts if isinstance(p, StepRun)]
 
     def at(k: int) -> float:
@@ -477,3 +499,6 @@ def reserved_by_decode_steps(arch: Architecture, s: InferenceSetup) -> Callable[
         return float(total)
 
     return at
+
+
+GENERATE_REPLAY.update(hooks=hooks, reserved_by_decode_steps=reserved_by_decode_steps)
