@@ -1272,13 +1272,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     # DoRA computes each adapted weight's norm in the forward pass (and again when a
     # checkpointed layer is recomputed in backward)
     dora_tmp = dora_norm_bytes(arch, s, P)
-    block_extra = mx(dora_tmp, mx(recompute, A.first_layer_bytes) if gc else 0.0)
-    fwd_extra = mx(logits_fwd_bytes, block_extra)
-    # a 4-bit linear's dequantized weight lives while its block's matmul runs (bitsandbytes
-    # MatMul4Bit.forward: F.linear(A, dequantize_4bit(B).t()), nothing saved), never beside
-    # the head's logits: it counts where it exceeds what the loss holds
-    deq_fwd = mx(logits_fwd_bytes, block_extra + deq) - fwd_extra
-    forward = persistent + accum_grads + cache_bytes + acts_bytes + fwd_extra + deq_fwd
+    fwd_extra = mx(mx(logits_fwd_bytes, dora_tmp), mx(recompute, A.first_layer_bytes) if gc else 0.0)
+    forward = persistent + accum_grads + cache_bytes + acts_bytes + fwd_extra + deq
 
     # backward: the loss gradient, then the layers one by one; the phase's peak is the
     # largest of these events (each lists what is live beside the persistent state).
@@ -1463,7 +1458,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                                                       + (", added in place)" if s.autocast else
                                                          ", added out of place: 2 x V x h beside the sum)"))])]
         fwd = [weights, qconst, adapters, state_node, acts, logits_fwd,
-               Node("weights", children=[cast_cache]), _deq_node(deq_fwd), workspace]
+               Node("weights", children=[cast_cache]), _deq_node(deq), workspace]
         if accum_grads:
             fwd.append(grads)
         rec_part = max(recompute, A.first_layer_bytes) if gc else 0.0
