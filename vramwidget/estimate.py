@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from .activations import LORA_GROUP, BlockContext, SavedTensor, Trace, attention_backend, trace_block
+from .activations import LORA_GROUP, BlockContext, SavedTensor, Trace, attention_backend, runs_eager, trace_block
 from .architecture import HEAD_TARGETS, Architecture, ParamTensor, _restrict, load, resolve_targets
 from .errors import VramError
 from .gpus import context_for, get_gpu
@@ -706,7 +706,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     i_width = max(arch.intermediate_size, arch.expert_intermediate_size * max(arch.experts_per_token, 1))
     gw = DTYPE_BYTES[c] if not s.autocast else 4
     transient = 2 * Tw * i_width * DTYPE_BYTES[c] + Tw * arch.hidden_size * gw
-    if prof.backend in ("eager", "math") or (prof.backend == "recompute" and s.attn_implementation == "eager"):
+    if prof.backend in ("eager", "math") or (prof.backend == "recompute" and runs_eager(arch, s)):
         transient = mx(transient, 2 * b * arch.num_heads * sw * sw * 4)
     per_layer = [SavedTensor(name, group, _dot(cb, M), dtype, _dot(cn, M), formula)
                  for name, group, dtype, formula, cb, cn in prof.per_layer]
