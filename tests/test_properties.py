@@ -97,6 +97,22 @@ def test_checkpointing_freeze_under_autocast_keeps_no_head_copy():
     assert full - none <= 6 * 202 * 4096 * 2 * 2   # the checkpoint, and the first block's input again
 
 
+
+def test_selective_checkpointing_recomputes_the_kernel_transformers_runs():
+    """Fuzz case 44,497 (benchmarks/bench_fuzz.py, seed 0): gemma-2-2b QLoRA + prepare_kbit with
+    attn_implementation="sdpa" at b7 x 25.  transformers runs Gemma 2 eagerly whatever SDPA was
+    asked for (soft-capping), and the eager kernel reads q, k, v cast to the compute dtype; the
+    selective checkpoint kept the fp32 q, k, v as an SDPA core would, 10.8 MiB more than no
+    checkpointing.  Selective now keeps the casts, and sdpa and eager give one estimate."""
+    d = dict(model="gemma-2-2b", method="qlora", precision="bf16", optimizer="adamw",
+             gradient_checkpointing="none", attn_implementation="sdpa", batch_size=7, seq_len=25,
+             grad_accum_steps=4, lora_r=100, trainable_layers=6, prepare_kbit=True)
+    none = run(d).peak_allocated_bytes
+    selective = run(d, gradient_checkpointing="selective").peak_allocated_bytes
+    assert selective < none
+    assert selective == run(d, gradient_checkpointing="selective", attn_implementation="eager").peak_allocated_bytes
+    assert violations(d) == []
+
 @settings(max_examples=40, **SETTINGS)
 @given(setups, st.booleans())
 def test_qlora_weights_below_lora_or_a_note_says_why(d, prepare_kbit):

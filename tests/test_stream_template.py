@@ -69,7 +69,8 @@ def test_a_size_dependent_structure_is_declined(monkeypatch):
 
     def with_odd_op(arch_, s_, P, *a, **k):
         prof = real(arch_, s_, P, *a, **k)
-        odd = ("new", "odd tensor", "bfloat16", False, False, 1.5 * 4096, -0.5 * 4096, 0, False, 0.0)
+        # (kind, name, dtype, rg, saved, coefficients of (T, T2), outlives, by producer, constant)
+        odd = ("new", "odd tensor", "bfloat16", False, False, (1.5 * 4096, -0.5 * 4096), 0, False, 0.0)
         return dataclasses.replace(prof, alloc_ops=tuple(ops + [odd] for ops in prof.alloc_ops))
 
     monkeypatch.setattr(events, "_get_profile", with_odd_op)

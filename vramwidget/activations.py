@@ -172,6 +172,17 @@ class BlockContext:
         return self.enc_s or self.s
 
 
+def runs_eager(arch: Any, setup: TrainingSetup) -> bool:
+    """Whether transformers runs its eager attention (explicit scores and softmax): asked for,
+    or because SDPA cannot express the model's attention (Gemma 2's soft-capping, BLOOM's
+    ALiBi: transformers falls back to eager unless flash_attention_2 is asked for).  A
+    selective checkpoint recomputes this same kernel."""
+    impl = setup.attn_implementation
+    if impl == "eager":
+        return True
+    return bool(arch.attn_logit_softcapping or not arch.family.sdpa_supported) and impl != "flash_attention_2"
+
+
 def attention_backend(arch: Any, setup: TrainingSetup, compute_dtype: str) -> str:
     """Which kernel scaled_dot_product_attention picks on a CUDA GPU (PyTorch 2.x).
 
@@ -184,15 +195,13 @@ def attention_backend(arch: Any, setup: TrainingSetup, compute_dtype: str) -> st
     impl = setup.attn_implementation
     if setup.gradient_checkpointing == "selective":
         return "recompute"
-    if impl == "eager":
+    if runs_eager(arch, setup):
+        # asked for, or SDPA cannot soft-cap (Gemma 2) or add ALiBi (BLOOM)
         return "eager"
     if impl == "flash_attention_2":
         return "flash"
     sixteen = compute_dtype in ("bfloat16", "float16")
     d = arch.head_dim
-    if (arch.attn_logit_softcapping or not arch.family.sdpa_supported) and impl != "flash_attention_2":
-        # SDPA cannot soft-cap (Gemma 2) or add ALiBi (BLOOM): transformers runs them eager
-        return "eager"
     if arch.mla and arch.mla["v_head_dim"] != arch.mla["qk_rope_head_dim"] + arch.mla["qk_nope_head_dim"]:
         return "efficient"  # flash needs one head dim for q, k and v; MLA's v is narrower
     if sixteen and d <= 256:
@@ -368,7 +377,7 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         # chosen kernel: eager reads q, k and v in the compute dtype (the casts the eager
         # branch below saves: fp32 outputs of 4-bit layers beside prepare_kbit's fp32 norms
         # are cast), the others read them as they are (in one dtype: SDPA refuses mixed ones)
-        core = ctx.c if ctx.setup.attn_implementation == "eager" else q.dtype
+        core = ctx.c if runs_eager(ctx.arch, ctx.setup) else q.dtype
         if rg:
             for t, n, label in ((q, T * a * ctx.arch.head_dim, "q"), (k, Tk * kv * ctx.arch.head_dim, "k"),
                                 (v, Tk * kv * v_head_dim, "v")):

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from .activations import LORA_GROUP, BlockContext, SavedTensor, Trace, attention_backend, trace_block
+from .activations import LORA_GROUP, BlockContext, SavedTensor, Trace, attention_backend, runs_eager, trace_block
 from .architecture import HEAD_TARGETS, Architecture, ParamTensor, _restrict, load, resolve_targets
 from .errors import VramError
 from .gpus import context_for, get_gpu
@@ -706,7 +706,7 @@ def _activations(arch: Architecture, s: TrainingSetup, P: _Params, cpu: bool = F
     i_width = max(arch.intermediate_size, arch.expert_intermediate_size * max(arch.experts_per_token, 1))
     gw = DTYPE_BYTES[c] if not s.autocast else 4
     transient = 2 * Tw * i_width * DTYPE_BYTES[c] + Tw * arch.hidden_size * gw
-    if prof.backend in ("eager", "math") or (prof.backend == "recompute" and s.attn_implementation == "eager"):
+    if prof.backend in ("eager", "math") or (prof.backend == "recompute" and runs_eager(arch, s)):
         transient = mx(transient, 2 * b * arch.num_heads * sw * sw * 4)
     per_layer = [SavedTensor(name, group, _dot(cb, M), dtype, _dot(cn, M), formula)
                  for name, group, dtype, formula, cb, cn in prof.per_layer]
@@ -1272,13 +1272,8 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     # DoRA computes each adapted weight's norm in the forward pass (and again when a
     # checkpointed layer is recomputed in backward)
     dora_tmp = dora_norm_bytes(arch, s, P)
-    block_extra = mx(dora_tmp, mx(recompute, A.first_layer_bytes) if gc else 0.0)
-    fwd_extra = mx(logits_fwd_bytes, block_extra)
-    # a 4-bit linear's dequantized weight lives while its block's matmul runs (bitsandbytes
-    # MatMul4Bit.forward: F.linear(A, dequantize_4bit(B).t()), nothing saved), never beside
-    # the head's logits: it counts where it exceeds what the loss holds
-    deq_fwd = mx(logits_fwd_bytes, block_extra + deq) - fwd_extra
-    forward = persistent + accum_grads + cache_bytes + acts_bytes + fwd_extra + deq_fwd
+    fwd_extra = mx(mx(logits_fwd_bytes, dora_tmp), mx(recompute, A.first_layer_bytes) if gc else 0.0)
+    forward = persistent + accum_grads + cache_bytes + acts_bytes + fwd_extra + deq
 
     # backward: the loss gradient, then the layers one by one; the phase's peak is the
     # largest of these events (each lists what is live beside the persistent state).
@@ -1463,7 +1458,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                                                       + (", added in place)" if s.autocast else
                                                          ", added out of place: 2 x V x h beside the sum)"))])]
         fwd = [weights, qconst, adapters, state_node, acts, logits_fwd,
-               Node("weights", children=[cast_cache]), _deq_node(deq_fwd), workspace]
+               Node("weights", children=[cast_cache]), _deq_node(deq), workspace]
         if accum_grads:
             fwd.append(grads)
         rec_part = max(recompute, A.first_layer_bytes) if gc else 0.0
