@@ -1015,10 +1015,11 @@ class InferenceEstimate(Estimate):
         serving budget sets it from the KV pool.  Read lazily: it runs the allocator replay."""
         if self._fits is not None or self.gpu_usable_bytes is None:
             return self._fits
-        from .gpus import judge_on
+        from .gpus import fits
 
-        # the allocator frees its cached blocks at the card's limit (gpus.judge_on)
-        return judge_on(self, getattr(self, "_gpu_obj", None) or self.gpu)["fits"]
+        # not yet gpus.judge_on (the capacity replay of a long decode takes minutes inside
+        # longest_context's search): the unlimited reserve, as the verdict's fast path
+        return fits(self.device_total_bytes, self.gpu_usable_bytes)
 
     @fits.setter
     def fits(self, value: Optional[bool]) -> None:
@@ -1427,11 +1428,7 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
         if n * blk <= prompt:
             return bool(e.fits)
         need = max(reserved_at(n * blk - prompt), e.peak_allocated_bytes) + e.cuda_context_bytes
-        if fits_rule(need, e.gpu_usable_bytes):
-            return True
-        # over with the unlimited reserve: the card's allocator frees its cached blocks at the
-        # limit (gpus.judge_on, the one rule: a replay with the card's capacity)
-        return bool(e.fits)
+        return fits_rule(need, e.gpu_usable_bytes)
 
     return _largest_true(exact, bound) * blk
 
