@@ -101,6 +101,10 @@ def run_valid(start: int, n: int, seed: int, partial=None, where=()):
                 for v in violations(d, est=est):
                     counts["invariant violations"] += 1
                     examples.setdefault(v, (i, d))
+                    # every violating number (up to 200 a message), to re-check them after a fix
+                    nums = examples.setdefault(f"numbers with: {v}", [])
+                    if len(nums) < 200:
+                        nums.append(i)
             except Exception as e:  # noqa: BLE001 - counted: the number that must be 0
                 counts["exceptions other than VramError"] += 1
                 examples.setdefault(f"{type(e).__name__}: {e}"[:200], (i, d))
