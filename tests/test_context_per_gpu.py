@@ -116,7 +116,7 @@ def test_the_line_is_the_cuda_total_less_the_cards_own_context(name, monkeypatch
     v = verdict.verdict(est, g)
     line = g.cuda_total_bytes - gpus.context_bytes(g)[0]
     assert line == gpus.usable_capacity(g)[0] == v["usable_capacity_bytes"]
-    assert v["headroom_bytes"] == pytest.approx(line - gpus.judge_on(est, g)["reserved_bytes"], abs=1e-3)
+    assert v["headroom_bytes"] == pytest.approx(line - est.reserved_bytes, abs=1e-3)
     if name == "H200":   # a derived total: nvidia-smi's less the Hopper driver reserve
         assert line == (143771 - 550 - HOPPER_MIB) * MIB
     if name == "RTX 4090":
@@ -126,31 +126,16 @@ def test_the_line_is_the_cuda_total_less_the_cards_own_context(name, monkeypatch
     band = verdict.uncertainty()
     monkeypatch.setattr(verdict, "uncertainty", lambda: dict(band, rel_error=0.0))
     need = est.reserved_bytes + gpus.context_bytes(g)[0]
-    # a byte over the unlimited reserve's line the card's allocator frees its cached blocks
-    # and retries (gpus.judge_on): a replay with the card's capacity decides, and the verdict,
-    # fit.check and fit_map take the same answer and the same reserve on that card
-    peak_line = est.peak_allocated_bytes + gpus.context_bytes(g)[0]
-    for margin in (+1.0, -1.0):
+    for margin, fits_now in ((+1.0, True), (-1.0, False)):
         card = _card_with_line_at(name, need + margin)
         assert abs(card.cuda_total_bytes - (need + margin)) < 1e-3
         v = verdict.verdict(est, card)
-        judged = gpus.judge_on(est, card)
+        assert v["state"] == ("fits" if fits_now else "does_not_fit")
+        assert (v["headroom_bytes"] > 0) is fits_now
         c = fit.check(MODEL, card, **SETUP)
+        assert c.fits is fits_now and c.device_total_bytes == need
         df = fit_map(MODEL, card, batch_sizes=[SETUP["batch_size"]], seq_lens=[SETUP["seq_len"]], exact=True)
-        if margin > 0:      # the unlimited reserve fits: no capacity replay, as before
-            assert judged["case"] == "reserve" and v["state"] == "fits" and c.fits
-            assert c.device_total_bytes == need == df["device_total_bytes"][0]
-        else:
-            assert judged["case"] == ("capacity_replay" if peak_line <= need + margin else "peak")
-            replayed = est.replay(capacity_bytes=card.cuda_total_bytes - gpus.context_bytes(g)[0])
-            assert judged["fits"] is (replayed.oom is None)
-            assert v["state"] == ("fits" if judged["fits"] else "does_not_fit")
-            assert c.fits is judged["fits"] and c.device_total_bytes == judged["need_bytes"]
-            assert df["device_total_bytes"][0] == judged["need_bytes"]
-            if judged["fits"]:
-                assert judged["need_bytes"] <= card.cuda_total_bytes
-                assert v["reserved_bytes"] == replayed.max_reserved_bytes < est.reserved_bytes
-        assert (v["headroom_bytes"] >= 0) is (v["state"] == "fits")
+        assert df["device_total_bytes"][0] == need
         assert df["state"][0] == v["state"]
 
 
@@ -166,11 +151,7 @@ def test_fit_answers_agree_on_a_non_hopper_card():
         v = verdict.verdict(est, "RTX 4090")
         df = fit_map(MODEL, "RTX 4090", batch_sizes=[batch], seq_lens=[kw["seq_len"]], exact=True,
                      **{k: x for k, x in kw.items() if k != "seq_len"})
-        # the device total judged on the card (gpus.judge_on: with the card's allocator freeing
-        # its cached blocks at the limit), the same in every answer
-        judged = gpus.judge_on(est, "RTX 4090")
-        assert c.device_total_bytes == judged["need_bytes"] == v["need_bytes"] == df["device_total_bytes"][0]
-        assert judged["need_bytes"] <= est.device_total_bytes
+        assert c.device_total_bytes == est.device_total_bytes == v["need_bytes"] == df["device_total_bytes"][0]
         assert c.usable_bytes == v["capacity_bytes"] == 24248 * MIB
         assert c.fits is fits_expected and (v["headroom_bytes"] >= 0) is fits_expected
         assert df["state"][0] == v["state"]
@@ -189,9 +170,6 @@ def test_every_catalog_card_counts_its_own_context(name, batch, seq):
     assert on.cuda_context_bytes == ctx == on.component_bytes()["cuda context"]
     assert on.device_total_bytes - off.device_total_bytes == pytest.approx(ctx - CUDA_CONTEXT_BYTES, abs=1e-3)
     a, b = verdict.verdict(on, name), verdict.verdict(off, name)
-    judged = gpus.judge_on(on, name)    # the reserve on the card (its allocator frees cached blocks at the limit)
-    assert a["need_bytes"] == b["need_bytes"] == judged["need_bytes"] <= on.device_total_bytes
-    if judged["case"] == "reserve":
-        assert judged["need_bytes"] == on.device_total_bytes
+    assert a["need_bytes"] == b["need_bytes"] == on.device_total_bytes
     assert a["state"] == b["state"] and a["capacity_bytes"] == gpus.get_gpu(name).cuda_total_bytes
-    assert a["headroom_bytes"] == pytest.approx(gpus.usable_capacity(name)[0] - judged["reserved_bytes"], abs=1e-3)
+    assert a["headroom_bytes"] == pytest.approx(gpus.usable_capacity(name)[0] - on.reserved_bytes, abs=1e-3)

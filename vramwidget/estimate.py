@@ -1506,7 +1506,6 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                    notes=notes, builder=build)
     est._work = work
     est._setup_obj = s
-    est._replayed = (arch, s)    # what the replay runs (gpus.judge_on caches capacity replays by it)
     est._replay_fn = lambda capacity_bytes=None, record=False: ALLOCATOR_REPLAY["replay"](arch, s, capacity_bytes,
                                                                                          record)
     est._provisional_fn = lambda: ALLOCATOR_REPLAY["provisional"](arch, s, peak)

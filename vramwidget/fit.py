@@ -37,7 +37,7 @@ from .stacks import stack_switches
 from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
 from .training import TrainingSetup
 from .units import GIB
-from .verdict import capacity_bytes, fits, judge_on
+from .verdict import capacity_bytes, fits
 
 #: sharding strategies min_gpus and suggestions try, in this order
 SHARDED = ("zero2", "zero3", "fsdp_full_shard")
@@ -86,7 +86,7 @@ class _Query:
         per_gpu = getattr(est, "per_gpu", est)
         if est.peak_allocated_bytes + per_gpu.cuda_context_bytes > self.usable:
             return False
-        return judge_on(est, self.gpu)["fits"]
+        return fits(est.device_total_bytes, self.usable)
 
 
 def _largest(ok, limit: int, cheap=None) -> int:
@@ -171,8 +171,8 @@ def check(model: Any, gpu: Any, **kw: Any) -> FitCheck:
     CUDA reports as its total (see the module's fit rule)."""
     q = _Query(model, gpu, kw)
     est = q.estimate()
-    judged = judge_on(est, q.gpu)       # the reserve on this card (its allocator frees cached blocks at the limit)
-    return FitCheck(judged["fits"], judged["need_bytes"], q.usable, q.gpu.name, est)
+    total = est.device_total_bytes
+    return FitCheck(fits(total, q.usable), total, q.usable, q.gpu.name, est)
 
 
 def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: Any) -> int:
@@ -380,14 +380,14 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
     """
     from itertools import combinations
 
-    from .verdict import state_on
+    from .verdict import band_bytes, state_of
 
     max_gpus = check_int("max_gpus", max_gpus, lo=1)
     combine = check_int("combine", combine, lo=1, hi=8, what="must be a whole number from 1 to 8 (changes at once)")
     q = _Query(model, gpu, kw)
     s = q.setup
     base_est = q.estimate()
-    base = judge_on(base_est, q.gpu)["need_bytes"]
+    base = base_est.device_total_bytes
     base_time = _timed(base_est, q.gpu)
     par0 = dict(q.par)
     strategy0 = par0.get("strategy", "none")
@@ -418,10 +418,10 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
 
     def make(ms: Sequence[_Move], res) -> Suggestion:
         est, s2, par, changes = res
-        # judged on the card (verdict.state_on: its allocator frees cached blocks at the limit)
-        state, judged, _ = state_on(est, q.gpu)
-        total = judged["need_bytes"]
+        total = est.device_total_bytes
         per_gpu = est.per_gpu if isinstance(est, ParallelEstimate) else est
+        reserved = getattr(est, "reserved_bytes", per_gpu.reserved_bytes)
+        state = state_of(total, q.usable, band_bytes(reserved))
         extra = None
         quality, time, hardware, words = [], [], [], []
         score = 0.0
@@ -460,7 +460,7 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
             words[-1] += (f"; {t[0]:.3g} s per step, {t[1]:,.0f} tokens/s"
                           + (f" ({change * 100:+.0f}% GPU time per token)" if change is not None else ""))
         usd = (t[2] * 1e6 / 3600 * q.gpu.usd_per_gpu_hour) if t and q.gpu.usd_per_gpu_hour else None
-        return Suggestion(title, changes, kwargs, total, base - total, judged["fits"], kind,
+        return Suggestion(title, changes, kwargs, total, base - total, fits(total, q.usable), kind,
                           "; ".join(words) if len(ms) == 1 else " | ".join(words), extra, cpu,
                           ms[0].cost_value if len(ms) == 1 else score, state,
                           {"quality": ", ".join(quality), "time": ", ".join(time), "hardware": ", ".join(hardware)},

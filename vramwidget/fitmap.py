@@ -221,18 +221,6 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
     cap = verdict.capacity_bytes(g)
     reserved, known, rank = _sparse_reserved(arch, s, b, sq, peak, context, cap, rel, bool(exact))
     state = np.asarray(verdict.STATES, dtype=object)[rank].astype(str)
-    reserved = np.array(reserved, dtype=float)
-    known = np.array(known, dtype=bool)
-    # a cell over the line with its unlimited reserve but not with its allocated peak: the
-    # card's allocator frees its cached blocks at the limit (gpus.judge_on, the one rule; a
-    # replay with the card's capacity decides, as fit.check and the verdict do)
-    ctx_arr = np.broadcast_to(np.asarray(context, dtype=float), b.shape)
-    for i in np.nonzero((state != "fits") & (peak + ctx_arr <= cap) & (reserved + ctx_arr > cap))[0]:
-        est = estimate_setup(arch, s.replace(batch_size=int(b[i]), seq_len=int(sq[i])), gpu=g)
-        st, judged, _ = verdict.state_on(est, g)
-        state[i] = st
-        reserved[i] = judged["reserved_bytes"]
-        known[i] = True
     return pd.DataFrame({"batch_size": b, "seq_len": sq, "peak_allocated_bytes": peak,
                          "device_total_bytes": reserved + context, "band_bytes": reserved * rel, "state": state,
                          "reserved_exact": known})

@@ -1017,8 +1017,6 @@ class InferenceEstimate(Estimate):
             return self._fits
         from .gpus import fits
 
-        # not yet gpus.judge_on (the capacity replay of a long decode takes minutes inside
-        # longest_context's search): the unlimited reserve, as the verdict's fast path
         return fits(self.device_total_bytes, self.gpu_usable_bytes)
 
     @fits.setter
@@ -1243,12 +1241,10 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     est._replay_fn = replay_fn
     est._provisional_fn = provisional_fn
     est._inference = (arch, s)      # the resolved architecture and setup (longest_context reuses them)
-    est._replayed = (arch, s)       # what the replay runs (gpus.judge_on caches capacity replays by it)
     if gpu is not None:
         from .gpus import capacity_bytes
 
         est.gpu = gpu.name
-        est._gpu_obj = gpu
         # whether it fits is read lazily (InferenceEstimate.fits: it runs the allocator replay)
         est.gpu_usable_bytes = capacity_bytes(gpu)
     return est

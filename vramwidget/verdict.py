@@ -30,9 +30,9 @@ improves.  The CUDA context is a measured figure per card and adds no band.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
-from .gpus import capacity_bytes, device_total_on, fits, judge_on  # noqa: F401  (the fit rule, re-exported)
+from .gpus import capacity_bytes, device_total_on, fits  # noqa: F401  (the fit rule, re-exported)
 from .units import MIB
 
 #: the validation field whose error sets the band: the predicted reserved memory
@@ -83,29 +83,13 @@ def state_of(need_bytes: float, capacity_bytes: float, band: float) -> str:
     return "fits" if need_bytes < capacity_bytes else "does_not_fit"
 
 
-def state_on(est: Any, gpu: Any) -> Tuple[str, Dict[str, Any], float]:
-    """(state, :func:`judge_on`'s answer, band) of ``est`` on ``gpu``: the band around the
-    device total on the card (reserved there + context), never ``fits`` where
-    :func:`judge_on` says it does not (its capacity replay ran out of memory)."""
-    judged = judge_on(est, gpu)
-    band = band_bytes(judged["reserved_bytes"])
-    state = state_of(judged["need_bytes"], judged["capacity_bytes"], band)
-    if state == "fits" and not judged["fits"]:
-        state = "does_not_fit"
-    return state, judged, band
-
-
 def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
     """The verdict of an estimate (an Estimate, or a ParallelEstimate: its worst GPU) on a GPU.
 
     Returns ``{"state", "measure": "device_total", "need_bytes", "capacity_bytes",
     "headroom_bytes", "band_bytes", "headroom_pct", "band_rel", "gpu", "num_gpus",
-    "context_bytes", "usable_capacity_bytes", "context_note", "capacity_note", "reserved_bytes",
-    "unlimited_reserved_bytes", "allocator_note"}``:
-    ``need_bytes`` is :func:`judge_on`'s (reserved on the card + the card's own CUDA context:
-    where the unlimited reserve does not fit but the allocated peak does, the reserve of a
-    replay with the card's capacity, whose allocator frees its cached blocks at the limit;
-    ``allocator_note`` says so, ``unlimited_reserved_bytes`` is the reserve without a limit),
+    "context_bytes", "usable_capacity_bytes", "context_note", "capacity_note"}``:
+    ``need_bytes`` is :func:`device_total_on` (reserved + the card's own CUDA context),
     ``capacity_bytes`` :func:`capacity_bytes` (what CUDA reports as the card's total);
     ``context_bytes`` is the card's CUDA context, ``usable_capacity_bytes`` what torch can
     allocate on it (``gpus.usable_capacity``), ``context_note`` one line with the context
@@ -118,11 +102,8 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
 
     g = get_gpu(gpu)
     shown = getattr(est, "per_gpu", est)
-    # the allocator frees its cached blocks at the card's limit (gpus.judge_on): the reserve
-    # judged is the one on this card
-    state, judged, band = state_on(est, g)
-    reserved = judged["reserved_bytes"]
-    need = judged["need_bytes"]
+    reserved = float(getattr(est, "reserved_bytes", shown.reserved_bytes))
+    need = device_total_on(est, g)
     cap = capacity_bytes(g)
     context, context_src = context_for(g)
     torch_can, capacity_src = usable_capacity(g)
@@ -131,6 +112,8 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
     if built is not None and abs(float(built) - context) >= MIB:
         note += (f"; judged with it, not the {mib_text(float(built))} MiB the estimate counts as made "
                  f"({getattr(shown, 'cuda_context_source', '')})")
+    band = band_bytes(reserved)
+    state = state_of(need, cap, band)
     own = getattr(est, "fits", None) if getattr(est, "serving", None) else None
     if own is False:
         state = "does_not_fit"
@@ -149,9 +132,6 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
         "usable_capacity_bytes": torch_can,
         "context_note": note,
         "capacity_note": capacity_src,
-        "reserved_bytes": reserved,
-        "unlimited_reserved_bytes": judged["unlimited_reserved_bytes"],
-        "allocator_note": judged["note"],
     }
 
 
