@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .activations import attention_backend
 from .architecture import Architecture
@@ -906,28 +906,38 @@ def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Option
     asking for the same setup run one replay)."""
     if capacity_bytes is not None or record:
         return replay(training_events(arch, s), parse_alloc_conf(s.allocator), capacity_bytes, record)
-    key = (id(arch), s)
-    while True:
-        hit = cached_replay(arch, s)
-        if hit is not None:
-            return hit
-        with _LOCK:
-            hit = cached_replay(arch, s)
-            if hit is not None:
-                return hit
-            waiting = _INFLIGHT.get(key)
-            if waiting is None:
-                done = _INFLIGHT[key] = threading.Event()
-                break
-        waiting.wait()          # another thread replays this setup: take its result
-    try:
+    def replay_and_store() -> Any:
         res = _replay_now(arch, s)
         _store(arch, s, res)
+        return res
+
+    return single_flight(_LOCK, _INFLIGHT, (id(arch), s), lambda: cached_replay(arch, s), replay_and_store)
+
+
+def single_flight(lock: Any, inflight: Dict[Any, threading.Event], key: Any, lookup: Callable[[], Any],
+                  compute: Callable[[], Any]) -> Any:
+    """``lookup()`` if it has the result, else ``compute()`` (which stores it where ``lookup``
+    finds it) run by one thread only: a thread asking for a ``key`` another thread is
+    computing waits for it and takes the stored result."""
+    while True:
+        hit = lookup()
+        if hit is not None:
+            return hit
+        with lock:
+            hit = lookup()
+            if hit is not None:
+                return hit
+            waiting = inflight.get(key)
+            if waiting is None:
+                done = inflight[key] = threading.Event()
+                break
+        waiting.wait()          # another thread computes this key: take its result
+    try:
+        return compute()
     finally:
-        with _LOCK:
-            _INFLIGHT.pop(key, None)
+        with lock:
+            inflight.pop(key, None)
         done.set()
-    return res
 
 
 def reserved_bytes(arch: Architecture, s: TrainingSetup, peak: float) -> float:

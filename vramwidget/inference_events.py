@@ -42,7 +42,7 @@ from .allocator import (DEFAULT_RESERVED_PER_ALLOCATED, ReplayResult, StepRun, e
                         replay_runs)
 from .architecture import Architecture
 from .estimate import CUBLAS_WORKSPACE_BYTES
-from .events import ASYNC_LOAD_WORKERS, CUBLAS_WORKSPACES
+from .events import ASYNC_LOAD_WORKERS, CUBLAS_WORKSPACES, single_flight
 from .inference import (GENERATE_REPLAY, InferenceSetup, _dequant_transient, _persistent_prefill, decode_transients, kv_layout,
                         layer_steps, logits_items, weight_storage)
 from .units import DTYPE_BYTES
@@ -400,30 +400,16 @@ def replay_inference(arch: Architecture, s: InferenceSetup, capacity_bytes: Opti
     if capacity_bytes is not None or record:
         return replay_runs(inference_runs(arch, s), cfg, capacity_bytes, record)
     key = _key(arch, s)
-    while True:
-        hit = cached_replay(arch, s)
-        if hit is not None:
-            return hit
-        with _LOCK:
-            hit = cached_replay(arch, s)
-            if hit is not None:
-                return hit
-            waiting = _INFLIGHT.get(key)
-            if waiting is None:
-                done = _INFLIGHT[key] = threading.Event()
-                break
-        waiting.wait()
-    try:
+
+    def replay_and_store() -> ReplayResult:
         res = replay_runs(inference_runs(arch, s), cfg)
         with _LOCK:
             if len(_REPLAYS) >= _MAX_CACHED:
                 _REPLAYS.clear()
             _REPLAYS[key] = (arch, res)
-    finally:
-        with _LOCK:
-            _INFLIGHT.pop(key, None)
-        done.set()
-    return res
+        return res
+
+    return single_flight(_LOCK, _INFLIGHT, key, lambda: cached_replay(arch, s), replay_and_store)
 
 
 #: (id(arch), the setup but its sizes) -> (arch, reserved / allocated peak of the last such
