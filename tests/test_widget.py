@@ -84,10 +84,12 @@ def test_an_unreplayed_setup_is_shown_provisional_then_refined(calc):
     calc.seq_len = next(x for x in range(1536, 8192, 8) if x & (x - 1) and not vw.estimate(
         calc._arch, gpu=calc.gpu, **dict(base, seq_len=x)).reserved_exact)
     s = calc.estimate._setup_obj
-    provisional = calc.verdict["need_bytes"]
-    assert calc.status == "refining" and calc.status_text == "refining…"
-    assert calc.verdict["provisional"] is True and calc.summary["provisional"] is True
-    assert provisional == calc.estimate.provisional_device_total_bytes
+    # one read of the published summary (the verdict is inside it): the worker may publish
+    # the exact figures at any moment after the update (a replay here takes milliseconds)
+    drawn = calc.summary
+    provisional = drawn["verdict"]["need_bytes"]
+    assert drawn["verdict"]["provisional"] is True and drawn["provisional"] is True
+    assert provisional == drawn["device_total_bytes"]
     # the comparison's scenarios are worked out in the background: the frontend keeps the
     # comparison it has until they arrive
     assert set(calc.rows) == {"detail", "phases", "fitmap"}
@@ -101,6 +103,8 @@ def test_an_unreplayed_setup_is_shown_provisional_then_refined(calc):
     assert "provisional" not in calc.verdict and calc.summary["provisional"] is False
     assert calc.verdict["need_bytes"] == calc.estimate.device_total_bytes
     assert calc.summary["device_total_bytes"] == calc.estimate.device_total_bytes
+    # the provisional figure was the guess (allocated peak x a reserved / allocated ratio), not this
+    assert provisional != calc.estimate.device_total_bytes
     assert set(calc.rows) == {"detail", "comparison", "phases", "fitmap"}
     mine = [r for r in calc.rows["comparison"] if r["level"] == "title" and r["scenario"] == "your setup"]
     assert mine[0]["bytes"] == calc.estimate.device_total_bytes

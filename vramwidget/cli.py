@@ -335,6 +335,8 @@ def format_verdict(est, model: str = "MODEL") -> List[str]:
            f"{fmt_bytes(v['capacity_bytes'])} CUDA total ({fmt_bytes(abs(room))} {'free' if room >= 0 else 'over'}, "
            f"{abs(v['headroom_pct']):.0f}%; uncertainty ±{fmt_bytes(v['band_bytes'])})",
            f"{'':18}({v['context_note']})"]
+    if v.get("allocator_note"):
+        out.append(f"{'':18}({v['allocator_note']})")
     if v["state"] != "fits":
         out.append(f"{'':18}`vramwidget fit {model} --gpu \"{v['gpu']}\" ...` lists changes that fit, "
                    "with their cost")
@@ -721,6 +723,8 @@ def format_fit_answers(a: Dict[str, Any]) -> str:
     lines.append("                  (device total = predicted reserved memory + the card's CUDA context, the worst"
                  " GPU; tight = within the uncertainty)")
     lines.append(f"                  ({v['context_note']})")
+    if v.get("allocator_note"):
+        lines.append(f"                  ({v['allocator_note']})")
     lines.append(f"largest batch     {a['max_batch_size']} (at seq {s['seq_len']})")
     mp = a.get("max_position_embeddings")
     lines.append(f"longest sequence  {a['max_seq_len']:,} tokens (at batch {s['batch_size']})"

@@ -1510,6 +1510,11 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
                                                                                          record)
     est._provisional_fn = lambda: ALLOCATOR_REPLAY["provisional"](arch, s, peak)
     est._components_at = components_at
+    # on a card the reserve is judged with the allocator's free-and-retry at its limit
+    # (gpus.judge_on: a replay with the card's capacity when the unlimited reserve is over it)
+    est.capacity_judged = True
+    est._replayed = (arch, s)        # what the replay runs (gpus.judge_on caches capacity replays by it)
+    est._reserved_from_replay = lambda res: ALLOCATOR_REPLAY["reserved_of"](s, res, peak)
     if gpu is not None:
         est.set_gpu(gpu)
     return est

@@ -944,10 +944,17 @@ def reserved_bytes(arch: Architecture, s: TrainingSetup, peak: float) -> float:
     """``max_memory_reserved()`` of the setup whose allocated peak the estimate puts at ``peak``:
     the replay's own maximum where the event stream lays out the step (:func:`modelled`), else
     the replay's cached free blocks at its peak added to ``peak``."""
-    r = replay_training(arch, s)
+    return reserved_of(s, replay_training(arch, s), peak)
+
+
+def reserved_of(s: TrainingSetup, r: Any, peak: float) -> float:
+    """The reserve a replay ``r`` of ``s``'s step implies (with or without a card's capacity):
+    its own maximum where the event stream lays out the step (:func:`modelled`), else its
+    cached free blocks at its peak added to ``peak``."""
     if modelled(s):
         return max(float(r.max_reserved_bytes), float(peak))
     return float(peak) + max(0.0, float(r.max_reserved_bytes - r.max_allocated_bytes))
 
 
-ALLOCATOR_REPLAY.update(replay=replay_training, reserved=reserved_bytes, provisional=provisional_reserved_bytes)
+ALLOCATOR_REPLAY.update(replay=replay_training, reserved=reserved_bytes, provisional=provisional_reserved_bytes,
+                        reserved_of=reserved_of)

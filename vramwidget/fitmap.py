@@ -93,9 +93,11 @@ def _chains(s_tpl: Any, b: Any, sq: Any, cells: Any) -> List[List[List[int]]]:
 
 
 def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, context: float, cap: float,
-                     rel: float, exact: bool) -> Tuple[Any, Any, Any]:
+                     rel: float, exact: bool, gpu: Any = None) -> Tuple[Any, Any, Any]:
     """(reserved bytes, exact mask, state rank) of every cell, replaying only where the
-    state depends on it (see :func:`fit_map`)."""
+    state depends on it (see :func:`fit_map`).  A replayed cell's reserve is the one on
+    ``gpu`` (``gpus.judge_on``: where the unlimited reserve is over the card and the
+    allocated peak is not, the replay with the card's capacity decides, as ``estimate``'s)."""
     import numpy as np
 
     from . import events
@@ -109,7 +111,10 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
         for i in cells:
             if not known[i]:
                 cell = s.replace(batch_size=int(b[i]), seq_len=int(sq[i]))
-                reserved[i] = events.reserved_bytes(arch, cell, float(peak[i]))
+                pk = float(peak[i])
+                reserved[i] = events.reserved_bytes(arch, cell, pk)
+                if gpu is not None and pk + context <= cap < reserved[i] + context:
+                    reserved[i] = estimate_setup(arch, cell, gpu=gpu).reserved_bytes
                 known[i] = True
 
     if exact:
@@ -178,6 +183,9 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
 
     * a cell whose allocated peak alone is over the line is ``does_not_fit`` whatever the
       fragmentation (reserved >= allocated), not replayed;
+    * a replayed cell whose reserve without a limit is over the line while its allocated peak
+      is not is replayed again with the card's capacity (the allocator frees its cached
+      blocks at the limit: ``gpus.judge_on``, as :func:`vramwidget.estimate` on the card);
     * the other cells are searched along chains where memory grows (the tokens b x s when the
       allocation stream depends on them only, else batch size per sequence length): a
       bisection finds where the state first leaves ``fits`` and where it is first
@@ -219,7 +227,7 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
         context = ests[0].cuda_context_bytes
     rel = verdict.uncertainty()["rel_error"]
     cap = verdict.capacity_bytes(g)
-    reserved, known, rank = _sparse_reserved(arch, s, b, sq, peak, context, cap, rel, bool(exact))
+    reserved, known, rank = _sparse_reserved(arch, s, b, sq, peak, context, cap, rel, bool(exact), g)
     state = np.asarray(verdict.STATES, dtype=object)[rank].astype(str)
     return pd.DataFrame({"batch_size": b, "seq_len": sq, "peak_allocated_bytes": peak,
                          "device_total_bytes": reserved + context, "band_bytes": reserved * rel, "state": state,

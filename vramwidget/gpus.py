@@ -311,12 +311,161 @@ def capacity_bytes(gpu: Any) -> float:
 
 def device_total_on(est: Any, gpu: Any) -> float:
     """The device total of ``est`` (an Estimate, or a ParallelEstimate: its worst GPU) on
-    ``gpu``: its reserved memory plus that card's own CUDA context
-    (:func:`vramwidget.gpus.context_for`).  Equal to ``est.device_total_bytes`` when the
-    estimate was made on ``gpu`` (``Estimate.set_gpu``)."""
-    shown = getattr(est, "per_gpu", est)
-    reserved = float(getattr(est, "reserved_bytes", shown.reserved_bytes))
-    return reserved + context_for(get_gpu(gpu))[0]
+    ``gpu``: the memory its allocator reserves on that card (:func:`judge_on`) plus that
+    card's own CUDA context (:func:`vramwidget.gpus.context_for`).  Equal to
+    ``est.device_total_bytes`` when the estimate was made on ``gpu`` (``Estimate.set_gpu``)."""
+    return judge_on(est, gpu)["need_bytes"]
+
+
+#: (id(arch), setup, capacity in bytes) -> (arch, replay): the capacity replays of judge_on
+_CAPACITY_REPLAYS: Dict[Tuple[Any, ...], Tuple[Any, Any]] = {}
+_MAX_CAPACITY_REPLAYS = 256
+
+
+def _capacity_key(est: Any, torch_capacity: float) -> Optional[Tuple[Any, ...]]:
+    run = getattr(est, "_replayed", None)
+    if run is None:
+        return None
+    try:
+        hash(run[1])
+        return (id(run[0]), run[1], int(torch_capacity))
+    except TypeError:       # a setup with a dict field: its repr names every field
+        return (id(run[0]), repr(run[1]), int(torch_capacity))
+
+
+def _cached_capacity_replay(est: Any, torch_capacity: float) -> Any:
+    key = _capacity_key(est, torch_capacity)
+    if key is None:
+        return None
+    hit = _CAPACITY_REPLAYS.get(key)
+    run = getattr(est, "_replayed")
+    return hit[1] if hit is not None and hit[0] is run[0] else None
+
+
+def _capacity_replay(est: Any, torch_capacity: float) -> Any:
+    """``est.replay(capacity_bytes=torch_capacity)``, cached per (architecture, setup, capacity)."""
+    hit = _cached_capacity_replay(est, torch_capacity)
+    if hit is not None:
+        return hit
+    res = est.replay(capacity_bytes=torch_capacity)
+    key = _capacity_key(est, torch_capacity)
+    if key is not None:
+        if len(_CAPACITY_REPLAYS) >= _MAX_CAPACITY_REPLAYS:
+            _CAPACITY_REPLAYS.clear()
+        _CAPACITY_REPLAYS[key] = (est._replayed[0], res)
+    return res
+
+
+def _unlimited_reserved(est: Any) -> float:
+    """What ``est``'s allocator reserves with no card limit (``Estimate.unlimited_reserved_bytes``;
+    the ``reserved_bytes`` of an estimate without one, a ParallelEstimate's worst GPU's)."""
+    shown_est = getattr(est, "per_gpu", est)
+    for obj in (est, shown_est):
+        r = getattr(obj, "unlimited_reserved_bytes", None)
+        if r is not None:
+            return float(r)
+    return float(getattr(est, "reserved_bytes", shown_est.reserved_bytes))
+
+
+def _judges_on_card(est: Any) -> bool:
+    """Whether ``est`` has a replay its allocator's free-and-retry at a card's limit can be
+    judged with (a training step's; a parallel run's worst GPU, through its per-GPU estimate)."""
+    return bool(getattr(est, "capacity_judged", False)) and getattr(est, "_replay_fn", None) is not None
+
+
+def judge_case(est: Any, gpu: Any) -> Tuple[str, bool]:
+    """(case, known) of :func:`judge_on` without running anything: ``case`` is "peak", "reserve"
+    or "capacity_replay"; ``known`` whether every replay it needs is already cached (``case`` is
+    "unknown" when the unlimited replay has not run yet)."""
+    g = get_gpu(gpu)
+    inner = getattr(est, "per_gpu", est)
+    if inner is not est and _judges_on_card(inner):
+        return judge_case(inner, g)
+    cap, context = capacity_bytes(g), context_for(g)[0]
+    if not getattr(est, "unlimited_reserved_exact", True):
+        return ("peak" if float(est.peak_allocated_bytes) + context > cap else "unknown"), False
+    if float(est.peak_allocated_bytes) + context > cap:
+        return "peak", True
+    if _unlimited_reserved(est) + context <= cap or not _judges_on_card(est):
+        return "reserve", True
+    return "capacity_replay", _cached_capacity_replay(est, cap - context) is not None
+
+
+def judge_on(est: Any, gpu: Any, *, replay: bool = True) -> Dict[str, Any]:
+    """Whether ``est`` fits ``gpu``, with the caching allocator's free-and-retry at the card's
+    limit: the one place the reserve on a card is decided (``Estimate.reserved_bytes`` on its
+    own card, and through :func:`device_total_on` the verdict, fit, fit_map and the widget).
+
+    An unlimited replay keeps every segment it ever reserved; on a card, when ``cudaMalloc``
+    of a new segment fails the allocator frees its cached whole segments and tries again
+    (torch ``c10/cuda/CUDACachingAllocator.cpp``, ``DeviceCachingAllocator::malloc``:
+    ``alloc_block(params, false)`` || ``release_available_cached_blocks`` then ``alloc_block``
+    || ``release_cached_blocks`` then ``alloc_block(params, true)``; only then the OOM error;
+    modelled in ``allocator.CachingAllocator.malloc``).  So with ``cap`` = :func:`capacity_bytes`
+    and ``context`` = the card's own CUDA context (:func:`context_for`):
+
+    1. allocated peak + context > cap: does not fit (reserved >= allocated; no capacity replay);
+    2. unlimited reserved + context <= cap: fits, with that reserve;
+    3. otherwise a training step is replayed with ``cap - context`` as what torch may reserve
+       (``est.replay(capacity_bytes=...)``, cached per setup and capacity): it fits exactly
+       when that replay has no out-of-memory error, and the reserve on this card is that
+       replay's (``max_reserved_bytes``).  With an error the unlimited reserve stays (over the
+       line).  Estimates without such a replay (inference's decode, whose capacity replay
+       takes minutes) keep the unlimited reserve.
+
+    ``replay=False`` runs no capacity replay: where one is needed and not cached yet the
+    unlimited reserve is kept and ``"provisional"`` is True (the widget's update path, which
+    leaves the replay to its worker).
+
+    Returns ``{"fits", "need_bytes" (reserved on this card + context), "reserved_bytes" (on
+    this card), "unlimited_reserved_bytes", "context_bytes", "capacity_bytes", "case"
+    ("peak" | "reserve" | "capacity_replay"), "oom" (the failing request or None), "note",
+    "provisional"}``.
+    """
+    g = get_gpu(gpu)
+    cap = capacity_bytes(g)
+    context = context_for(g)[0]
+    inner = getattr(est, "per_gpu", est)
+    if inner is not est and _judges_on_card(inner):
+        return judge_on(inner, g, replay=replay)    # a parallel run judged by its worst GPU's estimate
+    out: Dict[str, Any] = {"context_bytes": context, "capacity_bytes": cap, "oom": None, "note": "",
+                           "provisional": False}
+    peak = float(est.peak_allocated_bytes)
+    reserved = _unlimited_reserved(est)
+    out.update(unlimited_reserved_bytes=reserved)
+    given = getattr(est, "_on_card", None)
+    if given is not None and _judges_on_card(est) and getattr(est, "gpu", None) == g:
+        # made on this card and already judged (or drawn with a provisional reserve): that one
+        case = "capacity_replay" if given != reserved else ("peak" if peak + context > cap else "reserve")
+        out.update(fits=given + context <= cap, case=case, reserved_bytes=float(given), need_bytes=given + context,
+                   note=getattr(est, "allocator_note", ""))
+        return out
+    if peak + context > cap:
+        out.update(fits=False, case="peak", reserved_bytes=reserved, need_bytes=reserved + context)
+        return out
+    if reserved + context <= cap or not _judges_on_card(est):
+        out.update(fits=reserved + context <= cap, case="reserve", reserved_bytes=reserved,
+                   need_bytes=reserved + context)
+        return out
+    res = _capacity_replay(est, cap - context) if replay else _cached_capacity_replay(est, cap - context)
+    if res is None:     # not replayed yet (replay=False): the unlimited reserve for now
+        out.update(fits=False, case="capacity_replay", reserved_bytes=reserved, need_bytes=reserved + context,
+                   provisional=True)
+        return out
+    if res.oom is not None:
+        out.update(fits=False, case="capacity_replay", reserved_bytes=reserved, need_bytes=reserved + context,
+                   oom=res.oom,
+                   note=(f"at {g.name}'s limit the allocator frees its cached blocks and still runs out of "
+                         f"memory: {res.oom}"))
+        return out
+    of = getattr(est, "_reserved_from_replay", None)
+    on_card = float(of(res)) if of is not None else float(max(res.max_reserved_bytes, peak))
+    on_card = min(on_card, reserved)
+    out.update(fits=on_card + context <= cap, case="capacity_replay", reserved_bytes=on_card,
+               need_bytes=on_card + context,
+               note=(f"at {g.name}'s limit the allocator frees its cached blocks and retries: reserved on this "
+                     f"card {on_card / GIB:.2f} GiB, {reserved / GIB:.2f} GiB without a limit"))
+    return out
 
 
 def fits(need_bytes: float, capacity: float) -> bool:

@@ -141,7 +141,16 @@ class Estimate:
         self.peak_allocated_bytes = peak_allocated_bytes
         self._reserved: Optional[float] = None
         self._reserved_fn: Optional[Callable[[], float]] = None
+        #: the reserve on the chosen card (gpus.judge_on), once judged or given
+        self._on_card: Optional[float] = None
         self.reserved_bytes = reserved_bytes  # type: ignore[assignment]
+        #: whether the reserve on a chosen card is judged with the allocator's free-and-retry at
+        #: its limit (gpus.judge_on: a replay with the card's capacity); a training step's is
+        self.capacity_judged = False
+        #: one line when the reserve on the card differs from the unlimited one (gpus.judge_on)
+        self.allocator_note = ""
+        #: (replay with a capacity) -> the reserve it implies for this step (events.reserved_of)
+        self._reserved_from_replay: Optional[Callable[[Any], float]] = None
         #: the caching-allocator replay behind ``reserved_bytes`` (``allocator.ReplayResult``), when one ran
         self._replay_fn: Optional[Callable[..., Any]] = None
         #: () -> (reserved bytes, exact) without running a replay (events.provisional_reserved_bytes)
@@ -187,6 +196,10 @@ class Estimate:
             self._build()
             if self._components is None and self._components_at is not None:
                 self._components = self._components_at(self.reserved_bytes)
+                if self.allocator_note:
+                    self._components = [Node(n.name, bytes=n.bytes, formula=f"{n.formula}; {self.allocator_note}")
+                                        if n.name == "allocator reserve" and not n.children else n
+                                        for n in self._components]
         return self._context_now(self._components) if self._components is not None else []
 
     def _context_now(self, nodes: List[Node]) -> List[Node]:
@@ -223,8 +236,13 @@ class Estimate:
         without a GPU the H200 measurement).  Returns self."""
         from .gpus import context_for, get_gpu
 
+        before = self.gpu
         self.gpu = get_gpu(gpu) if gpu is not None else None
         self.cuda_context_bytes, self.cuda_context_source = context_for(self.gpu)
+        if self.capacity_judged and self.gpu != before:     # judged again on the new card (gpus.judge_on)
+            self._on_card, self.allocator_note = None, ""
+            if self._components_at is not None:
+                self._components = None
         self._contexts_counted.add(float(self.cuda_context_bytes))
         self._step_time = None
         return self
@@ -313,10 +331,11 @@ class Estimate:
 
     # -- totals -------------------------------------------------------------------
     @property
-    def reserved_bytes(self) -> float:
-        """``max_memory_reserved()``: what the caching allocator holds at most (a replay of its
-        placement rules over this step's allocations, run on first access; safe to read from
-        a background thread while another reads it: the replay runs once)."""
+    def unlimited_reserved_bytes(self) -> float:
+        """``max_memory_reserved()`` without a card's limit: what the caching allocator holds at
+        most (a replay of its placement rules over this step's allocations, run on first
+        access; safe to read from a background thread while another reads it: the replay runs
+        once)."""
         r = self._reserved
         if r is None:
             fn = self._reserved_fn
@@ -328,22 +347,61 @@ class Estimate:
         return r
 
     @property
-    def reserved_exact(self) -> bool:
-        """Whether ``reserved_bytes`` is known without running a replay (already computed,
-        or its replay is cached).  Does no work."""
+    def unlimited_reserved_exact(self) -> bool:
+        """Whether ``unlimited_reserved_bytes`` is known without running a replay.  Does no work."""
         if self._reserved is not None or self._reserved_fn is None:
             return True
         fn = self._provisional_fn
         return bool(fn()[1]) if fn is not None else False
 
+    def _judged_here(self) -> bool:
+        return self.capacity_judged and self.gpu is not None and self._replay_fn is not None
+
+    @property
+    def reserved_bytes(self) -> float:
+        """``max_memory_reserved()`` on the chosen card: ``unlimited_reserved_bytes``, except
+        for a training step whose unlimited reserve is over the card while its allocated peak
+        is not; then the reserve of a replay with the card's capacity, where the allocator
+        frees its cached blocks and retries before an out-of-memory error (``gpus.judge_on``,
+        the one rule; ``allocator_note`` says so).  Without a GPU, the unlimited reserve."""
+        r = self._on_card
+        if r is not None:
+            return r
+        unlimited = self.unlimited_reserved_bytes
+        if not self._judged_here():
+            return unlimited
+        from .gpus import judge_on
+
+        judged = judge_on(self, self.gpu)
+        self.allocator_note = judged["note"]
+        r = self._on_card = float(judged["reserved_bytes"])
+        return r
+
+    @property
+    def reserved_exact(self) -> bool:
+        """Whether ``reserved_bytes`` is known without running a replay (already computed,
+        or its replays are cached).  Does no work."""
+        if self._on_card is not None:
+            return True
+        if not self.unlimited_reserved_exact:
+            return False
+        if not self._judged_here():
+            return True
+        from .gpus import judge_case
+
+        return judge_case(self, self.gpu)[1]
+
     @property
     def provisional_reserved_bytes(self) -> float:
-        """``reserved_bytes`` when it is known (``reserved_exact``), else the allocated peak
-        plus the fragmentation carried over from the nearest cached replay of the same setup
-        (``events.provisional_reserved_bytes``: the one place this guess is made).  Never
-        runs a replay."""
-        if self._reserved is not None or self._reserved_fn is None:
+        """``reserved_bytes`` when it is known (``reserved_exact``); the unlimited reserve when
+        only the replay with the card's capacity is still to run (the larger figure); else the
+        allocated peak plus the fragmentation carried over from the nearest cached replay of
+        the same setup (``events.provisional_reserved_bytes``: the one place this guess is
+        made).  Never runs a replay."""
+        if self.reserved_exact:
             return self.reserved_bytes
+        if self.unlimited_reserved_exact:
+            return self.unlimited_reserved_bytes
         fn = self._provisional_fn
         if fn is not None:
             return float(fn()[0])
@@ -357,10 +415,12 @@ class Estimate:
 
     @reserved_bytes.setter
     def reserved_bytes(self, value: "float | Callable[[], float]") -> None:
+        """The unlimited reserve, or a function that replays it; a number is also the reserve
+        shown on the card (a copy drawn with a provisional figure keeps it)."""
         if callable(value):
-            self._reserved, self._reserved_fn = None, value
+            self._reserved, self._reserved_fn, self._on_card = None, value, None
         else:
-            self._reserved, self._reserved_fn = float(value), None
+            self._reserved, self._reserved_fn, self._on_card = float(value), None, float(value)
 
     def replay(self, capacity_bytes: Optional[float] = None, record: bool = False):
         """The caching-allocator replay of this estimate's run (``allocator.ReplayResult``):

@@ -83,27 +83,35 @@ def state_of(need_bytes: float, capacity_bytes: float, band: float) -> str:
     return "fits" if need_bytes < capacity_bytes else "does_not_fit"
 
 
-def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
+def verdict(est: Any, gpu: Any, *, num_gpus: int = 1, replay: bool = True) -> Dict[str, Any]:
     """The verdict of an estimate (an Estimate, or a ParallelEstimate: its worst GPU) on a GPU.
 
     Returns ``{"state", "measure": "device_total", "need_bytes", "capacity_bytes",
     "headroom_bytes", "band_bytes", "headroom_pct", "band_rel", "gpu", "num_gpus",
-    "context_bytes", "usable_capacity_bytes", "context_note", "capacity_note"}``:
-    ``need_bytes`` is :func:`device_total_on` (reserved + the card's own CUDA context),
+    "context_bytes", "usable_capacity_bytes", "context_note", "capacity_note", "reserved_bytes",
+    "unlimited_reserved_bytes", "allocator_note"}``:
+    ``need_bytes`` is :func:`device_total_on` (reserved on the card + its own CUDA context:
+    :func:`vramwidget.gpus.judge_on`, where a training step whose unlimited reserve is over the
+    card but whose allocated peak is not is replayed with the card's capacity, its allocator
+    freeing cached blocks at the limit; ``allocator_note`` says so and
+    ``unlimited_reserved_bytes`` is the reserve without a limit),
     ``capacity_bytes`` :func:`capacity_bytes` (what CUDA reports as the card's total);
     ``context_bytes`` is the card's CUDA context, ``usable_capacity_bytes`` what torch can
     allocate on it (``gpus.usable_capacity``), ``context_note`` one line with the context
     figure and its source, ``capacity_note`` the derivation of the usable capacity;
     ``headroom_bytes`` is negative when it does not fit.  A serving estimate that judges
     its own fit (``est.fits`` with a serving budget: the KV pool must hold a sequence)
-    gives ``does_not_fit`` when it says so.
+    gives ``does_not_fit`` when it says so.  ``replay=False`` runs no replay with the card's
+    capacity (:func:`vramwidget.gpus.judge_on`): where one is needed and not cached the
+    verdict carries ``"provisional": True`` and the unlimited reserve.
     """
-    from .gpus import context_for, get_gpu, usable_capacity
+    from .gpus import context_for, get_gpu, judge_on, usable_capacity
 
     g = get_gpu(gpu)
     shown = getattr(est, "per_gpu", est)
-    reserved = float(getattr(est, "reserved_bytes", shown.reserved_bytes))
-    need = device_total_on(est, g)
+    judged = judge_on(est, g, replay=replay)    # the reserve on this card (device_total_on's)
+    reserved = judged["reserved_bytes"]
+    need = judged["need_bytes"]
     cap = capacity_bytes(g)
     context, context_src = context_for(g)
     torch_can, capacity_src = usable_capacity(g)
@@ -132,6 +140,10 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1) -> Dict[str, Any]:
         "usable_capacity_bytes": torch_can,
         "context_note": note,
         "capacity_note": capacity_src,
+        "reserved_bytes": reserved,
+        "unlimited_reserved_bytes": judged["unlimited_reserved_bytes"],
+        "allocator_note": judged["note"],
+        **({"provisional": True} if judged["provisional"] else {}),
     }
 
 

@@ -64,7 +64,7 @@ export function verdictPanel(ctx, status = null) {
       badge = h("span", { class: `vw-badge vw-${v.state}`, testid: "verdict-badge", "data-state": v.state,
         "data-fits": String(v.state !== "does_not_fit"), "data-provisional": String(!!v.provisional),
         title: [v.provisional ? "provisional: the exact reserved memory is being worked out." : "",
-          bandHint(s.band), v.context_note].filter(Boolean).join("\n"),
+          bandHint(s.band), v.context_note, v.allocator_note].filter(Boolean).join("\n"),
       }, [verdictText(v)]);
     } else {
       badge = h("span", { class: "vw-badge vw-none", testid: "verdict-badge", "data-state": "",

@@ -4,6 +4,7 @@ verdicts, the band's provenance and the practitioner defaults applied."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, Optional, Tuple
 
 from .. import gpus
@@ -24,9 +25,15 @@ class VerdictPanel:
         summary["verdict"] = v
         summary["verdict_text"] = describe(v)
         # each card judged with its own CUDA context against its own CUDA total
-        summary["gpu_row"] = [dict(verdict_of(result, g, num_gpus=num_gpus),
-                                   label=f"{g.name} ({capacity_bytes(g) / GIB:.1f} GiB CUDA total)")
-                              for g in (gpus.get_gpu(name) for name in COMMON_GPUS)]
+        # (a card where the step needs a replay with its capacity, gpus.judge_on: provisional
+        # until the worker has run it)
+        row = []
+        for g in (gpus.get_gpu(name) for name in COMMON_GPUS):
+            vg = verdict_of(result, g, num_gpus=num_gpus, replay=not self._deferring)
+            if vg.get("provisional"):
+                self._want("refining", functools.partial(verdict_of, result, g, num_gpus=num_gpus))
+            row.append(dict(vg, label=f"{g.name} ({capacity_bytes(g) / GIB:.1f} GiB CUDA total)"))
+        summary["gpu_row"] = row
         summary["band"] = dict(uncertainty())
         summary["defaults"] = list(getattr(self, "_defaults_said", []))
         return v
