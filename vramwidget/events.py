@@ -589,13 +589,17 @@ _SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSetup) if f.nam
 
 
 def clear_caches() -> None:
-    """Forget every cached replay and stream template (benchmarks time cold setups)."""
+    """Forget every cached replay and stream template (benchmarks time cold setups), the
+    replays with a card's capacity (``gpus.judge_on``) included."""
+    from . import gpus
+
     with _LOCK:
         _REPLAYS.clear()
         _BY_SHAPE.clear()
         _BY_STREAM.clear()
         _TEMPLATES.clear()
         _SEEN.clear()
+        gpus._CAPACITY_REPLAYS.clear()
 
 
 def _shape_key(arch: Architecture, s: TrainingSetup) -> Tuple[Any, ...]:
