@@ -159,13 +159,14 @@ def test_the_line_is_the_cuda_total_less_the_cards_own_context(name, monkeypatch
             assert judged["case"] == ("capacity_replay" if peak_line <= need + margin else "peak")
             replayed = est.replay(capacity_bytes=card.cuda_total_bytes - gpus.context_bytes(g)[0])
             assert judged["fits"] is (replayed.oom is None)
-            assert v["state"] == ("fits" if judged["fits"] else "does_not_fit")
+            # fitting only by the allocator freeing its cached blocks is tight at best
+            assert v["state"] == (("tight" if judged["squeezed"] else "fits") if judged["fits"] else "does_not_fit")
             assert c.fits is judged["fits"]
             assert c.device_total_bytes == judged["need_bytes"] == df["device_total_bytes"][0] == on.device_total_bytes
             if judged["fits"]:
                 assert judged["need_bytes"] <= card.cuda_total_bytes
                 assert v["reserved_bytes"] == replayed.max_reserved_bytes < est.reserved_bytes
-        assert (v["headroom_bytes"] >= 0) is (v["state"] == "fits")
+        assert (v["headroom_bytes"] >= 0) is (v["state"] != "does_not_fit")
         assert df["state"][0] == v["state"]
 
 

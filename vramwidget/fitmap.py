@@ -105,7 +105,12 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
     n = len(b)
     reserved = np.zeros(n, dtype=float)
     known = np.zeros(n, dtype=bool)
+    squeezed = np.zeros(n, dtype=bool)      # fits only by the allocator freeing its cache: tight at best
     rank = np.full(n, -1, dtype=np.int64)
+
+    def ranks_of(cells: Any) -> Any:
+        r = _ranks(reserved[cells], context, cap, rel)
+        return np.where(squeezed[cells] & (r == 0), 1, r)
 
     def evaluate(cells: Sequence[int]) -> None:
         for i in cells:
@@ -114,12 +119,14 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
                 pk = float(peak[i])
                 reserved[i] = events.reserved_bytes(arch, cell, pk)
                 if gpu is not None and pk + context <= cap < reserved[i] + context:
-                    reserved[i] = estimate_setup(arch, cell, gpu=gpu).reserved_bytes
+                    on_card = estimate_setup(arch, cell, gpu=gpu)
+                    reserved[i] = on_card.reserved_bytes
+                    squeezed[i] = on_card.squeezed
                 known[i] = True
 
     if exact:
         evaluate(range(n))
-        return reserved, known, _ranks(reserved, context, cap, rel)
+        return reserved, known, ranks_of(np.arange(n))
     # reserved >= allocated (the replay's own invariant, and reserved_bytes takes the max), and
     # the state only grows with reserved: a cell that does not fit on its allocated peak alone
     # does not fit whatever the fragmentation
@@ -131,7 +138,7 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
 
         def bounds(group: List[int]) -> Tuple[int, int]:
             evaluate(group)
-            r = _ranks(reserved[group], context, cap, rel)
+            r = ranks_of(group)
             return int(r.min()), int(r.max())
 
         for groups in _chains(tpl, b, sq, todo):
@@ -158,7 +165,7 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
                 for i in g:
                     if not known[i]:
                         rank[i] = 0 if k < first_tight else 2
-    rank[known] = _ranks(reserved[known], context, cap, rel)
+    rank[known] = ranks_of(np.flatnonzero(known))
     far = ~known
     if far.any():
         reserved[far] = peak[far] * events.carried_ratios(arch, s, b[far], sq[far])
@@ -185,7 +192,8 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
       fragmentation (reserved >= allocated), not replayed;
     * a replayed cell whose reserve without a limit is over the line while its allocated peak
       is not is replayed again with the card's capacity (the allocator frees its cached
-      blocks at the limit: ``gpus.judge_on``, as :func:`vramwidget.estimate` on the card);
+      blocks at the limit: ``gpus.judge_on``, as :func:`vramwidget.estimate` on the card); one
+      that fits only that way is ``tight`` at best (``verdict.state_of``'s ``squeezed``);
     * the other cells are searched along chains where memory grows (the tokens b x s when the
       allocation stream depends on them only, else batch size per sequence length): a
       bisection finds where the state first leaves ``fits`` and where it is first

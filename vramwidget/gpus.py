@@ -420,7 +420,8 @@ def judge_on(est: Any, gpu: Any, *, replay: bool = True) -> Dict[str, Any]:
     Returns ``{"fits", "need_bytes" (reserved on this card + context), "reserved_bytes" (on
     this card), "unlimited_reserved_bytes", "context_bytes", "capacity_bytes", "case"
     ("peak" | "reserve" | "capacity_replay"), "oom" (the failing request or None), "note",
-    "provisional"}``.
+    "provisional", "squeezed" (it fits only by the allocator freeing its cached blocks at the
+    limit: the verdict's state is tight at best, ``verdict.state_of``)}``.
     """
     g = get_gpu(gpu)
     cap = capacity_bytes(g)
@@ -429,16 +430,19 @@ def judge_on(est: Any, gpu: Any, *, replay: bool = True) -> Dict[str, Any]:
     if inner is not est and _judges_on_card(inner):
         return judge_on(inner, g, replay=replay)    # a parallel run judged by its worst GPU's estimate
     out: Dict[str, Any] = {"context_bytes": context, "capacity_bytes": cap, "oom": None, "note": "",
-                           "provisional": False}
+                           "provisional": False, "squeezed": False}
     peak = float(est.peak_allocated_bytes)
     reserved = _unlimited_reserved(est)
     out.update(unlimited_reserved_bytes=reserved)
     given = getattr(est, "_on_card", None)
     if given is not None and _judges_on_card(est) and getattr(est, "gpu", None) == g:
         # made on this card and already judged (or drawn with a provisional reserve): that one
+        done = getattr(est, "_judged", None)
+        if done is not None and done["reserved_bytes"] == given:
+            return dict(done)
         case = "capacity_replay" if given != reserved else ("peak" if peak + context > cap else "reserve")
         out.update(fits=given + context <= cap, case=case, reserved_bytes=float(given), need_bytes=given + context,
-                   note=getattr(est, "allocator_note", ""))
+                   note=getattr(est, "allocator_note", ""), squeezed=given + context <= cap < reserved + context)
         return out
     if peak + context > cap:
         out.update(fits=False, case="peak", reserved_bytes=reserved, need_bytes=reserved + context)
@@ -461,10 +465,14 @@ def judge_on(est: Any, gpu: Any, *, replay: bool = True) -> Dict[str, Any]:
     of = getattr(est, "_reserved_from_replay", None)
     on_card = float(of(res)) if of is not None else float(max(res.max_reserved_bytes, peak))
     on_card = min(on_card, reserved)
-    out.update(fits=on_card + context <= cap, case="capacity_replay", reserved_bytes=on_card,
-               need_bytes=on_card + context,
-               note=(f"at {g.name}'s limit the allocator frees its cached blocks and retries: reserved on this "
-                     f"card {on_card / GIB:.2f} GiB, {reserved / GIB:.2f} GiB without a limit"))
+    fits_here = on_card + context <= cap
+    out.update(fits=fits_here, case="capacity_replay", reserved_bytes=on_card,
+               need_bytes=on_card + context, squeezed=fits_here,
+               note=(f"at {g.name}'s limit the allocator frees its cached blocks and retries (a device "
+                     f"synchronization each time; tight at best): reserved on this card {on_card / GIB:.2f} GiB, "
+                     f"{reserved / GIB:.2f} GiB without a limit"
+                     + ("" if fits_here else " (this step's allocated peak with the cached blocks the replay "
+                        "keeps at its own peak: still over the card)")))
     return out
 
 

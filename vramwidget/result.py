@@ -149,6 +149,8 @@ class Estimate:
         self.capacity_judged = False
         #: one line when the reserve on the card differs from the unlimited one (gpus.judge_on)
         self.allocator_note = ""
+        #: gpus.judge_on's answer behind ``reserved_bytes`` on the chosen card
+        self._judged: Optional[Dict[str, Any]] = None
         #: (replay with a capacity) -> the reserve it implies for this step (events.reserved_of)
         self._reserved_from_replay: Optional[Callable[[Any], float]] = None
         #: the caching-allocator replay behind ``reserved_bytes`` (``allocator.ReplayResult``), when one ran
@@ -240,7 +242,7 @@ class Estimate:
         self.gpu = get_gpu(gpu) if gpu is not None else None
         self.cuda_context_bytes, self.cuda_context_source = context_for(self.gpu)
         if self.capacity_judged and self.gpu != before:     # judged again on the new card (gpus.judge_on)
-            self._on_card, self.allocator_note = None, ""
+            self._on_card, self.allocator_note, self._judged = None, "", None
             if self._components_at is not None:
                 self._components = None
         self._contexts_counted.add(float(self.cuda_context_bytes))
@@ -373,9 +375,21 @@ class Estimate:
         from .gpus import judge_on
 
         judged = judge_on(self, self.gpu)
+        self._judged = judged
         self.allocator_note = judged["note"]
         r = self._on_card = float(judged["reserved_bytes"])
         return r
+
+    @property
+    def squeezed(self) -> bool:
+        """Whether this step fits its card only because the allocator frees its cached blocks
+        at the card's limit (``gpus.judge_on``; the verdict is tight at best)."""
+        if not self._judged_here():
+            return False
+        from .gpus import judge_on
+
+        self.reserved_bytes
+        return bool(judge_on(self, self.gpu)["squeezed"])
 
     @property
     def reserved_exact(self) -> bool:

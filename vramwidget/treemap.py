@@ -175,13 +175,15 @@ class UnitBox:
     device_total_bytes: float
     rows: Tuple[Row, ...]
     reserved_bytes: float = 0.0   # the predicted reserved part (the verdict's band scales it)
+    squeezed: bool = False        # fits only by the allocator freeing cached blocks at the limit (gpus.judge_on)
 
 
 def unit_box(est: Estimate, scenario: str = "") -> UnitBox:
     """``est``'s peak components laid out in the unit square (no text yet)."""
     total = total_bytes(est)
     rows = _box_rows(est.components, 0.0, 0.0, 1.0, 1.0, scenario, total)
-    return UnitBox(scenario, total, float(est.device_total_bytes), tuple(rows), float(est.reserved_bytes))
+    return UnitBox(scenario, total, float(est.device_total_bytes), tuple(rows), float(est.reserved_bytes),
+                   bool(getattr(est, "squeezed", False)))
 
 
 def _place(box: UnitBox, x0: float, y0: float, side: float, scenario: str) -> List[Row]:
@@ -255,6 +257,7 @@ def comparison_rows(scenarios: Sequence[Tuple[str, "Estimate | UnitBox"]], width
         fits = capacity_bytes is None or box.device_total_bytes <= capacity_bytes
         titles.append({
             "reserved_bytes": box.reserved_bytes,
+            "squeezed": box.squeezed,
             "scenario": name, "level": "title", "component": "", "kind": "", "group": "",
             "label": name, "text": f"{name}\n{fmt_gib(tot)}" + ("" if fits else " ✗"),
             "bytes": tot, "gib": tot / GIB, "share": 1.0, "formula": "",

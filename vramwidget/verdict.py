@@ -76,11 +76,16 @@ def mib_text(nbytes: float) -> str:
     return f"{nbytes / MIB:,.1f}".removesuffix(".0")
 
 
-def state_of(need_bytes: float, capacity_bytes: float, band: float) -> str:
-    """fits | tight | does_not_fit for a need against a capacity with a band."""
+def state_of(need_bytes: float, capacity_bytes: float, band: float, squeezed: bool = False) -> str:
+    """fits | tight | does_not_fit for a need against a capacity with a band.  ``squeezed``:
+    the need is the reserve of a replay with the card's capacity, which fits only because the
+    allocator frees its cached blocks at the card's limit (``gpus.judge_on``): tight at best
+    (it filled the card; how far below the line it would stay is not a margin)."""
     if abs(capacity_bytes - need_bytes) <= band:
         return "tight"
-    return "fits" if need_bytes < capacity_bytes else "does_not_fit"
+    if need_bytes < capacity_bytes:
+        return "tight" if squeezed else "fits"
+    return "does_not_fit"
 
 
 def verdict(est: Any, gpu: Any, *, num_gpus: int = 1, replay: bool = True) -> Dict[str, Any]:
@@ -121,7 +126,7 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1, replay: bool = True) -> Di
         note += (f"; judged with it, not the {mib_text(float(built))} MiB the estimate counts as made "
                  f"({getattr(shown, 'cuda_context_source', '')})")
     band = band_bytes(reserved)
-    state = state_of(need, cap, band)
+    state = state_of(need, cap, band, judged["squeezed"])
     own = getattr(est, "fits", None) if getattr(est, "serving", None) else None
     if own is False:
         state = "does_not_fit"

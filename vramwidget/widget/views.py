@@ -86,7 +86,7 @@ def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, 
         fits = own if own is not None else total <= usable
         over = max(total - usable, 0.0)
         # the verdict's three states, on the same measure and band as the widget's badge
-        state = state_of(total, usable, band_bytes(r.get("reserved_bytes", 0.0)))
+        state = state_of(total, usable, band_bytes(r.get("reserved_bytes", 0.0)), bool(r.get("squeezed")))
         if own is False:
             verdict = "✗ no KV room"
         elif state == "tight":
