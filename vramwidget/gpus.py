@@ -373,24 +373,6 @@ def _judges_on_card(est: Any) -> bool:
     return bool(getattr(est, "capacity_judged", False)) and getattr(est, "_replay_fn", None) is not None
 
 
-def judge_case(est: Any, gpu: Any) -> Tuple[str, bool]:
-    """(case, known) of :func:`judge_on` without running anything: ``case`` is "peak", "reserve"
-    or "capacity_replay"; ``known`` whether every replay it needs is already cached (``case`` is
-    "unknown" when the unlimited replay has not run yet)."""
-    g = get_gpu(gpu)
-    inner = getattr(est, "per_gpu", est)
-    if inner is not est and _judges_on_card(inner):
-        return judge_case(inner, g)
-    cap, context = capacity_bytes(g), context_for(g)[0]
-    if not getattr(est, "unlimited_reserved_exact", True):
-        return ("peak" if float(est.peak_allocated_bytes) + context > cap else "unknown"), False
-    if float(est.peak_allocated_bytes) + context > cap:
-        return "peak", True
-    if _unlimited_reserved(est) + context <= cap or not _judges_on_card(est):
-        return "reserve", True
-    return "capacity_replay", _cached_capacity_replay(est, cap - context) is not None
-
-
 def judge_on(est: Any, gpu: Any, *, replay: bool = True) -> Dict[str, Any]:
     """Whether ``est`` fits ``gpu``, with the caching allocator's free-and-retry at the card's
     limit: the one place the reserve on a card is decided (``Estimate.reserved_bytes`` on its

@@ -401,9 +401,10 @@ class Estimate:
             return False
         if not self._judged_here():
             return True
-        from .gpus import judge_case
+        from .gpus import judge_on
 
-        return judge_case(self, self.gpu)[1]
+        # runs no replay: provisional where the capacity replay is needed and not cached yet
+        return not judge_on(self, self.gpu, replay=False)["provisional"]
 
     @property
     def provisional_reserved_bytes(self) -> float:
