@@ -158,7 +158,8 @@ def test_whole_model_saves_what_the_input_length_adds(model_type, attn):
     from transformers import AutoConfig
 
     from vramwidget.architecture import from_config
-    from vramwidget.estimate import _activations, _params
+    from vramwidget.plan.params import param_storage
+    from vramwidget.plan.profile import activations_at
     from vramwidget.training import TrainingSetup
 
     kw = dict(precision="bf16", method="full", attn_implementation=attn)
@@ -167,7 +168,7 @@ def test_whole_model_saves_what_the_input_length_adds(model_type, attn):
 
     def predicted(sl):
         s = TrainingSetup.from_kwargs(batch_size=2, seq_len=sl, target_len=8, **kw)
-        A = _activations(arch, s, _params(arch, s), cpu=True)
+        A = activations_at(arch, s, param_storage(arch, s), cpu=True)
         return A.layers_bytes + sum(n for _, n, _ in A.head)
 
     traced = (traced_block_bytes(model_type, seq_len=32, target_len=8, **kw)["total_L"]

@@ -148,11 +148,12 @@ def test_offloading_stash_holds_the_newest_packs():
         off = estimate("llama-3.2-3b", method=method, **kw)
         assert off.phases_bytes["forward"] - on.phases_bytes["forward"] == moved * T * h * 2, method
         assert any("offloading keeps" in n for n in on.notes)
-    from vramwidget.estimate import _activations, _params
+    from vramwidget.plan.params import param_storage
+    from vramwidget.plan.profile import activations_at
     arch = load("llama-3.2-3b")
     for method, packs in (("full", 5), ("lora", 4)):
         s = TrainingSetup.from_kwargs(method=method, **kw)
-        assert _activations(arch, s, _params(arch, s)).head_packs == packs
+        assert activations_at(arch, s, param_storage(arch, s)).head_packs == packs
 
 
 def test_optimizer_in_backward_frees_gradients():
@@ -181,10 +182,11 @@ def test_dora_magnitude_and_weight_norm_working_set():
     lora = estimate("llama-3.2-1b", method="lora", seq_len=256, gradient_checkpointing="full")
     dora = estimate("llama-3.2-1b", method="lora", lora_variant="dora", seq_len=256, gradient_checkpointing="full")
     assert dora.params_trainable - lora.params_trainable == 16 * (2048 + 512 + 512 + 2048 + 8192 + 8192 + 2048)
-    from vramwidget.estimate import _params, dora_norm_bytes
+    from vramwidget.plan.params import param_storage
+    from vramwidget.plan.profile import dora_norm_bytes
     arch = load("llama-3.2-1b")
     s = TrainingSetup.from_kwargs(method="lora", lora_variant="dora")
-    assert dora_norm_bytes(arch, s, _params(arch, s)) == (8192 * 8192 + 8192 * 16 + 4 * 2048 * 8192) * 4
+    assert dora_norm_bytes(arch, s, param_storage(arch, s)) == (8192 * 8192 + 8192 * 16 + 4 * 2048 * 8192) * 4
 
 
 def test_modules_to_save_trains_a_full_copy():

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 from saved_tensors import predicted_block_bytes, predicted_total_bytes, traced_block_bytes  # noqa: E402
 
 from vramwidget.architecture import load  # noqa: E402
-from vramwidget.estimate import _params  # noqa: E402
+from vramwidget.plan.params import param_storage  # noqa: E402
 from vramwidget.training import TrainingSetup  # noqa: E402
 
 
@@ -69,7 +69,7 @@ def test_trainable_parameters_match_peft(kw, expected):
     the meta device; recomputed here with the installed peft."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    P = _params(load("llama-3.2-1b"), TrainingSetup.from_kwargs(method="lora", **kw))
+    P = param_storage(load("llama-3.2-1b"), TrainingSetup.from_kwargs(method="lora", **kw))
     assert P.trainable_numel == expected
     cfg = json.load(open(os.path.join(os.path.dirname(__file__), "..", "vramwidget", "presets",
                                       "llama-3.2-1b.json")))

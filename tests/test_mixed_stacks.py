@@ -1,6 +1,6 @@
 """Mixed stacks (encoder-decoders, hybrids, DeepSeek-style leading dense layers) under
 ``method="freeze"``: the trained layers are the LAST ``trainable_layers`` (LlamaFactory's
-freeze tuning, ``_params``), so their kinds come from the family's layer order, not from the
+freeze tuning, ``param_storage``), so their kinds come from the family's layer order, not from the
 first kinds listed.  Issue 14: the fuzz run (benchmarks/bench_fuzz.py) found full
 checkpointing above none for four such setups; each is a case below."""
 

@@ -178,7 +178,7 @@ SPACE_EXAMPLE = dict(model="llama-3.2-1b", method="full", precision="bf16", opti
 
 
 def _enc_dec(name):
-    from vramwidget.estimate import has_target
+    from vramwidget.plan.profile import has_target
     return has_target(load(name))
 
 

@@ -65,7 +65,7 @@ def test_a_size_dependent_structure_is_declined(monkeypatch):
     where the stream has those allocations; at s = 3 it equals the generated stream."""
     arch = load("llama-3.2-1b")
     s = TrainingSetup.from_kwargs(method="lora", batch_size=4, seq_len=2048)
-    real = events._get_profile
+    real = events.block_profile
 
     def with_odd_op(arch_, s_, P, *a, **k):
         prof = real(arch_, s_, P, *a, **k)
@@ -73,7 +73,7 @@ def test_a_size_dependent_structure_is_declined(monkeypatch):
         odd = ("new", "odd tensor", "bfloat16", False, False, (1.5 * 4096, -0.5 * 4096), 0, False, 0.0)
         return dataclasses.replace(prof, alloc_ops=tuple(ops + [odd] for ops in prof.alloc_ops))
 
-    monkeypatch.setattr(events, "_get_profile", with_odd_op)
+    monkeypatch.setattr(events, "block_profile", with_odd_op)
     events.clear_caches()
     try:
         tpl = events.stream_template(arch, s)

@@ -289,7 +289,7 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
             # peft DoraLinearLayer.forward: (mag_norm_scale - 1) * base_result keeps the base
             # layer's output, mag_norm_scale * lora_result keeps lora_B's output (the magnitude
             # trains); with dropout, base_result is recomputed from a fp32 weight copy, which
-            # estimate._activations adds per layer (it does not scale with tokens)
+            # estimate.activations_at adds per layer (it does not scale with tokens)
             base_dt = out_dtype if ctx.setup.lora_dropout == 0 else ctx.adapter_dtype
             tr.save(tr.new(f"{tag} DoRA base output", n_tok * out_features, base_dt, True,
                            f"T x {_dim(out_features)}", LORA_GROUP))

@@ -179,7 +179,7 @@ def resolve_targets(arch: Architecture, targets: Iterable[str]) -> List[str]:
     head = [t for t in targets if t in HEAD_TARGETS]
     targets = [t for t in targets if t not in HEAD_TARGETS]
     if head and not targets:
-        return []   # only the output head and/or the embedding (estimate._params adds those)
+        return []   # only the output head and/or the embedding (estimate.param_storage adds those)
     have = arch.linear_modules()
     if any(t in ("all-linear", "all_linear", "all") for t in targets):
         return have

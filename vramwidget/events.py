@@ -1,6 +1,6 @@
 """One training run as the caching allocator sees it: every allocation and free, in order.
 
-The estimate knows every tensor of a step (``estimate._params`` for weights, gradients and
+The estimate knows every tensor of a step (``estimate.param_storage`` for weights, gradients and
 optimizer states, the block trace of ``activations.py`` for what the forward creates and
 keeps).  This module lays those tensors out in time the way a transformers + PyTorch run
 allocates them, so ``allocator.replay`` can say what the caching allocator reserves:
@@ -32,8 +32,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from .activations import attention_backend
 from .architecture import Architecture
 from .allocator import DEFAULT_RESERVED_PER_ALLOCATED, parse_alloc_conf, replay
-from .estimate import (ALLOCATOR_REPLAY, BNB_8BIT_MIN_SIZE, BNB_8BIT_OPT_BLOCK, CUBLAS_WORKSPACE_BYTES, _get_profile,
-                       _params, _poly, _resid, _state_dtypes, gc_mode, layer_key, logits_dtype, size_terms)
+from .estimate import ALLOCATOR_REPLAY, CUBLAS_WORKSPACE_BYTES
+from .plan.params import BNB_8BIT_MIN_SIZE, BNB_8BIT_OPT_BLOCK, param_storage, state_dtypes
+from .plan.profile import block_profile, poly, residual_dtype, full_checkpointing, layer_key, logits_dtype, size_terms
 from .stacks import behaviour
 from .training import TrainingSetup
 from .units import DTYPE_BYTES
@@ -109,10 +110,10 @@ def _instances(arch: Architecture, P: Any) -> Tuple[List[Tuple[Any, ...]], List[
 
 def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> List[Event]:
     """The allocations and frees of loading the model and running ``steps`` training steps."""
-    P = _params(arch, s)
-    prof = _get_profile(arch, s, P)
+    P = param_storage(arch, s)
+    prof = block_profile(arch, s, P)
     st = _Stream()
-    gc = gc_mode(s)
+    gc = full_checkpointing(s)
     b, sq = s.batch_size, s.seq_len
     T = b * sq
     # the size terms the block profile's coefficients multiply (an encoder-decoder's include
@@ -230,7 +231,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
                 out.append(op)
             else:
                 _, name, dtype, rg, saved, coef, outlives, by_producer, cn, *stream = op
-                out.append(("new", name, DTYPE_BYTES[dtype] * _poly(cn, coef, M), rg, saved, outlives,
+                out.append(("new", name, DTYPE_BYTES[dtype] * poly(cn, coef, M), rg, saved, outlives,
                             by_producer, stream[0] if stream else ""))
         return out
 
@@ -243,11 +244,11 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
     order = arch.family.layer_order(arch) if by_key else None
     layer_ops = [first_ops if layer == first_train else by_key.get(layer_key(arch, order, layer), steady)
                  for layer in range(L)]
-    resid_bytes = T * h * DTYPE_BYTES[_resid(s)]
+    resid_bytes = T * h * DTYPE_BYTES[residual_dtype(s)]
     # each layer's residual stream: an encoder-decoder's decoder layers carry the b x target_len
     # tokens (estimate.kind_context), the others b x s
     kinds_order = arch.family.layer_order(arch) if s.target_len is not None else None
-    layer_resid = [Th * h * DTYPE_BYTES[_resid(s)] if kinds_order and layer < len(kinds_order)
+    layer_resid = [Th * h * DTYPE_BYTES[residual_dtype(s)] if kinds_order and layer < len(kinds_order)
                    and kinds_order[layer] in arch.family.target_kinds else resid_bytes for layer in range(L)]
     backend = attention_backend(arch, s, c)
 
@@ -414,7 +415,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         # final norm, head, loss
         final_in = x
         head_casts = [st.alloc(nb, "head weight cast") for nb in cast_bytes.get(-1, [])]
-        normed = st.alloc(Th * h * DTYPE_BYTES[c] * (2 if DTYPE_BYTES[_resid(s)] > DTYPE_BYTES[c] else 1),
+        normed = st.alloc(Th * h * DTYPE_BYTES[c] * (2 if DTYPE_BYTES[residual_dtype(s)] > DTYPE_BYTES[c] else 1),
                           "final norm output")
         logits = st.alloc(lg_bytes, "logits")
         tanh = None
@@ -462,7 +463,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         st.free(normed)
         for k in head_casts:
             st.free(k)
-        g2 = st.alloc(Th * h * DTYPE_BYTES[_resid(s)], "final norm input gradient")
+        g2 = st.alloc(Th * h * DTYPE_BYTES[residual_dtype(s)], "final norm input gradient")
         st.free(g)
         st.free(final_in)
         g = g2
@@ -542,7 +543,7 @@ def _optimizer_states(st: _Stream, s: TrainingSetup, ordered: List[Tuple[Any, ..
             else:
                 st.alloc(numel * 4, (module, "exp_avg_sq (fp32)"))
         else:
-            for sd in _state_dtypes(s, dtype):
+            for sd in state_dtypes(s, dtype):
                 st.alloc(numel * DTYPE_BYTES[sd], f"{module} state ({sd})")
 
 
@@ -551,7 +552,7 @@ def _optimizer_step(st: _Stream, s: TrainingSetup, ordered: List[Tuple[Any, ...]
     opt = s.optimizer
     if opt == "adamw":
         # torch.optim.adamw._multi_tensor_adamw: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)
-        keys = [st.alloc(numel * DTYPE_BYTES[_state_dtypes(s, dtype)[1]], (module, "sqrt(exp_avg_sq)"))
+        keys = [st.alloc(numel * DTYPE_BYTES[state_dtypes(s, dtype)[1]], (module, "sqrt(exp_avg_sq)"))
                 for module, nb, dtype, numel, _shape in ordered]
         for k in keys:
             st.free(k)

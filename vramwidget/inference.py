@@ -49,7 +49,8 @@ from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
 from .gpus import context_for
 from .inputs import MAX_BYTES, check_bool, check_total, check_int, check_keywords, check_number, check_text, close_match, shown
-from .estimate import CUBLAS_WORKSPACE_BYTES, _quant_const_bytes, _quantizable
+from .estimate import CUBLAS_WORKSPACE_BYTES
+from .plan.params import quant_const_bytes, quantizable
 from .result import Estimate, Node
 from .units import DTYPE_BYTES, GIB, canonical_dtype
 
@@ -449,14 +450,14 @@ def _bnb(t: ParamTensor, s: InferenceSetup, c: str) -> _Stored:
     """
     q = s.weights
     groups = ("attn_qk", "attn_vo", "mlp")
-    if not _quantizable(t, groups):
+    if not quantizable(t, groups):
         why = ", not nn.Linear (stays 16-bit)" if t.experts else ""
         return _dense(t, c, why)
     if q == "int8":
         n, _, o = _dims(t)
         return _Stored(t, [("int8", t.numel * 1.0, "int8", "n x 1 B (int8 CB)")],
                        [("SCB (fp32 per output row)", n * o * 4.0, f"{n} x {o} x 4 B")])
-    consts = _quant_const_bytes(t.numel, q, s.double_quant)
+    consts = quant_const_bytes(t.numel, q, s.double_quant)
     f = ("n/64 x 1 B (8-bit absmax) + n/64/256 x 4 B (fp32 scales)" if s.double_quant
          else "n/64 x 4 B (fp32 absmax)")
     return _Stored(t, [(q, t.numel * 0.5, q, "n x 0.5 B (4-bit)")], [("absmax", consts, f)])

@@ -87,7 +87,8 @@ from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
 from .inputs import shown
 from .inputs import Field, check_choice, check_int
-from .estimate import check_physical, _merge_named, _params, estimate_setup
+from .estimate import check_physical, _merge_named, estimate_setup
+from .plan.params import param_storage
 from .result import Estimate, Node
 from .training import TrainingSetup
 from .units import DTYPE_BYTES, GIB
@@ -874,7 +875,7 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
     keep = ("dequantized weight (transient)",)
 
     # -- the stage's parameters, gradients and states at full (unsharded) size ---------------
-    P = _params(cut, s_loc)
+    P = param_storage(cut, s_loc)
     opt_comps = {c.name: c for c in E.phase_components["optimizer_step"]}
     grads_node = opt_comps.get("gradients")
     states_node = opt_comps.get("optimizer states")

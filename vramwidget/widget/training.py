@@ -185,7 +185,7 @@ class TrainingPanel:
     def _has_target(self) -> bool:
         """Whether the current model has a decoder stack that reads its own target length
         (``estimate.has_target``: T5, BART); False while none is resolved."""
-        from ..estimate import has_target
+        from ..plan.profile import has_target
 
         try:
             return bool(self._arch is not None and has_target(self._arch))
