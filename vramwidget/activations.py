@@ -111,6 +111,14 @@ class Trace:
         self.stream.setdefault(t.name, "resid")
         return t
 
+    def together(self, *tensors: "_T") -> None:
+        """The node that consumed ``tensors`` makes all their gradients in one backward call
+        (a product's two factors: ``MulBackward0``; SDPA's q, k and v: one backward kernel),
+        so they exist at once beside its incoming gradient (the allocator replay, ``plan/blocks.py``)."""
+        names = tuple(t.name for t in tensors if t.rg)
+        if len(names) > 1:
+            self.ops.append(("together", names))
+
     def param(self, module: str) -> None:
         """Record that the op just traced used ``module``'s parameters (their gradients are
         made when backward reaches it)."""
@@ -392,6 +400,7 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         if rg:
             for t in (q, k, v):
                 tr.save(t)
+            tr.together(q, k, v)   # one backward kernel writes dq, dk and dv
             tr.save(tr.new("attention logsumexp", b * a * s, F32, True, "b x a x s fp32", group))
         out = tr.new("attention output", out_numel, q.dtype, rg, "T x a*d", group)
         if rg:
@@ -502,6 +511,8 @@ def gated_mlp(tr: Trace, ctx: BlockContext, x: _T, i: int, *, fused: bool = Fals
     if rg:
         tr.save(act)
     p = tr.new(prefix + "act(gate) * up", T * i, g.dtype, rg, "T x i", group)
+    if not fused:
+        tr.together(act, u)     # MulBackward0 returns both factors' gradients
     return linear(tr, ctx, p, names[2], ctx.arch.hidden_size, prefix + "down_proj output", group, trains=trains,
                   tokens=T, in_features=i)
 

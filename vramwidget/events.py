@@ -227,7 +227,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
     def block_ops(src: List[Tuple[Any, ...]]) -> List[Tuple[Any, ...]]:
         out = []
         for op in src:
-            if op[0] == "param":
+            if op[0] != "new":
                 out.append(op)
             else:
                 _, name, dtype, rg, saved, coef, outlives, by_producer, cn, *stream = op
@@ -262,7 +262,7 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
         resid = x_key                     # the residual stream lives until the next add
         out_key: Optional[int] = None
         for op in ops[1:]:                # ops[0] is the block input (the previous output)
-            if op[0] == "param":
+            if op[0] != "new":
                 continue
             _, name, nbytes, rg, is_saved, outlives, _by_producer, stream = op
             key = st.alloc(nbytes, label + (name,))
@@ -304,6 +304,8 @@ def training_events(arch: Architecture, s: TrainingSetup, steps: int = 3) -> Lis
             if op[0] == "param":
                 for entry in params.pop(op[1], []):
                     grad_ready(("layer", layer), st.alloc(entry[1], label + (op[1], "grad")), entry)
+                continue
+            if op[0] != "new":
                 continue
             _, name, nbytes, rg, is_saved, _outlives, by_producer, _stream = op
             # the consumer of this tensor runs: it makes the tensor's gradient, then autograd

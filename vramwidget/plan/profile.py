@@ -78,6 +78,11 @@ class Profile:
     kind_alloc_ops: Dict[Tuple[str, bool], List[Tuple[Any, ...]]] = field(default_factory=dict)
     #: an encoder-decoder's five size terms (b s, b s^2, b t, b t^2, b s t); else (b s, b s^2)
     target: bool = False
+    #: the final norm and the output head's input, op by op (as ``alloc_ops``; the first op is
+    #: the last block's output)
+    head_alloc_ops: List[Tuple[Any, ...]] = field(default_factory=list)
+    #: what the forward keeps from the token embedding (the first op is the embedding output)
+    embed_alloc_ops: List[Tuple[Any, ...]] = field(default_factory=list)
 
 
 #: an encoder-decoder's profile is traced at these (seq_len, target_len) sizes, batch 1, and
@@ -323,8 +328,8 @@ def _build_profile(arch: Architecture, s: TrainingSetup, P: ParamStorage, cpu: b
         out: List[Tuple[Any, ...]] = []
         for ops in zip(*(o[0] for o in os_)):
             kind, t1 = ops[0]
-            if kind == "param":
-                out.append(("param", t1))
+            if kind in ("param", "together"):
+                out.append((kind, t1))
             else:
                 # a tensor the same size at every probe does not scale with the tokens: a weight's
                 # transient (bitsandbytes' dequantized weight), a constant, not a*T + b*T2
@@ -334,7 +339,8 @@ def _build_profile(arch: Architecture, s: TrainingSetup, P: ParamStorage, cpu: b
                 coef = tuple(0.0 for _ in sizes) if const else coeffs(*sizes)
                 saved = o1[1]
                 out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in saved, coef, t1.outlives,
-                            t1.name in saved and t1.name in o1[2], cn, o1[3].get(t1.name, "")))
+                            t1.name in saved and t1.name in o1[2], cn, o1[3].get(t1.name, ""), t1.group,
+                            t1.formula))
         return out
 
     if target:
@@ -348,7 +354,8 @@ def _build_profile(arch: Architecture, s: TrainingSetup, P: ParamStorage, cpu: b
                     head=head, backend=one["backend"], written=field("written"), ops=one["ops"],
                     head_written=field("head_written"), head_ops=one["head_ops"], head_packs=one["head_packs"],
                     alloc_ops=(alloc_ops("alloc_ops"), alloc_ops("alloc_ops_first")),
-                    kind_alloc_ops={k: alloc_ops(k, "kind_alloc_ops") for k in one["kind_alloc_ops"]}, target=target)
+                    kind_alloc_ops={k: alloc_ops(k, "kind_alloc_ops") for k in one["kind_alloc_ops"]}, target=target,
+                    head_alloc_ops=alloc_ops("head_alloc"), embed_alloc_ops=alloc_ops("embed_alloc"))
 
 
 def trace_all(arch: Architecture, s: TrainingSetup, P: ParamStorage, cpu: bool, b: int, sq: int,
@@ -431,14 +438,16 @@ def trace_all(arch: Architecture, s: TrainingSetup, P: ParamStorage, cpu: bool, 
         if s.lora_variant == "dora":
             htr.save(htr.new("lm_head DoRA base output", Th * V, logits_dtype(arch, s), True, "T x V", "output head"))
             htr.save(htr.new("lm_head DoRA LoRA output", Th * V, a_dt, True, "T x V", "output head"))
-    if embed_trains:
-        # F.embedding keeps the token ids for its weight gradient
-        htr.save(htr.new("token ids (embedding backward)", T, "int64", True, "T x 8 B (int64)", "embedding"))
+    # the embedding side: what the forward keeps from the token embedding for the backward.
+    # F.embedding keeps the token ids for its weight gradient: they are the input_ids tensor
+    # itself (already on the GPU), not a new one
+    etr = Trace()
+    etr.new("embedding output", T * arch.hidden_size, resid, True, "T x h", "embedding")
     if "embed_tokens" in head_targets:
         # peft lora.Embedding: after_A = embedding(ids, lora_embedding_A.T) (T x r) is kept by
         # the product with lora_embedding_B
-        htr.save(htr.new("embed_tokens LoRA after_A", T * s.lora_r, P.adapter_dtype, True, "T x r", "embedding"))
-    head = [(t.name, t.nbytes, t.formula) for t in htr.saved.values()]
+        etr.save(etr.new("embed_tokens LoRA after_A", T * s.lora_r, P.adapter_dtype, True, "T x r", "embedding"))
+    head = [(t.name, t.nbytes, t.formula) for t in list(htr.saved.values()) + list(etr.saved.values())]
     head += arch.family.head_saved(arch, Th, full)
     return {"per_layer": list(tr.saved.values()), "per": tr.total_bytes, "first": tr_first.total_bytes,
             "dense": dense_bytes, "head": head, "backend": backend, "recompute": recompute_bytes,
@@ -446,7 +455,9 @@ def trace_all(arch: Architecture, s: TrainingSetup, P: ParamStorage, cpu: bool, 
             "head_written": htr.created_bytes, "head_ops": htr.created_ops, "head_packs": norm_packs,
             "alloc_ops": (tr.ops, set(tr.saved), tr.saved_by_producer, tr.stream),
             "alloc_ops_first": (tr_first.ops, set(tr_first.saved), tr_first.saved_by_producer, tr_first.stream),
-            "kind_alloc_ops": {k: (t.ops, set(t.saved), t.saved_by_producer, t.stream) for k, t in kinds.items()}}
+            "kind_alloc_ops": {k: (t.ops, set(t.saved), t.saved_by_producer, t.stream) for k, t in kinds.items()},
+            "head_alloc": (htr.ops, set(htr.saved), htr.saved_by_producer, htr.stream),
+            "embed_alloc": (etr.ops, set(etr.saved), etr.saved_by_producer, etr.stream)}
 
 
 def dora_weight_copies_per_layer(arch: Architecture, s: TrainingSetup, P: ParamStorage) -> float:

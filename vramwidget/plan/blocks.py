@@ -1,0 +1,296 @@
+"""The blocks' forward and backward, op by op, from their traces (``activations.py``).
+
+Forward: each tensor a block's trace creates is allocated; autograd's saved tensors stay,
+the others go once their consumer's output exists (``outlives``); the residual stream lives
+until the next residual add.  Under full checkpointing nothing is saved but the block's
+input, and backward reruns the block's forward first (non-reentrant
+``torch.utils.checkpoint``).  Backward walks the ops in reverse: each op's consumer makes the
+op's gradient, the saved tensors go as they are passed, the parameters' gradients appear
+where their op ran.  Autocast's 16-bit weight copies are made per block and cached for
+backward (``aten/src/ATen/autocast_mode.cpp`` ``cached_cast``: only leaves that require grad).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ..units import DTYPE_BYTES
+from .context import StepContext
+from .load import Loaded, Trainable
+from .profile import layer_key, poly
+
+#: one sized op of a block: ("new", name, bytes, requires_grad, saved, outlives, saved by its
+#: producer, residual-stream role, group, formula, dtype) or ("param", module)
+Op = Tuple[Any, ...]
+GradReady = Callable[[Tuple[str, int], Optional[int], Trainable], None]
+
+
+def sized_ops(cx: StepContext, src: List[Tuple[Any, ...]]) -> List[Op]:
+    """A profile's ops with their bytes at the step's sizes."""
+    out: List[Op] = []
+    for op in src:
+        if op[0] != "new":
+            out.append(op)
+            continue
+        _, name, dtype, rg, saved, coef, outlives, by_producer, cn, stream, group, formula = op
+        out.append(("new", name, DTYPE_BYTES[dtype] * poly(cn, coef, cx.M), rg, saved, outlives, by_producer, stream,
+                    group, formula, dtype))
+    return out
+
+
+def input_saved(ops: List[Op]) -> bool:
+    """Whether the block keeps its input (its first norm saves it without a cast)."""
+    return bool(ops) and ops[0][0] == "new" and ops[0][4]
+
+
+@dataclass
+class Layers:
+    """The blocks of one setup at the step's sizes: which ops each layer runs."""
+
+    ops: List[List[Op]]
+    first_train: int
+    #: each layer's residual stream bytes (an encoder-decoder's decoder layers carry b x t tokens)
+    resid_bytes: List[Any]
+    #: per layer: autocast's 16-bit copies of its fp32 weights, and whether the cache keeps them
+    cast_bytes: Dict[int, List[Any]] = field(default_factory=dict)
+    cached: Dict[int, bool] = field(default_factory=dict)
+
+
+def layers_of(cx: StepContext, ld: Loaded) -> Layers:
+    arch, s, prof = cx.arch, cx.s, cx.prof
+    L = cx.L
+    first_train = L - s.trainable_layers if s.method == "freeze" else 0
+    first_ops = sized_ops(cx, prof.alloc_ops[1])
+    # each layer runs its own kind's block (a mixed stack's kinds, leading dense layers;
+    # profile.layer_key), the first trained one its traced first block
+    by_key = {k: sized_ops(cx, ops) for k, ops in prof.kind_alloc_ops.items()}
+    steady = sized_ops(cx, prof.alloc_ops[0])
+    order = arch.family.layer_order(arch) if by_key else None
+    ops = [first_ops if layer == first_train else by_key.get(layer_key(arch, order, layer), steady)
+           for layer in range(L)]
+    resid = cx.T * cx.h * cx.resid_bytes
+    kinds_order = arch.family.layer_order(arch) if s.target_len is not None else None
+    resids = [cx.Th * cx.h * cx.resid_bytes if kinds_order and layer < len(kinds_order)
+              and kinds_order[layer] in arch.family.target_kinds else resid for layer in range(L)]
+    lay = Layers(ops, first_train, resids)
+    if s.autocast:
+        c = cx.c
+        for layer in range(L):
+            lin = [(n, tr) for t, dt, nb, tr, n in ld.per_layer[layer] if t.linear and not t.is_bias and dt == "float32"]
+            lay.cast_bytes[layer] = [n * DTYPE_BYTES[c] for n, _ in lin]
+            lay.cached[layer] = any(tr for _, tr in lin)
+        lay.cast_bytes[-1] = [n * DTYPE_BYTES[c] for t, dt, nb, tr, n in ld.before + ld.after
+                              if (t.role == "output_head" or (t.role == "embedding" and arch.tie_word_embeddings))
+                              and dt == "float32"]
+    return lay
+
+
+def forward_ops(cx: StepContext, ops: List[Op], x_key: Optional[int], keep_saved: bool,
+                label: Tuple[Any, ...], held: Optional[List[int]] = None) -> Tuple[Optional[int], List[int]]:
+    """Allocate one block's (or the head's) tensors; returns the output's key and the kept keys.
+    ``ops[0]`` is the input (the previous block's output).  ``held``: the transients still
+    pending at the end are appended there instead of freed (the head's output, which the
+    output head reads next)."""
+    pb = cx.pb
+    saved: List[int] = []
+    # transients, each freed once the tensors it outlives exist (normally the next one: its
+    # consumer's output): [key, tensors still to come]
+    pending: List[List[Any]] = []
+    resid = x_key                     # the residual stream lives until the next add
+    out_key: Optional[int] = None
+    for op in ops[1:]:
+        if op[0] != "new":
+            continue
+        _, name, nbytes, rg, is_saved, outlives, _by_producer, stream, group, formula, dtype = op
+        key = pb.alloc(nbytes, name, "activations", group, _formula(formula, dtype), dtype, label=label + (name,))
+        for p in pending:
+            p[1] -= 1
+            if p[1] <= 0:
+                pb.free(p[0])
+        pending = [p for p in pending if p[1] > 0]
+        if stream:
+            # the residual stream lives until the next residual add; a norm may save it
+            if resid is not None and resid != x_key and resid not in saved:
+                pb.free(resid)
+            resid = key
+            if stream == "out":
+                out_key = key
+            elif is_saved and keep_saved and key is not None:
+                saved.append(key)
+            continue
+        if is_saved and keep_saved:
+            if key is not None:
+                saved.append(key)
+        elif key is not None:
+            pending.append([key, outlives])
+    for p in pending:
+        if held is not None:
+            held.append(p[0])
+        else:
+            pb.free(p[0])
+    return out_key, saved
+
+
+def backward_ops(cx: StepContext, ops: List[Op], grad_key: Optional[int], saved: List[int],
+                 params: List[Trainable], input_grad_bytes: Any, label: Tuple[Any, ...], bucket: Tuple[str, int],
+                 grad_ready: GradReady) -> Optional[int]:
+    """Walk one block's ops in reverse: each op makes its input's gradient and frees its
+    output's; parameter gradients appear where their op ran; saved tensors go as passed.
+    Returns the key of the input's gradient (``input_grad_bytes``)."""
+    pb = cx.pb
+    by_module: Dict[str, List[Trainable]] = {}
+    for entry in params:
+        by_module.setdefault(entry[0], []).append(entry)
+    saved_iter = list(saved)
+    g = grad_key
+    deferred: List[int] = []          # kept by the node that made them: freed after its backward
+    # gradients one backward call makes together (profile "together" ops): name -> the group
+    together = {n: names for op in ops if op[0] == "together" for names in (op[1],) for n in names}
+    early: Dict[str, Optional[int]] = {}   # gradients made before their tensor's turn
+    # the residual stream's gradient: AddBackward passes it to the branch unchanged and it
+    # waits for the branch's gradient to be added to it, so it lives through the branch
+    resid_g: Optional[int] = None
+    sizes = {op[1]: op for op in ops if op[0] == "new"}
+    for op in reversed(ops[1:]):
+        if op[0] == "param":
+            for entry in by_module.pop(op[1], []):
+                grad_ready(bucket, _grad(cx, entry, label + (op[1], "grad")), entry)
+            continue
+        if op[0] != "new":
+            continue
+        _, name, nbytes, rg, is_saved, _outlives, by_producer, _stream, group, formula, dtype = op
+        # the consumer of this tensor runs: it makes the tensor's gradient, then autograd
+        # releases what the node saved, then the consumer's own incoming gradient goes
+        if name.endswith("dequantized weight"):
+            # MatMul4Bit.backward dequantizes again for the input gradient
+            pb.free(pb.alloc(nbytes, name, "activations", group, _formula(formula, dtype), dtype,
+                             label=label + (name,)))
+            continue
+        if name in early:
+            ng = early.pop(name)
+        elif rg:
+            ng = pb.alloc(nbytes, "grad of " + name, "activations", group, _formula(formula, dtype), dtype,
+                          label=label + ("grad of", name))
+            for other in together.get(name, ()):
+                o = sizes.get(other)
+                if other != name and o is not None and other not in early:
+                    early[other] = pb.alloc(o[2], "grad of " + other, "activations", o[8], _formula(o[9], o[10]),
+                                            o[10], label=label + ("grad of", other))
+        else:
+            ng = None
+        if rg and deferred:
+            # this gradient is the producer's backward output: the producer's saves go now
+            for k in deferred:
+                pb.free(k)
+            deferred = []
+        if is_saved and saved_iter:
+            if by_producer:
+                deferred.append(saved_iter.pop())
+            else:
+                pb.free(saved_iter.pop())
+        if rg:
+            if _stream:
+                # a residual sum's gradient: the branch's gradient is added to the one the
+                # residual connection passed on (autograd's InputBuffer, out of place)
+                if resid_g is not g:
+                    pb.free(resid_g)
+                resid_g = ng
+            if g is not resid_g or _stream:
+                pb.free(g)
+            g = ng
+    for rest in by_module.values():      # parameters no op of the trace named (biases...)
+        for entry in rest:
+            grad_ready(bucket, _grad(cx, entry, label + ("grad",)), entry)
+    for k in saved_iter + deferred + list(early.values()):
+        pb.free(k)
+    ng = pb.alloc(input_grad_bytes, "grad of the block input", "activations", "residual stream",
+                  "T x h (the residual stream)", cx.resid, label=label + ("grad of block input",))
+    if resid_g is not g:
+        pb.free(resid_g)
+    pb.free(g)
+    return ng
+
+
+def _grad(cx: StepContext, entry: Trainable, label: Tuple[Any, ...]) -> Optional[int]:
+    module, nbytes, dtype, numel, shape, group, _role = entry
+    return cx.pb.alloc(nbytes, module, "gradients", group, f"{int(numel):,} x {DTYPE_BYTES[dtype]:g} B ({dtype})", dtype,
+                       label=label)
+
+
+def _formula(formula: str, dtype: str) -> str:
+    return f"{formula} x {DTYPE_BYTES[dtype]:g} B ({dtype})" if formula else ""
+
+
+@dataclass
+class Kept:
+    """What one block keeps from its forward for its backward."""
+
+    inp: Optional[int]
+    saved: List[int]
+    casts: List[int]
+
+
+def forward_layers(cx: StepContext, lay: Layers, x: Optional[int], autocast_cache: List[int]) -> Tuple[Optional[int],
+                                                                                                      List[Kept]]:
+    """Every block's forward: returns the last output's key and what each block keeps."""
+    pb = cx.pb
+    keep: List[Kept] = []
+    for layer in range(cx.L):
+        ops = lay.ops[layer]
+        casts = [k for k in (pb.alloc(nb, "autocast copy of a block weight", "weights", "autocast copies (16-bit)",
+                                      "out x in x 2 B", cx.c, label=("layer", layer, "weight cast"))
+                             for nb in lay.cast_bytes.get(layer, [])) if k is not None]
+        if cx.gc:
+            out, saved = forward_ops(cx, ops, x, False, ("layer", layer))
+            if lay.cached.get(layer):
+                autocast_cache.extend(casts)
+            else:
+                for k in casts:
+                    pb.free(k)
+            casts = []
+        else:
+            out, saved = forward_ops(cx, ops, x, layer >= lay.first_train, ("layer", layer))
+        if layer < lay.first_train:
+            # a frozen layer below the trained ones (freeze) runs outside autograd's graph: it
+            # saves nothing, its input goes once it has run, and autocast's copies of its
+            # weights are not cached (only leaves that require grad are: autocast_mode.cpp)
+            keep.append(Kept(None, [], []))
+            for k in casts + ([x] if x is not None else []):
+                pb.free(k)
+        elif cx.gc:
+            keep.append(Kept(x, [], casts))
+        else:
+            # the block input is saved by the first norm (when it needs no cast) or freed
+            keep.append(Kept(None, saved, casts))
+            if x is not None and not input_saved(ops):
+                pb.free(x)
+            elif x is not None:
+                keep[-1] = Kept(x, saved, casts)
+        x = out
+    return x, keep
+
+
+def backward_layers(cx: StepContext, lay: Layers, ld: Loaded, keep: List[Kept], g: Optional[int],
+                    grad_ready: GradReady) -> Optional[int]:
+    """Every trained block's backward, last first (recomputed first under checkpointing)."""
+    pb = cx.pb
+    for layer in reversed(range(lay.first_train, cx.L)):
+        k = keep[layer]
+        ops = lay.ops[layer]
+        saved, casts = k.saved, k.casts
+        if cx.gc:
+            # non-reentrant checkpointing: the block's forward runs again, keeping its saves
+            casts = [pb.alloc(nb, "autocast copy of a block weight (recompute)", "weights",
+                              "autocast copies (16-bit)", "out x in x 2 B", cx.c,
+                              label=("layer", layer, "weight cast (recompute)"))
+                     for nb in lay.cast_bytes.get(layer, [])]
+            out, saved = forward_ops(cx, ops, k.inp, True, ("layer", layer, "(recomputed)"))
+            pb.free(out)      # the recomputed block's output is not needed again
+        g = backward_ops(cx, ops, g, saved, ld.layer_params[layer], lay.resid_bytes[layer], ("layer", layer),
+                         ("layer", layer), grad_ready)
+        for c in casts:
+            pb.free(c)
+        if k.inp is not None:
+            pb.free(k.inp)
+    return g

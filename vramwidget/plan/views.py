@@ -1,0 +1,189 @@
+"""Views of one step plan: the allocated bytes over time, each phase's peak, the tensors live
+at it (the component trees), and the event stream the allocator replays.
+
+What the plan counts as allocated is what PyTorch's ``allocated_bytes`` counts for a block
+that fits its request: each tensor rounded up by the allocator (``round_size``: 512 B
+steps).  A replay of the same events reaches the same maximum (``allocator.replay``'s
+``max_allocated_bytes``); ``torch.cuda.max_memory_allocated()`` on a GPU also counts the
+tail of a cached block that a request takes without splitting it (under 1 MiB each,
+``should_split``), which the replay reports as ``max_block_allocated_bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..allocator import AllocatorConfig, round_size
+from ..result import Node
+from .builder import COMPONENTS, Event, StepPlan, TensorInfo
+from .size import Size, coefficient_matrix, monomial_values, monomials
+
+#: the phases a step plan reports, as the measurements name them (validation/README.md)
+STEADY_PHASES = ("forward", "backward", "optimizer_step")
+#: the peak's candidates, in the order a tie is broken: the steady phases first
+PEAK_PHASES = STEADY_PHASES + ("first_step", "load")
+
+
+class PlanIndex:
+    """A plan's events as arrays (built once per plan): which allocation each event adds or
+    removes, and the allocations' sizes as polynomial coefficients."""
+
+    def __init__(self, plan: StepPlan):
+        import numpy as np
+
+        self.plan = plan
+        row_of: Dict[int, int] = {}
+        sizes: List[Any] = []
+        rows: List[int] = []
+        signs: List[int] = []
+        keys: List[int] = []
+        for kind, key, nbytes, _ in plan.events:
+            if kind == "alloc":
+                row_of[key] = len(sizes)
+                rows.append(len(sizes))
+                sizes.append(nbytes)
+                keys.append(key)
+                signs.append(1)
+            elif kind == "free":
+                rows.append(row_of[key])
+                signs.append(-1)
+            else:
+                rows.append(0)
+                signs.append(0)
+        self.rows = np.asarray(rows, dtype=np.int64)
+        self.signs = np.asarray(signs, dtype=np.int64)
+        self.keys = keys
+        n_alloc = len(sizes)
+        ev = np.arange(len(rows))
+        self.alloc_at = np.zeros(n_alloc, dtype=np.int64)
+        self.free_at = np.full(n_alloc, len(rows), dtype=np.int64)
+        self.alloc_at[self.rows[self.signs == 1]] = ev[self.signs == 1]
+        self.free_at[self.rows[self.signs == -1]] = ev[self.signs == -1]
+        self.symbolic = any(isinstance(x, Size) for x in sizes)
+        if self.symbolic:
+            self.basis = monomials(sizes)
+            self.coef = coefficient_matrix(sizes, self.basis)
+            self.sizes = None
+        else:
+            self.basis, self.coef = None, None
+            self.sizes = np.asarray([int(x) for x in sizes], dtype=np.int64)
+        self.marks = plan.marks
+
+    def sizes_at(self, b: Any, s: Any, t: Any = 1) -> Any:
+        """Every allocation's bytes at batch ``b``, sequence ``s``, target ``t`` (int64)."""
+        import numpy as np
+
+        if not self.symbolic:
+            return self.sizes
+        v = self.coef @ monomial_values(self.basis, b, s, t)
+        r = np.rint(v)
+        # the builder's own arithmetic, int() of a float: exact products round to themselves
+        return np.where(np.abs(v - r) <= 1e-9 * np.maximum(1.0, np.abs(v)), r, np.floor(v)).astype(np.int64)
+
+
+def rounded(sizes: Any, cfg: AllocatorConfig) -> Any:
+    """``round_size`` of every size (numpy int64)."""
+    import numpy as np
+
+    if not (cfg.roundup_power2_divisions or cfg.roundup_power2_intervals):
+        return np.maximum(512, (sizes + 511) // 512 * 512)
+    uniq, inv = np.unique(sizes, return_inverse=True)
+    return np.asarray([round_size(int(x), cfg) for x in uniq], dtype=np.int64)[inv]
+
+
+@dataclass
+class Totals:
+    """The allocated bytes of one plan at one size: each phase's peak and where it is."""
+
+    phases_bytes: Dict[str, int]
+    #: the event index at which each phase's peak is reached
+    phase_events: Dict[str, int]
+    peak_phase: str
+    peak_allocated_bytes: int
+    rounded_bytes: Any       # every allocation's rounded bytes, by allocation row
+
+
+def totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1) -> Totals:
+    """The plan's phases at one size: ``after_load`` (before the inputs), ``load`` (its peak),
+    the steady ``forward``, ``backward``, ``optimizer_step`` (the largest over steps 2 and
+    on), ``first_step`` (step 1, when the states are made), ``persistent`` (between steps
+    2 and 3) and the peak of the whole run."""
+    import numpy as np
+
+    rb = rounded(ix.sizes_at(b, s, t), cfg)
+    live = np.cumsum(ix.signs * rb[ix.rows])
+    n = len(live)
+    spans: Dict[Tuple[str, int], Tuple[int, int]] = {}
+    marks = ix.marks
+    for j, (phase, step, start) in enumerate(marks):
+        end = marks[j + 1][2] if j + 1 < len(marks) else n
+        spans[(phase, step)] = (start, end)
+    inputs_at = next(i for p, st, i in marks if p == "inputs")
+    out: Dict[str, int] = {}
+    where: Dict[str, int] = {}
+
+    def peak_in(name: str, ranges: Sequence[Tuple[int, int]]) -> None:
+        best, at = -1, 0
+        for lo, hi in ranges:
+            # the level when the phase starts counts (reset_peak_memory_stats sets it)
+            lo0 = max(lo - 1, 0)
+            if hi > lo0:
+                k = lo0 + int(np.argmax(live[lo0:hi]))
+                if live[k] > best:
+                    best, at = int(live[k]), k
+        out[name], where[name] = max(best, 0), at
+
+    peak_in("load", [(0, inputs_at)])
+    out["after_load"] = int(live[inputs_at - 1]) if inputs_at else 0
+    where["after_load"] = max(inputs_at - 1, 0)
+    steps = ix.plan.steps
+    for phase in STEADY_PHASES:
+        peak_in(phase, [spans[(phase, st)] for st in range(2, steps + 1)] or [spans[(phase, 1)]])
+    peak_in("first_step", [(spans[("forward", 1)][0], spans[("zero_grad", 1)][1])])
+    end2 = spans[("zero_grad", min(2, steps))][1]
+    out["persistent"] = int(live[end2 - 1])
+    where["persistent"] = end2 - 1
+    peak_phase = max(PEAK_PHASES, key=lambda p: (out[p], -PEAK_PHASES.index(p)))
+    return Totals(out, where, peak_phase, out[peak_phase], rb)
+
+
+def live_rows(ix: PlanIndex, at: int) -> Any:
+    """The allocation rows live just after event ``at``."""
+    import numpy as np
+
+    return np.nonzero((ix.alloc_at <= at) & (ix.free_at > at))[0]
+
+
+def tree(ix: PlanIndex, tot: Totals, at: int) -> List[Node]:
+    """The tensors live just after event ``at``: component > module group > tensor (the same
+    name summed over layers, with how many there are)."""
+    info = ix.plan.info
+    groups: Dict[Tuple[str, str, str], List[Any]] = {}
+    for row in live_rows(ix, at):
+        i: TensorInfo = info[ix.keys[row]]
+        g = groups.setdefault((i.component, i.group or i.component, i.name), [0, 0, i.formula, i.dtype])
+        g[0] += int(tot.rounded_bytes[row])
+        g[1] += 1
+    comps: Dict[str, Node] = {}
+    for (comp, group, name), (nbytes, count, formula, dtype) in groups.items():
+        c = comps.get(comp)
+        if c is None:
+            c = comps[comp] = Node(comp)
+        gnode = next((x for x in c.children if x.name == group), None)
+        if gnode is None:
+            gnode = c.add(Node(group))
+        gnode.add(Node(name, bytes=float(nbytes), dtype=dtype or None,
+                       formula=(f"{count} x {formula}" if count > 1 and formula else formula)))
+    order = {k: j for j, k in enumerate(COMPONENTS)}
+    out = [n.finalize() for n in sorted(comps.values(), key=lambda n: order.get(n.name, 99))]
+    return [n for n in out if n.bytes > 0]
+
+
+def events_at(ix: PlanIndex, b: Any, s: Any, t: Any = 1) -> List[Event]:
+    """The plan's allocator events with sizes at one size (what ``allocator.replay`` reads)."""
+    if not ix.symbolic:
+        return ix.plan.events
+    it = iter(ix.sizes_at(b, s, t).tolist())
+    return [(kind, key, next(it), label) if kind == "alloc" else (kind, key, nbytes, label)
+            for kind, key, nbytes, label in ix.plan.events]
