@@ -88,6 +88,8 @@ class Trace:
         #: "resid" for a tensor the block holds until the next one (a residual sum, or a
         #: post-LN block's normalised sum), "out" for the block's output (``trace_block``)
         self.stream: Dict[str, str] = {}
+        #: pack calls per saved tensor (by name): the autograd nodes that keep it
+        self.pack_counts: Dict[str, int] = {}
 
     def new(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
         """Record a new forward tensor (not yet saved)."""
@@ -130,6 +132,7 @@ class Trace:
         it; ``packs``: how many autograd nodes keep it (each one is a pack call of the
         saved-tensor hooks)."""
         self.packs += packs
+        self.pack_counts[t.name] = self.pack_counts.get(t.name, 0) + packs
         if by_producer:
             self.saved_by_producer.add(t.name)
         if t.name not in self.saved:

@@ -276,7 +276,12 @@ class ReplayResult:
     """What a replay found: the peaks, the out-of-memory point, and the trace for snapshots."""
 
     max_reserved_bytes: int = 0
+    #: the largest sum of live requests, each rounded up by ``round_size``: what the tensors
+    #: occupy in blocks that fit them (the step plan's peak_allocated_bytes counts the same)
     max_allocated_bytes: int = 0
+    #: torch's ``max_memory_allocated()``: the same with the whole of a cached block that a
+    #: request took without splitting it (``should_split``: under 1 MiB left in a large block)
+    max_block_allocated_bytes: int = 0
     reserved_bytes: int = 0
     allocated_bytes: int = 0
     #: reserved - allocated when reserved peaked: cached free blocks and rounding
@@ -306,6 +311,9 @@ class CachingAllocator:
         self.capacity = int(capacity_bytes) if capacity_bytes is not None else None
         self.reserved = 0
         self.allocated = 0
+        #: live requests, each rounded (``round_size``), and their largest sum
+        self.requested = 0
+        self.max_requested = 0
         self.max_reserved = 0
         self.max_allocated = 0
         self.frag_at_max = 0
@@ -566,6 +574,9 @@ class CachingAllocator:
         b.allocated = True
         b.requested = size
         self.allocated += b.size
+        self.requested += size
+        if self.requested > self.max_requested:
+            self.max_requested = self.requested
         self._live[b.addr] = b
         if self.record:
             label = _label(label)
@@ -599,6 +610,7 @@ class CachingAllocator:
             raise ValueError("double free in the replay")
         b.allocated = False
         self.allocated -= b.size
+        self.requested -= b.requested
         del self._live[b.addr]
         if self.record:
             self.trace.append(("free_requested", b.addr, b.size, self.labels.get(b.addr, "")))
@@ -637,6 +649,7 @@ class CachingAllocator:
         """``torch.cuda.reset_peak_memory_stats()``: the peaks restart from the current values."""
         self.max_reserved = self.reserved
         self.max_allocated = self.allocated
+        self.max_requested = self.requested
         self.frag_at_max = self.reserved - self.allocated
 
     def segments(self) -> List[Tuple[int, int, bool, List[Tuple[int, int, int, bool, str]]]]:
@@ -709,7 +722,8 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
             raise ValueError(f"unknown replay event {kind!r}")
     res.num_events = n + 1
     res.max_reserved_bytes = al.max_reserved
-    res.max_allocated_bytes = al.max_allocated
+    res.max_allocated_bytes = al.max_requested
+    res.max_block_allocated_bytes = al.max_allocated
     res.reserved_bytes = al.reserved
     res.allocated_bytes = al.allocated
     res.fragmentation_at_max_bytes = al.frag_at_max
@@ -729,7 +743,7 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
     """``replay`` with the default settings, no capacity and no recording: the same rules as
     ``CachingAllocator`` (best fit, split above 1 MiB / 512 B, merge on free, segments from
     ``get_allocation_size``) in one loop over plain lists, for speed.  A block is a list
-    ``[addr, size, prev, next, allocated, small]``.  (Reserved memory only grows here, so its
+    ``[addr, size, prev, next, allocated, small, requested]``.  (Reserved memory only grows here, so its
     maximum is checked where a segment is added.)"""
     small_free: List[Tuple[int, int]] = []     # (size, addr) sorted, per pool
     large_free: List[Tuple[int, int]] = []
@@ -739,6 +753,7 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
     min_block, small_size, small_buffer = K_MIN_BLOCK_SIZE, K_SMALL_SIZE, K_SMALL_BUFFER
     min_large, large_buffer, round_large = K_MIN_LARGE_ALLOC, K_LARGE_BUFFER, K_ROUND_LARGE
     reserved = allocated = max_reserved = max_allocated = frag = segs = 0
+    requested = max_requested = 0       # live requests, rounded (ReplayResult.max_allocated_bytes)
     next_addr = 1 << 40
     last_sig = None
     n = 0
@@ -762,7 +777,7 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
                     seg = large_buffer
                 else:
                     seg = -(-size // round_large) * round_large
-                b = [next_addr, seg, None, None, False, small]
+                b = [next_addr, seg, None, None, False, small, 0]
                 next_addr += seg + (1 << 21)
                 reserved += seg
                 segs += 1
@@ -770,7 +785,7 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
             remaining = b[1] - size
             if remaining >= min_block if small else remaining > small_size:
                 nxt = b[3]
-                rest = [b[0] + size, remaining, b, nxt, False, small]
+                rest = [b[0] + size, remaining, b, nxt, False, small, 0]
                 if nxt is not None:
                     nxt[2] = rest
                 b[3] = rest
@@ -779,7 +794,11 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
                 insort(lst, k2)
                 free_blocks[k2] = rest
             b[4] = True
+            b[6] = size
             allocated += b[1]
+            requested += size
+            if requested > max_requested:
+                max_requested = requested
             live[key] = b
             if allocated > max_allocated:
                 max_allocated = allocated
@@ -790,6 +809,7 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
             b = live.pop(key)
             b[4] = False
             allocated -= b[1]
+            requested -= b[6]
             lst = small_free if b[5] else large_free
             nb = b[2]
             if nb is not None and not nb[4]:
@@ -821,9 +841,11 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
             last_sig = sig
         elif kind == "reset_peak":
             max_reserved, max_allocated, frag = reserved, allocated, reserved - allocated
+            max_requested = requested
         else:
             raise ValueError(f"unknown replay event {kind!r}")
-    return ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_allocated, reserved_bytes=reserved,
+    return ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_requested,
+                        max_block_allocated_bytes=max_allocated, reserved_bytes=reserved,
                         allocated_bytes=allocated, fragmentation_at_max_bytes=frag, segments_allocated=segs,
                         num_events=n + 1)
 
@@ -991,10 +1013,10 @@ def _replay_together(parts: Sequence[Any], cfg: AllocatorConfig) -> ReplayResult
                 al.empty_cache()
             else:
                 raise ValueError(f"unknown replay event {kind!r}")
-    return ReplayResult(max_reserved_bytes=al.max_reserved, max_allocated_bytes=al.max_allocated,
-                        reserved_bytes=al.reserved, allocated_bytes=al.allocated,
-                        fragmentation_at_max_bytes=al.frag_at_max, segments_allocated=al.segments_allocated,
-                        num_events=n)
+    return ReplayResult(max_reserved_bytes=al.max_reserved, max_allocated_bytes=al.max_requested,
+                        max_block_allocated_bytes=al.max_allocated, reserved_bytes=al.reserved,
+                        allocated_bytes=al.allocated, fragmentation_at_max_bytes=al.frag_at_max,
+                        segments_allocated=al.segments_allocated, num_events=n)
 
 
 def _is_small(nbytes: float, cfg: AllocatorConfig) -> bool:

@@ -18,10 +18,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ..units import DTYPE_BYTES
 from .context import StepContext
 from .load import Loaded, Trainable
-from .profile import layer_key, poly
+from .profile import dora_norm_bytes, dora_weight_copies_per_layer, layer_key, poly
 
 #: one sized op of a block: ("new", name, bytes, requires_grad, saved, outlives, saved by its
-#: producer, residual-stream role, group, formula, dtype) or ("param", module)
+#: producer, residual-stream role, group, formula, dtype, pack calls) or ("param", module) or
+#: ("together", names)
 Op = Tuple[Any, ...]
 GradReady = Callable[[Tuple[str, int], Optional[int], Trainable], None]
 
@@ -33,9 +34,9 @@ def sized_ops(cx: StepContext, src: List[Tuple[Any, ...]]) -> List[Op]:
         if op[0] != "new":
             out.append(op)
             continue
-        _, name, dtype, rg, saved, coef, outlives, by_producer, cn, stream, group, formula = op
+        _, name, dtype, rg, saved, coef, outlives, by_producer, cn, stream, group, formula, packs = op
         out.append(("new", name, DTYPE_BYTES[dtype] * poly(cn, coef, cx.M), rg, saved, outlives, by_producer, stream,
-                    group, formula, dtype))
+                    group, formula, dtype, packs))
     return out
 
 
@@ -55,6 +56,9 @@ class Layers:
     #: per layer: autocast's 16-bit copies of its fp32 weights, and whether the cache keeps them
     cast_bytes: Dict[int, List[Any]] = field(default_factory=dict)
     cached: Dict[int, bool] = field(default_factory=dict)
+    #: DoRA: what each trained layer keeps beside its trace, and an adapted module's working set
+    dora_kept_bytes: float = 0.0
+    dora_norm_bytes: float = 0.0
 
 
 def layers_of(cx: StepContext, ld: Loaded) -> Layers:
@@ -73,7 +77,8 @@ def layers_of(cx: StepContext, ld: Loaded) -> Layers:
     kinds_order = arch.family.layer_order(arch) if s.target_len is not None else None
     resids = [cx.Th * cx.h * cx.resid_bytes if kinds_order and layer < len(kinds_order)
               and kinds_order[layer] in arch.family.target_kinds else resid for layer in range(L)]
-    lay = Layers(ops, first_train, resids)
+    lay = Layers(ops, first_train, resids, dora_kept_bytes=dora_weight_copies_per_layer(arch, s, cx.P),
+                 dora_norm_bytes=dora_norm_bytes(arch, s, cx.P))
     if s.autocast:
         c = cx.c
         for layer in range(L):
@@ -87,11 +92,13 @@ def layers_of(cx: StepContext, ld: Loaded) -> Layers:
 
 
 def forward_ops(cx: StepContext, ops: List[Op], x_key: Optional[int], keep_saved: bool,
-                label: Tuple[Any, ...], held: Optional[List[int]] = None) -> Tuple[Optional[int], List[int]]:
+                label: Tuple[Any, ...], held: Optional[List[int]] = None,
+                packs: Optional[List[int]] = None) -> Tuple[Optional[int], List[int]]:
     """Allocate one block's (or the head's) tensors; returns the output's key and the kept keys.
     ``ops[0]`` is the input (the previous block's output).  ``held``: the transients still
     pending at the end are appended there instead of freed (the head's output, which the
-    output head reads next)."""
+    output head reads next).  ``packs``: each kept key's pack calls are appended there
+    (activation offloading counts them)."""
     pb = cx.pb
     saved: List[int] = []
     # transients, each freed once the tensors it outlives exist (normally the next one: its
@@ -102,8 +109,10 @@ def forward_ops(cx: StepContext, ops: List[Op], x_key: Optional[int], keep_saved
     for op in ops[1:]:
         if op[0] != "new":
             continue
-        _, name, nbytes, rg, is_saved, outlives, _by_producer, stream, group, formula, dtype = op
+        _, name, nbytes, rg, is_saved, outlives, _by_producer, stream, group, formula, dtype, n_packs = op
         key = pb.alloc(nbytes, name, "activations", group, _formula(formula, dtype), dtype, label=label + (name,))
+        if packs is not None and is_saved and keep_saved and key is not None:
+            packs.append(n_packs)
         for p in pending:
             p[1] -= 1
             if p[1] <= 0:
@@ -141,7 +150,7 @@ def backward_ops(cx: StepContext, ops: List[Op], grad_key: Optional[int], saved:
     pb = cx.pb
     by_module: Dict[str, List[Trainable]] = {}
     for entry in params:
-        by_module.setdefault(entry[0], []).append(entry)
+        by_module.setdefault(entry.module, []).append(entry)
     saved_iter = list(saved)
     g = grad_key
     deferred: List[int] = []          # kept by the node that made them: freed after its backward
@@ -155,11 +164,11 @@ def backward_ops(cx: StepContext, ops: List[Op], grad_key: Optional[int], saved:
     for op in reversed(ops[1:]):
         if op[0] == "param":
             for entry in by_module.pop(op[1], []):
-                grad_ready(bucket, _grad(cx, entry, label + (op[1], "grad")), entry)
+                grad_ready(bucket, param_grad(cx, entry, label + (op[1], "grad")), entry)
             continue
         if op[0] != "new":
             continue
-        _, name, nbytes, rg, is_saved, _outlives, by_producer, _stream, group, formula, dtype = op
+        _, name, nbytes, rg, is_saved, _outlives, by_producer, _stream, group, formula, dtype, _packs = op
         # the consumer of this tensor runs: it makes the tensor's gradient, then autograd
         # releases what the node saved, then the consumer's own incoming gradient goes
         if name.endswith("dequantized weight"):
@@ -201,7 +210,7 @@ def backward_ops(cx: StepContext, ops: List[Op], grad_key: Optional[int], saved:
             g = ng
     for rest in by_module.values():      # parameters no op of the trace named (biases...)
         for entry in rest:
-            grad_ready(bucket, _grad(cx, entry, label + ("grad",)), entry)
+            grad_ready(bucket, param_grad(cx, entry, label + ("grad",)), entry)
     for k in saved_iter + deferred + list(early.values()):
         pb.free(k)
     ng = pb.alloc(input_grad_bytes, "grad of the block input", "activations", "residual stream",
@@ -212,10 +221,11 @@ def backward_ops(cx: StepContext, ops: List[Op], grad_key: Optional[int], saved:
     return ng
 
 
-def _grad(cx: StepContext, entry: Trainable, label: Tuple[Any, ...]) -> Optional[int]:
-    module, nbytes, dtype, numel, shape, group, _role = entry
-    return cx.pb.alloc(nbytes, module, "gradients", group, f"{int(numel):,} x {DTYPE_BYTES[dtype]:g} B ({dtype})", dtype,
-                       label=label)
+def param_grad(cx: StepContext, entry: Trainable, label: Tuple[Any, ...]) -> Optional[int]:
+    """A parameter's gradient, in its dtype."""
+    e = entry
+    return cx.pb.alloc(e.nbytes, e.module, "gradients", e.group, f"{int(e.numel):,} x {DTYPE_BYTES[e.dtype]:g} B "
+                       f"({e.dtype})", e.dtype, label=label)
 
 
 def _formula(formula: str, dtype: str) -> str:
@@ -229,10 +239,60 @@ class Kept:
     inp: Optional[int]
     saved: List[int]
     casts: List[int]
+    #: what the block keeps beside its trace (DoRA's per-layer norm vectors and weight copies)
+    extra: List[int] = field(default_factory=list)
 
 
-def forward_layers(cx: StepContext, lay: Layers, x: Optional[int], autocast_cache: List[int]) -> Tuple[Optional[int],
-                                                                                                      List[Kept]]:
+class Offload:
+    """Activation offloading (torchtune ``training/_activation_offloading.py``
+    ``OffloadActivations``, which TRL's ``activation_offloading`` copies): every pack call of
+    a saved tensor gets an id; a tensor of at least 1 KiB is copied to pinned CPU memory and
+    its GPU copy waits in a forward stash until a tensor ``max_fwd_stash_size`` (5) ids newer
+    is packed.  In backward a tensor whose GPU copy went is brought back before its node
+    runs; what is still in the stash is used as it is.  Here a block's saved tensors are
+    packed when the block's forward ends (its residual stream is in use until then)."""
+
+    STASH = 5
+
+    def __init__(self, cx: StepContext):
+        self.cx = cx
+        self.ids = 0
+        self.stash: List[Tuple[int, int]] = []      # (id, key), oldest first
+        self.refs: Dict[int, int] = {}
+        self.gone: Dict[int, Any] = {}              # key -> its bytes, now on the CPU only
+
+    def pack(self, key: Optional[int], packs: int = 1) -> None:
+        """``key`` is packed ``packs`` times (None: an id without bytes, e.g. checkpoint's
+        placeholder)."""
+        for _ in range(max(packs, 1)):
+            self.ids += 1
+            if key is not None:
+                self.stash.append((self.ids, key))
+                self.refs[key] = self.refs.get(key, 0) + 1
+        while self.stash and self.stash[0][0] <= self.ids - self.STASH:
+            _, k = self.stash.pop(0)
+            self.refs[k] -= 1
+            if self.refs[k] == 0 and k not in self.gone:
+                self.gone[k] = self.cx.pb.sizes[k]
+                self.cx.pb.host_bytes = self.cx.pb.host_bytes + self.cx.pb.sizes[k]
+                self.cx.pb.free(k)
+
+    def restore(self, key: Optional[int]) -> Optional[int]:
+        """Bring ``key`` back to the GPU for its backward (a new allocation) if it went."""
+        if key is None or key not in self.gone:
+            return key
+        info = self.cx.pb.info[key]
+        return self.cx.pb.alloc(self.gone.pop(key), info.name + " (brought back from the CPU)", info.component,
+                                info.group, info.formula, info.dtype)
+
+    def forget(self) -> None:
+        """The forward stash is dropped in backward: what it held stays where it is."""
+        self.stash.clear()
+        self.refs.clear()
+
+
+def forward_layers(cx: StepContext, lay: Layers, x: Optional[int], autocast_cache: List[int],
+                   off: Optional[Offload] = None) -> Tuple[Optional[int], List[Kept]]:
     """Every block's forward: returns the last output's key and what each block keeps."""
     pb = cx.pb
     keep: List[Kept] = []
@@ -241,6 +301,9 @@ def forward_layers(cx: StepContext, lay: Layers, x: Optional[int], autocast_cach
         casts = [k for k in (pb.alloc(nb, "autocast copy of a block weight", "weights", "autocast copies (16-bit)",
                                       "out x in x 2 B", cx.c, label=("layer", layer, "weight cast"))
                              for nb in lay.cast_bytes.get(layer, [])) if k is not None]
+        trained = layer >= lay.first_train
+        _dora_working_set(cx, lay, trained)
+        packs: List[int] = []
         if cx.gc:
             out, saved = forward_ops(cx, ops, x, False, ("layer", layer))
             if lay.cached.get(layer):
@@ -250,8 +313,8 @@ def forward_layers(cx: StepContext, lay: Layers, x: Optional[int], autocast_cach
                     pb.free(k)
             casts = []
         else:
-            out, saved = forward_ops(cx, ops, x, layer >= lay.first_train, ("layer", layer))
-        if layer < lay.first_train:
+            out, saved = forward_ops(cx, ops, x, trained, ("layer", layer), packs=packs)
+        if not trained:
             # a frozen layer below the trained ones (freeze) runs outside autograd's graph: it
             # saves nothing, its input goes once it has run, and autocast's copies of its
             # weights are not cached (only leaves that require grad are: autocast_mode.cpp)
@@ -259,37 +322,70 @@ def forward_layers(cx: StepContext, lay: Layers, x: Optional[int], autocast_cach
             for k in casts + ([x] if x is not None else []):
                 pb.free(k)
         elif cx.gc:
+            if x is not None:
+                info = pb.info[x]
+                pb.info[x] = info._replace(name="layer input kept by checkpointing", group="checkpointed inputs")
             keep.append(Kept(x, [], casts))
+            if off is not None:
+                off.pack(None)               # checkpoint's _NoopSaveInputs: a placeholder and the input
+                off.pack(x)
         else:
             # the block input is saved by the first norm (when it needs no cast) or freed
-            keep.append(Kept(None, saved, casts))
-            if x is not None and not input_saved(ops):
+            kept_x = x if (x is not None and input_saved(ops)) else None
+            if x is not None and kept_x is None:
                 pb.free(x)
-            elif x is not None:
-                keep[-1] = Kept(x, saved, casts)
+            keep.append(Kept(kept_x, saved, casts, _dora_kept(cx, lay, layer)))
+            if off is not None:
+                if kept_x is not None:
+                    off.pack(kept_x, ops[0][11] if ops[0][0] == "new" else 1)
+                for k, n in zip(saved, packs):
+                    off.pack(k, n)
         x = out
     return x, keep
 
 
+def _dora_working_set(cx: StepContext, lay: Layers, trained: bool) -> None:
+    """DoRA's weight-norm working set while an adapted module runs (``profile.dora_norm_bytes``:
+    the largest adapted module's)."""
+    if trained and lay.dora_norm_bytes:
+        cx.pb.free(cx.pb.alloc(lay.dora_norm_bytes, "DoRA weight-norm working set", "activations", "adapters",
+                               "in x in identity + in x r + 4 x out x in (adapter dtype), largest adapted module",
+                               cx.P.adapter_dtype))
+
+
+def _dora_kept(cx: StepContext, lay: Layers, layer: int) -> List[int]:
+    """What DoRA keeps per layer beside the trace (``profile.dora_weight_copies_per_layer``)."""
+    key = cx.pb.alloc(lay.dora_kept_bytes, "DoRA norm vectors and weight copies", "activations", "adapters",
+                      "3 x out (+ out x in with dropout) per adapted module", cx.P.adapter_dtype,
+                      label=("layer", layer, "DoRA kept")) if lay.dora_kept_bytes else None
+    return [key] if key is not None else []
+
+
 def backward_layers(cx: StepContext, lay: Layers, ld: Loaded, keep: List[Kept], g: Optional[int],
-                    grad_ready: GradReady) -> Optional[int]:
+                    grad_ready: GradReady, off: Optional[Offload] = None) -> Optional[int]:
     """Every trained block's backward, last first (recomputed first under checkpointing)."""
     pb = cx.pb
+    if off is not None:
+        off.forget()
     for layer in reversed(range(lay.first_train, cx.L)):
         k = keep[layer]
         ops = lay.ops[layer]
-        saved, casts = k.saved, k.casts
+        if off is not None:
+            k = Kept(off.restore(k.inp), [off.restore(x) for x in k.saved], k.casts, k.extra)
+        saved, casts, extra = k.saved, k.casts, k.extra
         if cx.gc:
             # non-reentrant checkpointing: the block's forward runs again, keeping its saves
             casts = [pb.alloc(nb, "autocast copy of a block weight (recompute)", "weights",
                               "autocast copies (16-bit)", "out x in x 2 B", cx.c,
                               label=("layer", layer, "weight cast (recompute)"))
                      for nb in lay.cast_bytes.get(layer, [])]
+            _dora_working_set(cx, lay, True)
             out, saved = forward_ops(cx, ops, k.inp, True, ("layer", layer, "(recomputed)"))
+            extra = _dora_kept(cx, lay, layer)
             pb.free(out)      # the recomputed block's output is not needed again
         g = backward_ops(cx, ops, g, saved, ld.layer_params[layer], lay.resid_bytes[layer], ("layer", layer),
                          ("layer", layer), grad_ready)
-        for c in casts:
+        for c in casts + extra:
             pb.free(c)
         if k.inp is not None:
             pb.free(k.inp)

@@ -62,6 +62,8 @@ class PlanBuilder:
         self.marks: List[Tuple[str, int, int]] = []
         self.notes: List[str] = []
         self.host_bytes: Any = 0.0
+        #: key -> bytes of every allocation
+        self.sizes: Dict[int, Any] = {}
         self._n = 0
 
     def alloc(self, nbytes: Any, name: str, component: str, group: str = "", formula: str = "",
@@ -77,6 +79,7 @@ class PlanBuilder:
         self._n += 1
         self.events.append(("alloc", self._n, nbytes, name if label is None else label))
         self.info[self._n] = TensorInfo(component, group, name, formula, dtype)
+        self.sizes[self._n] = nbytes
         return self._n
 
     def free(self, key: Optional[int]) -> None:

@@ -4,7 +4,9 @@
 * ``from_pretrained`` with bitsandbytes quantization: each 16-bit checkpoint tensor is
   materialized, quantized, dropped (transformers' loader keeps up to
   :data:`ASYNC_LOAD_WORKERS` tensors in flight beside the one being converted);
-* a tied head is built with its own weight, then replaced by the embedding's;
+* a tied head is built with its own weight, then replaced by the embedding's (``from_config``
+  on the GPU, as the measured cases build their models; a quantized ``from_pretrained``
+  builds on the meta device and the tied head never has storage of its own);
 * ``prepare_model_for_kbit_training`` upcasts every parameter that is not quantized to fp32;
 * peft builds each LoRA pair (lora_A, lora_B) per adapted module and layer.
 """
@@ -12,7 +14,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ..architecture import Architecture
 from ..units import DTYPE_BYTES
@@ -27,9 +29,17 @@ ASYNC_LOAD_WORKERS = 4
 
 #: (tensor, dtype, bytes of one instance, trains, numel of one instance)
 Instance = Tuple[Any, str, float, bool, float]
-#: a trainable parameter as the optimizer sees it: (module, gradient bytes, dtype, numel, shape,
-#: module group, role)
-Trainable = Tuple[str, float, str, float, Tuple[int, ...], str, str]
+class Trainable(NamedTuple):
+    """A trainable parameter (one instance: one layer's) as its gradient and optimizer see it."""
+
+    module: str
+    nbytes: float            # its gradient's bytes (the parameter's dtype)
+    dtype: str
+    numel: float
+    shape: Tuple[int, ...]
+    group: str
+    role: str
+    tensor: Any = None       # the ParamTensor it is an instance of (None: a LoRA matrix)
 
 
 @dataclass
@@ -127,11 +137,12 @@ def load_model(cx: StepContext) -> Loaded:
         load_param(inst)
     while pending:
         convert(pending.pop(0))
-    if arch.tie_word_embeddings:
-        # the head is built with its own weight, then tied to the embedding (the copy is dropped)
-        dt = base16 if s.quantized else s.weights_dtype
-        pb.free(pb.alloc(cx.V * cx.h * DTYPE_BYTES[dt], "lm_head (before tying)", "weights", "output head",
-                         "V x h, replaced by the embedding's", dt))
+    if arch.tie_word_embeddings and not s.quantized:
+        # from_config on the GPU builds the head with its own weight, then ties it to the
+        # embedding (the copy is dropped); from_pretrained (a quantized load) builds the model
+        # on the meta device, so the tied head never gets storage of its own
+        pb.free(pb.alloc(cx.V * cx.h * DTYPE_BYTES[s.weights_dtype], "lm_head (before tying)", "weights",
+                         "output head", "V x h, replaced by the embedding's", s.weights_dtype))
     for inst, tmp in upcast:
         # prepare_model_for_kbit_training: every non-quantized parameter becomes fp32
         weight(inst, inst[4] * 4, "float32", " (fp32)")
@@ -174,7 +185,7 @@ def _adapters_and_trainables(cx: StepContext, ld: Loaded) -> None:
             adapters.setdefault((module, layer), []).extend([a, bb])
 
     def trainable(inst_list: List[Instance]) -> List[Trainable]:
-        return [(t.module, numel * DTYPE_BYTES[dtype], dtype, numel, t.shape, t.group, t.role)
+        return [Trainable(t.module, numel * DTYPE_BYTES[dtype], dtype, numel, t.shape, t.group, t.role, t)
                 for t, dtype, nbytes, trains, numel in inst_list if trains]
 
     for layer in range(cx.L):
@@ -183,7 +194,7 @@ def _adapters_and_trainables(cx: StepContext, ld: Loaded) -> None:
             if lyr == layer:
                 for nb in sizes:
                     n = int(nb // ab)
-                    lst.append((module, nb, a_dt, n, (s.lora_r, n // s.lora_r), "adapters", "adapter"))
+                    lst.append(Trainable(module, nb, a_dt, n, (s.lora_r, n // s.lora_r), "adapters", "adapter"))
         ld.layer_params.append(lst)
     ld.head_params = trainable(ld.after)
     ld.embed_params = trainable(ld.before)

@@ -340,7 +340,7 @@ def _build_profile(arch: Architecture, s: TrainingSetup, P: ParamStorage, cpu: b
                 saved = o1[1]
                 out.append(("new", t1.name, t1.dtype, t1.rg, t1.name in saved, coef, t1.outlives,
                             t1.name in saved and t1.name in o1[2], cn, o1[3].get(t1.name, ""), t1.group,
-                            t1.formula))
+                            t1.formula, o1[4].get(t1.name, 0)))
         return out
 
     if target:
@@ -453,11 +453,12 @@ def trace_all(arch: Architecture, s: TrainingSetup, P: ParamStorage, cpu: bool, 
             "dense": dense_bytes, "head": head, "backend": backend, "recompute": recompute_bytes,
             "written": tr.created_bytes, "ops": tr.created_ops,
             "head_written": htr.created_bytes, "head_ops": htr.created_ops, "head_packs": norm_packs,
-            "alloc_ops": (tr.ops, set(tr.saved), tr.saved_by_producer, tr.stream),
-            "alloc_ops_first": (tr_first.ops, set(tr_first.saved), tr_first.saved_by_producer, tr_first.stream),
-            "kind_alloc_ops": {k: (t.ops, set(t.saved), t.saved_by_producer, t.stream) for k, t in kinds.items()},
-            "head_alloc": (htr.ops, set(htr.saved), htr.saved_by_producer, htr.stream),
-            "embed_alloc": (etr.ops, set(etr.saved), etr.saved_by_producer, etr.stream)}
+            "alloc_ops": (tr.ops, set(tr.saved), tr.saved_by_producer, tr.stream, tr.pack_counts),
+            "alloc_ops_first": (tr_first.ops, set(tr_first.saved), tr_first.saved_by_producer, tr_first.stream, tr_first.pack_counts),
+            "kind_alloc_ops": {k: (t.ops, set(t.saved), t.saved_by_producer, t.stream, t.pack_counts)
+                               for k, t in kinds.items()},
+            "head_alloc": (htr.ops, set(htr.saved), htr.saved_by_producer, htr.stream, htr.pack_counts),
+            "embed_alloc": (etr.ops, set(etr.saved), etr.saved_by_producer, etr.stream, etr.pack_counts)}
 
 
 def dora_weight_copies_per_layer(arch: Architecture, s: TrainingSetup, P: ParamStorage) -> float:

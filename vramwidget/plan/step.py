@@ -8,17 +8,19 @@ model(input_ids=ids, labels=ids).loss`` (forward), ``del out``, ``loss.backward(
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from ..architecture import Architecture
 from ..training import TrainingSetup
 from ..units import DTYPE_BYTES
-from .blocks import backward_layers, forward_layers, forward_ops, layers_of, sized_ops
+from .blocks import Layers, Offload, backward_layers, forward_layers, forward_ops, layers_of, param_grad, sized_ops
 from .builder import PlanBuilder, StepPlan
 from .context import CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACES, StepContext, step_context
 from .load import Loaded, Trainable, load_model
-from .loss import head_forward, loss_backward
+from .loss import del_outputs, head_forward, loss_backward
 from .optimizer import create_states, step_temporaries
+from .profile import tower_activations
+from .size import NotPolynomial
 
 #: steps the plan runs: the first (states made lazily) and two steady ones
 STEPS = 3
@@ -39,82 +41,127 @@ def build_plan(arch: Architecture, s: TrainingSetup, b: Any = None, sq: Any = No
 
 def _embedding_side(cx: StepContext, x: Optional[int]) -> List[int]:
     """What the forward keeps from the embedding for the backward: a LoRA embedding's input
-    (``profile.embed_alloc_ops``) and what the family keeps there (``Family.head_saved``:
-    GPT-2's embedding dropout mask)."""
+    (``profile.embed_alloc_ops``), what the family keeps there (``Family.head_saved``: GPT-2's
+    embedding dropout mask) and a vision tower's saved tensors (``profile.tower_activations``:
+    the images of each sample run through the tower before the text blocks)."""
     _, kept = forward_ops(cx, sized_ops(cx, cx.prof.embed_alloc_ops), x, True, ("embedding",))
-    for name, nbytes, formula in cx.arch.family.head_saved(cx.arch, cx.T, cx.s.method == "full"):
-        key = cx.pb.alloc(nbytes, name, "activations", "embedding", formula, "bool")
+    extra = list(cx.arch.family.head_saved(cx.arch, cx.T, cx.s.method == "full"))
+    if cx.arch.towers and cx.s.images_per_sample:
+        if hasattr(cx.b, "terms"):
+            raise NotPolynomial("a vision tower's tensors are traced at one batch size")
+        extra += tower_activations(cx.arch, cx.s, cx.P, False)
+    for name, nbytes, formula in extra:
+        key = cx.pb.alloc(nbytes, name, "activations", "vision tower" if "tower" in name else "embedding", formula,
+                          "")
         if key is not None:
             kept.append(key)
     return kept
 
 
+class _Grads:
+    """This step's parameter gradients.  The first micro-batch makes them; later micro-batches
+    add theirs in place (``AccumulateGrad``: the new gradient is a transient).  With the
+    optimizer in backward (torchtune's ``register_optim_in_bwd_hooks``, training/memory.py)
+    each parameter steps in its post-accumulate-grad hook (making its states on the first
+    step) and its gradient goes at once."""
+
+    def __init__(self, cx: StepContext):
+        self.cx = cx
+        self.keys: List[Optional[int]] = []
+        self.micro = 0
+        self.states_made = False
+
+    def ready(self, bucket: Tuple[str, int], key: Optional[int], entry: Trainable) -> None:
+        cx = self.cx
+        if cx.s.optimizer_in_backward:
+            if not self.states_made:
+                create_states(cx, [entry])
+            step_temporaries(cx, [entry])
+            cx.pb.free(key)
+        elif self.micro == 0:
+            self.keys.append(key)
+        else:
+            cx.pb.free(key)
+
+    def zero_grad(self) -> None:
+        """``optimizer.zero_grad(set_to_none=True)``."""
+        for k in self.keys:
+            self.cx.pb.free(k)
+        self.keys = []
+
+
 def _training_steps(cx: StepContext, ld: Loaded, steps: int) -> None:
-    pb, s, arch = cx.pb, cx.s, cx.arch
+    pb, s = cx.pb, cx.s
     lay = layers_of(cx, ld)
+    # the measurements reset the peak statistics once the model is built (gpu_peak.py); the
+    # load's own peak is phases_bytes["load"]
     pb.mark("inputs", 0)
+    pb.events.append(("reset_peak", 0, 0, ""))
     ids = pb.alloc(cx.T * 8, "input_ids", "activations", "inputs", "b x s x 8 B (int64)", "int64")
     # an encoder-decoder with its own target length: the labels are a tensor of their own
     labels = pb.alloc(cx.Th * 8, "labels", "activations", "inputs", "b x t x 8 B (int64)",
                       "int64") if s.target_len is not None else None
-    grads: Dict[Tuple[str, int], List[Optional[int]]] = {}   # this step's gradients, per bucket
-    states_made = [False]
-
-    def grad_ready(bucket: Tuple[str, int], key: Optional[int], entry: Trainable) -> None:
-        """A parameter's gradient is accumulated.  With the optimizer in backward (torchtune's
-        register_optim_in_bwd_hooks, training/memory.py) its own optimizer steps in the
-        post-accumulate-grad hook (making its states on the first step) and zero_grad frees
-        the gradient at once; otherwise it waits for step()."""
-        if not s.optimizer_in_backward:
-            grads.setdefault(bucket, []).append(key)
-            return
-        if not states_made[0]:
-            create_states(cx, [entry])
-        step_temporaries(cx, [entry])
-        pb.free(key)
-
+    grads = _Grads(cx)
     for step in range(1, steps + 1):
-        pb.mark("forward", step)
-        x = pb.alloc(cx.T * cx.h * cx.resid_bytes, "embedding output", "activations", "embedding", "T x h",
-                     cx.resid)
-        embed_kept = _embedding_side(cx, x)
-        mask = pb.alloc(cx.b * cx.sq * cx.sq * DTYPE_BYTES[cx.c], "causal mask (eager)", "activations", "attention",
-                        "b x s x s", cx.c) if cx.backend == "eager" else None
-        autocast_cache: List[int] = []   # casts of trainable weights under checkpointing
-        x, keep = forward_layers(cx, lay, x, autocast_cache)
-        hf = head_forward(cx, lay, x)
-        pb.free(mask)
-        for k in autocast_cache:   # leaving torch.autocast clears its cache (autocast_mode.cpp clear_cache)
-            pb.free(k)
-        pb.free(hf.logits)         # del out: the logits are not saved (the head saves its input)
-        pb.mark("backward", step)
-        grads.clear()
-        g, tied_key = loss_backward(cx, ld, hf, grad_ready)
-        g = backward_layers(cx, lay, ld, keep, g, grad_ready)
-        for k in embed_kept:
-            pb.free(k)
-        for entry in ld.embed_params:
-            if arch.tie_word_embeddings and s.method == "full":
-                pb.free(pb.alloc(entry[1], "embedding gradient (accumulated into the tied head's)", "gradients",
-                                 "embedding", "V x h", entry[2]))
-                grad_ready(("embed", 0), tied_key, entry)
-                tied_key = None
-            else:
-                grad_ready(("embed", 0), pb.alloc(entry[1], entry[0], "gradients", entry[5], "V x h", entry[2],
-                                                  label=(entry[0], "grad")), entry)
-        if tied_key is not None:
-            grads.setdefault(("head", 0), []).append(tied_key)
-        pb.free(g)
+        for micro in range(s.grad_accum_steps):
+            grads.micro = micro
+            _micro_batch(cx, lay, ld, grads, step)
         pb.mark("optimizer_step", step)
         if not s.optimizer_in_backward:
-            if not states_made[0]:
+            if not grads.states_made:
                 create_states(cx, ld.ordered)
             step_temporaries(cx, ld.ordered)
-        states_made[0] = True
+        grads.states_made = True
         pb.mark("zero_grad", step)
-        for keys in grads.values():
-            for k in keys:
-                pb.free(k)
+        grads.zero_grad()
         pb.step_end(step)
     pb.free(ids)
     pb.free(labels)
+
+
+def _micro_batch(cx: StepContext, lay: Layers, ld: Loaded, grads: _Grads, step: int) -> None:
+    """One forward and backward (one micro-batch of the step)."""
+    pb, s, arch = cx.pb, cx.s, cx.arch
+    pb.mark("forward", step)
+    off = Offload(cx) if s.activation_offloading else None
+    x = pb.alloc(cx.T * cx.h * cx.resid_bytes, "embedding output", "activations", "embedding", "T x h", cx.resid)
+    embed_kept = _embedding_side(cx, x)
+    mask = pb.alloc(cx.b * cx.sq * cx.sq * DTYPE_BYTES[cx.c], "causal mask (eager)", "activations", "attention",
+                    "b x s x s", cx.c) if cx.backend == "eager" else None
+    autocast_cache: List[int] = []   # casts of trainable weights under checkpointing
+    x, keep = forward_layers(cx, lay, x, autocast_cache, off)
+    if off is not None:
+        for _ in range(cx.prof.head_packs):   # the final norm's packs: the newest ids
+            off.pack(None)
+    hf = head_forward(cx, lay, ld, x)
+    pb.free(mask)
+    for k in autocast_cache:   # leaving torch.autocast clears its cache (autocast_mode.cpp clear_cache)
+        pb.free(k)
+    del_outputs(cx, hf)        # del out: the logits go (the head saves its input)
+    pb.mark("backward", step)
+    g, tied_key = loss_backward(cx, ld, hf, grads.ready)
+    g = backward_layers(cx, lay, ld, keep, g, grads.ready, off)
+    for k in embed_kept:
+        pb.free(k)
+    for entry in ld.embed_params:
+        if arch.tie_word_embeddings and s.method == "full" and tied_key is not None:
+            # a tied head's gradient waits in autograd's input buffer for the embedding's; the
+            # engine adds in place only into a plain tensor it holds the last reference to
+            # (torch/csrc/autograd/input_buffer.cpp ``can_accumulate_inplace``): under autocast
+            # the head's arrives as the fp32 cast of its mm (plain), else as a transposed view
+            # of it, and the sum is a third V x h tensor (checked on the CPU: aten::add vs add_)
+            emb = pb.alloc(entry.nbytes, "embedding gradient (added to the tied head's)", "gradients", "embedding",
+                           "V x h", entry.dtype)
+            if not s.autocast:
+                total = pb.alloc(entry.nbytes, "tied head + embedding gradient", "gradients", "embedding",
+                                 "V x h (the sum, out of place)", entry.dtype)
+                pb.free(tied_key)
+                tied_key = total
+            pb.free(emb)
+            grads.ready(("embed", 0), tied_key, entry)
+            tied_key = None
+        else:
+            grads.ready(("embed", 0), param_grad(cx, entry, (entry.module, "grad")), entry)
+    if tied_key is not None:
+        grads.ready(("head", 0), tied_key, ld.head_params[0] if ld.head_params else ld.embed_params[0])
+    pb.free(g)

@@ -12,7 +12,7 @@ tail of a cached block that a request takes without splitting it (under 1 MiB ea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from ..allocator import AllocatorConfig, round_size
 from ..result import Node
@@ -21,8 +21,10 @@ from .size import Size, coefficient_matrix, monomial_values, monomials
 
 #: the phases a step plan reports, as the measurements name them (validation/README.md)
 STEADY_PHASES = ("forward", "backward", "optimizer_step")
-#: the peak's candidates, in the order a tie is broken: the steady phases first
-PEAK_PHASES = STEADY_PHASES + ("first_step", "load")
+#: the peak's candidates, in the order a tie is broken: the steady phases first.  The load
+#: (``phases_bytes["load"]``) is not among them: the measurements reset the peak once the
+#: model is built, and a ``from_pretrained`` load has no spike of its own
+PEAK_PHASES = STEADY_PHASES + ("first_step",)
 
 
 class PlanIndex:
@@ -114,11 +116,13 @@ def totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1) -> T
     rb = rounded(ix.sizes_at(b, s, t), cfg)
     live = np.cumsum(ix.signs * rb[ix.rows])
     n = len(live)
-    spans: Dict[Tuple[str, int], Tuple[int, int]] = {}
+    # each phase's event ranges per step (a step of several micro-batches runs forward and
+    # backward once per micro-batch)
+    spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
     marks = ix.marks
     for j, (phase, step, start) in enumerate(marks):
         end = marks[j + 1][2] if j + 1 < len(marks) else n
-        spans[(phase, step)] = (start, end)
+        spans.setdefault((phase, step), []).append((start, end))
     inputs_at = next(i for p, st, i in marks if p == "inputs")
     out: Dict[str, int] = {}
     where: Dict[str, int] = {}
@@ -139,9 +143,9 @@ def totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1) -> T
     where["after_load"] = max(inputs_at - 1, 0)
     steps = ix.plan.steps
     for phase in STEADY_PHASES:
-        peak_in(phase, [spans[(phase, st)] for st in range(2, steps + 1)] or [spans[(phase, 1)]])
-    peak_in("first_step", [(spans[("forward", 1)][0], spans[("zero_grad", 1)][1])])
-    end2 = spans[("zero_grad", min(2, steps))][1]
+        peak_in(phase, [r for st in range(2, steps + 1) for r in spans[(phase, st)]] or spans[(phase, 1)])
+    peak_in("first_step", [(spans[("forward", 1)][0][0], spans[("zero_grad", 1)][-1][1])])
+    end2 = spans[("zero_grad", min(2, steps))][-1][1]
     out["persistent"] = int(live[end2 - 1])
     where["persistent"] = end2 - 1
     peak_phase = max(PEAK_PHASES, key=lambda p: (out[p], -PEAK_PHASES.index(p)))
