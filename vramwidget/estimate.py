@@ -15,21 +15,21 @@ function below, next to its formula; the per-op activation rules are in ``activa
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .architecture import Architecture, load, resolve_targets
 from .errors import VramError
 from .gpus import context_for, get_gpu
 from .inputs import MAX_BYTES, check_total
-from .plan.params import (BNB_8BIT_MIN_SIZE, BNB_8BIT_OPT_BLOCK, ParamStorage, galore_shape, param_storage,
-                          state_dtypes)
-from .plan.profile import (Activations, activations_at, dora_norm_bytes, full_checkpointing, has_target,
-                           logits_dtype, lora_head_targets, residual_dtype, trained_range)
+from . import replays
+from .activations import attention_backend
+from .plan import plan_view
+from .plan.params import ParamStorage, param_storage, state_dtypes
+from .plan.profile import activations_at, has_target, logits_dtype, lora_head_targets
 from .result import Estimate, Node
 from .stacks import behaviour
 from .training import TrainingSetup
-from .units import CUDA_CONTEXT_BYTES, DTYPE_BYTES, MIB
+from .units import CUDA_CONTEXT_BYTES, MIB
 
 #: cuBLAS + cuBLASLt workspaces the caching allocator holds after the first matmul
 #: (measured on an H200 with PyTorch 2.11: weights_mib is 64 MiB above the weights
@@ -37,6 +37,9 @@ from .units import CUDA_CONTEXT_BYTES, DTYPE_BYTES, MIB
 CUBLAS_WORKSPACE_BYTES = 64 * MIB
 
 Model = Union[str, Dict[str, Any], Architecture]
+#: ``Estimate.phases_bytes``, in the order of a run: the weights after loading, the load's own
+#: peak, the steady phases, the first step (states made), between steps
+PHASE_ORDER = ("after_load", "load", "forward", "backward", "optimizer_step", "first_step", "persistent")
 
 
 def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
@@ -133,280 +136,6 @@ def _cuda_accounting():
 
 
 # ----------------------------------------------------------------------------------
-# Parameters: which train, how they are stored
-# ----------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------
-# Optimizer states and temporaries
-# ----------------------------------------------------------------------------------
-
-
-def _galore_states(P: ParamStorage, s: TrainingSetup) -> List[Node]:
-    """GaLore AdamW (galore_torch/adamw.py, galore_projector.py): a projected weight keeps its
-    moments in the low-rank space, ``zeros_like(low_rank_grad)`` = r x max(m, n) each (8-bit
-    with galore_adamw_8bit: bitsandbytes blockwise, 1 B + fp32 absmax per 256), and the
-    projection matrix, r x min(m, n) in the parameter's dtype (SVD's Vh[:r] or U[:, r]; for
-    an fp32 parameter that slice is a view that keeps the whole min(m, n)^2 factor alive).
-    Every other parameter keeps AdamW's two full moments."""
-    eight = s.optimizer == "galore_adamw_8bit"
-    mom = Node("exp_avg + exp_avg_sq" + (" (8-bit)" if eight else ""),
-               formula="GaLore: 2 x r x max(m, n) per projected weight; 2 x n for the rest")
-    proj = Node("GaLore projection matrices", formula="r x min(m, n) in the parameter dtype (fp32: min(m, n)^2)")
-
-    def moments(n_el: float, each: float, dtype: str) -> float:
-        if eight:
-            return 2 * (n_el * 1 + -(-each // BNB_8BIT_OPT_BLOCK) * 4 * (n_el / each)) if each >= BNB_8BIT_MIN_SIZE \
-                else 2 * n_el * 4
-        return 2 * n_el * DTYPE_BYTES[dtype]
-
-    for t, dtype, _, trains in P.weights:
-        if not trains:
-            continue
-        g = galore_shape(t, s)
-        if g is None:
-            _add_to_group(mom, t.group, moments(t.numel, t.numel_each, dtype), t.numel, dtype, mom.formula)
-            continue
-        m, n, r = g
-        low = r * max(m, n)
-        _add_to_group(mom, t.group, moments(low * t.repeat, low, dtype), low * t.repeat, dtype, mom.formula)
-        k = min(m, n)
-        pb = (k * k * 4) if dtype == "float32" else r * k * DTYPE_BYTES[dtype]
-        _add_to_group(proj, t.group, pb * t.repeat, None, dtype, proj.formula)
-    return [mom, proj]
-
-
-def _galore_temporaries(P: ParamStorage, s: TrainingSetup) -> Node:
-    """GaLore's step loops over parameters.  For the largest projected weight: at a projection
-    refresh, torch.linalg.svd of an fp32 copy of its gradient (m x n, + U m x k, Vh k x n in
-    fp32, k = min(m, n)); at every step, the low-rank gradient and update (r x max(m, n) each)
-    and the update projected back to m x n.  The other parameters: AdamW's
-    ``exp_avg_sq.sqrt()`` of the largest one."""
-    node = Node("optimizer temporaries")
-    best, label = 0.0, ""
-    for t, dtype, _, trains in P.weights:
-        if not trains:
-            continue
-        g = galore_shape(t, s)
-        d = DTYPE_BYTES[dtype]
-        if g is None:
-            b = t.numel_each * d
-            if b > best:
-                best, label = b, f"exp_avg_sq.sqrt() of {t.name}"
-            continue
-        m, n, r = g
-        k = min(m, n)
-        svd = (m * n + m * k + k * n) * 4
-        step = m * n * d + 2 * r * max(m, n) * d
-        if max(svd, step) > best:
-            best, label = max(svd, step), f"SVD of {t.name}'s gradient in fp32 (m x n + U + Vh)" if svd >= step \
-                else f"{t.name}'s update projected back (m x n) + low-rank gradient and update"
-    if best:
-        node.add(Node(label, bytes=best, formula="largest parameter of the per-parameter loop"))
-    return node
-
-
-def optimizer_states(P: ParamStorage, s: TrainingSetup) -> List[Node]:
-    """Optimizer state tensors, one node per state kind, split by module group."""
-    nodes: List[Node] = []
-    opt = s.optimizer
-    if opt.startswith("galore"):
-        return _galore_states(P, s)
-    if opt in ("adamw_8bit", "paged_adamw_8bit"):
-        for label in ("exp_avg (8-bit)", "exp_avg_sq (8-bit)"):
-            node = Node(label, formula="1 B/param + fp32 absmax per 256 values; tensors < 4096 elements keep fp32")
-            for name, group, numel, dtype, each in P.trainable_tensors:
-                small = each < BNB_8BIT_MIN_SIZE
-                b = numel * 4 if small else (each + -(-each // BNB_8BIT_OPT_BLOCK) * 4) * (numel // each)
-                _add_to_group(node, group, b, numel, "uint8", node.formula)
-            nodes.append(node)
-        return nodes
-    if opt == "adafactor":
-        node = Node("exp_avg_sq factored (row + column)", formula="fp32 row (n_rows) + column (n_cols) statistics; "
-                    "1-D tensors keep a full fp32 second moment")
-        for t, dtype, _, trains in P.weights:
-            if not trains:
-                continue
-            if len(t.shape) >= 2:
-                rows = t.numel_each // t.shape[-1]
-                cols = t.numel_each // t.shape[-2]
-                b = (rows + cols) * 4 * t.repeat
-            else:
-                b = t.numel * 4
-            _add_to_group(node, t.group, b, None, "float32", node.formula)
-        for module, group, nbytes, numel in P.adapters:
-            _add_to_group(node, "adapters", numel / 8 * 4, None, "float32", node.formula)  # r x (in+out) factored
-        nodes.append(node)
-        return nodes
-    names = {"adamw": ("exp_avg", "exp_avg_sq"), "adamw_fused": ("exp_avg", "exp_avg_sq"),
-             "paged_adamw": ("exp_avg (paged)", "exp_avg_sq (paged)"), "lion": ("exp_avg",),
-             "sgd_momentum": ("momentum_buffer",)}.get(opt, ())
-    for idx, label in enumerate(names):
-        node = Node(label)
-        for name, group, numel, dtype, _each in P.trainable_tensors:
-            sd = state_dtypes(s, dtype)[idx]
-            _add_to_group(node, group, numel * DTYPE_BYTES[sd], numel, sd, f"n x {DTYPE_BYTES[sd]:g} B ({sd})")
-        nodes.append(node)
-    return nodes
-
-
-def optimizer_temporaries(P: ParamStorage, s: TrainingSetup) -> Node:
-    """Memory ``optimizer.step()`` allocates on top of weights, gradients and states.
-
-    foreach AdamW: ``_foreach_sqrt(exp_avg_sq)`` materialises one state-sized copy of every
-    parameter at once.  Fused AdamW, SGD and bitsandbytes' 8-bit optimizers work in place.
-    Adafactor loops over parameters: for a 16-bit parameter it makes fp32 copies of the
-    gradient and the parameter plus two fp32 update tensors (the largest parameter sets
-    the peak); Lion (lion-pytorch) keeps two temporaries of the largest parameter.
-    """
-    if s.optimizer.startswith("galore"):
-        return _galore_temporaries(P, s)
-    node = Node("optimizer temporaries")
-    opt = s.optimizer
-    if opt == "adamw" or (opt == "paged_adamw"):
-        if opt == "paged_adamw":
-            return node
-        for name, group, numel, dtype, _each in P.trainable_tensors:
-            sd = state_dtypes(s, dtype)[1]
-            _add_to_group(node, group, numel * DTYPE_BYTES[sd], numel, sd, "sqrt(exp_avg_sq) for every parameter (foreach)")
-    elif opt == "adafactor":
-        n = P.largest_trainable_numel
-        pd = P.trainable_tensors[0][3] if P.trainable_tensors else "float32"
-        copies = 4 if DTYPE_BYTES.get(pd, 4) < 4 else 2
-        node.add(Node("per-parameter fp32 working copies", bytes=n * 4 * copies, dtype="float32", count=n * copies,
-                      formula=f"{copies} x largest parameter ({n:,} elements) x 4 B"))
-    elif opt == "lion":
-        n = P.largest_trainable_numel
-        node.add(Node("per-parameter update", bytes=2 * n * 2, formula=f"2 x largest parameter ({n:,}) x 2 B"))
-    return node
-
-
-def _add_to_group(parent: Node, group: str, nbytes: float, numel: Optional[float], dtype: str, formula: str) -> None:
-    for c in parent.children:
-        if c.name == group:
-            c.bytes += nbytes
-            if numel is not None and c.count is not None:
-                c.count += int(numel)
-            return
-    parent.add(Node(group, bytes=nbytes, count=int(numel) if numel is not None else None, dtype=dtype, formula=formula))
-
-
-# ----------------------------------------------------------------------------------
-# Activations
-# ----------------------------------------------------------------------------------
-
-
-def logits_bytes(arch: Architecture, s: TrainingSetup, tokens: Any = None) -> Dict[str, float]:
-    """The output head's logits and the loss: what is live at the loss's forward peak
-    (name -> bytes; see :func:`loss_memory`)."""
-    return {k: b for k, b, _ in loss_memory(arch, s, tokens)[0]}
-
-
-#: Liger's fused linear cross-entropy: rows per chunk so that a chunk's logits match the input
-#: (src/liger_kernel/ops/fused_linear_cross_entropy.py: inc_factor = cdiv(V, H),
-#: chunk_size = next_power_of_2(cdiv(BT, inc_factor)))
-def _liger_chunk_rows(T: int, V: int, h: int) -> int:
-    inc = -(-V // h)
-    rows = -(-T // inc)
-    return min(T, 1 << max(0, (rows - 1).bit_length()))
-
-
-def loss_memory(arch: Architecture, s: TrainingSetup, tokens: Any = None
-                ) -> Tuple[List[Tuple[str, float, str]], List[Tuple[str, float, str]]]:
-    """The output head's logits and the cross-entropy, in one place: (forward, backward).
-
-    ``forward``: tensors live at the loss's forward peak; ``backward``: those live at the
-    peak of the loss's backward (beside the blocks' saved activations).  T = b x s tokens,
-    V vocabulary, c the logits' dtype, n = ``loss_chunks``.
-
-    * ``standard`` (transformers ForCausalLMLoss): logits (T x V x c) held by the output,
-      ``logits.float()`` (T x V x 4), log_softmax's fp32 output saved for backward; in
-      backward nll_loss's and log_softmax's fp32 gradients beside it (3 x T x V x 4).
-      Older transformers (``versions``): before 4.46 the model itself returns
-      ``lm_head(h).float()`` (LlamaForCausalLM; the 16-bit logits are a transient) and
-      before 4.49 the loss copies the shifted fp32 logits (``shift_logits =
-      logits[..., :-1, :].contiguous()``; removed by transformers PR #35646).
-      torchtune's models return ``output(h).float()`` too; LitGPT's loss does not upcast.
-    * ``chunked`` (torchtune CEWithChunkedOutputLoss, LitGPT chunked_cross_entropy): the
-      head runs per chunk, every chunk's 16-bit logits are kept, each chunk is upcast and
-      log_softmax'ed alone: the fp32 upcast is T/n x V, but every chunk's log_softmax
-      output is still saved (T x V x 4 in all); in backward one chunk's two gradients.
-    * compiled cross-entropy (``compile=True``: torchtune compiles the loss): the upcast,
-      log_softmax and nll_loss are one kernel
-      that keeps only its input and a per-row logsumexp (T x 4) and writes the gradient of
-      its input in backward (T x V in the input's dtype, per chunk when chunked).
-    * ``liger`` (Liger FusedLinearCrossEntropy): no full logits. Rows are processed in
-      chunks (cdiv(T, cdiv(V, h)) rounded up to a power of two); each chunk's logits
-      (rows x V x c) get the softmax gradient in place, and the gradient of the head's
-      input (T x h x c) and, if the head trains, of its weight (V x h) are computed in the
-      forward pass and kept for backward.
-    """
-    bh = behaviour(s.stack)
-    # ``tokens`` replaces b x s (an array of sizes for fit_map); an encoder-decoder's head and
-    # loss read the decoder's b x t target tokens (T5ForConditionalGeneration.forward:
-    # lm_logits = self.lm_head(sequence_output), the decoder's output; labels b x t)
-    T, V, h = (s.batch_size * s.dec_len if tokens is None else tokens), arch.vocab_size, arch.hidden_size
-    c = DTYPE_BYTES[logits_dtype(arch, s)]
-    TV = T * V
-    fwd: List[Tuple[str, float, str]] = []
-    bwd: List[Tuple[str, float, str]] = []
-    softcap = bool(arch.final_logit_softcapping)
-    if s.loss == "liger":
-        rows = _liger_chunk_rows(T, V, h)
-        head_trains = s.method in ("full", "freeze") and not (s.method == "freeze" and arch.tie_word_embeddings)
-        head_trains = head_trains or ("lm_head" in (s.modules_to_save or ()))
-        fwd.append(("gradient of the head's input (Liger, kept)", T * h * c, f"T x h x {c:g} B"))
-        if head_trains:
-            fwd.append(("gradient of the head's weight (Liger)", V * h * c, f"V x h x {c:g} B"))
-        fwd.append(("logits of one chunk of rows (Liger)", rows * V * c,
-                    f"{rows} rows x V x {c:g} B (rows = next_pow2(T / ceil(V/h)))"))
-        fwd.append(("per-token loss (fp32)", T * 4.0, "T x 4 B"))
-        bwd = [x for x in fwd if "gradient" in x[0]]
-        return fwd, bwd
-    fused = s.compile
-    upcast = bool(bh["loss_upcast"]) and arch.family.loss_upcast
-    in_model = s.loss == "standard" and (bool(bh["logits_fp32_in_model"]) or s.before("transformers", "4.46"))
-    d = 4.0 if upcast else c            # the dtype the cross-entropy runs in
-    n = s.loss_chunks if s.loss == "chunked" else 1
-    held = 4.0 if in_model else c       # the logits the caller holds while the loss runs
-    if in_model:
-        fwd.append(("logits upcast to fp32 in the model", TV * 4.0,
-                    "T x V x 4 B (the model returns output(h).float())"))
-    else:
-        fwd.append(("logits", TV * c, (f"b x s x V ({s.batch_size} x {s.seq_len} x {V})" if s.target_len is None
-                                       else f"b x t x V ({s.batch_size} x {s.target_len} x {V})") + f" x {c:g} B"
-                    + (f", {n} chunks" if n > 1 else "")))
-    if softcap:
-        fwd.append(("soft-capped logits tanh", TV * c, "T x V (final_logit_softcapping)"))
-    if fused:
-        fwd.append(("per-row logsumexp (fused cross-entropy)", T * 4.0,
-                    "T x 4 B: the fused kernel keeps its input and one fp32 value per row"))
-        bwd.append(("logits kept by the fused cross-entropy", TV * held,
-                    f"T x V x {held:g} B"))
-        bwd.append(("gradient of the logits (fused cross-entropy)", TV * held / n,
-                    f"T{'/' + str(n) if n > 1 else ''} x V x {held:g} B"))
-        bwd += [x for x in fwd if x[0] == "soft-capped logits tanh"]
-        return fwd, bwd
-    shift_copy = s.loss == "standard" and s.before("transformers", "4.49") and not bh.get("no_shift_copy")
-    if upcast and not in_model and c != 4:
-        fwd.append(("logits upcast to fp32", TV * 4.0 / n,
-                    "b x s x V x 4 B (HF loss calls logits.float())" if n == 1 else
-                    f"T/{n} x V x 4 B (one chunk upcast at a time)"))
-    if shift_copy:
-        fwd.append(("shifted logits copy (fp32)", TV * 4.0, "T x V x 4 B (logits[..., :-1, :].contiguous())"))
-    ls = "log_softmax output (fp32)" if d == 4 else "log_softmax output"
-    fwd.append((ls, TV * d, f"b x s x V x {d:g} B (cross_entropy keeps it for backward)"
-                + (f", every chunk's" if n > 1 else "")))
-    bwd.append((ls + ", saved", TV * d, f"T x V x {d:g} B"))
-    bwd.append(("gradient of log_softmax output" + (" (fp32)" if d == 4 else ""), TV * d / n,
-                f"T{'/' + str(n) if n > 1 else ''} x V x {d:g} B (nll_loss backward)"))
-    bwd.append(("gradient of logits" + (" (fp32)" if d == 4 else ""), TV * d / n,
-                f"T{'/' + str(n) if n > 1 else ''} x V x {d:g} B (log_softmax backward)"))
-    bwd += [(k + " (saved)", b, f) for k, b, f in fwd if k == "soft-capped logits tanh"]
-    return fwd, bwd
-
-
-# ----------------------------------------------------------------------------------
 # The estimate
 # ----------------------------------------------------------------------------------
 
@@ -419,156 +148,79 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
     return _estimate(arch, s, gpu=gpu)
 
 
-def size_grid_totals(arch: Architecture, s: TrainingSetup, b: Any, sq: Any,
-                     mx: Callable[..., Any], reserved: bool = True, gpu: Any = None) -> Dict[str, Any]:
-    """The totals of ``s`` at every (batch ``b``, sequence ``sq``) of two broadcastable
-    arrays, computed by the very operations :func:`estimate_setup` does for one size
-    (``mx``: an element-wise max of any number of arrays): ``phases`` (forward, backward,
-    optimizer_step, first_step, ...), ``peak_allocated_bytes``, ``reserved_bytes`` and
-    ``cuda_context_bytes`` (``gpu``'s own, :func:`vramwidget.gpus.context_for`; the H200's
-    without one).  Saved activations are exact polynomials in b and s (see
-    :class:`Profile`), so one trace serves the whole grid.  ``reserved=False`` leaves out
-    ``reserved_bytes`` (one allocator replay per cell: ``fitmap`` chooses the cells)."""
-    return _estimate(arch, s, gpu=gpu, sizes=(b, sq), mx=mx, grid_reserved=reserved)
-
-
-def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Optional[Tuple[Any, Any]] = None,
-              mx: Callable[..., Any] = max, grid_reserved: bool = True) -> Any:
-    """estimate_setup's body; with ``sizes`` it stops at the totals (see size_grid_totals)."""
+def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Estimate:
+    """estimate_setup's body: the setup's step plan (``vramwidget.plan``) and what is read
+    from it, the totals now, the trees, the replay and the step's work when asked for."""
     if s.trains_adapters and s.lora_targets:
         resolve_targets(arch, s.lora_targets)
     P = param_storage(arch, s)
     if s.method in ("lora", "qlora") and not P.adapters:
         raise VramError(f"lora_targets: none of the targets are linear layers of {arch.name}", field="lora_targets")
-    # the output head's and the loss's tokens: an encoder-decoder's b x target_len (a grid of
-    # sizes varies seq_len, a given target_len stays fixed)
-    T = s.batch_size * s.dec_len if sizes is None else sizes[0] * (
-        s.target_len if s.target_len is not None else sizes[1])
-    gc = full_checkpointing(s)
     _check_knobs(arch, s)
+    view = plan_view(arch, s)
+    tot = view.totals
+    phases = {k: float(tot.phases_bytes[k]) for k in PHASE_ORDER}
+    peak = float(tot.peak_allocated_bytes)
+    offloaded = view.host_bytes()
+    notes = _notes(arch, s, P, offloaded)
+    flops, overhead = _flops(arch, s, P)
 
-    # -- model states ---------------------------------------------------------------------
-    w_bytes = (sum(w[2] for w in P.weights) + sum(q[1] for q in P.quant_consts) + sum(a[2] for a in P.adapters))
-    # dequantization scratch: a 4-bit Linear dequantizes its weight for each matmul
-    deq = 0.0
-    if P.quant_consts:
-        deq = max(t.numel_each for t, _, _ in P.quant_consts) * DTYPE_BYTES[s.compute_dtype]
-    grads = Node("gradients")
-    for name, group, numel, dtype, _each in P.trainable_tensors:
-        _add_to_group(grads, group, numel * DTYPE_BYTES[dtype], numel, dtype, f"n x {DTYPE_BYTES[dtype]:g} B ({dtype})")
-    grads.finalize()
-    states = optimizer_states(P, s)
-    states_bytes = sum(n.total_bytes() for n in states)
-    temps = optimizer_temporaries(P, s)
-    temps.finalize()
-    cast_cache = _autocast_cache(arch, s, P)
-    cache_bytes = cast_cache.bytes
-    # Under checkpointing the blocks' saved tensors (and with them their cached bf16 weight
-    # copies) are dropped after forward; only the head's copy is still saved in backward.
-    head_cache = sum(c.bytes for c in cast_cache.children if c.name in ("output head", "embedding"))
-    bwd_cache = head_cache if gc else cache_bytes
+    def build() -> Tuple[None, Dict[str, List[Node]]]:
+        """Every phase's component tree: the tensors live at its peak (the plan's view)."""
+        return None, view.trees()
 
-    # -- activations and logits ---------------------------------------------------------------
-    A = activations_at(arch, s, P, sizes=sizes, mx=mx)
-    L_save = A.n_saving_layers
-    head_acts = sum(n for _, n, _ in A.head)
-    if gc:
-        layer_acts = A.checkpoint_bytes_per_layer * L_save
-    else:
-        layer_acts = A.layers_bytes
-    offloaded = 0.0
-    if s.activation_offloading:
-        offloaded, layer_acts = _offload(A, layer_acts, gc)
-    tower_acts = sum(n for _, n, _ in A.tower)
-    acts_bytes = layer_acts + head_acts + tower_acts
-    loss_fwd, loss_bwd_items = loss_memory(arch, s, T if sizes is not None else None)
-    lg = {k: b for k, b, _ in loss_fwd}
-    logits_fwd_bytes = sum(lg.values())
+    def components_at(reserved_value: float, exact: bool = True) -> List[Node]:
+        """The peak's components plus the allocator reserve at ``reserved_value`` (the
+        replayed one for ``Estimate.components``; a provisional one for
+        ``Estimate.provisional_components``) and the CUDA context."""
+        formula = ("caching allocator: cached free blocks and rounding when reserved memory peaks "
+                   "(replay of CUDACachingAllocator over the step plan's allocations)")
+        if not exact:
+            formula = ("provisional, the replay has not run yet: allocated peak x the reserved / allocated "
+                       "ratio of the nearest replayed size of this setup (replays.provisional_reserved_bytes)")
+        return list(est.phase_components[tot.peak_phase]) + [
+            Node("allocator reserve", bytes=max(0.0, reserved_value - peak), formula=formula),
+            Node("cuda context", bytes=est.cuda_context_bytes, formula=est.cuda_context_source),
+        ]
 
-    # -- phases -------------------------------------------------------------------------------
-    base = w_bytes + CUBLAS_WORKSPACE_BYTES
-    persistent = base + states_bytes
-    grads_bytes = grads.bytes
-    accum_grads = grads_bytes if s.grad_accum_steps > 1 else 0.0
-    # forward: saved activations + the loss's working set (or a recomputed layer under gc)
-    recompute = A.recompute_layer_bytes if gc else 0.0   # one block's saved tensors, rebuilt in backward
-    # DoRA computes each adapted weight's norm in the forward pass (and again when a
-    # checkpointed layer is recomputed in backward)
-    dora_tmp = dora_norm_bytes(arch, s, P)
-    fwd_extra = mx(mx(logits_fwd_bytes, dora_tmp), mx(recompute, A.first_layer_bytes) if gc else 0.0)
-    forward = persistent + accum_grads + cache_bytes + acts_bytes + fwd_extra + deq
+    def work() -> Any:
+        """The step's work for the step time (timing.py), computed when first asked for."""
+        from .timing import step_work
 
-    # backward: the loss gradient, then the layers one by one; the phase's peak is the
-    # largest of these events (each lists what is live beside the persistent state).
-    loss_bwd = sum(b for _, b, _ in loss_bwd_items)
-    head_grad = sum(g for n, g in _head_grad_bytes(P, arch))
-    embed_grad = _embed_grad_bytes(P, arch)
-    layer_grad = (grads_bytes - head_grad) / max(arch.num_layers, 1)
-    cache_per_layer = cache_bytes / max(arch.num_layers, 1)
-    work = A.transient_layer_bytes + deq + (dora_tmp if gc else 0.0)
-    if s.optimizer_in_backward:
-        # each parameter steps in its post-accumulate-grad hook and its gradient is freed:
-        # at most one parameter's gradient (+ that step's temporaries) is ever live
-        live = _step_in_backward_bytes(P, s)
-        head_grad = layer_grad = embed_grad_live = 0.0
-        grads_live_first = grads_live_end = live
-        head_grad = live
-    else:
-        # a tied head and embedding: the head's gradient waits in autograd's input buffer for the
-        # embedding's; the engine adds the two in place only into a plain tensor it holds the last
-        # reference to (torch/csrc/autograd/input_buffer.cpp, ``can_accumulate_inplace``).  The
-        # head's weight gradient is a transposed view of its mm (linear's backward), so the sum
-        # is a third V x h tensor; under autocast it arrives as the fp32 cast of that (a plain
-        # tensor) and the embedding's is added into it (checked on the CPU: aten::add vs add_)
-        embed_grad_live = (embed_grad * (1 if s.autocast else 2)) if arch.tie_word_embeddings else 0.0
-        grads_live_first = grads_bytes - embed_grad - layer_grad * 2 / 3
-        grads_live_end = grads_bytes
-    ev = {
-        # the loss: three fp32 T x V tensors beside every saved activation
-        "loss backward": acts_bytes + loss_bwd + bwd_cache + accum_grads,
-        # the last block, first in backward: all its activations are still there
-        "last layer's backward": (acts_bytes - head_acts) + recompute + max(head_grad + layer_grad / 3, accum_grads)
-        + bwd_cache + work,
-        # the first block, last in backward: every gradient but the embedding's and most of its own
-        # (under checkpointing it is the first block itself that is recomputed: a dense block in
-        # DeepSeek-style MoE models, the same as the others elsewhere)
-        "first layer's backward": (A.checkpoint_bytes_per_layer + A.first_layer_bytes if gc else A.first_layer_bytes)
-        + max(grads_live_first, accum_grads)
-        # autocast's 16-bit weight copies live only as saved tensors once forward's autocast
-        # context exits (torch.autocast.__exit__ clears the cache): here the first block's own,
-        # from forward or (checkpointing) from its recomputation, which re-enters autocast;
-        # the head's copy went with the head's backward, long before
-        + cache_per_layer + work,
-        "end of backward": max(grads_live_end, accum_grads) + embed_grad_live,
-    }
-    backward = persistent + mx(*ev.values())
-    optimizer = persistent + (grads_live_end if s.optimizer_in_backward else grads_bytes + temps.bytes)
-    phases = {"after_load": base, "forward": forward, "backward": backward, "optimizer_step": optimizer}
-    peak = mx(forward, backward, optimizer)
-    phases["first_step"] = mx(forward - states_bytes, backward - states_bytes, optimizer)
-    phases["persistent"] = persistent
-    # the chosen card's CUDA context (the H200's without a GPU): gpus.context_for, the one
-    # place it is chosen; Estimate.set_gpu below keeps it with the card
-    context = context_for(get_gpu(gpu) if gpu is not None else None)[0]
-    if sizes is not None:  # a grid of sizes: the totals only (a replay per cell for reserved memory)
-        out = {"phases": phases, "peak_allocated_bytes": peak, "cuda_context_bytes": context}
-        if grid_reserved:
-            out["reserved_bytes"] = _grid_reserved(arch, s, sizes, peak)
-        return out
-    bwd_event = max(ev, key=ev.get)
-    peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda p: phases[p])
+        return step_work(arch, s, P, activations_at(arch, s, P), logits_dtype(arch, s), lambda d: state_dtypes(s, d),
+                         offloaded_bytes=offloaded)
 
-    def reserved() -> float:
-        """max_memory_reserved(): the caching allocator replayed over the run (events.py)."""
-        return ALLOCATOR_REPLAY["reserved"](arch, s, peak)
+    est = Estimate(model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total,
+                   params_trainable=P.trainable_numel, components=None, phases_bytes=phases,
+                   peak_phase=tot.peak_phase, peak_allocated_bytes=peak,
+                   reserved_bytes=lambda: replays.reserved_bytes(arch, s, peak),
+                   cuda_context_bytes=context_for(get_gpu(gpu) if gpu is not None else None)[0],
+                   flops_per_step=flops, recompute_overhead=overhead, notes=notes, builder=build)
+    est._work = work
+    est._setup_obj = s
+    est._replay_fn = lambda capacity_bytes=None, record=False: replays.replay_training(arch, s, capacity_bytes, record)
+    est._provisional_fn = lambda: replays.provisional_reserved_bytes(arch, s, peak)
+    est._components_at = components_at
+    # on a card the reserve is judged with the allocator's free-and-retry at its limit
+    # (gpus.judge_on: a replay with the card's capacity when the unlimited reserve is over it)
+    est.capacity_judged = True
+    est._replayed = (arch, s)        # what the replay runs (gpus.judge_on caches capacity replays by it)
+    est._reserved_from_replay = lambda res: replays.reserved_of(res, peak)
+    if gpu is not None:
+        est.set_gpu(gpu)
+    return est
 
+
+def _notes(arch: Architecture, s: TrainingSetup, P: ParamStorage, offloaded: float) -> List[str]:
+    """What the estimate assumes or warns about, in words."""
     notes: List[str] = list(arch.family.notes(arch))
     if not arch.exact:
         notes.append(arch.assumption)
-    if A.backend == "math":
+    backend = attention_backend(arch, s, s.compute_dtype)
+    if backend == "math":
         notes.append("SDPA falls back to the math kernel here (fp32 with grouped KV heads): "
                      "the b x a x s x s probabilities are kept for every layer")
-    if A.backend == "eager":
+    if backend == "eager":
         why = "" if s.attn_implementation == "eager" else (
             f"attn_implementation={s.attn_implementation!r} is not what runs: transformers has no SDPA path for "
             f"this model ({'logit soft-capping' if arch.attn_logit_softcapping else arch.model_type}) and runs "
@@ -586,216 +238,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
     notes.extend(unusual_input_notes(arch, s))
     notes.extend(_unquantized_notes(arch, s, P))
     notes.append(_versions_note(s))
-    flops, overhead = _flops(arch, s, P)
-
-    def build() -> Tuple[List[Node], Dict[str, List[Node]]]:
-        """Every phase's component tree (component > module group > tensor, with formulas)."""
-        weights = Node("weights")
-        for t, dtype, nbytes, trains in P.weights:
-            _child(weights, t.group).add(Node(
-                t.name, bytes=nbytes, dtype=dtype, count=t.numel,
-                formula=f"{t.repeat} x {' x '.join(map(str, t.shape))} x {DTYPE_BYTES[dtype]:g} B ({dtype})"))
-        qconst = Node("quantization constants")
-        for t, nbytes, formula in P.quant_consts:
-            _child(qconst, t.group).add(Node(t.name, bytes=nbytes, formula=formula))
-        adapters = Node("adapters")
-        for module, group, nbytes, numel in P.adapters:
-            adapters.add(Node(f"{module} lora_A + lora_B", bytes=nbytes, count=numel, dtype=P.adapter_dtype,
-                              formula=f"r x (in + out) x layers x {DTYPE_BYTES[P.adapter_dtype]:g} B "
-                                    f"(r={s.lora_r}, {P.adapter_dtype})"))
-        workspace = Node("workspace", children=[Node(
-            "cuBLAS workspace", bytes=CUBLAS_WORKSPACE_BYTES,
-            formula="cuBLAS + cuBLASLt workspaces, 64 MiB (measured, H200, PyTorch 2.11)")])
-        acts = Node("activations")
-        if s.activation_offloading:
-            acts.add(Node("saved tensors still on the GPU (the rest offloaded)", bytes=layer_acts,
-                          formula=("the 5 most recent checkpointed layer inputs (forward stash)" if gc else
-                                   "one block's saved tensors (in flight to or from the CPU)")))
-        elif gc:
-            acts.add(Node(f"layer inputs kept by checkpointing ({L_save} layers)", bytes=layer_acts,
-                          formula=f"{L_save} x T x h x {DTYPE_BYTES[residual_dtype(s)]:g} B"))
-        else:
-            groups: Dict[str, Node] = {}
-            for t in A.per_layer:
-                g = groups.get(t.group)
-                if g is None:
-                    g = groups[t.group] = acts.add(Node(t.group))
-                g.add(Node(t.name, bytes=t.nbytes * (L_save - 1), dtype=t.dtype, count=int(t.numel * (L_save - 1)),
-                           formula=f"{L_save - 1} layers x {t.formula} x {DTYPE_BYTES[t.dtype]:g} B"))
-            acts.add(Node("first trained layer", bytes=A.first_layer_bytes,
-                          formula="the first block's saved tensors (its input may need no gradient)"))
-        for name, nbytes, formula in A.head:
-            _child(acts, "output head").add(Node(name, bytes=nbytes, formula=formula))
-        for name, nbytes, formula in A.tower:
-            _child(acts, "vision tower").add(Node(name, bytes=nbytes, formula=formula))
-        logits_fwd = Node("logits and loss", children=[Node(k, bytes=v, formula=f) for k, v, f in loss_fwd])
-        state_node = Node("optimizer states", children=list(states))
-
-        def grads_part(nbytes: float, formula: str) -> Node:
-            """Gradients allocated so far, split by module group in proportion."""
-            nbytes = max(nbytes, accum_grads)
-            node = Node("gradients", formula=formula)
-            scale = nbytes / grads_bytes if grads_bytes else 0.0
-            for c in grads.children:
-                node.add(Node(c.name, bytes=c.bytes * scale, dtype=c.dtype, formula=c.formula))
-            return node
-
-        def cache_part(nbytes: float) -> Node:
-            return Node("weights", children=[Node(cast_cache.name, bytes=nbytes,
-                                                  formula="16-bit weight copies still saved for backward")])
-
-        def work_part() -> List[Node]:
-            return [Node("activations", children=[
-                Node("backward working buffers", bytes=A.transient_layer_bytes,
-                     formula="2 x T x i + T x h gradient buffers of one layer"),
-                Node("DoRA weight-norm working set (recomputed layer)", bytes=dora_tmp if gc else 0.0,
-                     formula="in x in identity + in x r + 4 x out x in (adapter dtype), largest adapted module")]),
-                    _deq_node(deq)]
-
-        recomputed = Node("recomputed layer (checkpointing)", bytes=recompute,
-                          formula="one block's saved tensors, rebuilt for its backward")
-        if bwd_event == "loss backward":
-            bwd = [acts, Node("logits and loss", children=[Node(k, bytes=v, formula=f)
-                                                           for k, v, f in loss_bwd_items]),
-                cache_part(bwd_cache), grads_part(0.0, "accumulated gradients")]
-        elif bwd_event == "last layer's backward":
-            bwd = [Node("activations", children=[
-                Node("saved activations of all layers", bytes=acts_bytes - head_acts,
-                     formula="every block's saved tensors (or checkpoints)"), recomputed]),
-                grads_part(head_grad + layer_grad / 3, "output head + the last block's first gradients"),
-                cache_part(bwd_cache)] + work_part()
-        elif bwd_event == "first layer's backward":
-            bwd = [Node("activations", children=[
-                Node("first block's saved tensors" + (" (recomputed)" if gc else ""), bytes=A.first_layer_bytes,
-                     formula="the first block's saved tensors" + (", rebuilt for its backward" if gc else "")),
-                Node("first block's checkpointed input", bytes=A.checkpoint_bytes_per_layer if gc else 0.0,
-                     formula="T x h")]),
-                grads_part(grads_bytes - embed_grad - layer_grad * 2 / 3,
-                           "all gradients but the embedding's and most of the first block's"),
-                cache_part(cache_per_layer)] + work_part()
-        else:
-            bwd = [grads_part(grads_bytes, "every gradient"),
-                   Node("activations", children=[Node("embedding gradient being accumulated",
-                                                      bytes=embed_grad_live,
-                                                      formula="V x h (tied head and embedding: two contributions"
-                                                      + (", added in place)" if s.autocast else
-                                                         ", added out of place: 2 x V x h beside the sum)"))])]
-        fwd = [weights, qconst, adapters, state_node, acts, logits_fwd,
-               Node("weights", children=[cast_cache]), _deq_node(deq), workspace]
-        if accum_grads:
-            fwd.append(grads)
-        rec_part = max(recompute, A.first_layer_bytes) if gc else 0.0
-        if gc and rec_part >= dora_tmp:
-            fwd.append(Node("activations", children=[Node(
-                "recomputed layer", formula="one block's tensors while it runs",
-                bytes=max(0.0, fwd_extra - logits_fwd_bytes))]))
-        elif dora_tmp:
-            fwd.append(Node("activations", children=[Node(
-                "DoRA weight-norm working set", formula="in x in identity + in x r + 4 x out x in (adapter dtype), "
-                "largest adapted module", bytes=max(0.0, fwd_extra - logits_fwd_bytes))]))
-        phase_components = {
-            "after_load": _finish([weights, qconst, adapters, workspace]),
-            "forward": _finish(fwd),
-            "backward": _finish([weights, qconst, adapters, state_node] + bwd + [workspace]),
-            "optimizer_step": _finish([weights, qconst, adapters, state_node, grads, temps, workspace]),
-        }
-        return None, phase_components    # the peak's list: components_at (it needs the reserve)
-
-    def components_at(reserved_value: float, exact: bool = True) -> List[Node]:
-        """The peak phase's components plus the allocator reserve at ``reserved_value`` (the
-        replayed one for ``Estimate.components``; a provisional one for
-        ``Estimate.provisional_components``) and the CUDA context."""
-        formula = ("caching allocator: cached free blocks and rounding when reserved memory peaks "
-                   "(replay of CUDACachingAllocator over this run's allocations)")
-        if not exact:
-            formula = ("provisional, the replay has not run yet: allocated peak x the reserved / allocated "
-                       "ratio of the nearest replayed size of this setup (events.provisional_reserved_bytes)")
-        return list(est.phase_components[peak_phase]) + [
-            Node("allocator reserve", bytes=max(0.0, reserved_value - peak), formula=formula),
-            Node("cuda context", bytes=est.cuda_context_bytes, formula=est.cuda_context_source),
-        ]
-
-    def work() -> Any:
-        """The step's work for the step time (timing.py), computed when first asked for."""
-        from .timing import step_work
-
-        return step_work(arch, s, P, A, lg, logits_dtype(arch, s), lambda d: state_dtypes(s, d),
-                         offloaded_bytes=offloaded)
-
-    est = Estimate(model_name=arch.name, setup=s.to_dict(), params_total=arch.params_total,
-                   params_trainable=P.trainable_numel, components=None, phases_bytes=phases,
-                   peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
-                   cuda_context_bytes=context, flops_per_step=flops, recompute_overhead=overhead,
-                   notes=notes, builder=build)
-    est._work = work
-    est._setup_obj = s
-    est._replay_fn = lambda capacity_bytes=None, record=False: ALLOCATOR_REPLAY["replay"](arch, s, capacity_bytes,
-                                                                                         record)
-    est._provisional_fn = lambda: ALLOCATOR_REPLAY["provisional"](arch, s, peak)
-    est._components_at = components_at
-    # on a card the reserve is judged with the allocator's free-and-retry at its limit
-    # (gpus.judge_on: a replay with the card's capacity when the unlimited reserve is over it)
-    est.capacity_judged = True
-    est._replayed = (arch, s)        # what the replay runs (gpus.judge_on caches capacity replays by it)
-    est._reserved_from_replay = lambda res: ALLOCATOR_REPLAY["reserved_of"](s, res, peak)
-    if gpu is not None:
-        est.set_gpu(gpu)
-    return est
-
-
-#: torchtune OffloadActivations: max_fwd_stash_size (pack ids whose GPU copy waits for its
-#: transfer; tensors under min_offload_size, 1 KiB, stay on the GPU)
-OFFLOAD_FWD_STASH = 5
-#: pack calls of one checkpointed layer: non-reentrant torch.utils.checkpoint saves its inputs
-#: through _NoopSaveInputs (torch/utils/checkpoint.py): an empty placeholder tensor and the
-#: layer input (keyword arguments such as masks are kept by reference, not packed)
-CHECKPOINT_PACKS_PER_LAYER = 2
-
-
-def _offload(A: Activations, layer_acts: float, gc: bool) -> Tuple[float, float]:
-    """Activation offloading: (bytes moved to the CPU, bytes still on the GPU).
-
-    torchtune ``OffloadActivations`` (torchtune/training/_activation_offloading.py, which
-    TRL's ``activation_offloading`` copies) gives every saved tensor a pack id and copies
-    those of at least 1 KiB that are not parameters to pinned CPU memory; the GPU copy
-    stays in a forward stash until a tensor 5 ids newer is offloaded (``pack_tensor``: ids
-    <= id - max_fwd_stash_size leave the stash).  In backward each tensor is brought back
-    just before its node runs.  The output head is excluded (a NoOpManager around
-    ``model.output``), so the head's tensors and the logits stay.
-
-    What is still on the GPU at the end of the forward is that stash.  Under full
-    checkpointing the ids are each layer's two packs (placeholder + input), then the final
-    norm's (``head_packs``: an fp32-upcast RMSNorm packs its fp32 input and its rsqrt twice
-    each, plus the normalised tensor when its weight trains).  Those norm tensors are counted
-    in the head's activations (not offloaded here); the layer inputs among the 5 newest ids
-    stay beside them: Llama with LoRA (4 norm packs) keeps the last layer's input, full
-    fine-tuning (5) keeps none.  The recomputed layer is not packed (backward runs outside
-    the context).  Without checkpointing about one block's saved tensors wait in the stash.
-    Unsloth's offloaded checkpointing moves the same layer inputs.
-    """
-    if gc:
-        free_ids = max(OFFLOAD_FWD_STASH - A.head_packs, 0)
-        inputs = min(math.ceil(free_ids / CHECKPOINT_PACKS_PER_LAYER), A.n_saving_layers)
-        kept = inputs * A.checkpoint_bytes_per_layer
-    else:
-        kept = A.per_layer_bytes
-    kept = min(kept, layer_acts)
-    return layer_acts - kept, kept
-
-
-def _step_in_backward_bytes(P: ParamStorage, s: TrainingSetup) -> float:
-    """Optimizer in backward (torchtune ``optimizer_in_bwd``: one optimizer per parameter,
-    stepped in a ``register_post_accumulate_grad_hook`` hook that then calls ``zero_grad``:
-    torchtune/training/memory.py ``register_optim_in_bwd_hooks``):
-    the largest parameter's gradient plus what its step allocates (foreach AdamW: one
-    state-sized sqrt(exp_avg_sq) of that parameter)."""
-    g = 0.0
-    for name, group, numel, dtype, each in P.trainable_tensors:
-        b = each * DTYPE_BYTES[dtype]
-        if s.optimizer in ("adamw", "galore_adamw"):
-            b += each * DTYPE_BYTES[state_dtypes(s, dtype)[1]] if s.optimizer == "adamw" else 0.0
-        g = max(g, b)
-    return g
+    return notes
 
 
 def unusual_input_notes(arch: Architecture, s: TrainingSetup) -> List[str]:
@@ -882,76 +325,6 @@ def check_target_len(arch: Architecture, s: TrainingSetup) -> None:
     raise VramError(f"target_len: {arch.name} is {what}; its sequence is seq_len", field="target_len")
 
 
-def _grid_reserved(arch: Architecture, s: TrainingSetup, sizes: Tuple[Any, Any], peak: Any) -> Any:
-    """Reserved memory at every (batch, sequence) of a grid: one allocator replay per cell
-    (numpy arrays in, an array out; the cells are the setups ``estimate_setup`` would see)."""
-    import numpy as np
-
-    b, sq, pk = np.broadcast_arrays(np.asarray(sizes[0]), np.asarray(sizes[1]), np.asarray(peak, dtype=float))
-    out = np.empty(b.shape, dtype=float)
-    for i in np.ndindex(b.shape):
-        cell = s.replace(batch_size=int(b[i]), seq_len=int(sq[i]))
-        out[i] = ALLOCATOR_REPLAY["reserved"](arch, cell, float(pk[i]))
-    return out
-
-
-def _autocast_cache(arch: Architecture, s: TrainingSetup, P: ParamStorage) -> Node:
-    """Autocast casts each fp32 matmul weight to 16 bits once per forward and caches the
-    copy; the matmuls save it for backward (leaf tensors only: weights, not activations).
-
-    Autocast caches only leaves that require grad (aten/src/ATen/autocast_mode.cpp,
-    ``cached_cast``: ``arg.requires_grad() && arg.is_leaf()``).  A frozen fp32 weight (the
-    base under LoRA) is cast afresh at each use; without checkpointing the matmul saves that
-    copy for backward, so it lives as long as a cached one, but under full checkpointing the
-    saved copy is dropped with the block's other saved tensors and exists only while its block
-    runs: it is not held here.  The blocks below the first trained one (``method="freeze"``)
-    run outside autograd's graph (nothing in them, nor their input, requires grad): their
-    matmuls save nothing, so their weights' copies exist only while each runs."""
-    name = "bf16 weight copies (autocast cache)" if s.compute_dtype == "bfloat16" else \
-        "fp16 weight copies (autocast cache)"
-    node = Node(name)
-    first_train, _ = trained_range(arch, s)
-    if s.autocast:
-        for t, dtype, nbytes, trains in P.weights:
-            if not trains and full_checkpointing(s) and t.layers is not None:
-                continue  # a frozen block weight's copy is recomputed with its block
-            if not trains and t.layers is not None and t.layers[1] < first_train:
-                continue  # a block below the trained ones keeps no copy
-            if (t.linear or t.role == "output_head" or (t.role == "embedding" and arch.tie_word_embeddings)) \
-                    and not t.is_bias and dtype == "float32":
-                _add_to_group(node, t.group, t.numel * DTYPE_BYTES[s.compute_dtype], t.numel, s.compute_dtype,
-                              "matmul weights cast once per forward and kept for backward")
-    node.finalize()
-    return node
-
-
-def _head_grad_bytes(P: ParamStorage, arch: Architecture) -> List[Tuple[str, float]]:
-    out = []
-    for t, dtype, nbytes, trains in P.weights:
-        if trains and t.layers is None:
-            out.append((t.name, t.numel * DTYPE_BYTES[dtype]))
-    return out
-
-
-def _embed_grad_bytes(P: ParamStorage, arch: Architecture) -> float:
-    for t, dtype, nbytes, trains in P.weights:
-        if trains and t.role == "embedding":
-            return t.numel * DTYPE_BYTES[dtype]
-    return 0.0
-
-
-def _deq_node(deq: float) -> Node:
-    return Node("quantization constants", children=[Node("dequantized weight (transient)", bytes=deq,
-                                                          formula="largest 4-bit linear as 16-bit while it runs")])
-
-
-def _child(parent: Node, name: str) -> Node:
-    for c in parent.children:
-        if c.name == name:
-            return c
-    return parent.add(Node(name))
-
-
 def _merge_named(nodes: List[Node]) -> List[Node]:
     """Merge top-level nodes of the same name (e.g. two 'weights' entries)."""
     from .result import COMPONENT_KINDS
@@ -968,24 +341,6 @@ def _merge_named(nodes: List[Node]) -> List[Node]:
             merged[key] = Node(key, bytes=n.bytes, formula=n.formula, children=list(n.children))
     order = {k: i for i, k in enumerate(COMPONENT_KINDS)}
     return sorted(merged.values(), key=lambda n: order.get(n.name, 99))
-
-
-def _finish(nodes: List[Node]) -> List[Node]:
-    """Finalize (idempotent: parents = sum of children) and merge same-named components.
-    Phases share subtrees (the weights node is the same object in every phase)."""
-    out = []
-    for n in nodes:
-        n.finalize()
-        if n.bytes > 0:
-            out.append(n)
-    return _merge_named(out)
-
-
-#: the caching-allocator replay behind reserved memory, registered by ``vramwidget.events``
-#: when it is imported (``vramwidget/__init__`` does): ``replay(arch, s, capacity_bytes,
-#: record)`` and ``reserved(arch, s, peak)``.  events.py builds its event stream from this
-#: module's quantities, so this module cannot import it.
-ALLOCATOR_REPLAY: Dict[str, Callable[..., Any]] = {}
 
 
 def _flops(arch: Architecture, s: TrainingSetup, P: ParamStorage) -> Tuple[float, float]:

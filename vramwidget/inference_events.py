@@ -42,7 +42,9 @@ from .allocator import (DEFAULT_RESERVED_PER_ALLOCATED, ReplayResult, StepRun, e
                         replay_runs)
 from .architecture import Architecture
 from .estimate import CUBLAS_WORKSPACE_BYTES
-from .events import ASYNC_LOAD_WORKERS, CUBLAS_WORKSPACES, single_flight
+from .plan.context import CUBLAS_WORKSPACES
+from .plan.load import ASYNC_LOAD_WORKERS
+from .replays import single_flight
 from .inference import (GENERATE_REPLAY, InferenceSetup, _dequant_transient, _persistent_prefill, decode_transients, kv_layout,
                         layer_steps, logits_items, weight_storage)
 from .units import DTYPE_BYTES

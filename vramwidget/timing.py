@@ -358,14 +358,13 @@ def _mm_dtype(s: Any, weight_dtype: str) -> str:
     return weight_dtype
 
 
-def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_dtype: str,
+def step_work(arch: Any, s: Any, P: Any, A: Any, head_dtype: str,
               state_dtypes: Any, offloaded_bytes: float = 0.0) -> Tuple[Work, Work, Work, Work]:
     """(forward, backward, recompute, optimizer) work of one micro-batch step.
 
     ``P``: the estimate's per-tensor storage decisions, ``A``: its traced activations
     (``fwd_written_bytes_per_layer``, ``fwd_ops_per_layer``: every tensor the block's
-    forward creates, one kernel each), ``logits``: the output head's logits and loss tensors
-    (for the soft-capping pass), ``offloaded_bytes``: saved activations that activation
+    forward creates, one kernel each), ``offloaded_bytes``: saved activations that activation
     offloading copies to the host in forward and back in backward (torchtune's
     ``OffloadActivations`` runs the copies on a side stream: they cost time only where they
     outlast the phase's kernels).  Not modelled in time: ``torch.compile``'s fusion of the
@@ -493,7 +492,8 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
     head.kernels += A.head_fwd_ops + 1     # + the embedding lookup
     head.model_ops += A.head_fwd_ops + 1
     cb = DTYPE_BYTES[head_dtype]
-    softcap = logits.get("soft-capped logits tanh", 0.0)
+    # final logit soft-capping writes and reads one more T x V tensor (Gemma 2)
+    softcap = T * V * cb if arch.final_logit_softcapping else 0.0
     if s.compile or s.loss == "liger":
         # one fused kernel per chunk (Liger's fused linear cross-entropy, a compiled loss): the
         # logits are written, read for the softmax and overwritten by their gradient in place

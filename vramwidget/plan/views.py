@@ -91,7 +91,7 @@ def rounded(sizes: Any, cfg: AllocatorConfig) -> Any:
     if not (cfg.roundup_power2_divisions or cfg.roundup_power2_intervals):
         return np.maximum(512, (sizes + 511) // 512 * 512)
     uniq, inv = np.unique(sizes, return_inverse=True)
-    return np.asarray([round_size(int(x), cfg) for x in uniq], dtype=np.int64)[inv]
+    return np.asarray([round_size(int(x), cfg) for x in uniq], dtype=np.int64)[inv].reshape(np.shape(sizes))
 
 
 @dataclass
@@ -106,50 +106,96 @@ class Totals:
     rounded_bytes: Any       # every allocation's rounded bytes, by allocation row
 
 
-def totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1) -> Totals:
-    """The plan's phases at one size: ``after_load`` (before the inputs), ``load`` (its peak),
-    the steady ``forward``, ``backward``, ``optimizer_step`` (the largest over steps 2 and
-    on), ``first_step`` (step 1, when the states are made), ``persistent`` (between steps
-    2 and 3) and the peak of the whole run."""
-    import numpy as np
-
-    rb = rounded(ix.sizes_at(b, s, t), cfg)
-    live = np.cumsum(ix.signs * rb[ix.rows])
-    n = len(live)
-    # each phase's event ranges per step (a step of several micro-batches runs forward and
-    # backward once per micro-batch)
+def _phase_ranges(ix: PlanIndex) -> Dict[str, List[Tuple[int, int]]]:
+    """The event ranges each reported phase's peak is taken over (the level when a phase
+    starts counts: ``reset_peak_memory_stats`` sets the peak to it, so each range starts one
+    event early).  A step of several micro-batches runs forward and backward once per
+    micro-batch."""
+    n = len(ix.rows)
     spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
     marks = ix.marks
     for j, (phase, step, start) in enumerate(marks):
         end = marks[j + 1][2] if j + 1 < len(marks) else n
-        spans.setdefault((phase, step), []).append((start, end))
+        spans.setdefault((phase, step), []).append((max(start - 1, 0), end))
     inputs_at = next(i for p, st, i in marks if p == "inputs")
+    steps = ix.plan.steps
+    out = {"load": [(0, inputs_at)]}
+    for phase in STEADY_PHASES:
+        out[phase] = [r for st in range(2, steps + 1) for r in spans[(phase, st)]] or spans[(phase, 1)]
+    out["first_step"] = [(spans[("forward", 1)][0][0], spans[("zero_grad", 1)][-1][1])]
+    return out
+
+
+def _levels(ix: PlanIndex) -> Dict[str, int]:
+    """The events whose level is a phase's own figure: after the load (before the inputs) and
+    between steps 2 and 3 (after zero_grad)."""
+    marks = ix.marks
+    inputs_at = next(i for p, st, i in marks if p == "inputs")
+    steps = ix.plan.steps
+    ends = [i for p, st, i in marks if p == "zero_grad" and st == min(2, steps)]
+    nxt = [i for p, st, i in marks if i > ends[-1]]
+    end2 = (min(nxt) if nxt else len(ix.rows)) - 1
+    # the step's end: the last event before the next step's first mark (step_end included)
+    return {"after_load": max(inputs_at - 1, 0), "persistent": end2}
+
+
+def totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1) -> Totals:
+    """The plan's phases at one size: ``after_load`` (before the inputs), ``load`` (its peak),
+    the steady ``forward``, ``backward``, ``optimizer_step`` (the largest over steps 2 and
+    on), ``first_step`` (step 1, when the states are made), ``persistent`` (between steps
+    2 and 3) and the peak of the step (the largest of the steady phases and the first step)."""
+    import numpy as np
+
+    rb = rounded(ix.sizes_at(b, s, t), cfg)
+    live = np.cumsum(ix.signs * rb[ix.rows])
     out: Dict[str, int] = {}
     where: Dict[str, int] = {}
-
-    def peak_in(name: str, ranges: Sequence[Tuple[int, int]]) -> None:
+    for name, ranges in _phase_ranges(ix).items():
         best, at = -1, 0
         for lo, hi in ranges:
-            # the level when the phase starts counts (reset_peak_memory_stats sets it)
-            lo0 = max(lo - 1, 0)
-            if hi > lo0:
-                k = lo0 + int(np.argmax(live[lo0:hi]))
+            if hi > lo:
+                k = lo + int(np.argmax(live[lo:hi]))
                 if live[k] > best:
                     best, at = int(live[k]), k
         out[name], where[name] = max(best, 0), at
-
-    peak_in("load", [(0, inputs_at)])
-    out["after_load"] = int(live[inputs_at - 1]) if inputs_at else 0
-    where["after_load"] = max(inputs_at - 1, 0)
-    steps = ix.plan.steps
-    for phase in STEADY_PHASES:
-        peak_in(phase, [r for st in range(2, steps + 1) for r in spans[(phase, st)]] or spans[(phase, 1)])
-    peak_in("first_step", [(spans[("forward", 1)][0][0], spans[("zero_grad", 1)][-1][1])])
-    end2 = spans[("zero_grad", min(2, steps))][-1][1]
-    out["persistent"] = int(live[end2 - 1])
-    where["persistent"] = end2 - 1
+    for name, at in _levels(ix).items():
+        out[name], where[name] = int(live[at]) if len(live) else 0, at
     peak_phase = max(PEAK_PHASES, key=lambda p: (out[p], -PEAK_PHASES.index(p)))
     return Totals(out, where, peak_phase, out[peak_phase], rb)
+
+
+def grid_totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1, chunk: int = 64) -> Dict[str, Any]:
+    """:func:`totals` at every cell of arrays ``b``, ``s`` (and ``t``) of one shape: each
+    phase's bytes and ``peak_allocated_bytes`` as arrays of that shape (the same integer
+    arithmetic as :func:`totals`, cell by cell)."""
+    import numpy as np
+
+    b, s, t = np.broadcast_arrays(np.asarray(b, dtype=float), np.asarray(s, dtype=float), np.asarray(t, dtype=float))
+    shape = b.shape
+    b, s, t = b.ravel(), s.ravel(), t.ravel()
+    G = b.size
+    ranges = _phase_ranges(ix)
+    levels = _levels(ix)
+    names = list(ranges) + list(levels)
+    out = {k: np.zeros(G, dtype=np.int64) for k in names}
+    for c0 in range(0, G, chunk):
+        sl = slice(c0, min(G, c0 + chunk))
+        rb = rounded(ix.sizes_at(b[sl], s[sl], t[sl]), cfg)
+        if rb.ndim == 1:
+            rb = np.repeat(rb[:, None], sl.stop - sl.start, axis=1)
+        live = np.cumsum(ix.signs[:, None] * rb[ix.rows], axis=0)
+        for name, rs in ranges.items():
+            best = np.full(sl.stop - sl.start, -1, dtype=np.int64)
+            for lo, hi in rs:
+                if hi > lo:
+                    best = np.maximum(best, live[lo:hi].max(axis=0))
+            out[name][sl] = np.maximum(best, 0)
+        for name, at in levels.items():
+            out[name][sl] = live[at]
+    peak = np.max(np.stack([out[p] for p in PEAK_PHASES]), axis=0)
+    res = {k: v.reshape(shape) for k, v in out.items()}
+    res["peak_allocated_bytes"] = peak.reshape(shape)
+    return res
 
 
 def live_rows(ix: PlanIndex, at: int) -> Any:
