@@ -183,13 +183,15 @@ def test_modernbert_layers_alternate_global_and_local():
 def test_modernbert_loss_upcasts_the_logits():
     """ModernBertForMaskedLM uses self.loss_function (ForMaskedLMLoss: logits.float()); T5
     calls CrossEntropyLoss on the 16-bit logits."""
-    from vramwidget.estimate import loss_memory
-    from vramwidget.training import TrainingSetup
-    s = TrainingSetup.from_kwargs(batch_size=4, seq_len=1024)
-    fwd = dict((n, b) for n, b, _ in loss_memory(vw.architecture.load("modernbert-base"), s)[0])
+    fwd = _loss_tensors(vw.estimate("modernbert-base", batch_size=4, seq_len=1024))
     assert fwd["logits upcast to fp32"] == 4 * 1024 * 50368 * 4
-    fwd_t5 = dict((n, b) for n, b, _ in loss_memory(vw.architecture.load("flan-t5-base"), s)[0])
+    fwd_t5 = _loss_tensors(vw.estimate("flan-t5-base", batch_size=4, seq_len=1024))
     assert "logits upcast to fp32" not in fwd_t5 and fwd_t5["log_softmax output"] == 4 * 1024 * 32128 * 2
+
+
+def _loss_tensors(est):
+    """The output head's and the loss's tensors live at the forward phase's peak (the loss)."""
+    return {n.name: n.bytes for path, n in est.tree("forward").leaves() if "logits and loss" in path}
 
 
 def test_modernbert_has_no_kv_cache():
@@ -237,13 +239,12 @@ def test_t5_base_512_in_128_out():
     kw = dict(batch_size=8, seq_len=512, attn_implementation="eager")
     before = vw.estimate("t5-base", **kw)
     after = vw.estimate("t5-base", target_len=128, **kw)
-    from vramwidget.estimate import loss_memory
     from vramwidget.plan.params import param_storage
     from vramwidget.plan.profile import activations_at
     from vramwidget.training import TrainingSetup
     arch = vw.architecture.load("t5-base")
     s = TrainingSetup.from_kwargs(target_len=128, **kw)
-    fwd = dict((n, b) for n, b, _ in loss_memory(arch, s)[0])
+    fwd = _loss_tensors(after)
     assert fwd["logits"] == fwd["log_softmax output"] == 8 * 128 * 32128 * 2
     import re
     per = {}
@@ -331,7 +332,7 @@ def test_allocator_events_size_each_stack_by_its_own_length(model):
     analytic peak within 2% (measured -1.6% .. +0.3%; without target_len the same setups give
     -1.5% .. +0.5%), for a target shorter and longer than the input."""
     from vramwidget.architecture import load
-    from vramwidget.events import training_events
+    from vramwidget.plan import plan_events as training_events
     from vramwidget.training import TrainingSetup
 
     for kw in (dict(method="lora", batch_size=4, seq_len=512), dict(method="full", batch_size=2, seq_len=512),

@@ -85,7 +85,7 @@ def test_fuzz_cases_full_checkpointing_needs_no_more(case):
 
 from vramwidget import estimate  # noqa: E402
 from vramwidget.allocator import replay  # noqa: E402
-from vramwidget.events import training_events  # noqa: E402
+from vramwidget.plan import plan_events as training_events  # noqa: E402
 from vramwidget.training import TrainingSetup  # noqa: E402
 
 MIB = 2 ** 20

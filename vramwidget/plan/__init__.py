@@ -26,10 +26,10 @@ from ..result import Node
 from ..training import TrainingSetup
 from .builder import StepPlan
 from .size import NotPolynomial, Size
-from .step import build_plan
+from .step import STEPS, build_plan
 from .views import PlanIndex, Totals, events_at, grid_totals, totals, tree
 
-__all__ = ["PlanView", "plan_view", "plan_index", "grid_totals", "clear_caches"]
+__all__ = ["PlanView", "plan_view", "plan_index", "plan_events", "grid_totals", "clear_caches"]
 
 #: the phases a tree is drawn for
 TREE_PHASES = ("after_load", "forward", "backward", "optimizer_step", "first_step")
@@ -123,6 +123,14 @@ class PlanView:
 
 def plan_view(arch: Architecture, s: TrainingSetup) -> PlanView:
     return PlanView(arch, s)
+
+
+def plan_events(arch: Architecture, s: TrainingSetup, steps: int = STEPS) -> List[Any]:
+    """The allocator events of loading the model and running ``steps`` training steps at the
+    setup's own size."""
+    if steps == STEPS:
+        return plan_view(arch, s).events()
+    return build_plan(arch, s, steps=steps).events
 
 
 def symbolic_plan(arch: Architecture, s: TrainingSetup) -> Optional[PlanIndex]:
