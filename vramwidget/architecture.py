@@ -271,6 +271,8 @@ def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Option
         raise VramError(f"config: a {mt} config.json field has a value of the wrong type or range "
                         f"({type(e).__name__}: {shown(str(e))})", field="config_json") from None
     info.setdefault("task", task)
+    # side towers come as the keyword arguments of their own architectures (families/vlm.py)
+    info["towers"] = {k: Architecture(**v) for k, v in info.get("towers", {}).items()}
     text_cfg = info.pop("text_config", None)
     if text_cfg is not None:
         # a VLM: the decoder's config is what its blocks read; the full config stays with the towers

@@ -66,15 +66,16 @@ class VisionLanguage(Family):
         raise NotImplementedError
 
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
-        from ..architecture import Architecture
-
+        """The decoder's tensors, the tower's (each block's instance its own) and the
+        projector's; ``towers`` holds the tower's own architecture as keyword arguments of
+        :class:`~vramwidget.architecture.Architecture` (architecture.from_config builds it)."""
         tcfg = self.text_config(cfg)
         info = self.text.params(tcfg, self.text_type)
         tensors = [replace(t, name="model.language_model." + t.name[len("model."):]) if t.name.startswith("model.")
                    else t for t in info["tensors"]]
         vcfg = self.vision_config(cfg)
         vinfo = self.vision.params(vcfg, self.vision_type)
-        vision = Architecture(name=f"{mt} vision tower", model_type=self.vision_type, config=vcfg, **vinfo)
+        vision = dict(vinfo, name=f"{mt} vision tower", model_type=self.vision_type, config=vcfg)
         vt = [replace(t, tower="vision", layers=None) for t in vinfo["tensors"]]
         pb = _Builder(1)
         self.projector(pb, cfg, vcfg, info["hidden_size"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..allocator import AllocatorConfig, parse_alloc_conf
@@ -35,8 +36,10 @@ __all__ = ["PlanView", "plan_view", "plan_index", "plan_events", "grid_totals", 
 TREE_PHASES = ("after_load", "forward", "backward", "optimizer_step", "first_step")
 _SIZE_FIELDS = ("batch_size", "seq_len", "target_len")
 _LOCK = threading.Lock()
-_INDEX: Dict[Tuple[Any, ...], Tuple[Architecture, PlanIndex]] = {}
-_MAX = 512
+#: the plans built so far, most recently used last (a plan of an 8B model holds ~30,000
+#: events: a few MB each, so the cache keeps the last few dozen setups)
+_INDEX: "OrderedDict[Tuple[Any, ...], Tuple[Architecture, PlanIndex]]" = OrderedDict()
+_MAX = 48
 
 
 def _shape(s: TrainingSetup) -> TrainingSetup:
@@ -48,8 +51,8 @@ def plan_index(arch: Architecture, s: TrainingSetup) -> Tuple[PlanIndex, bool]:
     """The indexed plan of ``s`` and whether it is symbolic (every size); cached per
     architecture and setup shape (or setup, when built for one size)."""
     key = (id(arch), _shape(s))
-    hit = _INDEX.get(key)
-    if hit is None or hit[0] is not arch:
+    hit = _lookup(key, arch)
+    if hit is None:
         try:
             plan = build_plan(arch, s, Size.var("b"), Size.var("s"), Size.var("t") if s.target_len is not None else None)
         except NotPolynomial:
@@ -60,18 +63,28 @@ def plan_index(arch: Architecture, s: TrainingSetup) -> Tuple[PlanIndex, bool]:
     if hit is not None and hit[1].symbolic:
         return hit[1], True
     key1 = (id(arch), s)
-    one = _INDEX.get(key1)
-    if one is None or one[0] is not arch:
+    one = _lookup(key1, arch)
+    if one is None:
         one = (arch, PlanIndex(build_plan(arch, s)))
         _store(key1, one)
     return one[1], False
 
 
+def _lookup(key: Tuple[Any, ...], arch: Architecture) -> Optional[Tuple[Architecture, PlanIndex]]:
+    with _LOCK:
+        hit = _INDEX.get(key)
+        if hit is None or hit[0] is not arch:
+            return None
+        _INDEX.move_to_end(key)
+        return hit
+
+
 def _store(key: Tuple[Any, ...], value: Tuple[Architecture, PlanIndex]) -> None:
     with _LOCK:
-        if len(_INDEX) >= _MAX:
-            _INDEX.clear()
         _INDEX[key] = value
+        _INDEX.move_to_end(key)
+        while len(_INDEX) > _MAX:
+            _INDEX.popitem(last=False)
 
 
 def clear_caches() -> None:

@@ -65,6 +65,7 @@ class PlanBuilder:
         #: key -> bytes of every allocation
         self.sizes: Dict[int, Any] = {}
         self._n = 0
+        self._infos: Dict[TensorInfo, TensorInfo] = {}   # one object per distinct description
 
     def alloc(self, nbytes: Any, name: str, component: str, group: str = "", formula: str = "",
               dtype: str = "", label: Any = None) -> Optional[int]:
@@ -78,7 +79,8 @@ class PlanBuilder:
             nbytes = int(nbytes)
         self._n += 1
         self.events.append(("alloc", self._n, nbytes, name if label is None else label))
-        self.info[self._n] = TensorInfo(component, group, name, formula, dtype)
+        info = TensorInfo(component, group, name, formula, dtype)
+        self.info[self._n] = self._infos.setdefault(info, info)
         self.sizes[self._n] = nbytes
         return self._n
 

@@ -36,6 +36,7 @@ def build_plan(arch: Architecture, s: TrainingSetup, b: Any = None, sq: Any = No
                  "cuBLAS + cuBLASLt workspaces, 32 MiB each (measured, H200, PyTorch 2.11)", "uint8")
     ld = load_model(cx)
     _training_steps(cx, ld, steps)
+    pb.sizes.clear()         # only the builder's own mechanisms read them
     return pb.plan(steps)
 
 
