@@ -44,7 +44,7 @@ def _setup(rnd: random.Random):
     if kw["method"] == "freeze":
         kw["trainable_layers"] = 2
     knob = rnd.choice(KNOBS)
-    extra = {"chunked": dict(loss="chunked"), "liger": dict(loss="liger"), "offload": dict(activation_offloading=True),
+    extra = {"none": {}, "chunked": dict(loss="chunked"), "liger": dict(loss="liger"), "offload": dict(activation_offloading=True),
              "optimizer_in_backward": dict(optimizer_in_backward=True), "accum": dict(grad_accum_steps=2),
              "torchtune": dict(stack="torchtune"), "litgpt": dict(stack="litgpt"), "unsloth": dict(stack="unsloth"),
              "dora": dict(lora_variant="dora") if kw["method"] in ("lora", "qlora") else {},

@@ -36,7 +36,7 @@ def sized_ops(cx: StepContext, src: List[Tuple[Any, ...]]) -> List[Op]:
             continue
         _, name, dtype, rg, saved, coef, outlives, by_producer, cn, stream, group, formula, packs = op
         out.append(("new", name, DTYPE_BYTES[dtype] * poly(cn, coef, cx.M), rg, saved, outlives, by_producer, stream,
-                    group, formula, dtype, packs))
+                    group, _formula(formula, dtype), dtype, packs))
     return out
 
 
@@ -110,7 +110,7 @@ def forward_ops(cx: StepContext, ops: List[Op], x_key: Optional[int], keep_saved
         if op[0] != "new":
             continue
         _, name, nbytes, rg, is_saved, outlives, _by_producer, stream, group, formula, dtype, n_packs = op
-        key = pb.alloc(nbytes, name, "activations", group, _formula(formula, dtype), dtype, label=label + (name,))
+        key = pb.alloc(nbytes, name, "activations", group, formula, dtype, label=label + (name,))
         if packs is not None and is_saved and keep_saved and key is not None:
             packs.append(n_packs)
         for p in pending:
@@ -173,19 +173,18 @@ def backward_ops(cx: StepContext, ops: List[Op], grad_key: Optional[int], saved:
         # releases what the node saved, then the consumer's own incoming gradient goes
         if name.endswith("dequantized weight"):
             # MatMul4Bit.backward dequantizes again for the input gradient
-            pb.free(pb.alloc(nbytes, name, "activations", group, _formula(formula, dtype), dtype,
-                             label=label + (name,)))
+            pb.free(pb.alloc(nbytes, name, "activations", group, formula, dtype, label=label + (name,)))
             continue
         if name in early:
             ng = early.pop(name)
         elif rg:
-            ng = pb.alloc(nbytes, "grad of " + name, "activations", group, _formula(formula, dtype), dtype,
+            ng = pb.alloc(nbytes, "grad of " + name, "activations", group, formula, dtype,
                           label=label + ("grad of", name))
             for other in together.get(name, ()):
                 o = sizes.get(other)
                 if other != name and o is not None and other not in early:
-                    early[other] = pb.alloc(o[2], "grad of " + other, "activations", o[8], _formula(o[9], o[10]),
-                                            o[10], label=label + ("grad of", other))
+                    early[other] = pb.alloc(o[2], "grad of " + other, "activations", o[8], o[9], o[10],
+                                            label=label + ("grad of", other))
         else:
             ng = None
         if rg and deferred:

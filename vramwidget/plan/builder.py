@@ -13,11 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-#: the components a tensor belongs to, in the order the trees list them
-COMPONENTS: Tuple[str, ...] = (
-    "weights", "quantization constants", "adapters", "gradients", "optimizer states",
-    "optimizer temporaries", "activations", "logits and loss", "workspace",
-)
+from .size import Size
 
 #: one allocator event: ("alloc", key, bytes, label), ("free", key, 0, ""), ("step_end", step, 0, "")
 Event = Tuple[str, Any, Any, Any]
@@ -65,7 +61,7 @@ class PlanBuilder:
         #: key -> bytes of every allocation
         self.sizes: Dict[int, Any] = {}
         self._n = 0
-        self._infos: Dict[TensorInfo, TensorInfo] = {}   # one object per distinct description
+        self._infos: Dict[Tuple[str, ...], TensorInfo] = {}   # one object per distinct description
 
     def alloc(self, nbytes: Any, name: str, component: str, group: str = "", formula: str = "",
               dtype: str = "", label: Any = None) -> Optional[int]:
@@ -73,16 +69,19 @@ class PlanBuilder:
         what the allocator snapshot calls it (default ``name``)."""
         if not nbytes:            # a Size that is zero at every size, or a zero
             return None
-        if not hasattr(nbytes, "terms"):
+        if nbytes.__class__ is not Size:
             if nbytes <= 0:
                 return None
             nbytes = int(nbytes)
-        self._n += 1
-        self.events.append(("alloc", self._n, nbytes, name if label is None else label))
-        info = TensorInfo(component, group, name, formula, dtype)
-        self.info[self._n] = self._infos.setdefault(info, info)
-        self.sizes[self._n] = nbytes
-        return self._n
+        n = self._n = self._n + 1
+        self.events.append(("alloc", n, nbytes, name if label is None else label))
+        d = (component, group, name, formula, dtype)
+        info = self._infos.get(d)
+        if info is None:
+            info = self._infos[d] = TensorInfo(*d)
+        self.info[n] = info
+        self.sizes[n] = nbytes
+        return n
 
     def free(self, key: Optional[int]) -> None:
         if key is not None:

@@ -8,7 +8,7 @@ model(input_ids=ids, labels=ids).loss`` (forward), ``del out``, ``loss.backward(
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..architecture import Architecture
 from ..training import TrainingSetup
@@ -104,6 +104,8 @@ def _training_steps(cx: StepContext, ld: Loaded, steps: int) -> None:
                       "int64") if s.target_len is not None else None
     grads = _Grads(cx)
     for step in range(1, steps + 1):
+        if step >= 3 and _repeat_step(pb, step):
+            continue
         for micro in range(s.grad_accum_steps):
             grads.micro = micro
             _micro_batch(cx, lay, ld, grads, step)
@@ -118,6 +120,34 @@ def _training_steps(cx: StepContext, ld: Loaded, steps: int) -> None:
         pb.step_end(step)
     pb.free(ids)
     pb.free(labels)
+
+
+def _repeat_step(pb: PlanBuilder, step: int) -> bool:
+    """Write step ``step`` as a copy of the one before (the steps after the first repeat
+    themselves: same tensors, same order); False (nothing written) when that step keeps an
+    allocation of its own past its end, which a copy would not free."""
+    prev = [(p, st, i) for p, st, i in pb.marks if st == step - 1]
+    start = prev[0][2]
+    end = next(i for i, e in enumerate(pb.events) if e[0] == "step_end" and e[1] == step - 1 and i >= start)
+    span = pb.events[start:end]
+    made = {e[1] for e in span if e[0] == "alloc"}
+    if made != {e[1] for e in span if e[0] == "free" and e[1] in made}:
+        return False
+    base = len(pb.events)
+    new: Dict[int, int] = {}
+    for kind, key, nbytes, label in span:
+        if kind == "alloc":
+            pb._n += 1
+            new[key] = pb._n
+            pb.info[pb._n] = pb.info[key]
+            pb.events.append((kind, pb._n, nbytes, label))
+        elif kind == "free":
+            pb.events.append((kind, new.get(key, key), nbytes, label))
+        else:
+            pb.events.append((kind, key, nbytes, label))
+    pb.marks.extend((p, step, i - start + base) for p, st, i in prev)
+    pb.step_end(step)
+    return True
 
 
 def _micro_batch(cx: StepContext, lay: Layers, ld: Loaded, grads: _Grads, step: int) -> None:

@@ -12,11 +12,11 @@ tail of a cached block that a request takes without splitting it (under 1 MiB ea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Tuple
 
 from ..allocator import AllocatorConfig, round_size
-from ..result import Node
-from .builder import COMPONENTS, Event, StepPlan, TensorInfo
+from ..result import COMPONENT_KINDS, Node
+from .builder import Event, StepPlan, TensorInfo
 from .size import Size, coefficient_matrix, monomial_values, monomials
 
 #: the phases a step plan reports, as the measurements name them (validation/README.md)
@@ -35,37 +35,35 @@ class PlanIndex:
         import numpy as np
 
         self.plan = plan
-        row_of: Dict[int, int] = {}
-        sizes: List[Any] = []
-        rows: List[int] = []
-        signs: List[int] = []
-        keys: List[int] = []
-        for kind, key, nbytes, _ in plan.events:
-            if kind == "alloc":
-                row_of[key] = len(sizes)
-                rows.append(len(sizes))
-                sizes.append(nbytes)
-                keys.append(key)
-                signs.append(1)
-            elif kind == "free":
-                rows.append(row_of[key])
-                signs.append(-1)
-            else:
-                rows.append(0)
-                signs.append(0)
-        self.rows = np.asarray(rows, dtype=np.int64)
-        self.signs = np.asarray(signs, dtype=np.int64)
-        self.keys = keys
+        # the builder hands out keys 1, 2, 3, ... in allocation order: allocation row = key - 1
+        ev = plan.events
+        kinds = np.asarray([e[0] == "alloc" for e in ev], dtype=np.int8) - np.asarray(
+            [e[0] == "free" for e in ev], dtype=np.int8)
+        self.signs = kinds.astype(np.int64)
+        raw = np.asarray([e[1] if e[0] in ("alloc", "free") else 1 for e in ev], dtype=np.int64) - 1
+        self.rows = raw
+        sizes = [e[2] for e in ev if e[0] == "alloc"]
+        self.keys = list(range(1, len(sizes) + 1))
         n_alloc = len(sizes)
-        ev = np.arange(len(rows))
+        idx = np.arange(len(ev))
         self.alloc_at = np.zeros(n_alloc, dtype=np.int64)
-        self.free_at = np.full(n_alloc, len(rows), dtype=np.int64)
-        self.alloc_at[self.rows[self.signs == 1]] = ev[self.signs == 1]
-        self.free_at[self.rows[self.signs == -1]] = ev[self.signs == -1]
-        self.symbolic = any(isinstance(x, Size) for x in sizes)
+        self.free_at = np.full(n_alloc, len(ev), dtype=np.int64)
+        self.alloc_at[raw[self.signs == 1]] = idx[self.signs == 1]
+        self.free_at[raw[self.signs == -1]] = idx[self.signs == -1]
+        self.symbolic = any(x.__class__ is Size for x in sizes)
         if self.symbolic:
-            self.basis = monomials(sizes)
-            self.coef = coefficient_matrix(sizes, self.basis)
+            # one row per distinct size object (a block's sizes repeat layer after layer)
+            first: Dict[int, int] = {}
+            distinct: List[Any] = []
+            which = np.empty(n_alloc, dtype=np.int64)
+            for i, x in enumerate(sizes):
+                j = first.get(id(x))
+                if j is None:
+                    j = first[id(x)] = len(distinct)
+                    distinct.append(x)
+                which[i] = j
+            self.basis = monomials(distinct)
+            self.coef = coefficient_matrix(distinct, self.basis)[which]
             self.sizes = None
         else:
             self.basis, self.coef = None, None
@@ -104,6 +102,7 @@ class Totals:
     peak_phase: str
     peak_allocated_bytes: int
     rounded_bytes: Any       # every allocation's rounded bytes, by allocation row
+    requested_bytes: Any     # the same as requested
 
 
 def _phase_ranges(ix: PlanIndex) -> Dict[str, List[Tuple[int, int]]]:
@@ -146,7 +145,8 @@ def totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1) -> T
     2 and 3) and the peak of the step (the largest of the steady phases and the first step)."""
     import numpy as np
 
-    rb = rounded(ix.sizes_at(b, s, t), cfg)
+    req = ix.sizes_at(b, s, t)
+    rb = rounded(req, cfg)
     live = np.cumsum(ix.signs * rb[ix.rows])
     out: Dict[str, int] = {}
     where: Dict[str, int] = {}
@@ -161,7 +161,7 @@ def totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1) -> T
     for name, at in _levels(ix).items():
         out[name], where[name] = int(live[at]) if len(live) else 0, at
     peak_phase = max(PEAK_PHASES, key=lambda p: (out[p], -PEAK_PHASES.index(p)))
-    return Totals(out, where, peak_phase, out[peak_phase], rb)
+    return Totals(out, where, peak_phase, out[peak_phase], rb, req)
 
 
 def grid_totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1, chunk: int = 64) -> Dict[str, Any]:
@@ -207,14 +207,17 @@ def live_rows(ix: PlanIndex, at: int) -> Any:
 
 def tree(ix: PlanIndex, tot: Totals, at: int) -> List[Node]:
     """The tensors live just after event ``at``: component > module group > tensor (the same
-    name summed over layers, with how many there are)."""
+    name summed over layers, with how many there are), each at its requested bytes; what
+    the allocator's rounding adds is its own box, so that the tree sums to the total."""
     info = ix.plan.info
     groups: Dict[Tuple[str, str, str], List[Any]] = {}
+    rounding = 0
     for row in live_rows(ix, at):
         i: TensorInfo = info[ix.keys[row]]
         g = groups.setdefault((i.component, i.group or i.component, i.name), [0, 0, i.formula, i.dtype])
-        g[0] += int(tot.rounded_bytes[row])
+        g[0] += int(tot.requested_bytes[row])
         g[1] += 1
+        rounding += int(tot.rounded_bytes[row]) - int(tot.requested_bytes[row])
     comps: Dict[str, Node] = {}
     for (comp, group, name), (nbytes, count, formula, dtype) in groups.items():
         c = comps.get(comp)
@@ -225,7 +228,10 @@ def tree(ix: PlanIndex, tot: Totals, at: int) -> List[Node]:
             gnode = c.add(Node(group))
         gnode.add(Node(name, bytes=float(nbytes), dtype=dtype or None,
                        formula=(f"{count} x {formula}" if count > 1 and formula else formula)))
-    order = {k: j for j, k in enumerate(COMPONENTS)}
+    if rounding:
+        comps["allocator rounding"] = Node("allocator rounding", bytes=float(rounding),
+                                           formula="each request rounded up to a multiple of 512 B (round_size)")
+    order = {k: j for j, k in enumerate(COMPONENT_KINDS)}
     out = [n.finalize() for n in sorted(comps.values(), key=lambda n: order.get(n.name, 99))]
     return [n for n in out if n.bytes > 0]
 
