@@ -211,7 +211,7 @@ def test_estimate_table(capsys):
         assert label in out, label
     for comp in ("weights", "adapters", "optimizer states", "activations", "logits and loss", "cuda context"):
         assert f"\n{comp} " in out, comp
-    assert "r x (in + out) x layers x 4 B" in out  # the formulas are shown
+    assert "16 x r x in (16 x 2048) x 4 B" in out  # the formulas are shown (16 layers of q_proj lora_A: r x in fp32)
     assert "%" in out
     # the printed peak equals the JSON's
     d = run_json(capsys, "estimate", "llama-3.2-1b", "--method", "lora", "--lora-r", "16", "--batch-size", "4",

@@ -6,7 +6,9 @@ with one plan they are checked against their own derivation instead."""
 import pytest
 
 import vramwidget as vw
+from vramwidget.architecture import load
 from vramwidget.plan.params import param_storage
+from vramwidget.training import TrainingSetup
 
 
 def _round(n):
@@ -33,8 +35,9 @@ def test_vision_tower_weights_load_block_by_block(model):
     the tower's depth: 32 in Qwen2.5-VL's config, 27 in SigLIP's for Gemma 3): every
     instance is its own parameter, each rounded by the allocator, so the weights after the
     load are the sum over instances (+ the 64 MiB cuBLAS workspace)."""
-    e = vw.estimate(model, method="full", batch_size=2, seq_len=256)
-    P = param_storage(*e._replayed)
+    kw = dict(method="full", batch_size=2, seq_len=256)
+    e = vw.estimate(model, **kw)
+    P = param_storage(load(model), TrainingSetup.from_kwargs(**kw))
     per_instance = sum(_round(nb / t.repeat) * t.repeat for t, dt, nb, tr in P.weights)
     assert e.phases_bytes["after_load"] == per_instance + 64 * 2 ** 20
 
@@ -67,7 +70,7 @@ def test_optimizer_in_backward_holds_one_gradient_at_a_time(model):
     so the gradients live at the backward peak are the largest parameter's alone (the
     embedding, V x h x 2 B), never the whole set."""
     e = vw.estimate(model, method="full", optimizer_in_backward=True, batch_size=2, seq_len=256)
-    arch = e._replayed[0]
+    arch = load(model)
     assert e.component_bytes("backward").get("gradients", 0.0) <= arch.vocab_size * arch.hidden_size * 2
 
 
@@ -82,6 +85,6 @@ def test_a_tied_embedding_sums_out_of_place_without_autocast():
     kw = dict(method="full", optimizer="sgd", batch_size=1, seq_len=128)
     e = vw.estimate("qwen2.5-0.5b", precision="fp32", **kw)
     grads = e.phases_bytes["backward"] - e.phases_bytes["after_load"]
-    all_grads = sum(t.numel for t in e._replayed[0].tensors) * 4
+    all_grads = sum(t.numel for t in load("qwen2.5-0.5b").tensors) * 4
     # every gradient + the head's and the embedding's contributions beside their sum
     assert grads >= all_grads + 2 * V * h * 4

@@ -366,11 +366,6 @@ class CachingAllocator:
         self._remove_free(b)
         return b
 
-    def _should_split(self, b: _Block, size: int) -> bool:
-        remaining = b.size - size
-        if b.small or self.cfg.expandable_segments:
-            return remaining >= K_MIN_BLOCK_SIZE
-        return size < self.cfg.max_split_size_bytes and remaining > K_SMALL_SIZE
 
     def _new_segment(self, small: bool, size: int) -> Optional[_Block]:
         """``alloc_block``: cudaMalloc a segment (fails past the capacity)."""
@@ -732,11 +727,6 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
         res.trace = al.trace
         res.segments = al.segments()
     return res
-
-
-def sizes_only(events: Sequence[Event]) -> List[float]:
-    """The requested sizes of the alloc events (for tests and summaries)."""
-    return [e[2] for e in events if e[0] == "alloc"]
 
 
 def _replay_default(events: Iterable[Event]) -> ReplayResult:

@@ -507,11 +507,6 @@ def list_gpus() -> List[GPU]:
     return sorted(_catalog(), key=lambda g: (g.usable_bytes, g.name))
 
 
-def gpu_names() -> List[str]:
-    """Names of every GPU in the catalog."""
-    return [g.name for g in list_gpus()]
-
-
 def get_gpu(name: "str | GPU") -> GPU:
     """The card called ``name`` (case, spaces and dashes ignored; aliases accepted).
 

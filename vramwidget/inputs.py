@@ -272,12 +272,6 @@ class Field:
         raise AssertionError(f"unknown field kind {k!r}")
 
 
-def check_fields(specs: Mapping[str, Field], kw: Mapping[str, Any], kind: str = "setup field") -> Dict[str, Any]:
-    """Each given keyword checked by its declared field; unknown keywords are an error."""
-    check_keywords(kind, kw, specs)
-    return {name: specs[name].check(value) for name, value in kw.items()}
-
-
 # ---------------------------------------------------------------------------------------
 # widget traits
 # ---------------------------------------------------------------------------------------

@@ -133,7 +133,3 @@ def which_layers_to_quantize(model: str = "llama-2-7b") -> Dict[str, Any]:
     return {"title": "Which layers to quantize", "model": model, "rows": rows}
 
 
-def all_scenarios() -> List[Dict[str, Any]]:
-    """Every seed scenario, in the order the write-ups raise them."""
-    return [seven_b_fp32_vs_bf16(), thirteen_b_states(), checkpointing_tradeoff(), four_bit_loading(),
-            which_layers_to_quantize()]

@@ -179,10 +179,6 @@ class TrainingSetup:
     def tokens(self) -> int:
         return self.batch_size * self.seq_len
 
-    @property
-    def dec_len(self) -> int:
-        """The decoder's tokens per sample: ``target_len``, else ``seq_len``."""
-        return self.target_len if self.target_len is not None else self.seq_len
 
     def version(self, package: str) -> Optional[Tuple[int, ...]]:
         """The release of ``package`` the user named in ``versions`` (None: the current one)."""
@@ -330,8 +326,6 @@ def _versions(value: Any) -> Tuple[Tuple[str, str], ...]:
     return tuple(sorted(out))
 
 
-
-
 def _allocator(value: Any) -> str:
     """The caching allocator's settings, checked and written in one canonical spelling."""
     from .allocator import parse_alloc_conf
@@ -414,14 +408,6 @@ def _choice(name: str, value: Any) -> str:
 
 def _posint(name: str, value: Any) -> int:
     return check_int(name, value, lo=1)
-
-
-def _float(name: str, value: Any) -> float:
-    return check_number(name, value)
-
-
-def _posfloat(name: str, value: Any) -> float:
-    return check_number(name, value, lo=0, lo_open=True)
 
 
 def setup_from_case(training: Dict[str, Any]) -> TrainingSetup:

@@ -19,7 +19,7 @@ from .context import CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACES, StepContext, ste
 from .load import Loaded, Trainable, load_model
 from .loss import del_outputs, head_forward, loss_backward
 from .optimizer import create_states, step_temporaries
-from .profile import tower_activations
+from .profile import has_target, tower_activations
 from .size import NotPolynomial
 
 #: steps the plan runs: the first (states made lazily) and two steady ones
@@ -92,16 +92,17 @@ class _Grads:
 
 
 def _training_steps(cx: StepContext, ld: Loaded, steps: int) -> None:
-    pb, s = cx.pb, cx.s
+    pb, s, arch = cx.pb, cx.s, cx.arch
     lay = layers_of(cx, ld)
     # the measurements reset the peak statistics once the model is built (gpu_peak.py); the
     # load's own peak is phases_bytes["load"]
     pb.mark("inputs", 0)
     pb.events.append(("reset_peak", 0, 0, ""))
     ids = pb.alloc(cx.T * 8, "input_ids", "activations", "inputs", "b x s x 8 B (int64)", "int64")
-    # an encoder-decoder with its own target length: the labels are a tensor of their own
+    # a causal LM is given labels=input_ids (the measurements' model(input_ids=ids, labels=ids));
+    # an encoder-decoder's decoder reads labels of its own (b x target tokens)
     labels = pb.alloc(cx.Th * 8, "labels", "activations", "inputs", "b x t x 8 B (int64)",
-                      "int64") if s.target_len is not None else None
+                      "int64") if has_target(arch) else None
     grads = _Grads(cx)
     for step in range(1, steps + 1):
         if step >= 3 and _repeat_step(pb, step):

@@ -178,9 +178,3 @@ def default_lora_targets(config: Mapping[str, Any]):
     return tuple(arch.linear_modules())
 
 
-def cache_clear() -> None:
-    """Forget every cached trace and profile."""
-    from . import profile
-
-    _CACHE.clear()
-    profile.clear()
