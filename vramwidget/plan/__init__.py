@@ -115,6 +115,17 @@ class PlanView:
         """Every phase's component tree: the tensors live at the phase's peak."""
         return {p: tree(self.index, self.totals, self.totals.phase_events[p]) for p in TREE_PHASES}
 
+    def tensors(self, component: Optional[str] = None) -> Dict[str, List[int]]:
+        """Every tensor the step makes (of ``component``), by name: the bytes of each one made
+        (what a mechanism creates, not only what is live at a peak)."""
+        out: Dict[str, List[int]] = {}
+        req = self.totals.requested_bytes
+        for row, key in enumerate(self.index.keys):
+            info = self.plan.info[key]
+            if component is None or info.component == component:
+                out.setdefault(info.name, []).append(int(req[row]))
+        return out
+
     def stream_key(self) -> Optional[Tuple[Any, ...]]:
         """What decides this size's events: two sizes with equal keys replay the same events
         (a plan whose sizes depend on b x s alone has equal events at equal tokens)."""

@@ -160,6 +160,7 @@ def backward_ops(cx: StepContext, ops: List[Op], grad_key: Optional[int], saved:
     # the residual stream's gradient: AddBackward passes it to the branch unchanged and it
     # waits for the branch's gradient to be added to it, so it lives through the branch
     resid_g: Optional[int] = None
+    deq: Optional[int] = None         # a 4-bit weight dequantized for its input's gradient
     sizes = {op[1]: op for op in ops if op[0] == "new"}
     for op in reversed(ops[1:]):
         if op[0] == "param":
@@ -172,8 +173,11 @@ def backward_ops(cx: StepContext, ops: List[Op], grad_key: Optional[int], saved:
         # the consumer of this tensor runs: it makes the tensor's gradient, then autograd
         # releases what the node saved, then the consumer's own incoming gradient goes
         if name.endswith("dequantized weight"):
-            # MatMul4Bit.backward dequantizes again for the input gradient
-            pb.free(pb.alloc(nbytes, name, "activations", group, formula, dtype, label=label + (name,)))
+            # MatMul4Bit.backward dequantizes again for the input gradient (bitsandbytes
+            # autograd/_functions.py: grad_A = grad_output @ dequantize_4bit(B).t()): the
+            # 16-bit weight lives until that gradient exists
+            pb.free(deq)
+            deq = pb.alloc(nbytes, name, "activations", group, formula, dtype, label=label + (name,))
             continue
         if name in early:
             ng = early.pop(name)
@@ -187,6 +191,9 @@ def backward_ops(cx: StepContext, ops: List[Op], grad_key: Optional[int], saved:
                                             label=label + ("grad of", other))
         else:
             ng = None
+        if deq is not None and ng is not None:
+            pb.free(deq)
+            deq = None
         if rg and deferred:
             # this gradient is the producer's backward output: the producer's saves go now
             for k in deferred:
@@ -210,7 +217,7 @@ def backward_ops(cx: StepContext, ops: List[Op], grad_key: Optional[int], saved:
     for rest in by_module.values():      # parameters no op of the trace named (biases...)
         for entry in rest:
             grad_ready(bucket, param_grad(cx, entry, label + ("grad",)), entry)
-    for k in saved_iter + deferred + list(early.values()):
+    for k in saved_iter + deferred + list(early.values()) + [deq]:
         pb.free(k)
     ng = pb.alloc(input_grad_bytes, "grad of the block input", "activations", "residual stream",
                   "T x h (the residual stream)", cx.resid, label=label + ("grad of block input",))
