@@ -297,57 +297,147 @@ class Offload:
         self.refs.clear()
 
 
+@dataclass
+class _Span:
+    """One layer's events in the plan: [first, last) event and [first, last) key it made,
+    its output, what it keeps, and the keys it handed on (autocast's cache, gradients)."""
+
+    events: Tuple[int, int]
+    keys: Tuple[int, int]
+    out: Optional[int] = None
+    kept: Optional[Kept] = None
+    handed: List[Optional[int]] = field(default_factory=list)
+    #: a backward span's parameter gradients: (bucket, key, trainable) as grad_ready got them
+    grads: List[Tuple[Any, Optional[int], Trainable]] = field(default_factory=list)
+
+
+def _begin(pb: Any) -> Tuple[int, int]:
+    return len(pb.events), pb._n + 1
+
+
+def _end(pb: Any, begin: Tuple[int, int], **kw: Any) -> _Span:
+    return _Span((begin[0], len(pb.events)), (begin[1], pb._n + 1), **kw)
+
+
+def _copy(pb: Any, src: _Span, layer: int, shifts: List[Tuple[int, int, int]]) -> Callable[[Optional[int]], Any]:
+    """Append ``src``'s events as layer ``layer``'s: each key it made becomes the next key the
+    builder hands out, every other key in a (lo, hi, delta) of ``shifts`` moves by delta (the
+    same tensor one layer on); returns that key map."""
+    D = pb._n + 1 - src.keys[0]
+
+    def key_of(k: Optional[int]) -> Any:
+        if k is None:
+            return None
+        if src.keys[0] <= k < src.keys[1]:
+            return k + D
+        for lo, hi, d in shifts:
+            if lo <= k < hi:
+                return k + d
+        return k
+
+    info, append = pb.info, pb.events.append
+    for kind, key, nbytes, label in pb.events[src.events[0]:src.events[1]]:
+        if label.__class__ is tuple and label and label[0] == "layer":
+            label = ("layer", layer) + label[2:]
+        if kind == "alloc":
+            info[key + D] = info[key]
+            append((kind, key + D, nbytes, label))
+        else:
+            append((kind, key_of(key), nbytes, label))
+    pb._n += src.keys[1] - src.keys[0]
+    return key_of
+
+
+def _same_layers(cx: StepContext, lay: Layers, layers: List[int]) -> bool:
+    """Whether these trained layers run the very same block (so one's events, shifted, are the
+    next one's)."""
+    if any(j < lay.first_train or j >= cx.L for j in layers):
+        return False
+    first = layers[0]
+    return all(lay.ops[j] is lay.ops[first] and lay.cast_bytes.get(j) == lay.cast_bytes.get(first)
+               and lay.cached.get(j) == lay.cached.get(first) and lay.resid_bytes[j] == lay.resid_bytes[first]
+               for j in layers)
+
+
 def forward_layers(cx: StepContext, lay: Layers, x: Optional[int], autocast_cache: List[int],
-                   off: Optional[Offload] = None) -> Tuple[Optional[int], List[Kept]]:
-    """Every block's forward: returns the last output's key and what each block keeps."""
+                   off: Optional[Offload] = None) -> Tuple[Optional[int], List[Kept], List[_Span]]:
+    """Every block's forward: returns the last output's key, what each block keeps, and each
+    layer's span of events.  A trained layer that runs the same block as the two before it is
+    written as a copy of the one before, shifted (activation offloading's stash aside)."""
     pb = cx.pb
     keep: List[Kept] = []
+    spans: List[_Span] = []
     for layer in range(cx.L):
-        ops = lay.ops[layer]
-        casts = [k for k in (pb.alloc(nb, "autocast copy of a block weight", "weights", "autocast copies (16-bit)",
-                                      "out x in x 2 B", cx.c, label=("layer", layer, "weight cast"))
-                             for nb in lay.cast_bytes.get(layer, [])) if k is not None]
-        trained = layer >= lay.first_train
-        _dora_working_set(cx, lay, trained)
-        packs: List[int] = []
-        if cx.gc:
-            out, saved = forward_ops(cx, ops, x, False, ("layer", layer))
-            if lay.cached.get(layer):
-                autocast_cache.extend(casts)
-            else:
-                for k in casts:
-                    pb.free(k)
-            casts = []
+        if cx.copy_layers and off is None and layer >= 2 and _same_layers(cx, lay, [layer - 2, layer - 1, layer]):
+            src, before = spans[-1], spans[-2]
+            key_of = _copy(pb, src, layer, [(before.keys[0], before.keys[1], src.keys[1] - src.keys[0])])
+            b = src.kept
+            kept = Kept(key_of(b.inp), [key_of(k) for k in b.saved], [key_of(k) for k in b.casts],
+                        [key_of(k) for k in b.extra])
+            span = _Span((src.events[1], len(pb.events)), (src.keys[1], pb._n + 1), key_of(src.out), kept,
+                         [key_of(k) for k in src.handed])
+            autocast_cache.extend(span.handed)
         else:
-            out, saved = forward_ops(cx, ops, x, trained, ("layer", layer), packs=packs)
-        if not trained:
-            # a frozen layer below the trained ones (freeze) runs outside autograd's graph: it
-            # saves nothing, its input goes once it has run, and autocast's copies of its
-            # weights are not cached (only leaves that require grad are: autocast_mode.cpp)
-            keep.append(Kept(None, [], []))
-            for k in casts + ([x] if x is not None else []):
+            begin = _begin(pb)
+            out, kept, handed = _forward_layer(cx, lay, layer, x, off)
+            autocast_cache.extend(handed)
+            span = _end(pb, begin, out=out, kept=kept, handed=handed)
+        spans.append(span)
+        keep.append(span.kept)
+        x = span.out
+    if cx.gc:
+        for k in keep:
+            if k.inp is not None:
+                info = pb.info[k.inp]
+                pb.info[k.inp] = info._replace(name="layer input kept by checkpointing", group="checkpointed inputs")
+    return x, keep, spans
+
+
+def _forward_layer(cx: StepContext, lay: Layers, layer: int, x: Optional[int],
+                   off: Optional[Offload]) -> Tuple[Optional[int], Kept, List[int]]:
+    """One block's forward: (its output, what it keeps, the weight copies autocast caches)."""
+    pb = cx.pb
+    ops = lay.ops[layer]
+    casts = [k for k in (pb.alloc(nb, "autocast copy of a block weight", "weights", "autocast copies (16-bit)",
+                                  "out x in x 2 B", cx.c, label=("layer", layer, "weight cast"))
+                         for nb in lay.cast_bytes.get(layer, [])) if k is not None]
+    trained = layer >= lay.first_train
+    _dora_working_set(cx, lay, trained)
+    packs: List[int] = []
+    handed: List[int] = []
+    if cx.gc:
+        out, saved = forward_ops(cx, ops, x, False, ("layer", layer))
+        if lay.cached.get(layer):
+            handed = casts
+        else:
+            for k in casts:
                 pb.free(k)
-        elif cx.gc:
-            if x is not None:
-                info = pb.info[x]
-                pb.info[x] = info._replace(name="layer input kept by checkpointing", group="checkpointed inputs")
-            keep.append(Kept(x, [], casts))
-            if off is not None:
-                off.pack(None)               # checkpoint's _NoopSaveInputs: a placeholder and the input
-                off.pack(x)
-        else:
-            # the block input is saved by the first norm (when it needs no cast) or freed
-            kept_x = x if (x is not None and input_saved(ops)) else None
-            if x is not None and kept_x is None:
-                pb.free(x)
-            keep.append(Kept(kept_x, saved, casts, _dora_kept(cx, lay, layer)))
-            if off is not None:
-                if kept_x is not None:
-                    off.pack(kept_x, ops[0][11] if ops[0][0] == "new" else 1)
-                for k, n in zip(saved, packs):
-                    off.pack(k, n)
-        x = out
-    return x, keep
+        casts = []
+    else:
+        out, saved = forward_ops(cx, ops, x, trained, ("layer", layer), packs=packs)
+    if not trained:
+        # a frozen layer below the trained ones (freeze) runs outside autograd's graph: it
+        # saves nothing, its input goes once it has run, and autocast's copies of its
+        # weights are not cached (only leaves that require grad are: autocast_mode.cpp)
+        for k in casts + ([x] if x is not None else []):
+            pb.free(k)
+        return out, Kept(None, [], []), handed
+    if cx.gc:
+        if off is not None:
+            off.pack(None)               # checkpoint's _NoopSaveInputs: a placeholder and the input
+            off.pack(x)
+        return out, Kept(x, [], casts), handed
+    # the block input is saved by the first norm (when it needs no cast) or freed
+    kept_x = x if (x is not None and input_saved(ops)) else None
+    if x is not None and kept_x is None:
+        pb.free(x)
+    kept = Kept(kept_x, saved, casts, _dora_kept(cx, lay, layer))
+    if off is not None:
+        if kept_x is not None:
+            off.pack(kept_x, ops[0][11] if ops[0][0] == "new" else 1)
+        for k, n in zip(saved, packs):
+            off.pack(k, n)
+    return out, kept, handed
 
 
 def _dora_working_set(cx: StepContext, lay: Layers, trained: bool) -> None:
@@ -368,31 +458,70 @@ def _dora_kept(cx: StepContext, lay: Layers, layer: int) -> List[int]:
 
 
 def backward_layers(cx: StepContext, lay: Layers, ld: Loaded, keep: List[Kept], g: Optional[int],
-                    grad_ready: GradReady, off: Optional[Offload] = None) -> Optional[int]:
-    """Every trained block's backward, last first (recomputed first under checkpointing)."""
+                    grad_ready: GradReady, off: Optional[Offload] = None,
+                    fwd: Optional[List[_Span]] = None) -> Optional[int]:
+    """Every trained block's backward, last first (recomputed first under checkpointing).  A
+    layer that runs the same block as its neighbours is written as a copy of the one after
+    it, shifted (``fwd``: the forward's spans; not with offloading or the optimizer in
+    backward, whose steps make states of their own)."""
     pb = cx.pb
     if off is not None:
         off.forget()
+    spans: Dict[int, _Span] = {}
+    copyable = cx.copy_layers and off is None and fwd is not None and not cx.s.optimizer_in_backward
     for layer in reversed(range(lay.first_train, cx.L)):
-        k = keep[layer]
-        ops = lay.ops[layer]
-        if off is not None:
-            k = Kept(off.restore(k.inp), [off.restore(x) for x in k.saved], k.casts, k.extra)
-        saved, casts, extra = k.saved, k.casts, k.extra
-        if cx.gc:
-            # non-reentrant checkpointing: the block's forward runs again, keeping its saves
-            casts = [pb.alloc(nb, "autocast copy of a block weight (recompute)", "weights",
-                              "autocast copies (16-bit)", "out x in x 2 B", cx.c,
-                              label=("layer", layer, "weight cast (recompute)"))
-                     for nb in lay.cast_bytes.get(layer, [])]
-            _dora_working_set(cx, lay, True)
-            out, saved = forward_ops(cx, ops, k.inp, True, ("layer", layer, "(recomputed)"))
-            extra = _dora_kept(cx, lay, layer)
-            pb.free(out)      # the recomputed block's output is not needed again
-        g = backward_ops(cx, ops, g, saved, ld.layer_params[layer], lay.resid_bytes[layer], ("layer", layer),
-                         ("layer", layer), grad_ready)
-        for c in casts + extra:
-            pb.free(c)
-        if k.inp is not None:
-            pb.free(k.inp)
+        if copyable and layer + 2 in spans and _same_layers(cx, lay, [layer - 2, layer - 1, layer, layer + 1,
+                                                                      layer + 2]):
+            src, before = spans[layer + 1], spans[layer + 2]
+            fstride = fwd[layer + 1].keys[0] - fwd[layer].keys[0]
+            key_of = _copy(pb, src, layer, [(before.keys[0], before.keys[1], src.keys[1] - src.keys[0]),
+                                            (fwd[layer].keys[0], fwd[layer + 1].keys[1], -fstride)])
+            span = _Span((src.events[1], len(pb.events)), (src.keys[1], pb._n + 1), key_of(src.out),
+                         grads=[(bucket, key_of(key), entry) for bucket, key, entry in src.grads])
+            # what grad_ready did with each gradient: kept it (the copy hands it on) or freed it
+            # at once (a later micro-batch's, added in place: the copied events free it)
+            freed = {e[1] for e in pb.events[src.events[0]:src.events[1]] if e[0] == "free"}
+            for (bucket, key, entry), (_, old, _) in zip(span.grads, src.grads):
+                if old not in freed:
+                    grad_ready(bucket, key, entry)
+        else:
+            begin = _begin(pb)
+            given: List[Tuple[Any, Optional[int], Trainable]] = []
+
+            def ready(bucket: Any, key: Optional[int], entry: Trainable) -> None:
+                given.append((bucket, key, entry))
+                grad_ready(bucket, key, entry)
+
+            out = _backward_layer(cx, lay, ld, layer, keep[layer], g, ready, off)
+            span = _end(pb, begin, out=out, grads=given)
+        spans[layer] = span
+        g = span.out
+    return g
+
+
+def _backward_layer(cx: StepContext, lay: Layers, ld: Loaded, layer: int, k: Kept, g: Optional[int],
+                    grad_ready: GradReady, off: Optional[Offload]) -> Optional[int]:
+    """One block's backward (its forward rerun first under checkpointing); returns the input's
+    gradient."""
+    pb = cx.pb
+    ops = lay.ops[layer]
+    if off is not None:
+        k = Kept(off.restore(k.inp), [off.restore(x) for x in k.saved], k.casts, k.extra)
+    saved, casts, extra = k.saved, k.casts, k.extra
+    if cx.gc:
+        # non-reentrant checkpointing: the block's forward runs again, keeping its saves
+        casts = [pb.alloc(nb, "autocast copy of a block weight (recompute)", "weights",
+                          "autocast copies (16-bit)", "out x in x 2 B", cx.c,
+                          label=("layer", layer, "weight cast (recompute)"))
+                 for nb in lay.cast_bytes.get(layer, [])]
+        _dora_working_set(cx, lay, True)
+        out, saved = forward_ops(cx, ops, k.inp, True, ("layer", layer, "(recomputed)"))
+        extra = _dora_kept(cx, lay, layer)
+        pb.free(out)      # the recomputed block's output is not needed again
+    g = backward_ops(cx, ops, g, saved, ld.layer_params[layer], lay.resid_bytes[layer], ("layer", layer),
+                     ("layer", layer), grad_ready)
+    for c in casts + extra:
+        pb.free(c)
+    if k.inp is not None:
+        pb.free(k.inp)
     return g

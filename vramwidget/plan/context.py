@@ -42,6 +42,9 @@ class StepContext:
     resid: str
     #: the attention kernel transformers runs (flash, efficient, math, eager, recompute)
     backend: str
+    #: write a layer that repeats the ones before as a shifted copy of their events (the same
+    #: events a layer-by-layer build writes: tests/test_step_plan.py)
+    copy_layers: bool = True
 
     @property
     def h(self) -> int:

@@ -27,10 +27,13 @@ STEPS = 3
 
 
 def build_plan(arch: Architecture, s: TrainingSetup, b: Any = None, sq: Any = None, tq: Any = None,
-               steps: int = STEPS) -> StepPlan:
-    """The plan of ``s`` (at its own sizes, or at ``b``, ``sq``, ``tq``: numbers or Sizes)."""
+               steps: int = STEPS, copy: bool = True) -> StepPlan:
+    """The plan of ``s`` (at its own sizes, or at ``b``, ``sq``, ``tq``: numbers or Sizes).
+    ``copy=False`` writes every layer and step out instead of copying the ones that repeat
+    (the same events, slower: the reference the copies are tested against)."""
     pb = PlanBuilder()
     cx = step_context(arch, s, pb, s.batch_size if b is None else b, s.seq_len if sq is None else sq, tq)
+    cx.copy_layers = copy
     for _ in range(CUBLAS_WORKSPACES):          # left from an earlier matmul of the process
         pb.alloc(CUBLAS_WORKSPACE_BYTES / CUBLAS_WORKSPACES, "cuBLAS workspace", "workspace", "cuBLAS",
                  "cuBLAS + cuBLASLt workspaces, 32 MiB each (measured, H200, PyTorch 2.11)", "uint8")
@@ -104,12 +107,18 @@ def _training_steps(cx: StepContext, ld: Loaded, steps: int) -> None:
     labels = pb.alloc(cx.Th * 8, "labels", "activations", "inputs", "b x t x 8 B (int64)",
                       "int64") if has_target(arch) else None
     grads = _Grads(cx)
+    first_grads: List[Optional[int]] = []
     for step in range(1, steps + 1):
-        if step >= 3 and _repeat_step(pb, step):
+        if step >= 3 and cx.copy_layers and _repeat_step(pb, step):
             continue
-        for micro in range(s.grad_accum_steps):
-            grads.micro = micro
-            _micro_batch(cx, lay, ld, grads, step)
+        if step == 2 and not s.optimizer_in_backward and cx.copy_layers:
+            # forward and backward are those of step 1 (the first step differs only in its
+            # optimizer step, which makes the states): the same events, new keys
+            grads.keys = _copy_passes(pb, step, first_grads)
+        else:
+            for micro in range(s.grad_accum_steps):
+                grads.micro = micro
+                _micro_batch(cx, lay, ld, grads, step)
         pb.mark("optimizer_step", step)
         if not s.optimizer_in_backward:
             if not grads.states_made:
@@ -117,6 +126,7 @@ def _training_steps(cx: StepContext, ld: Loaded, steps: int) -> None:
             step_temporaries(cx, ld.ordered)
         grads.states_made = True
         pb.mark("zero_grad", step)
+        first_grads = list(grads.keys)
         grads.zero_grad()
         pb.step_end(step)
     pb.free(ids)
@@ -135,20 +145,45 @@ def _repeat_step(pb: PlanBuilder, step: int) -> bool:
     if made != {e[1] for e in span if e[0] == "free" and e[1] in made}:
         return False
     base = len(pb.events)
-    new: Dict[int, int] = {}
-    for kind, key, nbytes, label in span:
-        if kind == "alloc":
-            pb._n += 1
-            new[key] = pb._n
-            pb.info[pb._n] = pb.info[key]
-            pb.events.append((kind, pb._n, nbytes, label))
-        elif kind == "free":
-            pb.events.append((kind, new.get(key, key), nbytes, label))
-        else:
-            pb.events.append((kind, key, nbytes, label))
+    _append_copy(pb, span)
     pb.marks.extend((p, step, i - start + base) for p, st, i in prev)
     pb.step_end(step)
     return True
+
+
+def _copy_passes(pb: PlanBuilder, step: int, grads: List[Optional[int]]) -> List[Optional[int]]:
+    """Append a copy of step ``step - 1``'s forward and backward passes (its events from its
+    first forward to its optimizer step) as step ``step``'s, every allocation a new key;
+    returns the copies of that step's gradients ``grads`` (which zero_grad frees), in order."""
+    prev = [(p, st, i) for p, st, i in pb.marks if st == step - 1]
+    start = prev[0][2]
+    end = next(i for p, st, i in prev if p == "optimizer_step")
+    span = pb.events[start:end]
+    new = _append_copy(pb, span)
+    base = len(pb.events) - len(span)
+    pb.marks.extend((p, step, i - start + base) for p, st, i in prev if i < end)
+    return [new.get(k, k) for k in grads]
+
+
+def _append_copy(pb: PlanBuilder, span: List[Any]) -> Dict[int, int]:
+    """Append ``span``'s events with a new key for each allocation made in it (frees of keys
+    made before it are kept); returns old key -> new key."""
+    new: Dict[int, int] = {}
+    info = pb.info
+    append = pb.events.append
+    n = pb._n
+    for kind, key, nbytes, label in span:
+        if kind == "alloc":
+            n += 1
+            new[key] = n
+            info[n] = info[key]
+            append((kind, n, nbytes, label))
+        elif kind == "free":
+            append((kind, new.get(key, key), nbytes, label))
+        else:
+            append((kind, key, nbytes, label))
+    pb._n = n
+    return new
 
 
 def _micro_batch(cx: StepContext, lay: Layers, ld: Loaded, grads: _Grads, step: int) -> None:
@@ -161,7 +196,7 @@ def _micro_batch(cx: StepContext, lay: Layers, ld: Loaded, grads: _Grads, step: 
     mask = pb.alloc(cx.b * cx.sq * cx.sq * DTYPE_BYTES[cx.c], "causal mask (eager)", "activations", "attention",
                     "b x s x s", cx.c) if cx.backend == "eager" else None
     autocast_cache: List[int] = []   # casts of trainable weights under checkpointing
-    x, keep = forward_layers(cx, lay, x, autocast_cache, off)
+    x, keep, spans = forward_layers(cx, lay, x, autocast_cache, off)
     if off is not None:
         for _ in range(cx.prof.head_packs):   # the final norm's packs: the newest ids
             off.pack(None)
@@ -172,7 +207,7 @@ def _micro_batch(cx: StepContext, lay: Layers, ld: Loaded, grads: _Grads, step: 
     del_outputs(cx, hf)        # del out: the logits go (the head saves its input)
     pb.mark("backward", step)
     g, tied_key = loss_backward(cx, ld, hf, grads.ready)
-    g = backward_layers(cx, lay, ld, keep, g, grads.ready, off)
+    g = backward_layers(cx, lay, ld, keep, g, grads.ready, off, spans)
     for k in embed_kept:
         pb.free(k)
     for entry in ld.embed_params:
