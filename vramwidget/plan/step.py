@@ -197,17 +197,22 @@ def _micro_batch(cx: StepContext, lay: Layers, ld: Loaded, grads: _Grads, step: 
                     "b x s x s", cx.c) if cx.backend == "eager" else None
     autocast_cache: List[int] = []   # casts of trainable weights under checkpointing
     x, keep, spans = forward_layers(cx, lay, x, autocast_cache, off)
+    if not cx.gc:
+        # the mask is the decoder's local (LlamaModel.forward's causal_mask): gone when it
+        # returns, before the head; checkpointing keeps it by reference for the recompute
+        pb.free(mask)
     if off is not None:
         for _ in range(cx.prof.head_packs):   # the final norm's packs: the newest ids
             off.pack(None)
     hf = head_forward(cx, lay, ld, x)
-    pb.free(mask)
     for k in autocast_cache:   # leaving torch.autocast clears its cache (autocast_mode.cpp clear_cache)
         pb.free(k)
     del_outputs(cx, hf)        # del out: the logits go (the head saves its input)
     pb.mark("backward", step)
     g, tied_key = loss_backward(cx, ld, hf, grads.ready)
     g = backward_layers(cx, lay, ld, keep, g, grads.ready, off, spans)
+    if cx.gc:
+        pb.free(mask)
     for k in embed_kept:
         pb.free(k)
     for entry in ld.embed_params:
