@@ -80,7 +80,7 @@ def test_t5_cross_attention_reads_the_encoder_output_in_its_norm_dtype():
     bf16 = kept(run(d, prepare_kbit=False))
     for est in (none, sel):
         got = kept(est)
-        for name in ("cross-attention k output (decoder, 24 of 47 layers)", "cross-attention v (decoder, 24 of 47 layers)"):
+        for name in ("cross-attention k output", "cross-attention v"):     # every decoder layer's
             assert got[name] == 2 * bf16[name] > 0
 
 

@@ -159,9 +159,7 @@ def predict_inference_case(case: Dict[str, Any], *, cold_process: bool = False) 
         "prefill_peak_mib": ph.get("prefill", est.peak_allocated_bytes) / MIB,
         "decode_peak_mib": ph.get("decode", est.peak_allocated_bytes) / MIB,
         "generate_peak_mib": est.peak_allocated_bytes / MIB,   # generate() runs the prefill, then decodes
-        # the measured field is the largest steady phase (steps 2 and 3; validation/README.md);
-        # est.peak_allocated_bytes also counts the first step, when the states are made
-        "peak_allocated_mib": max(ph["forward"], ph["backward"], ph["optimizer_step"]) / MIB,
+        "peak_allocated_mib": est.peak_allocated_bytes / MIB,
         "max_reserved_mib": est.reserved_bytes / MIB,
     }
 
