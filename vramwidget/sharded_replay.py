@@ -1,0 +1,218 @@
+"""The caching allocator over one GPU of a sharded run (ZeRO, FSDP): the per-GPU tensors in time.
+
+The reserve of a sharded run's GPU is not the unsharded model's: its fragmentation comes from
+the tensors that GPU allocates.  This module rewrites the single-GPU event stream of the
+GPU's slice (:func:`vramwidget.events.training_events`: load, three steps) into that GPU's:
+
+load        each parameter's shard (the parameters' factor: 1/N when sharded), quantization
+            constants whole; then the strategy's own buffers, allocated once (ZeRO's flat
+            partitions, master copy, gradient-partition buffer and IPG bucket)
+forward /   the activations exactly as on one GPU; each block's gathered parameters allocated
+backward    as the block starts (the next block's prefetched before the previous is freed)
+gradients   ``keep``: as on one GPU (DDP-like, ZeRO-0/1); ``shard``: the full gradient is made,
+            its shard kept and the full one freed (ZeRO-2/3: copied into the partition buffer,
+            FSDP: reduce-scattered into the sharded gradient)
+optimizer   states and the step's temporaries at their sharded sizes, or ZeRO's own step:
+            per sub-group its flat 16-bit copy, the fp32 gradient and the optimizer's temporary
+
+Only the shape of the stream matters for the reserve: :func:`fragmentation_bytes` is the
+replay's cached free bytes at its peak (reserved - allocated), which the per-GPU estimate
+adds to its own allocated peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+#: labels of the single-GPU stream's optimizer states and step temporaries (events.py)
+_STATE_PARTS = {"state1 (fp32)", "state2 (fp32)", "state1 (8-bit)", "state2 (8-bit)", "absmax1", "absmax2",
+                "exp_avg_sq_row (fp32)", "exp_avg_sq_col (fp32)", "exp_avg_sq (fp32)"}
+_TEMP_PARTS = {"sqrt(exp_avg_sq)", "grad as fp32", "parameter as fp32", "update", "update (normalised)"}
+
+
+@dataclass
+class ShardSpec:
+    """How one GPU's stream differs from the single-GPU stream of its slice."""
+
+    weights: float = 1.0                  # factor on each loaded parameter (and adapter)
+    states: float = 1.0                   # factor on each optimizer state
+    temps: float = 1.0                    # factor on each step temporary
+    grads: str = "keep"                   # "keep" | "shard"
+    grad_shard: float = 1.0               # the kept shard's share of a gradient ("shard")
+    buffers: List[Tuple[str, float]] = field(default_factory=list)   # allocated once, after load
+    step: Optional[List[Tuple[float, float, float]]] = None   # ZeRO: per sub-group (fp32 grad, flat copy, temp)
+    gather_layer: Dict[int, float] = field(default_factory=dict)    # gathered bytes per block
+    gather_root: float = 0.0              # embeddings / head gathered around the forward and backward
+    gather_window: float = 0.0            # gathered bytes kept at most (0: the running block + one prefetched)
+    drop_casts: bool = False              # FSDP MixedPrecision: autocast finds the gathered weights already cast
+
+
+def _is_grad(label: Any) -> bool:
+    if isinstance(label, tuple):
+        return bool(label) and label[-1] == "grad"
+    return label in ("lm_head grad (tied to the embedding)", "embedding gradient (accumulated into the tied head's)")
+
+
+def _is_state(label: Any) -> bool:
+    if isinstance(label, tuple):
+        return len(label) == 2 and label[1] in _STATE_PARTS
+    return isinstance(label, str) and " state (" in label
+
+
+def _is_temp(label: Any) -> bool:
+    return isinstance(label, tuple) and len(label) == 2 and label[1] in _TEMP_PARTS
+
+
+def _layer(label: Any) -> Optional[int]:
+    if isinstance(label, tuple) and len(label) >= 2 and label[0] == "layer" and isinstance(label[1], int):
+        return label[1]
+    return None
+
+
+class _Out:
+    def __init__(self) -> None:
+        self.events: List[Tuple[str, Any, float, Any]] = []
+        self._n = 0
+
+    def alloc(self, nbytes: float, label: Any) -> Optional[Any]:
+        if nbytes <= 0:
+            return None
+        self._n += 1
+        key = ("sharded", self._n)
+        self.events.append(("alloc", key, int(nbytes), label))
+        return key
+
+    def free(self, key: Any) -> None:
+        if key is not None:
+            self.events.append(("free", key, 0.0, ""))
+
+
+def per_gpu_events(events: Iterable[Tuple[str, Any, float, Any]], spec: ShardSpec) -> List[Tuple[str, Any, float, Any]]:
+    """The single-GPU stream ``events`` of a GPU's slice rewritten as that GPU's (see the module
+    docstring)."""
+    out = _Out()
+    ev = out.events
+    dropped: set = set()
+    resized: Dict[Any, Any] = {}       # single-GPU key -> key of its rewritten allocation
+    loading = True
+    gathered: List[Tuple[Any, float]] = []   # (key, bytes) of gathered blocks, oldest first
+    cur_layer: Optional[int] = None
+    root_key: Any = None
+    step_done = False
+
+    def gather(layer: Optional[int]) -> None:
+        nonlocal cur_layer
+        if layer == cur_layer:
+            return
+        cur_layer = layer
+        if layer is None:
+            return
+        b = spec.gather_layer.get(layer, 0.0)
+        gathered.append((out.alloc(b, ("gathered block", layer)), b))
+        # the running block and what is gathered ahead of it: one block (FSDP's prefetch), or
+        # ZeRO-3's window (the coordinator's gathered peak)
+        while len(gathered) > 1 and (len(gathered) > 2 if not spec.gather_window
+                                     else sum(x[1] for x in gathered) > spec.gather_window):
+            out.free(gathered.pop(0)[0])
+
+    for kind, key, nbytes, label in events:
+        if kind == "step_end":
+            if spec.step and not step_done:      # an optimizer without temporaries (fused): its step here
+                _zero_step(out, spec.step)
+            while gathered:
+                out.free(gathered.pop(0)[0])
+            out.free(root_key)
+            root_key, cur_layer, step_done = None, None, False
+            ev.append((kind, key, nbytes, label))
+            continue
+        if kind == "free":
+            if key in dropped:
+                dropped.discard(key)
+                continue
+            out.free(resized.pop(key, key))
+            continue
+        if kind != "alloc":
+            ev.append((kind, key, nbytes, label))
+            continue
+        if loading:
+            if label == "input_ids":
+                loading = False
+                for name, b in spec.buffers:
+                    out.alloc(b, name)
+                ev.append((kind, key, nbytes, label))
+                continue
+            if label == "cuBLAS workspace":
+                ev.append((kind, key, nbytes, label))
+                continue
+            whole = isinstance(label, tuple) and label[-1] == "quantization constants"
+            resized[key] = out.alloc(nbytes * (1.0 if whole else spec.weights), label)
+            continue
+        if label == "embedding output" and spec.gather_root and root_key is None:
+            root_key = out.alloc(spec.gather_root, "gathered root unit")
+        if _is_state(label):
+            resized[key] = out.alloc(nbytes * spec.states, label)
+            continue
+        if _is_temp(label):
+            if spec.step is not None:
+                dropped.add(key)
+                if not step_done:
+                    _zero_step(out, spec.step)
+                    step_done = True
+                continue
+            resized[key] = out.alloc(nbytes * spec.temps, label)
+            continue
+        if spec.drop_casts and (label == "head weight cast" or (isinstance(label, tuple) and len(label) == 3
+                                                              and str(label[2]).startswith("weight cast"))):
+            dropped.add(key)
+            continue
+        if _is_grad(label) and spec.grads == "shard":
+            full = out.alloc(nbytes, label)
+            resized[key] = out.alloc(nbytes * spec.grad_shard, label + ("shard",) if isinstance(label, tuple) else label)
+            out.free(full)
+            continue
+        gather(_layer(label))
+        ev.append((kind, key, nbytes, label))
+    return ev
+
+
+def _zero_step(out: _Out, groups: List[Tuple[float, float, float]]) -> None:
+    """ZeRO's step, one sub-group at a time: the 16-bit flat copy, its fp32 conversion (the copy
+    freed), the optimizer's temporary, then the fp32 gradient released (stage3.py step)."""
+    for fp32, flat, temp in groups:
+        f = out.alloc(flat, "flattened gradient partition")
+        g = out.alloc(fp32, "fp32 gradients of the sub-group")
+        out.free(f)
+        t = out.alloc(temp, "optimizer temporary")
+        out.free(t)
+        out.free(g)
+
+
+_CACHE: Dict[Any, Tuple[Any, Any]] = {}
+
+
+def replay_per_gpu(arch: Any, s: Any, spec: ShardSpec, capacity_bytes: Optional[float] = None,
+                   record: bool = False) -> Any:
+    """The caching allocator (``allocator.replay``, the setup's allocator settings) over one
+    GPU's stream; without a capacity or recording, cached per (architecture, setup, spec)."""
+    from .allocator import parse_alloc_conf, replay
+    from .events import training_events
+
+    key = (id(arch), s, repr(spec)) if capacity_bytes is None and not record else None
+    hit = _CACHE.get(key) if key is not None else None
+    if hit is not None and hit[0] is arch:
+        return hit[1]
+    res = replay(per_gpu_events(training_events(arch, s), spec), parse_alloc_conf(s.allocator), capacity_bytes,
+                 record)
+    if key is not None:
+        if len(_CACHE) > 256:
+            _CACHE.clear()
+        _CACHE[key] = (arch, res)
+    return res
+
+
+def fragmentation_bytes(arch: Any, s: Any, spec: ShardSpec) -> float:
+    """Cached free bytes at the peak of the caching allocator replayed over one GPU's stream
+    (``max_memory_reserved - max_memory_allocated``)."""
+    res = replay_per_gpu(arch, s, spec)
+    return max(0.0, float(res.max_reserved_bytes - res.max_allocated_bytes))
