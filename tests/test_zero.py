@@ -414,3 +414,58 @@ def test_amp_reserve_is_not_the_unsharded_models():
     pe = vw.estimate_parallel("llama-2-70b", num_gpus=16, precision="amp_bf16", **SEVENTY)
     est = pe.per_gpu
     assert est.reserved_bytes - est.peak_allocated_bytes < 4 * GIB
+
+
+# ---------------------------------------------------------------------------------------
+# The DeepSpeed JSON reader maps every ZeRO field
+# ---------------------------------------------------------------------------------------
+
+def test_deepspeed_reader_maps_every_zero_field():
+    """readers/deepspeed.py: each ZeRO key that moves memory reaches the plan; the rest are
+    listed with their reason (pinning, NVMe paths, checkpoint-time keys)."""
+    ds = {"zero_optimization": {
+        "stage": 3, "sub_group_size": 1e8, "reduce_bucket_size": 2e8, "allgather_bucket_size": 3e8,
+        "stage3_prefetch_bucket_size": 4e7, "stage3_param_persistence_threshold": 5e4,
+        "stage3_model_persistence_threshold": 1e6, "stage3_max_live_parameters": 6e8,
+        "stage3_max_reuse_distance": 7e8, "contiguous_gradients": False, "overlap_comm": True,
+        "reduce_scatter": True, "round_robin_gradients": True,
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", "pin_memory": True, "ratio": 0.5,
+                              "buffer_count": 6},
+        "offload_param": {"device": "cpu", "pin_memory": True, "buffer_count": 4, "buffer_size": 2e8}},
+        "torch_autocast": {"enabled": True, "dtype": "bfloat16"}, "train_micro_batch_size_per_gpu": 2}
+    cfg = vw.from_training_config(ds)
+    z = cfg.parallel["zero_config"]
+    assert {k: z[k] for k in ("sub_group_size", "allgather_bucket_size", "stage3_param_persistence_threshold",
+                              "stage3_model_persistence_threshold", "stage3_max_live_parameters",
+                              "stage3_max_reuse_distance", "contiguous_gradients", "reduce_scatter")} == {
+        "sub_group_size": 1e8, "allgather_bucket_size": 3e8, "stage3_param_persistence_threshold": 5e4,
+        "stage3_model_persistence_threshold": 1e6, "stage3_max_live_parameters": 6e8,
+        "stage3_max_reuse_distance": 7e8, "contiguous_gradients": False, "reduce_scatter": True}
+    assert z["offload_optimizer"] == {"device": "nvme", "ratio": 0.5, "buffer_count": 6}
+    assert z["offload_param"] == {"device": "cpu", "buffer_count": 4, "buffer_size": 2e8}
+    p = cfg.parallel
+    assert (p["strategy"], p["bucket_mb"], p["prefetch_elements"], p["overlap_comm"]) == ("zero3", 400.0, 40_000_000,
+                                                                                           True)
+    assert p["offload_optimizer"] is True and p["offload_params"] is True
+    assert cfg.setup["precision"] == "amp_bf16"
+    why = dict(cfg.ignored)
+    assert "host memory" in why["zero_optimization.offload_optimizer.nvme_path"]
+    assert "no memory effect" in why["zero_optimization.round_robin_gradients"]
+    pe = cfg.estimate("llama-3.2-1b", num_gpus=8)
+    plan_cfg = zero.zero_config(3, z, hidden_size=2048, reduce_bucket_size=int(2e8), prefetch_bucket_size=int(4e7),
+                                overlap_comm=True, offload_param="cpu")
+    assert (plan_cfg.sub_group_size, plan_cfg.max_live_parameters, plan_cfg.offload_optimizer,
+            plan_cfg.offload_ratio, plan_cfg.contiguous_gradients) == (100_000_000, 600_000_000, "nvme", 0.5, False)
+    assert pe.model_states["communication buffers"] == 0              # contiguous_gradients off: no IPG buffer
+    assert "optimizer states" in pe.stages[0].nvme
+
+
+def test_hidden_size_auto_keys_are_filled_as_the_hf_integration_does():
+    """transformers/integrations/deepspeed.py: reduce_bucket_size = h**2,
+    stage3_prefetch_bucket_size = 0.9 h**2, stage3_param_persistence_threshold = 10 h."""
+    c = zero.zero_config(3, {"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                             "stage3_param_persistence_threshold": "auto"}, hidden_size=4096)
+    assert (c.reduce_bucket_size, c.prefetch_bucket_size, c.param_persistence_threshold) == (
+        4096 ** 2, int(0.9 * 4096 ** 2), 40960)
+    pe = ms(cfg={"reduce_bucket_size": "auto"})
+    assert pe.model_states["communication buffers"] == 2048 ** 2 * 2

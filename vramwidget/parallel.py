@@ -757,7 +757,8 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
     zcfg = None
     if strategy in DEEPSPEED:
         zcfg = _zero.zero_config(
-            int(strategy[-1]), zero_config, reduce_bucket_size=int(bucket_mb * 1e6 / 2) if bucket_mb else None,
+            int(strategy[-1]), zero_config, hidden_size=arch.hidden_size,
+            reduce_bucket_size=int(bucket_mb * 1e6 / 2) if bucket_mb else None,
             prefetch_bucket_size=prefetch_elements, max_live_parameters=max_live_parameters, overlap_comm=overlap_comm,
             offload_optimizer="cpu" if offload_optimizer else None, offload_param="cpu" if offload_params else None)
         offload_optimizer = zcfg.offload_optimizer != "none"

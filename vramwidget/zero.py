@@ -149,10 +149,19 @@ _HOST_ONLY = ("pin_memory", "nvme_path", "pipeline_read", "pipeline_write", "fas
               "super_offload", "cpuadam_cores_perc")
 
 
-def zero_config(stage: int, given: Optional[Mapping[str, Any]] = None, **flat: Any) -> ZeroConfig:
+#: "auto" as the HF integration fills it from the model's hidden size h
+#: (transformers/integrations/deepspeed.py HfTrainerDeepSpeedConfig.trainer_config_finalize)
+HIDDEN_AUTO = {"reduce_bucket_size": lambda h: h * h, "prefetch_bucket_size": lambda h: int(0.9 * h * h),
+               "param_persistence_threshold": lambda h: 10 * h}
+
+
+def zero_config(stage: int, given: Optional[Mapping[str, Any]] = None, hidden_size: Optional[int] = None,
+                **flat: Any) -> ZeroConfig:
     """A validated :class:`ZeroConfig`: ``given`` holds DeepSpeed's own keys (those of
     :data:`DS_KEYS`; ``offload_optimizer`` / ``offload_param`` may be ``{"device": ...}``), ``flat``
-    the same fields by their ZeroConfig names (None: not set).  Bad values raise VramError."""
+    the same fields by their ZeroConfig names (None: not set).  ``"auto"`` for the three
+    hidden-size keys is filled as the HF integration fills it (:data:`HIDDEN_AUTO`, from
+    ``hidden_size``).  Bad values raise VramError."""
     out: Dict[str, Any] = {"stage": stage}
     for k, v in check_keys(given or {}).items():
         if k in ("offload_optimizer", "offload_param") and isinstance(v, Mapping):
@@ -167,9 +176,16 @@ def zero_config(stage: int, given: Optional[Mapping[str, Any]] = None, **flat: A
     for k, v in flat.items():
         if v is None:
             continue
-        if k in out and k != "stage" and _check(k, out[k]) != _check(k, v):
+        if k in ("offload_optimizer", "offload_param") and v == "cpu" and out.get(k) in ("cpu", "nvme"):
+            continue        # offloaded (the flat switch) to the device zero_config names
+        if k in out and k != "stage" and out[k] != "auto" and _check(k, out[k]) != _check(k, v):
             raise VramError(f"{k}: given twice, as {shown(v)} and in zero_config as {shown(out[k])}", field=k)
         out[k] = v
+    for k, fill in HIDDEN_AUTO.items():
+        if out.get(k) == "auto":
+            if not hidden_size:
+                raise VramError(f"{k}: 'auto' needs the model's hidden size", field=k)
+            out[k] = fill(int(hidden_size))
     for k, v in list(out.items()):
         out[k] = _check(k, v)
     if out.get("offload_param", "none") != "none" and out["stage"] != 3:
@@ -556,7 +572,8 @@ def plan(params: Sequence[Param], cfg: ZeroConfig, N: int, Ne: int, *, weights_b
     if st == 3:
         pl.factors["gradients"] = _every(0.0, 0.0)
         if off_opt:
-            opt_home["gradient partitions"] = gpart
+            # self.device is the CPU under optimizer offload (NVMe too: pinned host buffers)
+            pl.cpu["gradient partitions"] = gpart
         else:
             pl.adds.append((ALL, "gradients", "gradient partitions (grad_partitions_flat_buffer)", gpart,
                             f"{gacc:g} B x {P_part:,.0f} elements, allocated at start-up"))
@@ -577,7 +594,7 @@ def plan(params: Sequence[Param], cfg: ZeroConfig, N: int, Ne: int, *, weights_b
     pl.model_states["fp32 gradients"] = 4.0 * (max((n for n, _ in sgs), default=0) if st == 3 else
                                                (P_part if (st or not alias) else 0))
     if off_opt:
-        opt_home["fp32 gradients"] = 4.0 * P_part
+        pl.cpu["fp32 gradients"] = 4.0 * P_part      # DeepSpeedCPUAdam's gradients: on the host
     # the gradients still referenced while the flat fp32 copy is made (ZeRO-3's are in the
     # start-up buffer, counted above): stage 0/1 all of them, stage 2 its partition
     held = {0: G + Ge, 1: G + Ge, 2: gpart}.get(st, 0.0) if step_elems else 0.0
