@@ -598,7 +598,8 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
                       overlap_comm: Optional[bool] = None, ddp_bucket_view: bool = False,
                       cpu_buffer_factor: Optional[float] = None, max_live_parameters: Optional[int] = None,
                       nccl_buffsize_mb: Optional[float] = None, nccl_channels: Optional[int] = None,
-                      zero_config: Optional[Dict[str, Any]] = None, gpu: Any = None,
+                      zero_config: Optional[Dict[str, Any]] = None, fsdp_version: int = 1,
+                      reshard_after_forward: Optional[bool] = None, gpu: Any = None,
                       **setup: Any) -> ParallelEstimate:
     """Per-GPU memory of one training step run across ``num_gpus`` GPUs.
 
@@ -647,6 +648,11 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
         ``stage3_max_live_parameters``, ``stage3_max_reuse_distance``, ``contiguous_gradients``,
         ``overlap_comm``, ``offload_optimizer`` / ``offload_param`` ``{"device": "cpu" | "nvme",
         "ratio": ...}``) for the ZeRO strategies (:mod:`vramwidget.zero`).
+    fsdp_version, reshard_after_forward:
+        FSDP1 (``FullyShardedDataParallel``'s flat parameters, accelerate's default) or FSDP2
+        (``fully_shard``: torchtune, accelerate ``fsdp_version: 2``); ``reshard_after_forward``
+        (default: True, False for ``fsdp_shard_grad_op``) frees each unit's gathered
+        parameters after its forward (:mod:`vramwidget.fsdp`).
     gpu:
         a catalogue GPU: the step time with the strategy's communication over its NVLink or
         PCIe (and 50 GB/s per GPU between nodes), tokens/s of the whole run and its cost.
@@ -664,7 +670,8 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
         offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
         prefetch_elements=prefetch_elements, overlap_comm=overlap_comm, ddp_bucket_view=ddp_bucket_view,
         cpu_buffer_factor=cpu_buffer_factor, max_live_parameters=max_live_parameters,
-        nccl_buffsize_mb=nccl_buffsize_mb, nccl_channels=nccl_channels, zero_config=zero_config)
+        nccl_buffsize_mb=nccl_buffsize_mb, nccl_channels=nccl_channels, zero_config=zero_config,
+        fsdp_version=fsdp_version, reshard_after_forward=reshard_after_forward)
     check_physical(pe.per_gpu, arch, s)
     if gpu is not None:
         pe.set_gpu(gpu)
@@ -676,7 +683,7 @@ PARALLEL_KEYS = ("strategy", "num_gpus", "gpus_per_node", "tensor_parallel", "pi
                  "sequence_parallel", "context_parallel", "expert_parallel", "micro_batches", "offload_optimizer",
                  "offload_params", "bucket_mb", "prefetch_elements", "overlap_comm", "ddp_bucket_view",
                  "cpu_buffer_factor", "max_live_parameters", "nccl_buffsize_mb",
-                 "nccl_channels", "zero_config")
+                 "nccl_channels", "zero_config", "fsdp_version", "reshard_after_forward")
 
 
 #: each keyword of estimate_parallel beyond the setup, declared once (kind and range; the
@@ -702,6 +709,8 @@ PARALLEL_FIELDS: Dict[str, Field] = {f.name: f for f in (
     Field("nccl_buffsize_mb", "number", None, lo=0, lo_open=True, none="none"),
     Field("nccl_channels", "int", None, lo=1, none="none"),
     Field("zero_config", "custom", None, none="none", parse=lambda v: _zero.check_keys(v)),
+    Field("fsdp_version", "int", 1, lo=1, hi=2, none="error"),
+    Field("reshard_after_forward", "bool", None, none="none"),
 )}
 assert set(PARALLEL_FIELDS) == set(PARALLEL_KEYS)
 
@@ -716,7 +725,8 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                             cpu_buffer_factor: Optional[float] = None, max_live_parameters: Optional[int] = None,
                             nccl_buffsize_mb: Optional[float] = None,
                             nccl_channels: Optional[int] = None,
-                            zero_config: Optional[Dict[str, Any]] = None) -> ParallelEstimate:
+                            zero_config: Optional[Dict[str, Any]] = None, fsdp_version: int = 1,
+                            reshard_after_forward: Optional[bool] = None) -> ParallelEstimate:
     """:func:`estimate_parallel` for a resolved architecture and a validated setup."""
     given = dict(locals())   # every keyword, each checked by its declaration in PARALLEL_FIELDS
     for k, f in PARALLEL_FIELDS.items():
@@ -773,7 +783,9 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                 ddp_bucket_view=ddp_bucket_view,
                 max_live_parameters=max_live_parameters if max_live_parameters is not None else DS_MAX_LIVE_PARAMETERS,
                 nccl_buffsize_bytes=(nccl_buffsize_mb if nccl_buffsize_mb is not None else 4) * 2**20,
-                nccl_channels=nccl_channels if nccl_channels is not None else NCCL_CHANNELS, zero=zcfg)
+                nccl_channels=nccl_channels if nccl_channels is not None else NCCL_CHANNELS, zero=zcfg,
+                fsdp_version=PARALLEL_FIELDS["fsdp_version"].check(fsdp_version),
+                reshard_after_forward=reshard_after_forward)
 
     # the setup each GPU runs
     s_loc = s
@@ -871,6 +883,28 @@ def _comm_dtypes(P: Any, s: TrainingSetup) -> Tuple[str, ...]:
         other = any(not t.linear and tr for t, _, _, tr in P.weights)
         dts = ({s.compute_dtype} if linear else set()) | ({"float32"} if other else set())
     return tuple(sorted(dts)) or (s.weights_dtype,)
+
+
+def _fsdp_plan(cut: Architecture, s: TrainingSetup, P: Any, lay: _Layout, opts: Dict[str, Any], strategy: str,
+               off_par: bool, states_bytes: float):
+    """This stage's FSDP plan (:mod:`vramwidget.fsdp`): FSDP1 flat parameters or FSDP2 shards."""
+    from . import fsdp as _fsdp
+
+    units = _fsdp.units(cut, P, s.lora_r if s.method in ("lora", "qlora") else 0)
+    pdt = DTYPE_BYTES[s.compute_dtype] if s.autocast else DTYPE_BYTES[s.weights_dtype]
+    tr = sum(p.numel for u in units for p in u.params if p.trains)
+    per = states_bytes / tr if tr else 0.0
+    reshard = opts["reshard_after_forward"]
+    if reshard is None:
+        reshard = strategy != "fsdp_shard_grad_op"
+    from .estimate import gc_mode
+
+    if opts["fsdp_version"] == 2:
+        return _fsdp.fsdp2_plan(units, lay.shard, param_dtype_bytes=pdt, reduce_dtype_bytes=pdt,
+                                state_bytes_per_elem=per, reshard_after_forward=reshard,
+                                checkpointing=bool(gc_mode(s)), offload=off_par)
+    return _fsdp.fsdp1_plan(units, lay.shard, param_dtype_bytes=pdt, state_bytes_per_elem=per,
+                            reshard_after_forward=reshard, offload=off_par)
 
 
 def _ds_plan(cut: Architecture, s: TrainingSetup, P: Any, lay: _Layout, opts: Dict[str, Any],
@@ -1069,31 +1103,25 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
     if not ds:
         ms["communication buffers"] = comm
 
-    # gathered parameters (ZeRO-3: module by module; FSDP: units)
+    # gathered units (FSDP1 flat parameters / FSDP2 per-parameter shards: vramwidget/fsdp.py)
     if gathers and fsdp:
-        gmod, gmod_grad, root, root_grad, block, block_grad, total_g = _gather_sizes(P, s_loc, fsdp)
-        if strategy == "fsdp_shard_grad_op":
-            add(("forward", "backward"), "weights", "gathered parameters (kept from forward to backward)", total_g,
-                "SHARD_GRAD_OP keeps every unit gathered after its forward until its backward")
-            add(("backward",), "gradients", "unsharded gradients of the unit in backward", block_grad,
-                "one decoder block's gradients before reduce-scatter")
-            ms["gathered parameters"] = total_g
-            ms["gathered gradients"] = block_grad
-        else:
-            live = root + 2 * block
-            add(("forward", "backward"), "weights", "gathered units (root + current and prefetched block)", live,
-                "root unit (embeddings, final norm, head: kept gathered) + 2 decoder blocks")
-            add(("backward",), "gradients", "unsharded gradients (root unit + current block)", root_grad + block_grad,
-                "gradients before reduce-scatter; the root unit's wait for its embedding, computed last")
-            ms["gathered parameters"] = live
-            ms["gathered gradients"] = root_grad + block_grad
-            if off_par:
-                # FlatParamHandle.pre_unshard: an offloaded shard is first copied to the GPU
-                # (flat_param_to(device, non_blocking=True)), then all-gathered
-                # (torch/distributed/fsdp/_flat_param.py)
-                add(("forward", "backward"), "weights", "offloaded shards copied to the GPU", live / N,
-                    f"(root unit + 2 blocks) / {N}: each unit's CPU shard is copied over before its all-gather")
-                ms["offloaded shards on the GPU"] = live / N
+        fp = _fsdp_plan(cut, s_loc, P, lay, opts, strategy, off_par, S + Se)
+        for name, nb in fp.forward.items():
+            add(("forward",), "weights" if "parameters" in name or "all-gather" in name else "gradients",
+                f"FSDP{opts['fsdp_version']} {name}", nb, "the units gathered at the forward's end (vramwidget.fsdp)")
+        for name, nb in fp.backward.items():
+            add(("backward",), "weights" if "parameters" in name or "all-gather" in name else "gradients",
+                f"FSDP{opts['fsdp_version']} {name}", nb, "the unit running and what is gathered beside it "
+                "(vramwidget.fsdp)")
+        ms["gathered parameters"] = fp.unsharded_params + fp.all_gather
+        ms["gathered gradients"] = fp.unsharded_grads
+        ms["reduce-scatter buffers"] = fp.reduce_scatter
+        if off_par and fp.shard_copy:
+            # an offloaded shard is copied to the GPU before its all-gather (FSDP1
+            # FlatParamHandle.pre_unshard; FSDP2 FSDPParam's all-gather input)
+            add(("forward", "backward"), "weights", "offloaded shard copied to the GPU", fp.shard_copy,
+                "the unit's CPU shard on its way to the all-gather")
+            ms["offloaded shards on the GPU"] = fp.shard_copy
     if gathers and fsdp and s_loc.autocast:
         notes.append("FSDP MixedPrecision gathers the shards in the compute dtype, so the autocast weight cache is "
                      "not counted")
