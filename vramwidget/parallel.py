@@ -599,7 +599,8 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
                       cpu_buffer_factor: Optional[float] = None, max_live_parameters: Optional[int] = None,
                       nccl_buffsize_mb: Optional[float] = None, nccl_channels: Optional[int] = None,
                       zero_config: Optional[Dict[str, Any]] = None, fsdp_version: int = 1,
-                      reshard_after_forward: Optional[bool] = None, gpu: Any = None,
+                      reshard_after_forward: Optional[bool] = None, device_map: Any = None,
+                      max_memory: Optional[Dict[Any, Any]] = None, gpu: Any = None,
                       **setup: Any) -> ParallelEstimate:
     """Per-GPU memory of one training step run across ``num_gpus`` GPUs.
 
@@ -653,6 +654,11 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
         (``fully_shard``: torchtune, accelerate ``fsdp_version: 2``); ``reshard_after_forward``
         (default: True, False for ``fsdp_shard_grad_op``) frees each unit's gathered
         parameters after its forward (:mod:`vramwidget.fsdp`).
+    device_map, max_memory:
+        transformers' ``from_pretrained(device_map="auto" | "balanced" | "balanced_low_0" |
+        "sequential" | {module: device}, max_memory={0: "24GiB", ...})``: the layers split over
+        the GPUs as transformers places them (:mod:`vramwidget.device_map`), each GPU running its
+        own layers in turn (one stage per GPU, one micro-batch in flight).
     gpu:
         a catalogue GPU: the step time with the strategy's communication over its NVLink or
         PCIe (and 50 GB/s per GPU between nodes), tokens/s of the whole run and its cost.
@@ -671,7 +677,8 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
         prefetch_elements=prefetch_elements, overlap_comm=overlap_comm, ddp_bucket_view=ddp_bucket_view,
         cpu_buffer_factor=cpu_buffer_factor, max_live_parameters=max_live_parameters,
         nccl_buffsize_mb=nccl_buffsize_mb, nccl_channels=nccl_channels, zero_config=zero_config,
-        fsdp_version=fsdp_version, reshard_after_forward=reshard_after_forward)
+        fsdp_version=fsdp_version, reshard_after_forward=reshard_after_forward, device_map=device_map,
+        max_memory=max_memory)
     check_physical(pe.per_gpu, arch, s)
     if gpu is not None:
         pe.set_gpu(gpu)
@@ -683,7 +690,8 @@ PARALLEL_KEYS = ("strategy", "num_gpus", "gpus_per_node", "tensor_parallel", "pi
                  "sequence_parallel", "context_parallel", "expert_parallel", "micro_batches", "offload_optimizer",
                  "offload_params", "bucket_mb", "prefetch_elements", "overlap_comm", "ddp_bucket_view",
                  "cpu_buffer_factor", "max_live_parameters", "nccl_buffsize_mb",
-                 "nccl_channels", "zero_config", "fsdp_version", "reshard_after_forward")
+                 "nccl_channels", "zero_config", "fsdp_version", "reshard_after_forward", "device_map",
+                 "max_memory")
 
 
 #: each keyword of estimate_parallel beyond the setup, declared once (kind and range; the
@@ -711,6 +719,8 @@ PARALLEL_FIELDS: Dict[str, Field] = {f.name: f for f in (
     Field("zero_config", "custom", None, none="none", parse=lambda v: _zero.check_keys(v)),
     Field("fsdp_version", "int", 1, lo=1, hi=2, none="error"),
     Field("reshard_after_forward", "bool", None, none="none"),
+    Field("device_map", "custom", None, none="none", parse=lambda v: v),
+    Field("max_memory", "custom", None, none="none", parse=lambda v: v),
 )}
 assert set(PARALLEL_FIELDS) == set(PARALLEL_KEYS)
 
@@ -726,13 +736,27 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                             nccl_buffsize_mb: Optional[float] = None,
                             nccl_channels: Optional[int] = None,
                             zero_config: Optional[Dict[str, Any]] = None, fsdp_version: int = 1,
-                            reshard_after_forward: Optional[bool] = None) -> ParallelEstimate:
+                            reshard_after_forward: Optional[bool] = None, device_map: Any = None,
+                            max_memory: Optional[Dict[Any, Any]] = None) -> ParallelEstimate:
     """:func:`estimate_parallel` for a resolved architecture and a validated setup."""
     given = dict(locals())   # every keyword, each checked by its declaration in PARALLEL_FIELDS
     for k, f in PARALLEL_FIELDS.items():
         if given[k] is not None or f.none == "error":
             f.check(given[k])
     strategy = PARALLEL_FIELDS["strategy"].check(strategy)
+    placed = None
+    if device_map is not None:
+        # transformers' device_map split: each GPU runs its layers in turn (vramwidget/device_map.py)
+        from . import device_map as _dm
+
+        if strategy != "none" or tensor_parallel != 1 or pipeline_parallel != 1:
+            raise VramError("device_map: a device_map split runs one replica layer by layer; use it with "
+                            "strategy='none' and no tensor or pipeline parallel size", field="device_map")
+        placement = _dm.place(arch, _params(arch, s), device_map, max_memory, quantized=s.quantized)
+        placed = _dm.stages(placement)
+        num_gpus, pipeline_parallel, micro_batches = len(placed), len(placed), 1
+    elif max_memory is not None:
+        raise VramError("max_memory: needs device_map= (the split it sizes)", field="max_memory")
     lay = _layout(arch, s, strategy, num_gpus, gpus_per_node, tensor_parallel, pipeline_parallel,
                   sequence_parallel, context_parallel, expert_parallel, micro_batches)
     for name, v in (("offload_optimizer", offload_optimizer), ("offload_params", offload_params),
@@ -807,11 +831,11 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                          "partitions, autocast casts the gathered weights); HF Trainer's bf16=True with DeepSpeed "
                          "is DeepSpeed's bf16 mode: precision='bf16'")
 
-    ranges = _stages(arch.num_layers, lay.pp)
+    ranges = _stages(arch.num_layers, lay.pp) if placed is None else [(f, l) for f, l, _, _, _ in placed]
     stages: List[StageEstimate] = []
     cache: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
     for i, (first, last) in enumerate(ranges):
-        embed, head = i == 0, i == lay.pp - 1
+        embed, head = (i == 0, i == lay.pp - 1) if placed is None else placed[i][2:4]
         k = min(lay.pp - i, lay.micro_batches) if lay.pp > 1 else 1
         key = (first, last, embed, head, k)
         if key not in cache:
@@ -833,6 +857,9 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
               "expert_parallel": lay.ep, "sequence_parallel": lay.sp, "micro_batches": lay.micro_batches,
               "shard": lay.shard, "shard_experts": lay.shard_experts,
               "offload_optimizer": offload_optimizer, "offload_params": offload_params}
+    if placed is not None:
+        layout["device_map"] = dict(placement.device_map)
+        layout["gpu_of_stage"] = [d for _, _, _, _, d in placed]
     return ParallelEstimate(model_name=arch.name, strategy=strategy, layout=layout, setup=s.to_dict(), stages=stages,
                             worst_stage=worst, buffers=_buffer_settings(strategy, opts),
                             cpu_buffer_factor=float(cpu_buffer_factor), notes=notes)
