@@ -209,8 +209,9 @@ def test_more_gpus_never_need_more_memory_per_gpu_under_zero3(model, batch, seq,
     """Issue 6 property: under ZeRO-3 the allocated peak per GPU never grows with the GPU count
     (but for the NCCL communicator's buffers that a second GPU brings).  The device total adds
     the reserve of the caching allocator replayed over that GPU's tensors, whose cached free
-    bytes move with the tensor sizes (a few percent either way, as on one GPU between batch
-    sizes): it never grows by more than the estimate's own band (1.9%)."""
+    bytes move with the tensor sizes: a freed gathered block that the activations then split
+    cannot take the next block (Mixtral-8x7B's 2.8 GB layers on 404 GPUs: a second segment), so
+    it never grows by more than the estimate's own band (1.9%) plus the gathered parameters."""
     from vramwidget.parallel import NCCL_BUFFSIZE_BYTES, NCCL_CHANNELS
 
     kw = dict(batch_size=batch, seq_len=seq, precision=precision, gradient_checkpointing=gc, method=method,
@@ -221,7 +222,9 @@ def test_more_gpus_never_need_more_memory_per_gpu_under_zero3(model, batch, seq,
     totals = [pe.device_total_bytes for pe in pes]
     comm = 2 * NCCL_CHANNELS * NCCL_BUFFSIZE_BYTES * 1.05 + 1.0   # 1.05: the allocator reserve; 1 B: rounding
     assert all(b <= a + (comm if n == 1 else 0) for n, a, b in zip(ns, peaks, peaks[1:])), peaks
-    assert all(b <= a * 1.019 + (comm if n == 1 else 0) for n, a, b in zip(ns, totals, totals[1:])), totals
+    gathered = [pe.model_states.get("gathered parameters", 0.0) for pe in pes]
+    assert all(b <= a * 1.019 + g + (comm if n == 1 else 0)
+               for n, a, b, g in zip(ns, totals, totals[1:], gathered[1:])), totals
 
 
 @settings(max_examples=40, deadline=None)

@@ -969,8 +969,10 @@ def _shard_spec(strategy: str, lay: _Layout, zp: Any, P: Any, cut: Architecture,
             by_layer[layer] = by_layer.get(layer, 0.0) + each * per
     if zp is None:   # FSDP: sharded parameters, gradients reduce-scattered to shards, units gathered
         f = 0.0 if off_par else 1.0 / N
-        return ShardSpec(weights=f, states=f, temps=f, grads="shard", grad_shard=f, gather_layer=by_layer,
-                         gather_root=root, drop_casts=True)
+        # MixedPrecision: fp32 shards gathered, and their gradients made, in the compute dtype
+        scale = DTYPE_BYTES[s.compute_dtype] / 4.0 if s.autocast else 1.0
+        return ShardSpec(weights=f, states=f, temps=f, grads="unit", grad_shard=f, gather_layer=by_layer,
+                         gather_root=root, drop_casts=True, grad_scale=scale)
     st = int(strategy[-1])
     buffers = [(name, nb) for phases_, comp, name, nb, _ in zp.adds if phases_ == _zero.ALL and nb > 0]
     if st == 2:

@@ -9,9 +9,11 @@ load        each parameter's shard (the parameters' factor: 1/N when sharded), q
             partitions, master copy, gradient-partition buffer and IPG bucket)
 forward /   the activations exactly as on one GPU; each block's gathered parameters allocated
 backward    as the block starts (the next block's prefetched before the previous is freed)
-gradients   ``keep``: as on one GPU (DDP-like, ZeRO-0/1); ``shard``: the full gradient is made,
-            its shard kept and the full one freed (ZeRO-2/3: copied into the partition buffer,
-            FSDP: reduce-scattered into the sharded gradient)
+gradients   ``keep``: as on one GPU (DDP-like, ZeRO-0/1); ``shard``: each full gradient is made,
+            its shard kept and the full one freed (ZeRO-2/3: copied into the IPG bucket, then
+            into the partition buffer); ``unit``: a unit's gradients are made through its
+            backward, then its post-backward copies them into one reduce-scatter input, frees
+            them and keeps the reduce-scatter output (FSDP ``foreach_reduce``)
 optimizer   states and the step's temporaries at their sharded sizes, or ZeRO's own step:
             per sub-group its flat 16-bit copy, the fp32 gradient and the optimizer's temporary
 
@@ -38,7 +40,7 @@ class ShardSpec:
     weights: float = 1.0                  # factor on each loaded parameter (and adapter)
     states: float = 1.0                   # factor on each optimizer state
     temps: float = 1.0                    # factor on each step temporary
-    grads: str = "keep"                   # "keep" | "shard"
+    grads: str = "keep"                   # "keep" | "shard" | "unit"
     grad_shard: float = 1.0               # the kept shard's share of a gradient ("shard")
     buffers: List[Tuple[str, float]] = field(default_factory=list)   # allocated once, after load
     step: Optional[List[Tuple[float, float, float]]] = None   # ZeRO: per sub-group (fp32 grad, flat copy, temp)
@@ -46,6 +48,7 @@ class ShardSpec:
     gather_root: float = 0.0              # embeddings / head gathered around the forward and backward
     gather_window: float = 0.0            # gathered bytes kept at most (0: the running block + one prefetched)
     drop_casts: bool = False              # FSDP MixedPrecision: autocast finds the gathered weights already cast
+    grad_scale: float = 1.0               # "unit": unsharded gradients in param_dtype (MixedPrecision) / as stored
 
 
 def _is_grad(label: Any) -> bool:
@@ -100,11 +103,26 @@ def per_gpu_events(events: Iterable[Tuple[str, Any, float, Any]], spec: ShardSpe
     cur_layer: Optional[int] = None
     root_key: Any = None
     step_done = False
+    unit_grads: List[Tuple[Any, float]] = []    # "unit": the running unit's full gradients (as stored)
+
+    def reduce_unit() -> None:
+        """FSDP's post-backward of a unit: one reduce-scatter input, the full gradients freed,
+        the reduce-scatter output kept as the sharded gradients (in the parameters' dtype)."""
+        if not unit_grads:
+            return
+        total = sum(b for _, b in unit_grads)
+        rs_in = out.alloc(total * spec.grad_scale, "reduce-scatter input")
+        for k, _ in unit_grads:
+            out.free(k)
+        out.alloc(total * spec.grad_shard, "sharded gradients (reduce-scatter output)")
+        out.free(rs_in)
+        unit_grads.clear()
 
     def gather(layer: Optional[int]) -> None:
         nonlocal cur_layer
         if layer == cur_layer:
             return
+        reduce_unit()
         cur_layer = layer
         if layer is None:
             return
@@ -118,6 +136,7 @@ def per_gpu_events(events: Iterable[Tuple[str, Any, float, Any]], spec: ShardSpe
 
     for kind, key, nbytes, label in events:
         if kind == "step_end":
+            reduce_unit()
             if spec.step and not step_done:      # an optimizer without temporaries (fused): its step here
                 _zero_step(out, spec.step)
             while gathered:
@@ -165,6 +184,11 @@ def per_gpu_events(events: Iterable[Tuple[str, Any, float, Any]], spec: ShardSpe
         if spec.drop_casts and (label == "head weight cast" or (isinstance(label, tuple) and len(label) == 3
                                                               and str(label[2]).startswith("weight cast"))):
             dropped.add(key)
+            continue
+        if _is_grad(label) and spec.grads == "unit":
+            k = out.alloc(nbytes * spec.grad_scale, label)
+            dropped.add(key)           # freed by the unit's reduce-scatter, not by zero_grad
+            unit_grads.append((k, nbytes))
             continue
         if _is_grad(label) and spec.grads == "shard":
             full = out.alloc(nbytes, label)
