@@ -114,3 +114,25 @@ def test_bad_inputs_name_their_field():
         vw.estimate_parallel("llama-3.1-8b", max_memory={0: "10GiB"})
     assert e.value.field == "max_memory"
     assert D._size("10GiB") == 10 * GIB and D._size("24GB") == 24 * 10**9
+
+
+def test_cli_device_map_and_zero_flags(capsys):
+    """``estimate --device-map auto --max-memory ...`` prints each GPU's layers; ``infer`` the
+    same split of generate(); ``--zero KEY=VALUE`` reaches the ZeRO plan."""
+    import json
+
+    from vramwidget import cli
+
+    code = cli.main(["estimate", "llama-3.1-8b", "--method", "qlora", "--device-map", "auto", "--max-memory",
+                     "0=10GiB,1=10GiB", "--batch-size", "2", "--gradient-checkpointing", "full"])
+    out = capsys.readouterr().out
+    assert code == 0 and "GPU 0: layers 0-" in out and "+ head" in out
+    code = cli.main(["infer", "llama-3.1-8b", "--device-map", "auto", "--max-memory", "0=10GiB,1=10GiB", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert code == 0 and set(d["per_gpu"]) == {"0", "1"}
+    code = cli.main(["estimate", "llama-3.2-1b", "--strategy", "zero3", "--num-gpus", "8", "--zero",
+                     "sub_group_size=1e7", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert code == 0 and d["parallel"]["zero_config"] == {"sub_group_size": 1e7}
+    code = cli.main(["estimate", "llama-3.2-1b", "--device-map", "auto"])
+    assert code != 0 and "max_memory" in capsys.readouterr().err
