@@ -142,7 +142,11 @@ def _max_layer(modules: Sequence[_Node]) -> Tuple[float, List[str]]:
 
 def parse_max_memory(max_memory: Mapping[Any, Any]) -> Dict[Device, float]:
     """``max_memory`` as from_pretrained takes it: GPU index (int) or "cpu" / "disk" -> bytes
-    or a size string ("20GiB", "20GB": accelerate's convert_file_size_to_int)."""
+    or a size string ("20GiB", "20GB": accelerate's convert_file_size_to_int); a sequence of
+    (device, size) pairs is taken as the mapping (hashable, for caches)."""
+    if isinstance(max_memory, (tuple, list)) and all(isinstance(x, (tuple, list)) and len(x) == 2
+                                                       for x in max_memory):
+        max_memory = dict(max_memory)
     if not isinstance(max_memory, Mapping) or not max_memory:
         raise VramError(f"max_memory: a mapping of devices (0, 1, ..., 'cpu') to sizes, got {shown(max_memory)}",
                         field="max_memory")
@@ -324,6 +328,8 @@ def place(arch: Any, P: Any, device_map: Any = "auto", max_memory: Optional[Mapp
     for its buffers (``Bnb4BitHfQuantizer.adjust_max_memory``).  ``flavor``: "transformers"
     (what from_pretrained runs) or "accelerate" (accelerate's own functions)."""
     root, tied = module_tree(arch, P)
+    if isinstance(device_map, (tuple, list)):
+        device_map = dict(device_map)
     if isinstance(device_map, Mapping):
         dm: Dict[str, Device] = {str(k): v for k, v in device_map.items()}
         mm = parse_max_memory(max_memory) if max_memory is not None else {}

@@ -1235,19 +1235,27 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
             return peak + frag[0]
 
 
-        comps = list(phase_components[peak_phase]) + [
-            Node("allocator reserve", bytes=max(0.0, reserved() - peak),
-                 formula="caching allocator: cached free blocks of this GPU's replayed step" if spec is not None
-                 else "caching allocator: cached free blocks of the replayed single-GPU step"),
-            Node("cuda context", bytes=E.cuda_context_bytes, formula=E.cuda_context_source)]
+        def comps_at(reserved_b: float, exact: bool = True, E: Estimate = E, peak_phase: str = peak_phase,
+                     peak: float = peak) -> List[Node]:
+            """The peak's components with ``reserved_b`` as the allocator's reserve (built when
+            first read: the per-GPU replay runs only then)."""
+            return list(phase_components[peak_phase]) + [
+                Node("allocator reserve", bytes=max(0.0, reserved_b - peak),
+                     formula="caching allocator: cached free blocks of this GPU's replayed step" if spec is not None
+                     else "caching allocator: cached free blocks of the replayed single-GPU step"),
+                Node("cuda context", bytes=E.cuda_context_bytes, formula=E.cuda_context_source)]
+
         est = Estimate(model_name=E.model_name, setup=E.setup, params_total=E.params_total,
-                       params_trainable=E.params_trainable, components=comps, phases_bytes=phases,
+                       params_trainable=E.params_trainable, components=None, phases_bytes=phases,
                        peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
                        cuda_context_bytes=E.cuda_context_bytes, flops_per_step=E.flops_per_step,
                        recompute_overhead=E.recompute_overhead, notes=list(E.notes) + notes,
                        phase_components=phase_components, cuda_context_source=E.cuda_context_source)
+        est._components_at = comps_at
+        # without the replay: the slice's single-GPU fragmentation stands in until it runs
         est._provisional_fn = lambda E=E, peak=peak: (
-            peak + max(0.0, E.provisional_reserved_bytes - E.peak_allocated_bytes), E.reserved_exact)
+            peak + (frag[0] if frag else max(0.0, E.provisional_reserved_bytes - E.peak_allocated_bytes)),
+            bool(frag) or (spec is None and E.reserved_exact))
         if spec is not None:
             _judge_per_gpu(est, cut, s_loc, spec, peak, (strategy, lay))
     # the per-GPU estimate reports the whole model's parameter counts and the user's setup

@@ -25,7 +25,7 @@ adds to its own allocated peak.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 #: labels of the single-GPU stream's optimizer states and step temporaries (events.py)
 _STATE_PARTS = {"state1 (fp32)", "state2 (fp32)", "state1 (8-bit)", "state2 (8-bit)", "absmax1", "absmax2",
@@ -91,18 +91,56 @@ class _Out:
             self.events.append(("free", key, 0.0, ""))
 
 
-def per_gpu_events(events: Iterable[Tuple[str, Any, float, Any]], spec: ShardSpec) -> List[Tuple[str, Any, float, Any]]:
+def classify(events: Sequence[Tuple[str, Any, float, Any]]) -> List[Tuple[str, Optional[int]]]:
+    """Each event's role in the single-GPU stream, worked out once per stream: (code, layer),
+    code one of load, quant (a quantized weight's constants, at load), input, cublas,
+    embedding, state, temp, cast, grad, other."""
+    out: List[Tuple[str, Optional[int]]] = []
+    loading = True
+    for kind, _key, _nb, label in events:
+        if kind != "alloc":
+            out.append((kind, None))
+            continue
+        if loading:
+            if label == "input_ids":
+                loading = False
+                out.append(("input", None))
+            elif label == "cuBLAS workspace":
+                out.append(("cublas", None))
+            elif isinstance(label, tuple) and label[-1] == "quantization constants":
+                out.append(("quant", None))
+            else:
+                out.append(("load", None))
+            continue
+        if _is_state(label):
+            code = "state"
+        elif _is_temp(label):
+            code = "temp"
+        elif label == "head weight cast" or (isinstance(label, tuple) and len(label) == 3
+                                             and str(label[2]).startswith("weight cast")):
+            code = "cast"
+        elif _is_grad(label):
+            code = "grad"
+        elif label == "embedding output":
+            code = "embedding"
+        else:
+            code = "other"
+        out.append((code, _layer(label)))
+    return out
+
+
+def per_gpu_events(events: Sequence[Tuple[str, Any, float, Any]], spec: ShardSpec,
+                   classes: Optional[Sequence[Tuple[str, Optional[int]]]] = None) -> List[Tuple[str, Any, float, Any]]:
     """The single-GPU stream ``events`` of a GPU's slice rewritten as that GPU's (see the module
-    docstring)."""
+    docstring); ``classes``: :func:`classify` of the stream, when already worked out."""
+    if classes is None:
+        classes = classify(events)
     out = _Out()
     ev = out.events
     dropped: set = set()
     resized: Dict[Any, Any] = {}       # single-GPU key -> key of its rewritten allocation
-    loading = True
     gathered: List[Tuple[Any, float]] = []   # (key, bytes) of gathered blocks, oldest first
-    cur_layer: Optional[int] = None
-    root_key: Any = None
-    step_done = False
+    state = {"layer": None, "root": None, "step_done": False}
     unit_grads: List[Tuple[Any, float]] = []    # "unit": the running unit's full gradients (as stored)
 
     def reduce_unit() -> None:
@@ -119,11 +157,10 @@ def per_gpu_events(events: Iterable[Tuple[str, Any, float, Any]], spec: ShardSpe
         unit_grads.clear()
 
     def gather(layer: Optional[int]) -> None:
-        nonlocal cur_layer
-        if layer == cur_layer:
+        if layer == state["layer"]:
             return
         reduce_unit()
-        cur_layer = layer
+        state["layer"] = layer
         if layer is None:
             return
         b = spec.gather_layer.get(layer, 0.0)
@@ -134,69 +171,55 @@ def per_gpu_events(events: Iterable[Tuple[str, Any, float, Any]], spec: ShardSpe
                                      else sum(x[1] for x in gathered) > spec.gather_window):
             out.free(gathered.pop(0)[0])
 
-    for kind, key, nbytes, label in events:
-        if kind == "step_end":
-            reduce_unit()
-            if spec.step and not step_done:      # an optimizer without temporaries (fused): its step here
-                _zero_step(out, spec.step)
-            while gathered:
-                out.free(gathered.pop(0)[0])
-            out.free(root_key)
-            root_key, cur_layer, step_done = None, None, False
-            ev.append((kind, key, nbytes, label))
-            continue
+    for (kind, key, nbytes, label), (code, layer) in zip(events, classes):
         if kind == "free":
             if key in dropped:
                 dropped.discard(key)
-                continue
-            out.free(resized.pop(key, key))
+            else:
+                out.free(resized.pop(key, key))
+            continue
+        if kind == "step_end":
+            reduce_unit()
+            if spec.step and not state["step_done"]:   # an optimizer without temporaries (fused): its step here
+                _zero_step(out, spec.step)
+            while gathered:
+                out.free(gathered.pop(0)[0])
+            out.free(state["root"])
+            state.update(layer=None, root=None, step_done=False)
+            ev.append((kind, key, nbytes, label))
             continue
         if kind != "alloc":
             ev.append((kind, key, nbytes, label))
-            continue
-        if loading:
-            if label == "input_ids":
-                loading = False
-                for name, b in spec.buffers:
-                    out.alloc(b, name)
-                ev.append((kind, key, nbytes, label))
-                continue
-            if label == "cuBLAS workspace":
-                ev.append((kind, key, nbytes, label))
-                continue
-            whole = isinstance(label, tuple) and label[-1] == "quantization constants"
-            resized[key] = out.alloc(nbytes * (1.0 if whole else spec.weights), label)
-            continue
-        if label == "embedding output" and spec.gather_root and root_key is None:
-            root_key = out.alloc(spec.gather_root, "gathered root unit")
-        if _is_state(label):
+        elif code in ("load", "quant"):
+            resized[key] = out.alloc(nbytes * (1.0 if code == "quant" else spec.weights), label)
+        elif code == "input":
+            for name, b in spec.buffers:
+                out.alloc(b, name)
+            ev.append((kind, key, nbytes, label))
+        elif code == "state":
             resized[key] = out.alloc(nbytes * spec.states, label)
-            continue
-        if _is_temp(label):
+        elif code == "temp":
             if spec.step is not None:
                 dropped.add(key)
-                if not step_done:
+                if not state["step_done"]:
                     _zero_step(out, spec.step)
-                    step_done = True
-                continue
-            resized[key] = out.alloc(nbytes * spec.temps, label)
-            continue
-        if spec.drop_casts and (label == "head weight cast" or (isinstance(label, tuple) and len(label) == 3
-                                                              and str(label[2]).startswith("weight cast"))):
+                    state["step_done"] = True
+            else:
+                resized[key] = out.alloc(nbytes * spec.temps, label)
+        elif code == "cast" and spec.drop_casts:
             dropped.add(key)
-            continue
-        if _is_grad(label) and spec.grads == "unit":
-            k = out.alloc(nbytes * spec.grad_scale, label)
+        elif code == "grad" and spec.grads == "unit":
             dropped.add(key)           # freed by the unit's reduce-scatter, not by zero_grad
-            unit_grads.append((k, nbytes))
-            continue
-        if _is_grad(label) and spec.grads == "shard":
+            unit_grads.append((out.alloc(nbytes * spec.grad_scale, label), nbytes))
+        elif code == "grad" and spec.grads == "shard":
             full = out.alloc(nbytes, label)
-            resized[key] = out.alloc(nbytes * spec.grad_shard, label + ("shard",) if isinstance(label, tuple) else label)
+            resized[key] = out.alloc(nbytes * spec.grad_shard, label)
             out.free(full)
-            continue
-        gather(_layer(label))
-        ev.append((kind, key, nbytes, label))
+        else:
+            if code == "embedding" and spec.gather_root and state["root"] is None:
+                state["root"] = out.alloc(spec.gather_root, "gathered root unit")
+            gather(layer)
+            ev.append((kind, key, nbytes, label))
     return ev
 
 
@@ -213,6 +236,23 @@ def _zero_step(out: _Out, groups: List[Tuple[float, float, float]]) -> None:
 
 
 _CACHE: Dict[Any, Tuple[Any, Any]] = {}
+#: (id(arch), setup) -> (arch, the slice's single-GPU stream, its classes): the same for every GPU count
+_STREAMS: Dict[Any, Tuple[Any, Any, Any]] = {}
+
+
+def _single_gpu_stream(arch: Any, s: Any) -> Tuple[List[Tuple[str, Any, float, Any]], List[Tuple[str, Any]]]:
+    from .events import training_events
+
+    key = (id(arch), s)
+    hit = _STREAMS.get(key)
+    if hit is not None and hit[0] is arch:
+        return hit[1], hit[2]
+    ev = training_events(arch, s)
+    cls = classify(ev)
+    if len(_STREAMS) > 32:
+        _STREAMS.clear()
+    _STREAMS[key] = (arch, ev, cls)
+    return ev, cls
 
 
 def replay_per_gpu(arch: Any, s: Any, spec: ShardSpec, capacity_bytes: Optional[float] = None,
@@ -220,14 +260,13 @@ def replay_per_gpu(arch: Any, s: Any, spec: ShardSpec, capacity_bytes: Optional[
     """The caching allocator (``allocator.replay``, the setup's allocator settings) over one
     GPU's stream; without a capacity or recording, cached per (architecture, setup, spec)."""
     from .allocator import parse_alloc_conf, replay
-    from .events import training_events
 
     key = (id(arch), s, repr(spec)) if capacity_bytes is None and not record else None
     hit = _CACHE.get(key) if key is not None else None
     if hit is not None and hit[0] is arch:
         return hit[1]
-    res = replay(per_gpu_events(training_events(arch, s), spec), parse_alloc_conf(s.allocator), capacity_bytes,
-                 record)
+    ev, cls = _single_gpu_stream(arch, s)
+    res = replay(per_gpu_events(ev, spec, cls), parse_alloc_conf(s.allocator), capacity_bytes, record)
     if key is not None:
         if len(_CACHE) > 256:
             _CACHE.clear()
