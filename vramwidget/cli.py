@@ -690,7 +690,7 @@ def add_parallel_arguments(parser: Any) -> None:
 
 def _run_infer_split(args: argparse.Namespace, out) -> int:
     """``infer MODEL --device-map auto --max-memory ...``: each GPU's share of generate()."""
-    from .device_map import estimate_inference_split
+    from .split_inference import estimate_inference_split
 
     skip = {"model", "command", "json", "units", "device_map", "max_memory", "func"}
     setup = {k: v for k, v in vars(args).items() if k not in skip and v is not None and not k.startswith("_")}

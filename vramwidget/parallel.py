@@ -988,6 +988,187 @@ def _shard_spec(strategy: str, lay: _Layout, zp: Any, P: Any, cut: Architecture,
                      gather_root=root if st == 3 else 0.0, gather_window=window)
 
 
+def _scale_phases(E: Estimate, factors: Dict[str, Any], adds: Dict[str, List[Node]], zero_names: Tuple[str, ...],
+                  keep: Tuple[str, ...]):
+    """Each phase of the single-GPU estimate with its components scaled by ``factors`` (per
+    phase) and the parallel additions placed: (phase components, phase bytes, the change per
+    phase, optimizer-state bytes per phase)."""
+    phase_components: Dict[str, List[Node]] = {}
+    phases = dict(E.phases_bytes)
+    deltas: Dict[str, float] = {}
+    states_after: Dict[str, float] = {}
+    for p in _PHASES:
+        nodes, delta = [], 0.0
+        st = 0.0
+        for c in E.phase_components[p]:
+            f, fe = _factor(factors, c.name, p)
+            if c.name == "activations" and p not in ("forward", "backward"):
+                f = fe = 1.0
+            if f == 1.0 and fe == 1.0 and not (c.name == "weights" and zero_names):
+                nodes.append(c)
+                if c.name == "optimizer states":
+                    st += c.bytes
+                continue
+            n, d = _scaled(c, f, fe, zero=zero_names if c.name == "weights" else (), keep=keep)
+            nodes.append(n)
+            delta += d
+            if c.name == "optimizer states":
+                st += n.bytes
+        delta += sum(n.total_bytes() for n in adds[p])
+        states_after[p] = st
+        deltas[p] = delta
+        phases[p] = E.phases_bytes[p] + delta
+        if adds[p]:
+            for n in adds[p]:
+                n.finalize()
+            nodes = _merge_named(list(nodes) + adds[p])
+        phase_components[p] = nodes
+    return phase_components, phases, deltas, states_after
+
+
+def _per_gpu_estimate(E: Estimate, phase_components: Dict[str, List[Node]], phases: Dict[str, float],
+                      deltas: Dict[str, float], states_after: Dict[str, float], notes: List[str], spec: Any,
+                      cut: Architecture, s_loc: TrainingSetup, key: Any) -> Estimate:
+    """One GPU's Estimate from its scaled phases; the single-GPU estimate itself when nothing
+    changed.  Its reserve: the allocated peak plus the cached free blocks of the allocator
+    replayed over this GPU's own tensors (sharded strategies, ``spec``) or, unsharded, over the
+    slice's single-GPU step; read when first needed."""
+    if not any(d != 0.0 for d in deltas.values()):
+        return E
+    fwd_states = states_after["forward"]
+    phases["first_step"] = max(phases["forward"] - fwd_states, phases["backward"] - fwd_states,
+                               phases["optimizer_step"])
+    # between steps: weights + states + what stays allocated (buffers, master copies, main grads)
+    opt_state_d = states_after["optimizer_step"] - sum(
+        c.bytes for c in E.phase_components["optimizer_step"] if c.name == "optimizer states")
+    phases["persistent"] = E.phases_bytes["persistent"] + deltas["after_load"] + opt_state_d
+    peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda q: phases[q])
+    peak = phases[peak_phase]
+    frag: List[float] = []
+
+    def reserved(E: Estimate = E, peak: float = peak) -> float:
+        """The per-GPU step's allocated peak plus the cached free blocks at the peak of the
+        allocator replayed over this GPU's own tensors (sharded strategies:
+        :mod:`vramwidget.sharded_replay`) or, unsharded, over the slice's single-GPU step."""
+        if spec is None:
+            return peak + max(0.0, E.reserved_bytes - E.peak_allocated_bytes)
+        if not frag:
+            from .sharded_replay import fragmentation_bytes
+            frag.append(fragmentation_bytes(cut, s_loc, spec))
+        return peak + frag[0]
+
+    def comps_at(reserved_b: float, exact: bool = True, E: Estimate = E, peak_phase: str = peak_phase,
+                 peak: float = peak) -> List[Node]:
+        """The peak's components with ``reserved_b`` as the allocator's reserve (built when
+        first read: the per-GPU replay runs only then)."""
+        return list(phase_components[peak_phase]) + [
+            Node("allocator reserve", bytes=max(0.0, reserved_b - peak),
+                 formula="caching allocator: cached free blocks of this GPU's replayed step" if spec is not None
+                 else "caching allocator: cached free blocks of the replayed single-GPU step"),
+            Node("cuda context", bytes=E.cuda_context_bytes, formula=E.cuda_context_source)]
+
+    est = Estimate(model_name=E.model_name, setup=E.setup, params_total=E.params_total,
+                   params_trainable=E.params_trainable, components=None, phases_bytes=phases,
+                   peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
+                   cuda_context_bytes=E.cuda_context_bytes, flops_per_step=E.flops_per_step,
+                   recompute_overhead=E.recompute_overhead, notes=list(E.notes) + notes,
+                   phase_components=phase_components, cuda_context_source=E.cuda_context_source)
+    est._components_at = comps_at
+    # without the replay: the slice's single-GPU fragmentation stands in until it runs
+    est._provisional_fn = lambda E=E, peak=peak: (
+        peak + (frag[0] if frag else max(0.0, E.provisional_reserved_bytes - E.peak_allocated_bytes)),
+        bool(frag) or (spec is None and E.reserved_exact))
+    if spec is not None:
+        _judge_per_gpu(est, cut, s_loc, spec, peak, key)
+    return est
+
+
+def _comm_sizes(cut: Architecture, s: TrainingSetup, s_loc: TrainingSetup, P: Any, lay: _Layout, mega: bool,
+                grads: float, weights: float) -> Dict[str, float]:
+    """The sizes this GPU's collectives move (timing.communication)."""
+    c = DTYPE_BYTES[s_loc.compute_dtype]
+    T = s_loc.tokens
+    n_moe = max(0, cut.num_layers - min(cut.dense_layers, cut.num_layers)) if cut.is_moe else 0
+    return {
+        "grad_bytes": (4.0 * P.trainable_numel) if mega else grads,
+        "param_bytes": (P.trainable_numel if s.method in ("full", "freeze") else 0) * c if s.autocast else weights,
+        "act_bytes": T * cut.hidden_size * c,
+        "layers": cut.num_layers,
+        "moe_bytes": T * max(cut.experts_per_token, 1) * cut.hidden_size * c if n_moe else 0.0,
+        "moe_layers": n_moe,
+        "kv_bytes": T * 2 * cut.num_kv_heads * cut.head_dim * c * lay.tp,
+        "trainable": float(P.trainable_numel),
+    }
+
+
+def _base_factors(strategy: str, N: int, Ne: int, off_opt: bool, off_par: bool):
+    """(weights, gradients, states sharded: dense and expert factors), then what of each stays
+    on the GPU (weights, gradients, states, optimizer temporaries: dense and experts)."""
+    fsdp, mega = strategy in FSDP, strategy in MEGATRON
+    fw = fwe = fg = fge = fo = foe = 1.0
+    if strategy in ("zero3", "fsdp_full_shard", "fsdp_hybrid", "fsdp_shard_grad_op"):
+        fw, fwe = 1.0 / N, 1.0 / Ne
+    if strategy in ("zero2", "zero3") + FSDP:
+        fg, fge = 1.0 / N, 1.0 / Ne
+    if strategy in ("zero1", "zero2", "zero3", "megatron_distopt") + FSDP:
+        fo, foe = 1.0 / N, 1.0 / Ne
+    w_gpu, wE_gpu = (0.0, 0.0) if off_par else (fw, fwe)
+    g_gpu, gE_gpu = fg, fge
+    o_gpu, oE_gpu = fo, foe
+    if off_opt or (fsdp and off_par):
+        o_gpu = oE_gpu = g_gpu = gE_gpu = 0.0
+    if mega:
+        g_gpu = gE_gpu = 0.0   # param.grad is never allocated: gradients go to fp32 main_grad buffers
+    t_gpu, tE_gpu = (0.0, 0.0) if mega else (o_gpu, oE_gpu)   # Megatron steps with a fused Adam
+    return (fw, fwe, fg, fge, fo, foe), (w_gpu, wE_gpu, g_gpu, gE_gpu, o_gpu, oE_gpu, t_gpu, tE_gpu)
+
+
+def _ddp_buckets(add: Any, opts: Dict[str, Any], E: Estimate, G: float) -> float:
+    """PyTorch DDP's reducer buckets: a copy of every gradient, or with
+    ``gradient_as_bucket_view`` the gradients themselves, allocated when the model is wrapped.
+    Returns the copy's bytes (0 with bucket views)."""
+    ALL = _PHASES
+    if opts["ddp_bucket_view"]:
+        add(("after_load",), "gradients", "DDP buckets (gradients as bucket views)", G,
+            "every gradient, in buckets allocated at wrap time")
+        if "gradients" not in {c.name for c in E.phase_components["forward"]}:
+            add(("forward",), "gradients", "DDP buckets (gradients as bucket views)", G,
+                "every gradient, in buckets allocated at wrap time")
+        bwd_g = sum(c.bytes for c in E.phase_components["backward"] if c.name == "gradients")
+        add(("backward",), "gradients", "DDP buckets (rest of the gradient views)", G - bwd_g,
+            "buckets hold every gradient from the start")
+        return 0.0
+    cap = opts["bucket_mb"] * 1e6 if opts["bucket_mb"] else DDP_BUCKET_BYTES
+    add(ALL, "gradients", "DDP reducer buckets (gradient copy)", G,
+        f"every gradient again, in {max(1, math.ceil(G / cap))} buckets of {cap / 2**20:.0f} MiB "
+        f"(gradient_as_bucket_view=False)")
+    return G
+
+
+def _fsdp_adds(add: Any, ms: Dict[str, float], notes: List[str], fp: Any, opts: Dict[str, Any], off_par: bool,
+               autocast: bool) -> None:
+    """FSDP's gathered units, unsharded gradients and reduce-scatter input into the phases
+    and the model states."""
+    kind = {True: "weights", False: "gradients"}
+    for phase, items in (("forward", fp.forward), ("backward", fp.backward)):
+        for name, nb in items.items():
+            add((phase,), kind["parameters" in name or "all-gather" in name], f"FSDP{opts['fsdp_version']} {name}", nb,
+                "the units gathered at the forward's end (vramwidget.fsdp)" if phase == "forward"
+                else "the unit running and what is gathered beside it (vramwidget.fsdp)")
+    ms["gathered parameters"] = fp.unsharded_params + fp.all_gather
+    ms["gathered gradients"] = fp.unsharded_grads
+    ms["reduce-scatter buffers"] = fp.reduce_scatter
+    if off_par and fp.shard_copy:
+        # an offloaded shard is copied to the GPU before its all-gather (FSDP1
+        # FlatParamHandle.pre_unshard; FSDP2 FSDPParam's all-gather input)
+        add(("forward", "backward"), "weights", "offloaded shard copied to the GPU", fp.shard_copy,
+            "the unit's CPU shard on its way to the all-gather")
+        ms["offloaded shards on the GPU"] = fp.shard_copy
+    if autocast:
+        notes.append("FSDP MixedPrecision gathers the shards in the compute dtype, so the autocast weight cache is "
+                     "not counted")
+
+
 def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Layout, opts: Dict[str, Any],
            first: int, last: int, embed: bool, head: bool, in_flight: int):
     strategy = lay.strategy
@@ -1002,27 +1183,9 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
         gathers = False   # FSDP with one rank per shard group runs as NO_SHARD
 
     # -- factors per component (dense, experts) ----------------------------------------------
-    fw = fwe = fg = fge = fo = foe = 1.0
-    if strategy in ("zero3", "fsdp_full_shard", "fsdp_hybrid", "fsdp_shard_grad_op"):
-        fw, fwe = 1.0 / N, 1.0 / Ne
-    if strategy in ("zero2", "zero3") + FSDP:
-        fg, fge = 1.0 / N, 1.0 / Ne
-    if strategy in ("zero1", "zero2", "zero3", "megatron_distopt") + FSDP:
-        fo, foe = 1.0 / N, 1.0 / Ne
+    (fw, fwe, fg, fge, fo, foe), (w_gpu, wE_gpu, g_gpu, gE_gpu, o_gpu, oE_gpu, t_gpu, tE_gpu) = \
+        _base_factors(strategy, N, Ne, off_opt, off_par)
     cpu: Dict[str, float] = {}
-    w_gpu, wE_gpu = fw, fwe
-    if off_par:
-        w_gpu = wE_gpu = 0.0
-    g_gpu, gE_gpu = fg, fge
-    o_gpu, oE_gpu = fo, foe
-    if off_opt or (fsdp and off_par):
-        o_gpu = oE_gpu = 0.0
-        g_gpu = gE_gpu = 0.0
-    if mega:
-        g_gpu = gE_gpu = 0.0   # param.grad is never allocated: gradients go to fp32 main_grad buffers
-    t_gpu, tE_gpu = o_gpu, oE_gpu
-    if mega:
-        t_gpu = tE_gpu = 0.0   # Megatron steps with a fused (multi-tensor) Adam
     zero_names: Tuple[str, ...] = ()
     if gathers and fsdp:
         # FSDP MixedPrecision gathers the shards in the compute dtype: autocast finds nothing to
@@ -1113,47 +1276,14 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
     # communication buffers
     comm = 0.0
     if strategy == "ddp":
-        if opts["ddp_bucket_view"]:
-            # gradients are views into the buckets, allocated when DDP wraps the model
-            add(("after_load",), "gradients", "DDP buckets (gradients as bucket views)", G + Ge,
-                "every gradient, in buckets allocated at wrap time")
-            if "gradients" not in {c.name for c in E.phase_components["forward"]}:
-                add(("forward",), "gradients", "DDP buckets (gradients as bucket views)", G + Ge,
-                    "every gradient, in buckets allocated at wrap time")
-            bwd_g = sum(c.bytes for c in E.phase_components["backward"] if c.name == "gradients")
-            add(("backward",), "gradients", "DDP buckets (rest of the gradient views)", G + Ge - bwd_g,
-                "buckets hold every gradient from the start")
-        else:
-            comm = G + Ge
-            cap = opts["bucket_mb"] * 1e6 if opts["bucket_mb"] else DDP_BUCKET_BYTES
-            add(ALL, "gradients", "DDP reducer buckets (gradient copy)", comm,
-                f"every gradient again, in {max(1, math.ceil(comm / cap))} buckets of {cap / 2**20:.0f} MiB "
-                f"(gradient_as_bucket_view=False)")
+        comm = _ddp_buckets(add, opts, E, G + Ge)
     if not ds:
         ms["communication buffers"] = comm
 
     # gathered units (FSDP1 flat parameters / FSDP2 per-parameter shards: vramwidget/fsdp.py)
     if gathers and fsdp:
-        fp = _fsdp_plan(cut, s_loc, P, lay, opts, strategy, off_par, S + Se)
-        for name, nb in fp.forward.items():
-            add(("forward",), "weights" if "parameters" in name or "all-gather" in name else "gradients",
-                f"FSDP{opts['fsdp_version']} {name}", nb, "the units gathered at the forward's end (vramwidget.fsdp)")
-        for name, nb in fp.backward.items():
-            add(("backward",), "weights" if "parameters" in name or "all-gather" in name else "gradients",
-                f"FSDP{opts['fsdp_version']} {name}", nb, "the unit running and what is gathered beside it "
-                "(vramwidget.fsdp)")
-        ms["gathered parameters"] = fp.unsharded_params + fp.all_gather
-        ms["gathered gradients"] = fp.unsharded_grads
-        ms["reduce-scatter buffers"] = fp.reduce_scatter
-        if off_par and fp.shard_copy:
-            # an offloaded shard is copied to the GPU before its all-gather (FSDP1
-            # FlatParamHandle.pre_unshard; FSDP2 FSDPParam's all-gather input)
-            add(("forward", "backward"), "weights", "offloaded shard copied to the GPU", fp.shard_copy,
-                "the unit's CPU shard on its way to the all-gather")
-            ms["offloaded shards on the GPU"] = fp.shard_copy
-    if gathers and fsdp and s_loc.autocast:
-        notes.append("FSDP MixedPrecision gathers the shards in the compute dtype, so the autocast weight cache is "
-                     "not counted")
+        _fsdp_adds(add, ms, notes, _fsdp_plan(cut, s_loc, P, lay, opts, strategy, off_par, S + Se), opts, off_par,
+                   s_loc.autocast)
 
     # NCCL: every communicator this GPU belongs to keeps send and receive buffers of
     # NCCL_BUFFSIZE (default 4 MiB) per channel (NCCL environment variables, "NCCL_BUFFSIZE")
@@ -1174,112 +1304,18 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
                                         f"saved activations")
 
     # -- the per-GPU phases -------------------------------------------------------------------
-    phase_components: Dict[str, List[Node]] = {}
-    phases = dict(E.phases_bytes)
-    deltas: Dict[str, float] = {}
-    states_after: Dict[str, float] = {}
-    for p in _PHASES:
-        nodes, delta = [], 0.0
-        st = 0.0
-        for c in E.phase_components[p]:
-            f, fe = _factor(factors, c.name, p)
-            if c.name == "activations" and p not in ("forward", "backward"):
-                f = fe = 1.0
-            if f == 1.0 and fe == 1.0 and not (c.name == "weights" and zero_names):
-                nodes.append(c)
-                if c.name == "optimizer states":
-                    st += c.bytes
-                continue
-            n, d = _scaled(c, f, fe, zero=zero_names if c.name == "weights" else (), keep=keep)
-            nodes.append(n)
-            delta += d
-            if c.name == "optimizer states":
-                st += n.bytes
-        extra = sum(n.total_bytes() for n in adds[p])
-        delta += extra
-        states_after[p] = st
-        deltas[p] = delta
-        phases[p] = E.phases_bytes[p] + delta
-        if adds[p]:
-            for n in adds[p]:
-                n.finalize()
-            nodes = _merge_named(list(nodes) + adds[p])
-        phase_components[p] = nodes
-    changed = any(d != 0.0 for d in deltas.values())
-    if not changed:
-        est = E
-    else:
-        fwd_states = states_after["forward"]
-        phases["first_step"] = max(phases["forward"] - fwd_states, phases["backward"] - fwd_states,
-                                   phases["optimizer_step"])
-        # between steps: weights + states + what stays allocated (buffers, master copies, main grads)
-        opt_state_d = states_after["optimizer_step"] - sum(
-            c.bytes for c in E.phase_components["optimizer_step"] if c.name == "optimizer states")
-        phases["persistent"] = E.phases_bytes["persistent"] + deltas["after_load"] + opt_state_d
-        peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda q: phases[q])
-        peak = phases[peak_phase]
-
-        spec = _shard_spec(strategy, lay, zp, P, cut, s_loc, fw, fo, o_gpu, off_par) \
-            if (ds or (fsdp and gathers)) else None
-        frag: List[float] = []
-
-        def reserved(E: Estimate = E, peak: float = peak) -> float:
-            """The per-GPU step's allocated peak plus the cached free blocks at the peak of the
-            allocator replayed over this GPU's own tensors (sharded strategies:
-            :mod:`vramwidget.sharded_replay`) or, unsharded, over the slice's single-GPU step."""
-            if spec is None:
-                return peak + max(0.0, E.reserved_bytes - E.peak_allocated_bytes)
-            if not frag:
-                from .sharded_replay import fragmentation_bytes
-                frag.append(fragmentation_bytes(cut, s_loc, spec))
-            return peak + frag[0]
-
-
-        def comps_at(reserved_b: float, exact: bool = True, E: Estimate = E, peak_phase: str = peak_phase,
-                     peak: float = peak) -> List[Node]:
-            """The peak's components with ``reserved_b`` as the allocator's reserve (built when
-            first read: the per-GPU replay runs only then)."""
-            return list(phase_components[peak_phase]) + [
-                Node("allocator reserve", bytes=max(0.0, reserved_b - peak),
-                     formula="caching allocator: cached free blocks of this GPU's replayed step" if spec is not None
-                     else "caching allocator: cached free blocks of the replayed single-GPU step"),
-                Node("cuda context", bytes=E.cuda_context_bytes, formula=E.cuda_context_source)]
-
-        est = Estimate(model_name=E.model_name, setup=E.setup, params_total=E.params_total,
-                       params_trainable=E.params_trainable, components=None, phases_bytes=phases,
-                       peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
-                       cuda_context_bytes=E.cuda_context_bytes, flops_per_step=E.flops_per_step,
-                       recompute_overhead=E.recompute_overhead, notes=list(E.notes) + notes,
-                       phase_components=phase_components, cuda_context_source=E.cuda_context_source)
-        est._components_at = comps_at
-        # without the replay: the slice's single-GPU fragmentation stands in until it runs
-        est._provisional_fn = lambda E=E, peak=peak: (
-            peak + (frag[0] if frag else max(0.0, E.provisional_reserved_bytes - E.peak_allocated_bytes)),
-            bool(frag) or (spec is None and E.reserved_exact))
-        if spec is not None:
-            _judge_per_gpu(est, cut, s_loc, spec, peak, (strategy, lay))
+    phase_components, phases, deltas, states_after = _scale_phases(E, factors, adds, zero_names, keep)
+    spec = _shard_spec(strategy, lay, zp, P, cut, s_loc, fw, fo, o_gpu, off_par) \
+        if (ds or (fsdp and gathers)) else None
+    est = _per_gpu_estimate(E, phase_components, phases, deltas, states_after, notes, spec, cut, s_loc,
+                            (strategy, lay))
     # the per-GPU estimate reports the whole model's parameter counts and the user's setup
     est = _relabel(est, arch, s, E)
     # the step time (timing.py): this GPU's slice, its share of the optimizer update, and
     # the sizes its communication moves (estimate_parallel_setup attaches the collectives)
     est._setup_obj = s_loc
     est._work = _sharded_work(E._work, o_gpu if ds or not (off_opt or (fsdp and off_par)) else 0.0)
-    c = DTYPE_BYTES[s_loc.compute_dtype]
-    T = s_loc.tokens
-    n_moe = 0
-    if cut.is_moe:
-        n_moe = max(0, cut.num_layers - min(cut.dense_layers, cut.num_layers))
-    est._comm_sizes = {
-        "grad_bytes": (4.0 * P.trainable_numel) if mega else (G + Ge),
-        "param_bytes": (P.trainable_numel if s.method in ("full", "freeze") else 0) * c
-        if s.autocast else (W + We),
-        "act_bytes": T * cut.hidden_size * c,
-        "layers": cut.num_layers,
-        "moe_bytes": T * max(cut.experts_per_token, 1) * cut.hidden_size * c if n_moe else 0.0,
-        "moe_layers": n_moe,
-        "kv_bytes": T * 2 * cut.num_kv_heads * cut.head_dim * c * lay.tp,
-        "trainable": float(P.trainable_numel),
-    }
+    est._comm_sizes = _comm_sizes(cut, s, s_loc, P, lay, mega, G + Ge, W + We)
     n_local = cut.params_total
     return est, ms, cpu, n_local, notes, nvme
 
