@@ -182,6 +182,38 @@ def test_accelerate_fsdp_and_deepspeed():
     assert est.per_gpu.peak_allocated_bytes > 0
 
 
+def test_fsdp2_read_from_each_launcher():
+    """FSDP2 and its reshard_after_forward as accelerate >= 1.6 (fsdp_config.fsdp_version),
+    transformers 5 (fsdp_config.version, default 2), torchtune's distributed recipes (always
+    fully_shard) and axolotl >= 0.10 (top-level fsdp_version) write them."""
+    acc = {"distributed_type": "FSDP", "num_processes": 4, "compute_environment": "LOCAL_MACHINE",
+           "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": False, "fsdp_offload_params": True}}
+    assert from_training_config(acc).parallel == {
+        "num_gpus": 4, "fsdp_version": 2, "strategy": "fsdp_shard_grad_op", "reshard_after_forward": False,
+        "offload_params": True}
+    acc1 = {"distributed_type": "FSDP", "num_processes": 2, "compute_environment": "LOCAL_MACHINE",
+            "fsdp_config": {"fsdp_reshard_after_forward": "HYBRID_SHARD"}}
+    assert from_training_config(acc1).parallel == {"num_gpus": 2, "strategy": "fsdp_hybrid"}
+    hf5 = {"per_device_train_batch_size": 1, "output_dir": "o", "fsdp": True,
+           "fsdp_config": {"reshard_after_forward": True}}
+    assert from_training_config(hf5).parallel == {"fsdp_version": 2, "strategy": "fsdp_full_shard"}
+    hf4 = {"per_device_train_batch_size": 1, "output_dir": "o", "fsdp": "shard_grad_op auto_wrap"}
+    assert from_training_config(hf4).parallel == {"strategy": "fsdp_shard_grad_op"}
+    hf1 = {"per_device_train_batch_size": 1, "output_dir": "o", "fsdp": True,
+           "fsdp_config": {"version": 1, "reshard_after_forward": "hybrid_shard"}}
+    assert from_training_config(hf1).parallel == {"strategy": "fsdp_hybrid"}
+    tt = {"model": {"_component_": "torchtune.models.llama3_2.llama3_2_1b"}, "batch_size": 2,
+          "fsdp_cpu_offload": False, "fsdp_reshard_after_forward": False}
+    assert from_training_config(tt).parallel == {"strategy": "fsdp_shard_grad_op", "fsdp_version": 2,
+                                                 "reshard_after_forward": False}
+    ax = {"base_model": "meta-llama/Llama-3.2-1B", "micro_batch_size": 1, "sequence_len": 512,
+          "fsdp_version": 2, "fsdp_config": {"offload_params": False, "reshard_after_forward": True}}
+    assert from_training_config(ax).parallel == {"fsdp_version": 2, "reshard_after_forward": True,
+                                                 "strategy": "fsdp_full_shard"}
+    est = from_training_config(acc).estimate("llama-3.2-1b")
+    assert est.per_gpu.peak_allocated_bytes > 0
+
+
 def test_hf_training_arguments_with_peft_and_bnb_beside():
     cfg = from_training_config(path("hf_sft_qlora/training_args.json"))
     assert cfg.format == "hf"
