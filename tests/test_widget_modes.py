@@ -76,7 +76,8 @@ def test_new_traits_carry_the_back_ends_keyword_names():
 
 
 def test_options_come_from_the_back_ends(calc):
-    assert [k for k, *_ in calc.options["strategy"]] == list(STRATEGIES)
+    # the data-parallel strategies, then transformers' device_map split (vramwidget/widget/multigpu.py)
+    assert [k for k, *_ in calc.options["strategy"]] == list(STRATEGIES) + ["device_map"]
     assert [k for k, *_ in calc.options["weights"]] == list(WEIGHT_FORMATS)
     assert [k for k, *_ in calc.options["kv_cache_dtype"]] == ["auto", "bf16", "fp16", "fp32", "fp8"]
     assert [k for k, *_ in calc.options["mode"]] == ["training", "inference"]

@@ -182,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     inf = sub.add_parser("infer", help="estimate inference memory: weights in any format, KV cache, serving",
                          description="GPU memory of running MODEL for inference.")
     inference.add_arguments(inf)
+    add_split_arguments(inf.add_argument_group("generate() split over several GPUs"))
 
     fit_p = sub.add_parser("fit", help="what fits a GPU: largest batch, longest sequence, fewest GPUs, and "
                                        "the changes that make a setup fit",
@@ -508,6 +509,11 @@ def _cmd_estimate_parallel(args: argparse.Namespace, out) -> int:
         return 0
     out.write(_layout_line(lay) + "\n" + format_estimate(arch, est, args.units, args.tokens, args.usd_per_gpu_hour)
               + "\n")
+    if "gpu_of_stage" in result.layout:
+        for st, gpu in zip(result.stages, result.layout["gpu_of_stage"]):
+            extra = (" + embedding" if st.embedding else "") + (" + head" if st.head else "")
+            out.write(f"GPU {gpu}: layers {st.layers[0]}-{st.layers[1]}{extra}: "
+                      f"{fmt_bytes(st.estimate.device_total_bytes)} device total\n")
     return 0
 
 
@@ -672,16 +678,98 @@ def add_parallel_arguments(parser: Any) -> None:
                         help="DeepSpeed: optimizer states on the CPU")
     parser.add_argument("--offload-params", dest="offload_params", action="store_true", default=None,
                         help="ZeRO-3 / FSDP: parameters on the CPU")
+    add_split_arguments(parser)
+    parser.add_argument("--fsdp-version", dest="fsdp_version", default=None, type=_int_arg, metavar="{1,2}",
+                        help="FSDP1 flat parameters (default) or FSDP2 fully_shard")
+    parser.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const",
+                        const=False, default=None, help="FSDP: keep each unit gathered from its forward to its backward")
+    parser.add_argument("--zero", dest="zero_config", action="append", default=None, metavar="KEY=VALUE",
+                        help="a DeepSpeed zero_optimization key, e.g. --zero sub_group_size=1e8 "
+                             "--zero stage3_max_live_parameters=3e8 (repeatable)")
+
+
+def _run_infer_split(args: argparse.Namespace, out) -> int:
+    """``infer MODEL --device-map auto --max-memory ...``: each GPU's share of generate()."""
+    from .split_inference import estimate_inference_split
+
+    skip = {"model", "command", "json", "units", "device_map", "max_memory", "func"}
+    setup = {k: v for k, v in vars(args).items() if k not in skip and v is not None and not k.startswith("_")}
+    from .inference import InferenceSetup
+
+    known = set(InferenceSetup.__dataclass_fields__)
+    setup = {k: v for k, v in setup.items() if k in known}
+    kw = _split_kwargs(args)
+    r = estimate_inference_split(args.model, kw.get("device_map", "auto"), kw.get("max_memory"), **setup)
+    if getattr(args, "json", False):
+        out.write(json.dumps(r.to_dict()) + "\n")
+        return 0
+    out.write(f"{r.model_name}: generate() split by device_map ({args.device_map or 'auto'})\n")
+    for d, e in r.per_device.items():
+        out.write(f"GPU {d}: weights {fmt_bytes(e.weights_bytes)}, KV cache {fmt_bytes(e.kv_cache_bytes)}, "
+                  f"peak {fmt_bytes(e.peak_allocated_bytes)}, device total {fmt_bytes(e.device_total_bytes)}\n")
+    for n in r.notes:
+        out.write(f"note: {n}\n")
+    return 0
+
+
+def add_split_arguments(parser: Any) -> None:
+    """``--device-map`` and ``--max-memory``: transformers' layer split over several GPUs."""
+    parser.add_argument("--device-map", dest="device_map", default=None,
+                        choices=("auto", "balanced", "balanced_low_0", "sequential"),
+                        help="split the layers over the GPUs as from_pretrained(device_map=...) does")
+    parser.add_argument("--max-memory", dest="max_memory", default=None, metavar="0=20GiB,1=20GiB,cpu=64GiB",
+                        help="memory per device for --device-map")
+
+
+def _split_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
+    kw: Dict[str, Any] = {}
+    if getattr(args, "device_map", None) is not None:
+        kw["device_map"] = args.device_map
+    mm = getattr(args, "max_memory", None)
+    if mm is not None:
+        out: Dict[Any, Any] = {}
+        for part in str(mm).split(","):
+            key, _, val = part.partition("=")
+            if not val:
+                raise _UsageError(f"--max-memory: {part!r} is not DEVICE=SIZE (e.g. 0=20GiB,cpu=64GiB)")
+            key = key.strip()
+            out[int(key) if key.isdigit() else key] = val.strip()
+        kw["max_memory"] = out
+    return kw
+
+
+def _zero_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
+    items = getattr(args, "zero_config", None)
+    if not items:
+        return {}
+    out: Dict[str, Any] = {}
+    for item in items:
+        key, _, val = str(item).partition("=")
+        if not val:
+            raise _UsageError(f"--zero: {item!r} is not KEY=VALUE (e.g. sub_group_size=1e8)")
+        v: Any = val.strip()
+        if v.lower() in ("true", "false"):
+            v = v.lower() == "true"
+        else:
+            try:
+                v = float(v) if any(c in v for c in ".eE") else int(v)
+            except ValueError:
+                pass
+        out[key.strip()] = v
+    return {"zero_config": out}
 
 
 def parallel_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
     """The parallel layout's keywords among parsed flags (only those given)."""
     kw: Dict[str, Any] = {}
     for dest in [d for _, d, _, _ in _PARALLEL_FLAGS] + ["sequence_parallel", "offload_optimizer",
-                                                          "offload_params", "bucket_mb"]:
+                                                          "offload_params", "bucket_mb", "fsdp_version",
+                                                          "reshard_after_forward"]:
         v = getattr(args, dest, None)
         if v is not None:
             kw[dest] = v
+    kw.update(_split_kwargs(args))
+    kw.update(_zero_kwargs(args))
     return kw
 
 
@@ -691,6 +779,8 @@ def fit_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
     from .parallel import PARALLEL_KEYS
 
     kw = {**setup_kwargs(args), **parallel_kwargs(args)}
+    if "device_map" in kw and "strategy" not in kw:
+        kw["strategy"] = "none"      # one replica, its layers split over the GPUs
     if any(k in kw for k in PARALLEL_KEYS) and "strategy" not in kw:
         kw["strategy"] = "ddp" if int(kw.get("num_gpus", 1)) > int(kw.get("tensor_parallel", 1)) * int(
             kw.get("pipeline_parallel", 1)) * int(kw.get("context_parallel", 1)) else "none"
@@ -836,6 +926,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from . import inference
 
             _quiet_hub(args.model)
+            if getattr(args, "device_map", None) is not None or getattr(args, "max_memory", None) is not None:
+                return _run_infer_split(args, out)
             return inference.run(args, out)
         raise _UsageError(f"unknown command {shown(args.command)}")  # pragma: no cover
     except _UsageError as exc:

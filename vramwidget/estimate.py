@@ -227,7 +227,11 @@ def _notes(arch: Architecture, s: TrainingSetup, P: ParamStorage, offloaded: flo
             "it eager; ")
         notes.append(why + "eager attention keeps fp32 and 16-bit b x a x s x s probabilities for every layer")
     if s.optimizer.startswith("paged"):
-        notes.append("paged optimizer states live in unified memory and move to the CPU under memory pressure")
+        notes.append("paged optimizer states live in CUDA unified memory (bitsandbytes get_paged, outside PyTorch's "
+                     "allocator): counted on the card in the peak, the reserve and the device total (paged in at each "
+                     "step); torch.cuda.max_memory_allocated()/max_memory_reserved() do not count them "
+                     "(est.torch_max_memory_allocated_bytes, vramwidget.paged); under memory pressure the driver moves "
+                     "them to the CPU")
     if s.precision == "fp8":
         notes.append("fp8: linear inputs saved as fp8 copies (torchao-style); derived, not measured")
     if offloaded:

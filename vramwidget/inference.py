@@ -1076,12 +1076,21 @@ def estimate_inference(model: Model, **setup: Any) -> InferenceEstimate:
     gpu, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens, block_size:
         A GPU from the catalog (fit check); with a utilization, the vLLM-style serving
         budget instead of generate().
+    device_map, max_memory:
+        generate() on transformers' ``device_map`` split (``"auto"``, ``"balanced"``,
+        ``"balanced_low_0"``, ``"sequential"`` or a mapping) with ``max_memory`` per device: a
+        :class:`vramwidget.device_map.SplitInference` with each GPU's estimate.
 
     Raises
     ------
     VramError
         naming the field that is wrong and what is allowed.
     """
+    if "device_map" in setup or "max_memory" in setup:
+        # transformers' device_map split: each GPU's own estimate (vramwidget/device_map.py)
+        from .device_map import estimate_inference_split
+
+        return estimate_inference_split(model, setup.pop("device_map", "auto"), setup.pop("max_memory", None), **setup)
     arch = load(model)
     s = setup if isinstance(setup, InferenceSetup) else InferenceSetup.from_kwargs(**setup)
     est = estimate_inference_setup(arch, s)

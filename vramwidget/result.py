@@ -458,6 +458,25 @@ class Estimate:
         return self.reserved_bytes + self.cuda_context_bytes
 
     @property
+    def paged_bytes(self) -> float:
+        """Optimizer states a paged optimizer keeps in CUDA unified memory (vramwidget.paged):
+        included in the peak, the reserve and the device total (on the card when paged in),
+        outside torch's allocator statistics."""
+        from .paged import paged_state_bytes
+
+        return paged_state_bytes(self)
+
+    @property
+    def torch_max_memory_allocated_bytes(self) -> float:
+        """What ``torch.cuda.max_memory_allocated()`` would report: the peak without paged states."""
+        return self.peak_allocated_bytes - self.paged_bytes
+
+    @property
+    def torch_max_memory_reserved_bytes(self) -> float:
+        """What ``torch.cuda.max_memory_reserved()`` would report: the reserve without paged states."""
+        return self.reserved_bytes - self.paged_bytes
+
+    @property
     def peak_gib(self) -> float:
         return self.peak_allocated_bytes / GIB
 
@@ -525,6 +544,7 @@ class Estimate:
             "peak_allocated_gib": round(self.peak_allocated_bytes / GIB, 3),
             "peak_allocated_gb": round(self.peak_allocated_bytes / GB, 3),
             "peak_phase": self.peak_phase,
+            "paged_bytes": int(round(self.paged_bytes)),
             "reserved_bytes": int(round(self.reserved_bytes)),
             "cuda_context_bytes": int(round(self.cuda_context_bytes)),
             "cuda_context_source": self.cuda_context_source,

@@ -184,6 +184,12 @@ class Mapper:
         self.cfg.parallel[key] = value
         self.cfg.mapped.append((src, key, value))
 
+    def par_item(self, key: str, item: str, value: Any, src: str) -> None:
+        """Map a field to one entry of a mapping keyword of estimate_parallel()
+        (``zero_config``: DeepSpeed's own ZeRO keys)."""
+        self.cfg.parallel.setdefault(key, {})[item] = value
+        self.cfg.mapped.append((src, f"{key}[{item!r}]", value))
+
     def model(self, value: Any, src: str) -> None:
         """The model the config names."""
         self.cfg.model = value

@@ -22,6 +22,41 @@ def detect(raw: Mapping[str, Any]) -> int:
     return 5 * ("distributed_type" in raw) + 2 * ("compute_environment" in raw) + ("num_processes" in raw)
 
 
+def _fsdp(fs: Any, m: Mapper) -> None:
+    """``fsdp_config``.  accelerate >= 1.6 (utils/dataclasses.py ``FullyShardedDataParallelPlugin``)
+    takes ``fsdp_version`` 1 or 2 and ``fsdp_reshard_after_forward``: a bool under FSDP2, a
+    sharding strategy name under FSDP1 (``fsdp_sharding_strategy`` deprecated in its favour)."""
+    fs = fs if isinstance(fs, Mapping) else {}
+    version = integer(fs.get("fsdp_version")) or 1
+    if version == 2:
+        m.par("fsdp_version", 2, "fsdp_config.fsdp_version")
+    reshard = fs.get("fsdp_reshard_after_forward")
+    if version == 2:
+        # FSDP2 has no sharding strategy: reshard_after_forward=False is ZeRO-2-like
+        keep = reshard is not None and not truthy(reshard)
+        m.par("strategy", "fsdp_shard_grad_op" if keep else "fsdp_full_shard",
+              "fsdp_config.fsdp_reshard_after_forward")
+        if reshard is not None:
+            m.par("reshard_after_forward", not keep, "fsdp_config.fsdp_reshard_after_forward")
+    else:
+        src = "fsdp_sharding_strategy" if "fsdp_sharding_strategy" in fs or reshard is None \
+            else "fsdp_reshard_after_forward"
+        strat = fs.get(src, "FULL_SHARD")
+        key = str(strat).upper()
+        m.par("strategy", _FSDP_STRATEGIES.get(key, "fsdp_full_shard"), f"fsdp_config.{src}")
+        if key not in _FSDP_STRATEGIES:
+            m.note(f"unknown {src} {strat!r}: full sharding assumed")
+    if truthy(fs.get("fsdp_offload_params", False)):
+        m.par("offload_params", True, "fsdp_config.fsdp_offload_params")
+    if truthy(fs.get("fsdp_activation_checkpointing", False)):
+        m.set("gradient_checkpointing", "full", "fsdp_config.fsdp_activation_checkpointing")
+    used = ("fsdp_sharding_strategy", "fsdp_offload_params", "fsdp_activation_checkpointing",
+            "fsdp_version", "fsdp_reshard_after_forward")
+    for k in fs:
+        if k not in used:
+            m.ignore(f"fsdp_config.{k}", "no effect on the per-GPU memory vramwidget models")
+
+
 def read(raw: Mapping[str, Any], m: Mapper) -> None:
     """An accelerate config YAML."""
     dist = str(m.get("distributed_type", "")).upper()
@@ -43,20 +78,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     elif mp == "no":
         m.note("mixed_precision 'no': the model's own dtype decides the precision (set precision=)")
     if dist == "FSDP":
-        fs = m.get("fsdp_config") or {}
-        strat = fs.get("fsdp_sharding_strategy", "FULL_SHARD") if isinstance(fs, Mapping) else "FULL_SHARD"
-        key = str(strat).upper()
-        m.par("strategy", _FSDP_STRATEGIES.get(key, "fsdp_full_shard"), "fsdp_config.fsdp_sharding_strategy")
-        if key not in _FSDP_STRATEGIES:
-            m.note(f"unknown fsdp_sharding_strategy {strat!r}: full sharding assumed")
-        if isinstance(fs, Mapping):
-            if truthy(fs.get("fsdp_offload_params", False)):
-                m.par("offload_params", True, "fsdp_config.fsdp_offload_params")
-            if truthy(fs.get("fsdp_activation_checkpointing", False)):
-                m.set("gradient_checkpointing", "full", "fsdp_config.fsdp_activation_checkpointing")
-            for k in fs:
-                if k not in ("fsdp_sharding_strategy", "fsdp_offload_params", "fsdp_activation_checkpointing"):
-                    m.ignore(f"fsdp_config.{k}", "no effect on the per-GPU memory vramwidget models")
+        _fsdp(m.get("fsdp_config") or {}, m)
     elif dist == "DEEPSPEED":
         ds = m.get("deepspeed_config") or {}
         if isinstance(ds, Mapping):

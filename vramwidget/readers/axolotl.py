@@ -115,19 +115,28 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
         m.set("compile", True, "torch_compile")
     deepspeed.apply_named(m, "deepspeed")
     fsdp = m.get("fsdp")
-    if fsdp:
+    # axolotl >= 0.10 runs FSDP2 from fsdp_version: 2 and fsdp_config alone (the fsdp list
+    # deprecated); fsdp_config.reshard_after_forward is then FSDP2's bool
+    version = integer(m.get("fsdp_version")) or integer(m.get("fsdp_config.fsdp_version")) or 1
+    if fsdp or version == 2:
         from .accelerate import _FSDP_STRATEGIES
 
         cfg = m.get("fsdp_config") or {}
-        opts = [str(o).lower() for o in (fsdp if isinstance(fsdp, list) else str(fsdp).split())]
+        cfg = cfg if isinstance(cfg, Mapping) else {}
+        opts = [str(o).lower() for o in (fsdp if isinstance(fsdp, list) else str(fsdp or "").split())]
         strat = "fsdp_shard_grad_op" if "shard_grad_op" in opts else "fsdp_hybrid" if "hybrid_shard" in opts \
             else "fsdp_full_shard"
-        if isinstance(cfg, Mapping) and cfg.get("fsdp_sharding_strategy"):
+        if cfg.get("fsdp_sharding_strategy"):
             strat = _FSDP_STRATEGIES.get(str(cfg["fsdp_sharding_strategy"]).upper(), strat)
+        reshard = cfg.get("reshard_after_forward", cfg.get("fsdp_reshard_after_forward"))
+        if version == 2:
+            m.par("fsdp_version", 2, "fsdp_version")
+            if reshard is not None:
+                strat = "fsdp_full_shard" if truthy(reshard) else "fsdp_shard_grad_op"
+                m.par("reshard_after_forward", bool(truthy(reshard)), "fsdp_config.reshard_after_forward")
         m.par("strategy", strat, "fsdp")
-        if isinstance(cfg, Mapping) and (truthy(cfg.get("fsdp_offload_params", False))
-                                         or truthy(cfg.get("offload_params", False))):
+        if truthy(cfg.get("fsdp_offload_params", False)) or truthy(cfg.get("offload_params", False)):
             m.par("offload_params", True, "fsdp_config.fsdp_offload_params")
-        if isinstance(cfg, Mapping) and truthy(cfg.get("activation_checkpointing", False)):
+        if truthy(cfg.get("activation_checkpointing", False)):
             m.set("gradient_checkpointing", "full", "fsdp_config.activation_checkpointing")
         m.note("the number of GPUs is set by the launcher (accelerate/torchrun), not the axolotl YAML: pass num_gpus=")

@@ -143,24 +143,39 @@ def apply_optim(m: Mapper, optim: Any, src: str, optim_args: Any = None) -> None
 
 
 def _apply_fsdp(m: Mapper) -> None:
+    """``fsdp`` / ``fsdp_config``.  transformers < 5 writes fsdp as options ("full_shard auto_wrap
+    offload"); transformers 5 keeps fsdp=True and puts ``version`` (default 2 there, FSDP1
+    before), ``reshard_after_forward`` (a bool under FSDP2, a strategy name under FSDP1) and
+    ``cpu_offload`` in fsdp_config (training_args.py ``_build_fsdp_plugin_args``,
+    ``_apply_legacy_fsdp_to_config``)."""
     fsdp = m.get("fsdp")
     cfg = m.get("fsdp_config") or {}
     if not fsdp:
         return
-    # transformers < 5 writes fsdp as options ("full_shard auto_wrap offload"); transformers 5
-    # keeps fsdp=True and puts reshard_after_forward / cpu_offload in fsdp_config
+    cfg = cfg if isinstance(cfg, Mapping) else {}
     opts = fsdp if isinstance(fsdp, list) else str(fsdp).split() if isinstance(fsdp, str) else []
     opts = [str(o).lower() for o in opts]
-    if "shard_grad_op" in opts or (isinstance(cfg, Mapping) and cfg.get("reshard_after_forward") is False):
+    vkey = "version" if "version" in cfg else "fsdp_version"
+    version = integer(cfg.get(vkey)) or (1 if opts else 2)
+    if vkey not in cfg and opts:
+        m.note("fsdp options without fsdp_config.version: FSDP1 assumed (transformers < 5; 5 defaults to FSDP2)")
+    if version == 2:
+        m.par("fsdp_version", 2, f"fsdp_config.{vkey}" if vkey in cfg else "fsdp")
+    reshard = cfg.get("reshard_after_forward")
+    named = str(reshard).lower() if isinstance(reshard, str) and not reshard.lower() in ("true", "false") else ""
+    if "shard_grad_op" in opts or named == "shard_grad_op" or \
+            (reshard is not None and not named and not truthy(reshard)):
         strat = "fsdp_shard_grad_op"
-    elif "hybrid_shard" in opts or "hybrid_shard_zero2" in opts:
+    elif {"hybrid_shard", "hybrid_shard_zero2"} & set(opts) or named.startswith("hybrid_shard"):
         strat = "fsdp_hybrid"
+    elif "no_shard" in opts or named == "no_shard":
+        strat = "ddp"
     else:
         strat = "fsdp_full_shard"
-    m.par("strategy", strat, "fsdp")
-    if "offload" in opts or (isinstance(cfg, Mapping) and truthy(cfg.get("cpu_offload", False))):
+    m.par("strategy", strat, "fsdp_config.reshard_after_forward" if reshard is not None else "fsdp")
+    if "offload" in opts or truthy(cfg.get("cpu_offload", False)):
         m.par("offload_params", True, "fsdp" if "offload" in opts else "fsdp_config.cpu_offload")
-    if isinstance(cfg, Mapping) and truthy(cfg.get("activation_checkpointing", False)):
+    if truthy(cfg.get("activation_checkpointing", False)):
         m.set("gradient_checkpointing", "full", "fsdp_config.activation_checkpointing")
     m.note("the number of GPUs is set by the launcher (torchrun/accelerate), not TrainingArguments: pass num_gpus=")
 

@@ -131,6 +131,12 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     if m.has("fsdp_cpu_offload") or m.has("fsdp_reshard_after_forward"):
         reshard = m.get("fsdp_reshard_after_forward")
         m.par("strategy", "fsdp_shard_grad_op" if reshard is False else "fsdp_full_shard", "fsdp_reshard_after_forward")
+        # the distributed recipes shard with FSDP2 (torchtune/training/_distributed.py
+        # shard_model: fully_shard per layer and the root, reshard_after_forward passed through)
+        m.par("fsdp_version", 2, "fsdp_reshard_after_forward" if m.has("fsdp_reshard_after_forward")
+              else "fsdp_cpu_offload")
+        if reshard is not None:
+            m.par("reshard_after_forward", bool(truthy(reshard)), "fsdp_reshard_after_forward")
         if truthy(m.get("fsdp_cpu_offload", False)):
             m.par("offload_params", True, "fsdp_cpu_offload")
         m.note("the number of GPUs is tune run's --nproc_per_node, not in the YAML: pass num_gpus=")
