@@ -507,7 +507,8 @@ def test_estimate_with_gpu_gives_the_verdict(capsys):
     an H200 (141 GB) does."""
     from vramwidget import verdict as V
 
-    args = ["llama-3.1-8b", "--method", "qlora", "--batch-size", "4", "--seq-len", "2048"]
+    args = ["llama-3.1-8b", "--method", "qlora", "--gradient-checkpointing", "none", "--batch-size", "4",
+            "--seq-len", "2048"]
     d = run_json(capsys, "estimate", *args, "--gpu", "RTX 4090", "--json")
     v = d["verdict"]
     assert v["state"] == "does_not_fit" and v["measure"] == "device_total" and v["gpu"] == "RTX 4090"

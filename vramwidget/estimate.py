@@ -26,7 +26,7 @@ from .gpus import context_for, get_gpu
 from .inputs import MAX_BYTES, check_total
 from .result import Estimate, Node
 from .stacks import behaviour
-from .training import TrainingSetup
+from .training import OPTIMIZER_STATE_COUNT, TrainingSetup
 from .units import CUDA_CONTEXT_BYTES, DTYPE_BYTES, MIB
 
 #: cuBLAS + cuBLASLt workspaces the caching allocator holds after the first matmul
@@ -349,15 +349,10 @@ def _quant_const_formula(quant: str, double_quant: bool) -> str:
 
 def _state_dtypes(s: TrainingSetup, param_dtype: str) -> Tuple[str, ...]:
     """PyTorch optimizers keep state in the parameter's dtype unless told otherwise."""
-    n = {"adamw": 2, "adamw_fused": 2, "paged_adamw": 2, "lion": 1, "sgd_momentum": 1}.get(s.optimizer, 0)
-    if s.optimizer_state_dtypes:
+    n = OPTIMIZER_STATE_COUNT.get(s.optimizer, 0)
+    if s.optimizer_state_dtypes and n:   # 1 or n dtypes (TrainingSetup checks the count)
         sd = tuple(s.optimizer_state_dtypes)
-        if len(sd) == 1:
-            sd = sd * n
-        if len(sd) != n:
-            raise VramError(f"optimizer_state_dtypes: {s.optimizer} keeps {n} state tensor(s) per parameter, got "
-                            f"{len(sd)} dtypes", field="optimizer_state_dtypes")
-        return sd
+        return sd * n if len(sd) == 1 else sd
     if s.precision == "bf16_fp32_states":
         return ("float32",) * n
     return (param_dtype,) * n
@@ -1339,7 +1334,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None, sizes: Opti
         """max_memory_reserved(): the caching allocator replayed over the run (events.py)."""
         return ALLOCATOR_REPLAY["reserved"](arch, s, peak)
 
-    notes: List[str] = list(arch.family.notes(arch))
+    notes: List[str] = s.notes + list(arch.family.notes(arch))   # the setup's defaults and warnings first
     if not arch.exact:
         notes.append(arch.assumption)
     if A.backend == "math":

@@ -58,6 +58,12 @@ class _Query:
         self.arch: Architecture = load(model)
         self.gpu: GPU = get_gpu(gpu)
         self.par = {k: kw[k] for k in PARALLEL_KEYS if k in kw}
+        if self.par and self.par.get("strategy") is None:   # not given: the one default (defaults.strategy_for)
+            from .defaults import strategy_for
+
+            self.par["strategy"] = strategy_for(self.par.get("num_gpus", 1), self.par.get("tensor_parallel", 1),
+                                                self.par.get("pipeline_parallel", 1),
+                                                self.par.get("context_parallel", 1))[0]
         setup_kw = {k: v for k, v in kw.items() if k not in PARALLEL_KEYS}
         self.setup = TrainingSetup.from_kwargs(**setup_kw)
         #: the capacity judged: what CUDA reports as the card's total (verdict.capacity_bytes)
@@ -663,6 +669,7 @@ def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
         "max_batch_size": max_batch_size(q.arch, q.gpu, batch_size=1, **kw_nb),
         "max_seq_len": max_seq_len(q.arch, q.gpu, seq_len=1, **kw_ns),
         "max_position_embeddings": q.arch.max_position_embeddings,
+        "notes": q.setup.notes,    # the practitioner defaults applied, the options that do nothing
     }
     mg: Dict[str, Optional[int]] = {}
     base = {k: v for k, v in kw.items() if k not in ("strategy", "num_gpus")}

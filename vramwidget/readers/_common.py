@@ -102,8 +102,9 @@ class TrainingConfig:
         if par.get("num_gpus", 1) > 1 or par.get("strategy", "none") != "none":
             if par.get("strategy", "none") == "none":
                 # several processes and no sharding configured: torchrun/accelerate run the
-                # HF Trainer (and the other stacks' recipes) under DistributedDataParallel
-                par["strategy"] = "ddp"
+                # HF Trainer (and the other stacks' recipes) under DistributedDataParallel;
+                # estimate_parallel chooses it (defaults.strategy_for) and says so
+                par.pop("strategy", None)
             return estimate_parallel(m, **par, **setup)
         return estimate(m, **setup)
 

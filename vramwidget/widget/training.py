@@ -89,26 +89,33 @@ def _choices() -> Dict[str, List[Tuple[str, str]]]:
 FITMAP_BATCHES: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 FITMAP_SEQS: Tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
-#: practitioner defaults applied when the caller leaves the field out: QLoRA is run with
-#: gradient checkpointing (peft's prepare_model_for_kbit_training defaults to
-#: use_gradient_checkpointing=True; the QLoRA paper's recipe does too)
-PRACTITIONER_DEFAULTS: Tuple[Tuple[str, str, Any, str], ...] = (
-    ("qlora", "gradient_checkpointing", "full",
-     "full checkpointing for QLoRA (peft's prepare_model_for_kbit_training turns it on)"),
-)
-
-
 class TrainingPanel:
     """Training on one GPU: estimate()'s keyword arguments, linked controls, summary."""
 
-    def _practitioner_defaults(self, kwargs: Dict[str, Any]) -> List[str]:
-        """Apply :data:`PRACTITIONER_DEFAULTS` for fields the caller did not set; say which."""
-        said = []
-        for method, name, value, why in PRACTITIONER_DEFAULTS:
-            if self.method == method and name not in kwargs:
-                setattr(self, name, value)
-                said.append(why)
-        return said
+    def _apply_defaults(self) -> None:
+        """The practitioner defaults (:mod:`vramwidget.defaults`, the rules ``estimate()``
+        applies) for the controls the user has not set (``_explicit``): each applied one is
+        set and said (``summary["defaults"]``, the API's words); a control a default set goes
+        back to its own default when the rule no longer applies and nobody changed it since."""
+        from ..defaults import apply_training_defaults
+        from ..stacks import stack_defaults
+
+        explicit = getattr(self, "_explicit", set())
+        given = {k: getattr(self, k) for k in explicit if k in ESTIMATE_INPUTS and k != "model"}
+        values = {**{k: v for k, v in stack_defaults(self.stack, {"seq_len": self.seq_len}).items()
+                     if k not in given}, **given}
+        applied = apply_training_defaults(values)
+        defaulted: Dict[str, Any] = getattr(self, "_defaulted", {})
+        now: Dict[str, Any] = {}
+        for name, _note in applied:
+            if getattr(self, name) != values[name]:
+                setattr(self, name, values[name])
+            now[name] = values[name]
+        for name, value in defaulted.items():
+            if name not in now and name not in explicit and getattr(self, name) == value:
+                setattr(self, name, self.traits()[name].default())
+        self._defaulted = now
+        self._defaults_said = [note for _, note in applied]
 
     def _fitmap(self, arch: Any, gpu: Optional[gpus.GPU], kw: Dict[str, Any]) -> List[Dict[str, Any]]:
         """The fit map's rows: the grid (:data:`FITMAP_BATCHES` x :data:`FITMAP_SEQS`) of
@@ -149,6 +156,14 @@ class TrainingPanel:
         kw = {name: getattr(self, name) for name in ESTIMATE_INPUTS}
         if not self._has_target():
             kw["target_len"] = None     # kept for when an encoder-decoder comes back; not this model's
+        # a control that does nothing with the rest (training.inapplicable: its control is
+        # disabled) keeps what the user typed, and the estimate gets its default, as estimate()
+        # would without it
+        from ..training import FIELDS, inapplicable
+
+        for name in inapplicable(kw):
+            if name in kw:
+                kw[name] = FIELDS[name].default
         kw["quantized_groups"] = tuple(kw["quantized_groups"])
         if kw["lora_targets"] is not None:
             kw["lora_targets"] = tuple(kw["lora_targets"])
