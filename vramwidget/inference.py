@@ -315,13 +315,15 @@ class InferenceSetup:
                 ver = {eng if eng != "hf" else "vllm": ver}
             if not isinstance(ver, dict):
                 raise VramError(f"versions: a dict like {{'vllm': '0.6.4'}}, got {shown(ver)}", field="versions")
-            from .engines import parse_version
+            from .engines import check_release, parse_version
 
             for k2, val in ver.items():
                 if k2 not in ("vllm", "vllm_runtime", "sglang", "transformers"):
                     raise VramError(f"versions: unknown key {shown(k2)}; allowed: vllm, vllm_runtime (v0 or v1), "
                                     f"sglang, transformers", field="versions")
-                if k2 != "vllm_runtime":
+                if k2 in ("vllm", "sglang"):
+                    check_release(k2, val)
+                elif k2 != "vllm_runtime":
                     parse_version(val)
             if "vllm" in ver or "vllm_runtime" in ver:
                 from .engines import vllm_release
@@ -1565,23 +1567,26 @@ def run(args: argparse.Namespace, out=None) -> int:
     out.write(format_table(est, longest) + "\n")
     if extra:
         out.write(f"  largest max_model_len that starts: {extra['largest_max_model_len']:,} tokens\n")
-        out.write(f"  command: {extra['command']}\n")
+        if extra["command_note"]:
+            out.write(f"  {'command' if extra['command'] else 'no command'}: {extra['command_note']}\n")
+        if extra["command"]:
+            out.write(f"  command: {extra['command']}\n")
     return 0
 
 
 def serving_report(model: Model, kw: Dict[str, Any]) -> Dict[str, Any]:
     """What a serving estimate adds: the engine's start-up lines, the largest
     ``max_model_len`` that starts with this layout, and a copyable command line."""
-    from .engines import largest_max_model_len, plan
+    from .engines import plan, startable_command
     from .gpus import get_gpu
 
     arch = load(model)
     s = InferenceSetup.from_kwargs(**kw)
     gpu = get_gpu(s.gpu)
     p = plan(arch, s, gpu)
-    name = arch.hub_id or arch.name
-    return {"startup_lines": p.startup_lines(), "largest_max_model_len": largest_max_model_len(arch, s, gpu),
-            "command": p.command(name)}
+    command, why, largest = startable_command(arch, s, gpu, arch.hub_id or arch.name)
+    return {"startup_lines": p.startup_lines(), "largest_max_model_len": largest, "command": command,
+            "command_note": why}
 
 
 def _run_plan(model: Model, kw: Dict[str, Any], concurrency: int, out, as_json: bool) -> int:

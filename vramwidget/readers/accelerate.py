@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ._common import Mapper, integer, truthy
+from ._common import Mapper, truthy
+from .deepspeed import check_stage
 
 _FSDP_STRATEGIES = {"FULL_SHARD": "fsdp_full_shard", "1": "fsdp_full_shard", "SHARD_GRAD_OP": "fsdp_shard_grad_op",
                     "2": "fsdp_shard_grad_op", "HYBRID_SHARD": "fsdp_hybrid", "4": "fsdp_hybrid",
@@ -25,8 +26,8 @@ def detect(raw: Mapping[str, Any]) -> int:
 def read(raw: Mapping[str, Any], m: Mapper) -> None:
     """An accelerate config YAML."""
     dist = str(m.get("distributed_type", "")).upper()
-    n_proc = integer(m.get("num_processes"))
-    n_mach = integer(m.get("num_machines")) or 1
+    n_proc = m.whole(m.get("num_processes"), "num_processes")
+    n_mach = m.whole(m.get("num_machines"), "num_machines") or 1
     if n_proc:
         # accelerate's num_processes is the total over all machines
         m.par("num_gpus", n_proc, "num_processes")
@@ -60,8 +61,9 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     elif dist == "DEEPSPEED":
         ds = m.get("deepspeed_config") or {}
         if isinstance(ds, Mapping):
-            stage = integer(ds.get("zero_stage"))
+            stage = m.whole(ds.get("zero_stage"), "deepspeed_config.zero_stage")
             if stage is not None:
+                check_stage(stage, "deepspeed_config.zero_stage")
                 m.par("strategy", f"zero{stage}", "deepspeed_config.zero_stage")
             if str(ds.get("offload_optimizer_device", "none")).lower() in ("cpu", "nvme"):
                 m.par("offload_optimizer", True, "deepspeed_config.offload_optimizer_device")

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ._common import Mapper, integer, is_auto, number, truthy
+from ..errors import VramError
+from ._common import Mapper, is_auto, number, truthy
+
+
+def check_stage(stage: int, where: str) -> None:
+    """ZeRO has stages 0-3 (deepspeed/runtime/zero/config.py ZeroStageEnum): any other is an error."""
+    if not 0 <= stage <= 3:
+        raise VramError(f"{where}: ZeRO stage {stage} does not exist (DeepSpeed has stages 0, 1, 2 and 3)",
+                        field=where)
 
 _KEYS = ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "zero_allow_untested_optimizer",
          "gradient_clipping", "steps_per_print", "wall_clock_breakdown")
@@ -57,12 +65,11 @@ def apply(m: Mapper, prefix: str, ds: Any = None) -> None:
 
     src = (prefix or "") if ds is None else prefix
     zero = get("zero_optimization")
-    stage = integer(get("zero_optimization.stage")) if isinstance(zero, Mapping) else None
+    stage = m.whole(get("zero_optimization.stage"), src + "zero_optimization.stage") \
+        if isinstance(zero, Mapping) else None
     if stage is not None:
-        if not 0 <= stage <= 3:
-            m.ignore(src + "zero_optimization.stage", f"ZeRO stage {stage} does not exist (0-3)")
-        else:
-            m.par("strategy", f"zero{stage}", src + "zero_optimization.stage")
+        check_stage(stage, src + "zero_optimization.stage")
+        m.par("strategy", f"zero{stage}", src + "zero_optimization.stage")
     off_opt = get("zero_optimization.offload_optimizer.device")
     if isinstance(off_opt, str) and off_opt.lower() in ("cpu", "nvme"):
         m.par("offload_optimizer", True, src + "zero_optimization.offload_optimizer.device")
@@ -72,14 +79,14 @@ def apply(m: Mapper, prefix: str, ds: Any = None) -> None:
     if isinstance(off_par, str) and off_par.lower() in ("cpu", "nvme"):
         m.par("offload_params", True, src + "zero_optimization.offload_param.device")
     rb = get("zero_optimization.reduce_bucket_size")
-    if number(rb) is not None:
+    if m.real(rb, src + "zero_optimization.reduce_bucket_size") is not None:
         # elements of 16-bit gradients -> MB (10**6 bytes), as estimate_parallel's bucket_mb
         m.par("bucket_mb", number(rb) * 2 / 1e6, src + "zero_optimization.reduce_bucket_size")
     elif is_auto(rb):
         m.ignore(src + "zero_optimization.reduce_bucket_size",
                  "'auto': the HF integration sets hidden_size**2; vramwidget's default for the stage is used")
     pf = get("zero_optimization.stage3_prefetch_bucket_size")
-    if number(pf) is not None:
+    if m.real(pf, src + "zero_optimization.stage3_prefetch_bucket_size") is not None:
         m.par("prefetch_elements", int(number(pf)), src + "zero_optimization.stage3_prefetch_bucket_size")
     elif is_auto(pf):
         m.ignore(src + "zero_optimization.stage3_prefetch_bucket_size",
@@ -88,13 +95,19 @@ def apply(m: Mapper, prefix: str, ds: Any = None) -> None:
     if oc is not None and not is_auto(oc):
         m.par("overlap_comm", truthy(oc), src + "zero_optimization.overlap_comm")
     mb = get("train_micro_batch_size_per_gpu")
-    if integer(mb) is not None:
-        m.set("batch_size", integer(mb), src + "train_micro_batch_size_per_gpu")
+    mb = m.whole(mb, src + "train_micro_batch_size_per_gpu")
+    if mb is not None:
+        m.set("batch_size", mb, src + "train_micro_batch_size_per_gpu")
     ga = get("gradient_accumulation_steps")
-    if integer(ga) is not None:
-        m.set("grad_accum_steps", integer(ga), src + "gradient_accumulation_steps")
+    ga = m.whole(ga, src + "gradient_accumulation_steps")
+    if ga is not None:
+        m.set("grad_accum_steps", ga, src + "gradient_accumulation_steps")
     bf16 = get("bf16.enabled")
     fp16 = get("fp16.enabled")
+    if truthy(bf16) and truthy(fp16) and not is_auto(bf16) and not is_auto(fp16):
+        # deepspeed/runtime/config.py: "bfloat16 and fp16 modes cannot be simultaneously enabled"
+        raise VramError(f"{src}bf16.enabled: bf16 and fp16 are both enabled; DeepSpeed refuses it (one of them)",
+                        field=f"{src}bf16.enabled")
     if bf16 is not None and not is_auto(bf16) and truthy(bf16):
         # DeepSpeed keeps bf16 weights and steps an fp32 master copy (parallel.py models the master)
         m.set("precision", "bf16", src + "bf16.enabled")

@@ -267,6 +267,8 @@ class TrainingPanel:
             ok, why = gpu.supports(self.precision)
             if not ok:
                 out["warnings"].append(why)
+                # the estimate's own note says the same (Estimate.set_gpu): shown once, as a warning
+                out["notes"] = [n for n in out["notes"] if not n.startswith(f"warning: {why}")]
             if self.quantization != "none" and gpu.vendor != "NVIDIA":
                 out["warnings"].append(
                     f"bitsandbytes quantization on {gpu.vendor} GPUs is less mature than on CUDA")
