@@ -369,7 +369,8 @@ def door_cli(rng, ctx):
         lines = [x for x in text.splitlines() if x.strip()]
         if len(lines) != 1 or not lines[0].startswith(("vramwidget: error: ", "vramwidget measure: error: ")):
             raise AssertionError(f"not one error line: {text[:300]!r}")
-    elif argv[0] == "estimate" and "--json" in argv:
+        raise VramError(f"cli: {lines[0]}", field="cli")     # refused in one line: counted as a VramError
+    if argv[0] == "estimate" and "--json" in argv:
         json.loads(out.getvalue())
 
 
