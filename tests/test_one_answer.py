@@ -20,7 +20,7 @@ import pytest
 import vramwidget as vw
 from vramwidget import cli
 
-MODELS = ("gpt2", "smollm2-135m", "qwen2.5-0.5b", "pythia-1b")
+MODELS = ("gpt2", "pythia-1b", "llama-3.2-1b", "qwen2.5-0.5b")
 N_SETUPS = int(__import__("os").environ.get("N_ONE_ANSWER", 200))
 
 #: field -> values a draw picks from; a field is left out with probability 1/3
