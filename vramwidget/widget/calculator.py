@@ -105,12 +105,8 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
         self._tl = threading.local()       # the update pass running on this thread
         self._arch_key: Optional[Tuple[str, str]] = None
         self._arch: Any = None
-        #: the inputs the user has set (keywords here, then every change not made by a link):
-        #: the practitioner defaults apply to the others, as estimate() applies them
-        self._explicit = set(kwargs) & set(INPUTS)
-        self._defaulted: Dict[str, Any] = {}
-        self._defaults_said: List[str] = []
         super().__init__(model=model, **kwargs)
+        self._start_defaults(kwargs)
         self._specs_cache: Dict[str, Dict[str, Any]] = {}
         self.specs = self._specs_for(self.mode)
         self.formats = number_formats()
@@ -211,7 +207,6 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
     def _on_input(self, change: Dict[str, Any]) -> None:
         if not self._ready or self._busy:
             return
-        self._explicit.add(change["name"])
         with self._lock:
             self._busy = True
             try:
@@ -226,7 +221,6 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
         name = change["name"] if change else None
         new = change["new"] if change else None
         self._link_training(name, new)
-        self._apply_defaults()
         self._link_parallel(name, new)
         self._link_inference(name, new)
         if name in ("model", "config_json"):

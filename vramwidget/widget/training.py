@@ -11,7 +11,7 @@ from ..units import GIB
 from ..verdict import capacity_bytes
 from ..verdict import fits as judge_fits
 from .multigpu import parallel_summary
-from .state import ESTIMATE_INPUTS, TracedModel, run_estimate, shown
+from .state import ESTIMATE_INPUTS, INPUTS, TracedModel, run_estimate, shown
 
 #: the scenario comparison: name -> what it changes in the user's setup
 SCENARIOS: Tuple[Tuple[str, Dict[str, Any]], ...] = (
@@ -92,6 +92,14 @@ FITMAP_SEQS: Tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 class TrainingPanel:
     """Training on one GPU: estimate()'s keyword arguments, linked controls, summary."""
 
+    def _start_defaults(self, kwargs: Dict[str, Any]) -> None:
+        """The inputs the user has set (``_explicit``: the keywords here, then every change
+        not made by a link, see :meth:`_link_training`): the practitioner defaults apply to
+        the others, as estimate() applies them to the keywords it is not given."""
+        self._explicit = set(kwargs) & set(INPUTS)
+        self._defaulted: Dict[str, Any] = {}
+        self._defaults_said: List[str] = []
+
     def _apply_defaults(self) -> None:
         """The practitioner defaults (:mod:`vramwidget.defaults`, the rules ``estimate()``
         applies) for the controls the user has not set (``_explicit``): each applied one is
@@ -171,7 +179,15 @@ class TrainingPanel:
 
     def _link_training(self, name: Optional[str], new: Any) -> None:
         """A quantized base trains only through adapters, so quantization != "none" means
-        QLoRA; leaving QLoRA drops the quantization; "freeze" needs a layer count."""
+        QLoRA; leaving QLoRA drops the quantization; "freeze" needs a layer count.  A change
+        that reaches here is the user's (links run with observers off); the practitioner
+        defaults follow (:meth:`_apply_defaults`)."""
+        if name is not None:
+            self._explicit.add(name)
+        self._link_controls(name, new)
+        self._apply_defaults()
+
+    def _link_controls(self, name: Optional[str], new: Any) -> None:
         if name == "method":
             if new == "qlora" and self.quantization == "none":
                 self.quantization = "nf4"
