@@ -167,10 +167,15 @@ class TrainingPanel:
         # a control that does nothing with the rest (training.inapplicable: its control is
         # disabled) keeps what the user typed, and the estimate gets its default, as estimate()
         # would without it
+        from ..errors import VramError
         from ..training import FIELDS, inapplicable
 
         for name in inapplicable(kw):
             if name in kw:
+                try:
+                    FIELDS[name].check(kw[name])
+                except VramError:
+                    continue        # a wrong value is named, as estimate() names it
                 kw[name] = FIELDS[name].default
         kw["quantized_groups"] = tuple(kw["quantized_groups"])
         if kw["lora_targets"] is not None:
