@@ -265,6 +265,11 @@ def test_a_million_gpus_is_not_a_deployment(capsys):
     assert e.value.field == "num_gpus"
     code, _, err = run(capsys, "estimate", "llama-3.1-8b", "--strategy", "zero3", "--num-gpus", "1000000")
     assert code == 2 and "num_gpus" in err
+    with pytest.raises(vw.VramError, match="data_parallel"):      # a serving layout, likewise
+        vw.estimate_inference("llama-3.1-8b", engine="vllm", gpu="H100 80GB", data_parallel=1_000_000)
+    for fn in (vw.min_gpus, vw.suggestions):                        # and the searches' ceilings
+        with pytest.raises(vw.VramError, match="max_gpus"):
+            fn("llama-3.1-8b", "H100 80GB", max_gpus=10 ** 7)
 
 
 def test_an_engine_version_outside_the_modelled_releases_is_refused(capsys):

@@ -48,7 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
 from .gpus import context_for
-from .inputs import MAX_BYTES, check_bool, check_total, check_int, check_keywords, check_number, check_text, close_match, shown
+from .inputs import MAX_BYTES, MAX_GPUS, check_bool, check_total, check_int, check_keywords, check_number, check_text, close_match, shown
 from .estimate import CUBLAS_WORKSPACE_BYTES, _quant_const_bytes, _quantizable
 from .result import Estimate, Node
 from .units import DTYPE_BYTES, GIB, canonical_dtype
@@ -331,8 +331,8 @@ class InferenceSetup:
                 vllm_release(ver.get("vllm"), ver.get("vllm_runtime"))
             v["versions"] = {str(k2): str(val) for k2, val in ver.items()}
         for name in ("tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel"):
-            if kw.get(name) is not None:
-                v[name] = _posint(name, kw[name])
+            if kw.get(name) is not None:   # GPUs of one deployment: at most inputs.MAX_GPUS
+                v[name] = check_int(name, kw[name], lo=1, hi=MAX_GPUS)
         for name in ("enforce_eager", "disable_custom_all_reduce", "enable_chunked_prefill"):
             if kw.get(name) is not None:
                 v[name] = check_bool(name, kw[name])
