@@ -305,10 +305,10 @@ class InferenceSetup:
             raise VramError(f"gpu: the {eng} engine sizes its KV cache from a GPU's memory (set gpu, e.g. "
                             f"'H100-80GB')", field="gpu")
         if eng == "sglang" and v.get("gpu_memory_utilization") is not None:
-            raise VramError("gpu_memory_utilization: SGLang's budget is mem_fraction_static", field="engine")
+            raise VramError("gpu_memory_utilization: the sglang engine's budget is mem_fraction_static", field="engine")
         if eng == "vllm" and v.get("mem_fraction_static") is not None:
-            raise VramError("mem_fraction_static: that is SGLang's setting; vLLM uses gpu_memory_utilization",
-                            field="engine")
+            raise VramError("mem_fraction_static: that is the sglang engine's setting; the vllm engine uses "
+                            "gpu_memory_utilization", field="engine")
         ver = kw.get("versions")
         if ver is not None:
             if isinstance(ver, str):
