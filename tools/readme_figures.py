@@ -3,6 +3,7 @@
     python tools/readme_figures.py            # compute all (slow ones too), write tests/data/readme_figures.json
     python tools/readme_figures.py --fast     # the cheap ones only; keep the slow ones of the file
     python tools/readme_figures.py --check    # compute nothing: say where README.md and the file disagree
+    python tools/readme_figures.py --only decode   # recompute some groups, keep the others
 
 Each figure is the README's own words (``snippet``) with the number the code gives today,
 rendered here; ``tests/test_readme_figures.py`` fails when a snippet is not in README.md
@@ -17,8 +18,10 @@ Groups (cheap unless marked):
 ``published``   the published figures of other stacks (tests/test_knobs.py's setups)
 ``serving``     vLLM's start-up logs (tests/test_serving_logs.py's cases)
 ``examples``    the numbers in the README's examples and Limits
+``scenarios``   the seed write-ups' scenarios (vramwidget.scenarios)
 ``trace``       (slow) the measured cases through the tracing backend
-``speed``       (slow) how long a replay, a trace and a long decode's replay take here
+``decode``      (slow) a long decode's reserve (its replay takes seconds)
+``speed``       (slow) how long a replay and a trace take here
 """
 
 from __future__ import annotations
@@ -187,6 +190,31 @@ def examples() -> List[Dict[str, Any]]:
     return out
 
 
+def scenarios() -> List[Dict[str, Any]]:
+    """The seed write-ups' scenarios (vramwidget.scenarios), as the README sums them up."""
+    from vramwidget import scenarios as SC
+
+    out = []
+    t = SC.thirteen_b_states()
+    out.append(fig("scenarios.13b", [t["weights_gb"], t["adam_moments_gb"]],
+                   f"13B: weights {t['weights_gb']:.1f} GB (bf16) and Adam moments {t['adam_moments_gb']:.1f} GB"))
+    rows = {(r["scenario"], r["checkpointing"]): r for r in SC.seven_b_fp32_vs_bf16()["rows"]}
+    lo = rows[("BF16 + fp32 Adam states", "none")]["activations_gb"]
+    hi = rows[("FP32", "none")]["activations_gb"]
+    out.append(fig("scenarios.7b_activations", [lo, hi], f"activations alone are {lo:.0f}-{hi:.0f} GB (BF16 + fp32 "
+                                                         f"states to FP32)"))
+    a, b = rows[("FP32", "full")]["estimate_peak_gb"], rows[("BF16 + fp32 Adam states", "full")]["estimate_peak_gb"]
+    out.append(fig("scenarios.7b_checkpointing", [a, b], f"with checkpointing the estimate is {a:.1f} GB (FP32) and "
+                                                         f"{b:.1f} GB (BF16 + fp32 states)"))
+    full = next(r for r in SC.checkpointing_tradeoff()["rows"] if r["checkpointing"] == "full")
+    out.append(fig("scenarios.recompute", full["extra_compute"],
+                   f"full recomputation costs ~{full['extra_compute'] * 100:.0f}% more compute"))
+    four = SC.four_bit_loading()["rows"]
+    w16, w4 = four["full bf16"]["weights_gb"], four["QLoRA nf4 base"]["weights_gb"]
+    out.append(fig("scenarios.4bit", [w16, w4], f"shrinks the weights ({w16:.1f} -> {w4:.1f} GB for Llama-2-7B)"))
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # slow groups: the tracing backend over the measured cases, and how long things take
 # ---------------------------------------------------------------------------------------
@@ -198,6 +226,19 @@ def trace() -> List[Dict[str, Any]]:
     return [fig("trace.peak", [st["median"], st["p90"], st["max"]],
                 f"peak allocated within {pct(st['median'])} median, {pct(st['p90'])} p90, {pct(st['max'])} worst "
                 f"on the {st['n']} H200 cases")]
+
+
+def decode() -> List[Dict[str, Any]]:
+    """A long generation from a short prompt fragments the large pool (the README's Limits)."""
+    import vramwidget as vw
+
+    kw = dict(weights="nf4", context_len=8192, prompt_len=512)
+    e = vw.estimate_inference("llama-2-7b", **kw)
+    x = vw.estimate_inference("llama-2-7b", allocator="expandable_segments", **kw)
+    r, p, rx = e.reserved_bytes / GIB, e.peak_allocated_bytes / GIB, x.reserved_bytes / GIB
+    return [fig("decode.fragmentation", [r, p, rx],
+                f"(Llama 2 7B in NF4, a 512-token prompt and 7,680 new tokens: {r:.1f} GiB reserved for a "
+                f"{p:.1f} GiB allocated peak; {rx:.1f} GiB with `allocator=\"expandable_segments\"`)")]
 
 
 def speed() -> List[Dict[str, Any]]:
@@ -235,8 +276,9 @@ def _round_ms(seconds: float) -> int:
     return int(round(ms / step) * step) or 1
 
 
-CHEAP = {"validation": validation, "published": published, "serving": serving, "examples": examples}
-SLOW = {"trace": trace, "speed": speed}
+CHEAP = {"validation": validation, "published": published, "serving": serving, "examples": examples,
+         "scenarios": scenarios}
+SLOW = {"trace": trace, "decode": decode, "speed": speed}
 
 
 def compute(groups) -> List[Dict[str, Any]]:
@@ -265,6 +307,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fast", action="store_true", help="the cheap groups only; the slow ones kept from the file")
     ap.add_argument("--check", action="store_true", help="only compare README.md with the file")
+    ap.add_argument("--only", nargs="+", metavar="GROUP", help="recompute these groups; keep the others of the file")
     a = ap.parse_args(argv)
     old: List[Dict[str, Any]] = []
     if os.path.exists(DATA):
@@ -273,10 +316,9 @@ def main(argv=None) -> int:
     if a.check:
         figures = old
     else:
-        groups = list(CHEAP) + ([] if a.fast else list(SLOW))
+        groups = a.only or (list(CHEAP) + ([] if a.fast else list(SLOW)))
         figures = compute(groups)
-        if a.fast:
-            figures += [f for f in old if f.get("group") in SLOW]
+        figures += [f for f in old if f.get("group") not in groups]
         with open(DATA, "w") as f:
             json.dump({"how": "python tools/readme_figures.py (tests/test_readme_figures.py checks README.md)",
                        "figures": figures}, f, indent=1)
