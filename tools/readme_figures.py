@@ -168,6 +168,16 @@ def serving() -> List[Dict[str, Any]]:
         shown = f"{err * 100:+.1f}%" if abs(err) < 0.1 else f"**{err * 100:+.0f}%**"
         out.append(fig(f"serving.{case['id']}", tokens, f"| {tokens:,} | {shown} |"))
     out.append(fig("serving.within", max(within), f"are within {pct(max(within), 1)}"))
+    tp8 = next(c for c in S.CASES if c["id"] == "qwen3-235b-fp8-8xl40s-tp8-ep-v1")
+    p = vw.estimate_inference(tp8["model"], engine="vllm", **tp8["kw"]).plan
+    w, act, nt = p.weights_bytes / GIB, p.activation_bytes / GIB, p.non_torch_bytes / GIB
+    out.append(fig("serving.tp8_terms", [w, act, nt], f"is matched term by term ({w:.2f}, {act:.2f}, {nt:.2f})"))
+    out.append(fig("serving.tp8_graphs", p.cuda_graph_bytes / GIB,
+                   f"reports 3.45 GiB of graphs where this gives {p.cuda_graph_bytes / GIB:.2f} GiB"))
+    # the one SGLang log (vllm#21348): Qwen3-235B-FP8 on 4 x H100, --mem-fraction-static 0.93, 367,404 tokens
+    sg = vw.estimate_inference(S.QWEN3_235B, engine="sglang", gpu="H100 80GB", weights="fp8", tensor_parallel=4,
+                               mem_fraction_static=0.93, context_len=40960).serving["kv_tokens"]
+    out.append(fig("serving.sglang", sg, f"367,404 tokens) is estimated {sg / 367_404 * 100 - 100:.0f}% high ({sg:,})"))
     return out
 
 
