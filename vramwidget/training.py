@@ -293,8 +293,10 @@ class TrainingSetup:
                             "use bf16", field="precision")
         _check_state_dtypes(v)
         out = cls(**v)
+        # a value the caller chose (not the field's default: the widget passes every control) that does nothing
         said += [(k, f"warning: {k}={shown(getattr(out, k))} does nothing here: it {why}; ignored")
-                 for k, why in inapplicable(out.__dict__).items() if k in given and given[k] is not None]
+                 for k, why in inapplicable(out.__dict__).items()
+                 if k in given and k in checked and checked[k] != FIELDS[k].default]
         object.__setattr__(out, "_said", tuple(said))
         return out
 

@@ -4,6 +4,7 @@ the :class:`TrainingConfig` it produces."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -313,14 +314,16 @@ def number(value: Any, where: Optional[str] = None) -> Optional[float]:
     if value is None or is_auto(value) or (isinstance(value, str) and not value.strip()):
         return None
     x: Optional[float] = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        x = float(value) if abs(value) < 1e308 or isinstance(value, float) else float("inf")
+    if isinstance(value, float):
+        x = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        x = float(value) if abs(value) < 10 ** 300 else float("inf")     # 10**400 is no setting
     elif isinstance(value, str) and len(value) <= 64:
         try:
             x = float(value)
         except ValueError:
             x = None
-    if x is not None and x != x or x in (float("inf"), float("-inf")):
+    if x is not None and not math.isfinite(x):
         x = None
     if x is None and where is not None:
         raise VramError(f"{where}: must be a number, got {_short(value, 40)}", field=where)
