@@ -32,7 +32,7 @@ from .architecture import Architecture, load
 from .errors import VramError
 from .estimate import estimate_setup
 from .gpus import GPU, get_gpu
-from .inputs import MAX_GPUS, check_choice, check_int
+from .inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int
 from .stacks import stack_switches
 from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
 from .training import TrainingSetup
@@ -220,7 +220,7 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = M
     fits -- always the case when one replica does not fit and the strategy does not shard
     (``none``, ``ddp``, ``zero0``, ``megatron``).  Per-GPU memory never grows with the count
     under the sharding strategies, which makes the search a bisection."""
-    max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=MAX_GPUS)
+    max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=DEPLOYMENT_GPUS)
     strategy = check_choice("strategy", strategy, tuple(STRATEGIES))
     kw = dict(kw)
     kw["strategy"] = strategy
@@ -388,7 +388,7 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
 
     from .verdict import band_bytes, state_of
 
-    max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=MAX_GPUS)
+    max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=DEPLOYMENT_GPUS)
     combine = check_int("combine", combine, lo=1, hi=8, what="must be a whole number from 1 to 8 (changes at once)")
     q = _Query(model, gpu, kw)
     s = q.setup
