@@ -338,6 +338,14 @@ def test_the_cpu_adam_step_is_not_called_communication():
     assert p.step_seconds == pytest.approx(sum(tb["phases_seconds"].values()))
 
 
+def test_longest_context_without_a_gpu_is_a_vram_error():
+    """Found by the doors fuzz (call 3,396): longest_context(model, None) raised TypeError
+    comparing the peak with a capacity of None."""
+    with pytest.raises(vw.VramError, match="longest_context needs the GPU") as e:
+        vw.longest_context("llama-3.2-1b", None, weights="q4_k_m")
+    assert e.value.field == "gpu"
+
+
 def test_cli_table_names_are_not_cut(capsys):
     """Was: names cut at 40 characters ("layer inputs kept by checkpointing (16 l")."""
     code, text, _ = run(capsys, "estimate", "llama-3.2-1b", "--method", "qlora")

@@ -1386,6 +1386,8 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     ``batch_size`` sequences of that context must fit the paged KV pool.
     """
     arch = load(model)
+    if gpu is None:    # the card's memory is what bounds the context (None would be "no GPU")
+        raise VramError("gpu: longest_context needs the GPU whose memory bounds the context (e.g. 'L4')", field="gpu")
     kw = dict(kw)
     kw["gpu"] = gpu
     kw.pop("context_len", None)
