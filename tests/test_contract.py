@@ -346,6 +346,16 @@ def test_longest_context_without_a_gpu_is_a_vram_error():
     assert e.value.field == "gpu"
 
 
+def test_longest_context_from_a_short_prompt_does_not_exhaust_memory():
+    """Found by the doors fuzz (call 4,630: the process was killed by the kernel at 16.7 GiB):
+    longest_context("gpt2", "H100 80GB", prompt_len=128) replayed a million decode steps
+    (a 4.4 GiB array of events, then more).  Above 131,072 generated tokens the search is
+    refused in one line naming prompt_len, before any replay."""
+    with pytest.raises(vw.VramError, match="more than 131,072 generated tokens is not replayed") as e:
+        vw.longest_context("gpt2", "H100 80GB", prompt_len=128)
+    assert e.value.field == "prompt_len"
+
+
 def test_cli_table_names_are_not_cut(capsys):
     """Was: names cut at 40 characters ("layer inputs kept by checkpointing (16 l")."""
     code, text, _ = run(capsys, "estimate", "llama-3.2-1b", "--method", "qlora")

@@ -1373,6 +1373,9 @@ def _serving_estimate(arch: Architecture, s: InferenceSetup, lay: KVLayout, gpu:
 
 #: the search stops here (2**24 tokens = 16.8M)
 MAX_SEARCH_TOKENS = 1 << 24
+#: the most generated tokens longest_context replays from a fixed prompt (one replay holds every
+#: decode step's allocator events: 131,072 steps of gpt2 are ~0.6 GiB of them)
+MAX_DECODE_STEPS = 1 << 17
 
 
 def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
@@ -1419,7 +1422,15 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
         # the whole context is the prompt: each estimate replays a prefill (no decode steps)
         return _largest_true(lambda n: bool(estimate_at(n).fits), bound) * blk
     # a fixed prompt: the stream of a shorter context is the first events of the bound's, so
-    # one replay gives the reserved memory of every context (inference_events.reserved_by_decode_steps)
+    # one replay gives the reserved memory of every context (inference_events.reserved_by_decode_steps).
+    # That replay holds every decode step's events: above MAX_DECODE_STEPS (gpt2 from a 128-token
+    # prompt on an H100: a million steps, 4.4 GiB of events, then 16 GiB) it is not attempted
+    if (bound * blk - prompt) > MAX_DECODE_STEPS:
+        raise VramError(f"prompt_len: from a {prompt:,}-token prompt, {arch.name} fits {gpu} up to about "
+                        f"{bound * blk:,} tokens by its allocated memory alone; a search through more than "
+                        f"{MAX_DECODE_STEPS:,} generated tokens is not replayed (its allocator stream takes gigabytes): "
+                        f"give a prompt_len nearer the context you serve, or check one context_len with "
+                        f"estimate_inference", field="prompt_len")
     top = estimate_at(bound)
     reserved_at = GENERATE_REPLAY["reserved_by_decode_steps"](*top._inference)
 
