@@ -334,6 +334,11 @@ def custom(*, hidden_size: int, num_layers: int, num_heads: int, vocab_size: int
                            (4 * hidden_size if mlp == "plain" else _llama_intermediate(hidden_size))}
     if head_dim is not None:
         cfg["head_dim"] = head_dim
+    elif hidden_size % num_heads:
+        # custom() is this package's own shape: the heads split the hidden size unless a head_dim
+        # says otherwise (a config.json follows transformers' floor division instead: blocks.dims)
+        raise VramError(f"num_heads: num_attention_heads ({num_heads}) does not divide hidden_size ({hidden_size}); "
+                        f"give head_dim", field="num_heads")
     if mlp == "plain":
         cfg = {"model_type": "gpt_neox", "hidden_size": hidden_size, "num_hidden_layers": num_layers,
                "num_attention_heads": num_heads, "vocab_size": vocab_size, "intermediate_size":

@@ -249,10 +249,14 @@ def estimate_json(arch, est, tokens: Optional[float] = None,
     d = est.to_dict()
     if est.step_seconds is not None:
         d["run_cost"] = est.run_cost(tokens=tokens or DEFAULT_RUN_TOKENS, usd_per_gpu_hour=usd_per_gpu_hour)
-    a = arch.to_dict()
-    a.pop("tensors", None)
-    d["architecture"] = a
-    d["inventory"] = inventory(arch)
+    if arch is not None:
+        a = arch.to_dict()
+        a.pop("tensors", None)
+        d["architecture"] = a
+        d["inventory"] = inventory(arch)
+    else:   # traced: no analytic architecture, the transformers model was built instead
+        d["architecture"] = {"name": est.model_name, "backend": "trace"}
+        d["inventory"] = {}
     d["phases_gib"] = {k: round(v / GIB, 4) for k, v in est.phases_bytes.items()}
     d["phases_gb"] = {k: round(v / GB, 4) for k, v in est.phases_bytes.items()}
     d["device_total_gib"] = round(est.device_total_bytes / GIB, 3)
@@ -350,12 +354,17 @@ def format_estimate(arch, est, units: str = "gib", tokens: Optional[float] = Non
     unit_div, unit_name = (GIB, "GiB") if units == "gib" else (GB, "GB")
     s = est.setup
     lines: List[str] = []
-    title = arch.name + (f"  ({arch.hub_id})" if arch.hub_id and arch.hub_id != arch.name else "")
-    lines.append(f"model             {title}")
-    lines.append(f"                  {arch.model_type}, h={arch.hidden_size}, L={arch.num_layers}, "
-                 f"heads={arch.num_heads}/{arch.num_kv_heads} kv, V={arch.vocab_size}"
-                 + (f", {arch.num_experts} experts (top-{arch.experts_per_token})" if arch.num_experts else ""))
-    lines.append(f"params total      {_count(est.params_total)}" + ("" if arch.exact else "  (stated count)"))
+    if arch is None:   # traced (backend='trace'): the transformers model was built, not a family module
+        lines.append(f"model             {est.model_name}")
+        lines.append("                  traced: one training step of the transformers model on fake tensors")
+    else:
+        title = arch.name + (f"  ({arch.hub_id})" if arch.hub_id and arch.hub_id != arch.name else "")
+        lines.append(f"model             {title}")
+        lines.append(f"                  {arch.model_type}, h={arch.hidden_size}, L={arch.num_layers}, "
+                     f"heads={arch.num_heads}/{arch.num_kv_heads} kv, V={arch.vocab_size}"
+                     + (f", {arch.num_experts} experts (top-{arch.experts_per_token})" if arch.num_experts else ""))
+    lines.append(f"params total      {_count(est.params_total)}"
+                 + ("" if arch is None or arch.exact else "  (stated count)"))
     lines.append(f"params trainable  {_count(est.params_trainable)}")
     setup_bits = [f"{s['method']}", f"{s['precision']}"]
     if s.get("quantization") not in (None, "none"):
@@ -380,7 +389,7 @@ def format_estimate(arch, est, units: str = "gib", tokens: Optional[float] = Non
     where = f"{est.gpu.name}'s" if est.gpu is not None else "no GPU chosen: the H200's measured"
     lines.append(f"{'':18}(device total = reserved + CUDA context {est.cuda_context_bytes / GIB:.2f} GiB, {where})")
     if est.gpu is not None:
-        lines.extend(format_verdict(est, arch.name))
+        lines.extend(format_verdict(est, arch.name if arch is not None else est.model_name))
     if est.flops_per_step:
         lines.append(f"compute           {est.flops_per_step:.3g} FLOPs per step"
                      + (f", +{est.recompute_overhead * 100:.0f}% recomputation" if est.recompute_overhead else ""))
@@ -388,16 +397,18 @@ def format_estimate(arch, est, units: str = "gib", tokens: Optional[float] = Non
     lines.append("")
     total = sum(c.bytes for c in est.components) or 1.0
     lines.append(f"at the peak ({_PHASE_LABELS.get(est.peak_phase, est.peak_phase)}):")
-    lines.append(f"{'component / module group':40} {unit_name:>9} {'share':>7}  formula")
-    for c in est.components:
-        if c.bytes <= 0:
-            continue
-        lines.append(f"{c.name[:40]:40} {c.bytes / unit_div:9.3f} {c.bytes / total * 100:6.1f}%  "
+    # the name column is as wide as the longest name (never cut): a name is what tells two rows apart
+    shown_rows = [(c.name, c) for c in est.components if c.bytes > 0]
+    width = max([40] + [len(c.name) for _, c in shown_rows]
+                + [len(g.name) + 2 for _, c in shown_rows for g in c.children if g.bytes > 0])
+    lines.append(f"{'component / module group':{width}} {unit_name:>9} {'share':>7}  formula")
+    for _, c in shown_rows:
+        lines.append(f"{c.name:{width}} {c.bytes / unit_div:9.3f} {c.bytes / total * 100:6.1f}%  "
                      f"{c.formula if not c.children else ''}")
         for g in c.children:
             if g.bytes <= 0:
                 continue
-            lines.append(f"  {g.name[:38]:38} {g.bytes / unit_div:9.3f} {g.bytes / total * 100:6.1f}%  "
+            lines.append(f"  {g.name:{width - 2}} {g.bytes / unit_div:9.3f} {g.bytes / total * 100:6.1f}%  "
                          f"{_group_formula(g)}")
     if est.notes:
         lines.append("")
@@ -443,9 +454,16 @@ def _fewest_gpus_text(min_gpus: Dict[str, Optional[int]]) -> str:
     return text
 
 
-def _cmd_estimate(args: argparse.Namespace, out) -> int:
+def _architecture(model: Any, est: Any) -> Any:
+    """The analytic Architecture an estimate was made of, or None for a traced one (its
+    model has no family module: the output says what the trace read instead)."""
     from .architecture import load
-    from .estimate import check_physical, estimate_setup
+
+    return None if getattr(est, "backend", "analytic") == "trace" else load(model)
+
+
+def _cmd_estimate(args: argparse.Namespace, out) -> int:
+    from .estimate import estimate
     from .training import TrainingSetup
 
     if args.from_config is not None:
@@ -466,13 +484,15 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
         return inference.run(args, out)
     if parallel_kwargs(args):
         return _cmd_estimate_parallel(args, out)
-    arch = load(args.model)
-    setup = TrainingSetup.from_kwargs(**setup_kwargs(args))
+    kw = setup_kwargs(args)
+    TrainingSetup.from_kwargs(**kw)    # a bad option is named before any model is read
     _time_options(args)
-    est = estimate_setup(arch, setup)
-    check_physical(est, arch, setup)   # more than 1 PiB is an input error
+    # estimate() chooses the backend before it loads anything (a traced model has no
+    # analytic family to load), checks the physics and applies the practitioner defaults
+    est = estimate(args.model, **kw)
     if args.gpu is not None:
         est.set_gpu(args.gpu)
+    arch = _architecture(args.model, est)
     if args.json:
         out.write(json.dumps(estimate_json(arch, est, args.tokens, args.usd_per_gpu_hour)) + "\n")
     else:
@@ -494,10 +514,10 @@ def _cmd_estimate_parallel(args: argparse.Namespace, out) -> int:
     from .architecture import load
     from .parallel import estimate_parallel
 
-    kw = fit_kwargs(args)
-    lay = {k: v for k, v in kw.items() if k in parallel_kwargs(args) or k == "strategy"}
+    kw = {**setup_kwargs(args), **parallel_kwargs(args)}   # no strategy given: estimate_parallel's default, said
     _time_options(args)
     result = estimate_parallel(args.model, **kw)
+    lay = {"strategy": result.strategy, **{k: v for k, v in kw.items() if k in parallel_kwargs(args)}}
     if args.gpu is not None:
         result.set_gpu(args.gpu)   # every stage, with its communication
     est = result.per_gpu
@@ -542,9 +562,7 @@ def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
     _time_options(args)
     if args.gpu is not None:
         result.set_gpu(args.gpu)   # a parallel run: every stage, with its communication
-    from .architecture import load
-
-    arch = load(model)
+    arch = _architecture(model, est)
     if args.json:
         d = estimate_json(arch, est, args.tokens, args.usd_per_gpu_hour)
         d["config"] = cfg.to_dict()
@@ -776,14 +794,16 @@ def parallel_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
 def fit_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
     """The keyword arguments of :func:`vramwidget.fit.answers` for parsed ``fit`` flags (a
     parallel layout without a strategy gets DDP when it has several replicas)."""
+    from .defaults import strategy_for
     from .parallel import PARALLEL_KEYS
 
     kw = {**setup_kwargs(args), **parallel_kwargs(args)}
     if "device_map" in kw and "strategy" not in kw:
         kw["strategy"] = "none"      # one replica, its layers split over the GPUs
     if any(k in kw for k in PARALLEL_KEYS) and "strategy" not in kw:
-        kw["strategy"] = "ddp" if int(kw.get("num_gpus", 1)) > int(kw.get("tensor_parallel", 1)) * int(
-            kw.get("pipeline_parallel", 1)) * int(kw.get("context_parallel", 1)) else "none"
+        # the one default (defaults.strategy_for), as estimate_parallel and the widget choose it
+        kw["strategy"] = strategy_for(kw.get("num_gpus", 1), kw.get("tensor_parallel", 1),
+                                      kw.get("pipeline_parallel", 1), kw.get("context_parallel", 1))[0]
     return kw
 
 
@@ -804,6 +824,8 @@ def format_fit_answers(a: Dict[str, Any]) -> str:
     lines.append(f"setup             {', '.join(bits)}")
     if not a["precision_supported"]:
         lines.append(f"warning           {a['precision_note']}")
+    for n in a.get("notes") or []:
+        lines.append(f"note              {n}")
     v = a["verdict"]
     verdict = {"fits": "FITS", "tight": "TIGHT", "does_not_fit": "DOES NOT FIT"}[v["state"]]
     room = v["headroom_bytes"]
@@ -850,7 +872,13 @@ def run_fit(args: argparse.Namespace, out=None) -> int:
     out = sys.stdout if out is None else out
     from .fit import answers
 
-    a = answers(args.model, args.gpu, **fit_kwargs(args))
+    kw = fit_kwargs(args)
+    a = answers(args.model, args.gpu, **kw)
+    if getattr(args, "strategy", None) is None and kw.get("strategy") not in (None, "none"):
+        from .defaults import strategy_for
+
+        a["notes"].insert(0, strategy_for(kw.get("num_gpus", 1), kw.get("tensor_parallel", 1),
+                                          kw.get("pipeline_parallel", 1), kw.get("context_parallel", 1))[1])
     if args.json:
         out.write(json.dumps(a) + "\n")
     else:

@@ -93,7 +93,10 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
 
         if not trace.available():
             raise VramError(f"{e} (or trace it: {trace.INSTALL_HINT})", field="model_type") from None
-        return trace.estimate_traced(model, s, _cuda_accounting(), task=task).set_gpu(gpu)
+        try:
+            return trace.estimate_traced(model, s, _cuda_accounting(), task=task).set_gpu(gpu)
+        except VramError as t:   # neither backend: say both (the analytic families, then the trace)
+            raise VramError(f"{e}; tracing it instead failed: {t}", field="model_type") from None
     est = estimate_setup(arch, s, gpu=gpu)
     check_physical(est, arch, s)
     return est
@@ -213,7 +216,7 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Estimate
 
 def _notes(arch: Architecture, s: TrainingSetup, P: ParamStorage, offloaded: float) -> List[str]:
     """What the estimate assumes or warns about, in words."""
-    notes: List[str] = list(arch.family.notes(arch))
+    notes: List[str] = s.notes + list(arch.family.notes(arch))   # the setup's defaults and warnings first
     if not arch.exact:
         notes.append(arch.assumption)
     backend = attention_backend(arch, s, s.compute_dtype)

@@ -32,7 +32,7 @@ from .architecture import Architecture, load
 from .errors import VramError
 from .estimate import estimate_setup
 from .gpus import GPU, get_gpu
-from .inputs import check_choice, check_int
+from .inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int
 from .stacks import stack_switches
 from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
 from .training import TrainingSetup
@@ -58,6 +58,12 @@ class _Query:
         self.arch: Architecture = load(model)
         self.gpu: GPU = get_gpu(gpu)
         self.par = {k: kw[k] for k in PARALLEL_KEYS if k in kw}
+        if self.par and self.par.get("strategy") is None:   # not given: the one default (defaults.strategy_for)
+            from .defaults import strategy_for
+
+            self.par["strategy"] = strategy_for(self.par.get("num_gpus", 1), self.par.get("tensor_parallel", 1),
+                                                self.par.get("pipeline_parallel", 1),
+                                                self.par.get("context_parallel", 1))[0]
         setup_kw = {k: v for k, v in kw.items() if k not in PARALLEL_KEYS}
         self.setup = TrainingSetup.from_kwargs(**setup_kw)
         #: the capacity judged: what CUDA reports as the card's total (verdict.capacity_bytes)
@@ -214,7 +220,7 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = M
     fits -- always the case when one replica does not fit and the strategy does not shard
     (``none``, ``ddp``, ``zero0``, ``megatron``).  Per-GPU memory never grows with the count
     under the sharding strategies, which makes the search a bisection."""
-    max_gpus = check_int("max_gpus", max_gpus, lo=1)
+    max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=DEPLOYMENT_GPUS)
     strategy = check_choice("strategy", strategy, tuple(STRATEGIES))
     kw = dict(kw)
     kw["strategy"] = strategy
@@ -382,7 +388,7 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
 
     from .verdict import band_bytes, state_of
 
-    max_gpus = check_int("max_gpus", max_gpus, lo=1)
+    max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=DEPLOYMENT_GPUS)
     combine = check_int("combine", combine, lo=1, hi=8, what="must be a whole number from 1 to 8 (changes at once)")
     q = _Query(model, gpu, kw)
     s = q.setup
@@ -663,6 +669,7 @@ def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
         "max_batch_size": max_batch_size(q.arch, q.gpu, batch_size=1, **kw_nb),
         "max_seq_len": max_seq_len(q.arch, q.gpu, seq_len=1, **kw_ns),
         "max_position_embeddings": q.arch.max_position_embeddings,
+        "notes": q.setup.notes,    # the practitioner defaults applied, the options that do nothing
     }
     mg: Dict[str, Optional[int]] = {}
     base = {k: v for k, v in kw.items() if k not in ("strategy", "num_gpus")}

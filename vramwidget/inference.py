@@ -48,7 +48,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
 from .gpus import context_for
-from .inputs import MAX_BYTES, check_bool, check_total, check_int, check_keywords, check_number, check_text, close_match, shown
+from .inputs import (MAX_BYTES, MAX_GPUS, check_bool, check_total, check_int, check_keywords, check_number, check_text,
+                     close_match, shown)
 from .estimate import CUBLAS_WORKSPACE_BYTES
 from .plan.params import quant_const_bytes, quantizable
 from .result import Estimate, Node
@@ -306,23 +307,25 @@ class InferenceSetup:
             raise VramError(f"gpu: the {eng} engine sizes its KV cache from a GPU's memory (set gpu, e.g. "
                             f"'H100-80GB')", field="gpu")
         if eng == "sglang" and v.get("gpu_memory_utilization") is not None:
-            raise VramError("gpu_memory_utilization: SGLang's budget is mem_fraction_static", field="engine")
+            raise VramError("gpu_memory_utilization: the sglang engine's budget is mem_fraction_static", field="engine")
         if eng == "vllm" and v.get("mem_fraction_static") is not None:
-            raise VramError("mem_fraction_static: that is SGLang's setting; vLLM uses gpu_memory_utilization",
-                            field="engine")
+            raise VramError("mem_fraction_static: that is the sglang engine's setting; the vllm engine uses "
+                            "gpu_memory_utilization", field="engine")
         ver = kw.get("versions")
         if ver is not None:
             if isinstance(ver, str):
                 ver = {eng if eng != "hf" else "vllm": ver}
             if not isinstance(ver, dict):
                 raise VramError(f"versions: a dict like {{'vllm': '0.6.4'}}, got {shown(ver)}", field="versions")
-            from .engines import parse_version
+            from .engines import check_release, parse_version
 
             for k2, val in ver.items():
                 if k2 not in ("vllm", "vllm_runtime", "sglang", "transformers"):
                     raise VramError(f"versions: unknown key {shown(k2)}; allowed: vllm, vllm_runtime (v0 or v1), "
                                     f"sglang, transformers", field="versions")
-                if k2 != "vllm_runtime":
+                if k2 in ("vllm", "sglang"):
+                    check_release(k2, val)
+                elif k2 != "vllm_runtime":
                     parse_version(val)
             if "vllm" in ver or "vllm_runtime" in ver:
                 from .engines import vllm_release
@@ -330,8 +333,8 @@ class InferenceSetup:
                 vllm_release(ver.get("vllm"), ver.get("vllm_runtime"))
             v["versions"] = {str(k2): str(val) for k2, val in ver.items()}
         for name in ("tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel"):
-            if kw.get(name) is not None:
-                v[name] = _posint(name, kw[name])
+            if kw.get(name) is not None:   # GPUs of one deployment: at most inputs.MAX_GPUS
+                v[name] = check_int(name, kw[name], lo=1, hi=MAX_GPUS)
         for name in ("enforce_eager", "disable_custom_all_reduce", "enable_chunked_prefill"):
             if kw.get(name) is not None:
                 v[name] = check_bool(name, kw[name])
@@ -1381,6 +1384,9 @@ def _serving_estimate(arch: Architecture, s: InferenceSetup, lay: KVLayout, gpu:
 
 #: the search stops here (2**24 tokens = 16.8M)
 MAX_SEARCH_TOKENS = 1 << 24
+#: the most generated tokens longest_context replays from a fixed prompt (one replay holds every
+#: decode step's allocator events: 131,072 steps of gpt2 are ~0.6 GiB of them)
+MAX_DECODE_STEPS = 1 << 17
 
 
 def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
@@ -1394,6 +1400,8 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     ``batch_size`` sequences of that context must fit the paged KV pool.
     """
     arch = load(model)
+    if gpu is None:    # the card's memory is what bounds the context (None would be "no GPU")
+        raise VramError("gpu: longest_context needs the GPU whose memory bounds the context (e.g. 'L4')", field="gpu")
     kw = dict(kw)
     kw["gpu"] = gpu
     kw.pop("context_len", None)
@@ -1425,7 +1433,15 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
         # the whole context is the prompt: each estimate replays a prefill (no decode steps)
         return _largest_true(lambda n: bool(estimate_at(n).fits), bound) * blk
     # a fixed prompt: the stream of a shorter context is the first events of the bound's, so
-    # one replay gives the reserved memory of every context (inference_events.reserved_by_decode_steps)
+    # one replay gives the reserved memory of every context (inference_events.reserved_by_decode_steps).
+    # That replay holds every decode step's events: above MAX_DECODE_STEPS (gpt2 from a 128-token
+    # prompt on an H100: a million steps, 4.4 GiB of events, then 16 GiB) it is not attempted
+    if (bound * blk - prompt) > MAX_DECODE_STEPS:
+        raise VramError(f"prompt_len: from a {prompt:,}-token prompt, {arch.name} fits {gpu} up to about "
+                        f"{bound * blk:,} tokens by its allocated memory alone; a search through more than "
+                        f"{MAX_DECODE_STEPS:,} generated tokens is not replayed (its allocator stream takes gigabytes): "
+                        f"give a prompt_len nearer the context you serve, or check one context_len with "
+                        f"estimate_inference", field="prompt_len")
     top = estimate_at(bound)
     reserved_at = GENERATE_REPLAY["reserved_by_decode_steps"](*top._inference)
 
@@ -1575,23 +1591,26 @@ def run(args: argparse.Namespace, out=None) -> int:
     out.write(format_table(est, longest) + "\n")
     if extra:
         out.write(f"  largest max_model_len that starts: {extra['largest_max_model_len']:,} tokens\n")
-        out.write(f"  command: {extra['command']}\n")
+        if extra["command_note"]:
+            out.write(f"  {'command' if extra['command'] else 'no command'}: {extra['command_note']}\n")
+        if extra["command"]:
+            out.write(f"  command: {extra['command']}\n")
     return 0
 
 
 def serving_report(model: Model, kw: Dict[str, Any]) -> Dict[str, Any]:
     """What a serving estimate adds: the engine's start-up lines, the largest
     ``max_model_len`` that starts with this layout, and a copyable command line."""
-    from .engines import largest_max_model_len, plan
+    from .engines import plan, startable_command
     from .gpus import get_gpu
 
     arch = load(model)
     s = InferenceSetup.from_kwargs(**kw)
     gpu = get_gpu(s.gpu)
     p = plan(arch, s, gpu)
-    name = arch.hub_id or arch.name
-    return {"startup_lines": p.startup_lines(), "largest_max_model_len": largest_max_model_len(arch, s, gpu),
-            "command": p.command(name)}
+    command, why, largest = startable_command(arch, s, gpu, arch.hub_id or arch.name)
+    return {"startup_lines": p.startup_lines(), "largest_max_model_len": largest, "command": command,
+            "command_note": why}
 
 
 def _run_plan(model: Model, kw: Dict[str, Any], concurrency: int, out, as_json: bool) -> int:

@@ -861,20 +861,27 @@ def load_cases(source: Union[str, "os.PathLike[str]", Iterable[Mapping[str, Any]
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise VramError(f"cannot read cases file {shown(str(path))}: {exc.strerror or exc}", field="cases") from exc
+        except UnicodeDecodeError:
+            raise VramError(f"cases: {shown(str(path))} is not UTF-8 text (a JSON-lines file)", field="cases") from None
         raw: List[Any] = []
-        if text.lstrip().startswith("["):
-            try:
-                raw = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise VramError(f"{path}: not valid JSON ({exc})", field="cases") from exc
-        else:
-            for lineno, line in enumerate(text.splitlines(), 1):
-                if not line.strip():
-                    continue
+        try:
+            if text.lstrip().startswith("["):
                 try:
-                    raw.append(json.loads(line))
+                    raw = json.loads(text)
                 except json.JSONDecodeError as exc:
-                    raise VramError(f"{path}:{lineno}: not valid JSON ({exc.msg})", field="cases") from exc
+                    raise VramError(f"cases: {path}: not valid JSON ({exc})", field="cases") from exc
+            else:
+                for lineno, line in enumerate(text.splitlines(), 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        raw.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise VramError(f"cases: {path}:{lineno}: not valid JSON ({exc.msg})", field="cases") from exc
+        except RecursionError:
+            raise VramError(f"cases: {path} nests deeper than a case", field="cases") from None
+        if not isinstance(raw, list):
+            raise VramError(f"cases: {path} holds a {type(raw).__name__}, not a list of cases", field="cases")
         where = [f"{path}:{i}" for i in range(1, len(raw) + 1)]
     else:
         raw = list(source)

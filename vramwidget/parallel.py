@@ -86,7 +86,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
 from .inputs import shown
-from .inputs import Field, check_choice, check_int
+from .defaults import strategy_for
+from .inputs import MAX_GPUS, Field, check_choice, check_int
 from .estimate import check_physical, _merge_named, estimate_setup
 from .plan.params import param_storage
 from .plan.profile import full_checkpointing
@@ -592,7 +593,7 @@ def _leaf(component: str, name: str, nbytes: float, formula: str) -> Node:
 # The estimate
 # ----------------------------------------------------------------------------------
 
-def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, gpus_per_node: int = 8,
+def estimate_parallel(model: Any, *, strategy: Optional[str] = None, num_gpus: int = 1, gpus_per_node: int = 8,
                       tensor_parallel: int = 1, pipeline_parallel: int = 1, sequence_parallel: bool = False,
                       context_parallel: int = 1, expert_parallel: int = 1, micro_batches: Optional[int] = None,
                       offload_optimizer: bool = False, offload_params: bool = False,
@@ -614,7 +615,8 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
     strategy:
         one of :data:`STRATEGIES`: ``none``, ``ddp``, ``zero0``-``zero3`` (DeepSpeed),
         ``fsdp_full_shard``, ``fsdp_shard_grad_op``, ``fsdp_hybrid`` (PyTorch FSDP),
-        ``megatron``, ``megatron_distopt`` (Megatron-LM).
+        ``megatron``, ``megatron_distopt`` (Megatron-LM).  Not given: ``ddp`` when the
+        layout has several data-parallel replicas (said in the notes), else ``none``.
     num_gpus, gpus_per_node:
         all GPUs of the run; data-parallel size = num_gpus / (tensor x pipeline x context).
     tensor_parallel, sequence_parallel, context_parallel, pipeline_parallel, expert_parallel:
@@ -671,6 +673,9 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
         s = TrainingSetup.from_kwargs(**setup)
     elif setup:
         raise VramError(f"unknown setup field {shown(sorted(setup)[0])} beside setup=", field=sorted(setup)[0])
+    said = ""
+    if strategy is None:   # not given: DDP for several replicas (defaults.py, as the CLI and widget do)
+        strategy, said = strategy_for(num_gpus, tensor_parallel, pipeline_parallel, context_parallel)
     pe = estimate_parallel_setup(
         arch, s, strategy=strategy, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
         tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, sequence_parallel=sequence_parallel,
@@ -682,6 +687,9 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
         fsdp_version=fsdp_version, reshard_after_forward=reshard_after_forward, device_map=device_map,
         max_memory=max_memory)
     check_physical(pe.per_gpu, arch, s)
+    if said:
+        pe.notes.insert(0, said)
+        pe.per_gpu.notes.insert(0, said)
     if gpu is not None:
         pe.set_gpu(gpu)
     return pe
@@ -700,7 +708,7 @@ PARALLEL_KEYS = ("strategy", "num_gpus", "gpus_per_node", "tensor_parallel", "pi
 #: links between them and the model are checked in ``_layout``)
 PARALLEL_FIELDS: Dict[str, Field] = {f.name: f for f in (
     Field("strategy", "choice", "none", choices=lambda: tuple(STRATEGIES), none="error"),
-    Field("num_gpus", "int", 1, lo=1, none="error"),
+    Field("num_gpus", "int", 1, lo=1, hi=MAX_GPUS, none="error"),
     Field("gpus_per_node", "int", 8, lo=1, none="error"),
     Field("tensor_parallel", "int", 1, lo=1, none="error"),
     Field("pipeline_parallel", "int", 1, lo=1, none="error"),

@@ -247,7 +247,23 @@ class Estimate:
                 self._components = None
         self._contexts_counted.add(float(self.cuda_context_bytes))
         self._step_time = None
+        self._note_capability()
         return self
+
+    def _note_capability(self) -> None:
+        """A warning naming the card when it lacks the math the setup's precision needs (the
+        catalogue's ``bf16`` / ``fp8``: a T4 has no bf16), replaced when the card changes."""
+        old = getattr(self, "_gpu_note", "")
+        if old in self.notes:
+            self.notes.remove(old)
+        precision = (self.setup or {}).get("precision") if isinstance(self.setup, dict) else None
+        note = ""
+        if self.gpu is not None and isinstance(precision, str):
+            ok, why = self.gpu.supports(precision)
+            note = "" if ok else f"warning: {why} (precision {precision!r})"
+        if note and note not in self.notes:
+            self.notes.insert(0, note)
+        self._gpu_note = note
 
     @property
     def step_time(self) -> Any:
@@ -262,6 +278,7 @@ class Estimate:
                     c = self._comm(self.gpu, st)
                     st.communication = c
                     st.communication_seconds = c["exposed_seconds"]
+                    st.cpu_optimizer_seconds = c.get("cpu_optimizer_seconds", 0.0)
                     st.pipeline_bubble_seconds = c["pipeline_bubble_seconds"]
                 self._step_time = st
         return self._step_time

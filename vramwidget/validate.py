@@ -49,6 +49,9 @@ def load_cases(path_or_lines: Union[str, Iterable[str]]) -> List[Dict[str, Any]]
                 lines = f.readlines()
         except OSError as e:
             raise VramError(f"cases: cannot read {shown(path_or_lines)}: {e.strerror or e}", field="cases") from None
+        except UnicodeDecodeError:
+            raise VramError(f"cases: {shown(path_or_lines)} is not UTF-8 text (a JSON-lines file)",
+                            field="cases") from None
     else:
         lines = list(path_or_lines)
     cases = []
@@ -60,6 +63,10 @@ def load_cases(path_or_lines: Union[str, Iterable[str]]) -> List[Dict[str, Any]]
             c = json.loads(line)
         except json.JSONDecodeError as e:
             raise VramError(f"cases: line {n} is not valid JSON ({e.msg})", field="cases") from None
+        except RecursionError:
+            raise VramError(f"cases: line {n} nests deeper than a case", field="cases") from None
+        if not isinstance(c, dict):
+            raise VramError(f"cases: line {n} holds a {type(c).__name__}, not a case (a JSON object)", field="cases")
         if "env" in c and "model" not in c:
             continue  # a raw file's header line
         if "model" not in c:

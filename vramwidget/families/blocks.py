@@ -38,9 +38,11 @@ def dims(cfg: Mapping[str, Any]) -> Dict[str, int]:
     V = _require(cfg, "vocabulary size", "vocab_size")
     head_dim = _get(cfg, "head_dim")
     if head_dim is None:
-        if h % a:
-            raise VramError(f"config: num_attention_heads ({a}) does not divide hidden_size ({h}) and no "
-                            f"head_dim is given", field="num_attention_heads")
+        # transformers' attention modules take head_dim = hidden_size // num_attention_heads
+        # when the config has none (models/llama/modeling_llama.py LlamaAttention.__init__:
+        # getattr(config, "head_dim", config.hidden_size // config.num_attention_heads); the
+        # same line in glm4_moe, qwen2, mistral ...): floor division, so 96 heads of a 4,096
+        # hidden size have 42 dimensions each (Family.notes warns)
         head_dim = h // a
     d = _posint(cfg, head_dim, "head_dim")
     if a % kv:

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..architecture import HEAD_TARGETS, Architecture, ParamTensor, _restrict, resolve_targets
 from ..errors import VramError
 from ..stacks import behaviour
-from ..training import TrainingSetup
+from ..training import OPTIMIZER_STATE_COUNT, TrainingSetup
 from ..units import DTYPE_BYTES
 
 #: bitsandbytes block sizes
@@ -237,15 +237,10 @@ def quant_const_formula(quant: str, double_quant: bool) -> str:
 
 def state_dtypes(s: TrainingSetup, param_dtype: str) -> Tuple[str, ...]:
     """PyTorch optimizers keep state in the parameter's dtype unless told otherwise."""
-    n = {"adamw": 2, "adamw_fused": 2, "paged_adamw": 2, "lion": 1, "sgd_momentum": 1}.get(s.optimizer, 0)
-    if s.optimizer_state_dtypes:
+    n = OPTIMIZER_STATE_COUNT.get(s.optimizer, 0)
+    if s.optimizer_state_dtypes and n:   # 1 or n dtypes (TrainingSetup checks the count)
         sd = tuple(s.optimizer_state_dtypes)
-        if len(sd) == 1:
-            sd = sd * n
-        if len(sd) != n:
-            raise VramError(f"optimizer_state_dtypes: {s.optimizer} keeps {n} state tensor(s) per parameter, got "
-                            f"{len(sd)} dtypes", field="optimizer_state_dtypes")
-        return sd
+        return sd * n if len(sd) == 1 else sd
     if s.precision == "bf16_fp32_states":
         return ("float32",) * n
     return (param_dtype,) * n

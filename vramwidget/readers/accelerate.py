@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ._common import Mapper, integer, truthy
+from ._common import Mapper, truthy
+from .deepspeed import check_stage
 
 _FSDP_STRATEGIES = {"FULL_SHARD": "fsdp_full_shard", "1": "fsdp_full_shard", "SHARD_GRAD_OP": "fsdp_shard_grad_op",
                     "2": "fsdp_shard_grad_op", "HYBRID_SHARD": "fsdp_hybrid", "4": "fsdp_hybrid",
@@ -27,7 +28,7 @@ def _fsdp(fs: Any, m: Mapper) -> None:
     takes ``fsdp_version`` 1 or 2 and ``fsdp_reshard_after_forward``: a bool under FSDP2, a
     sharding strategy name under FSDP1 (``fsdp_sharding_strategy`` deprecated in its favour)."""
     fs = fs if isinstance(fs, Mapping) else {}
-    version = integer(fs.get("fsdp_version")) or 1
+    version = m.whole(fs.get("fsdp_version"), "fsdp_config.fsdp_version") or 1
     if version == 2:
         m.par("fsdp_version", 2, "fsdp_config.fsdp_version")
     reshard = fs.get("fsdp_reshard_after_forward")
@@ -60,8 +61,8 @@ def _fsdp(fs: Any, m: Mapper) -> None:
 def read(raw: Mapping[str, Any], m: Mapper) -> None:
     """An accelerate config YAML."""
     dist = str(m.get("distributed_type", "")).upper()
-    n_proc = integer(m.get("num_processes"))
-    n_mach = integer(m.get("num_machines")) or 1
+    n_proc = m.whole(m.get("num_processes"), "num_processes")
+    n_mach = m.whole(m.get("num_machines"), "num_machines") or 1
     if n_proc:
         # accelerate's num_processes is the total over all machines
         m.par("num_gpus", n_proc, "num_processes")
@@ -82,8 +83,9 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     elif dist == "DEEPSPEED":
         ds = m.get("deepspeed_config") or {}
         if isinstance(ds, Mapping):
-            stage = integer(ds.get("zero_stage"))
+            stage = m.whole(ds.get("zero_stage"), "deepspeed_config.zero_stage")
             if stage is not None:
+                check_stage(stage, "deepspeed_config.zero_stage")
                 m.par("strategy", f"zero{stage}", "deepspeed_config.zero_stage")
             if str(ds.get("offload_optimizer_device", "none")).lower() in ("cpu", "nvme"):
                 m.par("offload_optimizer", True, "deepspeed_config.offload_optimizer_device")

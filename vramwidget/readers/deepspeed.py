@@ -16,7 +16,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ._common import Mapper, integer, is_auto, number, truthy
+from ..errors import VramError
+from ._common import Mapper, is_auto, number, truthy
+
+
+def check_stage(stage: int, where: str) -> None:
+    """ZeRO has stages 0-3 (deepspeed/runtime/zero/config.py ZeroStageEnum): any other is an error."""
+    if not 0 <= stage <= 3:
+        raise VramError(f"{where}: ZeRO stage {stage} does not exist (DeepSpeed has stages 0, 1, 2 and 3)",
+                        field=where)
 
 #: ZeRO keys mapped to zero_config as they are (numbers of elements or switches)
 _ZERO_KEYS = ("sub_group_size", "allgather_bucket_size", "stage3_param_persistence_threshold",
@@ -80,21 +88,20 @@ def apply(m: Mapper, prefix: str, ds: Any = None) -> None:
 
     src = (prefix or "") if ds is None else prefix
     zero = get("zero_optimization")
-    stage = integer(get("zero_optimization.stage")) if isinstance(zero, Mapping) else None
+    stage = m.whole(get("zero_optimization.stage"), src + "zero_optimization.stage") \
+        if isinstance(zero, Mapping) else None
     if stage is not None:
-        if not 0 <= stage <= 3:
-            m.ignore(src + "zero_optimization.stage", f"ZeRO stage {stage} does not exist (0-3)")
-        else:
-            m.par("strategy", f"zero{stage}", src + "zero_optimization.stage")
+        check_stage(stage, src + "zero_optimization.stage")
+        m.par("strategy", f"zero{stage}", src + "zero_optimization.stage")
     _offload(m, get, src)
     rb = get("zero_optimization.reduce_bucket_size")
-    if number(rb) is not None:
+    if m.real(rb, src + "zero_optimization.reduce_bucket_size") is not None:
         # elements of 16-bit gradients -> MB (10**6 bytes), as estimate_parallel's bucket_mb
         m.par("bucket_mb", number(rb) * 2 / 1e6, src + "zero_optimization.reduce_bucket_size")
     elif is_auto(rb):
         m.par_item("zero_config", "reduce_bucket_size", "auto", src + "zero_optimization.reduce_bucket_size")
     pf = get("zero_optimization.stage3_prefetch_bucket_size")
-    if number(pf) is not None:
+    if m.real(pf, src + "zero_optimization.stage3_prefetch_bucket_size") is not None:
         m.par("prefetch_elements", int(number(pf)), src + "zero_optimization.stage3_prefetch_bucket_size")
     elif is_auto(pf):
         m.par_item("zero_config", "stage3_prefetch_bucket_size", "auto",
@@ -115,13 +122,19 @@ def apply(m: Mapper, prefix: str, ds: Any = None) -> None:
         if get("zero_optimization." + key) is not None:
             m.ignore(src + "zero_optimization." + key, why)
     mb = get("train_micro_batch_size_per_gpu")
-    if integer(mb) is not None:
-        m.set("batch_size", integer(mb), src + "train_micro_batch_size_per_gpu")
+    mb = m.whole(mb, src + "train_micro_batch_size_per_gpu")
+    if mb is not None:
+        m.set("batch_size", mb, src + "train_micro_batch_size_per_gpu")
     ga = get("gradient_accumulation_steps")
-    if integer(ga) is not None:
-        m.set("grad_accum_steps", integer(ga), src + "gradient_accumulation_steps")
+    ga = m.whole(ga, src + "gradient_accumulation_steps")
+    if ga is not None:
+        m.set("grad_accum_steps", ga, src + "gradient_accumulation_steps")
     bf16 = get("bf16.enabled")
     fp16 = get("fp16.enabled")
+    if truthy(bf16) and truthy(fp16) and not is_auto(bf16) and not is_auto(fp16):
+        # deepspeed/runtime/config.py: "bfloat16 and fp16 modes cannot be simultaneously enabled"
+        raise VramError(f"{src}bf16.enabled: bf16 and fp16 are both enabled; DeepSpeed refuses it (one of them)",
+                        field=f"{src}bf16.enabled")
     ta = get("torch_autocast.enabled")
     if ta is not None and not is_auto(ta) and truthy(ta):
         # fp32 parameters, torch.autocast in the engine's forward (deepspeed/runtime/torch_autocast.py)

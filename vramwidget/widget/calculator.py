@@ -36,7 +36,7 @@ import traitlets as t
 
 from .. import charts, gpus
 from ..errors import VramError
-from ..inputs import shown as short_repr
+from ..inputs import MAX_GPUS, shown as short_repr
 from ..result import Estimate
 from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
 from ..units import GIB
@@ -106,7 +106,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
         self._arch_key: Optional[Tuple[str, str]] = None
         self._arch: Any = None
         super().__init__(model=model, **kwargs)
-        self._defaults_said = self._practitioner_defaults(kwargs)
+        self._start_defaults(kwargs)
         self._specs_cache: Dict[str, Dict[str, Any]] = {}
         self.specs = self._specs_for(self.mode)
         self.formats = number_formats()
@@ -344,8 +344,8 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
         setup fits, there is no GPU or the mode is inference)."""
         if self.mode not in MODES:
             raise VramError(f"mode: {short_repr(self.mode)} is not one of {', '.join(MODES)}", field="mode")
-        if self.max_gpus < 1:
-            raise VramError(f"max_gpus: must be a whole number >= 1, got {self.max_gpus!r}", field="max_gpus")
+        if not 1 <= self.max_gpus <= MAX_GPUS:
+            raise VramError(f"max_gpus: must be a whole number in [1, {MAX_GPUS:,}], got {self.max_gpus!r}", field="max_gpus")
         par: Dict[str, Any] = {}
         arch = self._resolve_model()
         # an unknown GPU name is an error the widget shows, not "no GPU"

@@ -89,15 +89,13 @@ class InferencePanel:
 
     def _serving_extras(self, arch: Any, kw: Dict[str, Any]) -> Dict[str, Any]:
         """The largest max_model_len that starts and a copyable command (cached per setup)."""
-        from ..engines import largest_max_model_len, plan
+        from ..engines import startable_command
         from ..inference import InferenceSetup
 
         def work() -> Dict[str, Any]:
             s = InferenceSetup.from_kwargs(**kw)
-            gpu = gpus.get_gpu(s.gpu)
-            p = plan(arch, s, gpu)
-            return {"largest_max_model_len": largest_max_model_len(arch, s, gpu),
-                    "command": p.command(arch.hub_id or arch.name)}
+            command, why, largest = startable_command(arch, s, gpus.get_gpu(s.gpu), arch.hub_id or arch.name)
+            return {"largest_max_model_len": largest, "command": command, "command_note": why}
 
         return self._answer(("serve", self._key("infer", kw)), work)
 

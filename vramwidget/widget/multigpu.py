@@ -46,10 +46,14 @@ class ParallelPanel:
 
     def _link_parallel(self, name: Optional[str], new: Any) -> None:
         if name in ("num_gpus", "tensor_parallel", "pipeline_parallel"):
-            # several data-parallel replicas need a strategy: DDP unless one is chosen
-            mp = max(self.tensor_parallel, 1) * max(self.pipeline_parallel, 1)
-            if self.strategy == "none" and self.num_gpus > mp and self.num_gpus % mp == 0:
-                self.strategy = "ddp"
+            # several data-parallel replicas need a strategy: DDP unless one is chosen (the
+            # one rule, defaults.strategy_for, as estimate_parallel applies it)
+            from ..defaults import strategy_for
+
+            chosen, said = strategy_for(self.num_gpus, self.tensor_parallel, self.pipeline_parallel)
+            if self.strategy == "none" and chosen != "none":
+                self.strategy = chosen
+                self._strategy_said = said
         elif name == "strategy":
             if new == DEVICE_MAP:      # the split is by layers alone
                 self.tensor_parallel = self.pipeline_parallel = 1

@@ -11,7 +11,7 @@ from ..units import GIB
 from ..verdict import capacity_bytes
 from ..verdict import fits as judge_fits
 from .multigpu import parallel_summary
-from .state import ESTIMATE_INPUTS, TracedModel, run_estimate, shown
+from .state import ESTIMATE_INPUTS, INPUTS, TracedModel, run_estimate, shown
 
 #: the scenario comparison: name -> what it changes in the user's setup
 SCENARIOS: Tuple[Tuple[str, Dict[str, Any]], ...] = (
@@ -89,26 +89,41 @@ def _choices() -> Dict[str, List[Tuple[str, str]]]:
 FITMAP_BATCHES: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 FITMAP_SEQS: Tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
-#: practitioner defaults applied when the caller leaves the field out: QLoRA is run with
-#: gradient checkpointing (peft's prepare_model_for_kbit_training defaults to
-#: use_gradient_checkpointing=True; the QLoRA paper's recipe does too)
-PRACTITIONER_DEFAULTS: Tuple[Tuple[str, str, Any, str], ...] = (
-    ("qlora", "gradient_checkpointing", "full",
-     "full checkpointing for QLoRA (peft's prepare_model_for_kbit_training turns it on)"),
-)
-
-
 class TrainingPanel:
     """Training on one GPU: estimate()'s keyword arguments, linked controls, summary."""
 
-    def _practitioner_defaults(self, kwargs: Dict[str, Any]) -> List[str]:
-        """Apply :data:`PRACTITIONER_DEFAULTS` for fields the caller did not set; say which."""
-        said = []
-        for method, name, value, why in PRACTITIONER_DEFAULTS:
-            if self.method == method and name not in kwargs:
-                setattr(self, name, value)
-                said.append(why)
-        return said
+    def _start_defaults(self, kwargs: Dict[str, Any]) -> None:
+        """The inputs the user has set (``_explicit``: the keywords here, then every change
+        not made by a link, see :meth:`_link_training`): the practitioner defaults apply to
+        the others, as estimate() applies them to the keywords it is not given."""
+        self._explicit = set(kwargs) & set(INPUTS)
+        self._defaulted: Dict[str, Any] = {}
+        self._defaults_said: List[str] = []
+
+    def _apply_defaults(self) -> None:
+        """The practitioner defaults (:mod:`vramwidget.defaults`, the rules ``estimate()``
+        applies) for the controls the user has not set (``_explicit``): each applied one is
+        set and said (``summary["defaults"]``, the API's words); a control a default set goes
+        back to its own default when the rule no longer applies and nobody changed it since."""
+        from ..defaults import apply_training_defaults
+        from ..stacks import stack_defaults
+
+        explicit = getattr(self, "_explicit", set())
+        given = {k: getattr(self, k) for k in explicit if k in ESTIMATE_INPUTS and k != "model"}
+        values = {**{k: v for k, v in stack_defaults(self.stack, {"seq_len": self.seq_len}).items()
+                     if k not in given}, **given}
+        applied = apply_training_defaults(values)
+        defaulted: Dict[str, Any] = getattr(self, "_defaulted", {})
+        now: Dict[str, Any] = {}
+        for name, _note in applied:
+            if getattr(self, name) != values[name]:
+                setattr(self, name, values[name])
+            now[name] = values[name]
+        for name, value in defaulted.items():
+            if name not in now and name not in explicit and getattr(self, name) == value:
+                setattr(self, name, self.traits()[name].default())
+        self._defaulted = now
+        self._defaults_said = [note for _, note in applied]
 
     def _fitmap(self, arch: Any, gpu: Optional[gpus.GPU], kw: Dict[str, Any]) -> List[Dict[str, Any]]:
         """The fit map's rows: the grid (:data:`FITMAP_BATCHES` x :data:`FITMAP_SEQS`) of
@@ -149,6 +164,19 @@ class TrainingPanel:
         kw = {name: getattr(self, name) for name in ESTIMATE_INPUTS}
         if not self._has_target():
             kw["target_len"] = None     # kept for when an encoder-decoder comes back; not this model's
+        # a control that does nothing with the rest (training.inapplicable: its control is
+        # disabled) keeps what the user typed, and the estimate gets its default, as estimate()
+        # would without it
+        from ..errors import VramError
+        from ..training import FIELDS, inapplicable
+
+        for name in inapplicable(kw):
+            if name in kw:
+                try:
+                    FIELDS[name].check(kw[name])
+                except VramError:
+                    continue        # a wrong value is named, as estimate() names it
+                kw[name] = FIELDS[name].default
         kw["quantized_groups"] = tuple(kw["quantized_groups"])
         if kw["lora_targets"] is not None:
             kw["lora_targets"] = tuple(kw["lora_targets"])
@@ -156,7 +184,15 @@ class TrainingPanel:
 
     def _link_training(self, name: Optional[str], new: Any) -> None:
         """A quantized base trains only through adapters, so quantization != "none" means
-        QLoRA; leaving QLoRA drops the quantization; "freeze" needs a layer count."""
+        QLoRA; leaving QLoRA drops the quantization; "freeze" needs a layer count.  A change
+        that reaches here is the user's (links run with observers off); the practitioner
+        defaults follow (:meth:`_apply_defaults`)."""
+        if name is not None:
+            self._explicit.add(name)
+        self._link_controls(name, new)
+        self._apply_defaults()
+
+    def _link_controls(self, name: Optional[str], new: Any) -> None:
         if name == "method":
             if new == "qlora" and self.quantization == "none":
                 self.quantization = "nf4"
@@ -252,6 +288,8 @@ class TrainingPanel:
             ok, why = gpu.supports(self.precision)
             if not ok:
                 out["warnings"].append(why)
+                # the estimate's own note says the same (Estimate.set_gpu): shown once, as a warning
+                out["notes"] = [n for n in out["notes"] if not n.startswith(f"warning: {why}")]
             if self.quantization != "none" and gpu.vendor != "NVIDIA":
                 out["warnings"].append(
                     f"bitsandbytes quantization on {gpu.vendor} GPUs is less mature than on CUDA")

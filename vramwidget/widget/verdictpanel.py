@@ -35,5 +35,9 @@ class VerdictPanel:
             row.append(dict(vg, label=f"{g.name} ({capacity_bytes(g) / GIB:.1f} GiB CUDA total)"))
         summary["gpu_row"] = row
         summary["band"] = dict(uncertainty())
-        summary["defaults"] = list(getattr(self, "_defaults_said", []))
+        said = list(getattr(self, "_defaults_said", []))
+        if self.strategy == "ddp" and "strategy" not in getattr(self, "_explicit", ()) \
+                and getattr(self, "_strategy_said", "") and self.mode == "training":
+            said.append(self._strategy_said)
+        summary["defaults"] = said
         return v
