@@ -171,13 +171,20 @@ class InferenceSetup:
     #: the caching allocator's settings for generate()'s replay: "default", "expandable_segments"
     #: or a PYTORCH_CUDA_ALLOC_CONF string (allocator.parse_alloc_conf)
     allocator: str = "default"
+    #: ``generate(min_new_tokens=...)``: with an EOS token, two logits processors copy the
+    #: scores every step (generate_ops.sample)
+    min_new_tokens: int = 0
+    #: the batch's attention mask masks some positions (padded prompts, or a prompt holding
+    #: ``pad_token_id`` when generate() infers the mask): a (b, 1, q, kv) mask is built, and
+    #: SDPA repeats K/V to every head and runs its memory-efficient kernel
+    padding: bool = False
 
     FIELDS = ("weights", "dtype", "group_size", "double_quant", "kv_cache_dtype", "batch_size", "context_len",
               "prompt_len", "attn_implementation", "mla_cache", "use_sliding_window", "logits", "gpu",
               "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "block_size", "engine",
               "versions", "tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel",
               "enforce_eager", "enable_chunked_prefill", "mem_fraction_static", "disable_custom_all_reduce",
-              "allocator")
+              "allocator", "min_new_tokens", "padding")
 
     @property
     def serving(self) -> bool:
@@ -338,7 +345,26 @@ class InferenceSetup:
             from .training import _allocator
 
             v["allocator"] = _allocator(kw["allocator"])
+        if kw.get("min_new_tokens") is not None:
+            v["min_new_tokens"] = check_int("min_new_tokens", kw["min_new_tokens"], lo=0)
+        if kw.get("padding") is not None:
+            v["padding"] = check_bool("padding", kw["padding"])
         return cls(**v)
+
+
+#: the transformers release assumed when ``versions`` does not name one (the installed 5.23,
+#: whose source every rule here was read from)
+DEFAULT_TRANSFORMERS = (5, 23, 0)
+
+
+def transformers_version(s: "InferenceSetup") -> Tuple[int, ...]:
+    """The transformers release ``s`` models, as a tuple of ints (``versions={"transformers": ...}``)."""
+    v = (s.versions or {}).get("transformers")
+    if not v:
+        return DEFAULT_TRANSFORMERS
+    from .engines import parse_version
+
+    return tuple(parse_version(v))
 
 
 def _weights_format(w: Any) -> str:

@@ -43,50 +43,13 @@ from .allocator import (DEFAULT_RESERVED_PER_ALLOCATED, ReplayResult, StepRun, e
 from .architecture import Architecture
 from .estimate import CUBLAS_WORKSPACE_BYTES
 from .events import ASYNC_LOAD_WORKERS, CUBLAS_WORKSPACES, single_flight
-from .inference import (GENERATE_REPLAY, InferenceSetup, _dequant_transient, _persistent_prefill, decode_transients, kv_layout,
-                        layer_steps, logits_items, weight_storage)
+from . import generate_ops as ops
+from .inference import (GENERATE_REPLAY, InferenceSetup, _backend, transformers_version, _dequant_transient, decode_transients, kv_layout,
+                        layer_steps, weight_storage)
 from .units import DTYPE_BYTES
 
-Event = Tuple[str, Any, float, str]
+Event = Tuple[str, Any, float, Any]
 _BASE = ("residual stream", "normed layer input")
-
-
-class _Stream:
-    """Events with keys handed out in order (keys of the decode template are names)."""
-
-    def __init__(self) -> None:
-        self.events: List[Event] = []
-        self._n = 0
-
-    def alloc(self, nbytes: float, label: Any, key: Any = None) -> Optional[Any]:
-        if nbytes <= 0:
-            return None
-        if key is None:
-            self._n += 1
-            key = self._n
-        self.events.append(("alloc", key, int(nbytes), label))
-        return key
-
-    def free(self, key: Optional[Any]) -> None:
-        if key is not None:
-            self.events.append(("free", key, 0, ""))
-
-
-def _kv_layers(arch: Architecture, lay: Any) -> List[Optional[bool]]:
-    """Per layer: None (no KV cache: a hybrid's conv / linear-attention layer), False (full
-    attention) or True (sliding window); the cached layers spread evenly over the stack."""
-    L = arch.num_layers
-    n_kv = lay.full_layers + lay.sliding_layers
-    out: List[Optional[bool]] = []
-    i = 0
-    for layer in range(L):
-        if (layer * n_kv) // L == ((layer + 1) * n_kv) // L and n_kv < L:
-            out.append(None)
-            continue
-        sl = lay.sliding_layers
-        out.append((i * sl) // max(n_kv, 1) != ((i + 1) * sl) // max(n_kv, 1))
-        i += 1
-    return out
 
 
 def _step_order(arch: Architecture, steps: Dict[str, List[Tuple[str, float, str]]], layer: int
@@ -110,60 +73,90 @@ def _step_order(arch: Architecture, steps: Dict[str, List[Tuple[str, float, str]
     return norm, proj, mlp
 
 
-def _forward(st: _Stream, arch: Architecture, s: InferenceSetup, q: int, S: int, kinds: List[Optional[bool]],
-             lay: Any, extra_attention: List[Tuple[str, float, str]], transient: List[Tuple[str, float, str]],
-             decode: bool) -> None:
-    """The model's forward for b x q new tokens against S cached ones (the caller made the
-    residual stream ``"x"``); the cache keys are ("k", layer) / ("v", layer)."""
+def _coarse_layer(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, extra: List[Tuple[str, float, str]],
+                  transient: List[Tuple[str, float, str]]) -> Callable[..., Any]:
+    """A decoder layer laid out by its steps (``layer_steps``: each step's tensors live
+    together, then go), for the families :func:`generate_ops.op_level` does not write op by
+    op (MoE experts, MLA, LayerNorm decoders, hybrids)."""
     c = DTYPE_BYTES[s.dtype]
-    b = s.batch_size
-    T = b * q
     h = arch.hidden_size
-    steps = layer_steps(arch, s, q, S)
-    attention = [x for x in steps["attention"] if x[0] not in _BASE] + extra_attention
-    x = "x"
+    cache: Dict[Tuple[int, int], Dict[str, List[Tuple[str, float, str]]]] = {}
 
-    def run_step(items: List[Tuple[str, float, str]], label: Tuple[Any, ...]) -> None:
-        keys = [st.alloc(nb, label + (name,)) for name, nb, _f in transient + items]
-        for k in keys:
-            st.free(k)
+    def run_step(st: ops.Stream, items: List[Tuple[str, float, str]]) -> None:
+        keys = [st.alloc(nb, ops.ACT, name) for name, nb, _f in transient + items]
+        st.free(*keys)
 
-    for layer in range(arch.num_layers):
-        lab = ("layer", layer)
-        norm, proj, mlp = _step_order(arch, steps, layer)
-        # input norm, then the projections (and RoPE) on the normed input
-        run_step(norm, lab)
-        normed = st.alloc(T * h * c, lab + ("normed layer input",))
-        run_step(proj, lab)
-        kind = kinds[layer]
-        if kind is not None:
-            for name, elems in (("k", lay.k_elems), ("v", lay.v_elems)):
-                if decode:
-                    tokens = min(S, lay.window - 1) + 1 if (kind and lay.window) else S + 1
-                    st.alloc(b * tokens * elems * lay.elem_bytes, lab + (f"{name} cache (torch.cat)",),
-                             key=(name, layer, "new"))
-                    st.free((name, layer))
-                else:
-                    st.alloc(b * S * elems * lay.elem_bytes, lab + (f"{name} cache",), key=(name, layer))
-        run_step(attention, lab)
+    def layer(st: ops.Stream, io: ops.LayerIO, x: Any, cos_sin: Any) -> Any:
+        T = sh.b * io.q
+        key = (io.q, io.S)
+        if key not in cache:
+            cache[key] = layer_steps(arch, s, io.q, io.S)
+        steps = cache[key]
+        attention = [x2 for x2 in steps["attention"] if x2[0] not in _BASE] + (extra if io.decode else [])
+        norm, proj, mlp = _step_order(arch, steps, io.layer)
+        run_step(st, norm)
+        normed = st.alloc(T * h * c, ops.ACT, "normed layer input")
+        st.first_matmul()
+        run_step(st, proj)
+        if io.kind is not None:
+            ops.cache_update(st, sh, io, None, None, (lay.k_elems, lay.v_elems))
+        run_step(st, attention)
         st.free(normed)
-        # residual add, post-attention norm, MLP, residual add
-        x2 = st.alloc(T * h * c, lab + ("residual stream",), key=("x", layer, "attn"))
-        st.free(x)
-        x = x2
+        x1 = st.alloc(T * h * c, ops.ACT, "residual after attention")
         for part in mlp:
-            run_step(norm, lab)
-            normed = st.alloc(T * h * c, lab + ("normed layer input",))
-            run_step(part, lab)
+            run_step(st, norm)
+            normed = st.alloc(T * h * c, ops.ACT, "normed layer input")
+            run_step(st, part)
             st.free(normed)
-        x2 = st.alloc(T * h * c, lab + ("residual stream",), key=("x", layer, "out"))
-        st.free(x)
-        x = x2
-    st.events.append(("rename", x, 0, "x"))
+        out = st.alloc(T * h * c, ops.ACT, "layer output")
+        st.free(x1)
+        return out
+
+    return layer
+
+
+def _shape(arch: Architecture, s: InferenceSetup, lay: Any, device: str) -> ops.Shape:
+    be = _backend(arch, s, s.padding)
+    quant: Dict[str, int] = {}
+    if s.fmt_kind in ("nf4", "fp4"):
+        for x in weight_storage(arch, s):
+            if x.consts and x.tensor.layers is not None:
+                quant[x.tensor.role] = x.tensor.numel_each
+    return ops.Shape(arch=arch, c=DTYPE_BYTES[s.dtype], b=s.batch_size, device=device, attn=be, padded=s.padding,
+                     kv_bytes=lay.elem_bytes, window=lay.window if lay.sliding_layers else None,
+                     op_level=ops.op_level(arch) and s.fmt_kind in ("dense", "nf4", "fp4"),
+                     rope_matmul=transformers_version(s) < (5, 19), keeps_ones_mask=transformers_version(s) < (5, 18),
+                     quant=quant or None,
+                     double_quant=s.double_quant)
+
+
+def sampling(arch: Architecture, s: InferenceSetup) -> ops.Sampling:
+    """The logits processors generate() runs for ``s``: with ``min_new_tokens`` and an EOS
+    token, ``MinLengthLogitsProcessor`` and ``MinNewTokensLengthLogitsProcessor``
+    (``_get_logits_processor``; ``_prepare_generated_length`` sets ``min_length`` from
+    ``min_new_tokens``)."""
+    eos = arch.config.get("eos_token_id") if isinstance(arch.config, dict) else None
+    n = 2 if (s.min_new_tokens and eos is not None) else 0
+    return ops.Sampling(processors=n, final_softcap=bool(arch.final_logit_softcapping))
+
+
+def _forward(st: ops.Stream, arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any,
+             kinds: List[Optional[bool]], q: int, S: int, decode: bool, stored: Any) -> Any:
+    """The model's forward for b x q new tokens against S cached ones; returns the final norm's
+    output key."""
+    if sh.op_level:
+        return ops.model_forward(st, sh, q, S, kinds, decode)
+    deq = _dequant_transient(stored, s, sh.b * q)
+    extra: List[Tuple[str, float, str]] = []
+    if decode:
+        att = {x[0] for x in layer_steps(arch, s, 1, S)["attention"]}
+        extra = [x for x in decode_transients(arch, s, lay, stored)
+                 if not x[0].startswith("torch.cat") and x[0] not in att]
+    return ops.model_forward(st, sh, q, S, kinds, decode, layer_fn=_coarse_layer(arch, s, sh, lay, extra, deq))
 
 
 def _renamed(events: List[Event]) -> List[Event]:
-    """Resolve the stream's "rename" markers (the last residual becomes ``"x"``)."""
+    """Resolve the stream's "rename" markers."""
     alias: Dict[Any, Any] = {}
     out: List[Event] = []
     for kind, key, n, label in events:
@@ -174,7 +167,7 @@ def _renamed(events: List[Event]) -> List[Event]:
     return out
 
 
-def _load(st: _Stream, arch: Architecture, s: InferenceSetup) -> None:
+def _load(st: ops.Stream, arch: Architecture, s: InferenceSetup) -> None:
     """The stored weights, tensor by tensor in module order (see the module docstring)."""
     stored = weight_storage(arch, s)
     c = DTYPE_BYTES[s.dtype]
@@ -199,97 +192,72 @@ def _load(st: _Stream, arch: Architecture, s: InferenceSetup) -> None:
     def convert(item: Tuple[Any, int, Optional[int]]) -> None:
         x, n, tmp = item
         for label, nb, _dt, _f in x.parts:
-            st.alloc(nb / n, (x.tensor.name, label))
+            st.alloc(nb / n, "weights", f"{x.tensor.name} {label}")
         for label, nb, _f in x.consts:
-            st.alloc(nb / n, (x.tensor.name, label))
+            st.alloc(nb / n, "quantization constants", f"{x.tensor.name} {label}")
         st.free(tmp)
 
     for x, n in before + [i for lst in per_layer for i in lst] + after:
         if on_the_fly and x.consts:
             # from_pretrained with a BitsAndBytesConfig: the 16-bit checkpoint tensor first
-            pending.append((x, n, st.alloc(x.tensor.numel / n * c, (x.tensor.name, "(checkpoint tensor)"))))
+            pending.append((x, n, st.alloc(x.tensor.numel / n * c, "weights", f"{x.tensor.name} (checkpoint tensor)")))
             if len(pending) > ASYNC_LOAD_WORKERS:
                 convert(pending.pop(0))
         else:
             convert((x, n, None))
     while pending:
         convert(pending.pop(0))
+    if arch.tie_word_embeddings and s.fmt_kind == "dense":
+        # from_config builds lm_head with its own weight, then ties it to the embedding
+        st.temp(arch.vocab_size * arch.hidden_size * c, "weights", "lm_head weight before tie_weights")
 
 
-def _head(st: _Stream, arch: Architecture, s: InferenceSetup, q: int, first: bool) -> None:
-    """The final norm, the logits generate() keeps (the last position's), their fp32 copy
-    (kept as ``"scores"`` into the decode loop); the previous step's fp32 scores go once the
-    new copy exists; then the outputs."""
-    c = DTYPE_BYTES[s.dtype]
-    b, h = s.batch_size, arch.hidden_size
-    T = b * q
-    norm = st.alloc(T * h * 8.0, "final norm fp32 upcast + product")
-    st.free(norm)
-    out = st.alloc(T * h * c, "final norm output") if (first and s.logits == "all") else None
-    items = logits_items(arch, s, q, first=True)
-    if first and s.logits == "all":      # every position's logits; the loop still copies the last one
-        items += [x for x in logits_items(arch, s, 1, first=True) if x[0].startswith("next-token")]
-    scores = "scores" if first else "scores.new"
-    keys = []
-    for name, nb, _f in items:
-        keys.append(st.alloc(nb, name, key=scores if name.startswith("next-token") else None))
-    st.free(out)
-    if not first:
-        st.free("scores")
-    st.free("x")
-    for k in keys:
-        if k != scores:
-            st.free(k)
+#: bytes of one cuBLAS workspace: torch keeps one per (handle, stream), and a handle per
+#: thread; generate() under no_grad runs every matmul on the calling thread, so one
+#: (training's backward adds the autograd thread's: estimate.CUBLAS_WORKSPACE_BYTES is two)
+CUBLAS_WORKSPACE_PER_HANDLE_BYTES = CUBLAS_WORKSPACE_BYTES // CUBLAS_WORKSPACES
 
 
-def _prefill(arch: Architecture, s: InferenceSetup, lay: Any, kinds: List[Optional[bool]]) -> List[Event]:
-    st = _Stream()
-    _load(st, arch, s)
+def _prefill(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, kinds: List[Optional[bool]],
+             stored: Any, load: bool = True, workspace: bool = True) -> List[Event]:
+    st = ops.Stream()
+    if load:
+        _load(st, arch, s)
     b, p = s.batch_size, s.prompt_len
-    c = DTYPE_BYTES[s.dtype]
     if lay.state_bytes_per_seq:
-        st.alloc(b * lay.state_bytes_per_seq, "fixed-size conv / linear-attention state")
-    st.alloc(b * p * 8, "input_ids")
-    st.alloc(b * p * arch.hidden_size * c, "embedding output", key="x")
-    for _ in range(CUBLAS_WORKSPACES):          # made by the first matmul
-        st.alloc(CUBLAS_WORKSPACE_BYTES / CUBLAS_WORKSPACES, "cuBLAS workspace")
-    pers = [st.alloc(nb, name) for name, nb, _f in _persistent_prefill(arch, s, p, p)]
-    deq = _dequant_transient(weight_storage(arch, s), s, b * p)
-    _forward(st, arch, s, p, p, kinds, lay, [], deq, decode=False)
-    for k in pers:
-        st.free(k)
-    _head(st, arch, s, p, first=True)
+        st.alloc(b * lay.state_bytes_per_seq, ops.KV, "fixed-size conv / linear-attention state")
+    st.alloc(b * p * 8, ops.GEN, "input_ids (the prompt)", key="prompt")
+    ops.prologue(st, b, p)
+    if workspace:
+        st.workspace = CUBLAS_WORKSPACE_PER_HANDLE_BYTES     # made by the first matmul
+    normed = _forward(st, arch, s, sh, lay, kinds, p, 0, False, stored)
+    st.workspace = 0
+    logits = ops.head(st, sh, normed, sampling(arch, s))
+    st.free("clone0")
+    ops.sample(st, sh, logits, p, sampling(arch, s), first=True)
     return _renamed(st.events)
 
 
-def _decode_step(arch: Architecture, s: InferenceSetup, lay: Any, kinds: List[Optional[bool]], S: int,
+def _decode_step(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, kinds: List[Optional[bool]], S: int,
                  stored: Any) -> List[Event]:
     """One decode step from S cached tokens (keys are the template's names)."""
-    st = _Stream()
-    b = s.batch_size
-    c = DTYPE_BYTES[s.dtype]
-    st.alloc(b * arch.hidden_size * c, "embedding output", key="x")
-    pers = [st.alloc(nb, name) for name, nb, _f in _persistent_prefill(arch, s, 1, S + 1)]
-    # what decode_transients adds beyond the cache's torch.cat and the attention step
-    att = {x[0] for x in layer_steps(arch, s, 1, S)["attention"]}
-    extra = [x for x in decode_transients(arch, s, lay, stored)
-             if not x[0].startswith("torch.cat") and x[0] not in att]
-    deq = _dequant_transient(stored, s, b)
-    _forward(st, arch, s, 1, S, kinds, lay, extra, deq, decode=True)
-    for k in pers:
-        st.free(k)
-    _head(st, arch, s, 1, first=False)
+    st = ops.Stream()
+    normed = _forward(st, arch, s, sh, lay, kinds, 1, S, True, stored)
+    logits = ops.head(st, sh, normed, sampling(arch, s))
+    ops.sample(st, sh, logits, S + 1, sampling(arch, s), first=False)
     ev = _renamed(st.events)
     # template keys: a step's own tensors are numbered in order, the same every step
     return [(k, ("t", key) if isinstance(key, int) else key, n, label) for k, key, n, label in ev]
 
 
-def _renames(kinds: List[Optional[bool]]) -> Tuple[Tuple[Any, Any], ...]:
+def _renames(kinds: List[Optional[bool]], smp: ops.Sampling) -> Tuple[Tuple[Any, Any], ...]:
     out: List[Tuple[Any, Any]] = []
     for layer, kind in enumerate(kinds):
         if kind is not None:
             out += [(("k", layer, "new"), ("k", layer)), (("v", layer, "new"), ("v", layer))]
-    out.append(("scores.new", "scores"))
+    out += [("mask.new", "mask"), ("nl.new", "nl"), ("ids.new", "ids")]
+    if smp.processors:
+        out.append(("ns.new", "ns"))
     return tuple(out)
 
 
@@ -311,30 +279,26 @@ def _matches(tpl: Tuple[Tuple[str, Any, int, int, Any], ...], m: int, ev: List[E
                                        for t, e in zip(tpl, ev))
 
 
-def inference_runs(arch: Architecture, s: InferenceSetup) -> List[Any]:
-    """The run as ``allocator.replay_runs`` takes it: the load + prefill events, then the
-    decode steps as :class:`~vramwidget.allocator.StepRun` s (sizes affine in the step; a new
-    run where a sliding window fills)."""
-    lay = kv_layout(arch, s.kv_cache_dtype, s.mla_cache, s.use_sliding_window)
-    kinds = _kv_layers(arch, lay)
-    parts: List[Any] = [_prefill(arch, s, lay, kinds)]
-    stored = weight_storage(arch, s)
-    renames = _renames(kinds)
+def decode_runs(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, kinds: List[Optional[bool]],
+                stored: Any) -> List[StepRun]:
+    """The decode steps from ``prompt_len`` to ``context_len`` cached tokens as StepRuns: sizes
+    affine in the step, a new run where the events change (a sliding window fills, a mask
+    comes into reach)."""
+    renames = _renames(kinds, sampling(arch, s))
     S, end = s.prompt_len, s.context_len
-    step = lambda n: _decode_step(arch, s, lay, kinds, n, stored)  # noqa: E731
+    step = lambda n: _decode_step(arch, s, sh, lay, kinds, n, stored)  # noqa: E731
+    out: List[StepRun] = []
     while S < end:
         a = step(S)
-        if end - S == 1:
+        tpl = _template(a, step(S + 1)) if end - S > 1 else None
+        if tpl is None:             # the last step, or the next one differs in its events
             tpl = _template(a, a)
             assert tpl is not None
-            parts.append(StepRun(tpl, 1, renames))
-            break
-        tpl = _template(a, step(S + 1))
-        if tpl is None:
-            raise AssertionError("decode steps differ in their events")
-        # the sizes are piecewise affine in S, with a break only where a sliding window fills
-        # (min(S, W - 1) + 1 tokens): past the first step that leaves the template, none
-        # returns to it, so the run's last step is found by bisection
+            out.append(StepRun(tpl, 1, renames))
+            S += 1
+            continue
+        # past the first step that leaves the template, none returns to it, so the run's
+        # last step is found by bisection
         lo, hi = 1, end - S - 1      # step lo matches the template
         if _matches(tpl, hi, step(S + hi)):
             lo = hi
@@ -345,22 +309,33 @@ def inference_runs(arch: Architecture, s: InferenceSetup) -> List[Any]:
             else:
                 hi = mid
         lo += 1                      # steps in the run
-        parts.append(StepRun(tpl, lo, renames))
+        out.append(StepRun(tpl, lo, renames))
         S += lo
-    # generate() returns: the loop's last scores and the cache (not returned) are dropped
-    end = [("free", "scores", 0, "")]
-    for layer, kind in enumerate(kinds):
-        if kind is not None:
-            end += [("free", ("k", layer), 0, ""), ("free", ("v", layer), 0, "")]
-    parts.append(end)
+    return out
+
+
+def inference_runs(arch: Architecture, s: InferenceSetup, device: str = "cuda") -> List[Any]:
+    """The run as ``allocator.replay_runs`` takes it: the load + prefill events, then the
+    decode steps as :class:`~vramwidget.allocator.StepRun` s (sizes affine in the step; a new
+    run where a sliding window fills).  ``device="cpu"``: the CPU's kernels (the trace test)."""
+    lay = kv_layout(arch, s.kv_cache_dtype, s.mla_cache, s.use_sliding_window)
+    kinds = ops.layer_kinds(arch, lay.sliding_layers, lay.full_layers + lay.sliding_layers)
+    sh = _shape(arch, s, lay, device)
+    stored = weight_storage(arch, s)
+    parts: List[Any] = [_prefill(arch, s, sh, lay, kinds, stored, workspace=device == "cuda")]
+    parts += decode_runs(arch, s, sh, lay, kinds, stored)
+    # generate() returns the sequences and the cache; the loop's last scores go
+    smp = sampling(arch, s)
+    parts.append([("free", k, 0, "") for k in ("nl", "ns" if smp.processors else None, "mask", "ids",
+                                               "mask0", "pos0") if k])
     return parts
 
 
-def inference_events(arch: Architecture, s: InferenceSetup) -> List[Event]:
+def inference_events(arch: Architecture, s: InferenceSetup, device: str = "cuda") -> List[Event]:
     """Every allocation and free of loading the model and one ``generate()`` call, in order
     (the decode steps written out: a million events at 8k new tokens; the replay takes
     :func:`inference_runs` instead)."""
-    return expand_runs(inference_runs(arch, s))
+    return expand_runs(inference_runs(arch, s, device))
 
 
 # ----------------------------------------------------------------------------------
