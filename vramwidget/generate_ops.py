@@ -126,6 +126,9 @@ class Shape:
     #: @ position_ids_expanded``), so the forward's first cuBLAS call; 5.19 made it a product
     rope_matmul: bool = False
     keeps_ones_mask: bool = False
+    #: transformers >= 5.23: a single query token with a mask and grouped KV heads is packed
+    #: into the KV heads (``pack_gqa`` in integrations/sdpa_attention.py) instead of repeat_kv
+    packs_gqa: bool = False
     #: bitsandbytes 4-bit linears: role -> weight elements (dequantized for every matmul of more
     #: than one row), and whether the absmax is double-quantized (dequantized to fp32 first)
     quant: Optional[Dict[str, int]] = None
@@ -360,16 +363,15 @@ def attention_core(st: Stream, sh: Shape, io: LayerIO, q_key: Any, tokens: int, 
         return ot, p
     reps = []
     masked = io.mask is not None
-    if masked and n_rep > 1:        # use_gqa_in_sdpa: a mask rules out enable_gqa
+    if masked and n_rep > 1 and not (sh.packs_gqa and q == 1):   # use_gqa_in_sdpa: a mask rules out enable_gqa
         reps = [st.alloc(b * a * tokens * d * c, ACT, "keys repeated to every head (repeat_kv)"),
                 st.alloc(b * a * tokens * dv * c, ACT, "values repeated to every head (repeat_kv)")]
     add = None
-    if masked and sh.device == "cuda":
-        # the memory-efficient kernel takes the boolean mask as an additive one
-        # (convert_boolean_attn_mask: where(logical_not(mask), -inf, 0))
-        neg = st.alloc(b * q * tokens, ACT, "SDPA: logical_not(mask)")
+    if masked:
+        # scaled_dot_product_attention takes a boolean mask as an additive one in q's dtype
+        # before it picks a kernel (convert_boolean_attn_mask, aten/src/ATen/native/transformers/
+        # attention.cpp)
         add = st.alloc(b * q * tokens * c, ACT, "SDPA: bool mask as an additive mask")
-        st.free(neg)
     o = st.alloc(out_bytes, ACT, "attention output")
     if sh.attn == "math":
         st.temp(b * a * q * tokens * 4, ACT, "attention scores (math SDPA, fp32)")

@@ -126,6 +126,7 @@ def _shape(arch: Architecture, s: InferenceSetup, lay: Any, device: str) -> ops.
                      kv_bytes=lay.elem_bytes, window=lay.window if lay.sliding_layers else None,
                      op_level=ops.op_level(arch) and s.fmt_kind in ("dense", "nf4", "fp4"),
                      rope_matmul=transformers_version(s) < (5, 19), keeps_ones_mask=transformers_version(s) < (5, 18),
+                     packs_gqa=transformers_version(s) >= (5, 23),
                      quant=quant or None,
                      double_quant=s.double_quant)
 
@@ -329,6 +330,54 @@ def inference_runs(arch: Architecture, s: InferenceSetup, device: str = "cuda") 
     parts.append([("free", k, 0, "") for k in ("nl", "ns" if smp.processors else None, "mask", "ids",
                                                "mask0", "pos0") if k])
     return parts
+
+
+def protocol_runs(arch: Architecture, s: InferenceSetup, workspace_segment_bytes: Optional[int] = None) -> List[Any]:
+    """generate() as ``vramwidget measure-inference`` (and the shared cases' script) measures
+    it: the weights; the prompt; one full forward ``model(input_ids=ids, use_cache=True)``
+    (every position's logits, the whole prompt's cache, no attention mask) deleted;
+    ``gc.collect(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()``; then the
+    generate() call of :func:`inference_runs`.  ``max_memory_reserved`` / ``_allocated`` of the
+    replay are then the recorded ``max_reserved_mib`` / ``generate_peak_mib``.
+
+    ``workspace_segment_bytes``: the process ran an earlier case, so the cuBLAS workspace
+    exists already, in a cached segment of this size that the earlier case's first matmul
+    carved it from (empty_cache cannot release a segment holding it); None: the first case,
+    whose warm-up forward makes the workspace."""
+    lay = kv_layout(arch, s.kv_cache_dtype, s.mla_cache, s.use_sliding_window)
+    kinds = ops.layer_kinds(arch, lay.sliding_layers, lay.full_layers + lay.sliding_layers)
+    sh = _shape(arch, s, lay, "cuda")
+    stored = weight_storage(arch, s)
+    b, p = s.batch_size, s.prompt_len
+    pre: List[Event] = []
+    if workspace_segment_bytes is not None:
+        pre = [("alloc", "ws segment", int(workspace_segment_bytes), (ops.WORKSPACE, "earlier case's segment")),
+               ("free", "ws segment", 0, ""),
+               ("alloc", "workspace", CUBLAS_WORKSPACE_PER_HANDLE_BYTES, (ops.WORKSPACE, "cuBLAS workspace"))]
+    st = ops.Stream()
+    _load(st, arch, s)
+    st.alloc(b * p * 8, ops.GEN, "input_ids (the prompt)", key="prompt")
+    warm = ops.Stream()
+    if workspace_segment_bytes is None:
+        warm.workspace = CUBLAS_WORKSPACE_PER_HANDLE_BYTES
+    # a plain forward: no attention mask, so no padding whatever the prompt holds
+    sh_warm = ops.Shape(**{**sh.__dict__, "padded": False})
+    normed = _forward(warm, arch, s, sh_warm, lay, kinds, p, 0, False, stored)
+    n = b * p * arch.vocab_size * sh.c
+    logits = warm.alloc(n, ops.LOGITS, "logits (every position)")
+    if arch.final_logit_softcapping:
+        for name in ("logits / softcap", "tanh(logits / softcap)", "logits (soft-capped)"):
+            nxt = warm.alloc(n, ops.LOGITS, name)
+            warm.free(logits)
+            logits = nxt
+    warm.free(normed, logits)
+    warm.free(*[(x, layer) for layer, kind in enumerate(kinds) if kind is not None for x in ("k", "v")])
+    warm_events = [(k, key if key == "workspace" else ("warm-up", key), nb, lb)
+                   for k, key, nb, lb in _renamed(warm.events)]
+    head = pre + _renamed(st.events) + warm_events + [("empty_cache", None, 0, ""), ("reset_peak", None, 0, "")]
+    gen = _prefill(arch, s, sh, lay, kinds, stored, load=False, workspace=False)
+    gen = [e for e in gen if not (e[0] == "alloc" and e[1] == "prompt")]
+    return [head + gen] + decode_runs(arch, s, sh, lay, kinds, stored)
 
 
 def inference_events(arch: Architecture, s: InferenceSetup, device: str = "cuda") -> List[Event]:
