@@ -375,9 +375,11 @@ def attention_core(st: Stream, sh: Shape, io: LayerIO, q_key: Any, tokens: int, 
     o = st.alloc(out_bytes, ACT, "attention output")
     if sh.attn == "math":
         st.temp(b * a * q * tokens * 4, ACT, "attention scores (math SDPA, fp32)")
-    else:
-        lse_rows = q if (sh.attn == "flash" or sh.device == "cpu") else -(-q // 32) * 32
-        st.temp(b * a * lse_rows * 4, ACT, "attention logsumexp (fp32)")
+    elif sh.attn == "flash" or sh.device == "cpu":
+        # flash attention always writes its softmax's logsumexp (b x a x q fp32); the
+        # memory-efficient kernel only when an input needs a gradient
+        # (_efficient_attention_forward: compute_logsumexp), never under no_grad
+        st.temp(b * a * q * 4, ACT, "attention logsumexp (fp32)")
     st.free(add, *reps)
     if sh.device == "cuda" and sh.attn == "flash" and q_heads_major and q > 1:
         ot = st.alloc(out_bytes, ACT, "attention output (transposed copy)")
@@ -572,12 +574,12 @@ class Sampling:
     final_softcap: bool = False
 
 
-def head(st: Stream, sh: Shape, normed: Any, sampling: Sampling) -> Any:
+def head(st: Stream, sh: Shape, normed: Any, sampling: Sampling, positions: int = 1) -> Any:
     """``lm_head`` on the last position (b x V; generate's ``logits_to_keep=1``) and Gemma 2's
     final soft-capping; the model output goes when the forward returns.  Returns the logits."""
     V = sh.arch.vocab_size
-    n = sh.b * V * sh.c
-    logits = st.alloc(n, LOGITS, "logits (last position)")
+    n = sh.b * positions * V * sh.c
+    logits = st.alloc(n, LOGITS, "logits (last position)" if positions == 1 else "logits (every position)")
     if sampling.final_softcap:
         for name in ("logits / softcap", "tanh(logits / softcap)", "logits (soft-capped)"):
             nxt = st.alloc(n, LOGITS, name)

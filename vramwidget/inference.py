@@ -129,7 +129,7 @@ _GGUF_BASE = {"q2_k": "Q2_K", "q3_k_s": "Q3_K", "q3_k_m": "Q3_K", "q3_k_l": "Q3_
 #: estimate.ALLOCATOR_REPLAY is for training, so that this module does not import that one
 GENERATE_REPLAY: Dict[str, Any] = {}
 
-_CHILD_ORDER = ("weights", "quantization constants", "kv cache", "activations", "logits", "workspace",
+_CHILD_ORDER = ("weights", "quantization constants", "kv cache", "activations", "logits", "generation", "workspace",
                 "allocator reserve", "cuda context")
 
 
@@ -1144,6 +1144,33 @@ def _list_node(name: str, items: List[Tuple[str, float, str]], formula: str = ""
     return n.finalize()
 
 
+#: the categories of the generate() stream's labels (generate_ops) -> the tree's components
+_LIVE_GROUPS = ("kv cache", "activations", "logits", "generation", "workspace")
+
+
+def _live_nodes(live: Dict[Any, Tuple[int, Any]], where: str) -> List[Node]:
+    """The tensors live at a phase's peak (key -> (bytes, (category, name))), one node per
+    category, one child per name (summed over the layers that hold one)."""
+    groups: Dict[str, Dict[str, List[int]]] = {}
+    for nbytes, label in live.values():
+        cat, name = label if isinstance(label, tuple) and len(label) == 2 else ("activations", str(label))
+        if cat in ("weights", "quantization constants"):
+            continue
+        groups.setdefault(cat, {}).setdefault(name, []).append(nbytes)
+    out = []
+    for cat in _LIVE_GROUPS:
+        if cat not in groups:
+            continue
+        node = Node(cat, formula=f"live at the peak of {where}")
+        for name, sizes in sorted(groups[cat].items(), key=lambda kv: -sum(kv[1])):
+            n = len(sizes)
+            node.add(Node(name, bytes=float(sum(sizes)),
+                          formula=(f"{n} tensors, {sizes[0]:,} B each" if n > 1 and len(set(sizes)) == 1 else
+                                   f"{n} tensors" if n > 1 else f"{sizes[0]:,} B")))
+        out.append(node.finalize())
+    return out
+
+
 def _order(nodes: List[Node]) -> List[Node]:
     idx = {k: i for i, k in enumerate(_CHILD_ORDER)}
     return sorted([n for n in nodes if n.bytes > 0], key=lambda n: idx.get(n.name, 99))
@@ -1190,45 +1217,22 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     if b > 1:
         notes.append("batch: prompts of equal length (no padding); padded prompts give SDPA a mask, which "
                      "repeats K/V to every head and rules out the flash kernel")
-    workspace = Node("workspace", children=[Node("cuBLAS workspace", bytes=CUBLAS_WORKSPACE_BYTES,
-                                                 formula="cuBLAS + cuBLASLt workspaces, 64 MiB (measured, H200)")])
-    workspace.finalize()
-    # prefill: the whole prompt's cache (sliding layers still hold it: the window is a view)
+    # prefill and decode: what the generate() stream (generate_ops, inference_events) has live at
+    # each phase's largest moment, in the bytes the caching allocator counts
     kv_pre = _kv_node(lay, b, p, window_applies=False)
     kv_pre.name = "kv cache"
-    step_name, step = _pick(layer_steps(arch, s, p, p))
-    head_items = [("final norm: residual + fp32 upcast and product", b * p * arch.hidden_size * (c + 8.0),
-                   "T x h x (c + 8 B)")]
-    if s.logits == "all":
-        head_items.append(("final norm output", b * p * arch.hidden_size * c, "T x h"))
-    head_items += logits_items(arch, s, p, first=True)
-    pers = _persistent_prefill(arch, s, p, p)
-    deq = _dequant_transient(stored, s, b * p)
-    layer_total = sum(x[1] for x in step)
-    head_total = sum(x[1] for x in head_items)
-    if head_total > layer_total:
-        act_pre = _list_node("activations", pers + deq + [x for x in head_items if not x[0].startswith("logits")
-                                                          and not x[0].startswith("next-token")],
-                             formula="the output head's working set (larger than any layer's)")
-        logit_pre = _list_node("logits", [x for x in head_items if x[0].startswith(("logits", "next-token"))])
-    else:
-        act_pre = _list_node("activations", pers + deq + [(f"{step_name}: {n}", v, f) for n, v, f in step],
-                             formula=f"the largest step of one layer ({step_name}) at T = b x p = {b * p}")
-        logit_pre = Node("logits")
-    prefill_nodes = _order([w_node, q_node, kv_pre, act_pre, logit_pre, workspace])
-    prefill = sum(n.bytes for n in prefill_nodes)
-
-    # decode: the cache at context_len, one step's transients
     kv_dec = _kv_node(lay, b, ctx, window_applies=True)
-    dec_items = decode_transients(arch, s, lay, stored) + _dequant_transient(stored, s, b)
-    dec_items = _items(*[x for x in dec_items])
-    act_dec = _list_node("activations", dec_items, formula=f"one decode step at S = {ctx}")
-    logit_dec = _list_node("logits", logits_items(arch, s, 1, first=False))
-    decode_nodes = _order([w_node, q_node, kv_dec, act_dec, logit_dec, workspace])
-    decode = sum(n.bytes for n in decode_nodes)
+    peaks = GENERATE_REPLAY["peaks"](arch, s)
+    prefill_nodes = _order([w_node, q_node] + _live_nodes(peaks["prefill"][1], f"prefill of b x p = {b} x {p} tokens"))
+    prefill = float(peaks["prefill"][0])
+    dec = peaks.get("decode", (0.0, {}))
+    decode_nodes = _order([w_node, q_node] + _live_nodes(dec[1], f"a decode step (the cache up to {ctx} tokens)"))
+    decode = float(dec[0])
 
     after_nodes = _order([w_node, q_node])
-    phases = {"after_load": w_bytes, "prefill": prefill, "decode": decode}
+    phases = {"after_load": float(peaks["after_load"]), "prefill": prefill}
+    if "decode" in peaks:
+        phases["decode"] = decode
     peak_phase = "prefill" if prefill >= decode else "decode"
     peak = phases[peak_phase]
     phase_components = {"after_load": after_nodes, "prefill": prefill_nodes, "decode": decode_nodes}

@@ -233,6 +233,11 @@ def _prefill(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, kin
         st.workspace = CUBLAS_WORKSPACE_PER_HANDLE_BYTES     # made by the first matmul
     normed = _forward(st, arch, s, sh, lay, kinds, p, 0, False, stored)
     st.workspace = 0
+    if s.logits == "all":
+        # a plain forward: every position's logits (logits_to_keep=0), no sampling
+        logits = ops.head(st, sh, normed, sampling(arch, s), positions=p)
+        st.free("clone0")
+        return _renamed(st.events)
     logits = ops.head(st, sh, normed, sampling(arch, s))
     st.free("clone0")
     ops.sample(st, sh, logits, p, sampling(arch, s), first=True)
@@ -324,6 +329,8 @@ def inference_runs(arch: Architecture, s: InferenceSetup, device: str = "cuda") 
     sh = _shape(arch, s, lay, device)
     stored = weight_storage(arch, s)
     parts: List[Any] = [_prefill(arch, s, sh, lay, kinds, stored, workspace=device == "cuda")]
+    if s.logits == "all":           # a plain forward: no sampling loop
+        return parts + [[("free", k, 0, "") for k in ("mask0", "pos0")]]
     parts += decode_runs(arch, s, sh, lay, kinds, stored)
     # generate() returns the sequences and the cache; the loop's last scores go
     smp = sampling(arch, s)
@@ -413,6 +420,7 @@ def clear_caches() -> None:
     with _LOCK:
         _REPLAYS.clear()
         _RATIOS.clear()
+        _RUNS.clear()
 
 
 def replay_inference(arch: Architecture, s: InferenceSetup, capacity_bytes: Optional[float] = None,
@@ -422,11 +430,11 @@ def replay_inference(arch: Architecture, s: InferenceSetup, capacity_bytes: Opti
     recording is asked for (two threads asking for one setup run one replay)."""
     cfg = parse_alloc_conf(s.allocator)
     if capacity_bytes is not None or record:
-        return replay_runs(inference_runs(arch, s), cfg, capacity_bytes, record)
+        return replay_runs(cached_runs(arch, s), cfg, capacity_bytes, record)
     key = _key(arch, s)
 
     def replay_and_store() -> ReplayResult:
-        res = replay_runs(inference_runs(arch, s), cfg)
+        res = replay_runs(cached_runs(arch, s), cfg)
         with _LOCK:
             if len(_REPLAYS) >= _MAX_CACHED:
                 _REPLAYS.clear()
@@ -512,3 +520,95 @@ def reserved_by_decode_steps(arch: Architecture, s: InferenceSetup) -> Callable[
 
 
 GENERATE_REPLAY.update(hooks=hooks, reserved_by_decode_steps=reserved_by_decode_steps)
+
+
+# ----------------------------------------------------------------------------------
+# The allocated peak of each phase, and what is live there (the estimate's tree)
+# ----------------------------------------------------------------------------------
+
+_LOAD = ("weights", "quantization constants")
+
+
+def _rounded(nbytes: float) -> int:
+    n = int(nbytes)
+    return 512 if n < 512 else (n + 511) // 512 * 512
+
+
+def _walk(live: Dict[Any, Tuple[int, Any]], events: Any, best: List[Any]) -> None:
+    """Apply ``events`` ((kind, key, bytes, label)) to ``live`` (key -> (rounded bytes, label)),
+    keeping in ``best`` = [peak bytes, live snapshot at it] the largest total."""
+    total = sum(v[0] for v in live.values())
+    for kind, key, nbytes, label in events:
+        if kind == "alloc":
+            n = _rounded(nbytes)
+            live[key] = (n, label)
+            total += n
+            if total > best[0]:
+                best[0] = total
+                best[1] = dict(live)
+        elif kind == "free":
+            total -= live.pop(key)[0]
+
+
+def phase_peaks(parts: List[Any]) -> Dict[str, Any]:
+    """``{"after_load": bytes, "prefill": (bytes, live), "decode": (bytes, live)}`` of a run as
+    :func:`inference_runs` lays it out, in the bytes the caching allocator counts (each request
+    rounded up to 512 B); ``live`` maps each tensor live at the peak to (bytes, label).  A decode
+    run's sizes are affine in the step, so its peak is at its first or its last step."""
+    first = parts[0]
+    load_keys = {e[1] for e in first if e[0] == "alloc" and e[3] and e[3][0] in _LOAD}
+    last_load = max((i for i, e in enumerate(first) if e[1] in load_keys), default=-1)
+    live: Dict[Any, Tuple[int, Any]] = {}
+    load_best: List[Any] = [0, {}]
+    _walk(live, first[:last_load + 1], load_best)
+    after_load = sum(v[0] for v in live.values())
+    pre: List[Any] = [after_load, dict(live)]
+    _walk(live, first[last_load + 1:], pre)
+    dec: List[Any] = [0, {}]
+    for part in parts[1:]:
+        if not isinstance(part, StepRun):
+            continue
+        ms = (0, part.n_steps - 1) if part.n_steps > 1 else (0,)
+        for m in ms:
+            state = dict(live)
+            if m:
+                # the carried tensors as the previous step left them
+                for j, (kind, key, c0, c1, label) in enumerate(part.events):
+                    if kind == "alloc":
+                        for a, b in part.renames:
+                            if a == key and b in state:
+                                state[b] = (_rounded(c0 + c1 * (m - 1)), label)
+            _walk(state, [(k, key, c0 + c1 * m, lb) for k, key, c0, c1, lb in part.events], dec)
+            for a, b in part.renames:
+                if a in state:
+                    state[b] = state.pop(a)
+        live = state
+    out = {"after_load": after_load, "prefill": (pre[0], pre[1])}
+    if any(isinstance(p, StepRun) for p in parts):
+        out["decode"] = (dec[0], dec[1])
+    return out
+
+
+def peaks(arch: Architecture, s: InferenceSetup) -> Dict[str, Any]:
+    """:func:`phase_peaks` of the setup's stream (the estimate's phases and tree)."""
+    return phase_peaks(cached_runs(arch, s))
+
+
+_RUNS: Dict[Tuple[Any, ...], Tuple[Architecture, List[Any]]] = {}
+
+
+def cached_runs(arch: Architecture, s: InferenceSetup) -> List[Any]:
+    """:func:`inference_runs`, kept per architecture and setup (the peak and the replay read it)."""
+    key = _key(arch, s)
+    hit = _RUNS.get(key)
+    if hit is not None and hit[0] is arch:
+        return hit[1]
+    parts = inference_runs(arch, s)
+    with _LOCK:
+        if len(_RUNS) >= 64:
+            _RUNS.clear()
+        _RUNS[key] = (arch, parts)
+    return parts
+
+
+GENERATE_REPLAY["peaks"] = peaks
