@@ -75,9 +75,8 @@ def _traced(family, new, padded=False, **gen):
     known.add(ids.untyped_storage().data_ptr())
     mode = _Storages(known)
     with torch.no_grad(), mode:
-        out = model.generate(ids, max_new_tokens=new, do_sample=False, pad_token_id=0, use_cache=True,
-                             return_dict_in_generate=True, **gen)
-        events = list(mode.events)      # the returned sequences and cache are still alive
+        out = model.generate(ids, max_new_tokens=new, do_sample=False, pad_token_id=0, use_cache=True, **gen)
+        events = list(mode.events)      # the returned sequences are still alive
     del out
     return _canonical([(k, n) for k, n, _op in events if n >= MIN_BYTES])
 
@@ -126,7 +125,8 @@ def _first_difference(a, b):
 @pytest.mark.parametrize("min_new", [None, 5])
 @pytest.mark.parametrize("padded", [False, True])
 def test_generate_allocates_and_frees_what_the_stream_says(family, min_new, padded):
-    """The prefill, four decode steps and generate()'s return, tensor by tensor; ``padded``:
+    """The prefill, four decode steps and generate()'s return (the cache dropped), tensor by
+    tensor; ``padded``:
     the prompt holds pad_token_id, so generate() infers an attention mask that masks it
     (InferenceSetup ``padding``: a (b, 1, q, kv) mask, SDPA with its additive copy and, with
     grouped KV heads, repeat_kv); Mistral's 32-token window is in reach of the 48-token prompt."""

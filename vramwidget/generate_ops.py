@@ -543,7 +543,7 @@ def model_forward(st: Stream, sh: Shape, q: int, S: int, kinds: Sequence[Optiona
             masks[sliding] = build_mask(st, sh, q, kv_len, sliding)
     tables: List[Any] = []
     if fam.rotary:
-        rope_dim = arch.head_dim
+        rope_dim = arch.mla["qk_rope_head_dim"] if arch.mla else arch.head_dim
         tables.append(rotary_tables(st, sh, q, rope_dim))
         if arch.config.get("rope_local_base_freq"):        # Gemma 3: a second table for local layers
             tables.append(rotary_tables(st, sh, q, rope_dim))
@@ -598,9 +598,11 @@ def sample(st: Stream, sh: Shape, logits: Any, S: int, sampling: Sampling, first
     names the new ones "<key>.new"."""
     b, V = sh.b, sh.arch.vocab_size
     new = (lambda k: k) if first else (lambda k: k + ".new")
-    st.alloc(b * (S + 1) * 8, GEN, "attention mask (torch.cat)", key=new("mask"))
-    if not first:
-        st.free("mask")
+    if sh.padded or sh.keeps_ones_mask:
+        # transformers >= 5.18 drops an all-ones attention mask before the loop: nothing grows
+        st.alloc(b * (S + 1) * 8, GEN, "attention mask (torch.cat)", key=new("mask"))
+        if not first:
+            st.free("mask")
     nl = st.alloc(b * V * 4, LOGITS, "next-token logits (fp32 copy)", key=new("nl"))
     if not first and sampling.processors:
         st.free("nl")

@@ -35,6 +35,7 @@ window fills.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -151,7 +152,8 @@ def _forward(st: ops.Stream, arch: Architecture, s: InferenceSetup, sh: ops.Shap
     extra: List[Tuple[str, float, str]] = []
     if decode:
         att = {x[0] for x in layer_steps(arch, s, 1, S)["attention"]}
-        extra = [x for x in decode_transients(arch, s, lay, stored)
+        at_step = dataclasses.replace(s, context_len=S + 1)      # this step's cache, not the run's end
+        extra = [x for x in decode_transients(arch, at_step, lay, stored)
                  if not x[0].startswith("torch.cat") and x[0] not in att]
     return ops.model_forward(st, sh, q, S, kinds, decode, layer_fn=_coarse_layer(arch, s, sh, lay, extra, deq))
 
@@ -229,6 +231,8 @@ def _prefill(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, kin
         st.alloc(b * lay.state_bytes_per_seq, ops.KV, "fixed-size conv / linear-attention state")
     st.alloc(b * p * 8, ops.GEN, "input_ids (the prompt)", key="prompt")
     ops.prologue(st, b, p)
+    if not (sh.padded or sh.keeps_ones_mask):
+        st.free("mask0")       # generate() >= 5.18 drops an all-ones mask once the positions are made
     if workspace:
         st.workspace = CUBLAS_WORKSPACE_PER_HANDLE_BYTES     # made by the first matmul
     normed = _forward(st, arch, s, sh, lay, kinds, p, 0, False, stored)
@@ -256,12 +260,14 @@ def _decode_step(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any,
     return [(k, ("t", key) if isinstance(key, int) else key, n, label) for k, key, n, label in ev]
 
 
-def _renames(kinds: List[Optional[bool]], smp: ops.Sampling) -> Tuple[Tuple[Any, Any], ...]:
+def _renames(kinds: List[Optional[bool]], smp: ops.Sampling, masked: bool) -> Tuple[Tuple[Any, Any], ...]:
     out: List[Tuple[Any, Any]] = []
     for layer, kind in enumerate(kinds):
         if kind is not None:
             out += [(("k", layer, "new"), ("k", layer)), (("v", layer, "new"), ("v", layer))]
-    out += [("mask.new", "mask"), ("nl.new", "nl"), ("ids.new", "ids")]
+    out += [("nl.new", "nl"), ("ids.new", "ids")]
+    if masked:
+        out.append(("mask.new", "mask"))
     if smp.processors:
         out.append(("ns.new", "ns"))
     return tuple(out)
@@ -285,38 +291,66 @@ def _matches(tpl: Tuple[Tuple[str, Any, int, int, Any], ...], m: int, ev: List[E
                                        for t, e in zip(tpl, ev))
 
 
+def _boundaries(s: InferenceSetup, sh: ops.Shape, kinds: List[Optional[bool]]) -> List[int]:
+    """Decode steps (cached tokens S) where a step's events can change: a sliding layer's
+    ``torch.cat`` stops growing and its mask comes into reach once S >= W - 1."""
+    out = []
+    if sh.window and any(kinds):
+        out.append(sh.window - 1)
+    return [x for x in out if s.prompt_len < x < s.context_len]
+
+
+_STEPS: Dict[Tuple[Any, ...], List[Event]] = {}
+
+
+def _step_cached(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, kinds: List[Optional[bool]], S: int,
+                 stored: Any) -> List[Event]:
+    """:func:`_decode_step`, kept per setup (whatever its context) and S: a longest-context
+    search asks for the same steps at every context it tries."""
+    key = _key(arch, dataclasses.replace(s, context_len=s.prompt_len)) + (S, sh.device)
+    hit = _STEPS.get(key)
+    if hit is None:
+        hit = _decode_step(arch, s, sh, lay, kinds, S, stored)
+        with _LOCK:
+            if len(_STEPS) >= 4096:
+                _STEPS.clear()
+            _STEPS[key] = hit
+    return hit
+
+
 def decode_runs(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, kinds: List[Optional[bool]],
                 stored: Any) -> List[StepRun]:
     """The decode steps from ``prompt_len`` to ``context_len`` cached tokens as StepRuns: sizes
-    affine in the step, a new run where the events change (a sliding window fills, a mask
-    comes into reach)."""
-    renames = _renames(kinds, sampling(arch, s))
-    S, end = s.prompt_len, s.context_len
-    step = lambda n: _decode_step(arch, s, sh, lay, kinds, n, stored)  # noqa: E731
+    affine in the step (each run's template read off its first two steps and checked against
+    its last), a new run where the events change (:func:`_boundaries`; any other change is
+    found by bisection)."""
+    renames = _renames(kinds, sampling(arch, s), sh.padded or sh.keeps_ones_mask)
+    step = lambda n: _step_cached(arch, s, sh, lay, kinds, n, stored)  # noqa: E731
     out: List[StepRun] = []
-    while S < end:
-        a = step(S)
-        tpl = _template(a, step(S + 1)) if end - S > 1 else None
-        if tpl is None:             # the last step, or the next one differs in its events
-            tpl = _template(a, a)
-            assert tpl is not None
-            out.append(StepRun(tpl, 1, renames))
-            S += 1
-            continue
-        # past the first step that leaves the template, none returns to it, so the run's
-        # last step is found by bisection
-        lo, hi = 1, end - S - 1      # step lo matches the template
-        if _matches(tpl, hi, step(S + hi)):
-            lo = hi
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if _matches(tpl, mid, step(S + mid)):
-                lo = mid
-            else:
-                hi = mid
-        lo += 1                      # steps in the run
-        out.append(StepRun(tpl, lo, renames))
-        S += lo
+    cuts = [s.prompt_len] + _boundaries(s, sh, kinds) + [s.context_len]
+    for S, end in zip(cuts, cuts[1:]):
+        while S < end:
+            a = step(S)
+            tpl = _template(a, step(S + 1)) if end - S > 1 else None
+            if tpl is None:             # the last step, or the next one differs in its events
+                tpl = _template(a, a)
+                assert tpl is not None
+                out.append(StepRun(tpl, 1, renames))
+                S += 1
+                continue
+            lo, hi = 1, end - S - 1      # step lo matches the template
+            if _matches(tpl, hi, step(S + hi)):
+                lo = hi
+            # past the first step that leaves the template none returns to it: bisection
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if _matches(tpl, mid, step(S + mid)):
+                    lo = mid
+                else:
+                    hi = mid
+            lo += 1                      # steps in the run
+            out.append(StepRun(tpl, lo, renames))
+            S += lo
     return out
 
 
@@ -330,12 +364,17 @@ def inference_runs(arch: Architecture, s: InferenceSetup, device: str = "cuda") 
     stored = weight_storage(arch, s)
     parts: List[Any] = [_prefill(arch, s, sh, lay, kinds, stored, workspace=device == "cuda")]
     if s.logits == "all":           # a plain forward: no sampling loop
-        return parts + [[("free", k, 0, "") for k in ("mask0", "pos0")]]
+        return parts + [[("free", k, 0, "") for k in (("mask0", "pos0") if (sh.padded or sh.keeps_ones_mask)
+                                                       else ("pos0",))]]
     parts += decode_runs(arch, s, sh, lay, kinds, stored)
-    # generate() returns the sequences and the cache; the loop's last scores go
+    # generate() returns the sequences: the loop's last scores and the cache go (with
+    # return_dict_in_generate the cache is returned instead: the replay's peaks are the same)
     smp = sampling(arch, s)
-    parts.append([("free", k, 0, "") for k in ("nl", "ns" if smp.processors else None, "mask", "ids",
-                                               "mask0", "pos0") if k])
+    end = [("free", k, 0, "") for k in ("nl", "ns" if smp.processors else None,
+                                        "mask" if (sh.padded or sh.keeps_ones_mask) else None,
+                                        "mask0" if (sh.padded or sh.keeps_ones_mask) else None, "pos0") if k]
+    end += [("free", (x, layer), 0, "") for layer, kind in enumerate(kinds) if kind is not None for x in ("k", "v")]
+    parts.append(end)
     return parts
 
 
@@ -421,6 +460,7 @@ def clear_caches() -> None:
         _REPLAYS.clear()
         _RATIOS.clear()
         _RUNS.clear()
+        _STEPS.clear()
 
 
 def replay_inference(arch: Architecture, s: InferenceSetup, capacity_bytes: Optional[float] = None,
