@@ -1326,9 +1326,15 @@ def _replay_run(al: CachingAllocator, live: Dict[Any, _Block], run: StepRun,
     reserved = al.reserved
     misses = 0                            # probes in a row that skipped little
     hashed = 0                            # steps hashed since the last probe
+    fixed = _FixedPoint(run, al.cfg)
     while m < n:
+        jump = fixed.jump(al, live, m, n, slack)
+        if jump:
+            m = jump
+            seen.clear()
+            continue
         if P is None or misses >= _MAX_MISSES or hashed >= _MAX_HASHED:
-            _step(al, live, run, m, None, growth, slack)
+            fixed.step(al, live, m, growth, slack)
             m += 1
             continue
         if al.reserved != reserved:       # reserved only grows: no earlier layout comes back
@@ -1341,7 +1347,7 @@ def _replay_run(al: CachingAllocator, live: Dict[Any, _Block], run: StepRun,
         Q = 0 if last is None else (m - last) * P // math.gcd(m - last, P)
         hashed += 1
         if not Q or n - m < 3 * Q:
-            _step(al, live, run, m, None, growth, slack)
+            fixed.step(al, live, m, growth, slack)
             m += 1
             continue
         start = m
@@ -1400,6 +1406,84 @@ def _replay_run(al: CachingAllocator, live: Dict[Any, _Block], run: StepRun,
         _set_sizes(al, order, [a + k * d for a, d in zip(sizes1, D)])
         m += (k - 2) * Q
     return n * per_step
+
+
+class _FixedPoint:
+    """The cheapest exact skip: a step that left the pool exactly as it found it (every block's
+    address, size, use and owner) and whose requests round to the same sizes as the next
+    step's is followed by steps that do the same, until some request rounds to another size
+    (a decode step's constant-size tensors, with only slowly growing ones such as generate()'s
+    ``input_ids``: ``round_size`` changes every 512 / c1 steps)."""
+
+    def __init__(self, run: StepRun, cfg: AllocatorConfig):
+        self.run, self.cfg = run, cfg
+        self.growing = [(int(c0), int(c1)) for kind, _k, c0, c1, _l in run.events
+                        if kind == "alloc" and c1 and c0 == int(c0) and c1 == int(c1)]
+        self.ok = all(c0 == int(c0) and c1 == int(c1) for kind, _k, c0, c1, _l in run.events if kind == "alloc")
+        self.last: Optional[Tuple[int, Tuple[Any, ...]]] = None     # (step, state) before the last step
+        self.last_slack: List[Any] = []
+
+    def _sizes_equal(self, m: int) -> bool:
+        """Steps m - 1 and m request the same rounded sizes."""
+        return all(round_size(c0 + c1 * (m - 1), self.cfg) == round_size(c0 + c1 * m, self.cfg)
+                   for c0, c1 in self.growing)
+
+    def _next_change(self, m: int, n: int) -> int:
+        """The first step after m (at most n) whose rounded sizes differ from step m's (each
+        size is monotone in the step, so a bisection finds it)."""
+        out = n
+        for c0, c1 in self.growing:
+            r = round_size(c0 + c1 * m, self.cfg)
+            if round_size(c0 + c1 * (n - 1), self.cfg) == r:
+                continue
+            lo, hi = m, n - 1                   # size(lo) == r != size(hi)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if round_size(c0 + c1 * mid, self.cfg) == r:
+                    lo = mid
+                else:
+                    hi = mid
+            out = min(out, hi)
+        return out
+
+    @staticmethod
+    def state(al: CachingAllocator, live: Dict[Any, _Block]) -> Tuple[Any, ...]:
+        owner = {id(b): k for k, b in live.items()}
+        shape, sizes, _ = _structure(al, owner)
+        return shape + tuple(sizes)
+
+    def step(self, al: CachingAllocator, live: Dict[Any, _Block], m: int, growth: Optional[List[Any]],
+             slack: Optional[List[Any]]) -> None:
+        """Replay step m, keeping what :meth:`jump` compares (only where a jump could follow)."""
+        watch = self.ok and m + 1 < self.run.n_steps and self._sizes_equal(m + 1)
+        before = self.state(al, live) if watch else None
+        k = len(slack) if slack is not None else 0
+        _step(al, live, self.run, m, None, growth, slack)
+        if watch:
+            self.last = (m, before)
+            self.last_slack = [x for x in slack[k:]] if slack is not None else []
+        else:
+            self.last = None
+
+    def jump(self, al: CachingAllocator, live: Dict[Any, _Block], m: int, n: int,
+             slack: Optional[List[Any]]) -> int:
+        """The step to continue from when steps m.. repeat step m - 1 exactly; 0 when they may not."""
+        if self.last is None or self.last[0] != m - 1 or not self._sizes_equal(m):
+            return 0
+        if self.state(al, live) != self.last[1]:
+            return 0
+        end = self._next_change(m, n)
+        if end <= m:
+            return 0
+        if slack is not None and self.last_slack:
+            import numpy as np
+
+            ks = np.arange(m, end, dtype=np.int64)[:, None]
+            js = np.array([x[1] for x in self.last_slack], dtype=np.int64)[None, :]
+            vals = np.array([x[2] for x in self.last_slack], dtype=np.int64)[None, :]
+            slack.append(("block", (ks + 0 * js).reshape(-1), (js + 0 * ks).reshape(-1), (vals + 0 * ks).reshape(-1)))
+        self.last = None
+        return end
 
 
 def _set_sizes(al: CachingAllocator, order: List[_Block], sizes: List[int]) -> None:

@@ -39,7 +39,7 @@ import dataclasses
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .allocator import (DEFAULT_RESERVED_PER_ALLOCATED, ReplayResult, StepRun, expand_runs, parse_alloc_conf,
+from .allocator import (DEFAULT_RESERVED_PER_ALLOCATED, K_SMALL_SIZE, ReplayResult, StepRun, expand_runs, parse_alloc_conf,
                         replay_runs)
 from .architecture import Architecture
 from .estimate import CUBLAS_WORKSPACE_BYTES
@@ -426,6 +426,38 @@ def protocol_runs(arch: Architecture, s: InferenceSetup, workspace_segment_bytes
     return [head + gen] + decode_runs(arch, s, sh, lay, kinds, stored)
 
 
+def replay_parts(parts: List[Any], cfg: Any = None) -> List[Any]:
+    """The stream the allocator replay reads: :func:`inference_runs`' with each decode step's
+    small constant temporaries left out (a tensor of at most 1 MiB, the same size every step,
+    made and dropped inside the step: RMSNorm's rows, q/k/v and RoPE of one token, the MLP of one
+    token).  They come from the small pool (``kSmallSize``: 2 MiB segments) in the free blocks
+    the prefill left there and never reach the large pool, where the reserve of a long decode
+    grows; the decode's growing and carried tensors (the cache, ``input_ids``, the scores) and
+    everything above 1 MiB stay, and the prefill stays whole.  The allocated peak is read from
+    the whole stream (:func:`phase_peaks`)."""
+    from .allocator import AllocatorConfig, round_size
+
+    cfg = cfg or AllocatorConfig()
+    out: List[Any] = []
+    for part in parts:
+        if not isinstance(part, StepRun):
+            out.append(part)
+            continue
+        carried = {a for a, _b in part.renames}
+        alloc_at: Dict[Any, int] = {}
+        drop = set()
+        for j, (kind, key, c0, c1, _label) in enumerate(part.events):
+            if kind == "alloc":
+                alloc_at[key] = j
+            elif key in alloc_at and key not in carried:
+                a = part.events[alloc_at[key]]
+                if a[3] == 0 and round_size(int(a[2]), cfg) <= K_SMALL_SIZE:
+                    drop.add(key)
+        events = tuple(e for e in part.events if e[1] not in drop)
+        out.append(StepRun(events, part.n_steps, part.renames))
+    return out
+
+
 def inference_events(arch: Architecture, s: InferenceSetup, device: str = "cuda") -> List[Event]:
     """Every allocation and free of loading the model and one ``generate()`` call, in order
     (the decode steps written out: a million events at 8k new tokens; the replay takes
@@ -470,11 +502,11 @@ def replay_inference(arch: Architecture, s: InferenceSetup, capacity_bytes: Opti
     recording is asked for (two threads asking for one setup run one replay)."""
     cfg = parse_alloc_conf(s.allocator)
     if capacity_bytes is not None or record:
-        return replay_runs(cached_runs(arch, s), cfg, capacity_bytes, record)
+        return replay_runs(replay_parts(cached_runs(arch, s), cfg), cfg, capacity_bytes, record)
     key = _key(arch, s)
 
     def replay_and_store() -> ReplayResult:
-        res = replay_runs(cached_runs(arch, s), cfg)
+        res = replay_runs(replay_parts(cached_runs(arch, s), cfg), cfg)
         with _LOCK:
             if len(_REPLAYS) >= _MAX_CACHED:
                 _REPLAYS.clear()
@@ -534,7 +566,7 @@ def reserved_by_decode_steps(arch: Architecture, s: InferenceSetup) -> Callable[
     stream (the stream of context ``prompt_len + k`` is this stream's first events)."""
     import bisect
 
-    parts = inference_runs(arch, s)
+    parts = replay_parts(cached_runs(arch, s), parse_alloc_conf(s.allocator))
     log: List[Tuple[int, bool, int]] = []
     replay_runs(parts, parse_alloc_conf(s.allocator), growth_log=log)
     per_pool: Dict[bool, Tuple[List[int], List[int]]] = {True: ([], []), False: ([], [])}
