@@ -1271,6 +1271,11 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     est._replay_fn = replay_fn
     est._provisional_fn = provisional_fn
     est._inference = (arch, s)      # the resolved architecture and setup (longest_context reuses them)
+    # on a card, the reserve is judged as a training step's is (gpus.judge_on): where the
+    # unlimited reserve is over the card and the allocated peak is not, generate() is replayed
+    # with the card's capacity, where torch frees its cached segments and retries
+    est.capacity_judged = True
+    est._replayed = (arch, s)
     if gpu is not None:
         from .gpus import capacity_bytes
 

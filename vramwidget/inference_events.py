@@ -40,6 +40,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .allocator import (DEFAULT_RESERVED_PER_ALLOCATED, K_SMALL_SIZE, ReplayResult, StepRun, expand_runs, parse_alloc_conf,
+                        replay_runs_on_card,
                         replay_runs)
 from .architecture import Architecture
 from .estimate import CUBLAS_WORKSPACE_BYTES
@@ -501,8 +502,10 @@ def replay_inference(arch: Architecture, s: InferenceSetup, capacity_bytes: Opti
     :func:`inference_runs`; cached per architecture and setup when no capacity and no
     recording is asked for (two threads asking for one setup run one replay)."""
     cfg = parse_alloc_conf(s.allocator)
-    if capacity_bytes is not None or record:
+    if record:
         return replay_runs(replay_parts(cached_runs(arch, s), cfg), cfg, capacity_bytes, record)
+    if capacity_bytes is not None:
+        return replay_runs_on_card(replay_parts(cached_runs(arch, s), cfg), cfg, capacity_bytes)
     key = _key(arch, s)
 
     def replay_and_store() -> ReplayResult:
