@@ -687,3 +687,43 @@ def cached_runs(arch: Architecture, s: InferenceSetup) -> List[Any]:
 
 
 GENERATE_REPLAY["peaks"] = peaks
+
+
+def measured_figures(arch: Architecture, s: InferenceSetup, workspace_segment_bytes: Optional[int] = None
+                     ) -> Dict[str, float]:
+    """What ``vramwidget measure-inference`` records for ``s`` (:func:`protocol_runs` replayed):
+    ``weights_bytes`` (allocated once the model is built: the weights, and the cuBLAS workspace
+    of an earlier case of the process), ``generate_peak_bytes`` and ``max_reserved_bytes``
+    (``max_memory_allocated`` / ``_reserved`` after ``reset_peak_memory_stats``), and
+    ``workspace_segment_bytes``: the cached segment the process's cuBLAS workspace sits in,
+    which the next case starts with."""
+    parts = protocol_runs(arch, s, workspace_segment_bytes)
+    cfg = parse_alloc_conf(s.allocator)
+    res = replay_runs(parts, cfg)
+    weights = phase_peaks(cached_runs(arch, s))["after_load"]
+    seg = workspace_segment_bytes
+    if seg is None:
+        # the first case: replay up to the workspace's allocation and read its segment
+        from .allocator import CachingAllocator
+
+        al = CachingAllocator(cfg)
+        live: Dict[Any, Any] = {}
+        for kind, key, nbytes, label in parts[0]:
+            if kind == "alloc":
+                live[key] = al.malloc(nbytes, label)
+                if key == "workspace":
+                    seg = live[key].seg.size
+                    break
+            elif kind == "free":
+                al.free(live.pop(key))
+    return {"weights_bytes": float(weights + (CUBLAS_WORKSPACE_PER_HANDLE_BYTES if workspace_segment_bytes else 0)),
+            "generate_peak_bytes": float(res.max_allocated_bytes), "max_reserved_bytes": float(res.max_reserved_bytes),
+            "workspace_segment_bytes": float(seg or CUBLAS_WORKSPACE_PER_HANDLE_BYTES)}
+
+
+def likely_padding(batch_size: int, prompt_len: int, vocab_size: int) -> bool:
+    """Whether a prompt of ``batch_size x prompt_len`` token ids drawn uniformly from the
+    vocabulary (as the measured cases' script draws them) more likely than not holds
+    ``pad_token_id`` somewhere, so that generate() infers an attention mask that masks it:
+    1 - (1 - 1/V)^(b p) > 1/2."""
+    return 1.0 - (1.0 - 1.0 / max(vocab_size, 1)) ** (batch_size * prompt_len) > 0.5
