@@ -72,6 +72,16 @@ WEIGHT_FORMATS: Dict[str, str] = {
     "gptq-4bit": "GPTQ 4-bit: int32-packed qweight, fp16 scales and packed zeros per group, int32 g_idx",
     "gptq-8bit": "GPTQ 8-bit: int32-packed qweight, fp16 scales and packed zeros per group, int32 g_idx",
     "awq-4bit": "AWQ 4-bit (GEMM): int32-packed qweight, packed zeros and fp16 scales per group",
+    "mxfp4": "MXFP4 experts as gpt-oss ships them (transformers' Mxfp4 path with the Triton kernels): 4-bit e2m1 "
+             "values in uint8 pairs + one uint8 e8m0 scale per 32 weights; expert biases fp32; attention, router, "
+             "embeddings and head 16-bit",
+    "fp8-block": "block-wise FP8 (DeepSeek-V3, Qwen3-FP8): e4m3 linear weights + one fp32 scale per 128 x 128 block "
+                 "(weight_scale_inv); embeddings, head, norms and router 16-bit",
+    "ct-w4a16": "compressed-tensors pack-quantized int4 (llm-compressor W4A16): int32-packed weights + a 16-bit "
+                "scale per group of group_size",
+    "ct-w8a8": "compressed-tensors int8 (llm-compressor W8A8): int8 weights + a 16-bit scale per output channel",
+    "ct-fp8": "compressed-tensors float-quantized FP8 (llm-compressor FP8): e4m3 weights + an fp32 scale per output "
+              "channel",
     "gguf-q2_k": "llama.cpp Q2_K mix", "gguf-q3_k_s": "llama.cpp Q3_K_S", "gguf-q3_k_m": "llama.cpp Q3_K_M mix",
     "gguf-q3_k_l": "llama.cpp Q3_K_L mix", "gguf-q4_0": "llama.cpp Q4_0", "gguf-q4_1": "llama.cpp Q4_1",
     "gguf-q4_k_s": "llama.cpp Q4_K_S mix", "gguf-q4_k_m": "llama.cpp Q4_K_M mix", "gguf-q5_0": "llama.cpp Q5_0",
@@ -83,7 +93,8 @@ _FORMAT_ALIASES = {
     "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
     "float8": "fp8", "fp8_e4m3": "fp8", "8bit": "int8", "bnb-8bit": "int8", "llm.int8": "int8", "int4": "nf4",
     "4bit": "nf4", "bnb-4bit": "nf4", "bnb-nf4": "nf4", "bnb-fp4": "fp4", "gptq": "gptq-4bit", "gptq-int4": "gptq-4bit",
-    "gptq-int8": "gptq-8bit", "awq": "awq-4bit", "awq-int4": "awq-4bit",
+    "gptq-int8": "gptq-8bit", "awq": "awq-4bit", "awq-int4": "awq-4bit", "fp8-blockwise": "fp8-block",
+    "fp8-e4m3-block": "fp8-block", "w4a16": "ct-w4a16", "w8a8": "ct-w8a8", "compressed-tensors-fp8": "ct-fp8",
 }
 
 KV_CACHE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
@@ -210,7 +221,9 @@ class InferenceSetup:
             return "gptq"
         if w.startswith("awq"):
             return "awq"
-        return w  # fp8, int8, nf4, fp4
+        if w.startswith("ct-"):
+            return "ct"
+        return w  # fp8, fp8-block, mxfp4, int8, nf4, fp4
 
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
@@ -450,6 +463,8 @@ def _store_one(arch: Architecture, t: ParamTensor, s: InferenceSetup, kind: str)
         return _dense(t, canonical_dtype(s.weights))
     if kind in ("nf4", "fp4", "int8"):
         return _bnb(t, s, c)
+    if kind == "mxfp4":
+        return _mxfp4(t, c)
     linear = t.linear and not t.is_bias and t.role not in ("router",)
     if not linear:
         return _dense(t, "float16" if kind in ("gptq", "awq") else c,
@@ -458,6 +473,10 @@ def _store_one(arch: Architecture, t: ParamTensor, s: InferenceSetup, kind: str)
         n, _, o = _dims(t)
         return _Stored(t, [("float8", t.numel * 1.0, "float8", "n x 1 B (fp8 e4m3)")],
                        [("weight_scale (fp32 per output channel)", n * o * 4.0, f"{n} x {o} x 4 B")])
+    if kind == "fp8-block":
+        return _fp8_block(t, s)
+    if kind == "ct":
+        return _compressed_tensors(t, s)
     if kind == "gptq":
         return _gptq(t, s)
     if kind == "awq":
@@ -486,6 +505,56 @@ def _bnb(t: ParamTensor, s: InferenceSetup, c: str) -> _Stored:
     f = ("n/64 x 1 B (8-bit absmax) + n/64/256 x 4 B (fp32 scales)" if s.double_quant
          else "n/64 x 4 B (fp32 absmax)")
     return _Stored(t, [(q, t.numel * 0.5, q, "n x 0.5 B (4-bit)")], [("absmax", consts, f)])
+
+
+def _mxfp4(t: ParamTensor, c: str) -> _Stored:
+    """gpt-oss's experts as transformers' MXFP4 path holds them (``integrations/mxfp4.py``,
+    ``Mxfp4GptOssExperts``: ``gate_up_proj`` (E, 2i, h/32, 16) and ``down_proj`` (E, h, i/32,
+    16) uint8 blocks, two e2m1 values a byte; one uint8 e8m0 scale per 32 weights; the expert
+    biases fp32), swizzled in place for the Triton kernels (``swizzle_mxfp4``); everything the
+    checkpoint's ``modules_to_not_convert`` names (attention, router, embeddings, head) and the
+    norms stay 16-bit.  Without the kernels (compute capability < 7.5, no Triton >= 3.4 or no
+    ``kernels`` package) transformers dequantizes the experts to bf16 instead
+    (``Mxfp4HfQuantizer.validate_environment``): weights='bf16'."""
+    if t.experts and t.linear and not t.is_bias:
+        n = t.numel
+        return _Stored(t, [("mxfp4 blocks (uint8, 2 values a byte)", n / 2.0, "uint8", "n / 2 B")],
+                       [("mxfp4 scales (uint8 e8m0 per 32)", n / 32.0, "n / 32 B")])
+    if t.role in ("expert_gate_up", "expert_down") and not t.linear:
+        return _dense(t, "float32", ", expert bias (fp32 in Mxfp4GptOssExperts)")
+    return _dense(t, c, "" if t.role not in ("embedding", "output_head") else ", not quantized")
+
+
+def _fp8_block(t: ParamTensor, s: InferenceSetup) -> _Stored:
+    """Block-wise FP8 as transformers' ``FineGrainedFP8HfQuantizer`` loads it
+    (``integrations/finegrained_fp8.py``, ``FP8Linear``): the weight (out, in) in e4m3 (1 B) and
+    ``weight_scale_inv`` (ceil(out/B), ceil(in/B)) fp32 for blocks of B x B (``weight_block_size``,
+    128 x 128 in DeepSeek-V3's and Qwen3's FP8 checkpoints; ``group_size`` here)."""
+    n, i, o = _dims(t)
+    blk = s.group_size if s.group_size > 0 else 128
+    rows, cols = -(-o // blk), -(-i // blk)
+    return _Stored(t, [("float8 e4m3", t.numel * 1.0, "float8", "n x 1 B")],
+                   [(f"weight_scale_inv (fp32 per {blk} x {blk} block)", n * rows * cols * 4.0,
+                     f"{n} x ceil({o}/{blk}) x ceil({i}/{blk}) x 4 B")])
+
+
+def _compressed_tensors(t: ParamTensor, s: InferenceSetup) -> _Stored:
+    """compressed-tensors checkpoints (llm-compressor) as transformers' ``CompressedTensorsHfQuantizer``
+    keeps them compressed (``run_compressed``: ``CompressedLinear``): ``ct-w4a16`` pack-quantized
+    int4, ``weight_packed`` int32 (out, in/8) + ``weight_scale`` (out, ceil(in/g)) in the compute
+    dtype + ``weight_shape``; ``ct-w8a8`` int8 (out, in) + a per-channel scale; ``ct-fp8`` e4m3 +
+    an fp32 per-channel scale."""
+    n, i, o = _dims(t)
+    c = DTYPE_BYTES[s.dtype]
+    if s.weights == "ct-w4a16":
+        G = _groups(i, s.group_size)
+        return _Stored(t, [("weight_packed (int32, 8 x 4-bit)", t.numel * 0.5, "int32", "n / 2 B")],
+                       [(f"weight_scale ({s.dtype} per group)", n * o * G * c, f"{n} x {o} x ceil({i}/{s.group_size}) x {c:g} B")])
+    if s.weights == "ct-w8a8":
+        return _Stored(t, [("int8", t.numel * 1.0, "int8", "n x 1 B")],
+                       [(f"weight_scale ({s.dtype} per output channel)", n * o * c, f"{n} x {o} x {c:g} B")])
+    return _Stored(t, [("float8 e4m3", t.numel * 1.0, "float8", "n x 1 B")],
+                   [("weight_scale (fp32 per output channel)", n * o * 4.0, f"{n} x {o} x 4 B")])
 
 
 def _groups(in_f: int, g: int) -> int:
@@ -1072,6 +1141,78 @@ class InferenceEstimate(Estimate):
                 f"KV cache {self.kv_cache_bytes / GIB:.2f} GiB{extra})")
 
 
+def format_from_config(config: Any) -> Tuple[Dict[str, Any], str]:
+    """The weight format a checkpoint ships in, from its config.json's ``quantization_config``
+    (the keys transformers' quantizers read: ``quant_method`` and their own), as
+    :func:`estimate_inference` keywords and a note; ``({}, "")`` when it names none we model.
+
+    mxfp4 (gpt-oss) -> ``mxfp4``; fp8 with ``weight_block_size`` -> ``fp8-block``, without ->
+    ``fp8``; gptq (``bits``, ``group_size``) -> ``gptq-4bit`` / ``gptq-8bit``; awq -> ``awq-4bit``;
+    bitsandbytes (``load_in_4bit`` + ``bnb_4bit_quant_type``, ``load_in_8bit``) -> nf4 / fp4 /
+    int8; compressed-tensors (the first ``config_groups`` entry's ``weights``: int 4 -> ct-w4a16,
+    int 8 -> ct-w8a8, float 8 -> ct-fp8)."""
+    qc = config.get("quantization_config") if isinstance(config, dict) else None
+    if not isinstance(qc, dict):
+        return {}, ""
+    m = str(qc.get("quant_method", "")).lower()
+    kw: Dict[str, Any] = {}
+    if m == "mxfp4":
+        kw["weights"] = "mxfp4"
+    elif m == "fp8":
+        blk = qc.get("weight_block_size")
+        if isinstance(blk, (list, tuple)) and blk:
+            kw.update(weights="fp8-block", group_size=int(blk[0]))
+        else:
+            kw["weights"] = "fp8"
+    elif m == "gptq":
+        kw["weights"] = "gptq-8bit" if int(qc.get("bits", 4) or 4) == 8 else "gptq-4bit"
+        if qc.get("group_size") is not None:
+            kw["group_size"] = int(qc["group_size"])
+    elif m == "awq":
+        kw["weights"] = "awq-4bit"
+        if qc.get("group_size") or qc.get("q_group_size"):
+            kw["group_size"] = int(qc.get("group_size") or qc.get("q_group_size"))
+    elif m == "bitsandbytes":
+        if qc.get("load_in_4bit"):
+            kw["weights"] = str(qc.get("bnb_4bit_quant_type", "nf4") or "nf4").lower()
+            kw["double_quant"] = bool(qc.get("bnb_4bit_use_double_quant", False))
+        elif qc.get("load_in_8bit"):
+            kw["weights"] = "int8"
+    elif m == "compressed-tensors":
+        groups = qc.get("config_groups") or {}
+        first = next(iter(groups.values()), {}) if isinstance(groups, dict) else {}
+        w = first.get("weights") or {} if isinstance(first, dict) else {}
+        bits, typ = int(w.get("num_bits", 8) or 8), str(w.get("type", "int")).lower()
+        if typ == "float":
+            kw["weights"] = "ct-fp8"
+        elif bits == 4:
+            kw["weights"] = "ct-w4a16"
+            if w.get("group_size"):
+                kw["group_size"] = int(w["group_size"])
+        else:
+            kw["weights"] = "ct-w8a8"
+    if not kw:
+        return {}, ""
+    desc = ", ".join(f"{k}={v}" for k, v in kw.items())
+    return kw, (f"weights: the checkpoint's config.json ships quantization_config (quant_method {m}): {desc} "
+                f"assumed; pass weights= to override")
+
+
+def with_shipped_format(arch: Architecture, setup: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
+    """``setup`` with the checkpoint's own format (:func:`format_from_config`) where it names no
+    ``weights``, and the note that says which was assumed; an explicit ``weights`` wins (the
+    note then says what the checkpoint ships)."""
+    shipped, note = format_from_config(arch.config)
+    if not shipped:
+        return dict(setup), ""
+    if setup.get("weights") is None:
+        return {**shipped, **{k: v for k, v in setup.items() if v is not None}}, note
+    if _weights_format(setup["weights"]) != shipped["weights"]:
+        return dict(setup), (f"weights: {setup['weights']} as asked; the checkpoint ships {shipped['weights']} "
+                             f"(its config.json's quantization_config)")
+    return dict(setup), ""
+
+
 def estimate_inference(model: Model, **setup: Any) -> InferenceEstimate:
     """Estimate the GPU memory of running ``model`` for inference.
 
@@ -1108,8 +1249,11 @@ def estimate_inference(model: Model, **setup: Any) -> InferenceEstimate:
         naming the field that is wrong and what is allowed.
     """
     arch = load(model)
-    s = setup if isinstance(setup, InferenceSetup) else InferenceSetup.from_kwargs(**setup)
+    setup, note = with_shipped_format(arch, setup)
+    s = InferenceSetup.from_kwargs(**setup)
     est = estimate_inference_setup(arch, s)
+    if note:
+        est.notes.insert(0, note)
     if est.provisional_device_total_bytes > MAX_BYTES:   # an input error, not an estimate (no replay run)
         field = "model" if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES else "context_len"
         check_total(est.provisional_device_total_bytes, "this inference run" if field != "model" else f"{arch.name}'s weights",
@@ -1189,6 +1333,13 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
         notes.append(f"generate() with tensor_parallel={s.tensor_parallel}, pipeline_parallel="
                      f"{s.pipeline_parallel}: the last stage's rank-0 share (transformers' tp_plan column/row "
                      f"split; KV heads replicated when fewer than the TP size)")
+    if s.weights == "mxfp4":
+        if not getattr(arch.family, "mxfp4_experts", False):
+            raise VramError(f"weights: mxfp4 is transformers' MXFP4 path for gpt-oss's experts; {arch.name} has none "
+                            f"it converts (use fp8, fp8-block, nf4, gptq-4bit or awq-4bit)", field="weights")
+        notes.append("MXFP4: the experts stay 4-bit with transformers' Triton kernels (compute capability >= 7.5, "
+                     "Triton >= 3.4 and the kernels package); without them transformers dequantizes them to bf16 "
+                     "(weights='bf16')")
     stored = weight_storage(arch, s)
     w_node = _group_node("weights", stored, consts=False)
     q_node = _group_node("quantization constants", stored, consts=True)
@@ -1419,7 +1570,7 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     ``batch_size`` sequences of that context must fit the paged KV pool.
     """
     arch = load(model)
-    kw = dict(kw)
+    kw, _note = with_shipped_format(arch, kw)
     kw["gpu"] = gpu
     kw.pop("context_len", None)
     prompt = kw.pop("prompt_len", None)
