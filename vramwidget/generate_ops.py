@@ -129,6 +129,14 @@ class Shape:
     #: transformers >= 5.23: a single query token with a mask and grouped KV heads is packed
     #: into the KV heads (``pack_gqa`` in integrations/sdpa_attention.py) instead of repeat_kv
     packs_gqa: bool = False
+    #: transformers < 4.36 (before ``cache_utils.Cache``): the attention returns
+    #: ``past_key_value = (torch.cat([past_key_value[0], key_states], dim=2), ...)`` as a tuple
+    #: (models/llama/modeling_llama.py of 4.35.2), the prefill keeps its k and v themselves, and
+    #: the previous step's tuple stays referenced by generate() until the forward has returned
+    legacy_cache: bool = False
+    #: transformers < 4.45: no ``logits_to_keep`` (``num_logits_to_keep`` came in 4.45.0): the head
+    #: runs on every position and ``LlamaForCausalLM`` upcasts them, ``logits = logits.float()``
+    logits_all_fp32: bool = False
     #: bitsandbytes 4-bit linears: role -> weight elements (dequantized for every matmul of more
     #: than one row), and whether the absmax is double-quantized (dequantized to fp32 first)
     quant: Optional[Dict[str, int]] = None
@@ -305,6 +313,17 @@ def cache_update(st: Stream, sh: Shape, io: LayerIO, k_new: Any, v_new: Any, ele
     b, L = sh.b, io.layer
     new = (lambda x: (x, L, "new")) if io.decode else (lambda x: (x, L))
     kb, vb = (b * tokens * e * sh.kv_bytes for e in elems)
+    if sh.legacy_cache:
+        if not io.decode:
+            # the prefill's (key_states, value_states) are the cache: k after RoPE, v's projection
+            st.events.append(("rename", k_new, 0, ("k", L)))
+            st.events.append(("rename", v_new, 0, ("v", L)))
+            return tokens
+        # the old tuple is freed once generate() has the new one (legacy_free_old)
+        st.alloc(kb, KV, "keys (torch.cat, legacy tuple)", key=new("k"))
+        st.alloc(vb, KV, "values (torch.cat, legacy tuple)", key=new("v"))
+        st.free(k_new, v_new)
+        return tokens
     if io.kind:                  # sliding: both cats, then both old tensors go
         st.alloc(kb, KV, "keys (torch.cat)", key=new("k"))
         st.alloc(vb, KV, "values (torch.cat)", key=new("v"))
@@ -572,12 +591,18 @@ class Sampling:
 
     processors: int = 0       # MinLength + MinNewTokensLength (min_new_tokens with an EOS token): 2
     final_softcap: bool = False
+    #: how ``_sample`` takes the next-token logits: "to_copy" (``.to(copy=True, dtype=float32)``,
+    #: 4.46+ as 5.x), "clone_float" (``.clone().float()``, 4.45.0), "clone" (of the fp32 logits,
+    #: 4.42-4.44), "view" (``outputs.logits[:, -1, :]``, through 4.41)
+    next_logits: str = "to_copy"
 
 
-def head(st: Stream, sh: Shape, normed: Any, sampling: Sampling, positions: int = 1) -> Any:
+def head(st: Stream, sh: Shape, normed: Any, sampling: Sampling, positions: int = 1, q: int = 1) -> Any:
     """``lm_head`` on the last position (b x V; generate's ``logits_to_keep=1``) and Gemma 2's
     final soft-capping; the model output goes when the forward returns.  Returns the logits."""
     V = sh.arch.vocab_size
+    if sh.logits_all_fp32:
+        positions = q
     n = sh.b * positions * V * sh.c
     logits = st.alloc(n, LOGITS, "logits (last position)" if positions == 1 else "logits (every position)")
     if sampling.final_softcap:
@@ -585,6 +610,10 @@ def head(st: Stream, sh: Shape, normed: Any, sampling: Sampling, positions: int 
             nxt = st.alloc(n, LOGITS, name)
             st.free(logits)
             logits = nxt
+    if sh.logits_all_fp32:
+        up = st.alloc(sh.b * positions * V * 4, LOGITS, "logits.float() (every position, in the model)")
+        st.free(logits)
+        logits = up
     st.free(normed)       # the model's output goes when the CausalLM forward returns
     return logits
 
@@ -603,8 +632,15 @@ def sample(st: Stream, sh: Shape, logits: Any, S: int, sampling: Sampling, first
         st.alloc(b * (S + 1) * 8, GEN, "attention mask (torch.cat)", key=new("mask"))
         if not first:
             st.free("mask")
-    nl = st.alloc(b * V * 4, LOGITS, "next-token logits (fp32 copy)", key=new("nl"))
-    if not first and sampling.processors:
+    if sampling.next_logits == "view":
+        nl = st.alloc(0, LOGITS, "next-token logits (a view)", key=new("nl"))
+    elif sampling.next_logits == "clone_float":
+        cl = st.alloc(b * V * sh.c, LOGITS, "next-token logits .clone()")
+        nl = st.alloc(b * V * 4, LOGITS, "next-token logits .float()", key=new("nl"))
+        st.free(cl)
+    else:
+        nl = st.alloc(b * V * 4, LOGITS, "next-token logits (fp32 copy)", key=new("nl"))
+    if not first and sampling.processors and nl is not None:
         st.free("nl")
     scores = nl
     for i in range(sampling.processors):
@@ -624,12 +660,17 @@ def sample(st: Stream, sh: Shape, logits: Any, S: int, sampling: Sampling, first
         if scores != nl:
             st.free(scores)
         scores = out
-    if not first:
+    if not first and (sampling.processors or nl is not None):
         st.free("ns" if sampling.processors else "nl")
     st.alloc(b * (S + 1) * 8, GEN, "input_ids (torch.cat)", key=new("ids"))
     if not first:
         st.free("ids")
-    st.free(logits)
+    if sampling.next_logits == "view":
+        # no ``del outputs`` then: the outputs (and the view into their logits) stay until the
+        # next forward has returned
+        st.events.append(("rename", logits, 0, new("lprev")))
+    elif logits is not None:
+        st.free(logits)
 
 
 def prologue(st: Stream, b: int, p: int) -> None:

@@ -494,7 +494,7 @@ def _bnb(t: ParamTensor, s: InferenceSetup, c: str) -> _Stored:
     """
     q = s.weights
     groups = ("attn_qk", "attn_vo", "mlp")
-    if not _quantizable(t, groups):
+    if not _quantizable(t, groups, experts_linear=transformers_version(s) < (5, 0)):
         why = ", not nn.Linear (stays 16-bit)" if t.experts else ""
         return _dense(t, c, why)
     if q == "int8":
@@ -1118,10 +1118,15 @@ class InferenceEstimate(Estimate):
     def fits(self, value: Optional[bool]) -> None:
         self._fits = value
 
+    @property
+    def assumes(self) -> str:
+        """The weight format and the transformers (or engine) behaviour this estimate assumes."""
+        return assumptions(self)
+
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
         d = super().to_dict()
-        d.update({"mode": "serving" if self.serving else "generate",
+        d.update({"mode": "serving" if self.serving else "generate", "assumes": self.assumes,
                   "kv_cache_bytes": int(round(self.kv_cache_bytes)),
                   "kv_cache_gib": round(self.kv_cache_bytes / GIB, 4),
                   "kv_cache_prefill_bytes": int(round(self.kv_cache_prefill_bytes)),
@@ -1198,6 +1203,44 @@ def format_from_config(config: Any) -> Tuple[Dict[str, Any], str]:
                 f"assumed; pass weights= to override")
 
 
+def _legacy_attention(setup: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
+    """transformers < 4.36 had no SDPA path for its decoders (``_supports_sdpa`` came with 4.36):
+    generate() ran the eager attention there, whatever ``sdpa`` asked."""
+    ver = (setup.get("versions") or {}).get("transformers") if isinstance(setup.get("versions"), dict) else None
+    if not ver:
+        return setup, ""
+    from .engines import parse_version
+
+    if tuple(parse_version(ver)) < (4, 36) and str(setup.get("attn_implementation") or "sdpa").lower() == "sdpa":
+        return {**setup, "attn_implementation": "eager"}, (f"attention: transformers {ver} has no SDPA path (4.36 "
+                                                           f"added it): eager attention assumed")
+    return setup, ""
+
+
+def assumptions(est: "InferenceEstimate") -> str:
+    """One line: the weight format and the transformers (or engine) behaviour the estimate assumes."""
+    s = est.setup
+    fmt = s.get("weights", "bf16")
+    what = WEIGHT_FORMATS.get(fmt, fmt).split(":")[0]
+    if est.serving:
+        v = est.serving
+        return f"weights {fmt} ({what}); {v['engine']} {v['version']} ({v['runtime']}) start-up: {v['budget_rule']}"
+    ver = tuple((s.get("versions") or {}).get("transformers", "").split(".")) if (s.get("versions") or {}).get(
+        "transformers") else None
+    v = transformers_version(InferenceSetup(versions=s.get("versions") or {}))
+    parts = [f"weights {fmt} ({what})",
+             f"transformers {'.'.join(map(str, v[:2]))}{'' if ver else ' (the installed release)'} generate()"]
+    parts.append("the legacy tuple cache: the previous step's keys and values live until the next step "
+                 "(< 4.36)" if v < (4, 36) else "DynamicCache grown by torch.cat, one layer at a time")
+    parts.append("every position's logits upcast in the model (< 4.45)" if v < (4, 45)
+                 else "the last position's logits (logits_to_keep=1) and an fp32 copy")
+    if s.get("min_new_tokens"):
+        parts.append("min_new_tokens' logits processors")
+    parts.append("a padded batch's mask" if s.get("padding") else "no padding (no mask for SDPA)")
+    parts.append(f"{s.get('attn_implementation')} attention")
+    return "; ".join(parts)
+
+
 def with_shipped_format(arch: Architecture, setup: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
     """``setup`` with the checkpoint's own format (:func:`format_from_config`) where it names no
     ``weights``, and the note that says which was assumed; an explicit ``weights`` wins (the
@@ -1250,10 +1293,12 @@ def estimate_inference(model: Model, **setup: Any) -> InferenceEstimate:
     """
     arch = load(model)
     setup, note = with_shipped_format(arch, setup)
+    setup, eager_note = _legacy_attention(setup)
     s = InferenceSetup.from_kwargs(**setup)
     est = estimate_inference_setup(arch, s)
-    if note:
-        est.notes.insert(0, note)
+    for n in (eager_note, note):
+        if n:
+            est.notes.insert(0, n)
     if est.provisional_device_total_bytes > MAX_BYTES:   # an input error, not an estimate (no replay run)
         field = "model" if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES else "context_len"
         check_total(est.provisional_device_total_bytes, "this inference run" if field != "model" else f"{arch.name}'s weights",
@@ -1818,6 +1863,7 @@ def format_table(est: InferenceEstimate, longest: Optional[int] = None) -> str:
     lines = [f"{est.model_name}: inference, weights {s['weights']}, KV cache {s['kv_cache_dtype']}, "
              f"batch {s['batch_size']} x {s['context_len']} tokens (prompt {s['prompt_len']}), "
              f"{s['attn_implementation']}"]
+    lines.append(f"  assumes: {est.assumes}")
     lines.append(f"  KV cache: {est.kv_bytes_per_token:,.0f} B per token (all layers); "
                  f"{est.kv_cache_bytes / GIB:.3f} GiB")
     for ph, v in est.phases_bytes.items():
@@ -1843,10 +1889,14 @@ def format_table(est: InferenceEstimate, longest: Optional[int] = None) -> str:
                      f"(running at once: {v['running_sequences']})")
     elif est.gpu:
         room = est.gpu_usable_bytes - est.device_total_bytes
-        lines.append(f"  {est.gpu}: {'fits' if est.fits else 'does NOT fit'}: device total "
+        state = ("fits, tight (only by the allocator freeing its cached blocks at the limit)" if est.fits and est.squeezed
+                 else "fits" if est.fits else "does NOT fit")
+        lines.append(f"  {est.gpu}: {state}: device total "
                      f"{est.device_total_bytes / GIB:.2f} GiB of {est.gpu_usable_bytes / GIB:.2f} GiB CUDA total "
                      f"({abs(room) / GIB:.2f} GiB {'to spare' if room >= 0 else 'over'}, "
                      f"{abs(room) / est.gpu_usable_bytes * 100:.0f}%)")
+    if est.gpu and not est.serving and est.allocator_note:
+        lines.append(f"  allocator: {est.allocator_note}")
     if longest is not None:
         lines.append(f"  longest context that fits: {longest:,} tokens")
     for n in est.notes:

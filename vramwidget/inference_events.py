@@ -129,6 +129,7 @@ def _shape(arch: Architecture, s: InferenceSetup, lay: Any, device: str) -> ops.
                      op_level=ops.op_level(arch) and s.fmt_kind in ("dense", "nf4", "fp4"),
                      rope_matmul=transformers_version(s) < (5, 19), keeps_ones_mask=transformers_version(s) < (5, 18),
                      packs_gqa=transformers_version(s) >= (5, 23),
+                     legacy_cache=transformers_version(s) < (4, 36), logits_all_fp32=transformers_version(s) < (4, 45),
                      quant=quant or None,
                      double_quant=s.double_quant)
 
@@ -139,8 +140,11 @@ def sampling(arch: Architecture, s: InferenceSetup) -> ops.Sampling:
     (``_get_logits_processor``; ``_prepare_generated_length`` sets ``min_length`` from
     ``min_new_tokens``)."""
     eos = arch.config.get("eos_token_id") if isinstance(arch.config, dict) else None
-    n = 2 if (s.min_new_tokens and eos is not None) else 0
-    return ops.Sampling(processors=n, final_softcap=bool(arch.final_logit_softcapping))
+    v = transformers_version(s)
+    # before 4.45 the processors set the EOS column in place (MinLengthLogitsProcessor of 4.35.2)
+    n = 2 if (s.min_new_tokens and eos is not None and v >= (4, 45)) else 0
+    nxt = ("to_copy" if v >= (4, 46) else "clone_float" if v >= (4, 45) else "clone" if v >= (4, 42) else "view")
+    return ops.Sampling(processors=n, final_softcap=bool(arch.final_logit_softcapping), next_logits=nxt)
 
 
 def _forward(st: ops.Stream, arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any,
@@ -160,15 +164,15 @@ def _forward(st: ops.Stream, arch: Architecture, s: InferenceSetup, sh: ops.Shap
 
 
 def _renamed(events: List[Event]) -> List[Event]:
-    """Resolve the stream's "rename" markers."""
-    alias: Dict[Any, Any] = {}
-    out: List[Event] = []
-    for kind, key, n, label in events:
+    """Resolve the stream's "rename" markers ``("rename", key, 0, new_name)``: the tensor
+    allocated as ``key`` is called ``new_name`` in every event (the name a later part of the
+    stream, a decode step, frees it by)."""
+    to_new: Dict[Any, Any] = {}
+    for kind, key, _n, label in events:
         if kind == "rename":
-            alias[label] = alias.get(key, key)
-            continue
-        out.append((kind, alias.get(key, key), n, label))
-    return out
+            orig = next((o for o, nn in to_new.items() if nn == key), key)
+            to_new[orig] = label
+    return [(kind, to_new.get(key, key), n, label) for kind, key, n, label in events if kind != "rename"]
 
 
 def _load(st: ops.Stream, arch: Architecture, s: InferenceSetup) -> None:
@@ -243,7 +247,7 @@ def _prefill(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, kin
         logits = ops.head(st, sh, normed, sampling(arch, s), positions=p)
         st.free("clone0")
         return _renamed(st.events)
-    logits = ops.head(st, sh, normed, sampling(arch, s))
+    logits = ops.head(st, sh, normed, sampling(arch, s), q=p)
     st.free("clone0")
     ops.sample(st, sh, logits, p, sampling(arch, s), first=True)
     return _renamed(st.events)
@@ -251,22 +255,36 @@ def _prefill(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, kin
 
 def _decode_step(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, kinds: List[Optional[bool]], S: int,
                  stored: Any) -> List[Event]:
-    """One decode step from S cached tokens (keys are the template's names)."""
+    """One decode step from S cached tokens (keys are the template's names).  With the legacy
+    tuple cache (transformers < 4.36) ``prepare_inputs_for_generation`` first drops the tuple of
+    two steps back (the previous ``model_inputs`` held it), and the previous step's outputs
+    (their logits) go once this forward has returned."""
     st = ops.Stream()
+    if sh.legacy_cache and S > s.prompt_len:
+        st.free(*[(x, layer) for layer, kind in enumerate(kinds) if kind is not None for x in ("kold", "vold")])
     normed = _forward(st, arch, s, sh, lay, kinds, 1, S, True, stored)
     logits = ops.head(st, sh, normed, sampling(arch, s))
+    if sampling(arch, s).next_logits == "view":
+        st.free("lprev")
     ops.sample(st, sh, logits, S + 1, sampling(arch, s), first=False)
     ev = _renamed(st.events)
     # template keys: a step's own tensors are numbered in order, the same every step
     return [(k, ("t", key) if isinstance(key, int) else key, n, label) for k, key, n, label in ev]
 
 
-def _renames(kinds: List[Optional[bool]], smp: ops.Sampling, masked: bool) -> Tuple[Tuple[Any, Any], ...]:
+def _renames(kinds: List[Optional[bool]], smp: ops.Sampling, masked: bool, legacy: bool = False
+             ) -> Tuple[Tuple[Any, Any], ...]:
     out: List[Tuple[Any, Any]] = []
     for layer, kind in enumerate(kinds):
         if kind is not None:
+            if legacy:      # this step's tuple becomes the one two steps back
+                out += [(("k", layer), ("kold", layer)), (("v", layer), ("vold", layer))]
             out += [(("k", layer, "new"), ("k", layer)), (("v", layer, "new"), ("v", layer))]
-    out += [("nl.new", "nl"), ("ids.new", "ids")]
+    if smp.next_logits == "view":
+        out.append(("lprev.new", "lprev"))
+    else:
+        out.append(("nl.new", "nl"))
+    out.append(("ids.new", "ids"))
     if masked:
         out.append(("mask.new", "mask"))
     if smp.processors:
@@ -325,7 +343,7 @@ def decode_runs(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, 
     affine in the step (each run's template read off its first two steps and checked against
     its last), a new run where the events change (:func:`_boundaries`; any other change is
     found by bisection)."""
-    renames = _renames(kinds, sampling(arch, s), sh.padded or sh.keeps_ones_mask)
+    renames = _renames(kinds, sampling(arch, s), sh.padded or sh.keeps_ones_mask, sh.legacy_cache)
     step = lambda n: _step_cached(arch, s, sh, lay, kinds, n, stored)  # noqa: E731
     out: List[StepRun] = []
     cuts = [s.prompt_len] + _boundaries(s, sh, kinds) + [s.context_len]
@@ -371,10 +389,11 @@ def inference_runs(arch: Architecture, s: InferenceSetup, device: str = "cuda") 
     # generate() returns the sequences: the loop's last scores and the cache go (with
     # return_dict_in_generate the cache is returned instead: the replay's peaks are the same)
     smp = sampling(arch, s)
-    end = [("free", k, 0, "") for k in ("nl", "ns" if smp.processors else None,
+    end = [("free", k, 0, "") for k in ("nl" if smp.next_logits != "view" else "lprev", "ns" if smp.processors else None,
                                         "mask" if (sh.padded or sh.keeps_ones_mask) else None,
                                         "mask0" if (sh.padded or sh.keeps_ones_mask) else None, "pos0") if k]
-    end += [("free", (x, layer), 0, "") for layer, kind in enumerate(kinds) if kind is not None for x in ("k", "v")]
+    end += [("free", (x, layer), 0, "") for layer, kind in enumerate(kinds) if kind is not None
+            for x in (("k", "v", "kold", "vold") if (sh.legacy_cache and s.context_len > s.prompt_len + 1) else ("k", "v"))]
     parts.append(end)
     return parts
 
