@@ -1645,19 +1645,20 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     if not prompt or prompt >= bound * blk:
         # the whole context is the prompt: each estimate replays a prefill (no decode steps)
         return _largest_true(lambda n: bool(estimate_at(n).fits), bound) * blk
-    # a fixed prompt: the stream of a shorter context is the first events of the bound's, so
-    # one replay gives the reserved memory of every context (inference_events.reserved_by_decode_steps)
+    # a fixed prompt: the stream of a shorter context is the first events of the bound's, and so
+    # is its replay at the card's capacity.  A context fits exactly when that replay runs without
+    # an out-of-memory error (the verdict's rule, gpus.judge_on: the unlimited reserve fitting, or
+    # the free-and-retry at the limit saving it), so one capacity replay of the bound decides
+    # every context: the longest is the one whose last decode step ends before the failing
+    # request (inference_events.steps_before_oom)
     top = estimate_at(bound)
-    reserved_at = GENERATE_REPLAY["reserved_by_decode_steps"](*top._inference)
-
-    def exact(n: int) -> bool:
-        e = estimate_at(n)
-        if n * blk <= prompt:
-            return bool(e.fits)
-        need = max(reserved_at(n * blk - prompt), e.peak_allocated_bytes) + e.cuda_context_bytes
-        return fits_rule(need, e.gpu_usable_bytes)
-
-    return _largest_true(exact, bound) * blk
+    capacity = top.gpu_usable_bytes - top.cuda_context_bytes
+    steps = GENERATE_REPLAY["steps_before_oom"](*top._inference, capacity)
+    if steps is None:
+        return bound * blk
+    last = prompt + steps                        # the cache of the last step that ran whole
+    return _largest_true(lambda n: n * blk <= max(last, prompt) and (n * blk > prompt or bool(estimate_at(n).fits)),
+                         bound) * blk
 
 
 def _largest_true(pred: Any, cap: int) -> int:

@@ -746,3 +746,30 @@ def likely_padding(batch_size: int, prompt_len: int, vocab_size: int) -> bool:
     ``pad_token_id`` somewhere, so that generate() infers an attention mask that masks it:
     1 - (1 - 1/V)^(b p) > 1/2."""
     return 1.0 - (1.0 - 1.0 / max(vocab_size, 1)) ** (batch_size * prompt_len) > 0.5
+
+
+def steps_before_oom(arch: Architecture, s: InferenceSetup, capacity_bytes: float) -> Optional[int]:
+    """The decode steps of ``s`` that run whole on a card where torch may reserve
+    ``capacity_bytes`` (its replay at that capacity, ``replay_inference``); None when the whole
+    call runs.  A call to a shorter context is the first steps of this one, so it fits exactly
+    when it ends before the failing request.  -1: the prefill itself fails."""
+    res = replay_inference(arch, s, capacity_bytes=capacity_bytes)
+    if res.oom is None:
+        return None
+    parts = replay_parts(cached_runs(arch, s), parse_alloc_conf(s.allocator))
+    g = len(parts[0])
+    if res.oom.index < g:
+        return -1
+    done = 0
+    for part in parts[1:]:
+        if not isinstance(part, StepRun):
+            break
+        width = len(part.events)
+        if res.oom.index < g + part.n_steps * width:
+            return done + (res.oom.index - g) // width
+        g += part.n_steps * width
+        done += part.n_steps
+    return done
+
+
+GENERATE_REPLAY["steps_before_oom"] = steps_before_oom
