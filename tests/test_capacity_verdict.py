@@ -92,17 +92,19 @@ def test_a_drawn_copy_with_a_provisional_reserve_is_judged_by_it_without_a_repla
     assert verdict.verdict(view, T4)["need_bytes"] == (14_000 + 274) * MIB == view.device_total_bytes
 
 
-def test_a_decode_keeps_the_reserve_without_a_limit():
-    """Inference is not judged this way yet (the capacity replay of a long decode takes
-    minutes inside longest_context's search; README Limits): Llama-2-7B generate() of a
-    512-token prompt to 2,048 tokens on a card where torch may reserve 14,200 MiB keeps its
-    unlimited reserve, although a replay with that capacity runs without an error."""
+def test_a_decode_is_judged_by_its_capacity_replay():
+    """Inference is judged as a training step is: Llama-2-7B generate() of a 512-token prompt to
+    2,048 tokens on a card where torch may reserve 14,200 MiB: its unlimited reserve is over that,
+    its allocated peak is not, and the replay with that capacity runs without an error, so it
+    fits, tight (the allocator freeing its cached blocks at the limit)."""
     g = gpus.get_gpu("H100-80GB")
     card = replace(g, name="test card (14,200 MiB for torch)", cuda_total_mib=14200 + gpus.context_bytes(g)[0] / MIB)
     est = estimate_inference("llama-2-7b", weights="bf16", context_len=2048, prompt_len=512)
+    assert est.unlimited_reserved_bytes > 14200 * MIB > est.peak_allocated_bytes
     judged = gpus.judge_on(est, card)
-    assert judged["case"] == "reserve" and judged["fits"] is False
+    assert judged["case"] == "capacity_replay" and judged["fits"] is True and judged["squeezed"] is True
     assert est.replay(capacity_bytes=14200 * MIB).oom is None
+    assert judged["reserved_bytes"] == est.replay(capacity_bytes=14200 * MIB).max_reserved_bytes
 
 
 class _Stream:

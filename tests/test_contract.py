@@ -357,9 +357,10 @@ def test_longest_context_from_a_short_prompt_does_not_exhaust_memory():
 
 
 def test_cli_table_names_are_not_cut(capsys):
-    """Was: names cut at 40 characters ("layer inputs kept by checkpointing (16 l")."""
+    """Was: names cut at 40 characters ("layer inputs kept by checkpointing (16 l"); the table
+    now names each group's largest tensor whole (41 characters here)."""
     code, text, _ = run(capsys, "estimate", "llama-3.2-1b", "--method", "qlora")
-    assert code == 0 and "layer inputs kept by checkpointing (16 layers)" in text
+    assert code == 0 and "largest model.layers.{i}.self_attn.q_proj.weight: 16 x 2048 x 2048" in text
 
 
 # ---------------------------------------------------------------------------------------

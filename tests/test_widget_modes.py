@@ -338,8 +338,15 @@ def test_inference_mode_shows_estimate_inference(calc):
     assert titles["4-bit (NF4)"]["bytes"] < titles["BF16"]["bytes"]
     assert all(r["fits"] for r in titles.values())
     # phases of generate()
+    # the whole context is the prompt: generate() prefills it and decodes nothing
     labels = [r["phase"] for r in calc.rows["phases"] if r["level"] == "total"]
-    assert labels == ["after load", "prefill", "decode"]
+    assert labels == ["after load", "prefill"]
+    # the summary says what the estimate assumes (the format and transformers' behaviour)
+    assert inf["assumes"] == direct.assumes and "DynamicCache" in inf["assumes"]
+    assert "assumes weights bf16" in calc.summary["text"]
+    calc.prompt_len = 1024                      # 3,072 generated tokens: a decode phase
+    assert [r["phase"] for r in calc.rows["phases"] if r["level"] == "total"] == ["after load", "prefill", "decode"]
+    calc.prompt_len = None
     # no suggestions in inference mode
     calc.context_len = 1 << 20
     assert calc.summary["fits"] is False and calc.suggestions_status == ""

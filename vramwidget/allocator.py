@@ -1338,9 +1338,15 @@ def _replay_run(al: CachingAllocator, live: Dict[Any, _Block], run: StepRun,
     reserved = al.reserved
     misses = 0                            # probes in a row that skipped little
     hashed = 0                            # steps hashed since the last probe
+    fixed = _FixedPoint(run, al.cfg)
     while m < n:
-        if P is None or misses >= _MAX_MISSES or hashed >= _MAX_HASHED:
-            _step(al, live, run, m, None, growth, slack)
+        jump = fixed.jump(al, live, m, n, slack)
+        if jump:
+            m = jump
+            seen.clear()
+            continue
+        if P is None or misses >= _MAX_MISSES or hashed >= _MAX_HASHED or fixed.promising(m):
+            fixed.step(al, live, m, growth, slack)
             m += 1
             continue
         if al.reserved != reserved:       # reserved only grows: no earlier layout comes back
@@ -1353,7 +1359,7 @@ def _replay_run(al: CachingAllocator, live: Dict[Any, _Block], run: StepRun,
         Q = 0 if last is None else (m - last) * P // math.gcd(m - last, P)
         hashed += 1
         if not Q or n - m < 3 * Q:
-            _step(al, live, run, m, None, growth, slack)
+            fixed.step(al, live, m, growth, slack)
             m += 1
             continue
         start = m
@@ -1414,6 +1420,125 @@ def _replay_run(al: CachingAllocator, live: Dict[Any, _Block], run: StepRun,
     return n * per_step
 
 
+class _FixedPoint:
+    """The cheapest exact skip: a stretch of Q steps (Q <= 8) that left the pool exactly as it
+    found it (every block's address, size, use and owner), with requests rounding to the same
+    sizes in every step of it and after it, is followed by stretches that do the same, until
+    some request rounds to another size (a decode step's constant-size tensors beside only
+    slowly growing ones, such as generate()'s ``input_ids`` ping-ponging between two blocks:
+    ``round_size`` changes every 512 / c1 steps).  Such steps reserve nothing new, so a card's
+    limit changes nothing in them either."""
+
+    MAX_PERIOD = 8
+
+    def __init__(self, run: StepRun, cfg: AllocatorConfig):
+        self.run, self.cfg = run, cfg
+        self.growing = [(int(c0), int(c1)) for kind, _k, c0, c1, _l in run.events
+                        if kind == "alloc" and c1 and c0 == int(c0) and c1 == int(c1)]
+        self.ok = all(c0 == int(c0) and c1 == int(c1) for kind, _k, c0, c1, _l in run.events if kind == "alloc")
+        #: (step, state before it, slack it added) of the last steps replayed in a row
+        self.hist: List[Tuple[int, Tuple[Any, ...], List[Any]]] = []
+
+    def _sizes_equal(self, m: int) -> bool:
+        """Steps m - 1 and m request the same rounded sizes."""
+        return all(round_size(c0 + c1 * (m - 1), self.cfg) == round_size(c0 + c1 * m, self.cfg)
+                   for c0, c1 in self.growing)
+
+    def _next_change(self, m: int, n: int) -> int:
+        """The first step after m (at most n) whose rounded sizes differ from step m's (each
+        size is monotone in the step, so a bisection finds it)."""
+        out = n
+        for c0, c1 in self.growing:
+            r = round_size(c0 + c1 * m, self.cfg)
+            if round_size(c0 + c1 * (n - 1), self.cfg) == r:
+                continue
+            lo, hi = m, n - 1                   # size(lo) == r != size(hi)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if round_size(c0 + c1 * mid, self.cfg) == r:
+                    lo = mid
+                else:
+                    hi = mid
+            out = min(out, hi)
+        return out
+
+    @staticmethod
+    def state(al: CachingAllocator, live: Dict[Any, _Block]) -> Tuple[Any, ...]:
+        owner = {id(b): k for k, b in live.items()}
+        shape, sizes, _ = _structure(al, owner)
+        return shape + tuple(sizes)
+
+    def step(self, al: CachingAllocator, live: Dict[Any, _Block], m: int, growth: Optional[List[Any]],
+             slack: Optional[List[Any]], stepper: Any = None) -> None:
+        """Replay step m, keeping what :meth:`jump` compares (only where a jump could follow)."""
+        watch = self.ok and (not self.growing or (m + 1 < self.run.n_steps and self._sizes_equal(m + 1)))
+        before = self.state(al, live) if watch else None
+        k = len(slack) if slack is not None else 0
+        if stepper is not None:
+            stepper(al, live, self.run, m)
+        else:
+            _step(al, live, self.run, m, None, growth, slack)
+        if not watch:
+            self.hist = []
+            return
+        if self.hist and self.hist[-1][0] != m - 1:
+            self.hist = []
+        self.hist.append((m, before, list(slack[k:]) if slack is not None else []))
+        del self.hist[:-self.MAX_PERIOD]
+
+    def promising(self, m: int) -> bool:
+        """Whether to keep replaying plain steps for a jump rather than probe a superstep: the
+        requests round to the same sizes from step to step, and fewer than 2 x MAX_PERIOD steps
+        in a row have been replayed without one."""
+        if not self.ok or (self.growing and not self._sizes_equal(m)):
+            return False
+        self.tries = getattr(self, "tries", 0) + 1
+        if self.tries > 2 * self.MAX_PERIOD:
+            if self.tries > 64:
+                self.tries = 0
+            return False
+        return True
+
+    def jump(self, al: CachingAllocator, live: Dict[Any, _Block], m: int, n: int,
+             slack: Optional[List[Any]]) -> int:
+        """The step to continue from when steps m.. repeat the last Q replayed ones exactly;
+        0 when they may not."""
+        h = self.hist
+        if not h or h[-1][0] != m - 1 or (self.growing and not self._sizes_equal(m)):
+            return 0
+        now = None
+        for Q in range(1, len(h) + 1):
+            start, before, _ = h[-Q]
+            if start != m - Q:
+                break
+            if self.growing and any(round_size(c0 + c1 * start, self.cfg) != round_size(c0 + c1 * m, self.cfg)
+                                    for c0, c1 in self.growing):
+                break
+            if now is None:
+                now = self.state(al, live)
+            if now != before:
+                continue
+            end = self._next_change(m, n) if self.growing else n
+            k = (end - m) // Q                      # whole periods that repeat
+            if k <= 0:
+                return 0
+            if slack is not None:
+                pattern = [(x[0] - start, x[1], x[2]) for st in h[-Q:] for x in st[2]]
+                if pattern:
+                    import numpy as np
+
+                    ks = np.arange(k, dtype=np.int64)[:, None] * Q + m
+                    off = np.array([x[0] for x in pattern], dtype=np.int64)[None, :]
+                    js = np.array([x[1] for x in pattern], dtype=np.int64)[None, :]
+                    vals = np.array([x[2] for x in pattern], dtype=np.int64)[None, :]
+                    slack.append(("block", (ks + off).reshape(-1), (js + 0 * ks).reshape(-1),
+                                  (vals + 0 * ks).reshape(-1)))
+            self.hist = []
+            self.tries = 0
+            return m + k * Q
+        return 0
+
+
 def _set_sizes(al: CachingAllocator, order: List[_Block], sizes: List[int]) -> None:
     """Give every block (address order within each segment) its new size, and the addresses
     and free lists that follow."""
@@ -1443,3 +1568,75 @@ def _set_sizes(al: CachingAllocator, order: List[_Block], sizes: List[int]) -> N
     for lst in al._free.values():
         lst.sort()
     al.allocated = allocated
+
+
+def replay_runs_on_card(parts: Sequence[Any], config: Optional[AllocatorConfig] = None,
+                        capacity_bytes: Optional[float] = None) -> ReplayResult:
+    """``replay(expand_runs(parts), config, capacity_bytes)``, byte for byte, without writing
+    the steps of a :class:`StepRun` out: each step is replayed on one allocator with the card's
+    capacity (the free-and-retry at the limit, ``CachingAllocator.malloc``), except where
+    :class:`_FixedPoint` proves that steps repeat exactly (such steps reserve nothing new, so
+    the limit changes nothing in them).  For inference's capacity replays (``judge_on``), whose
+    decode steps written out are millions of events; a step that fails is reported in ``oom``
+    with its index in the written-out stream, and the replay stops there."""
+    cfg = config or AllocatorConfig()
+    al = CachingAllocator(cfg, capacity_bytes)
+    live: Dict[Any, _Block] = {}
+    res = ReplayResult()
+    g = 0                                   # index of the next event in the written-out stream
+    at = [0]                                # the event of the current step being replayed
+
+    def stepper(al2: CachingAllocator, live2: Dict[Any, _Block], run: StepRun, m: int) -> None:
+        for j, (kind, key, c0, c1, label) in enumerate(run.events):
+            at[0] = j
+            if kind == "alloc":
+                live2[key] = al2.malloc(c0 + c1 * m, label)
+            else:
+                al2.free(live2.pop(key))
+        for a, b in run.renames:
+            live2[b] = live2.pop(a)
+
+    try:
+        for part in parts:
+            if not isinstance(part, StepRun):
+                for kind, key, nbytes, label in part:
+                    if kind == "alloc":
+                        live[key] = al.malloc(nbytes, label)
+                    elif kind == "free":
+                        al.free(live.pop(key))
+                    elif kind == "reset_peak":
+                        al.reset_peak()
+                    elif kind == "empty_cache":
+                        al.empty_cache()
+                    else:
+                        raise ValueError(f"unknown replay event {kind!r}")
+                    g += 1
+                continue
+            width = len(part.events)
+            fixed = _FixedPoint(part, cfg)
+            m = 0
+            while m < part.n_steps:
+                jump = fixed.jump(al, live, m, part.n_steps, None)
+                if jump:
+                    g += (jump - m) * width
+                    m = jump
+                    continue
+                at[0] = 0
+                fixed.step(al, live, m, None, None, stepper)
+                g += width
+                m += 1
+    except OutOfMemory as e:
+        if parts and isinstance(part, StepRun):
+            g += at[0]
+        e.index = g
+        res.oom = e
+        res.num_events = g + 1
+    else:
+        res.num_events = g
+    res.max_reserved_bytes = al.max_reserved
+    res.max_allocated_bytes = al.max_allocated
+    res.reserved_bytes = al.reserved
+    res.allocated_bytes = al.allocated
+    res.fragmentation_at_max_bytes = al.frag_at_max
+    res.segments_allocated = al.segments_allocated
+    return res

@@ -206,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     mi.add_argument("cases", metavar="CASES.jsonl")
     mi.add_argument("--out", required=True, metavar="OUT.jsonl")
     mi.add_argument("--device", default="cuda")
+    mi.add_argument("--snapshots", metavar="DIR", help="folder for each case's generate() allocator snapshot, "
+                                                      "<id>.pickle (CUDA only)")
 
     for name in ("presets", "models"):
         p = sub.add_parser(name, help="list the built-in model presets" + (" (alias of presets)" if name == "models"
@@ -941,7 +943,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "measure-inference":
             from .measure_inference import measure_inference_file
 
-            n = measure_inference_file(args.cases, args.out, device=args.device)
+            n = measure_inference_file(args.cases, args.out, device=args.device, snapshot_dir=args.snapshots)
             out.write(f"{n} case(s) measured; records appended to {args.out}\n")
             if n == 0:   # every case failed: say so in the exit status, not only inside the file
                 raise _UsageError(f"measure-inference: no case could be measured (each failure is recorded in "

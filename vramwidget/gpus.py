@@ -392,8 +392,9 @@ def judge_on(est: Any, gpu: Any, *, replay: bool = True) -> Dict[str, Any]:
        (``est.replay(capacity_bytes=...)``, cached per setup and capacity): it fits exactly
        when that replay has no out-of-memory error, and the reserve on this card is that
        replay's (``max_reserved_bytes``).  With an error the unlimited reserve stays (over the
-       line).  Estimates without such a replay (inference's decode, whose capacity replay
-       takes minutes) keep the unlimited reserve.
+       line).  Inference's generate() is judged the same way (its replay at a capacity:
+       ``allocator.replay_runs_on_card``); estimates without such a replay keep the unlimited
+       reserve.
 
     ``replay=False`` runs no capacity replay: where one is needed and not cached yet the
     unlimited reserve is kept and ``"provisional"`` is True (the widget's update path, which

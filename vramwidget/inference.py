@@ -74,6 +74,16 @@ WEIGHT_FORMATS: Dict[str, str] = {
     "gptq-4bit": "GPTQ 4-bit: int32-packed qweight, fp16 scales and packed zeros per group, int32 g_idx",
     "gptq-8bit": "GPTQ 8-bit: int32-packed qweight, fp16 scales and packed zeros per group, int32 g_idx",
     "awq-4bit": "AWQ 4-bit (GEMM): int32-packed qweight, packed zeros and fp16 scales per group",
+    "mxfp4": "MXFP4 experts as gpt-oss ships them (transformers' Mxfp4 path with the Triton kernels): 4-bit e2m1 "
+             "values in uint8 pairs + one uint8 e8m0 scale per 32 weights; expert biases fp32; attention, router, "
+             "embeddings and head 16-bit",
+    "fp8-block": "block-wise FP8 (DeepSeek-V3, Qwen3-FP8): e4m3 linear weights + one fp32 scale per 128 x 128 block "
+                 "(weight_scale_inv); embeddings, head, norms and router 16-bit",
+    "ct-w4a16": "compressed-tensors pack-quantized int4 (llm-compressor W4A16): int32-packed weights + a 16-bit "
+                "scale per group of group_size",
+    "ct-w8a8": "compressed-tensors int8 (llm-compressor W8A8): int8 weights + a 16-bit scale per output channel",
+    "ct-fp8": "compressed-tensors float-quantized FP8 (llm-compressor FP8): e4m3 weights + an fp32 scale per output "
+              "channel",
     "gguf-q2_k": "llama.cpp Q2_K mix", "gguf-q3_k_s": "llama.cpp Q3_K_S", "gguf-q3_k_m": "llama.cpp Q3_K_M mix",
     "gguf-q3_k_l": "llama.cpp Q3_K_L mix", "gguf-q4_0": "llama.cpp Q4_0", "gguf-q4_1": "llama.cpp Q4_1",
     "gguf-q4_k_s": "llama.cpp Q4_K_S mix", "gguf-q4_k_m": "llama.cpp Q4_K_M mix", "gguf-q5_0": "llama.cpp Q5_0",
@@ -85,7 +95,8 @@ _FORMAT_ALIASES = {
     "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
     "float8": "fp8", "fp8_e4m3": "fp8", "8bit": "int8", "bnb-8bit": "int8", "llm.int8": "int8", "int4": "nf4",
     "4bit": "nf4", "bnb-4bit": "nf4", "bnb-nf4": "nf4", "bnb-fp4": "fp4", "gptq": "gptq-4bit", "gptq-int4": "gptq-4bit",
-    "gptq-int8": "gptq-8bit", "awq": "awq-4bit", "awq-int4": "awq-4bit",
+    "gptq-int8": "gptq-8bit", "awq": "awq-4bit", "awq-int4": "awq-4bit", "fp8-blockwise": "fp8-block",
+    "fp8-e4m3-block": "fp8-block", "w4a16": "ct-w4a16", "w8a8": "ct-w8a8", "compressed-tensors-fp8": "ct-fp8",
 }
 
 KV_CACHE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
@@ -131,7 +142,7 @@ _GGUF_BASE = {"q2_k": "Q2_K", "q3_k_s": "Q3_K", "q3_k_m": "Q3_K", "q3_k_l": "Q3_
 #: estimate.ALLOCATOR_REPLAY is for training, so that this module does not import that one
 GENERATE_REPLAY: Dict[str, Any] = {}
 
-_CHILD_ORDER = ("weights", "quantization constants", "kv cache", "activations", "logits", "workspace",
+_CHILD_ORDER = ("weights", "quantization constants", "kv cache", "activations", "logits", "generation", "workspace",
                 "allocator reserve", "cuda context")
 
 
@@ -173,13 +184,20 @@ class InferenceSetup:
     #: the caching allocator's settings for generate()'s replay: "default", "expandable_segments"
     #: or a PYTORCH_CUDA_ALLOC_CONF string (allocator.parse_alloc_conf)
     allocator: str = "default"
+    #: ``generate(min_new_tokens=...)``: with an EOS token, two logits processors copy the
+    #: scores every step (generate_ops.sample)
+    min_new_tokens: int = 0
+    #: the batch's attention mask masks some positions (padded prompts, or a prompt holding
+    #: ``pad_token_id`` when generate() infers the mask): a (b, 1, q, kv) mask is built, and
+    #: SDPA repeats K/V to every head and runs its memory-efficient kernel
+    padding: bool = False
 
     FIELDS = ("weights", "dtype", "group_size", "double_quant", "kv_cache_dtype", "batch_size", "context_len",
               "prompt_len", "attn_implementation", "mla_cache", "use_sliding_window", "logits", "gpu",
               "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "block_size", "engine",
               "versions", "tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel",
               "enforce_eager", "enable_chunked_prefill", "mem_fraction_static", "disable_custom_all_reduce",
-              "allocator")
+              "allocator", "min_new_tokens", "padding")
 
     @property
     def serving(self) -> bool:
@@ -205,7 +223,9 @@ class InferenceSetup:
             return "gptq"
         if w.startswith("awq"):
             return "awq"
-        return w  # fp8, int8, nf4, fp4
+        if w.startswith("ct-"):
+            return "ct"
+        return w  # fp8, fp8-block, mxfp4, int8, nf4, fp4
 
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
@@ -342,7 +362,26 @@ class InferenceSetup:
             from .training import _allocator
 
             v["allocator"] = _allocator(kw["allocator"])
+        if kw.get("min_new_tokens") is not None:
+            v["min_new_tokens"] = check_int("min_new_tokens", kw["min_new_tokens"], lo=0)
+        if kw.get("padding") is not None:
+            v["padding"] = check_bool("padding", kw["padding"])
         return cls(**v)
+
+
+#: the transformers release assumed when ``versions`` does not name one (the installed 5.23,
+#: whose source every rule here was read from)
+DEFAULT_TRANSFORMERS = (5, 23, 0)
+
+
+def transformers_version(s: "InferenceSetup") -> Tuple[int, ...]:
+    """The transformers release ``s`` models, as a tuple of ints (``versions={"transformers": ...}``)."""
+    v = (s.versions or {}).get("transformers")
+    if not v:
+        return DEFAULT_TRANSFORMERS
+    from .engines import parse_version
+
+    return tuple(parse_version(v))
 
 
 def _weights_format(w: Any) -> str:
@@ -428,6 +467,8 @@ def _store_one(arch: Architecture, t: ParamTensor, s: InferenceSetup, kind: str)
         return _dense(t, canonical_dtype(s.weights))
     if kind in ("nf4", "fp4", "int8"):
         return _bnb(t, s, c)
+    if kind == "mxfp4":
+        return _mxfp4(t, c)
     linear = t.linear and not t.is_bias and t.role not in ("router",)
     if not linear:
         return _dense(t, "float16" if kind in ("gptq", "awq") else c,
@@ -436,6 +477,10 @@ def _store_one(arch: Architecture, t: ParamTensor, s: InferenceSetup, kind: str)
         n, _, o = _dims(t)
         return _Stored(t, [("float8", t.numel * 1.0, "float8", "n x 1 B (fp8 e4m3)")],
                        [("weight_scale (fp32 per output channel)", n * o * 4.0, f"{n} x {o} x 4 B")])
+    if kind == "fp8-block":
+        return _fp8_block(t, s)
+    if kind == "ct":
+        return _compressed_tensors(t, s)
     if kind == "gptq":
         return _gptq(t, s)
     if kind == "awq":
@@ -453,7 +498,7 @@ def _bnb(t: ParamTensor, s: InferenceSetup, c: str) -> _Stored:
     """
     q = s.weights
     groups = ("attn_qk", "attn_vo", "mlp")
-    if not quantizable(t, groups):
+    if not quantizable(t, groups, experts_linear=transformers_version(s) < (5, 0)):
         why = ", not nn.Linear (stays 16-bit)" if t.experts else ""
         return _dense(t, c, why)
     if q == "int8":
@@ -464,6 +509,56 @@ def _bnb(t: ParamTensor, s: InferenceSetup, c: str) -> _Stored:
     f = ("n/64 x 1 B (8-bit absmax) + n/64/256 x 4 B (fp32 scales)" if s.double_quant
          else "n/64 x 4 B (fp32 absmax)")
     return _Stored(t, [(q, t.numel * 0.5, q, "n x 0.5 B (4-bit)")], [("absmax", consts, f)])
+
+
+def _mxfp4(t: ParamTensor, c: str) -> _Stored:
+    """gpt-oss's experts as transformers' MXFP4 path holds them (``integrations/mxfp4.py``,
+    ``Mxfp4GptOssExperts``: ``gate_up_proj`` (E, 2i, h/32, 16) and ``down_proj`` (E, h, i/32,
+    16) uint8 blocks, two e2m1 values a byte; one uint8 e8m0 scale per 32 weights; the expert
+    biases fp32), swizzled in place for the Triton kernels (``swizzle_mxfp4``); everything the
+    checkpoint's ``modules_to_not_convert`` names (attention, router, embeddings, head) and the
+    norms stay 16-bit.  Without the kernels (compute capability < 7.5, no Triton >= 3.4 or no
+    ``kernels`` package) transformers dequantizes the experts to bf16 instead
+    (``Mxfp4HfQuantizer.validate_environment``): weights='bf16'."""
+    if t.experts and t.linear and not t.is_bias:
+        n = t.numel
+        return _Stored(t, [("mxfp4 blocks (uint8, 2 values a byte)", n / 2.0, "uint8", "n / 2 B")],
+                       [("mxfp4 scales (uint8 e8m0 per 32)", n / 32.0, "n / 32 B")])
+    if t.role in ("expert_gate_up", "expert_down") and not t.linear:
+        return _dense(t, "float32", ", expert bias (fp32 in Mxfp4GptOssExperts)")
+    return _dense(t, c, "" if t.role not in ("embedding", "output_head") else ", not quantized")
+
+
+def _fp8_block(t: ParamTensor, s: InferenceSetup) -> _Stored:
+    """Block-wise FP8 as transformers' ``FineGrainedFP8HfQuantizer`` loads it
+    (``integrations/finegrained_fp8.py``, ``FP8Linear``): the weight (out, in) in e4m3 (1 B) and
+    ``weight_scale_inv`` (ceil(out/B), ceil(in/B)) fp32 for blocks of B x B (``weight_block_size``,
+    128 x 128 in DeepSeek-V3's and Qwen3's FP8 checkpoints; ``group_size`` here)."""
+    n, i, o = _dims(t)
+    blk = s.group_size if s.group_size > 0 else 128
+    rows, cols = -(-o // blk), -(-i // blk)
+    return _Stored(t, [("float8 e4m3", t.numel * 1.0, "float8", "n x 1 B")],
+                   [(f"weight_scale_inv (fp32 per {blk} x {blk} block)", n * rows * cols * 4.0,
+                     f"{n} x ceil({o}/{blk}) x ceil({i}/{blk}) x 4 B")])
+
+
+def _compressed_tensors(t: ParamTensor, s: InferenceSetup) -> _Stored:
+    """compressed-tensors checkpoints (llm-compressor) as transformers' ``CompressedTensorsHfQuantizer``
+    keeps them compressed (``run_compressed``: ``CompressedLinear``): ``ct-w4a16`` pack-quantized
+    int4, ``weight_packed`` int32 (out, in/8) + ``weight_scale`` (out, ceil(in/g)) in the compute
+    dtype + ``weight_shape``; ``ct-w8a8`` int8 (out, in) + a per-channel scale; ``ct-fp8`` e4m3 +
+    an fp32 per-channel scale."""
+    n, i, o = _dims(t)
+    c = DTYPE_BYTES[s.dtype]
+    if s.weights == "ct-w4a16":
+        G = _groups(i, s.group_size)
+        return _Stored(t, [("weight_packed (int32, 8 x 4-bit)", t.numel * 0.5, "int32", "n / 2 B")],
+                       [(f"weight_scale ({s.dtype} per group)", n * o * G * c, f"{n} x {o} x ceil({i}/{s.group_size}) x {c:g} B")])
+    if s.weights == "ct-w8a8":
+        return _Stored(t, [("int8", t.numel * 1.0, "int8", "n x 1 B")],
+                       [(f"weight_scale ({s.dtype} per output channel)", n * o * c, f"{n} x {o} x {c:g} B")])
+    return _Stored(t, [("float8 e4m3", t.numel * 1.0, "float8", "n x 1 B")],
+                   [("weight_scale (fp32 per output channel)", n * o * 4.0, f"{n} x {o} x 4 B")])
 
 
 def _groups(in_f: int, g: int) -> int:
@@ -1027,10 +1122,15 @@ class InferenceEstimate(Estimate):
     def fits(self, value: Optional[bool]) -> None:
         self._fits = value
 
+    @property
+    def assumes(self) -> str:
+        """The weight format and the transformers (or engine) behaviour this estimate assumes."""
+        return assumptions(self)
+
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
         d = super().to_dict()
-        d.update({"mode": "serving" if self.serving else "generate",
+        d.update({"mode": "serving" if self.serving else "generate", "assumes": self.assumes,
                   "kv_cache_bytes": int(round(self.kv_cache_bytes)),
                   "kv_cache_gib": round(self.kv_cache_bytes / GIB, 4),
                   "kv_cache_prefill_bytes": int(round(self.kv_cache_prefill_bytes)),
@@ -1048,6 +1148,116 @@ class InferenceEstimate(Estimate):
             extra = f", serving {self.serving['kv_tokens']} KV tokens / {self.serving['max_concurrent_sequences']} seqs"
         return (f"InferenceEstimate({self.model_name!r}, peak {self.peak_gib:.2f} GiB at {self.peak_phase}, "
                 f"KV cache {self.kv_cache_bytes / GIB:.2f} GiB{extra})")
+
+
+def format_from_config(config: Any) -> Tuple[Dict[str, Any], str]:
+    """The weight format a checkpoint ships in, from its config.json's ``quantization_config``
+    (the keys transformers' quantizers read: ``quant_method`` and their own), as
+    :func:`estimate_inference` keywords and a note; ``({}, "")`` when it names none we model.
+
+    mxfp4 (gpt-oss) -> ``mxfp4``; fp8 with ``weight_block_size`` -> ``fp8-block``, without ->
+    ``fp8``; gptq (``bits``, ``group_size``) -> ``gptq-4bit`` / ``gptq-8bit``; awq -> ``awq-4bit``;
+    bitsandbytes (``load_in_4bit`` + ``bnb_4bit_quant_type``, ``load_in_8bit``) -> nf4 / fp4 /
+    int8; compressed-tensors (the first ``config_groups`` entry's ``weights``: int 4 -> ct-w4a16,
+    int 8 -> ct-w8a8, float 8 -> ct-fp8)."""
+    qc = config.get("quantization_config") if isinstance(config, dict) else None
+    if not isinstance(qc, dict):
+        return {}, ""
+    m = str(qc.get("quant_method", "")).lower()
+    kw: Dict[str, Any] = {}
+    if m == "mxfp4":
+        kw["weights"] = "mxfp4"
+    elif m == "fp8":
+        blk = qc.get("weight_block_size")
+        if isinstance(blk, (list, tuple)) and blk:
+            kw.update(weights="fp8-block", group_size=int(blk[0]))
+        else:
+            kw["weights"] = "fp8"
+    elif m == "gptq":
+        kw["weights"] = "gptq-8bit" if int(qc.get("bits", 4) or 4) == 8 else "gptq-4bit"
+        if qc.get("group_size") is not None:
+            kw["group_size"] = int(qc["group_size"])
+    elif m == "awq":
+        kw["weights"] = "awq-4bit"
+        if qc.get("group_size") or qc.get("q_group_size"):
+            kw["group_size"] = int(qc.get("group_size") or qc.get("q_group_size"))
+    elif m == "bitsandbytes":
+        if qc.get("load_in_4bit"):
+            kw["weights"] = str(qc.get("bnb_4bit_quant_type", "nf4") or "nf4").lower()
+            kw["double_quant"] = bool(qc.get("bnb_4bit_use_double_quant", False))
+        elif qc.get("load_in_8bit"):
+            kw["weights"] = "int8"
+    elif m == "compressed-tensors":
+        groups = qc.get("config_groups") or {}
+        first = next(iter(groups.values()), {}) if isinstance(groups, dict) else {}
+        w = first.get("weights") or {} if isinstance(first, dict) else {}
+        bits, typ = int(w.get("num_bits", 8) or 8), str(w.get("type", "int")).lower()
+        if typ == "float":
+            kw["weights"] = "ct-fp8"
+        elif bits == 4:
+            kw["weights"] = "ct-w4a16"
+            if w.get("group_size"):
+                kw["group_size"] = int(w["group_size"])
+        else:
+            kw["weights"] = "ct-w8a8"
+    if not kw:
+        return {}, ""
+    desc = ", ".join(f"{k}={v}" for k, v in kw.items())
+    return kw, (f"weights: the checkpoint's config.json ships quantization_config (quant_method {m}): {desc} "
+                f"assumed; pass weights= to override")
+
+
+def _legacy_attention(setup: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
+    """transformers < 4.36 had no SDPA path for its decoders (``_supports_sdpa`` came with 4.36):
+    generate() ran the eager attention there, whatever ``sdpa`` asked."""
+    ver = (setup.get("versions") or {}).get("transformers") if isinstance(setup.get("versions"), dict) else None
+    if not ver:
+        return setup, ""
+    from .engines import parse_version
+
+    if tuple(parse_version(ver)) < (4, 36) and str(setup.get("attn_implementation") or "sdpa").lower() == "sdpa":
+        return {**setup, "attn_implementation": "eager"}, (f"attention: transformers {ver} has no SDPA path (4.36 "
+                                                           f"added it): eager attention assumed")
+    return setup, ""
+
+
+def assumptions(est: "InferenceEstimate") -> str:
+    """One line: the weight format and the transformers (or engine) behaviour the estimate assumes."""
+    s = est.setup
+    fmt = s.get("weights", "bf16")
+    what = WEIGHT_FORMATS.get(fmt, fmt).split(":")[0]
+    if est.serving:
+        v = est.serving
+        return f"weights {fmt} ({what}); {v['engine']} {v['version']} ({v['runtime']}) start-up: {v['budget_rule']}"
+    ver = tuple((s.get("versions") or {}).get("transformers", "").split(".")) if (s.get("versions") or {}).get(
+        "transformers") else None
+    v = transformers_version(InferenceSetup(versions=s.get("versions") or {}))
+    parts = [f"weights {fmt} ({what})",
+             f"transformers {'.'.join(map(str, v[:2]))}{'' if ver else ' (the installed release)'} generate()"]
+    parts.append("the legacy tuple cache: the previous step's keys and values live until the next step "
+                 "(< 4.36)" if v < (4, 36) else "DynamicCache grown by torch.cat, one layer at a time")
+    parts.append("every position's logits upcast in the model (< 4.45)" if v < (4, 45)
+                 else "the last position's logits (logits_to_keep=1) and an fp32 copy")
+    if s.get("min_new_tokens"):
+        parts.append("min_new_tokens' logits processors")
+    parts.append("a padded batch's mask" if s.get("padding") else "no padding (no mask for SDPA)")
+    parts.append(f"{s.get('attn_implementation')} attention")
+    return "; ".join(parts)
+
+
+def with_shipped_format(arch: Architecture, setup: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
+    """``setup`` with the checkpoint's own format (:func:`format_from_config`) where it names no
+    ``weights``, and the note that says which was assumed; an explicit ``weights`` wins (the
+    note then says what the checkpoint ships)."""
+    shipped, note = format_from_config(arch.config)
+    if not shipped:
+        return dict(setup), ""
+    if setup.get("weights") is None:
+        return {**shipped, **{k: v for k, v in setup.items() if v is not None}}, note
+    if _weights_format(setup["weights"]) != shipped["weights"]:
+        return dict(setup), (f"weights: {setup['weights']} as asked; the checkpoint ships {shipped['weights']} "
+                             f"(its config.json's quantization_config)")
+    return dict(setup), ""
 
 
 def estimate_inference(model: Model, **setup: Any) -> InferenceEstimate:
@@ -1095,8 +1305,13 @@ def estimate_inference(model: Model, **setup: Any) -> InferenceEstimate:
 
         return estimate_inference_split(model, setup.pop("device_map", "auto"), setup.pop("max_memory", None), **setup)
     arch = load(model)
-    s = setup if isinstance(setup, InferenceSetup) else InferenceSetup.from_kwargs(**setup)
+    setup, note = with_shipped_format(arch, setup)
+    setup, eager_note = _legacy_attention(setup)
+    s = InferenceSetup.from_kwargs(**setup)
     est = estimate_inference_setup(arch, s)
+    for n in (eager_note, note):
+        if n:
+            est.notes.insert(0, n)
     if est.provisional_device_total_bytes > MAX_BYTES:   # an input error, not an estimate (no replay run)
         field = "model" if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES else "context_len"
         check_total(est.provisional_device_total_bytes, "this inference run" if field != "model" else f"{arch.name}'s weights",
@@ -1131,6 +1346,33 @@ def _list_node(name: str, items: List[Tuple[str, float, str]], formula: str = ""
     return n.finalize()
 
 
+#: the categories of the generate() stream's labels (generate_ops) -> the tree's components
+_LIVE_GROUPS = ("kv cache", "activations", "logits", "generation", "workspace")
+
+
+def _live_nodes(live: Dict[Any, Tuple[int, Any]], where: str) -> List[Node]:
+    """The tensors live at a phase's peak (key -> (bytes, (category, name))), one node per
+    category, one child per name (summed over the layers that hold one)."""
+    groups: Dict[str, Dict[str, List[int]]] = {}
+    for nbytes, label in live.values():
+        cat, name = label if isinstance(label, tuple) and len(label) == 2 else ("activations", str(label))
+        if cat in ("weights", "quantization constants"):
+            continue
+        groups.setdefault(cat, {}).setdefault(name, []).append(nbytes)
+    out = []
+    for cat in _LIVE_GROUPS:
+        if cat not in groups:
+            continue
+        node = Node(cat, formula=f"live at the peak of {where}")
+        for name, sizes in sorted(groups[cat].items(), key=lambda kv: -sum(kv[1])):
+            n = len(sizes)
+            node.add(Node(name, bytes=float(sum(sizes)),
+                          formula=(f"{n} tensors, {sizes[0]:,} B each" if n > 1 and len(set(sizes)) == 1 else
+                                   f"{n} tensors" if n > 1 else f"{sizes[0]:,} B")))
+        out.append(node.finalize())
+    return out
+
+
 def _order(nodes: List[Node]) -> List[Node]:
     idx = {k: i for i, k in enumerate(_CHILD_ORDER)}
     return sorted([n for n in nodes if n.bytes > 0], key=lambda n: idx.get(n.name, 99))
@@ -1149,6 +1391,13 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
         notes.append(f"generate() with tensor_parallel={s.tensor_parallel}, pipeline_parallel="
                      f"{s.pipeline_parallel}: the last stage's rank-0 share (transformers' tp_plan column/row "
                      f"split; KV heads replicated when fewer than the TP size)")
+    if s.weights == "mxfp4":
+        if not getattr(arch.family, "mxfp4_experts", False):
+            raise VramError(f"weights: mxfp4 is transformers' MXFP4 path for gpt-oss's experts; {arch.name} has none "
+                            f"it converts (use fp8, fp8-block, nf4, gptq-4bit or awq-4bit)", field="weights")
+        notes.append("MXFP4: the experts stay 4-bit with transformers' Triton kernels (compute capability >= 7.5, "
+                     "Triton >= 3.4 and the kernels package); without them transformers dequantizes them to bf16 "
+                     "(weights='bf16')")
     stored = weight_storage(arch, s)
     w_node = _group_node("weights", stored, consts=False)
     q_node = _group_node("quantization constants", stored, consts=True)
@@ -1177,45 +1426,22 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     if b > 1:
         notes.append("batch: prompts of equal length (no padding); padded prompts give SDPA a mask, which "
                      "repeats K/V to every head and rules out the flash kernel")
-    workspace = Node("workspace", children=[Node("cuBLAS workspace", bytes=CUBLAS_WORKSPACE_BYTES,
-                                                 formula="cuBLAS + cuBLASLt workspaces, 64 MiB (measured, H200)")])
-    workspace.finalize()
-    # prefill: the whole prompt's cache (sliding layers still hold it: the window is a view)
+    # prefill and decode: what the generate() stream (generate_ops, inference_events) has live at
+    # each phase's largest moment, in the bytes the caching allocator counts
     kv_pre = _kv_node(lay, b, p, window_applies=False)
     kv_pre.name = "kv cache"
-    step_name, step = _pick(layer_steps(arch, s, p, p))
-    head_items = [("final norm: residual + fp32 upcast and product", b * p * arch.hidden_size * (c + 8.0),
-                   "T x h x (c + 8 B)")]
-    if s.logits == "all":
-        head_items.append(("final norm output", b * p * arch.hidden_size * c, "T x h"))
-    head_items += logits_items(arch, s, p, first=True)
-    pers = _persistent_prefill(arch, s, p, p)
-    deq = _dequant_transient(stored, s, b * p)
-    layer_total = sum(x[1] for x in step)
-    head_total = sum(x[1] for x in head_items)
-    if head_total > layer_total:
-        act_pre = _list_node("activations", pers + deq + [x for x in head_items if not x[0].startswith("logits")
-                                                          and not x[0].startswith("next-token")],
-                             formula="the output head's working set (larger than any layer's)")
-        logit_pre = _list_node("logits", [x for x in head_items if x[0].startswith(("logits", "next-token"))])
-    else:
-        act_pre = _list_node("activations", pers + deq + [(f"{step_name}: {n}", v, f) for n, v, f in step],
-                             formula=f"the largest step of one layer ({step_name}) at T = b x p = {b * p}")
-        logit_pre = Node("logits")
-    prefill_nodes = _order([w_node, q_node, kv_pre, act_pre, logit_pre, workspace])
-    prefill = sum(n.bytes for n in prefill_nodes)
-
-    # decode: the cache at context_len, one step's transients
     kv_dec = _kv_node(lay, b, ctx, window_applies=True)
-    dec_items = decode_transients(arch, s, lay, stored) + _dequant_transient(stored, s, b)
-    dec_items = _items(*[x for x in dec_items])
-    act_dec = _list_node("activations", dec_items, formula=f"one decode step at S = {ctx}")
-    logit_dec = _list_node("logits", logits_items(arch, s, 1, first=False))
-    decode_nodes = _order([w_node, q_node, kv_dec, act_dec, logit_dec, workspace])
-    decode = sum(n.bytes for n in decode_nodes)
+    peaks = GENERATE_REPLAY["peaks"](arch, s)
+    prefill_nodes = _order([w_node, q_node] + _live_nodes(peaks["prefill"][1], f"prefill of b x p = {b} x {p} tokens"))
+    prefill = float(peaks["prefill"][0])
+    dec = peaks.get("decode", (0.0, {}))
+    decode_nodes = _order([w_node, q_node] + _live_nodes(dec[1], f"a decode step (the cache up to {ctx} tokens)"))
+    decode = float(dec[0])
 
     after_nodes = _order([w_node, q_node])
-    phases = {"after_load": w_bytes, "prefill": prefill, "decode": decode}
+    phases = {"after_load": float(peaks["after_load"]), "prefill": prefill}
+    if "decode" in peaks:
+        phases["decode"] = decode
     peak_phase = "prefill" if prefill >= decode else "decode"
     peak = phases[peak_phase]
     phase_components = {"after_load": after_nodes, "prefill": prefill_nodes, "decode": decode_nodes}
@@ -1254,6 +1480,11 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
     est._replay_fn = replay_fn
     est._provisional_fn = provisional_fn
     est._inference = (arch, s)      # the resolved architecture and setup (longest_context reuses them)
+    # on a card, the reserve is judged as a training step's is (gpus.judge_on): where the
+    # unlimited reserve is over the card and the allocated peak is not, generate() is replayed
+    # with the card's capacity, where torch frees its cached segments and retries
+    est.capacity_judged = True
+    est._replayed = (arch, s)
     if gpu is not None:
         from .gpus import capacity_bytes
 
@@ -1402,7 +1633,7 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     arch = load(model)
     if gpu is None:    # the card's memory is what bounds the context (None would be "no GPU")
         raise VramError("gpu: longest_context needs the GPU whose memory bounds the context (e.g. 'L4')", field="gpu")
-    kw = dict(kw)
+    kw, _note = with_shipped_format(arch, kw)
     kw["gpu"] = gpu
     kw.pop("context_len", None)
     prompt = kw.pop("prompt_len", None)
@@ -1432,8 +1663,6 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     if not prompt or prompt >= bound * blk:
         # the whole context is the prompt: each estimate replays a prefill (no decode steps)
         return _largest_true(lambda n: bool(estimate_at(n).fits), bound) * blk
-    # a fixed prompt: the stream of a shorter context is the first events of the bound's, so
-    # one replay gives the reserved memory of every context (inference_events.reserved_by_decode_steps).
     # That replay holds every decode step's events: above MAX_DECODE_STEPS (gpt2 from a 128-token
     # prompt on an H100: a million steps, 4.4 GiB of events, then 16 GiB) it is not attempted
     if (bound * blk - prompt) > MAX_DECODE_STEPS:
@@ -1442,17 +1671,20 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
                         f"{MAX_DECODE_STEPS:,} generated tokens is not replayed (its allocator stream takes gigabytes): "
                         f"give a prompt_len nearer the context you serve, or check one context_len with "
                         f"estimate_inference", field="prompt_len")
+    # a fixed prompt: the stream of a shorter context is the first events of the bound's, and so
+    # is its replay at the card's capacity.  A context fits exactly when that replay runs without
+    # an out-of-memory error (the verdict's rule, gpus.judge_on: the unlimited reserve fitting, or
+    # the free-and-retry at the limit saving it), so one capacity replay of the bound decides
+    # every context: the longest is the one whose last decode step ends before the failing
+    # request (inference_events.steps_before_oom)
     top = estimate_at(bound)
-    reserved_at = GENERATE_REPLAY["reserved_by_decode_steps"](*top._inference)
-
-    def exact(n: int) -> bool:
-        e = estimate_at(n)
-        if n * blk <= prompt:
-            return bool(e.fits)
-        need = max(reserved_at(n * blk - prompt), e.peak_allocated_bytes) + e.cuda_context_bytes
-        return fits_rule(need, e.gpu_usable_bytes)
-
-    return _largest_true(exact, bound) * blk
+    capacity = top.gpu_usable_bytes - top.cuda_context_bytes
+    steps = GENERATE_REPLAY["steps_before_oom"](*top._inference, capacity)
+    if steps is None:
+        return bound * blk
+    last = prompt + steps                        # the cache of the last step that ran whole
+    return _largest_true(lambda n: n * blk <= max(last, prompt) and (n * blk > prompt or bool(estimate_at(n).fits)),
+                         bound) * blk
 
 
 def _largest_true(pred: Any, cap: int) -> int:
@@ -1661,6 +1893,7 @@ def format_table(est: InferenceEstimate, longest: Optional[int] = None) -> str:
     lines = [f"{est.model_name}: inference, weights {s['weights']}, KV cache {s['kv_cache_dtype']}, "
              f"batch {s['batch_size']} x {s['context_len']} tokens (prompt {s['prompt_len']}), "
              f"{s['attn_implementation']}"]
+    lines.append(f"  assumes: {est.assumes}")
     lines.append(f"  KV cache: {est.kv_bytes_per_token:,.0f} B per token (all layers); "
                  f"{est.kv_cache_bytes / GIB:.3f} GiB")
     for ph, v in est.phases_bytes.items():
@@ -1686,10 +1919,14 @@ def format_table(est: InferenceEstimate, longest: Optional[int] = None) -> str:
                      f"(running at once: {v['running_sequences']})")
     elif est.gpu:
         room = est.gpu_usable_bytes - est.device_total_bytes
-        lines.append(f"  {est.gpu}: {'fits' if est.fits else 'does NOT fit'}: device total "
+        state = ("fits, tight (only by the allocator freeing its cached blocks at the limit)" if est.fits and est.squeezed
+                 else "fits" if est.fits else "does NOT fit")
+        lines.append(f"  {est.gpu}: {state}: device total "
                      f"{est.device_total_bytes / GIB:.2f} GiB of {est.gpu_usable_bytes / GIB:.2f} GiB CUDA total "
                      f"({abs(room) / GIB:.2f} GiB {'to spare' if room >= 0 else 'over'}, "
                      f"{abs(room) / est.gpu_usable_bytes * 100:.0f}%)")
+    if est.gpu and not est.serving and est.allocator_note:
+        lines.append(f"  allocator: {est.allocator_note}")
     if longest is not None:
         lines.append(f"  longest context that fits: {longest:,} tokens")
     for n in est.notes:

@@ -17,6 +17,12 @@ export function inferenceFacts(s) {
     h("strong", { text: fmtBytes(inf.kv_requested_bytes) }),
     ` · weights (${inf.weights}) ${fmtGiB(inf.weights_gib)}`,
   ]));
+  if (inf.assumes) {
+    facts.push(h("div", { class: "vw-fact", testid: "assumes" }, ["assumes: ", inf.assumes]));
+  }
+  if (inf.allocator_note) {
+    facts.push(h("div", { class: "vw-fact", testid: "allocator-note" }, [inf.allocator_note]));
+  }
   if (inf.serving) {
     const sv = inf.serving;
     const layout = sv.num_gpus > 1 ? ` on ${sv.num_gpus} GPUs (TP ${sv.tensor_parallel}, PP ${sv.pipeline_parallel})` : "";

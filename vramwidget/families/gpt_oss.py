@@ -41,6 +41,8 @@ class GptOss(Llama):
     moe = True
     sdpa_supported = False
     q_heads_major = True       # RoPE by chunk + cat builds q heads-major
+    #: transformers' MXFP4 path (integrations/mxfp4.py) replaces this family's experts
+    mxfp4_experts = True
 
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
         D = dims(cfg)

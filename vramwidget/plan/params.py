@@ -43,14 +43,20 @@ class ParamStorage:
     largest_trainable_numel: int
 
 
-def quantizable(t: ParamTensor, groups: Tuple[str, ...]) -> bool:
+def quantizable(t: ParamTensor, groups: Tuple[str, ...], experts_linear: bool = False) -> bool:
     """Which weights a quantized base stores in 4 or 8 bits.
 
     bitsandbytes (through transformers) replaces the blocks' nn.Linear modules; fused MoE
-    expert tensors are not nn.Linear and stay 16-bit.  ``embedding`` and ``lm_head`` are
-    opt-in groups: transformers skips the output head by default, and embedding tables
-    need a quantizer other than bitsandbytes' Linear4bit (torchao, GGUF-style loaders).
+    expert tensors are not nn.Linear and stay 16-bit.  ``experts_linear``: transformers < 5.0,
+    whose MoE blocks hold each expert as its own nn.Linear modules (models/mixtral/modeling_mixtral.py
+    of 4.57.0: ``nn.ModuleList([MixtralBlockSparseTop2MLP(config) ...])`` with w1/w2/w3; 5.x fuses
+    them into ``MixtralExperts.gate_up_proj``/``down_proj`` parameters): bitsandbytes quantizes them
+    with the MLP.  ``embedding`` and ``lm_head`` are opt-in groups: transformers skips the output
+    head by default, and embedding tables need a quantizer other than bitsandbytes' Linear4bit
+    (torchao, GGUF-style loaders).
     """
+    if t.experts and experts_linear and t.linear and not t.is_bias:
+        return "mlp" in groups
     if t.is_bias or t.experts:
         return False
     if t.role == "embedding":
@@ -136,7 +142,7 @@ def _storage_uncached(arch: Architecture, s: TrainingSetup) -> ParamStorage:
         tensors.append((replace(src, name=f"{src.name} (modules_to_save copy)",
                                 role="output_head" if m == "lm_head" else "embedding"), True))
     for t, trains in tensors:
-        if quant != "none" and quantizable(t, s.quantized_groups or ()):
+        if quant != "none" and quantizable(t, s.quantized_groups or (), s.before("transformers", "5.0")):
             dtype = quant
             nbytes = t.numel * qbytes
             consts.append((t, quant_const_bytes(t.numel, quant, s.double_quant), quant_const_formula(quant, s.double_quant)))

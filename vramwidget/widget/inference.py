@@ -61,6 +61,8 @@ class InferencePanel:
         """The keyword arguments estimate_inference() gets in inference mode (``gpu`` when a
         known GPU is chosen; ``gpu_memory_utilization`` when set)."""
         kw = {k: getattr(self, k) for k in INFERENCE_KEYWORDS}
+        if kw["prompt_len"] is None or kw["prompt_len"] >= kw["context_len"]:
+            del kw["prompt_len"]                        # the whole context is the prompt
         if kw["gpu_memory_utilization"] is None:
             del kw["gpu_memory_utilization"]
         if kw["engine"] == "sglang":
@@ -140,6 +142,10 @@ class InferencePanel:
             "longest_context_by_model": by_model,
             "max_position_embeddings": getattr(arch, "max_position_embeddings", None),
             "serving": dict(serving) if serving else None,
+            "prompt_len": est.setup.get("prompt_len"),
+            # what the estimate assumes: the weight format, the transformers (or engine) behaviour
+            "assumes": getattr(est, "assumes", ""),
+            "allocator_note": est.allocator_note if gpu is not None else "",
         }
         if serving:
             inf["serving"].update(self._serving_extras(arch, kw))
@@ -149,8 +155,12 @@ class InferencePanel:
                 f"{est.kv_bytes_per_token / 1024:g} KiB per token, {fmt_gib(est.kv_cache_bytes)} in all")
         if gpu:
             text += f"; {'fits' if fits else 'does not fit'} {gpu.name} ({capacity_bytes(gpu) / GIB:.1f} GiB CUDA total)"
+            if inf["allocator_note"]:
+                text += f" ({inf['allocator_note']})"
             if longest is not None:
                 text += f"; longest context that fits {gpu.name}: {longest:,} tokens"
+        if inf["assumes"]:
+            text += f"; assumes {inf['assumes']}"
         out["text"] = text
         return out
 

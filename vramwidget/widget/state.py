@@ -47,11 +47,11 @@ PARALLEL_INPUTS: Tuple[str, ...] = tuple(PARALLEL_DEFAULTS)
 WIDGET_INPUTS: Tuple[str, ...] = ("max_gpus",)
 #: the keyword arguments of estimate_inference() the widget exposes (gpu too)
 INFERENCE_KEYWORDS: Tuple[str, ...] = (
-    "weights", "kv_cache_dtype", "batch_size", "context_len", "attn_implementation",
+    "weights", "kv_cache_dtype", "batch_size", "context_len", "prompt_len", "attn_implementation",
     "gpu_memory_utilization", "engine",
 )
 #: input traits used only in inference mode
-INFERENCE_INPUTS: Tuple[str, ...] = ("weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization",
+INFERENCE_INPUTS: Tuple[str, ...] = ("weights", "kv_cache_dtype", "context_len", "prompt_len", "gpu_memory_utilization",
                                      "engine")
 #: input traits both modes use: the GPUs of one model replica are tensor_parallel x pipeline_parallel
 #: (training adds num_gpus and a data-parallel strategy)
@@ -219,7 +219,10 @@ class State(anywidget.AnyWidget):
     )).tag(sync=True)
     context_len = t.Int(4096, **_doc(
         "Inference: tokens per sequence at the end of generation (prompt + generated); the "
-        "whole context is taken as the prompt (the worst prefill).")).tag(sync=True)
+        "whole context is taken as the prompt (the worst prefill) unless prompt_len is set.")).tag(sync=True)
+    prompt_len = t.Int(None, allow_none=True, **_doc(
+        "Inference: prompt tokens per sequence (None: the whole context); the rest of the context "
+        "is generated, one decode step a token.")).tag(sync=True)
     gpu_memory_utilization = t.Float(None, allow_none=True, **_doc(
         "Inference: None for generate(); a fraction in (0, 1] (e.g. 0.9) for a vLLM-style server "
         "whose paged KV cache fills that share of the GPU (needs gpu).")).tag(sync=True)
