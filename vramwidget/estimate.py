@@ -1128,7 +1128,9 @@ def loss_memory(arch: Architecture, s: TrainingSetup, tokens: Any = None
     fwd: List[Tuple[str, float, str]] = []
     bwd: List[Tuple[str, float, str]] = []
     softcap = bool(arch.final_logit_softcapping)
-    if s.loss == "liger":
+    # a pipeline stage without the output head (parallel._slice: vocab_size 0) runs no
+    # Liger kernel; the terms below are then T x V = 0 like the other losses'
+    if s.loss == "liger" and V > 0:
         rows = _liger_chunk_rows(T, V, h)
         head_trains = s.method in ("full", "freeze") and not (s.method == "freeze" and arch.tie_word_embeddings)
         head_trains = head_trains or ("lm_head" in (s.modules_to_save or ()))
