@@ -38,8 +38,9 @@ from .. import charts, gpus
 from ..errors import VramError
 from ..inputs import shown as short_repr
 from ..result import Estimate
-from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
+from ..treemap import UnitBox, caption_rows, comparison_rows, layout_rows, unit_box
 from ..units import GIB
+from .controls import controls_spec, groups_spec
 from .formats import number_formats
 from .inference import INFERENCE_SCENARIOS, InferencePanel, inference_phase_rows
 from .multigpu import ParallelPanel
@@ -51,8 +52,28 @@ from .trainingconfig import TrainingConfigPanel
 from .verdictpanel import VerdictPanel
 from .background import BackgroundPanel, _Later, traits_specs_same
 from .worker import Worker
-from .views import (COMPARISON_HEADER, COMPARISON_HEADER_TIME, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
-                    add_verdicts, build_specs, gpu_line, table_rows)
+from .views import (COMPARISON_ROW_HEIGHT, COMPARISON_SIZE, DETAIL_SIZE, build_specs, comparison_captions,
+                    comparison_header, gpu_line, table_rows)
+
+
+def nearest_presets(model: str, n: int = 3) -> List[str]:
+    """The presets whose name or Hub id (or an alias) is closest to a model the user typed
+    (a Hub id that could not be fetched: a typo, or offline), closest first."""
+    import difflib
+
+    from .. import presets
+
+    typed = model.strip().lower()
+    if not typed:
+        return []
+    names: Dict[str, str] = {}
+    for name in presets.list_presets():
+        p = presets.find(name) or {}
+        for key in [name, p.get("hub_id") or "", *(p.get("aliases") or [])]:
+            if key:
+                names.setdefault(key.lower(), name)
+    close = difflib.get_close_matches(typed, list(names), n=10, cutoff=0.6)
+    return list(dict.fromkeys(names[c] for c in close))[:n]
 
 
 class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, InferencePanel,
@@ -108,8 +129,11 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
         super().__init__(model=model, **kwargs)
         self._defaults_said = self._practitioner_defaults(kwargs)
         self._specs_cache: Dict[str, Dict[str, Any]] = {}
+        self._comparison_size = [float(COMPARISON_SIZE[0]), float(COMPARISON_SIZE[1])]
         self.specs = self._specs_for(self.mode)
         self.formats = number_formats()
+        self.controls = controls_spec()
+        self.control_groups = groups_spec()
         # the links, for what the keywords set (observers are off during __init__)
         try:
             self._resolve_model()
@@ -202,6 +226,14 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
     def _training_config_changed(self, change: Dict[str, Any]) -> None:
         if self._ready and not self._busy:
             self._on_training_config(change)
+
+    @t.observe("chart_width")
+    def _chart_width_changed(self, change: Dict[str, Any]) -> None:
+        """The frontend's column changed width: lay the treemaps out again (the estimates
+        are cached: milliseconds)."""
+        if self._ready and not self._busy and self._estimate is not None and change["old"] != change["new"]:
+            with self._lock:
+                self._update()
 
     @t.observe(*INPUTS)
     def _on_input(self, change: Dict[str, Any]) -> None:
@@ -389,21 +421,16 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
             scenarios.append((name, box))
             own_fits[name] = own
         cap, cap_label = gpu_line(gpu)
-        comparison: List[Dict[str, Any]] = []
-        if not keep:
-            comparison = comparison_rows(
-                scenarios, *COMPARISON_SIZE, capacity_bytes=cap, capacity_label=cap_label,
-                header=(COMPARISON_HEADER_TIME if times else COMPARISON_HEADER_VERDICT) if gpu else COMPARISON_HEADER)
-            if gpu is not None:
-                add_verdicts(comparison, gpu, own_fits, dict(self._notes_now), times)
+        comparison = [] if keep else self._comparison(scenarios, gpu, own_fits, times)
         if self.mode == "inference":
             phases = inference_phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
             summary = self._summary_inference(view, arch, gpu, kw, skipped)
         else:
             phases = charts.phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
             summary = self._summary(view, arch, gpu, skipped, kind, kw)
+        width = self._width()
         rows = {
-            charts.DETAIL: layout_rows(est, *DETAIL_SIZE),
+            charts.DETAIL: layout_rows(est, width, DETAIL_SIZE[1]),
             charts.PHASES_DATA: phases,
         }
         if not keep:     # kept: not sent again (the frontend keeps a dataset that is absent)
@@ -414,8 +441,12 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
             "summary": summary,
             "table": table_rows(est),
             "options": self._options(arch),
+            "chart_sizes": dict(self.chart_sizes, **{charts.DETAIL: [width, DETAIL_SIZE[1]]},
+                                **({charts.COMPARISON: self._comparison_size} if not keep else {})),
         }
-        n = int(par.get("num_gpus", 1) or 1) if self.mode == "training" and par else 1
+        # the cards the verdict speaks of: a training run's GPUs, a server's tensor x pipeline GPUs
+        n = int(par.get("num_gpus", 1) or 1) if self.mode == "training" and par else \
+            max(self.tensor_parallel, 1) * max(self.pipeline_parallel, 1) if self.mode == "inference" else 1
         v = self._verdict_summary(summary, view, gpu, n)
         if v and getattr(est, "provisional", False):
             v = dict(v, provisional=True)
@@ -426,6 +457,8 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
             summary["notes"].insert(0, f"traced: model_type {arch.model_type!r} has no analytic family module, so "
                                        f"one training step was run on fake tensors (vramwidget.trace)")
         rows[charts.FITMAP] = self._fitmap(arch, gpu, kw) if kind == "train" else []
+        if v.get("state") == "does_not_fit":
+            summary["time"] = None     # no step time or cost for a run that cannot start
         traits["verdict"] = v
         job = None
         if self.mode == "training" and gpu is not None and v.get("state") != "fits" \
@@ -435,9 +468,36 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
         traits["disabled"] = self._disabled()     # which controls apply to the model resolved here
         return result, scenario_kw, traits, job
 
+    def _width(self) -> float:
+        """The main chart column's width in pixels, as the frontend reported it (240 at least)."""
+        return float(max(int(self.chart_width or DETAIL_SIZE[0]), 240))
+
+    def _comparison(self, scenarios: List[Tuple[str, UnitBox]], gpu: Optional[gpus.GPU],
+                    own_fits: Dict[str, Optional[bool]], times: Dict[str, float]) -> List[Dict[str, Any]]:
+        """The comparison's rows at the column's width: each scenario's slot as wide as its
+        caption, in as many rows as the captions need (``treemap.caption_rows``)."""
+        width = self._width()
+        captions = comparison_captions(scenarios, gpu, own_fits, dict(self._notes_now), times)
+        k = caption_rows([c["text"] for c in captions.values()], width)
+        height = COMPARISON_SIZE[1] if k == 1 else k * COMPARISON_ROW_HEIGHT
+        cap, cap_label = gpu_line(gpu)
+        rows = comparison_rows(scenarios, width, height, capacity_bytes=cap, capacity_label=cap_label,
+                               header=comparison_header(captions), captions={n: c["text"] for n, c in captions.items()},
+                               rows_of=k)
+        for r in rows:
+            if r["level"] == "title":
+                r.update({k2: v for k2, v in captions[r["scenario"]].items() if k2 != "text"})
+        self._comparison_size = [width, height]
+        return rows
+
     def _set_error(self, message: str, field: str) -> None:
+        message = message.splitlines()[0] if message else "invalid input"
+        if field == "model" and "did you mean" not in message:
+            near = nearest_presets(self.model)
+            if near:
+                message += f"; nearest presets: {', '.join(near)}"
         with self.hold_sync():
-            self.error = message.splitlines()[0] if message else "invalid input"
+            self.error = message
             self.error_field = field
             self.status = "idle"
             self.status_text = ""
@@ -469,7 +529,8 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
                 gpus.get_gpu(self.gpu)
             except VramError as e:
                 warnings.append(str(e))
-        warnings += [f"comparison left out {s}" for s in skipped]
+        # a scenario of the comparison the model cannot do is said, grey: it is not about the setup
+        comparison_notes = [f"the comparison leaves out {s}" for s in skipped]
         peak_label = phase_labels.get(est.peak_phase, est.peak_phase)
         return {
             "mode": self.mode,
@@ -491,7 +552,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
             "headroom_gib": (gpu_line(gpu)[0] - est.device_total_bytes) / GIB if gpu else None,
             "phases_gib": {k: v / GIB for k, v in est.phases_bytes.items()},
             "recompute_overhead": est.recompute_overhead,
-            "notes": list(est.notes),
+            "notes": list(est.notes) + comparison_notes,
             "warnings": warnings,
             "parallel": None,
             "max_batch_size": None,
