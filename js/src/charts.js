@@ -50,6 +50,21 @@ const TITLES = {
 const GAP_PARAM = "vw_gap";
 
 /**
+ * A CSS colour as [r, g, b] in 0-255: rgb()/rgba() (JupyterLab), color(srgb ...) (what
+ * browsers compute for marimo's colours), #rrggbb; null for anything else.
+ * @param {string} c @returns {number[] | null}
+ */
+function rgbOf(c) {
+  let m = c.match(/^rgba?\(([^)]+)\)/);
+  if (m) return m[1].split(/[\s,/]+/).filter(Boolean).slice(0, 3).map(Number);
+  m = c.match(/^color\(srgb ([^)]+)\)/);
+  if (m) return m[1].split(/[\s/]+/).filter(Boolean).slice(0, 3).map((x) => 255 * Number(x));
+  m = c.match(/^#([0-9a-f]{6})/i);
+  if (m) return [0, 2, 4].map((i) => parseInt(m[1].slice(i, i + 2), 16));
+  return null;
+}
+
+/**
  * Colours of the page the widget sits in (JupyterLab light/dark, VS Code, marimo, Colab):
  * the inherited text colour decides, so it works without any --jp-* variable.
  * @param {HTMLElement} el
@@ -57,10 +72,8 @@ const GAP_PARAM = "vw_gap";
 export function themeOf(el) {
   const cs = getComputedStyle(el);
   const fg = cs.getPropertyValue("--jp-ui-font-color1").trim() || cs.color || "#222";
-  const m = fg.match(/\d+(\.\d+)?/g);
-  let dark = false;
-  if (m && m.length >= 3) dark = 0.299 * +m[0] + 0.587 * +m[1] + 0.114 * +m[2] > 150;
-  else if (/^#(f|e|d|c)/i.test(fg)) dark = true;
+  const rgb = rgbOf(fg);
+  const dark = rgb ? 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 150 : /^#(f|e|d|c)/i.test(fg);
   // the page background, for the lines between treemap boxes
   let bg = cs.getPropertyValue("--jp-layout-color0").trim();
   for (let n = /** @type {HTMLElement | null} */ (el); !bg && n; n = n.parentElement) {
@@ -106,6 +119,12 @@ export function withRows(spec, name, rows) {
 function boxWidth(chart) {
   const box = chart.parentElement;
   return box ? Math.floor(box.clientWidth) : 0;
+}
+
+/** The width a chart's drawing has now. @param {HTMLElement} chart */
+function svgWidth(chart) {
+  const svg = chart.querySelector("svg");
+  return svg ? svg.getBoundingClientRect().width : 0;
 }
 
 /** Hide the tooltip Vega's handler leaves on the page (after a click, or when a view goes). */
@@ -188,7 +207,15 @@ export function chartsPanel(ctx) {
     if (!slot.view) return;
     if (FIT.has(name)) {
       const w = boxWidth(slot.el);
-      if (w > 0 && Math.abs(slot.view.width() - w) >= 1) slot.view.width(w).runAsync();
+      // resize(): autosize "fit" lays the axes out again for the new width
+      // (compared with what is drawn: with autosize "fit" the view's width() is the plot's, axes not
+      // counted; setting the width it already has would change nothing and lay nothing out)
+      if (w > 0 && Math.abs(svgWidth(slot.el) - w) >= 1) {
+        const view = slot.view;
+        const apply = () => view.width(w).resize().runAsync();
+        if (Math.round(view.width()) === w) view.width(w - 1).runAsync().then(apply);
+        else apply();
+      }
     } else {
       const size = (model.get("chart_sizes") || {})[name];
       if (size && (slot.view.width() !== size[0] || slot.view.height() !== size[1])) {
@@ -216,6 +243,7 @@ export function chartsPanel(ctx) {
     }).then((res) => {
       if (token !== slot.token) { res.finalize(); return; }
       slot.view = res.view;
+      /** @type {any} */ (slot.el).vwView = res.view;   // for tests and debugging
       if (name === "fitmap") listenFitmap(res.view);
       try { res.view.signal(GAP_PARAM, theme.bg); } catch (_) { /* chart without the parameter */ }
       // rows may have changed while the spec was being compiled

@@ -331,10 +331,24 @@ export function controlsPanel(ctx) {
     syncDisabled();
   };
 
+  let first = true;
   const syncInputs = () => {
     for (const spec of specs) (setters[spec.name] || (() => {}))();
     syncMode();
     syncOptions();
+    if (first) { first = false; openSetGroups(); }
+  };
+
+  /** A group holding a control set away from its default (from Python, a config) opens. */
+  const openSetGroups = () => {
+    const off = model.get("disabled") || {};
+    for (const spec of specs) {
+      if (spec.group === "core" || off[spec.name] || !("default" in spec)) continue;
+      if (JSON.stringify(model.get(spec.name)) !== JSON.stringify(spec.default)) {
+        const box = groupBox[spec.group];
+        if (box && !box.open) box.open = true;
+      }
+    }
   };
 
   /** Show the controls of the current mode; the others keep their slot's place. */

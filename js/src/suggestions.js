@@ -58,8 +58,14 @@ export function suggestionsPanel(ctx, controls, verdictEl) {
       if (band && band.scrollIntoView) band.scrollIntoView({ block: "nearest" });
     });
     const costs = x.costs || {};
+    // the measured figure where there is one ("+12% GPU time per token"); the words in the tooltip
+    const short = (/** @type {string} */ k) => {
+      if (k !== "time") return costs[k];
+      const m = String(costs[k]).match(/[+-]\d+% GPU time per token/);
+      return m ? m[0] : costs[k];
+    };
     const costLine = ["quality", "time", "hardware"].filter((k) => costs[k])
-      .map((k) => h("span", { class: `vw-cost vw-cost-${k}`, text: `${k}: ${costs[k]}` }));
+      .map((k) => h("span", { class: `vw-cost vw-cost-${k}`, text: `${k}: ${short(k)}` }));
     return h("li", { testid: `suggestion-${i}`, "data-state": x.state || "", "data-fits": String(x.fits), title: x.cost }, [
       h("span", { class: `vw-mark vw-${x.state}`, text: MARK[/** @type {"fits"} */ (x.state)] || "" }),
       h("span", { class: "vw-sugg-title", text: x.title }),

@@ -159,13 +159,23 @@ _check()
 
 
 def controls_spec() -> List[Dict[str, Any]]:
-    """The ``controls`` trait: every control with its slot (core) or its group's order."""
+    """The ``controls`` trait: every control with its slot (core) or its group's order, and
+    its trait's default (a group holding a control set away from it opens by itself)."""
+    from .state import State
+
+    traits = State.class_traits()
     slot = {}
     for i, (tr, inf) in enumerate(CORE_SLOTS):
         for name in (tr, inf):
             if name:
                 slot[name] = i
-    return [dict(c, slot=slot[c["name"]]) if c["group"] == "core" else dict(c) for c in CONTROLS]
+    out = []
+    for c in CONTROLS:
+        d = dict(c, default=traits[c["name"]].default())
+        if c["group"] == "core":
+            d["slot"] = slot[c["name"]]
+        out.append(d)
+    return out
 
 
 def groups_spec() -> List[Dict[str, str]]:
