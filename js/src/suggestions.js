@@ -66,14 +66,18 @@ export function suggestionsPanel(ctx, controls, verdictEl) {
     };
     const costLine = ["quality", "time", "hardware"].filter((k) => costs[k])
       .map((k) => h("span", { class: `vw-cost vw-cost-${k}`, text: `${k}: ${short(k)}` }));
+    // two lines each (what to change; what it costs, where it lands, apply): the area's height
+    // is known before the fixes arrive
     return h("li", { testid: `suggestion-${i}`, "data-state": x.state || "", "data-fits": String(x.fits), title: x.cost }, [
-      h("span", { class: `vw-mark vw-${x.state}`, text: MARK[/** @type {"fits"} */ (x.state)] || "" }),
-      h("span", { class: "vw-sugg-title", text: x.title }),
-      h("span", { class: "vw-sugg-costs" }, [
+      h("div", { class: "vw-sugg-line" }, [
+        h("span", { class: `vw-mark vw-${x.state}`, text: MARK[/** @type {"fits"} */ (x.state)] || "" }), " ",
+        h("span", { class: "vw-sugg-title", text: x.title }),
+      ]),
+      h("div", { class: "vw-sugg-costs" }, [
         ...(costLine.length ? costLine : [h("span", { class: "vw-cost", text: "free" })]),
         h("span", { class: "vw-num", text: `→ ${fmtBytes(x.device_total_bytes)}` }),
+        apply,
       ]),
-      apply,
     ]);
   };
 

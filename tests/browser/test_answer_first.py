@@ -182,3 +182,174 @@ def test_marimo_matrix(browser, marimo_server, artifacts):
         assert bp.console == []
     finally:
         bp.close()
+
+
+# ---------------------------------------------------------------------------------------
+# driving the controls (the JupyterLab page, after its matrix)
+# ---------------------------------------------------------------------------------------
+
+#: every input trait of the Calculator, as JSON, from the kernel
+INPUTS_CELL = ("import json; from vramwidget.widget import INPUTS; "
+               "print(json.dumps({k: getattr(calc, k) for k in INPUTS}))")
+
+
+def _inputs(lab) -> dict:
+    return json.loads(lab.run_new_cell(INPUTS_CELL).strip().splitlines()[-1])
+
+
+def _visible_rect(page, testid: str):
+    """The element's box and the part of the window the notebook panel shows."""
+    return page.locator(f"[data-testid={testid}]").first.evaluate(
+        "e => { const b = e.getBoundingClientRect(); let t = 0, bot = innerHeight;"
+        " for (let n = e.parentElement; n && n !== document.body; n = n.parentElement) {"
+        "   const cs = getComputedStyle(n); if (cs.overflowY !== 'visible') { const r = n.getBoundingClientRect();"
+        "   t = Math.max(t, r.top); bot = Math.min(bot, r.bottom); } }"
+        " return {top: b.top, bottom: b.bottom, viewTop: t, viewBottom: bot}; }")
+
+
+def test_apply_names_every_change_brings_the_verdict_back_and_undoes(lab_page):
+    """Issue 25, item 10: after "apply" the panel names every control that changed (the linked
+    ones too), the verdict is scrolled back into view, and "undo" restores every control."""
+    page, lab = lab_page["page"], lab_page["lab"]
+    before = _inputs(lab)
+    # the notebook scrolled so that the verdict line is above the top, the first fix still shown
+    page.locator("[data-testid=headline]").evaluate(
+        "e => { const p = e.closest('.jp-WindowedPanel-outer') || e.closest('.jp-Notebook');"
+        " p.scrollTop += e.getBoundingClientRect().top - p.getBoundingClientRect().top + 40; }")
+    r = _visible_rect(page, "headline")
+    assert r["top"] < r["viewTop"], r
+    title = page.locator("[data-testid=suggestion-0] .vw-sugg-title").inner_text()
+    page.locator("[data-testid=suggestion-apply-0]").click()
+    page.locator("[data-testid=applied]").wait_for(state="visible")
+    _settle(page)
+    r = _visible_rect(page, "headline")          # (before a new cell scrolls the notebook down)
+    assert r["viewTop"] <= r["top"] and r["bottom"] <= r["viewBottom"], r
+    after = _inputs(lab)
+    changed = sorted(k for k in before if before[k] != after[k])
+    assert changed, title
+    shown = sorted(x.removeprefix("changed-") for x in page.locator("[data-testid=applied] [data-testid^=changed-]")
+                   .evaluate_all("els => els.map(e => e.dataset.testid)"))
+    assert shown == changed, (title, shown, changed)
+    # every changed control is marked where it is (its group opened)
+    for name in changed:
+        assert page.locator(f"[data-field={name}].vw-changed").first.is_visible(), name
+    page.locator("[data-testid=suggestion-undo]").click()
+    page.wait_for_function("() => !document.querySelector('[data-testid=applied]')")
+    _settle(page)
+    assert _inputs(lab) == before
+
+
+def test_apply_is_off_while_the_input_has_an_error(lab_page):
+    """Issue 25, item 10: in the error state the apply buttons are dimmed (disabled)."""
+    page = lab_page["page"]
+    box = page.locator("[data-testid=control-model]")
+    box.fill("no-such-model-xyz")
+    box.press("Enter")
+    page.wait_for_function("() => document.querySelector('[data-testid=error]').dataset.shown === 'true'")
+    buttons = page.locator("[data-testid^=suggestion-apply-]")
+    assert buttons.count() >= 1
+    assert all(buttons.nth(i).is_disabled() for i in range(buttons.count()))
+    box.fill("llama-3.2-1b")
+    box.press("Enter")
+    page.wait_for_function("() => document.querySelector('[data-testid=error]').dataset.shown === 'false'")
+    _settle(page)
+    assert page.locator("[data-testid=suggestion-apply-0]").is_enabled()
+
+
+def test_a_typed_number_applies_when_the_typing_pauses(lab_page):
+    """Issue 25, item 9: a typed number applies without Enter or Tab; until then its field
+    says it is pending."""
+    page, lab = lab_page["page"], lab_page["lab"]
+    need = page.locator("[data-testid=headline]").get_attribute("data-need-bytes")
+    box = page.locator("[data-testid=control-batch_size]")
+    box.fill("8")                      # types and fires "input"; no Enter, no Tab
+    assert page.locator("[data-field=batch_size].vw-pending").count() == 1
+    page.wait_for_function("(n) => document.querySelector('[data-testid=headline]').dataset.needBytes !== n",
+                           arg=need, timeout=30_000)
+    assert page.locator("[data-field=batch_size].vw-pending").count() == 0
+    assert lab.run_new_cell("print(calc.batch_size)").strip() == "8"
+    box.fill("16")
+    box.press("Enter")
+    page.wait_for_function("() => document.querySelector('[data-testid=verdict-badge]').dataset.state === 'does_not_fit'")
+    _settle(page)
+
+
+#: every visible control: its trait and its box, relative to the widget (the notebook scrolls)
+CONTROL_BOXES_JS = """(root) => { const r = root.getBoundingClientRect();
+  return Object.fromEntries([...root.querySelectorAll('.vw-controls [data-testid^=control-]')]
+  .filter(e => e.checkVisibility({visibilityProperty: true}) && !/^control-(mode-|lora_targets-|quantized_groups-)/.test(e.dataset.testid))
+  .map(e => { const b = e.getBoundingClientRect();
+    return [e.dataset.testid, [Math.round(b.left - r.left), Math.round(b.top - r.top), Math.round(b.width)]]; })); }"""
+
+
+def test_a_dozen_controls_that_stay_put(lab_page):
+    """Issue 25, item 9: at most 14 controls show with the groups closed (a control: one trait
+    a user sets: a box, a drop-down, a checkbox or the mode switch), in either mode; after
+    Training -> Inference -> Training every control is where it was, and the controls both
+    modes use do not move in between."""
+    page, widget = lab_page["page"], lab_page["widget"]
+    for box in page.locator("details.vw-group[open] > summary").all():
+        box.click()
+    training = widget.evaluate(CONTROL_BOXES_JS)
+    assert 8 <= len(training) <= 14, sorted(training)
+    page.locator("[data-testid=control-mode-inference]").check(force=True)
+    page.wait_for_function("() => document.querySelector('[data-testid=vramwidget]').dataset.vwMode === 'inference'")
+    _settle(page)
+    inference = widget.evaluate(CONTROL_BOXES_JS)
+    assert 6 <= len(inference) <= 14, sorted(inference)
+    both = set(training) & set(inference)
+    assert {"control-model", "control-gpu", "control-batch_size", "control-mode"} <= both
+    assert {k: inference[k] for k in both} == {k: training[k] for k in both}
+    page.locator("[data-testid=control-mode-training]").check(force=True)
+    page.wait_for_function("() => document.querySelector('[data-testid=vramwidget]').dataset.vwMode === 'training'")
+    _settle(page)
+    assert widget.evaluate(CONTROL_BOXES_JS) == training
+    # and with the Multi-GPU group open, tensor and pipeline parallel stay put across the modes
+    page.locator("[data-testid=group-multigpu-toggle]").click()
+    tp = widget.evaluate(CONTROL_BOXES_JS)
+    assert {"control-tensor_parallel", "control-pipeline_parallel"} <= set(tp)
+    for mode in ("inference", "training"):
+        page.locator(f"[data-testid=control-mode-{mode}]").check(force=True)
+        page.wait_for_function(f"() => document.querySelector('[data-testid=vramwidget]').dataset.vwMode === '{mode}'")
+        now = widget.evaluate(CONTROL_BOXES_JS)
+        for k in ("control-tensor_parallel", "control-pipeline_parallel"):
+            assert now[k] == tp[k], (mode, k, now[k], tp[k])
+    page.locator("[data-testid=group-multigpu-toggle]").click()
+    _settle(page)
+
+
+def test_panels_with_nothing_to_say_are_not_drawn(lab_page):
+    """Issue 25, item 6: no GPU: no fit map and no suggestions panel, the band says to choose
+    one; inference: no fit map; a fit-map click leaves no tooltip behind (item 7)."""
+    page = lab_page["page"]
+    fitmap = page.locator("[data-chart=fitmap]")
+    from vramwidget.widget.training import FITMAP_BATCHES, FITMAP_SEQS
+
+    # the cell of the setup itself (batch 16 x 2,048): the click changes nothing but the tooltip
+    cell = page.locator("[data-testid=chart-fitmap] svg g.mark-rect path").nth(
+        FITMAP_BATCHES.index(16) * len(FITMAP_SEQS) + FITMAP_SEQS.index(2048))
+    cell.hover(position={"x": 8, "y": 6})       # beside the diamond that marks the setup
+    page.wait_for_function("() => { const t = document.getElementById('vg-tooltip-element');"
+                           " return t && t.classList.contains('visible'); }")
+    cell.click(position={"x": 8, "y": 6})
+    page.wait_for_function("() => { const t = document.getElementById('vg-tooltip-element');"
+                           " return !t || !t.classList.contains('visible'); }")
+    _settle(page)
+    page.locator("[data-testid=control-gpu]").select_option("")
+    page.wait_for_function("() => document.querySelector('[data-testid=verdict-badge]').dataset.state === ''")
+    _settle(page)
+    assert fitmap.is_hidden()
+    assert "Choose a GPU" in page.locator("[data-testid=suggestions]").inner_text()
+    assert page.locator("[data-testid^=suggestion-apply-]").count() == 0
+    page.locator("[data-testid=control-gpu]").select_option("RTX 4090")
+    page.locator("[data-testid=control-mode-inference]").check(force=True)
+    page.wait_for_function("() => document.querySelector('[data-testid=vramwidget]').dataset.vwMode === 'inference'")
+    _settle(page)
+    assert fitmap.is_hidden()
+    page.locator("[data-testid=control-mode-training]").check(force=True)
+    page.locator("[data-testid=control-batch_size]").fill("16")
+    page.locator("[data-testid=control-batch_size]").press("Enter")
+    page.wait_for_function("() => document.querySelector('[data-testid=verdict-badge]').dataset.state === 'does_not_fit'")
+    _settle(page)
+    assert fitmap.is_visible()
+    assert lab_page["bp"].console == []
