@@ -340,8 +340,8 @@ class Suggestion:
         """The rank (:data:`RANK_TIERS`): changes that fit the GPU (with the margin or within
         the band) before those that do not suffice; among those that fit, by what the change
         costs the user: free knobs, then GPU time on the same cards, then quality, then slow
-        changes or host memory (CPU offload), then more GPUs (fewer before more); within a
-        tier fitting with the margin before tight, then the quality notch (8-bit states <
+        changes or host memory (CPU offload), then more GPUs (fewer before more, whatever
+        else); within a tier fitting with the margin before tight, then the quality notch (8-bit states <
         bf16 < LoRA < QLoRA), then the GPU time a training token costs (``score`` where the
         GPU is not timed), fewer changes, larger saving.  Those that do not suffice: by
         saving."""
@@ -350,7 +350,7 @@ class Suggestion:
         tier = self.tier()
         time = self.time_change if self.time_change is not None else self.score
         gpus = int(self.kwargs.get("num_gpus", 1) or 1) if tier == 4 else 0
-        return (0, tier, 0 if self.state == "fits" else 1, gpus, self.quality_cost, time, len(self.parts) or 1,
+        return (0, tier, gpus, 0 if self.state == "fits" else 1, self.quality_cost, time, len(self.parts) or 1,
                 -self.saved_bytes)
 
     def to_dict(self) -> Dict[str, Any]:

@@ -331,24 +331,29 @@ export function controlsPanel(ctx) {
     syncDisabled();
   };
 
-  let first = true;
+  /** @type {Record<string, string> | null} the values last shown */
+  let shownValues = null;
   const syncInputs = () => {
     for (const spec of specs) (setters[spec.name] || (() => {}))();
     syncMode();
     syncOptions();
-    if (first) { first = false; openSetGroups(); }
+    openSetGroups();
   };
 
-  /** A group holding a control set away from its default (from Python, a config) opens. */
+  /** A closed group opens when one of its controls is set away from its default elsewhere
+   * (from Python, a config, a linked control): at the first drawing, and when it changes. */
   const openSetGroups = () => {
     const off = model.get("disabled") || {};
+    const now = Object.fromEntries(specs.map((spec) => [spec.name, JSON.stringify(model.get(spec.name))]));
     for (const spec of specs) {
       if (spec.group === "core" || off[spec.name] || !("default" in spec)) continue;
-      if (JSON.stringify(model.get(spec.name)) !== JSON.stringify(spec.default)) {
+      const changed = !shownValues || shownValues[spec.name] !== now[spec.name];
+      if (changed && now[spec.name] !== JSON.stringify(spec.default)) {
         const box = groupBox[spec.group];
-        if (box && !box.open) box.open = true;
+        if (box && !box.open && !box.contains(el.ownerDocument.activeElement)) box.open = true;
       }
     }
+    shownValues = now;
   };
 
   /** Show the controls of the current mode; the others keep their slot's place. */

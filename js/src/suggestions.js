@@ -12,7 +12,7 @@
  */
 import { fmtBytes, fmtInt, h } from "./dom.js";
 import { inferenceBrief } from "./inference.js";
-import { cards, timeFact } from "./verdict.js";
+import { STATE_MARK, cards, timeFact, verdictText } from "./verdict.js";
 
 /** @typedef {import("./types.js").Ctx} Ctx */
 
@@ -143,7 +143,9 @@ export function suggestionsPanel(ctx, controls, verdictEl) {
       }
       body.push(h("div", { class: "vw-facts" }, /** @type {HTMLElement[]} */ (facts.filter(Boolean))));
     } else {
-      body.push(h("p", { class: "vw-sub", text: "Choose a GPU (a chip below, or GPU in the controls): the verdict, what to change if it does not fit, and the step time follow." }));
+      body.push(h("div", { class: "vw-fixes-head", text: "No GPU chosen. Where it fits (a click on a GPU below chooses it):" }));
+      body.push(h("ul", { class: "vw-gpu-list", testid: "gpu-verdicts" }, (s.gpu_row || []).map((/** @type {any} */ g) =>
+        h("li", { class: `vw-${g.state}` }, [`${STATE_MARK[/** @type {"fits"} */ (g.state)] || ""} ${verdictText(g)}`]))));
     }
     box.replaceChildren(...body, ...(note ? [note] : []));
   };

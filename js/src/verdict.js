@@ -87,10 +87,10 @@ export function verdictPanel(ctx, status, fixes) {
     const par = s.parallel || null;
     const inf = s.inference || null;
     const n = par ? par.num_gpus : inf && inf.serving ? inf.serving.num_gpus : 1;
-    const perGpu = n > 1 ? ` per GPU (the fullest of ${n})` : "";
+    const where = n > 1 ? ` per GPU (the fullest of ${n})` : " on the GPU";
     const need = h("span", { class: "vw-need", testid: "headline", "data-need-bytes": String(s.device_total_bytes),
       title: "What nvidia-smi would show: the memory PyTorch's caching allocator reserves (allocated tensors + cached blocks) plus the chosen card's CUDA context. The verdict and the phase chart use this figure." }, [
-      h("strong", { text: fmtBytes(s.device_total_bytes) }), ` on the GPU${perGpu}`,
+      h("strong", { text: fmtBytes(s.device_total_bytes) }), where,
     ]);
     const allocated = h("span", { class: "vw-muted vw-alloc", text: `allocated ${fmtBytes(s.peak_bytes)} at ${s.peak_phase_label}` });
     /** @type {HTMLElement} */

@@ -353,3 +353,36 @@ def test_panels_with_nothing_to_say_are_not_drawn(lab_page):
     _settle(page)
     assert fitmap.is_visible()
     assert lab_page["bp"].console == []
+
+
+def test_serving_says_what_it_counts_and_gives_a_command_to_copy(lab_page):
+    """Issue 25, item 5: a vLLM server on 2 x RTX 4090 (TP 2): the verdict names both cards,
+    the phase chart is the server's start-up, your sequences' KV cache is said apart from the
+    engine's pool, and the command has one flag a line and a copy button."""
+    page, lab = lab_page["page"], lab_page["lab"]
+    out = lab.run_new_cell("calc.mode = 'inference'; calc.model = 'llama-3.1-8b'; calc.context_len = 4096; "
+                           "calc.batch_size = 1; calc.tensor_parallel = 2; calc.gpu_memory_utilization = 0.9; "
+                           "print(calc.error or calc.engine)")
+    assert out.strip() == "vllm", out
+    try:
+        _settle(page, 120)
+        assert "2 × RTX 4090" in page.locator("[data-testid=verdict-badge]").inner_text()
+        assert "server start-up" in page.locator("[data-chart=phases] h4").inner_text()
+        kv = page.locator("[data-testid=kv-cache]")
+        assert "your sequences' KV cache" in kv.inner_text() and "256 MiB per GPU" in kv.inner_text()
+        assert "the engine's KV pool" in page.locator("[data-testid=serving]").inner_text()
+        cmd = page.locator("[data-testid=serve-command]")
+        lines = cmd.locator("pre").inner_text().splitlines()
+        assert lines[0].startswith("vllm serve meta-llama/Llama-3.1-8B")
+        assert all(x.strip().startswith("--") and x.strip().count("--") == 1 for x in lines[1:]), lines
+        # the drawn command is never broken inside a flag: one line per flag, each on one line
+        heights = cmd.locator("pre").evaluate("e => [e.getClientRects().length, e.scrollHeight, e.clientHeight]")
+        assert heights[0] == 1
+        button = page.locator("[data-testid=serve-command-copy]")
+        button.click()
+        page.wait_for_function("() => document.querySelector('[data-testid=serve-command-copy]').textContent === 'copied'")
+    finally:
+        lab.run_new_cell("calc.tensor_parallel = 1; calc.gpu_memory_utilization = None; calc.mode = 'training'; "
+                         "calc.model = 'llama-3.2-1b'; calc.batch_size = 16; print(calc.error or 'ok')")
+        _settle(page, 120)
+    assert lab_page["bp"].console == []
