@@ -38,46 +38,24 @@ from .. import charts, gpus
 from ..errors import VramError
 from ..inputs import shown as short_repr
 from ..result import Estimate
-from ..treemap import UnitBox, caption_rows, comparison_rows, layout_rows, unit_box
-from ..units import GIB
+from ..treemap import UnitBox, layout_rows, unit_box
 from .controls import controls_spec, groups_spec
 from .formats import number_formats
 from .inference import INFERENCE_SCENARIOS, InferencePanel, inference_phase_rows
 from .multigpu import ParallelPanel
 from .state import DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, TracedModel, shown
 from .suggestions import SuggestionsPanel
-from .options import OptionsPanel
+from .options import OptionsPanel, nearest_presets
 from .training import YOUR_SETUP, TrainingPanel
 from .trainingconfig import TrainingConfigPanel
 from .verdictpanel import VerdictPanel
 from .background import BackgroundPanel, _Later, traits_specs_same
 from .worker import Worker
-from .views import (COMPARISON_ROW_HEIGHT, COMPARISON_SIZE, DETAIL_SIZE, build_specs, comparison_captions,
-                    comparison_header, gpu_line, table_rows)
-
-
-def nearest_presets(model: str, n: int = 3) -> List[str]:
-    """The presets whose name or Hub id (or an alias) is closest to a model the user typed
-    (a Hub id that could not be fetched: a typo, or offline), closest first."""
-    import difflib
-
-    from .. import presets
-
-    typed = model.strip().lower()
-    if not typed:
-        return []
-    names: Dict[str, str] = {}
-    for name in presets.list_presets():
-        p = presets.find(name) or {}
-        for key in [name, p.get("hub_id") or "", *(p.get("aliases") or [])]:
-            if key:
-                names.setdefault(key.lower(), name)
-    close = difflib.get_close_matches(typed, list(names), n=10, cutoff=0.6)
-    return list(dict.fromkeys(names[c] for c in close))[:n]
+from .views import COMPARISON_SIZE, DETAIL_SIZE, ChartsPanel, build_specs, gpu_line, table_rows
 
 
 class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, InferencePanel,
-                 SuggestionsPanel, TrainingConfigPanel, State):
+                 SuggestionsPanel, TrainingConfigPanel, ChartsPanel, State):
     """GPU memory of one training step (on one GPU or per GPU of a parallel run) or of
     inference, as a live notebook widget.
 
@@ -468,28 +446,6 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
         traits["disabled"] = self._disabled()     # which controls apply to the model resolved here
         return result, scenario_kw, traits, job
 
-    def _width(self) -> float:
-        """The main chart column's width in pixels, as the frontend reported it (240 at least)."""
-        return float(max(int(self.chart_width or DETAIL_SIZE[0]), 240))
-
-    def _comparison(self, scenarios: List[Tuple[str, UnitBox]], gpu: Optional[gpus.GPU],
-                    own_fits: Dict[str, Optional[bool]], times: Dict[str, float]) -> List[Dict[str, Any]]:
-        """The comparison's rows at the column's width: each scenario's slot as wide as its
-        caption, in as many rows as the captions need (``treemap.caption_rows``)."""
-        width = self._width()
-        captions = comparison_captions(scenarios, gpu, own_fits, dict(self._notes_now), times)
-        k = caption_rows([c["text"] for c in captions.values()], width)
-        height = COMPARISON_SIZE[1] if k == 1 else k * COMPARISON_ROW_HEIGHT
-        cap, cap_label = gpu_line(gpu)
-        rows = comparison_rows(scenarios, width, height, capacity_bytes=cap, capacity_label=cap_label,
-                               header=comparison_header(captions), captions={n: c["text"] for n, c in captions.items()},
-                               rows_of=k)
-        for r in rows:
-            if r["level"] == "title":
-                r.update({k2: v for k2, v in captions[r["scenario"]].items() if k2 != "text"})
-        self._comparison_size = [width, height]
-        return rows
-
     def _set_error(self, message: str, field: str) -> None:
         message = message.splitlines()[0] if message else "invalid input"
         if field == "model" and "did you mean" not in message:
@@ -519,43 +475,3 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
         if hit is None:
             hit = self._specs_cache[mode] = build_specs(mode)
         return hit
-
-    def _base_summary(self, est: Estimate, arch: Any, gpu: Optional[gpus.GPU], skipped: List[str],
-                      fits: Optional[bool], phase_labels: Dict[str, str]) -> Dict[str, Any]:
-        """The keys every mode's summary has."""
-        warnings: List[str] = []
-        if self.gpu.strip() and gpu is None:
-            try:
-                gpus.get_gpu(self.gpu)
-            except VramError as e:
-                warnings.append(str(e))
-        # a scenario of the comparison the model cannot do is said, grey: it is not about the setup
-        comparison_notes = [f"the comparison leaves out {s}" for s in skipped]
-        peak_label = phase_labels.get(est.peak_phase, est.peak_phase)
-        return {
-            "mode": self.mode,
-            "model": est.model_name,
-            "hub_id": getattr(arch, "hub_id", None) or "",
-            "params_total": est.params_total,
-            "params_trainable": est.params_trainable,
-            "peak_bytes": est.peak_allocated_bytes,
-            "peak_gib": est.peak_allocated_bytes / GIB,
-            "peak_phase": est.peak_phase,
-            "peak_phase_label": peak_label,
-            "reserved_gib": est.reserved_bytes / GIB,
-            "cuda_context_gib": est.cuda_context_bytes / GIB, "cuda_context_source": est.cuda_context_source,
-            "device_total_bytes": est.device_total_bytes,
-            "device_total_gib": est.device_total_gib,
-            "gpu": gpu.name if gpu else "",
-            "gpu_gib": gpu_line(gpu)[0] / GIB if gpu else None,
-            "fits": fits,
-            "headroom_gib": (gpu_line(gpu)[0] - est.device_total_bytes) / GIB if gpu else None,
-            "phases_gib": {k: v / GIB for k, v in est.phases_bytes.items()},
-            "recompute_overhead": est.recompute_overhead,
-            "notes": list(est.notes) + comparison_notes,
-            "warnings": warnings,
-            "parallel": None,
-            "max_batch_size": None,
-            "inference": None,
-            "time": None,
-        }

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .. import charts, gpus
 from ..result import Estimate
-from ..treemap import KNOWN_COMPONENTS, fmt_gib, total_bytes
+from ..treemap import KNOWN_COMPONENTS, UnitBox, caption_rows, comparison_rows, fmt_gib, total_bytes
 from ..units import GIB
 from ..verdict import capacity_bytes
 
@@ -111,6 +111,32 @@ def comparison_captions(boxes: List[Tuple[str, Any]], gpu: Optional[gpus.GPU],
             c["text"] += f"\n{secs:.3g} s/step"
         out[name] = c
     return out
+
+
+class ChartsPanel:
+    """The Calculator's charts at the width the frontend has for them (``chart_width``)."""
+
+    def _width(self) -> float:
+        """The main chart column's width in pixels, as the frontend reported it (240 at least)."""
+        return float(max(int(self.chart_width or DETAIL_SIZE[0]), 240))
+
+    def _comparison(self, scenarios: List[Tuple[str, UnitBox]], gpu: Optional[gpus.GPU],
+                    own_fits: Dict[str, Optional[bool]], times: Dict[str, float]) -> List[Dict[str, Any]]:
+        """The comparison's rows at the column's width: each scenario's slot as wide as its
+        caption, in as many rows as the captions need (``treemap.caption_rows``)."""
+        width = self._width()
+        captions = comparison_captions(scenarios, gpu, own_fits, dict(self._notes_now), times)
+        k = caption_rows([c["text"] for c in captions.values()], width)
+        height = COMPARISON_SIZE[1] if k == 1 else k * COMPARISON_ROW_HEIGHT
+        cap, cap_label = gpu_line(gpu)
+        rows = comparison_rows(scenarios, width, height, capacity_bytes=cap, capacity_label=cap_label,
+                               header=comparison_header(captions), captions={n: c["text"] for n, c in captions.items()},
+                               rows_of=k)
+        for r in rows:
+            if r["level"] == "title":
+                r.update({k2: v for k2, v in captions[r["scenario"]].items() if k2 != "text"})
+        self._comparison_size = [width, height]
+        return rows
 
 
 #: short option labels (the long ones become tooltips), so no drop-down is cut off
