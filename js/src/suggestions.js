@@ -114,6 +114,14 @@ export function suggestionsPanel(ctx, controls, verdictEl) {
     if (applied) controls.mark(changed());
     if (s.inference) {
       body.push(...inferenceBrief(s));
+      // what to change for inference: the weight formats of the comparison, with their verdicts
+      const formats = ((model.get("rows") || {}).comparison || [])
+        .filter((/** @type {any} */ r) => r.level === "title" && r.state && r.scenario !== "your setup");
+      if (formats.length && v.gpu) {
+        body.push(h("div", { class: "vw-fact", testid: "format-verdicts" }, [`weight formats on ${cards(v)}: `,
+          ...joined(formats.map((/** @type {any} */ r) => h("span", { class: `vw-${r.state}`,
+            text: `${STATE_MARK[/** @type {"fits"} */ (r.state)] || ""} ${r.scenario}` })))]));
+      }
     } else if (status) {
       const where = v.gpu ? cards(v) : "the GPU";
       if (status === "computing") body.push(h("p", { class: "vw-sub", text: `working out which changes make it fit ${where}…` }));

@@ -24,9 +24,10 @@
  *   dom.js          h() and the number formatters; types.js the shared JSDoc types
  * This file joins them: it builds the layout and subscribes each panel to its traits.
  *
- * Layout: the banner, then the answer band (verdict, fixes or step time, common GPUs) across
- * the whole width; under it the controls, the charts (phases, treemap, comparison) and the
- * side column (fit map, details), side by side where there is room.
+ * Layout: the banner, then the answer band (verdict, fixes or step time, common GPUs) first;
+ * where there is room the controls run down the left from the top (the band's height never
+ * moves them), the band tops the rest, the charts (phases, treemap, comparison) under it and
+ * the side column (fit map, details) beside them.
  *
  * Traits (vramwidget/widget/state.py, class State):
  *   inputs  (set here):  every trait named in `controls` (the keyword arguments of
@@ -138,7 +139,7 @@ export default {
     // the charts and the side column (fit map, details), side by side where there is room.
     const main = h("div", { class: "vw-main" }, [charts.el, table.el, formats.el]);
     const side = h("div", { class: "vw-side" }, [charts.side, summary.el]);
-    root.append(error.el, verdict.el, h("div", { class: "vw-layout" }, [controls.el, main, side]));
+    root.append(error.el, h("div", { class: "vw-layout" }, [verdict.el, controls.el, main, side]));
     el.append(root);
 
     // --- subscriptions: one loop over the inputs Python names --------------------------
@@ -161,6 +162,7 @@ export default {
     on("change:formats", formats.sync);
     on("change:training_config_report", trainingConfig.sync);
     on("change:rows", charts.updateRows);
+    on("change:rows", suggestions.sync);
     on("change:chart_sizes", charts.updateRows);
     on("change:status", status.sync);
     on("change:status_text", status.sync);

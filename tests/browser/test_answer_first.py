@@ -290,6 +290,7 @@ def test_a_dozen_controls_that_stay_put(lab_page):
     page, widget = lab_page["page"], lab_page["widget"]
     for box in page.locator("details.vw-group[open] > summary").all():
         box.click()
+    _settle(page)
     training = widget.evaluate(CONTROL_BOXES_JS)
     assert 8 <= len(training) <= 14, sorted(training)
     page.locator("[data-testid=control-mode-inference]").check(force=True)
@@ -319,8 +320,8 @@ def test_a_dozen_controls_that_stay_put(lab_page):
 
 
 def test_panels_with_nothing_to_say_are_not_drawn(lab_page):
-    """Issue 25, item 6: no GPU: no fit map and no suggestions panel, the band says to choose
-    one; inference: no fit map; a fit-map click leaves no tooltip behind (item 7)."""
+    """Issue 25, item 6: no GPU: no fit map and no suggestions, the band says where it fits on
+    the common GPUs; inference: no fit map; a fit-map click leaves no tooltip behind (item 7)."""
     page = lab_page["page"]
     fitmap = page.locator("[data-chart=fitmap]")
     from vramwidget.widget.training import FITMAP_BATCHES, FITMAP_SEQS
@@ -328,6 +329,8 @@ def test_panels_with_nothing_to_say_are_not_drawn(lab_page):
     # the cell of the setup itself (batch 16 x 2,048): the click changes nothing but the tooltip
     cell = page.locator("[data-testid=chart-fitmap] svg g.mark-rect path").nth(
         FITMAP_BATCHES.index(16) * len(FITMAP_SEQS) + FITMAP_SEQS.index(2048))
+    page.wait_for_function("(n) => document.querySelectorAll('[data-testid=chart-fitmap] svg g.mark-rect path')"
+                           ".length === n", arg=len(FITMAP_BATCHES) * len(FITMAP_SEQS))
     cell.hover(position={"x": 8, "y": 6})       # beside the diamond that marks the setup
     page.wait_for_function("() => { const t = document.getElementById('vg-tooltip-element');"
                            " return t && t.classList.contains('visible'); }")
@@ -339,7 +342,7 @@ def test_panels_with_nothing_to_say_are_not_drawn(lab_page):
     page.wait_for_function("() => document.querySelector('[data-testid=verdict-badge]').dataset.state === ''")
     _settle(page)
     assert fitmap.is_hidden()
-    assert "Choose a GPU" in page.locator("[data-testid=suggestions]").inner_text()
+    assert "No GPU chosen. Where it fits" in page.locator("[data-testid=suggestions]").inner_text()
     assert page.locator("[data-testid^=suggestion-apply-]").count() == 0
     page.locator("[data-testid=control-gpu]").select_option("RTX 4090")
     page.locator("[data-testid=control-mode-inference]").check(force=True)
