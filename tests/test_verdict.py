@@ -29,7 +29,9 @@ def test_three_states_around_the_line():
     assert verdict.state_of(need, need + band * 1.01, band) == "fits"
     # (just inside the band: need + band - need is not always band in floating point)
     assert verdict.state_of(need, need + band * 0.999, band) == "tight"
-    assert verdict.state_of(need, need - band * 0.999, band) == "tight"
+    assert verdict.state_of(need, need, band) == "tight"
+    # issue 25: over the line is "does not fit", even within the band ("tight" only under it)
+    assert verdict.state_of(need, need - band * 0.999, band) == "does_not_fit"
     assert verdict.state_of(need, need - band * 1.01, band) == "does_not_fit"
 
 

@@ -254,13 +254,30 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = M
 # Suggestions
 # ----------------------------------------------------------------------------------
 
-#: what a change costs, on one scale (the rank of suggestions; a combination's cost is the
-#: sum of its changes'): free 0; extra compute 10 x the extra share of FLOPs (selective
-#: checkpointing ~0.3, full ~3-5); smaller micro-batches or the same GPUs sharded 2 + a
-#: little; quality 5 + a step per notch (8-bit states, bf16, LoRA, QLoRA); more GPUs 10 + one
-#: per GPU; CPU offload 20.  The order of the tiers is that of issue 6 (free, under 10% extra
-#: compute, throughput, more compute, quality, hardware, offload).
+#: what a change costs, on one scale (where the GPU has no throughput figures it stands in for
+#: the GPU time per token; a combination's cost is the sum of its changes'): free 0; extra
+#: compute 10 x the extra share of FLOPs (selective checkpointing ~0.3, full ~3-5); smaller
+#: micro-batches or the same GPUs sharded 2 + a little; quality 5 + a step per notch; more
+#: GPUs 10 + one per GPU; CPU offload 20.
 _BASE_SCORE = {"free": 0.0, "throughput": 2.0, "quality": 5.0, "hardware": 10.0, "offload": 20.0}
+#: the order suggestions are ranked in (``Suggestion.sort_key``): what the change costs the
+#: user, cheapest first.
+#:
+#: 0. free: the same training at most 5% slower per token (SDPA, fused AdamW, a fused or
+#:    chunked loss, optimizer in backward, ...);
+#: 1. time: the same training on the same GPUs, up to 50% more GPU time per token
+#:    (activation checkpointing, smaller micro-batches with accumulation, sharding over the
+#:    GPUs the run has);
+#: 2. quality: what is trained or its precision changes (8-bit Adam states, bf16, LoRA,
+#:    QLoRA), the smaller change first;
+#: 3. slow: more than 50% more GPU time per token, or host memory (CPU offload);
+#: 4. hardware: more GPUs, fewer before more.
+#:
+#: A combination falls in the tier of its costliest part.  Changes that fit come before
+#: those that do not suffice alone (ranked by what they save).
+RANK_TIERS = ("free", "time", "quality", "slow", "hardware")
+FREE_TIME_CHANGE = 0.05
+SLOW_TIME_CHANGE = 0.5
 #: default ceiling of GPUs a suggestion may use: one node
 MAX_GPUS = 8
 
@@ -307,21 +324,40 @@ class Suggestion:
     usd_per_million_tokens: Optional[float] = None
     #: GPUs the change adds to the run (0: the same hardware)
     extra_gpus: int = 0
+    #: how much the change alters what is trained (the sum of its quality changes' notches:
+    #: 8-bit Adam states 1, bf16 mixed precision 1, pure bf16 2, LoRA 3, QLoRA 4); 0: none
+    quality_cost: float = 0.0
 
-    def sort_key(self) -> Tuple[int, int, int, float, int, float]:
-        """Fitting with the margin first, then fitting within the uncertainty band, then over
-        but within the band, then not fitting.  Within each: those on the GPUs the run has
-        before those that add GPUs (a user with one card cannot take the others), then those
-        that train the same model the same way before those that change what is trained
-        (8-bit states, bf16, LoRA, QLoRA: a quality cost), each by the GPU time a training
-        token costs with the change (so by time and money; ``score`` where the GPU is not
-        timed), fewer changes, larger saving."""
-        group = 0 if self.state == "fits" else 1 if self.fits else 2 if self.state == "tight" else 3
-        quality = 1 if self.costs.get("quality") or self.kind == "quality" else 0
-        cost = self.gpu_seconds_per_token if self.gpu_seconds_per_token is not None else self.score
-        if group == 3:
-            return (group, 0, 0, 0.0, len(self.parts) or 1, -self.saved_bytes)
-        return (group, 1 if self.extra_gpus > 0 else 0, quality, cost, len(self.parts) or 1, -self.saved_bytes)
+    def tier(self) -> int:
+        """Which of :data:`RANK_TIERS` the change falls in: what it costs the user (see there)."""
+        if self.extra_gpus > 0:
+            return 4
+        slow = self.time_change if self.time_change is not None else None
+        if self.cpu_bytes_per_node > 0 or (slow is not None and slow > SLOW_TIME_CHANGE) \
+                or (slow is None and self.kind == "offload"):
+            return 3
+        if self.quality_cost > 0 or self.kind == "quality":
+            return 2
+        if (slow is not None and slow > FREE_TIME_CHANGE) or (slow is None and self.kind in ("compute", "throughput")):
+            return 1
+        return 0
+
+    def sort_key(self) -> Tuple[int, int, int, int, float, float, int, float]:
+        """The rank (:data:`RANK_TIERS`): changes that fit the GPU (with the margin or within
+        the band) before those that do not suffice; among those that fit, by what the change
+        costs the user: free knobs, then GPU time on the same cards, then quality, then slow
+        changes or host memory (CPU offload), then more GPUs (fewer before more, whatever
+        else); within a tier fitting with the margin before tight, then the quality notch (8-bit states <
+        bf16 < LoRA < QLoRA), then the GPU time a training token costs (``score`` where the
+        GPU is not timed), fewer changes, larger saving.  Those that do not suffice: by
+        saving."""
+        if not self.fits:
+            return (1, 0, 0, 0, 0.0, 0.0, len(self.parts) or 1, -self.saved_bytes)
+        tier = self.tier()
+        time = self.time_change if self.time_change is not None else self.score
+        gpus = int(self.kwargs.get("num_gpus", 1) or 1) if tier == 4 else 0
+        return (0, tier, gpus, 0 if self.state == "fits" else 1, self.quality_cost, time, len(self.parts) or 1,
+                -self.saved_bytes)
 
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
@@ -366,13 +402,13 @@ _LOSS_TITLES = {"liger": "Liger fused linear cross-entropy", "chunked": "chunked
 def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int = 3,
                 **kw: Any) -> List[Suggestion]:
     """Changes that lower the device total, alone and combined (up to ``combine`` at once),
-    each re-estimated and ranked: those that fit ``gpu`` with the margin of the estimate's
-    own uncertainty first (:mod:`vramwidget.verdict`), then those that fit within it, then
-    single changes that help but do not suffice (by memory saved; under 1% left out).
-    Within a group the cheaper first: the cost of each change is on one scale (free, extra
-    compute, throughput, quality, GPUs, CPU offload: ``_BASE_SCORE``) and a combination
-    costs the sum of its changes; each suggestion says its cost by axis (quality, time,
-    hardware).  No suggestion uses more than ``max_gpus`` GPUs (default 8: one node).
+    each re-estimated and ranked by what the change costs the user (:data:`RANK_TIERS`):
+    among those that fit ``gpu`` (with the margin of the estimate's own uncertainty,
+    :mod:`vramwidget.verdict`, or within it) free knobs first, then GPU time on the same
+    cards, then quality (the smaller change first), then slow changes or host memory, then
+    more GPUs (fewer before more); then single changes that help but do not suffice (by
+    memory saved; under 1% left out).  Each suggestion says its cost by axis (quality,
+    time, hardware).  No suggestion uses more than ``max_gpus`` GPUs (default 8: one node).
 
     Tried: SDPA instead of eager attention, fused AdamW, the stack's loss without full logits
     (Liger or chunked cross-entropy), activation offloading where the stack
@@ -472,7 +508,8 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
                           {"quality": ", ".join(quality), "time": ", ".join(time), "hardware": ", ".join(hardware)},
                           score, tuple(m.title for m in ms) if len(ms) > 1 else (), q.usable - total,
                           *(t if t is not None else (None, None, None)), change, usd,
-                          max(int(par.get("num_gpus", 1) or 1) - n_now, 0))
+                          max(int(par.get("num_gpus", 1) or 1) - n_now, 0),
+                          sum(m.cost_value for m in ms if m.kind == "quality"))
 
     def attempt(title: str, kind: str, cost: str, setup_changes: Optional[Dict[str, Any]] = None,
                 par_changes: Optional[Dict[str, Any]] = None, compute_from_estimate: bool = False,

@@ -57,7 +57,7 @@ def _ranks(reserved: Any, context: float, cap: float, rel: float) -> Any:
 
     device = reserved + context
     band = reserved * rel
-    return np.where(np.abs(cap - device) <= band, 1, np.where(device < cap, 0, 2))
+    return np.where(device > cap, 2, np.where(cap - device <= band, 1, 0))
 
 
 def _tokens_only(ix: Any) -> bool:

@@ -53,7 +53,8 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
     ],
     "gradient_checkpointing": [
         ("none", "None"),
-        ("selective", "Selective (recompute attention and MLP internals)"),
+        ("selective", "Selective (recompute the attention core: saves its scores under eager attention, "
+                      "next to nothing under SDPA or FlashAttention)"),
         ("full", "Full (keep each layer's input)"),
     ],
     "attn_implementation": [

@@ -17,8 +17,11 @@ all call them.
 Three states:
 
 ``fits``           need + band < capacity: fits even if the prediction is off by the band;
-``tight``          |capacity - need| <= band: the estimator's own uncertainty decides;
-``does_not_fit``   need - band > capacity.
+``tight``          need <= capacity <= need + band: under the line, by less than the
+                   estimator's own uncertainty (or only with the allocator freeing its cache
+                   at the card's limit);
+``does_not_fit``   need > capacity (within the band above the line it may still run: said,
+                   not called tight).
 
 The band is the uncertainty of the predicted figure: the reserved memory times the
 ``QUANTILE`` of the relative error of the predicted ``max_reserved`` over the measured
@@ -76,15 +79,18 @@ def mib_text(nbytes: float) -> str:
 
 
 def state_of(need_bytes: float, capacity_bytes: float, band: float, squeezed: bool = False) -> str:
-    """fits | tight | does_not_fit for a need against a capacity with a band.  ``squeezed``:
-    the need is the reserve of a replay with the card's capacity, which fits only because the
-    allocator frees its cached blocks at the card's limit (``gpus.judge_on``): tight at best
-    (it filled the card; how far below the line it would stay is not a margin)."""
-    if abs(capacity_bytes - need_bytes) <= band:
+    """fits | tight | does_not_fit for a need against a capacity with a band: one meaning per
+    word.  Over the line is ``does_not_fit`` (within the band it may still run: the verdict's
+    text says so); ``tight`` is under the line by less than the band (the estimator's own
+    uncertainty decides).  ``squeezed``: the need is the reserve of a replay with the card's
+    capacity, which fits only because the allocator frees its cached blocks at the card's
+    limit (``gpus.judge_on``): tight at best (it filled the card; how far below the line it
+    would stay is not a margin)."""
+    if need_bytes > capacity_bytes:
+        return "does_not_fit"
+    if capacity_bytes - need_bytes <= band or squeezed:
         return "tight"
-    if need_bytes < capacity_bytes:
-        return "tight" if squeezed else "fits"
-    return "does_not_fit"
+    return "fits"
 
 
 def verdict(est: Any, gpu: Any, *, num_gpus: int = 1, replay: bool = True) -> Dict[str, Any]:
@@ -93,7 +99,7 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1, replay: bool = True) -> Di
     Returns ``{"state", "measure": "device_total", "need_bytes", "capacity_bytes",
     "headroom_bytes", "band_bytes", "headroom_pct", "band_rel", "gpu", "num_gpus",
     "context_bytes", "usable_capacity_bytes", "context_note", "capacity_note", "reserved_bytes",
-    "unlimited_reserved_bytes", "allocator_note"}``:
+    "unlimited_reserved_bytes", "allocator_note", "squeezed", "may_free"}``:
     ``need_bytes`` is :func:`device_total_on` (reserved on the card + its own CUDA context:
     :func:`vramwidget.gpus.judge_on`, where a training step whose unlimited reserve is over the
     card but whose allocated peak is not is replayed with the card's capacity, its allocator
@@ -103,7 +109,9 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1, replay: bool = True) -> Di
     ``context_bytes`` is the card's CUDA context, ``usable_capacity_bytes`` what torch can
     allocate on it (``gpus.usable_capacity``), ``context_note`` one line with the context
     figure and its source, ``capacity_note`` the derivation of the usable capacity;
-    ``headroom_bytes`` is negative when it does not fit.  A serving estimate that judges
+    ``headroom_bytes`` is negative when it does not fit; ``squeezed``: it fits only with the
+    allocator freeing its cache at the card's limit (tight at best); ``may_free``: it does
+    not fit by its reserve only, and no replay at the card's limit says it runs out.  A serving estimate that judges
     its own fit (``est.fits`` with a serving budget: the KV pool must hold a sequence)
     gives ``does_not_fit`` when it says so.  ``replay=False`` runs no replay with the card's
     capacity (:func:`vramwidget.gpus.judge_on`): where one is needed and not cached the
@@ -147,6 +155,12 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1, replay: bool = True) -> Di
         "reserved_bytes": reserved,
         "unlimited_reserved_bytes": judged["unlimited_reserved_bytes"],
         "allocator_note": judged["note"],
+        "squeezed": bool(judged["squeezed"]),
+        # over the line by its reserve only, with no replay at the card's limit saying it runs
+        # out (none yet, or none modelled: inference, multi-GPU): the allocator may free its
+        # cache there and run it
+        "may_free": state == "does_not_fit" and judged["oom"] is None and own is not False
+        and float(shown.peak_allocated_bytes) + context <= cap,
         **({"provisional": True} if judged["provisional"] else {}),
     }
 
@@ -162,8 +176,12 @@ def describe(v: Optional[Dict[str, Any]]) -> str:
     if v["state"] == "fits":
         return f"fits {who}: {fmt_bytes(h)} ({v['headroom_pct']:.0f}%) to spare"
     if v["state"] == "tight":
-        side = f"{fmt_bytes(h)} to spare" if h >= 0 else f"{fmt_bytes(-h)} over"
-        return f"tight on {who}: {side}, within the ±{fmt_bytes(v['band_bytes'])} uncertainty"
-    return f"does not fit {who}: {fmt_bytes(-h)} over"
-
-
+        if v.get("squeezed"):
+            return f"tight on {who}: fits only with the allocator freeing its cache at the limit"
+        return f"tight on {who}: {fmt_bytes(h)} to spare, within the ±{fmt_bytes(v['band_bytes'])} uncertainty"
+    text = f"does not fit {who}: {fmt_bytes(-h)} over"
+    if v.get("may_free"):
+        return text + "; it may run with the allocator freeing its cache at the limit"
+    if -h <= v["band_bytes"]:
+        return text + f", within the ±{fmt_bytes(v['band_bytes'])} uncertainty"
+    return text

@@ -100,7 +100,7 @@ def head_forward(cx: StepContext, lay: Layers, ld: Loaded, x: Optional[int]) -> 
     casts = [pb.alloc(nb, "autocast copy of the head weight", "weights", "autocast copies (16-bit)", "V x h x 2 B",
                       cx.c, label="head weight cast") for nb in lay.cast_bytes.get(-1, [])]
     hf = HeadForward(x, saved, casts)
-    if cx.s.loss == "liger":
+    if runs_liger(cx):
         _liger_forward(cx, ld, hf)
     else:
         _logits_and_loss(cx, hf)
@@ -159,6 +159,12 @@ def _logits_and_loss(cx: StepContext, hf: HeadForward) -> None:
         pb.free(up)
 
 
+def runs_liger(cx: StepContext) -> bool:
+    """Liger's fused loss runs where the output head is: a pipeline stage without it
+    (parallel's slice, vocabulary 0) has no logits, whatever the loss."""
+    return cx.s.loss == "liger" and cx.V > 0
+
+
 def _liger_forward(cx: StepContext, ld: Loaded, hf: HeadForward) -> None:
     pb = cx.pb
     T, V, h = cx.Th, cx.V, cx.h
@@ -204,7 +210,7 @@ def loss_backward(cx: StepContext, ld: Loaded, hf: HeadForward, grad_ready: Grad
     tied = arch.tie_word_embeddings and s.method == "full"
     head_entries = [e for e in ld.head_params if e.role == "output_head"]
     tied_key: Optional[int] = None
-    if s.loss == "liger":
+    if runs_liger(cx):
         g = hf.grad_input             # handed on by the backward (scaled in place)
         if tied:
             tied_key = hf.grad_weight

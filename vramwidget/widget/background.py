@@ -200,7 +200,10 @@ class BackgroundPanel:
         if left is None:
             return
         job = self._sugg_job
-        if not left and (job is None or self._sugg_cache.get(job[0]) is not None):
+        cached = self._sugg_cache.get(job[0]) if job is not None else None
+        if not left and (job is None or cached is not None):
+            if cached is not None:    # cached after this update's pass said "computing"
+                self._publish_suggestions(token, cached, "ready")
             return
         if self.suggestions_delay is None:
             self._answers_and_suggestions(token, left)
@@ -217,12 +220,16 @@ class BackgroundPanel:
             return
         with self._lock:
             cached = self._sugg_cache.get(job[0])
-        if cached is None:
-            if self.suggestions_delay:
-                import time
+        if cached is not None:
+            # worked out meanwhile by a run an older update started (its own publish was
+            # dropped as stale): this update's outputs may still say "computing"
+            self._publish_suggestions(token, cached, "ready")
+            return
+        if self.suggestions_delay:
+            import time
 
-                time.sleep(self.suggestions_delay)
-            self._run_suggestions(token, job)
+            time.sleep(self.suggestions_delay)
+        self._run_suggestions(token, job)
 
     def _cached_estimate(self, arch: Any, kind: str, kw: Dict[str, Any]) -> Any:
         """The estimate of one setup (``kind``: see :func:`_run`); the last few are kept

@@ -38,25 +38,24 @@ from .. import charts, gpus
 from ..errors import VramError
 from ..inputs import MAX_GPUS, shown as short_repr
 from ..result import Estimate
-from ..treemap import UnitBox, comparison_rows, layout_rows, unit_box
-from ..units import GIB
+from ..treemap import UnitBox, layout_rows, unit_box
+from .controls import controls_spec, groups_spec
 from .formats import number_formats
 from .inference import INFERENCE_SCENARIOS, InferencePanel, inference_phase_rows
 from .multigpu import ParallelPanel
 from .state import DEFAULT_MODEL, INFERENCE_INPUTS, INPUTS, MODES, TRAINING_ONLY, State, TracedModel, shown
 from .suggestions import SuggestionsPanel
-from .options import OptionsPanel
+from .options import OptionsPanel, nearest_presets
 from .training import YOUR_SETUP, TrainingPanel
 from .trainingconfig import TrainingConfigPanel
 from .verdictpanel import VerdictPanel
 from .background import BackgroundPanel, _Later, traits_specs_same
 from .worker import Worker
-from .views import (COMPARISON_HEADER, COMPARISON_HEADER_TIME, COMPARISON_HEADER_VERDICT, COMPARISON_SIZE, DETAIL_SIZE,
-                    add_verdicts, build_specs, gpu_line, table_rows)
+from .views import COMPARISON_SIZE, DETAIL_SIZE, ChartsPanel, build_specs, gpu_line, table_rows
 
 
 class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, ParallelPanel, InferencePanel,
-                 SuggestionsPanel, TrainingConfigPanel, State):
+                 SuggestionsPanel, TrainingConfigPanel, ChartsPanel, State):
     """GPU memory of one training step (on one GPU or per GPU of a parallel run) or of
     inference, as a live notebook widget.
 
@@ -108,8 +107,11 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
         super().__init__(model=model, **kwargs)
         self._start_defaults(kwargs)
         self._specs_cache: Dict[str, Dict[str, Any]] = {}
+        self._comparison_size = [float(COMPARISON_SIZE[0]), float(COMPARISON_SIZE[1])]
         self.specs = self._specs_for(self.mode)
         self.formats = number_formats()
+        self.controls = controls_spec()
+        self.control_groups = groups_spec()
         # the links, for what the keywords set (observers are off during __init__)
         try:
             self._resolve_model()
@@ -202,6 +204,14 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
     def _training_config_changed(self, change: Dict[str, Any]) -> None:
         if self._ready and not self._busy:
             self._on_training_config(change)
+
+    @t.observe("chart_width")
+    def _chart_width_changed(self, change: Dict[str, Any]) -> None:
+        """The frontend's column changed width: lay the treemaps out again (the estimates
+        are cached: milliseconds)."""
+        if self._ready and not self._busy and self._estimate is not None and change["old"] != change["new"]:
+            with self._lock:
+                self._update()
 
     @t.observe(*INPUTS)
     def _on_input(self, change: Dict[str, Any]) -> None:
@@ -389,21 +399,16 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
             scenarios.append((name, box))
             own_fits[name] = own
         cap, cap_label = gpu_line(gpu)
-        comparison: List[Dict[str, Any]] = []
-        if not keep:
-            comparison = comparison_rows(
-                scenarios, *COMPARISON_SIZE, capacity_bytes=cap, capacity_label=cap_label,
-                header=(COMPARISON_HEADER_TIME if times else COMPARISON_HEADER_VERDICT) if gpu else COMPARISON_HEADER)
-            if gpu is not None:
-                add_verdicts(comparison, gpu, own_fits, dict(self._notes_now), times)
+        comparison = [] if keep else self._comparison(scenarios, gpu, own_fits, times)
         if self.mode == "inference":
             phases = inference_phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
             summary = self._summary_inference(view, arch, gpu, kw, skipped)
         else:
             phases = charts.phase_rows(est, capacity_bytes=cap, capacity_label=cap_label)
             summary = self._summary(view, arch, gpu, skipped, kind, kw)
+        width = self._width()
         rows = {
-            charts.DETAIL: layout_rows(est, *DETAIL_SIZE),
+            charts.DETAIL: layout_rows(est, width, DETAIL_SIZE[1]),
             charts.PHASES_DATA: phases,
         }
         if not keep:     # kept: not sent again (the frontend keeps a dataset that is absent)
@@ -414,8 +419,12 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
             "summary": summary,
             "table": table_rows(est),
             "options": self._options(arch),
+            "chart_sizes": dict(self.chart_sizes, **{charts.DETAIL: [width, DETAIL_SIZE[1]]},
+                                **({charts.COMPARISON: self._comparison_size} if not keep else {})),
         }
-        n = int(par.get("num_gpus", 1) or 1) if self.mode == "training" and par else 1
+        # the cards the verdict speaks of: a training run's GPUs, a server's tensor x pipeline GPUs
+        n = int(par.get("num_gpus", 1) or 1) if self.mode == "training" and par else \
+            max(self.tensor_parallel, 1) * max(self.pipeline_parallel, 1) if self.mode == "inference" else 1
         v = self._verdict_summary(summary, view, gpu, n)
         if v and getattr(est, "provisional", False):
             v = dict(v, provisional=True)
@@ -426,6 +435,8 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
             summary["notes"].insert(0, f"traced: model_type {arch.model_type!r} has no analytic family module, so "
                                        f"one training step was run on fake tensors (vramwidget.trace)")
         rows[charts.FITMAP] = self._fitmap(arch, gpu, kw) if kind == "train" else []
+        if v.get("state") == "does_not_fit":
+            summary["time"] = None     # no step time or cost for a run that cannot start
         traits["verdict"] = v
         job = None
         if self.mode == "training" and gpu is not None and v.get("state") != "fits" \
@@ -436,8 +447,13 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
         return result, scenario_kw, traits, job
 
     def _set_error(self, message: str, field: str) -> None:
+        message = message.splitlines()[0] if message else "invalid input"
+        if field == "model" and "did you mean" not in message:
+            near = nearest_presets(self.model)
+            if near:
+                message += f"; nearest presets: {', '.join(near)}"
         with self.hold_sync():
-            self.error = message.splitlines()[0] if message else "invalid input"
+            self.error = message
             self.error_field = field
             self.status = "idle"
             self.status_text = ""
@@ -459,42 +475,3 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
         if hit is None:
             hit = self._specs_cache[mode] = build_specs(mode)
         return hit
-
-    def _base_summary(self, est: Estimate, arch: Any, gpu: Optional[gpus.GPU], skipped: List[str],
-                      fits: Optional[bool], phase_labels: Dict[str, str]) -> Dict[str, Any]:
-        """The keys every mode's summary has."""
-        warnings: List[str] = []
-        if self.gpu.strip() and gpu is None:
-            try:
-                gpus.get_gpu(self.gpu)
-            except VramError as e:
-                warnings.append(str(e))
-        warnings += [f"comparison left out {s}" for s in skipped]
-        peak_label = phase_labels.get(est.peak_phase, est.peak_phase)
-        return {
-            "mode": self.mode,
-            "model": est.model_name,
-            "hub_id": getattr(arch, "hub_id", None) or "",
-            "params_total": est.params_total,
-            "params_trainable": est.params_trainable,
-            "peak_bytes": est.peak_allocated_bytes,
-            "peak_gib": est.peak_allocated_bytes / GIB,
-            "peak_phase": est.peak_phase,
-            "peak_phase_label": peak_label,
-            "reserved_gib": est.reserved_bytes / GIB,
-            "cuda_context_gib": est.cuda_context_bytes / GIB, "cuda_context_source": est.cuda_context_source,
-            "device_total_bytes": est.device_total_bytes,
-            "device_total_gib": est.device_total_gib,
-            "gpu": gpu.name if gpu else "",
-            "gpu_gib": gpu_line(gpu)[0] / GIB if gpu else None,
-            "fits": fits,
-            "headroom_gib": (gpu_line(gpu)[0] - est.device_total_bytes) / GIB if gpu else None,
-            "phases_gib": {k: v / GIB for k, v in est.phases_bytes.items()},
-            "recompute_overhead": est.recompute_overhead,
-            "notes": list(est.notes),
-            "warnings": warnings,
-            "parallel": None,
-            "max_batch_size": None,
-            "inference": None,
-            "time": None,
-        }

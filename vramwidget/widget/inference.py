@@ -119,9 +119,8 @@ class InferencePanel:
         # the requested sequences' own cache (batch x context tokens); under a serving
         # budget kv_cache_bytes is the engine's whole pool, which is said apart
         if serving:
-            gen = self._cached_estimate(arch, "infer", {k: v for k, v in kw.items()
-                                                        if k not in ("gpu_memory_utilization",)})
-            requested = gen.kv_cache_bytes
+            # the engine's block-rounded bytes per sequence (per GPU), times the batch
+            requested = float(serving.get("bytes_per_sequence") or 0.0) * int(est.setup.get("batch_size") or 1)
         else:
             requested = est.kv_cache_bytes
         inf = {

@@ -49,3 +49,23 @@ def _preset_options() -> List[List[str]]:
         label = " · ".join(x for x in (p.get("family"), p.get("params_label")) if x)
         out.append([name, label])
     return out
+
+
+def nearest_presets(model: str, n: int = 3) -> List[str]:
+    """The presets whose name or Hub id (or an alias) is closest to a model the user typed
+    (a Hub id that could not be fetched: a typo, or offline), closest first."""
+    import difflib
+
+    from .. import presets
+
+    typed = model.strip().lower()
+    if not typed:
+        return []
+    names: Dict[str, str] = {}
+    for name in presets.list_presets():
+        p = presets.find(name) or {}
+        for key in [name, p.get("hub_id") or "", *(p.get("aliases") or [])]:
+            if key:
+                names.setdefault(key.lower(), name)
+    close = difflib.get_close_matches(typed, list(names), n=10, cutoff=0.6)
+    return list(dict.fromkeys(names[c] for c in close))[:n]

@@ -233,6 +233,20 @@ class State(anywidget.AnyWidget):
     max_gpus = t.Int(8, **_doc(
         "The most GPUs a suggestion may use (default 8: one node).")).tag(sync=True)
 
+    # -- the frontend's layout -------------------------------------------------------------
+    controls = t.List(**_doc(
+        "Every input control: trait name, label, hint, kind, group, slot, mode (widget/controls.py); set "
+        "once. The frontend builds its controls from it and subscribes to the traits it names.")).tag(sync=True)
+    control_groups = t.List(**_doc(
+        "The named, collapsible groups under the core controls: key, title, title in inference mode, "
+        "hint.")).tag(sync=True)
+    chart_width = t.Int(640, **_doc(
+        "Set by the frontend: the pixels its main chart column has. The treemaps are laid out for that "
+        "width (their text fitted to their boxes).")).tag(sync=True)
+    chart_sizes = t.Dict(**_doc(
+        "Chart name -> [width, height] in pixels the rows of that chart were laid out for (the treemaps); "
+        "the frontend sizes those views so.")).tag(sync=True)
+
     # -- outputs: set by Python, drawn by the frontend ------------------------------------
     verdict = t.Dict(**_doc(
         "Does it fit the chosen GPU: {state: fits | tight | does_not_fit, measure: 'device_total', "
