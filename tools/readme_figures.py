@@ -242,25 +242,23 @@ def decode() -> List[Dict[str, Any]]:
     """A long generation from a short prompt fragments the large pool (the README's Limits)."""
     import vramwidget as vw
 
-    kw = dict(weights="nf4", context_len=8192, prompt_len=512)
-    e = vw.estimate_inference("llama-2-7b", **kw)
-    x = vw.estimate_inference("llama-2-7b", allocator="expandable_segments", **kw)
-    r, p, rx = e.reserved_bytes / GIB, e.peak_allocated_bytes / GIB, x.reserved_bytes / GIB
-    return [fig("decode.fragmentation", [r, p, rx],
-                f"(Llama 2 7B in NF4, a 512-token prompt and 7,680 new tokens: {r:.1f} GiB reserved for a "
-                f"{p:.1f} GiB allocated peak; {rx:.1f} GiB with `allocator=\"expandable_segments\"`)")]
+    kw = dict(context_len=32768, prompt_len=128)
+    e = vw.estimate_inference("llama-3.1-8b", **kw)
+    r, p = e.reserved_bytes / GIB, e.peak_allocated_bytes / GIB
+    return [fig("decode.fragmentation", [r, p],
+                f"128-token prompt: {r:.1f} GiB reserved for a {p:.1f} GiB allocated peak")]
 
 
 def speed() -> List[Dict[str, Any]]:
     import vramwidget as vw
-    from vramwidget import events
+    from vramwidget import replays
 
     out = []
     times = []
     for model, kw in (("llama-3.2-1b", dict(batch_size=2, seq_len=2048)),
                       ("llama-3.1-8b", dict(method="qlora", batch_size=4, seq_len=2048,
                                             gradient_checkpointing="full"))):
-        events.clear_caches()
+        replays.clear_caches()
         est = vw.estimate(model, **kw)
         t0 = time.process_time()
         est.reserved_bytes
