@@ -45,7 +45,7 @@ CORE_SLOTS: Tuple[Tuple[Any, Any], ...] = (
     ("attn_implementation", "attn_implementation"),
     ("batch_size", "batch_size"),
     ("seq_len", "context_len"),
-    ("target_len", None),
+    ("target_len", "prompt_len"),
     ("optimizer", None),
     ("gradient_checkpointing", None),
 )
@@ -91,6 +91,9 @@ CONTROLS: Tuple[Dict[str, Any], ...] = (
     _n("seq_len", "Sequence", "Sequence length: tokens per sequence (an encoder-decoder's input)", mode="training"),
     _n("context_len", "Context", "Context length: tokens per sequence at the end of generation (prompt + "
        "generated)", mode="inference"),
+    _n("prompt_len", "Prompt", "Prompt tokens per sequence; the rest of the context is generated one decode "
+       "step a token (blank: the whole context is the prompt, the worst prefill)", optional=True,
+       placeholder="= context", mode="inference"),
     _n("target_len", "Target", "Encoder-decoders (T5, BART): target tokens per sample, what the decoder, head "
        "and loss read (blank: as long as the sequence)", optional=True, placeholder="= sequence", mode="training",
        hidden_unless_enabled=True),
