@@ -975,9 +975,12 @@ def replay_runs(parts: Sequence[Any], config: Optional[AllocatorConfig] = None,
     idx = np.concatenate(s_idx) if s_idx else np.zeros(0, dtype=np.int64)
     val = np.concatenate(s_val) if s_val else np.zeros(0, dtype=np.int64)
     order = np.argsort(idx, kind="stable")
-    n, max_allocated, at_last = _allocated_profile(parts, cfg, last, idx[order], val[order])
-    return ReplayResult(max_reserved_bytes=reserved, max_allocated_bytes=max_allocated, reserved_bytes=reserved,
-                        allocated_bytes=allocated, fragmentation_at_max_bytes=reserved - at_last if last >= 0 else 0,
+    n, max_block_allocated, at_last = _allocated_profile(parts, cfg, last, idx[order], val[order])
+    # the live requests' rounded sizes alone (what replay() reports as max_allocated_bytes)
+    _, max_requested, _ = _allocated_profile(parts, cfg, last, idx[:0], val[:0]) if len(idx) else (
+        n, max_block_allocated, at_last)
+    return ReplayResult(max_reserved_bytes=reserved, max_allocated_bytes=max_requested,
+                        max_block_allocated_bytes=max_block_allocated, reserved_bytes=reserved, allocated_bytes=allocated, fragmentation_at_max_bytes=reserved - at_last if last >= 0 else 0,
                         segments_allocated=segments, num_events=n)
 
 
@@ -1634,7 +1637,10 @@ def replay_runs_on_card(parts: Sequence[Any], config: Optional[AllocatorConfig] 
     else:
         res.num_events = g
     res.max_reserved_bytes = al.max_reserved
+    # the skip-ahead keeps the blocks' allocated peak (torch's statistic); a decode's requests
+    # are whole blocks, so it is also the rounded requests' peak of the full replay
     res.max_allocated_bytes = al.max_allocated
+    res.max_block_allocated_bytes = al.max_allocated
     res.reserved_bytes = al.reserved
     res.allocated_bytes = al.allocated
     res.fragmentation_at_max_bytes = al.frag_at_max
