@@ -55,7 +55,13 @@ def test_head_and_embedding_training_match_autograd(extra, setup):
         traced_block_bytes("llama", method="lora", lora=base)["total_L"]
     p = predicted_total_bytes("llama", method="lora", **setup) - \
         predicted_total_bytes("llama", method="lora", lora_targets=["q_proj", "v_proj"])
-    assert p == t
+    # where an embedding weight trains (the table itself, or peft's lora_embedding_A, read by
+    # F.embedding(ids, lora_embedding_A.T)), F.embedding saves the token ids for its weight
+    # gradient: autograd counts them as saved, but they are the input_ids tensor already on
+    # the GPU (2 x 32 int64 = 512 B), which the plan does not count again
+    embedding_trains = "embed_tokens" in tuple(setup.get("modules_to_save", ())) + tuple(setup["lora_targets"])
+    ids_bytes = 2 * 32 * 8 if embedding_trains else 0
+    assert p == t - ids_bytes
 
 
 @pytest.mark.parametrize("kw,expected", [

@@ -296,7 +296,7 @@ def test_suggestions_on_a_running_event_loop():
         c = Calculator(MODEL, gpu=GPU)
         c.batch_size = 8
         assert c.suggestions_status == "computing"
-        for _ in range(200):
+        for _ in range(6000):                 # a guard against a hang (120 s), not a speed test
             await asyncio.sleep(0.02)
             if c.suggestions_status == "ready":
                 break
@@ -507,6 +507,7 @@ def test_multi_gpu_and_inference_rows_render_with_the_bundled_vega():
     serving = c.rows
     c.gpu_memory_utilization = None
     c.context_len = 8192
+    c.prompt_len = 8000               # 192 decode steps after the prefill (no prompt_len: prefill only)
     generate = c.rows
     for specs, updates in ((first_specs, [first]), (c.specs, [serving, generate])):
         for name, spec in specs.items():
