@@ -332,7 +332,7 @@ def check_target_len(arch: Architecture, s: TrainingSetup) -> None:
     raise VramError(f"target_len: {arch.name} is {what}; its sequence is seq_len", field="target_len")
 
 
-def _merge_named(nodes: List[Node]) -> List[Node]:
+def merge_named(nodes: List[Node]) -> List[Node]:
     """Merge top-level nodes of the same name (e.g. two 'weights' entries)."""
     from .result import COMPONENT_KINDS
 

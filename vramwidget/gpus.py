@@ -318,7 +318,7 @@ def device_total_on(est: Any, gpu: Any) -> float:
 
 
 #: (id(arch), setup, capacity in bytes) -> (arch, replay): the capacity replays of judge_on
-_CAPACITY_REPLAYS: Dict[Tuple[Any, ...], Tuple[Any, Any]] = {}
+CAPACITY_REPLAYS: Dict[Tuple[Any, ...], Tuple[Any, Any]] = {}
 _MAX_CAPACITY_REPLAYS = 256
 
 
@@ -337,7 +337,7 @@ def _cached_capacity_replay(est: Any, torch_capacity: float) -> Any:
     key = _capacity_key(est, torch_capacity)
     if key is None:
         return None
-    hit = _CAPACITY_REPLAYS.get(key)
+    hit = CAPACITY_REPLAYS.get(key)
     run = getattr(est, "_replayed")
     return hit[1] if hit is not None and hit[0] is run[0] else None
 
@@ -350,9 +350,9 @@ def _capacity_replay(est: Any, torch_capacity: float) -> Any:
     res = est.replay(capacity_bytes=torch_capacity)
     key = _capacity_key(est, torch_capacity)
     if key is not None:
-        if len(_CAPACITY_REPLAYS) >= _MAX_CAPACITY_REPLAYS:
-            _CAPACITY_REPLAYS.clear()
-        _CAPACITY_REPLAYS[key] = (est._replayed[0], res)
+        if len(CAPACITY_REPLAYS) >= _MAX_CAPACITY_REPLAYS:
+            CAPACITY_REPLAYS.clear()
+        CAPACITY_REPLAYS[key] = (est._replayed[0], res)
     return res
 
 

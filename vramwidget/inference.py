@@ -359,9 +359,9 @@ class InferenceSetup:
             if kw.get(name) is not None:
                 v[name] = check_bool(name, kw[name])
         if kw.get("allocator") is not None:
-            from .training import _allocator
+            from .training import check_allocator_conf
 
-            v["allocator"] = _allocator(kw["allocator"])
+            v["allocator"] = check_allocator_conf(kw["allocator"])
         if kw.get("min_new_tokens") is not None:
             v["min_new_tokens"] = check_int("min_new_tokens", kw["min_new_tokens"], lo=0)
         if kw.get("padding") is not None:
@@ -860,7 +860,7 @@ def _kv_node(lay: KVLayout, b: int, tokens: int, window_applies: bool) -> Node:
 # Working sets of one layer (prefill) and one decode step
 # ----------------------------------------------------------------------------------
 
-def _backend(arch: Architecture, s: InferenceSetup, masked: bool) -> str:
+def attention_kernel(arch: Architecture, s: InferenceSetup, masked: bool) -> str:
     """The attention kernel: eager, flash/efficient (no scores kept), or math (scores)."""
     from .activations import attention_backend
 
@@ -902,7 +902,7 @@ def layer_steps(arch: Architecture, s: InferenceSetup, q: int, S: int) -> Dict[s
                            ("RMSNorm fp32 upcast + product", T * h * 8.0, "T x h x 2 x 4 B"))
     masked = bool(arch.sliding_window and arch.sliding_layers and s.use_sliding_window
                   and S >= arch.sliding_window and q > 1)
-    be = _backend(arch, s, masked)
+    be = attention_kernel(arch, s, masked)
     n_rep = a // max(kv, 1)
     if arch.mla:
         m = arch.mla
@@ -988,7 +988,7 @@ def _persistent_prefill(arch: Architecture, s: InferenceSetup, q: int, S: int) -
     rope = arch.mla["qk_rope_head_dim"] if arch.mla else arch.head_dim
     if arch.family.rotary:
         out.append(("RoPE cos and sin", 2 * b * q * rope * c, "2 x b x q x d_rope"))
-    if _backend(arch, s, False) == "eager":
+    if attention_kernel(arch, s, False) == "eager":
         n_masks = 2 if (arch.sliding_layers and arch.sliding_layers < arch.num_layers) else 1
         out.append(("causal mask (additive)", n_masks * b * q * S * c,
                     f"{n_masks} x b x q x S" if n_masks > 1 else "b x q x S"))
@@ -997,7 +997,7 @@ def _persistent_prefill(arch: Architecture, s: InferenceSetup, q: int, S: int) -
     return out
 
 
-def _dequant_transient(stored: List[_Stored], s: InferenceSetup, tokens: int) -> List[Tuple[str, float, str]]:
+def dequant_transients(stored: List[_Stored], s: InferenceSetup, tokens: int) -> List[Tuple[str, float, str]]:
     """bitsandbytes dequantizes a 4-bit weight to 16-bit for a matmul of more than one token;
     LLM.int8 makes int8 inputs and an int32 accumulator (T x out x 4 B)."""
     c = DTYPE_BYTES[s.dtype]

@@ -88,7 +88,7 @@ from .errors import VramError
 from .inputs import shown
 from .defaults import strategy_for
 from .inputs import MAX_GPUS, Field, check_choice, check_int
-from .estimate import check_physical, _merge_named, estimate_setup
+from .estimate import check_physical, merge_named, estimate_setup
 from .plan.params import param_storage
 from .plan.profile import full_checkpointing
 from .result import Estimate, Node
@@ -473,7 +473,7 @@ def _tp_tensor(t: ParamTensor, arch: Architecture, tp: int, ep: int) -> ParamTen
     return replace(t, shape=tuple(shape), in_features=in_f, out_features=out_f, experts=experts)
 
 
-def _slice(arch: Architecture, first: int, last: int, embed: bool, head: bool, tp: int,
+def stage_slice(arch: Architecture, first: int, last: int, embed: bool, head: bool, tp: int,
            ep: int) -> Tuple[Architecture, Architecture]:
     """The architecture one GPU runs: layers [first, last] of the pipeline stage, the
     embeddings on the first stage, the head on the last, cut by tensor and expert parallel.
@@ -1027,7 +1027,7 @@ def _scale_phases(E: Estimate, factors: Dict[str, Any], adds: Dict[str, List[Nod
         if adds[p]:
             for n in adds[p]:
                 n.finalize()
-            nodes = _merge_named(list(nodes) + adds[p])
+            nodes = merge_named(list(nodes) + adds[p])
         phase_components[p] = nodes
     return phase_components, phases, deltas, states_after
 
@@ -1178,7 +1178,7 @@ def _fsdp_adds(add: Any, ms: Dict[str, float], notes: List[str], fp: Any, opts: 
 def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Layout, opts: Dict[str, Any],
            first: int, last: int, embed: bool, head: bool, in_flight: int):
     strategy = lay.strategy
-    cut, uncut = _slice(arch, first, last, embed, head, lay.tp, lay.ep)
+    cut, uncut = stage_slice(arch, first, last, embed, head, lay.tp, lay.ep)
     E = estimate_setup(cut, s_loc)
     notes: List[str] = []
     N, Ne = lay.shard, lay.shard_experts

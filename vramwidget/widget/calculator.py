@@ -49,7 +49,7 @@ from .options import OptionsPanel, nearest_presets
 from .training import YOUR_SETUP, TrainingPanel
 from .trainingconfig import TrainingConfigPanel
 from .verdictpanel import VerdictPanel
-from .background import BackgroundPanel, _Later, traits_specs_same
+from .background import BackgroundPanel, NotTracedYet, traits_specs_same
 from .worker import Worker
 from .views import COMPARISON_SIZE, DETAIL_SIZE, ChartsPanel, build_specs, gpu_line, table_rows
 
@@ -329,7 +329,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
             self._suggester.cancel()
             try:
                 outputs, todo = self._pass()
-            except _Later as later:   # its model is being traced: keep the last estimate, dimmed
+            except NotTracedYet as later:   # its model is being traced: keep the last estimate, dimmed
                 with self.hold_sync():
                     self.status = "tracing"
                     self.status_text = f"tracing {later.arch.name}… (its family has no analytic module)"
@@ -394,7 +394,7 @@ class Calculator(BackgroundPanel, VerdictPanel, OptionsPanel, TrainingPanel, Par
             except VramError as e:  # a scenario the model cannot do: leave it out, say why
                 skipped.append(f"{name}: {e}")
                 continue
-            except _Later:          # being traced: it joins the comparison when it arrives
+            except NotTracedYet:          # being traced: it joins the comparison when it arrives
                 continue
             scenarios.append((name, box))
             own_fits[name] = own
