@@ -511,10 +511,9 @@ class ServingPlan:
 
 
 def _weights_of(arch: Architecture, setup: Any) -> float:
-    from .inference import InferenceSetup, weight_storage
-
-    s = setup if isinstance(setup, InferenceSetup) else InferenceSetup.from_kwargs(**setup)
-    return sum(x.weight_bytes + x.const_bytes for x in weight_storage(arch, s))
+    """Weights + quantization constants of ``arch`` in the setup's weight format: the setup
+    (an ``InferenceSetup``) prices them itself, so this module needs nothing of inference."""
+    return setup.stored_weights_bytes(arch)
 
 
 def plan(arch: Architecture, s: Any, gpu: Any) -> ServingPlan:

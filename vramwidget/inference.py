@@ -52,7 +52,7 @@ from .inputs import (MAX_BYTES, MAX_GPUS, check_bool, check_total, check_int, ch
                      close_match, shown)
 from .estimate import CUBLAS_WORKSPACE_BYTES
 from .plan.params import quant_const_bytes, quantizable
-from .result import Estimate, Node
+from .result import Estimate, EstimateSources, Node
 from .units import DTYPE_BYTES, GIB, canonical_dtype
 
 Model = Union[str, Dict[str, Any], Architecture]
@@ -230,6 +230,12 @@ class InferenceSetup:
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
         return {k: getattr(self, k) for k in self.FIELDS}
+
+    def stored_weights_bytes(self, arch: Architecture) -> float:
+        """Bytes of ``arch``'s weights + quantization constants as this setup's weight format
+        stores them on the GPU (:func:`weight_storage`; ``engines.plan`` prices a GPU's share
+        with it)."""
+        return sum(x.weight_bytes + x.const_bytes for x in weight_storage(arch, self))
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> "InferenceSetup":
@@ -1475,16 +1481,14 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
         components=None, phases_bytes=phases, peak_phase=peak_phase, peak_allocated_bytes=peak,
         reserved_bytes=reserved, cuda_context_bytes=context, cuda_context_source=context_src, notes=notes,
         phase_components=phase_components, kv_cache_bytes=kv_dec.bytes, kv_cache_prefill_bytes=kv_pre.bytes,
-        kv_bytes_per_token=lay.bytes_per_token, weights_bytes=w_bytes)
-    est._components_at = components_at
-    est._replay_fn = replay_fn
-    est._provisional_fn = provisional_fn
-    est._inference = (arch, s)      # the resolved architecture and setup (longest_context reuses them)
+        kv_bytes_per_token=lay.bytes_per_token, weights_bytes=w_bytes,
+        sources=EstimateSources(components_at=components_at, replay=replay_fn, provisional=provisional_fn,
+                                # the resolved architecture and setup (longest_context reuses them)
+                                inference=(arch, s), replay_key=(arch, s)))
     # on a card, the reserve is judged as a training step's is (gpus.judge_on): where the
     # unlimited reserve is over the card and the allocated peak is not, generate() is replayed
     # with the card's capacity, where torch frees its cached segments and retries
     est.capacity_judged = True
-    est._replayed = (arch, s)
     if gpu is not None:
         from .gpus import capacity_bytes
 
@@ -1679,7 +1683,7 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     # request (inference_events.steps_before_oom)
     top = estimate_at(bound)
     capacity = top.gpu_usable_bytes - top.cuda_context_bytes
-    steps = GENERATE_REPLAY["steps_before_oom"](*top._inference, capacity)
+    steps = GENERATE_REPLAY["steps_before_oom"](*top.sources.inference, capacity)
     if steps is None:
         return bound * blk
     last = prompt + steps                        # the cache of the last step that ran whole

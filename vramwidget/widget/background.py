@@ -20,7 +20,6 @@ exception becomes the error banner, never a traceback.
 
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -110,12 +109,7 @@ class BackgroundPanel:
         if not self._deferring or not isinstance(est, Estimate) or est.reserved_exact:
             return est
         self._want("refining", lambda: est.reserved_bytes)
-        components = est.provisional_components
-        view = copy.copy(est)
-        view._components = components
-        view.reserved_bytes = est.provisional_reserved_bytes
-        view.provisional = True
-        return view
+        return est.provisional_view()
 
     def _answer_later(self, key: Tuple, fn: Callable[[], Any]) -> Any:
         """A cached fit answer, else (inside an update) None and the search queued for the
