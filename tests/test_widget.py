@@ -390,7 +390,7 @@ def test_no_widget_update_raises(calc):
 
 def test_an_internal_failure_is_reported_not_raised(calc, monkeypatch):
     """A bug in the layout must not raise into the comm handler either."""
-    import vramwidget.widget.calculator as W
+    import vramwidget.widget.compute as W  # the Calculator's recompute
 
     est, rows = calc.estimate, calc.rows
 
