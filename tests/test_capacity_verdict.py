@@ -23,6 +23,7 @@ from vramwidget import fit, gpus, verdict
 from vramwidget.allocator import replay
 from vramwidget.fitmap import fit_map
 from vramwidget.inference import estimate_inference
+from vramwidget.result import EstimateSources
 from vramwidget.units import MIB
 
 #: Llama 3.2 1B full fine-tuning (AdamW, bf16), batch 2 x 1,024 tokens, on a T4 (15 GiB):
@@ -69,8 +70,8 @@ def test_the_peak_over_the_card_does_not_fit_without_a_capacity_replay(monkeypat
     """Batch 3: the allocated peak (16,787 MiB) alone is over the T4; no capacity replay runs."""
     est = vw.estimate(MODEL, gpu=T4, batch_size=3, seq_len=1024)
     calls = []
-    real = est._replay_fn
-    monkeypatch.setattr(est, "_replay_fn", lambda capacity_bytes=None, record=False: (
+    real = est.sources.replay
+    monkeypatch.setattr(est.sources, "replay", lambda capacity_bytes=None, record=False: (
         calls.append(capacity_bytes), real(capacity_bytes=capacity_bytes, record=record))[1])
     assert est.peak_allocated_bytes / MIB == pytest.approx(16786.8, abs=0.1)
     judged = gpus.judge_on(est, T4)
@@ -87,8 +88,7 @@ def test_a_drawn_copy_with_a_provisional_reserve_is_judged_by_it_without_a_repla
     est = vw.estimate(MODEL, gpu=T4, **SETUP)
     view = copy.copy(est)
     view.reserved_bytes = 14_000 * MIB
-    monkeypatch.setattr(view, "_replay_fn", None)
-    monkeypatch.setattr(est, "_replay_fn", None)
+    monkeypatch.setattr(est.sources, "replay", None)   # view, a shallow copy, shares est's sources
     assert verdict.verdict(view, T4)["need_bytes"] == (14_000 + 274) * MIB == view.device_total_bytes
 
 
@@ -118,7 +118,7 @@ class _Stream:
         self.peak_allocated_bytes = float(free.max_allocated_bytes)
         self.reserved_bytes = float(free.max_reserved_bytes)
         self.cuda_context_bytes = gpus.context_bytes("H100-80GB")[0]
-        self._replay_fn = self.replay
+        self.sources = EstimateSources(replay=self.replay)
 
     def replay(self, capacity_bytes=None, record=False):
         return replay(self.events, None, capacity_bytes, record)

@@ -375,7 +375,7 @@ def test_step_time_counts_each_stack_over_its_own_tokens():
         + 2 * b * s * 12 * (2 * h * h) + 2 * b * t * V * h
     core = 2 * b * ad * (s * s * 12 + (t * t + 2 * t * s) * 12)
     est = vw.estimate("t5-base", batch_size=b, seq_len=s, target_len=t)
-    assert est._work()[0].flops == mm + core
+    assert est.sources.work()[0].flops == mm + core
     # without target_len the step time is what it was (one length for both stacks)
     none = vw.estimate("t5-base", batch_size=b, seq_len=s)
-    assert none._work()[0].flops > est._work()[0].flops
+    assert none.sources.work()[0].flops > est.sources.work()[0].flops

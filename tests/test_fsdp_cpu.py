@@ -238,7 +238,7 @@ def _tp_run(tp):
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_tensor_parallel_per_rank_model_states(tp):
     """Each rank's parameters and optimizer states are the estimator's tensor-parallel slice
-    (parallel._slice: heads, MLP width and vocabulary over t; norms whole), byte for byte
+    (parallel.stage_slice: heads, MLP width and vocabulary over t; norms whole), byte for byte
     within 1%.  Gradients: the slice's, plus the vocabulary-parallel embedding's gradient,
     which DTensor's RowwiseParallel embedding keeps replicated (V x h on every rank at the end
     of the backward; Megatron's VocabParallelEmbedding keeps its own rows)."""

@@ -40,7 +40,7 @@ LORA_GROUP = "LoRA inputs (peft casts to fp32)"
 
 
 @dataclass
-class _T:
+class ForwardTensor:
     """A tensor of the forward pass: storage name, elements, dtype, needs-grad flag."""
 
     name: str
@@ -91,29 +91,29 @@ class Trace:
         #: pack calls per saved tensor (by name): the autograd nodes that keep it
         self.pack_counts: Dict[str, int] = {}
 
-    def new(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
+    def new(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> ForwardTensor:
         """Record a new forward tensor (not yet saved)."""
         self.created_ops += 1
         self.created_bytes += numel * DTYPE_BYTES[dtype]
-        t = _T(name, numel, dtype, rg, formula, group)
+        t = ForwardTensor(name, numel, dtype, rg, formula, group)
         self.ops.append(("new", t))
         return t
 
     def temp(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str,
-             outlives: int = 1) -> _T:
+             outlives: int = 1) -> ForwardTensor:
         """A short-lived tensor that only the allocator replay needs to see (not saved and not
         counted in ``created_ops``/``created_bytes``, which the step-time model reads);
         ``outlives``: how many tensors created after it exist before it is freed."""
-        t = _T(name, numel, dtype, rg, formula, group, outlives)
+        t = ForwardTensor(name, numel, dtype, rg, formula, group, outlives)
         self.ops.append(("new", t))
         return t
 
-    def residual_stream(self, t: _T) -> _T:
+    def residual_stream(self, t: ForwardTensor) -> ForwardTensor:
         """Mark ``t`` as the residual stream: it lives until the next stream tensor exists."""
         self.stream.setdefault(t.name, "resid")
         return t
 
-    def together(self, *tensors: "_T") -> None:
+    def together(self, *tensors: "ForwardTensor") -> None:
         """The node that consumed ``tensors`` makes all their gradients in one backward call
         (a product's two factors: ``MulBackward0``; SDPA's q, k and v: one backward kernel),
         so they exist at once beside its incoming gradient (the allocator replay, ``plan/blocks.py``)."""
@@ -126,7 +126,7 @@ class Trace:
         made when backward reaches it)."""
         self.ops.append(("param", module))
 
-    def save(self, t: _T, by_producer: bool = False, packs: int = 1) -> None:
+    def save(self, t: ForwardTensor, by_producer: bool = False, packs: int = 1) -> None:
         """Mark ``t`` as kept for backward (its bytes once per storage); ``by_producer``: the
         node that made ``t`` keeps it (a softmax's output), not only the node that consumes
         it; ``packs``: how many autograd nodes keep it (each one is a pack call of the
@@ -139,7 +139,7 @@ class Trace:
             self.saved[t.name] = SavedTensor(t.name, t.group, t.numel * DTYPE_BYTES[t.dtype], t.dtype, t.numel,
                                              t.formula)
 
-    def cast(self, t: _T, dtype: str, name: str) -> _T:
+    def cast(self, t: ForwardTensor, dtype: str, name: str) -> ForwardTensor:
         """``t.to(dtype)``: the same tensor when the dtype already matches, else a copy."""
         if t.dtype == dtype:
             return t
@@ -226,9 +226,9 @@ def attention_backend(arch: Any, setup: TrainingSetup, compute_dtype: str) -> st
 # Modules
 # ---------------------------------------------------------------------------------
 
-def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float, name: str, group: str,
+def linear(tr: Trace, ctx: BlockContext, x: ForwardTensor, module: str, out_features: float, name: str, group: str,
            *, trains: Optional[bool] = None, tokens: Optional[float] = None, in_features: Optional[float] = None
-           ) -> _T:
+           ) -> ForwardTensor:
     """``module(x)``: a Linear (possibly 4-bit, possibly with a LoRA adapter)."""
     trains = ctx.linear_trains if trains is None else trains
     n_tok = tokens if tokens is not None else ctx.T
@@ -293,8 +293,8 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
                     LORA_GROUP)
         tr.temp(f"{tag} lora_B output x scaling", n_tok * out_features, a_dtype, True, "T x out (transient)",
                LORA_GROUP)
-        if _promote(a_dtype, out_dtype) != out_dtype:
-            tr.temp(f"{tag} base + LoRA", n_tok * out_features, _promote(a_dtype, out_dtype), True,
+        if promote_dtype(a_dtype, out_dtype) != out_dtype:
+            tr.temp(f"{tag} base + LoRA", n_tok * out_features, promote_dtype(a_dtype, out_dtype), True,
                    "T x out (transient)", LORA_GROUP)
         if ctx.setup.lora_variant == "dora":
             # peft DoraLinearLayer.forward: (mag_norm_scale - 1) * base_result keeps the base
@@ -311,8 +311,8 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
     return out
 
 
-def rms_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: str = "norms",
-             gemma: bool = False, trains: Optional[bool] = None) -> _T:
+def rms_norm(tr: Trace, ctx: BlockContext, x: ForwardTensor, name: str, dim: float, group: str = "norms",
+             gemma: bool = False, trains: Optional[bool] = None) -> ForwardTensor:
     """Llama RMSNorm as transformers writes it (fp32 math, weight applied after casting
     back).  ``gemma=True``: the weight multiplies the fp32 normalised tensor and the result
     is cast back (Gemma's ``* (1 + w)``, OLMo 2's ``(w * x).to(dtype)``)."""
@@ -338,13 +338,13 @@ def rms_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: 
         n_c.formula = f"T x {_dim(dim)} ({name} normalised, cast back)"
     if trains:
         tr.save(n_c)
-    out_dtype = _promote(ctx.norm_w_dtype, x.dtype)
+    out_dtype = promote_dtype(ctx.norm_w_dtype, x.dtype)
     out = tr.new(f"{name} output", x.numel, out_dtype, x.rg or trains, f"T x {_dim(dim)}", group)
     tr.param(name)
     return out
 
 
-def layer_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: str = "norms") -> _T:
+def layer_norm(tr: Trace, ctx: BlockContext, x: ForwardTensor, name: str, dim: float, group: str = "norms") -> ForwardTensor:
     """nn.LayerNorm: saves its input and fp32 mean and rstd (autocast runs it in fp32)."""
     xin = tr.cast(x, F32, f"{name} input as fp32") if ctx.setup.autocast else x
     if x.rg or ctx.norms_train:
@@ -355,7 +355,7 @@ def layer_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group
     return out
 
 
-def dropout(tr: Trace, x: _T, p: float, name: str, cpu: bool = False) -> _T:
+def dropout(tr: Trace, x: ForwardTensor, p: float, name: str, cpu: bool = False) -> ForwardTensor:
     """nn.Dropout in training mode: keeps a 1-byte mask on CUDA (the CPU kernel keeps a
     mask in the input's dtype); p == 0 is the identity."""
     if p <= 0:
@@ -366,9 +366,9 @@ def dropout(tr: Trace, x: _T, p: float, name: str, cpu: bool = False) -> _T:
     return tr.new(f"{name} after dropout", x.numel, x.dtype, x.rg, x.formula, x.group)
 
 
-def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int, group: str = "attention",
+def sdpa_core(tr: Trace, ctx: BlockContext, q: ForwardTensor, k: ForwardTensor, v: ForwardTensor, v_head_dim: int, group: str = "attention",
               softcap: bool = False, dropout_p: float = 0.0, softmax_fp32: bool = True,
-              q_heads_major: bool = False, kv_len: Optional[int] = None) -> _T:
+              q_heads_major: bool = False, kv_len: Optional[int] = None) -> ForwardTensor:
     """The attention core for the chosen backend; returns the (b, s, a*d) output.
     ``kv_len``: keys per sequence when they are not the queries' own (an encoder-decoder's
     cross-attention: ``s`` target queries over ``kv_len`` encoder keys, b x a x s x kv_len scores)."""
@@ -478,7 +478,7 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
     return tr.new("attention output", out_numel, c, rg, "T x a*d (transposed copy)", group)
 
 
-def _promote(a: str, b: str) -> str:
+def promote_dtype(a: str, b: str) -> str:
     if F32 in (a, b):
         return F32
     return b
@@ -493,9 +493,9 @@ def _dim(x: float) -> str:
 # Shared blocks (the families in vramwidget/families compose these)
 # ---------------------------------------------------------------------------------
 
-def gated_mlp(tr: Trace, ctx: BlockContext, x: _T, i: int, *, fused: bool = False, prefix: str = "",
+def gated_mlp(tr: Trace, ctx: BlockContext, x: ForwardTensor, i: int, *, fused: bool = False, prefix: str = "",
               group: str = "mlp", trains: Optional[bool] = None, tokens: Optional[float] = None,
-              names: Tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> _T:
+              names: Tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> ForwardTensor:
     """``down(act(gate(x)) * up(x))``: gate, up, act(gate) and the product are kept.
     ``names``: the three modules' names (what LoRA targets match)."""
     T = tokens if tokens is not None else ctx.T
@@ -520,7 +520,7 @@ def gated_mlp(tr: Trace, ctx: BlockContext, x: _T, i: int, *, fused: bool = Fals
                   tokens=T, in_features=i)
 
 
-def moe(tr: Trace, ctx: BlockContext, x: _T, *, shared_gate: bool = False) -> _T:
+def moe(tr: Trace, ctx: BlockContext, x: ForwardTensor, *, shared_gate: bool = False) -> ForwardTensor:
     """Router + routed experts (+ shared experts); experts see T x k token copies.
     ``shared_gate``: a sigmoid gate (1 output) scales the shared expert (Qwen2-MoE)."""
     arch, T = ctx.arch, ctx.T

@@ -295,41 +295,12 @@ class ReplayResult:
     segments: List[Tuple[int, int, bool, List[Tuple[int, int, int, bool, str]]]] = field(default_factory=list)
 
 
-class CachingAllocator:
-    """A single-stream replay of ``DeviceCachingAllocator`` (see the module docstring).
-
-    ``malloc(size)`` returns a block handle, ``free(handle)`` returns it to the cache;
-    ``reserved`` / ``allocated`` are ``memory_reserved()`` / ``memory_allocated()`` (allocated
-    counts the rounded block sizes, as torch's ``allocated_bytes`` does);
-    ``capacity`` (bytes the allocator may reserve) makes the free-and-retry path and the
-    out-of-memory error happen.
+class _SegmentBook:
+    """The segment bookkeeping of :class:`CachingAllocator`: the free lists per pool (sorted
+    by size and address), new and expandable segments, releasing cached blocks and
+    segments, and the garbage collection of ``garbage_collection_threshold``.  The state it
+    keeps is set in :meth:`CachingAllocator.__init__`; the public ``malloc``/``free`` are there.
     """
-
-    def __init__(self, config: Optional[AllocatorConfig] = None, capacity_bytes: Optional[float] = None,
-                 record: bool = False):
-        self.cfg = config or AllocatorConfig()
-        self.capacity = int(capacity_bytes) if capacity_bytes is not None else None
-        self.reserved = 0
-        self.allocated = 0
-        #: live requests, each rounded (``round_size``), and their largest sum
-        self.requested = 0
-        self.max_requested = 0
-        self.max_reserved = 0
-        self.max_allocated = 0
-        self.frag_at_max = 0
-        self.segments_allocated = 0
-        self._next_addr = 1 << 40
-        # free blocks per pool, sorted by (size, addr)
-        self._free: Dict[bool, List[Tuple[int, int]]] = {True: [], False: []}
-        self._by_key: Dict[Tuple[int, int], _Block] = {}
-        self._segments: Dict[int, _Segment] = {}
-        self._expandable: Dict[bool, Optional[_Segment]] = {True: None, False: None}
-        self.record = record
-        self._simple = (self.cfg.max_split_size_bytes >= NO_LIMIT and not self.cfg.expandable_segments
-                        and self.cfg.garbage_collection_threshold <= 0)
-        self.trace: List[Tuple[str, int, int, str]] = []
-        self.labels: Dict[int, str] = {}
-        self._live: Dict[int, _Block] = {}
 
     # -- free lists ---------------------------------------------------------------------
     def _insert_free(self, b: _Block) -> None:
@@ -523,6 +494,43 @@ class CachingAllocator:
                     freed = True
             if not freed:
                 return
+
+
+class CachingAllocator(_SegmentBook):
+    """A single-stream replay of ``DeviceCachingAllocator`` (see the module docstring).
+
+    ``malloc(size)`` returns a block handle, ``free(handle)`` returns it to the cache;
+    ``reserved`` / ``allocated`` are ``memory_reserved()`` / ``memory_allocated()`` (allocated
+    counts the rounded block sizes, as torch's ``allocated_bytes`` does);
+    ``capacity`` (bytes the allocator may reserve) makes the free-and-retry path and the
+    out-of-memory error happen.
+    """
+
+    def __init__(self, config: Optional[AllocatorConfig] = None, capacity_bytes: Optional[float] = None,
+                 record: bool = False):
+        self.cfg = config or AllocatorConfig()
+        self.capacity = int(capacity_bytes) if capacity_bytes is not None else None
+        self.reserved = 0
+        self.allocated = 0
+        #: live requests, each rounded (``round_size``), and their largest sum
+        self.requested = 0
+        self.max_requested = 0
+        self.max_reserved = 0
+        self.max_allocated = 0
+        self.frag_at_max = 0
+        self.segments_allocated = 0
+        self._next_addr = 1 << 40
+        # free blocks per pool, sorted by (size, addr)
+        self._free: Dict[bool, List[Tuple[int, int]]] = {True: [], False: []}
+        self._by_key: Dict[Tuple[int, int], _Block] = {}
+        self._segments: Dict[int, _Segment] = {}
+        self._expandable: Dict[bool, Optional[_Segment]] = {True: None, False: None}
+        self.record = record
+        self._simple = (self.cfg.max_split_size_bytes >= NO_LIMIT and not self.cfg.expandable_segments
+                        and self.cfg.garbage_collection_threshold <= 0)
+        self.trace: List[Tuple[str, int, int, str]] = []
+        self.labels: Dict[int, str] = {}
+        self._live: Dict[int, _Block] = {}
 
     def malloc(self, size: int, label: Any = "") -> _Block:
         """``DeviceCachingAllocator::malloc`` for one request of ``size`` bytes."""

@@ -31,8 +31,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 from .errors import VramError
 from .inputs import MAX_TEXT_CHARS, check_int, check_text, fail, shown
 from .families import REGISTRY, Family, family_for, resolve_model_type, supported_model_types
-from .tensors import (ROLE_GROUP, ParamTensor, _Builder, _get, _posint, _require,  # noqa: F401 (re-exported)
-                      _restrict)
+from .tensors import (ROLE_GROUP, ParamTensor, ParamBuilder, config_get, positive_count, required_count,  # noqa: F401 (re-exported)
+                      restrict_layers)
 
 #: every model_type with an analytic family (``vramwidget/families``)
 SUPPORTED_MODEL_TYPES = supported_model_types()
@@ -277,9 +277,9 @@ def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Option
     if text_cfg is not None:
         # a VLM: the decoder's config is what its blocks read; the full config stays with the towers
         cfg = text_cfg
-    pos = _get(cfg, "max_position_embeddings", "n_positions")
+    pos = config_get(cfg, "max_position_embeddings", "n_positions")
     if pos is not None:
-        pos = _posint(cfg, pos, "max_position_embeddings")
+        pos = positive_count(cfg, pos, "max_position_embeddings")
     info.setdefault("max_position_embeddings", pos)
     given = name or cfg.get("_name_or_path")
     return Architecture(name=given if isinstance(given, str) and given else mt, model_type=mt, config=cfg, **info)

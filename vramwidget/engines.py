@@ -286,7 +286,7 @@ def gpu_share(arch: Architecture, tp: int = 1, pp: int = 1, ep: int = 1, stage: 
     """The architecture one GPU holds: pipeline stage ``stage`` (default the last), cut by
     tensor and expert parallel (Megatron's column/row split, vocab-parallel embedding and head,
     KV heads replicated when fewer than ``tp``; :func:`vramwidget.parallel._slice`)."""
-    from .parallel import _slice
+    from .parallel import stage_slice
 
     a = pad_vocab(arch, vocab_padding) if vocab_padding > 1 else arch
     stages = pp_stages(a.num_layers, pp)
@@ -295,11 +295,11 @@ def gpu_share(arch: Architecture, tp: int = 1, pp: int = 1, ep: int = 1, stage: 
     if ep > 1 and tp > 1:
         # vLLM's expert parallel (--enable-expert-parallel): whole experts spread over the EP ranks,
         # not split by TP (vllm/model_executor/layers/fused_moe/layer.py); the rest is TP-split
-        dense, _ = _slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=tp, ep=1)
-        experts, _ = _slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=1, ep=ep)
+        dense, _ = stage_slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=tp, ep=1)
+        experts, _ = stage_slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=1, ep=ep)
         tensors = [t for t in dense.tensors if not t.experts] + [t for t in experts.tensors if t.experts]
         return replace(dense, tensors=tensors, expert_intermediate_size=a.expert_intermediate_size)
-    cut, _ = _slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=tp, ep=ep)
+    cut, _ = stage_slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=tp, ep=ep)
     return cut
 
 
@@ -511,10 +511,9 @@ class ServingPlan:
 
 
 def _weights_of(arch: Architecture, setup: Any) -> float:
-    from .inference import InferenceSetup, weight_storage
-
-    s = setup if isinstance(setup, InferenceSetup) else InferenceSetup.from_kwargs(**setup)
-    return sum(x.weight_bytes + x.const_bytes for x in weight_storage(arch, s))
+    """Weights + quantization constants of ``arch`` in the setup's weight format: the setup
+    (an ``InferenceSetup``) prices them itself, so this module needs nothing of inference."""
+    return setup.stored_weights_bytes(arch)
 
 
 def plan(arch: Architecture, s: Any, gpu: Any) -> ServingPlan:

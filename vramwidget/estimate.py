@@ -26,7 +26,7 @@ from .activations import attention_backend
 from .plan import plan_view
 from .plan.params import ParamStorage, param_storage, state_dtypes
 from .plan.profile import activations_at, has_target, logits_dtype, lora_head_targets
-from .result import Estimate, Node
+from .result import Estimate, EstimateSources, Node
 from .stacks import behaviour
 from .training import TrainingSetup
 from .units import CUDA_CONTEXT_BYTES, MIB
@@ -198,17 +198,18 @@ def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Estimate
                    peak_phase=tot.peak_phase, peak_allocated_bytes=peak,
                    reserved_bytes=lambda: replays.reserved_bytes(arch, s, peak),
                    cuda_context_bytes=context_for(get_gpu(gpu) if gpu is not None else None)[0],
-                   flops_per_step=flops, recompute_overhead=overhead, notes=notes, builder=build)
-    est._work = work
-    est._setup_obj = s
-    est._replay_fn = lambda capacity_bytes=None, record=False: replays.replay_training(arch, s, capacity_bytes, record)
-    est._provisional_fn = lambda: replays.provisional_reserved_bytes(arch, s, peak)
-    est._components_at = components_at
+                   flops_per_step=flops, recompute_overhead=overhead, notes=notes, builder=build,
+                   sources=EstimateSources(
+                       work=work, setup=s,
+                       replay=lambda capacity_bytes=None, record=False: replays.replay_training(
+                           arch, s, capacity_bytes, record),
+                       provisional=lambda: replays.provisional_reserved_bytes(arch, s, peak),
+                       components_at=components_at,
+                       replay_key=(arch, s),   # what the replay runs (gpus.judge_on caches capacity replays by it)
+                       reserved_from_replay=lambda res: replays.reserved_of(res, peak)))
     # on a card the reserve is judged with the allocator's free-and-retry at its limit
     # (gpus.judge_on: a replay with the card's capacity when the unlimited reserve is over it)
     est.capacity_judged = True
-    est._replayed = (arch, s)        # what the replay runs (gpus.judge_on caches capacity replays by it)
-    est._reserved_from_replay = lambda res: replays.reserved_of(res, peak)
     if gpu is not None:
         est.set_gpu(gpu)
     return est
@@ -332,7 +333,7 @@ def check_target_len(arch: Architecture, s: TrainingSetup) -> None:
     raise VramError(f"target_len: {arch.name} is {what}; its sequence is seq_len", field="target_len")
 
 
-def _merge_named(nodes: List[Node]) -> List[Node]:
+def merge_named(nodes: List[Node]) -> List[Node]:
     """Merge top-level nodes of the same name (e.g. two 'weights' entries)."""
     from .result import COMPONENT_KINDS
 

@@ -420,25 +420,38 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
     parameters).  A combination is listed only when it fits with the margin and none of its
     parts (a cheaper subset) already does.
     """
-    from itertools import combinations
-
-    from .verdict import band_bytes, state_of
-
     max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=DEPLOYMENT_GPUS)
     combine = check_int("combine", combine, lo=1, hi=8, what="must be a whole number from 1 to 8 (changes at once)")
-    q = _Query(model, gpu, kw)
-    s = q.setup
-    base_est = q.estimate()
-    base = base_est.device_total_bytes
-    base_time = _timed(base_est, q.gpu)
-    par0 = dict(q.par)
-    strategy0 = par0.get("strategy", "none")
-    n_now = int(par0.get("num_gpus", 1) or 1)
-    out: List[Suggestion] = []
-    seen = set()
-    moves: List[_Move] = []
+    search = _Search(_Query(model, gpu, kw), max_gpus)
+    _try_setup_changes(search)
+    _try_more_gpus(search)
+    _try_cpu_offload(search)
+    _add_sharding_partners(search, combine)
+    _try_combinations(search, combine)
+    search.out.sort(key=Suggestion.sort_key)
+    return search.out
 
-    def evaluate(ms: Sequence[_Move]) -> Optional[Tuple[Any, Any, Dict[str, Any], Dict[str, Any]]]:
+
+class _Search:
+    """The state of one :func:`suggestions` run: the query, its baseline, the setups already
+    estimated, the candidate moves and the suggestions found so far."""
+
+    def __init__(self, q: "_Query", max_gpus: int) -> None:
+        self.q = q
+        self.s = q.setup
+        self.max_gpus = max_gpus
+        base_est = q.estimate()
+        self.base = base_est.device_total_bytes
+        self.base_time = _timed(base_est, q.gpu)
+        self.par0 = dict(q.par)
+        self.strategy0 = self.par0.get("strategy", "none")
+        self.n_now = int(self.par0.get("num_gpus", 1) or 1)
+        self.out: List[Suggestion] = []
+        self.seen: set = set()
+        self.moves: List[_Move] = []
+
+    def evaluate(self, ms: Sequence[_Move]) -> Optional[Tuple[Any, Any, Dict[str, Any], Dict[str, Any]]]:
+        q, s, seen, par0, max_gpus, n_now = self.q, self.s, self.seen, self.par0, self.max_gpus, self.n_now
         setup_changes: Dict[str, Any] = {}
         par_changes: Dict[str, Any] = {}
         for m in ms:
@@ -458,7 +471,10 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
             return None
         return est, s2, par, {**setup_changes, **par_changes}
 
-    def make(ms: Sequence[_Move], res) -> Suggestion:
+    def make(self, ms: Sequence[_Move], res) -> Suggestion:
+        from .verdict import band_bytes, state_of
+
+        q, s, base, base_time, n_now = self.q, self.s, self.base, self.base_time, self.n_now
         est, s2, par, changes = res
         total = est.device_total_bytes
         per_gpu = est.per_gpu if isinstance(est, ParallelEstimate) else est
@@ -511,10 +527,11 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
                           max(int(par.get("num_gpus", 1) or 1) - n_now, 0),
                           sum(m.cost_value for m in ms if m.kind == "quality"))
 
-    def attempt(title: str, kind: str, cost: str, setup_changes: Optional[Dict[str, Any]] = None,
+    def attempt(self, title: str, kind: str, cost: str, setup_changes: Optional[Dict[str, Any]] = None,
                 par_changes: Optional[Dict[str, Any]] = None, compute_from_estimate: bool = False,
                 cost_value: float = 0.0, group: str = "", quality: str = "", time: str = "",
                 hardware: str = "") -> None:
+        base, evaluate, make, moves, out = self.base, self.evaluate, self.make, self.moves, self.out
         m = _Move(title, kind, cost, setup_changes or {}, par_changes or {}, group or title,
                   compute_from_estimate, cost_value, quality, time, hardware)
         res = evaluate([m])
@@ -526,6 +543,11 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
             return   # no saving, or too small to matter (under 1%) and not enough anyway
         out.append(sug)
 
+
+def _try_setup_changes(search: _Search) -> None:
+    """Single changes of the training setup: attention, optimizer, checkpointing, micro-batch,
+    the stack's own switches, precision, method."""
+    q, s, attempt = search.q, search.s, search.attempt
     if s.attn_implementation == "eager":
         attempt("SDPA attention instead of eager", "free", "none (the same attention, without b x a x s x s "
                 "score tensors)", {"attn_implementation": "sdpa"}, group="attention")
@@ -594,7 +616,12 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
         attempt("QLoRA (4-bit NF4 base)", "quality",
                 "4-bit base weights (QLoRA paper: on par with 16-bit LoRA); dequantization slows matmuls",
                 {"method": "qlora", "quantization": "nf4"}, cost_value=4, group="method", quality="4-bit base")
-    # more GPUs (never more than max_gpus)
+
+
+def _try_more_gpus(search: _Search) -> None:
+    """Sharding over more GPUs (never more than ``max_gpus``)."""
+    q, s, attempt, par0, n_now, max_gpus = search.q, search.s, search.attempt, search.par0, search.n_now, search.max_gpus
+    strategy0 = search.strategy0
     if strategy0 in ("none", "ddp"):
         for strat in SHARDED:
             try:
@@ -620,7 +647,11 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
             attempt(f"{n} GPUs instead of {par0.get('num_gpus', 1)}", "hardware",
                     f"{n} GPUs; the same strategy", par_changes={"num_gpus": n}, cost_value=n, group="gpus",
                     hardware=f"{n} × {q.gpu.name}")
-    # CPU offload (DeepSpeed)
+
+
+def _try_cpu_offload(search: _Search) -> None:
+    """DeepSpeed's CPU offload of the optimizer (and the parameters)."""
+    attempt, par0, n_now, strategy0 = search.attempt, search.par0, search.n_now, search.strategy0
     if strategy0 in ("none", "ddp", "zero0", "zero1", "zero2") and not par0.get("offload_optimizer"):
         attempt("DeepSpeed ZeRO-Offload: optimizer on the CPU", "offload",
                 "the optimizer steps on the CPU; gradients go down and parameters come back over PCIe every step",
@@ -631,6 +662,11 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
                 "parameters are fetched from host memory over PCIe for every module, in forward and backward",
                 par_changes={"strategy": "zero3", "offload_optimizer": True, "offload_params": True, "num_gpus": n_now},
                 cost_value=1, group="gpus", time="PCIe transfers of every parameter and a CPU optimizer step")
+
+
+def _add_sharding_partners(search: _Search, combine: int) -> None:
+    """ZeRO-3 on 2, 4 and ``max_gpus`` GPUs as parts of combinations only."""
+    q, moves, n_now, max_gpus, strategy0 = search.q, search.moves, search.n_now, search.max_gpus, search.strategy0
     # sharding across a few GPUs also combines with the cheaper changes: the fewest counts that
     # are not already a single suggestion (2, 4 and max_gpus), ZeRO-3
     if combine > 1 and strategy0 in ("none", "ddp"):
@@ -639,6 +675,13 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
                 moves.append(_Move(f"{_STRATEGY_TITLES['zero3']} across {n} x {q.gpu.name}", "hardware",
                                    f"{n} GPUs; {_COMM['zero3']}", {}, {"strategy": "zero3", "num_gpus": n}, "gpus",
                                    cost_value=n, hardware=f"{n} × {q.gpu.name}", time=_TIME["zero3"]))
+
+
+def _try_combinations(search: _Search, combine: int) -> None:
+    """Up to ``combine`` moves at once, cheaper subsets first."""
+    from itertools import combinations
+
+    moves, out, evaluate, make = search.moves, search.out, search.evaluate, search.make
     # combinations: cheaper subsets first; a superset of one that fits with the margin costs
     # more for nothing and is left out
     fitting = [frozenset([x.title]) for x in out if x.state == "fits"]
@@ -657,8 +700,7 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
             if sug.state == "fits":
                 out.append(sug)
                 fitting.append(titles)
-    out.sort(key=Suggestion.sort_key)
-    return out
+
 
 
 def _timed(est: Any, gpu: GPU) -> Optional[Tuple[float, float, float]]:

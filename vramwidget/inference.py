@@ -52,7 +52,7 @@ from .inputs import (MAX_BYTES, MAX_GPUS, check_bool, check_total, check_int, ch
                      close_match, shown)
 from .estimate import CUBLAS_WORKSPACE_BYTES
 from .plan.params import quant_const_bytes, quantizable
-from .result import Estimate, Node
+from .result import Estimate, EstimateSources, Node
 from .units import DTYPE_BYTES, GIB, canonical_dtype
 
 Model = Union[str, Dict[str, Any], Architecture]
@@ -231,6 +231,12 @@ class InferenceSetup:
         """A plain dict of this object (JSON-able)."""
         return {k: getattr(self, k) for k in self.FIELDS}
 
+    def stored_weights_bytes(self, arch: Architecture) -> float:
+        """Bytes of ``arch``'s weights + quantization constants as this setup's weight format
+        stores them on the GPU (:func:`weight_storage`; ``engines.plan`` prices a GPU's share
+        with it)."""
+        return sum(x.weight_bytes + x.const_bytes for x in weight_storage(arch, self))
+
     @classmethod
     def from_kwargs(cls, **kw: Any) -> "InferenceSetup":
         check_keywords("inference setting", kw, cls.FIELDS)
@@ -359,9 +365,9 @@ class InferenceSetup:
             if kw.get(name) is not None:
                 v[name] = check_bool(name, kw[name])
         if kw.get("allocator") is not None:
-            from .training import _allocator
+            from .training import check_allocator_conf
 
-            v["allocator"] = _allocator(kw["allocator"])
+            v["allocator"] = check_allocator_conf(kw["allocator"])
         if kw.get("min_new_tokens") is not None:
             v["min_new_tokens"] = check_int("min_new_tokens", kw["min_new_tokens"], lo=0)
         if kw.get("padding") is not None:
@@ -860,7 +866,7 @@ def _kv_node(lay: KVLayout, b: int, tokens: int, window_applies: bool) -> Node:
 # Working sets of one layer (prefill) and one decode step
 # ----------------------------------------------------------------------------------
 
-def _backend(arch: Architecture, s: InferenceSetup, masked: bool) -> str:
+def attention_kernel(arch: Architecture, s: InferenceSetup, masked: bool) -> str:
     """The attention kernel: eager, flash/efficient (no scores kept), or math (scores)."""
     from .activations import attention_backend
 
@@ -902,7 +908,7 @@ def layer_steps(arch: Architecture, s: InferenceSetup, q: int, S: int) -> Dict[s
                            ("RMSNorm fp32 upcast + product", T * h * 8.0, "T x h x 2 x 4 B"))
     masked = bool(arch.sliding_window and arch.sliding_layers and s.use_sliding_window
                   and S >= arch.sliding_window and q > 1)
-    be = _backend(arch, s, masked)
+    be = attention_kernel(arch, s, masked)
     n_rep = a // max(kv, 1)
     if arch.mla:
         m = arch.mla
@@ -988,7 +994,7 @@ def _persistent_prefill(arch: Architecture, s: InferenceSetup, q: int, S: int) -
     rope = arch.mla["qk_rope_head_dim"] if arch.mla else arch.head_dim
     if arch.family.rotary:
         out.append(("RoPE cos and sin", 2 * b * q * rope * c, "2 x b x q x d_rope"))
-    if _backend(arch, s, False) == "eager":
+    if attention_kernel(arch, s, False) == "eager":
         n_masks = 2 if (arch.sliding_layers and arch.sliding_layers < arch.num_layers) else 1
         out.append(("causal mask (additive)", n_masks * b * q * S * c,
                     f"{n_masks} x b x q x S" if n_masks > 1 else "b x q x S"))
@@ -997,7 +1003,7 @@ def _persistent_prefill(arch: Architecture, s: InferenceSetup, q: int, S: int) -
     return out
 
 
-def _dequant_transient(stored: List[_Stored], s: InferenceSetup, tokens: int) -> List[Tuple[str, float, str]]:
+def dequant_transients(stored: List[_Stored], s: InferenceSetup, tokens: int) -> List[Tuple[str, float, str]]:
     """bitsandbytes dequantizes a 4-bit weight to 16-bit for a matmul of more than one token;
     LLM.int8 makes int8 inputs and an int32 accumulator (T x out x 4 B)."""
     c = DTYPE_BYTES[s.dtype]
@@ -1475,16 +1481,14 @@ def estimate_inference_setup(arch: Architecture, s: InferenceSetup) -> Inference
         components=None, phases_bytes=phases, peak_phase=peak_phase, peak_allocated_bytes=peak,
         reserved_bytes=reserved, cuda_context_bytes=context, cuda_context_source=context_src, notes=notes,
         phase_components=phase_components, kv_cache_bytes=kv_dec.bytes, kv_cache_prefill_bytes=kv_pre.bytes,
-        kv_bytes_per_token=lay.bytes_per_token, weights_bytes=w_bytes)
-    est._components_at = components_at
-    est._replay_fn = replay_fn
-    est._provisional_fn = provisional_fn
-    est._inference = (arch, s)      # the resolved architecture and setup (longest_context reuses them)
+        kv_bytes_per_token=lay.bytes_per_token, weights_bytes=w_bytes,
+        sources=EstimateSources(components_at=components_at, replay=replay_fn, provisional=provisional_fn,
+                                # the resolved architecture and setup (longest_context reuses them)
+                                inference=(arch, s), replay_key=(arch, s)))
     # on a card, the reserve is judged as a training step's is (gpus.judge_on): where the
     # unlimited reserve is over the card and the allocated peak is not, generate() is replayed
     # with the card's capacity, where torch frees its cached segments and retries
     est.capacity_judged = True
-    est._replayed = (arch, s)
     if gpu is not None:
         from .gpus import capacity_bytes
 
@@ -1679,7 +1683,7 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     # request (inference_events.steps_before_oom)
     top = estimate_at(bound)
     capacity = top.gpu_usable_bytes - top.cuda_context_bytes
-    steps = GENERATE_REPLAY["steps_before_oom"](*top._inference, capacity)
+    steps = GENERATE_REPLAY["steps_before_oom"](*top.sources.inference, capacity)
     if steps is None:
         return bound * blk
     last = prompt + steps                        # the cache of the last step that ran whole

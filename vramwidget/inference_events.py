@@ -48,7 +48,7 @@ from .plan.context import CUBLAS_WORKSPACES
 from .plan.load import ASYNC_LOAD_WORKERS
 from .replays import single_flight
 from . import generate_ops as ops
-from .inference import (GENERATE_REPLAY, InferenceSetup, _backend, transformers_version, _dequant_transient,
+from .inference import (GENERATE_REPLAY, InferenceSetup, attention_kernel, transformers_version, dequant_transients,
                         decode_transients, kv_layout, layer_steps, weight_storage)
 from .units import DTYPE_BYTES
 
@@ -120,7 +120,7 @@ def _coarse_layer(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any
 
 
 def _shape(arch: Architecture, s: InferenceSetup, lay: Any, device: str) -> ops.Shape:
-    be = _backend(arch, s, s.padding)
+    be = attention_kernel(arch, s, s.padding)
     quant: Dict[str, int] = {}
     if s.fmt_kind in ("nf4", "fp4"):
         for x in weight_storage(arch, s):
@@ -155,7 +155,7 @@ def _forward(st: ops.Stream, arch: Architecture, s: InferenceSetup, sh: ops.Shap
     output key."""
     if sh.op_level:
         return ops.model_forward(st, sh, q, S, kinds, decode)
-    deq = _dequant_transient(stored, s, sh.b * q)
+    deq = dequant_transients(stored, s, sh.b * q)
     extra: List[Tuple[str, float, str]] = []
     if decode:
         att = {x[0] for x in layer_steps(arch, s, 1, S)["attention"]}

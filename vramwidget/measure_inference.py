@@ -38,7 +38,7 @@ from typing import Any, Dict, Mapping
 
 from .errors import VramError
 from .inputs import shown
-from .measure import (_CudaMemory, _NoMemory, _from_config, _import_stack, _make_config, _resolve_device, _round,
+from .measure import (CudaMemory, NoMemory, model_from_config, import_stack, make_config, resolve_device, round_or_none,
                       environment)
 from .units import MIB
 
@@ -118,24 +118,24 @@ def measure_inference_case(case: Mapping[str, Any], *, device: Any = "cuda",
     inf = case["inference"]
     q = inf.get("quantization") or {}
     if q.get("load_in_4bit") or q.get("load_in_8bit"):
-        from .measure import _module_available
+        from .measure import module_available
 
-        if _device_type(device) != "cuda" or not _module_available("bitsandbytes"):
+        if _device_type(device) != "cuda" or not module_available("bitsandbytes"):
             raise VramError("inference.quantization: bitsandbytes and a CUDA GPU are needed for quantized weights",
                             field="inference.quantization")
-    torch, _, _ = _import_stack()
-    dev = _resolve_device(device)
+    torch, _, _ = import_stack()
+    dev = resolve_device(device)
     env = environment(dev)
-    mem = _CudaMemory(torch, dev) if dev.type == "cuda" else _NoMemory()
+    mem = CudaMemory(torch, dev) if dev.type == "cuda" else NoMemory()
     mem.release()
-    cfg = _make_config(case["model"])
+    cfg = make_config(case["model"])
     cfg.use_cache = True
     dtype = getattr(torch, inf["weights_dtype"])
     mem.reset_peak()
     if q.get("load_in_4bit") or q.get("load_in_8bit"):
         model = _load_quantized_for_inference(cfg, inf, dev)
     else:
-        model = _from_config(cfg, dtype, inf["attn_implementation"], dev)
+        model = model_from_config(cfg, dtype, inf["attn_implementation"], dev)
     model.eval()
     weights = mem.allocated()
     params = sum(p.numel() for p in model.parameters())
@@ -169,13 +169,13 @@ def measure_inference_case(case: Mapping[str, Any], *, device: Any = "cuda",
     inf = dict(inf, padding=padded)
     measured = {
         "params_total": None if q else params,
-        "weights_mib": _round(weights),
+        "weights_mib": round_or_none(weights),
         "kv_cache_mib": round(cache / MIB, 3),
         "kv_cache_bytes": int(cache),
         "prefill_kv_cache_mib": round(prefill_cache / MIB, 3),
-        "prefill_peak_mib": _round(prefill),
-        "generate_peak_mib": _round(decode),
-        "max_reserved_mib": _round(reserved),
+        "prefill_peak_mib": round_or_none(prefill),
+        "generate_peak_mib": round_or_none(decode),
+        "max_reserved_mib": round_or_none(reserved),
         "generate_s": round(seconds, 2),
     }
     record = {"id": case["id"], "name": case["name"], "model": case["model"], "inference": inf,
@@ -193,13 +193,13 @@ def _device_type(device: Any) -> str:
 
 def _load_quantized_for_inference(cfg, inf: Mapping[str, Any], dev):
     """Build, save and reload in 4 or 8 bits (transformers quantizes while loading)."""
-    from .measure import _load_quantized
+    from .measure import load_quantized
 
     q = inf["quantization"]
     t = {"weights_dtype": inf["weights_dtype"], "attn_implementation": inf["attn_implementation"],
          "quantization": {"quant_type": q.get("quant_type", "nf4"), "double_quant": bool(q.get("double_quant")),
                           "compute_dtype": q.get("compute_dtype", "bfloat16")}}
-    return _load_quantized(cfg, t, dev)
+    return load_quantized(cfg, t, dev)
 
 
 def measure_inference_file(cases_path: str, out_path: str, *, device: Any = "cuda", snapshot_dir: Any = None) -> int:
@@ -208,9 +208,9 @@ def measure_inference_file(cases_path: str, out_path: str, *, device: Any = "cud
     A case that fails (out of memory, say) is recorded with ``"error"``; returns how many ran.
     ``snapshot_dir``: each case's generate() snapshot as ``<id>.pickle`` (CUDA only).
     Without torch, or with ``device="cuda"`` and no CUDA GPU, raises VramError at once."""
-    from .measure import _resolve_device
+    from .measure import resolve_device
 
-    _resolve_device(device)   # no torch or no CUDA GPU: one VramError before any case, not N recorded ones
+    resolve_device(device)   # no torch or no CUDA GPU: one VramError before any case, not N recorded ones
     ok = 0
     with open(cases_path, encoding="utf-8") as f, open(out_path, "a", encoding="utf-8") as out:
         for line in f:

@@ -88,7 +88,7 @@ from .errors import VramError
 from .inputs import shown
 from .defaults import strategy_for
 from .inputs import MAX_GPUS, Field, check_choice, check_int
-from .estimate import check_physical, _merge_named, estimate_setup
+from .estimate import check_physical, merge_named, estimate_setup
 from .plan.params import param_storage
 from .plan.profile import full_checkpointing
 from .result import Estimate, Node
@@ -473,7 +473,7 @@ def _tp_tensor(t: ParamTensor, arch: Architecture, tp: int, ep: int) -> ParamTen
     return replace(t, shape=tuple(shape), in_features=in_f, out_features=out_f, experts=experts)
 
 
-def _slice(arch: Architecture, first: int, last: int, embed: bool, head: bool, tp: int,
+def stage_slice(arch: Architecture, first: int, last: int, embed: bool, head: bool, tp: int,
            ep: int) -> Tuple[Architecture, Architecture]:
     """The architecture one GPU runs: layers [first, last] of the pipeline stage, the
     embeddings on the first stage, the head on the last, cut by tensor and expert parallel.
@@ -880,13 +880,13 @@ def _attach_comm(est: Estimate, comm_layout: Dict[str, Any], s: TrainingSetup, l
     GPU count and tokens per step, for ``set_gpu`` / ``step_seconds`` / ``run_cost``."""
     from .timing import communication
 
-    sizes = getattr(est, "_comm_sizes", None)
+    sizes = getattr(getattr(est, "sources", None), "communication_sizes", None)
     if sizes is None:
         return
     est.gpus = lay.num_gpus
     est.tokens_per_step = s.batch_size * s.seq_len * max(s.grad_accum_steps, lay.micro_batches if lay.pp > 1 else 1) \
         * lay.dp
-    est._comm = lambda gpu, st: communication(gpu, comm_layout, sizes, st)
+    est.sources.communication = lambda gpu, st: communication(gpu, comm_layout, sizes, st)
 
 
 def _buffer_settings(strategy: str, opts: Dict[str, Any]) -> Dict[str, Any]:
@@ -1027,7 +1027,7 @@ def _scale_phases(E: Estimate, factors: Dict[str, Any], adds: Dict[str, List[Nod
         if adds[p]:
             for n in adds[p]:
                 n.finalize()
-            nodes = _merge_named(list(nodes) + adds[p])
+            nodes = merge_named(list(nodes) + adds[p])
         phase_components[p] = nodes
     return phase_components, phases, deltas, states_after
 
@@ -1079,9 +1079,9 @@ def _per_gpu_estimate(E: Estimate, phase_components: Dict[str, List[Node]], phas
                    cuda_context_bytes=E.cuda_context_bytes, flops_per_step=E.flops_per_step,
                    recompute_overhead=E.recompute_overhead, notes=list(E.notes) + notes,
                    phase_components=phase_components, cuda_context_source=E.cuda_context_source)
-    est._components_at = comps_at
+    est.sources.components_at = comps_at
     # without the replay: the slice's single-GPU fragmentation stands in until it runs
-    est._provisional_fn = lambda E=E, peak=peak: (
+    est.sources.provisional = lambda E=E, peak=peak: (
         peak + (frag[0] if frag else max(0.0, E.provisional_reserved_bytes - E.peak_allocated_bytes)),
         bool(frag) or (spec is None and E.reserved_exact))
     if spec is not None:
@@ -1178,7 +1178,7 @@ def _fsdp_adds(add: Any, ms: Dict[str, float], notes: List[str], fp: Any, opts: 
 def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Layout, opts: Dict[str, Any],
            first: int, last: int, embed: bool, head: bool, in_flight: int):
     strategy = lay.strategy
-    cut, uncut = _slice(arch, first, last, embed, head, lay.tp, lay.ep)
+    cut, uncut = stage_slice(arch, first, last, embed, head, lay.tp, lay.ep)
     E = estimate_setup(cut, s_loc)
     notes: List[str] = []
     N, Ne = lay.shard, lay.shard_experts
@@ -1319,9 +1319,9 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
     est = _relabel(est, arch, s, E)
     # the step time (timing.py): this GPU's slice, its share of the optimizer update, and
     # the sizes its communication moves (estimate_parallel_setup attaches the collectives)
-    est._setup_obj = s_loc
-    est._work = _sharded_work(E._work, o_gpu if ds or not (off_opt or (fsdp and off_par)) else 0.0)
-    est._comm_sizes = _comm_sizes(cut, s, s_loc, P, lay, mega, G + Ge, W + We)
+    est.sources.setup = s_loc
+    est.sources.work = _sharded_work(E.sources.work, o_gpu if ds or not (off_opt or (fsdp and off_par)) else 0.0)
+    est.sources.communication_sizes = _comm_sizes(cut, s, s_loc, P, lay, mega, G + Ge, W + We)
     n_local = cut.params_total
     return est, ms, cpu, n_local, notes, nvme
 
@@ -1340,10 +1340,10 @@ def _judge_per_gpu(est: Estimate, cut: Architecture, s: TrainingSetup, spec: Any
             capacity_bytes = capacity_bytes + shift
         return replay_per_gpu(cut, s, spec, capacity_bytes, record)
 
-    est._replay_fn = run
+    est.sources.replay = run
     est.capacity_judged = True
-    est._replayed = (cut, ("per GPU", s, key, repr(spec)))
-    est._reserved_from_replay = lambda res: peak + max(0.0, float(res.max_reserved_bytes - res.max_allocated_bytes))
+    est.sources.replay_key = (cut, ("per GPU", s, key, repr(spec)))
+    est.sources.reserved_from_replay = lambda res: peak + max(0.0, float(res.max_reserved_bytes - res.max_allocated_bytes))
 
 
 def _sharded_work(base: Any, optimizer_share: float):
@@ -1362,16 +1362,7 @@ def _relabel(est: Estimate, arch: Architecture, s: TrainingSetup, E: Estimate) -
     if est.params_total == arch.params_total and est.setup == setup:
         return est
     if est is E:   # do not alter the estimator's object
-        est = Estimate(model_name=E.model_name, setup=setup, params_total=arch.params_total,
-                       params_trainable=E.params_trainable, components=E._components, phases_bytes=dict(E.phases_bytes),
-                       peak_phase=E.peak_phase, peak_allocated_bytes=E.peak_allocated_bytes,
-                       reserved_bytes=E.reserved_bytes if E.reserved_exact else (lambda: E.reserved_bytes),
-                       cuda_context_bytes=E.cuda_context_bytes, cuda_context_source=E.cuda_context_source,
-                       flops_per_step=E.flops_per_step, recompute_overhead=E.recompute_overhead, notes=list(E.notes),
-                       phase_components=E.phase_components)
-        est._provisional_fn = E._provisional_fn
-        if est._components is None:    # composed with the reserve when first read (no replay before)
-            est._components_at = E._components_at
+        est = E.relabelled(setup, arch.params_total)
     est.params_total = arch.params_total
     est.setup = setup
     return est

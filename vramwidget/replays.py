@@ -43,7 +43,7 @@ def clear_caches() -> None:
         _REPLAYS.clear()
         _BY_SHAPE.clear()
         _BY_STREAM.clear()
-        gpus._CAPACITY_REPLAYS.clear()
+        gpus.CAPACITY_REPLAYS.clear()
     plan.clear_caches()
 
 

@@ -58,7 +58,7 @@ def estimate_inference_split(model: Any, device_map: Any = "auto", max_memory: O
     from .architecture import load
     from .plan.params import param_storage as _params
     from .inference import InferenceSetup, estimate_inference_setup
-    from .parallel import _slice
+    from .parallel import stage_slice
     from .training import TrainingSetup
 
     arch = load(model)
@@ -81,7 +81,7 @@ def estimate_inference_split(model: Any, device_map: Any = "auto", max_memory: O
             raise VramError("device_map: a GPU runs layers that are not contiguous; not modelled", field="device_map")
         embed = pl.embedding == d or (not isinstance(pl.embedding, int) and d == min(pl.gpus or [0]))
         head = pl.head == d or (not isinstance(pl.head, int) and d == min(pl.gpus or [0]))
-        cut, _ = _slice(arch, idx[0], idx[-1], embed, head, 1, 1)
+        cut, _ = stage_slice(arch, idx[0], idx[-1], embed, head, 1, 1)
         if not head:
             # inference_events lays out generate()'s head on every run: a one-entry vocabulary
             # stands in for the head this GPU does not hold (its logits are a few bytes)

@@ -406,7 +406,7 @@ def _versions(value: Any) -> Tuple[Tuple[str, str], ...]:
     return tuple(sorted(out))
 
 
-def _allocator(value: Any) -> str:
+def check_allocator_conf(value: Any) -> str:
     """The caching allocator's settings, checked and written in one canonical spelling."""
     from .allocator import parse_alloc_conf
 
@@ -484,13 +484,13 @@ FIELDS: Dict[str, Field] = {f.name: f for f in (
     _choice_field("backend", "analytic (modelled families), trace (a traced step) or auto (analytic where "
                              "modelled, else traced)"),
     Field("allocator", "custom", "default", "caching allocator: 'default', 'expandable_segments' or a "
-          "PYTORCH_CUDA_ALLOC_CONF string", parse=_allocator),
+          "PYTORCH_CUDA_ALLOC_CONF string", parse=check_allocator_conf),
 )}
 assert set(FIELDS) == set(_FIELDS), "every TrainingSetup field has one declaration in FIELDS"
 
 
 # helpers kept for callers that check one value the old way
-def _choice(name: str, value: Any) -> str:
+def check_setup_choice(name: str, value: Any) -> str:
     return check_choice(name, value, [c for c, _ in CHOICES[name]], _ALIASES.get(name, {}))
 
 

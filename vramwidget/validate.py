@@ -177,7 +177,7 @@ def predict_inference_case(case: Dict[str, Any], *, cold_process: bool = False,
     est = estimate_inference(arch, **kw)
     ph = est.phases_bytes
     seg = None if cold_process else int(workspace_segment_bytes or 32 * MIB)
-    fig = measured_figures(*est._inference, workspace_segment_bytes=seg)
+    fig = measured_figures(*est.sources.inference, workspace_segment_bytes=seg)
     return {
         "params_total": est.params_total,
         "params_trainable": 0,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .base import register
-from .blocks import F32, _Builder, _get, attention_params, gated_mlp
+from .blocks import F32, ParamBuilder, config_get, attention_params, gated_mlp
 from .deepseek import DeepseekV2
 from .llama import Llama
 
@@ -30,14 +30,14 @@ class Glm4Moe(Llama):
 
     def qk_norm_of(self, cfg: Mapping[str, Any]) -> Optional[str]:
         """Per-head q/k RMSNorm when ``use_qk_norm`` (GLM-4.5 yes, GLM-4.5-Air no)."""
-        return "head" if _get(cfg, "use_qk_norm", default=False) else None
+        return "head" if config_get(cfg, "use_qk_norm", default=False) else None
 
-    def attention_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
+    def attention_params(self, b: ParamBuilder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
         attention_params(b, P, info["hidden_size"], info["num_heads"], info["num_kv_heads"], info["head_dim"],
                          qkv_bias=self.attention_bias(cfg), o_bias=False)
 
     def check_moe(self, cfg: Mapping[str, Any], E: int) -> int:
-        return int(_get(cfg, "first_k_dense_replace", default=1) or 0)
+        return int(config_get(cfg, "first_k_dense_replace", default=1) or 0)
 
     def shared_expert(self, cfg: Mapping[str, Any], i_e: int) -> Tuple[int, str, str]:
         return DeepseekV2.shared_expert(self, cfg, i_e)

@@ -312,18 +312,18 @@ class _Span:
 
 
 def _begin(pb: Any) -> Tuple[int, int]:
-    return len(pb.events), pb._n + 1
+    return len(pb.events), pb.last_key + 1
 
 
 def _end(pb: Any, begin: Tuple[int, int], **kw: Any) -> _Span:
-    return _Span((begin[0], len(pb.events)), (begin[1], pb._n + 1), **kw)
+    return _Span((begin[0], len(pb.events)), (begin[1], pb.last_key + 1), **kw)
 
 
 def _copy(pb: Any, src: _Span, layer: int, shifts: List[Tuple[int, int, int]]) -> Callable[[Optional[int]], Any]:
     """Append ``src``'s events as layer ``layer``'s: each key it made becomes the next key the
     builder hands out, every other key in a (lo, hi, delta) of ``shifts`` moves by delta (the
     same tensor one layer on); returns that key map."""
-    D = pb._n + 1 - src.keys[0]
+    D = pb.last_key + 1 - src.keys[0]
 
     def key_of(k: Optional[int]) -> Any:
         if k is None:
@@ -344,7 +344,7 @@ def _copy(pb: Any, src: _Span, layer: int, shifts: List[Tuple[int, int, int]]) -
             append((kind, key + D, nbytes, label))
         else:
             append((kind, key_of(key), nbytes, label))
-    pb._n += src.keys[1] - src.keys[0]
+    pb.last_key += src.keys[1] - src.keys[0]
     return key_of
 
 
@@ -374,7 +374,7 @@ def forward_layers(cx: StepContext, lay: Layers, x: Optional[int], autocast_cach
             b = src.kept
             kept = Kept(key_of(b.inp), [key_of(k) for k in b.saved], [key_of(k) for k in b.casts],
                         [key_of(k) for k in b.extra])
-            span = _Span((src.events[1], len(pb.events)), (src.keys[1], pb._n + 1), key_of(src.out), kept,
+            span = _Span((src.events[1], len(pb.events)), (src.keys[1], pb.last_key + 1), key_of(src.out), kept,
                          [key_of(k) for k in src.handed])
             autocast_cache.extend(span.handed)
         else:
@@ -476,7 +476,7 @@ def backward_layers(cx: StepContext, lay: Layers, ld: Loaded, keep: List[Kept], 
             fstride = fwd[layer + 1].keys[0] - fwd[layer].keys[0]
             key_of = _copy(pb, src, layer, [(before.keys[0], before.keys[1], src.keys[1] - src.keys[0]),
                                             (fwd[layer].keys[0], fwd[layer + 1].keys[1], -fstride)])
-            span = _Span((src.events[1], len(pb.events)), (src.keys[1], pb._n + 1), key_of(src.out),
+            span = _Span((src.events[1], len(pb.events)), (src.keys[1], pb.last_key + 1), key_of(src.out),
                          grads=[(bucket, key_of(key), entry) for bucket, key, entry in src.grads])
             # what grad_ready did with each gradient: kept it (the copy hands it on) or freed it
             # at once (a later micro-batch's, added in place: the copied events free it)

@@ -60,7 +60,8 @@ class PlanBuilder:
         self.host_bytes: Any = 0.0
         #: key -> bytes of every allocation
         self.sizes: Dict[int, Any] = {}
-        self._n = 0
+        #: the last key an allocation got (keys count up from 1; plan/blocks.py copies spans after it)
+        self.last_key = 0
         self._infos: Dict[Tuple[str, ...], TensorInfo] = {}   # one object per distinct description
 
     def alloc(self, nbytes: Any, name: str, component: str, group: str = "", formula: str = "",
@@ -73,7 +74,7 @@ class PlanBuilder:
             if nbytes <= 0:
                 return None
             nbytes = int(nbytes)
-        n = self._n = self._n + 1
+        n = self.last_key = self.last_key + 1
         self.events.append(("alloc", n, nbytes, name if label is None else label))
         d = (component, group, name, formula, dtype)
         info = self._infos.get(d)

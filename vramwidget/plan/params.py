@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..architecture import HEAD_TARGETS, Architecture, ParamTensor, _restrict, resolve_targets
+from ..architecture import HEAD_TARGETS, Architecture, ParamTensor, restrict_layers, resolve_targets
 from ..errors import VramError
 from ..stacks import behaviour
 from ..training import OPTIMIZER_STATE_COUNT, TrainingSetup
@@ -126,9 +126,9 @@ def _storage_uncached(arch: Architecture, s: TrainingSetup) -> ParamStorage:
             first, last = t.layers
             n_train = max(0, last - max(first, trainable_layers[0]) + 1)
             if n_train < t.repeat:
-                tensors.append((_restrict(t, first, t.repeat - n_train), False))
+                tensors.append((restrict_layers(t, first, t.repeat - n_train), False))
             if n_train:
-                tensors.append((_restrict(t, last - n_train + 1, n_train), True))
+                tensors.append((restrict_layers(t, last - n_train + 1, n_train), True))
         elif s.method == "norms":
             # LayerNorm/RMSNorm-only tuning: the norms' weights (and biases) train
             tensors.append((t, t.role == "norm"))

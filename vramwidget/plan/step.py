@@ -171,7 +171,7 @@ def _append_copy(pb: PlanBuilder, span: List[Any]) -> Dict[int, int]:
     new: Dict[int, int] = {}
     info = pb.info
     append = pb.events.append
-    n = pb._n
+    n = pb.last_key
     for kind, key, nbytes, label in span:
         if kind == "alloc":
             n += 1
@@ -182,7 +182,7 @@ def _append_copy(pb: PlanBuilder, span: List[Any]) -> Dict[int, int]:
             append((kind, new.get(key, key), nbytes, label))
         else:
             append((kind, key, nbytes, label))
-    pb._n = n
+    pb.last_key = n
     return new
 
 

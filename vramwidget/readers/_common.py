@@ -254,7 +254,7 @@ class Mapper:
     def finish(self) -> TrainingConfig:
         """Every unread field into ``ignored``; setup keywords this version cannot take too."""
         from ..parallel import PARALLEL_KEYS
-        from ..training import CHOICES, TrainingSetup, _choice
+        from ..training import CHOICES, TrainingSetup, check_setup_choice
 
         cfg = self.cfg
         accounted = {f for f, _, _ in cfg.mapped} | {f for f, _ in cfg.ignored}
@@ -282,7 +282,7 @@ class Mapper:
                 cfg.ignored.append((src, f"{key}={_short(value)} is not modelled by this version of vramwidget"))
             elif key in CHOICES:
                 try:
-                    cfg.setup[key] = _choice(key, value)
+                    cfg.setup[key] = check_setup_choice(key, value)
                 except VramError as e:
                     cfg.setup.pop(key)
                     cfg.ignored.append((src, f"not modelled: {e}"))

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from ._common import Mapper, truthy
 from .deepspeed import check_stage
 
-_FSDP_STRATEGIES = {"FULL_SHARD": "fsdp_full_shard", "1": "fsdp_full_shard", "SHARD_GRAD_OP": "fsdp_shard_grad_op",
+FSDP_STRATEGIES = {"FULL_SHARD": "fsdp_full_shard", "1": "fsdp_full_shard", "SHARD_GRAD_OP": "fsdp_shard_grad_op",
                     "2": "fsdp_shard_grad_op", "HYBRID_SHARD": "fsdp_hybrid", "4": "fsdp_hybrid",
                     "NO_SHARD": "ddp", "3": "ddp", "HYBRID_SHARD_ZERO2": "fsdp_hybrid", "5": "fsdp_hybrid"}
 
@@ -44,8 +44,8 @@ def _fsdp(fs: Any, m: Mapper) -> None:
             else "fsdp_reshard_after_forward"
         strat = fs.get(src, "FULL_SHARD")
         key = str(strat).upper()
-        m.par("strategy", _FSDP_STRATEGIES.get(key, "fsdp_full_shard"), f"fsdp_config.{src}")
-        if key not in _FSDP_STRATEGIES:
+        m.par("strategy", FSDP_STRATEGIES.get(key, "fsdp_full_shard"), f"fsdp_config.{src}")
+        if key not in FSDP_STRATEGIES:
             m.note(f"unknown {src} {strat!r}: full sharding assumed")
     if truthy(fs.get("fsdp_offload_params", False)):
         m.par("offload_params", True, "fsdp_config.fsdp_offload_params")

@@ -114,7 +114,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     # deprecated); fsdp_config.reshard_after_forward is then FSDP2's bool
     version = integer(m.get("fsdp_version")) or integer(m.get("fsdp_config.fsdp_version")) or 1
     if fsdp or version == 2:
-        from .accelerate import _FSDP_STRATEGIES
+        from .accelerate import FSDP_STRATEGIES
 
         cfg = m.get("fsdp_config") or {}
         cfg = cfg if isinstance(cfg, Mapping) else {}
@@ -122,7 +122,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
         strat = "fsdp_shard_grad_op" if "shard_grad_op" in opts else "fsdp_hybrid" if "hybrid_shard" in opts \
             else "fsdp_full_shard"
         if cfg.get("fsdp_sharding_strategy"):
-            strat = _FSDP_STRATEGIES.get(str(cfg["fsdp_sharding_strategy"]).upper(), strat)
+            strat = FSDP_STRATEGIES.get(str(cfg["fsdp_sharding_strategy"]).upper(), strat)
         reshard = cfg.get("reshard_after_forward", cfg.get("fsdp_reshard_after_forward"))
         if version == 2:
             m.par("fsdp_version", 2, "fsdp_version")

@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 from .. import gpus
 from .inference import inference_options
 from .multigpu import strategy_options
-from .training import _choices
+from .training import setup_choices
 from .views import short_label
 
 
@@ -19,7 +19,7 @@ class OptionsPanel:
         if getattr(self, "_options_key", None) == self._arch_key and self.options:
             return self.options
         self._options_key = self._arch_key
-        opts: Dict[str, Any] = {k: [list(x) for x in v] for k, v in _choices().items()}
+        opts: Dict[str, Any] = {k: [list(x) for x in v] for k, v in setup_choices().items()}
 
         opts["mode"] = [["training", "Training (one step)"], ["inference", "Inference (generate / serve)"]]
         opts["strategy"] = strategy_options()

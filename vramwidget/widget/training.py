@@ -75,7 +75,7 @@ _FOUR_BIT = ("nf4", "fp4")
 _LORA_METHODS = ("lora", "qlora")
 
 
-def _choices() -> Dict[str, List[Tuple[str, str]]]:
+def setup_choices() -> Dict[str, List[Tuple[str, str]]]:
     try:
         from ..training import CHOICES  # type: ignore[attr-defined]
     except ImportError:
