@@ -479,6 +479,7 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: ForwardTensor, k: ForwardTensor, 
 
 
 def promote_dtype(a: str, b: str) -> str:
+    """The dtype of an op on ``a`` and ``b``: fp32 when either is, else ``b``."""
     if F32 in (a, b):
         return F32
     return b

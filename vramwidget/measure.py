@@ -351,6 +351,7 @@ def case_from_setup(
 
 
 def module_available(name: str) -> bool:
+    """Whether ``name`` can be imported here (without importing it)."""
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
@@ -401,6 +402,7 @@ def import_stack():
 
 
 def resolve_device(device: Any):
+    """``device`` as a torch.device, checked to exist (a VramError naming it when not)."""
     torch, _, _ = import_stack()
     try:
         dev = torch.device(device)
@@ -479,25 +481,31 @@ class CudaMemory:
         self.torch, self.dev = torch, dev
 
     def sync(self) -> None:
+        """Wait for the device (torch.cuda.synchronize) so that the statistics are current."""
         self.torch.cuda.synchronize(self.dev)
 
     def reset_peak(self) -> None:
+        """Start a new peak (torch.cuda.reset_peak_memory_stats)."""
         self.sync()
         self.torch.cuda.reset_peak_memory_stats(self.dev)
 
     def allocated(self) -> float:
+        """torch.cuda.memory_allocated, MiB."""
         self.sync()
         return self.torch.cuda.memory_allocated(self.dev) / MIB
 
     def peak(self) -> float:
+        """torch.cuda.max_memory_allocated since the last reset, MiB."""
         self.sync()
         return self.torch.cuda.max_memory_allocated(self.dev) / MIB
 
     def peak_reserved(self) -> float:
+        """torch.cuda.max_memory_reserved since the last reset, MiB."""
         self.sync()
         return self.torch.cuda.max_memory_reserved(self.dev) / MIB
 
     def release(self) -> None:
+        """Collect garbage and return the cached blocks (torch.cuda.empty_cache)."""
         gc.collect()
         self.torch.cuda.empty_cache()
 
@@ -521,31 +529,40 @@ class NoMemory:
     available = False
 
     def sync(self) -> None:
+        """Nothing to wait for."""
         pass
 
     def reset_peak(self) -> None:
+        """Nothing to reset."""
         pass
 
     def allocated(self) -> None:
+        """No statistic: None."""
         return None
 
     def peak(self) -> None:
+        """No statistic: None."""
         return None
 
     def peak_reserved(self) -> None:
+        """No statistic: None."""
         return None
 
     def release(self) -> None:
+        """Collect garbage."""
         gc.collect()
 
     def record_history(self) -> None:
+        """No allocator history on the CPU."""
         pass
 
     def dump_snapshot(self, path: str) -> None:
+        """No snapshot on the CPU: None."""
         return None
 
 
 def round_or_none(value: Optional[float], digits: int = 1) -> Optional[float]:
+    """``value`` rounded to ``digits``, None kept."""
     return None if value is None else round(value, digits)
 
 
@@ -562,6 +579,7 @@ def _max(values: Iterable[Optional[float]]) -> Optional[float]:
 
 
 def make_config(model: Mapping[str, Any]):
+    """The transformers config of a case's ``model`` mapping (use_cache off), or a VramError naming what transformers refused."""
     from transformers import AutoConfig
 
     kwargs = dict(model)
@@ -577,6 +595,7 @@ def make_config(model: Mapping[str, Any]):
 
 
 def model_from_config(cfg, dtype, attn: str, dev):
+    """A causal LM built from ``cfg`` on ``dev`` in ``dtype`` with attention ``attn`` (random weights)."""
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -491,6 +491,7 @@ assert set(FIELDS) == set(_FIELDS), "every TrainingSetup field has one declarati
 
 # helpers kept for callers that check one value the old way
 def check_setup_choice(name: str, value: Any) -> str:
+    """One setup field checked against its CHOICES (aliases allowed): the canonical value."""
     return check_choice(name, value, [c for c, _ in CHOICES[name]], _ALIASES.get(name, {}))
 
 

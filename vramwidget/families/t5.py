@@ -306,12 +306,15 @@ class PrefixedTrace:
         self._tr, self._p = tr, prefix
 
     def new(self, name: str, *a: Any, **k: Any) -> Any:
+        """The Trace's new, the name prefixed."""
         return self._tr.new(self._p + name, *a, **k)
 
     def temp(self, name: str, *a: Any, **k: Any) -> Any:
+        """The Trace's temp, the name prefixed."""
         return self._tr.temp(self._p + name, *a, **k)
 
     def cast(self, t: Any, dtype: str, name: str) -> Any:
+        """The Trace's cast, the name prefixed."""
         return self._tr.cast(t, dtype, self._p + name)
 
     def __getattr__(self, attr: str) -> Any:
@@ -323,6 +326,7 @@ def _wider(a: str, b: str) -> str:
 
 
 def shift_layers(t: Any, lo: int, hi: int) -> Any:
+    """A parameter tensor of one stack moved to layers ``lo``..``hi`` (the decoder's after the encoder's)."""
     from dataclasses import replace
     return replace(t, layers=(lo, hi) if t.layers else None)
 

@@ -76,6 +76,7 @@ _LORA_METHODS = ("lora", "qlora")
 
 
 def setup_choices() -> Dict[str, List[Tuple[str, str]]]:
+    """The training setup's choices per field (training.CHOICES), or the widget's fallback list."""
     try:
         from ..training import CHOICES  # type: ignore[attr-defined]
     except ImportError:
