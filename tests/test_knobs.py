@@ -316,14 +316,17 @@ def run(d, **over):
 @settings(max_examples=120, deadline=None)
 @given(setups, st.sampled_from(["chunked", "liger"]))
 def test_chunked_and_liger_never_need_more_than_standard(d, loss):
-    """The peaks of two losses can fall at different moments: a chunked loss's head gradient
-    is summed chunk by chunk in autograd's input buffer (2 x V x h at the loss backward of a
-    tied head) while the standard loss peaks later, among the blocks' gradients; there the
-    two agree within 0.01% (llama-3.2-1b full amp_bf16, torchtune, 2 x 279 tokens, 17 chunks:
-    +73,216 B of 20.9 GB).  (Liger computes the head's weight gradient in the forward, so
-    its forward alone can hold more than the standard loss's at a few tokens.)"""
+    """Up to one gradient of the head's input more: a chunked loss's backward runs each chunk's
+    matmul, so the chunks' gradients of the hidden states (T/n x h each) live until autograd's
+    SplitBackward joins them into one T x h gradient, while the standard loss makes that
+    gradient in one matmul; where the step peaks at the loss backward (a tied head in full
+    fine-tuning: its gradient summed chunk by chunk, 2 x V x h) this shows.  Bounded by the
+    hidden-state gradient in fp32 plus a 512-byte block per chunk (llama-3.2-1b full amp_bf16,
+    torchtune, 2 x 279 tokens, 19 chunks: +2,718,720 B of 20.9 GB, under 558 x 2,048 x 4 B)."""
     fused, standard = run(d, loss=loss), run(d, loss="standard")
-    assert fused.peak_allocated_bytes <= standard.peak_allocated_bytes * (1 + 1e-4)
+    tokens = d["batch_size"] * d["seq_len"]
+    slack = tokens * load(d["model"]).hidden_size * 4 + d["loss_chunks"] * 512
+    assert fused.peak_allocated_bytes <= standard.peak_allocated_bytes + slack
 
 
 @settings(max_examples=120, deadline=None)
