@@ -288,9 +288,12 @@ def test_a_dozen_controls_that_stay_put(lab_page):
     Training -> Inference -> Training every control is where it was, and the controls both
     modes use do not move in between."""
     page, widget = lab_page["page"], lab_page["widget"]
-    for box in page.locator("details.vw-group[open] > summary").all():
-        box.click()
-    _settle(page)
+    opened = page.locator("details.vw-group[open] > summary")
+    for _ in range(8):                       # close the open groups one by one (each click
+        if not opened.count():               # changes which ones the locator matches)
+            break
+        opened.first.click()
+        _settle(page)
     training = widget.evaluate(CONTROL_BOXES_JS)
     assert 8 <= len(training) <= 14, sorted(training)
     page.locator("[data-testid=control-mode-inference]").check(force=True)
