@@ -313,7 +313,7 @@ def run(d, **over):
     return estimate(model, **d)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(setups, st.sampled_from(["chunked", "liger"]))
 def test_chunked_and_liger_never_need_more_than_standard(d, loss):
     """Up to one gradient of the head's input more: a chunked loss's backward runs each chunk's
