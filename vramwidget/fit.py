@@ -82,17 +82,18 @@ class _Query:
 
     def fits_allocated(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> bool:
         """A necessary condition of ``fits``: the allocated peak + CUDA context fit (no replay)."""
-        est = self.estimate(s, par)
-        return est.peak_allocated_bytes + getattr(est, "per_gpu", est).cuda_context_bytes <= self.usable
+        return self.allocated_fits(self.estimate(s, par))
+
+    def allocated_fits(self, est: Any) -> bool:
+        """A necessary condition of fitting, without the allocator replay: reserved memory is
+        never below allocated memory, so when the allocated peak and the CUDA context alone
+        are over the card, the device total is too."""
+        per_gpu = getattr(est, "per_gpu", est)
+        return est.peak_allocated_bytes + per_gpu.cuda_context_bytes <= self.usable
 
     def fits(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> bool:
         est = self.estimate(s, par)
-        # reserved memory is never below allocated memory: when the allocated peak alone does
-        # not fit, the allocator replay behind the device total need not run
-        per_gpu = getattr(est, "per_gpu", est)
-        if est.peak_allocated_bytes + per_gpu.cuda_context_bytes > self.usable:
-            return False
-        return fits(est.device_total_bytes, self.usable)
+        return self.allocated_fits(est) and fits(est.device_total_bytes, self.usable)
 
 
 def _largest(ok, limit: int, cheap=None) -> int:
@@ -694,8 +695,8 @@ def _try_combinations(search: _Search, combine: int) -> None:
             if any(f <= titles for f in fitting):
                 continue
             res = evaluate(list(combo))
-            if res is None:
-                continue
+            if res is None or not search.q.allocated_fits(res[0]):
+                continue   # a combination is listed only when it fits: no replay for one that cannot
             sug = make(list(combo), res)
             if sug.state == "fits":
                 out.append(sug)

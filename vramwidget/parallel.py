@@ -852,7 +852,9 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
             cache[key] = _stage(arch, s, s_loc, lay, opts, first, last, embed, head, k)
         est, ms, cpu, n_local, _notes, nvme = cache[key]
         stages.append(StageEstimate(i, (first, last), embed, head, k, est, ms, cpu, n_local, nvme))
-    worst = max(range(len(stages)), key=lambda j: stages[j].device_total_bytes)
+    # the fullest GPU: by device total, which replays the allocator per stage; one stage is
+    # the fullest without a replay (max() would read the key of a single item too)
+    worst = 0 if len(stages) == 1 else max(range(len(stages)), key=lambda j: stages[j].device_total_bytes)
     comm_layout = {"strategy": strategy, "num_gpus": lay.num_gpus, "gpus_per_node": lay.gpus_per_node,
                    "data_parallel": lay.dp, "tensor_parallel": lay.tp, "pipeline_parallel": lay.pp,
                    "context_parallel": lay.cp, "expert_parallel": lay.ep, "micro_batches": lay.micro_batches,
