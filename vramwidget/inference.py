@@ -316,21 +316,19 @@ def estimate_inference(model: Model, **setup: Any) -> InferenceEstimate:
     gpu, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens, block_size:
         A GPU from the catalog (fit check); with a utilization, the vLLM-style serving
         budget instead of generate().
-    device_map, max_memory:
-        generate() on transformers' ``device_map`` split (``"auto"``, ``"balanced"``,
-        ``"balanced_low_0"``, ``"sequential"`` or a mapping) with ``max_memory`` per device: a
-        :class:`vramwidget.device_map.SplitInference` with each GPU's estimate.
 
     Raises
     ------
     VramError
-        naming the field that is wrong and what is allowed.
+        naming the field that is wrong and what is allowed; for ``device_map`` /
+        ``max_memory``, that the package's ``vramwidget.estimate_inference`` takes them
+        (:mod:`vramwidget.split_inference`, which imports this module).
     """
-    if "device_map" in setup or "max_memory" in setup:
-        # transformers' device_map split: each GPU's own estimate (vramwidget/device_map.py)
-        from .device_map import estimate_inference_split
-
-        return estimate_inference_split(model, setup.pop("device_map", "auto"), setup.pop("max_memory", None), **setup)
+    for name in ("device_map", "max_memory"):
+        if name in setup:
+            raise VramError(f"{name}: a device_map split is estimated by vramwidget.estimate_inference "
+                            f"(vramwidget.split_inference); vramwidget.inference.estimate_inference runs one GPU",
+                            field=name)
     arch = load(model)
     setup, note = with_shipped_format(arch, setup)
     setup, eager_note = _legacy_attention(setup)
