@@ -136,3 +136,15 @@ def test_cli_device_map_and_zero_flags(capsys):
     assert code == 0 and d["parallel"]["zero_config"] == {"sub_group_size": 1e7}
     code = cli.main(["estimate", "llama-3.2-1b", "--device-map", "auto"])
     assert code != 0 and "max_memory" in capsys.readouterr().err
+
+
+def test_the_one_gpu_inference_estimate_points_a_split_to_the_package_function():
+    """vramwidget.inference.estimate_inference is one GPU's generate(): a device_map or max_memory
+    there is a VramError naming the field and the function that splits (split_inference imports
+    inference, so inference cannot call it back without an import circle); before, an ImportError."""
+    from vramwidget.inference import estimate_inference
+
+    for kw in ({"device_map": "auto"}, {"max_memory": {0: "10GiB"}}):
+        with pytest.raises(VramError, match="vramwidget.estimate_inference") as e:
+            estimate_inference("llama-3.2-1b", **kw)
+        assert e.value.field == next(iter(kw))

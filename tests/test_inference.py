@@ -17,10 +17,11 @@ import pytest
 from vramwidget.architecture import load
 from vramwidget.errors import VramError
 from vramwidget.gpus import get_gpu
-from vramwidget.inference import (GGML_BPW, WEIGHT_FORMATS, InferenceEstimate, _use_more_bits, add_arguments,
+from vramwidget.inference import (GGML_BPW, WEIGHT_FORMATS, InferenceEstimate, add_arguments,
                                   estimate_inference, gguf_tensor_type, kv_cache_bytes, kv_layout,
                                   longest_context, main, run, weight_storage, weights_bytes, InferenceSetup)
 from vramwidget.estimate import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
+from vramwidget.infer.weights import _use_more_bits
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 DATA = os.path.join(os.path.dirname(__file__), "..", "vramwidget", "data", "quantized_checkpoints.json")

@@ -9,7 +9,6 @@
 from .architecture import Architecture, custom, from_config, from_param_count, load as load_architecture
 from .errors import VramError
 from .estimate import estimate
-from . import inference_events as _inference_events  # noqa: F401  (the same for generate())
 from .fit import max_batch_size, max_seq_len, min_gpus, suggestions
 from .fitmap import fit_map
 from .inference import longest_context

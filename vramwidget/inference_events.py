@@ -1,10 +1,11 @@
 """One ``generate()`` call as the caching allocator sees it: loading, prefill, decode.
 
-The inference estimate (:mod:`vramwidget.inference`) knows every tensor of the run: the
-stored weights (``weight_storage``), the KV cache (``kv_layout``), the live tensors at each
-step of one layer (``layer_steps``), what generate() keeps around the head (``logits_items``,
+The parts of the run (:mod:`vramwidget.infer`) know every tensor of it: the stored weights
+(``weight_storage``), the KV cache (``kv_layout``), the live tensors at each step of one
+layer (``layer_steps``), what generate() keeps around the head (``logits_items``,
 ``generation_temporaries``) and the decode transients (``decode_transients``).  This module
-lays those same sizes out in time, so ``allocator.replay_runs`` can say what the caching
+lays those same sizes out in time (the estimate, :mod:`vramwidget.inference`, imports it and
+reads its peaks), so ``allocator.replay_runs`` can say what the caching
 allocator reserves (``max_memory_reserved``) instead of a rule of thumb:
 
 load      every stored tensor in module order (a bitsandbytes format: the 16-bit checkpoint
@@ -48,8 +49,11 @@ from .plan.context import CUBLAS_WORKSPACES
 from .plan.load import ASYNC_LOAD_WORKERS
 from .replays import single_flight
 from . import generate_ops as ops
-from .inference import (GENERATE_REPLAY, InferenceSetup, attention_kernel, transformers_version, dequant_transients,
-                        decode_transients, kv_layout, layer_steps, weight_storage)
+from .infer.kv import kv_layout
+from .infer.setup import InferenceSetup
+from .infer.steps import attention_kernel, decode_transients, dequant_transients, layer_steps
+from .infer.versions import transformers_version
+from .infer.weights import weight_storage
 from .units import DTYPE_BYTES
 
 Event = Tuple[str, Any, float, Any]
@@ -615,8 +619,6 @@ def reserved_by_decode_steps(arch: Architecture, s: InferenceSetup) -> Callable[
     return at
 
 
-GENERATE_REPLAY.update(hooks=hooks, reserved_by_decode_steps=reserved_by_decode_steps)
-
 
 # ----------------------------------------------------------------------------------
 # The allocated peak of each phase, and what is live there (the estimate's tree)
@@ -707,8 +709,6 @@ def cached_runs(arch: Architecture, s: InferenceSetup) -> List[Any]:
     return parts
 
 
-GENERATE_REPLAY["peaks"] = peaks
-
 
 def measured_figures(arch: Architecture, s: InferenceSetup, workspace_segment_bytes: Optional[int] = None
                      ) -> Dict[str, float]:
@@ -773,5 +773,3 @@ def steps_before_oom(arch: Architecture, s: InferenceSetup, capacity_bytes: floa
         done += part.n_steps
     return done
 
-
-GENERATE_REPLAY["steps_before_oom"] = steps_before_oom
