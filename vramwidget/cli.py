@@ -71,6 +71,49 @@ _SETUP_SWITCHES = (
 )
 
 
+#: setup fields the command line does not offer (every other ``training.FIELDS`` entry is a
+#: flag: hand-written above, or derived by :func:`derived_setup_flags`)
+_NOT_FLAGS = ("images_per_sample", "image_patches", "allocator")
+
+
+def derived_setup_flags() -> List[tuple]:
+    """(flag, field, kind, help) for each ``training.FIELDS`` entry that has no hand-written
+    flag above: ``--the-field-name``, typed by the field's kind (choice, int, float, list, or
+    bool: ``--name`` / ``--no-name``), its help the field's description and default.  A knob
+    declared in FIELDS is on the command line without an edit here."""
+    from .training import FIELDS
+
+    written = ({d for _, d, _, _ in _SETUP_OPTIONS} | {d for _, d, _ in _SETUP_SWITCHES}
+               | {"double_quant", "prepare_kbit"} | set(_NOT_FLAGS))
+    kinds = {"choice": "choice", "int": "int", "number": "float", "names": "list", "bool": "bool"}
+    out = []
+    for name, f in FIELDS.items():
+        if name in written:
+            continue
+        default = ("on" if f.default else "off") if f.kind == "bool" else f.default
+        text = f"{f.doc} (default {default})" if default not in (None, ()) else f.doc
+        out.append(("--" + name.replace("_", "-"), name, kinds.get(f.kind, "text"), text))
+    return out
+
+
+def _add_derived_setup_flags(parser: Any) -> None:
+    """The flags of :func:`derived_setup_flags` on ``parser`` (``estimate`` and ``fit``)."""
+    from .training import CHOICES
+
+    for flag, dest, kind, text in derived_setup_flags():
+        if kind == "bool":
+            parser.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
+            parser.add_argument("--no-" + flag[2:], dest=dest, action="store_const", const=False,
+                                help=f"the opposite of {flag}")
+        elif kind == "choice":
+            parser.add_argument(flag, dest=dest, default=None, help=text,
+                                metavar="{" + ",".join(c for c, _ in CHOICES[dest]) + "}")
+        else:
+            parser.add_argument(flag, dest=dest, default=None, help=text,
+                                **{"int": dict(type=_int_arg, metavar="N"), "float": dict(type=_float_arg, metavar="X"),
+                                   "list": dict(metavar="A,B")}.get(kind, dict(metavar="TEXT")))
+
+
 class _UsageError(Exception):
     """A bad command line (argparse's complaint, turned into one line)."""
 
@@ -160,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="prepare_model_for_kbit_training: upcast the non-quantized parameters to fp32")
     for flag, dest, text in _SETUP_SWITCHES:
         est.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
+    _add_derived_setup_flags(est)
     est.add_argument("--gpu", dest="gpu", default=None, metavar="GPU",
                      help="a GPU from the catalogue (e.g. H100-80GB): the step time, tokens/s, MFU and a run's "
                           "cost on it (with --inference: the fit check)")
@@ -227,7 +271,8 @@ def setup_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         v = getattr(args, dest)
         if v is not None:
             kw[dest] = v
-    for dest in ("double_quant", "prepare_kbit") + tuple(d for _, d, _ in _SETUP_SWITCHES):
+    for dest in (("double_quant", "prepare_kbit") + tuple(d for _, d, _ in _SETUP_SWITCHES)
+                 + tuple(d for _, d, _, _ in derived_setup_flags())):
         v = getattr(args, dest, None)
         if v is not None:
             kw[dest] = v
@@ -671,6 +716,7 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=dest, default=None, metavar="A,B", help=text)
     for flag, dest, text in _SETUP_SWITCHES:
         parser.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
+    _add_derived_setup_flags(parser)
     parser.add_argument("--no-double-quant", dest="double_quant", action="store_const", const=False, default=None,
                         help="4-bit quantization without double quantization")
     parser.add_argument("--prepare-kbit", dest="prepare_kbit", action="store_const", const=True, default=None,

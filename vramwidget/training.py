@@ -145,6 +145,11 @@ class TrainingSetup:
     #: the caching allocator's settings: "default", "expandable_segments" or a
     #: PYTORCH_CUDA_ALLOC_CONF string (decides reserved memory, never allocated memory)
     allocator: str = "default"
+    #: ``optimizer.zero_grad(set_to_none=True)`` (PyTorch's default since 2.0; transformers'
+    #: Trainer calls ``model.zero_grad()``, which sets them to None too): the gradients go
+    #: after each step.  False: they are zeroed in place and stay allocated between steps
+    #: (plan/step.py ``_Grads.zero_grad``)
+    zero_grad_set_to_none: bool = True
 
     # -- derived dtypes ---------------------------------------------------------------
     @property
@@ -338,6 +343,9 @@ def inapplicable(v: Mapping[str, Any]) -> Dict[str, str]:
         out["double_quant"] = "applies to 4-bit quantization (nf4, fp4)"
     if quant in ("none", None):
         out["quantized_groups"] = "applies to a quantized base (nf4, fp4, int8)"
+    if v.get("optimizer_in_backward"):
+        out["zero_grad_set_to_none"] = ("applies without optimizer_in_backward (each gradient is freed in its "
+                                        "parameter's hook)")
     if v.get("optimizer_state_dtypes") and not OPTIMIZER_STATE_COUNT.get(opt):
         out["optimizer_state_dtypes"] = (f"sets the dtype of {', '.join(sorted(OPTIMIZER_STATE_COUNT))}'s states; "
                                          f"{opt} keeps its own")
@@ -440,7 +448,9 @@ def _choice_field(name: str, doc: str = "") -> Field:
 
 #: every setup keyword, declared once: kind, default, allowed values or range.  Adding a
 #: keyword is a dataclass field above plus one declaration here (and a CHOICES entry for a
-#: choice); ``from_kwargs`` checks it, the fuzz tests feed it any value.
+#: choice); ``from_kwargs`` checks it, the fuzz tests feed it any value, the command line has
+#: it as ``--its-name`` (cli.derived_setup_flags) and the widget as a trait and a Knobs control
+#: (widget/state.py SetupTraits, widget/controls.py field_control), its description the help.
 FIELDS: Dict[str, Field] = {f.name: f for f in (
     _choice_field("method"),
     _choice_field("precision"),
@@ -485,6 +495,8 @@ FIELDS: Dict[str, Field] = {f.name: f for f in (
                              "modelled, else traced)"),
     Field("allocator", "custom", "default", "caching allocator: 'default', 'expandable_segments' or a "
           "PYTORCH_CUDA_ALLOC_CONF string", parse=check_allocator_conf),
+    Field("zero_grad_set_to_none", "bool", True, "zero_grad(set_to_none=True) frees the gradients after "
+          "each step; off: they are zeroed in place and stay allocated between steps"),
 )}
 assert set(FIELDS) == set(_FIELDS), "every TrainingSetup field has one declaration in FIELDS"
 

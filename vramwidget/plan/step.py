@@ -67,13 +67,16 @@ class _Grads:
     add theirs in place (``AccumulateGrad``: the new gradient is a transient).  With the
     optimizer in backward (torchtune's ``register_optim_in_bwd_hooks``, training/memory.py)
     each parameter steps in its post-accumulate-grad hook (making its states on the first
-    step) and its gradient goes at once."""
+    step) and its gradient goes at once.  With ``zero_grad_set_to_none=False`` the gradients
+    of the first step stay (zeroed in place) and every later micro-batch adds into them."""
 
     def __init__(self, cx: StepContext):
         self.cx = cx
         self.keys: List[Optional[int]] = []
         self.micro = 0
         self.states_made = False
+        #: the parameters hold gradients from before this micro-batch (kept by zero_grad)
+        self.kept = False
 
     def ready(self, bucket: Tuple[str, int], key: Optional[int], entry: Trainable) -> None:
         cx = self.cx
@@ -82,13 +85,23 @@ class _Grads:
                 create_states(cx, [entry])
             step_temporaries(cx, [entry])
             cx.pb.free(key)
-        elif self.micro == 0:
+        elif self.micro == 0 and not self.kept:
             self.keys.append(key)
         else:
             cx.pb.free(key)
 
     def zero_grad(self) -> None:
-        """``optimizer.zero_grad(set_to_none=True)``."""
+        """``optimizer.zero_grad(set_to_none=...)`` (torch/optim/optimizer.py
+        ``Optimizer.zero_grad``; torch/nn/modules/module.py ``Module.zero_grad``, what the HF
+        Trainer calls, does the same): ``set_to_none=True`` sets each ``p.grad = None``, which
+        frees it.  ``False`` calls ``p.grad.zero_()``: every gradient stays allocated, and the
+        next backward's ``AccumulateGrad`` finds it defined and adds the new gradient into it
+        in place (``variable_grad += new_grad``, torch/csrc/autograd/functions/
+        accumulate_grad.h ``accumulateGrad``): the new one is a transient, as for a later
+        micro-batch.  zero_() is in place: nothing is allocated."""
+        if not self.cx.s.zero_grad_set_to_none:
+            self.kept = bool(self.keys) or self.kept
+            return
         for k in self.keys:
             self.cx.pb.free(k)
         self.keys = []
@@ -111,7 +124,7 @@ def _training_steps(cx: StepContext, ld: Loaded, steps: int) -> None:
     for step in range(1, steps + 1):
         if step >= 3 and cx.copy_layers and _repeat_step(pb, step):
             continue
-        if step == 2 and not s.optimizer_in_backward and cx.copy_layers:
+        if step == 2 and not s.optimizer_in_backward and cx.copy_layers and s.zero_grad_set_to_none:
             # forward and backward are those of step 1 (the first step differs only in its
             # optimizer step, which makes the states): the same events, new keys
             grads.keys = _copy_passes(pb, step, first_grads)

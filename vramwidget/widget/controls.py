@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from .state import INPUTS
+from ..training import FIELDS
+from .state import DERIVED_INPUTS, INPUTS
 
 #: the named groups under the core controls: (key, title, title in inference mode, hint)
 GROUPS: Tuple[Tuple[str, str, str, str], ...] = (
@@ -64,8 +65,8 @@ def _n(name: str, label: str, hint: str, number: str = "int", *, group: str = "c
     return out
 
 
-#: every control, in the order of its group (core: by slot)
-CONTROLS: Tuple[Dict[str, Any], ...] = (
+#: the controls written out, in the order of their group (core: by slot)
+WRITTEN_CONTROLS: Tuple[Dict[str, Any], ...] = (
     # -- core -----------------------------------------------------------------------------
     _c("mode", "mode", "Estimate", "What the estimate is of: one training step, or generate() / serving"),
     _c("model", "model", "Model", "Preset or Hub id: type to search the presets; or a Hub id, e.g. "
@@ -149,6 +150,28 @@ CONTROLS: Tuple[Dict[str, Any], ...] = (
     # -- Import config -------------------------------------------------------------------
     _c("config_json", "config", "config.json", "Paste or upload a model's config.json: it is the model", "import"),
 )
+
+
+def field_control(name: str) -> Dict[str, Any]:
+    """The control of a setup field from its declaration (training.FIELDS) alone: in the Knobs
+    group, training mode, its description as the hint; a checkbox (bool), a select (choice),
+    checks (names) or a number box (int, number: its range; blank allowed where None is the
+    default)."""
+    f = FIELDS[name]
+    label = name.replace("_", " ").capitalize()
+    if f.kind in ("int", "number"):
+        lo = f.lo if f.lo is not None else (1 if f.kind == "int" else 0)
+        return _n(name, label, f.doc, "int" if f.kind == "int" else "float", group="knobs", min=lo,
+                  step=1 if f.kind == "int" else "any", max=f.hi, optional=f.default is None,
+                  placeholder="none" if f.default is None else "", mode="training")
+    kind = {"bool": "checkbox", "choice": "select", "names": "checks"}[f.kind]
+    return _c(name, kind, label, f.doc, "knobs", mode="training")
+
+
+#: every control, in the order of its group (core: by slot): those written out, then one per
+#: setup field declared only in training.FIELDS (the end of the Knobs group)
+CONTROLS: Tuple[Dict[str, Any], ...] = WRITTEN_CONTROLS + tuple(
+    field_control(k) for k in DERIVED_INPUTS if k not in {c["name"] for c in WRITTEN_CONTROLS})
 
 
 def _check() -> None:

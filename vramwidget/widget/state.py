@@ -16,9 +16,10 @@ import anywidget
 import traitlets as t
 
 from ..errors import VramError
-from ..inputs import guard_traits
+from ..inputs import Field, guard_traits
 from ..inputs import shown as short_repr
 from ..result import Estimate
+from ..training import FIELDS
 
 _STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
 
@@ -27,14 +28,22 @@ DEFAULT_MODEL = "llama-3.2-1b"
 #: the two kinds of question the widget answers
 MODES: Tuple[str, ...] = ("training", "inference")
 
-#: the keyword arguments of estimate() that the widget exposes, in order
-ESTIMATE_INPUTS: Tuple[str, ...] = (
+#: the keyword arguments of estimate() whose traits are written out in :class:`State`, in order
+WRITTEN_INPUTS: Tuple[str, ...] = (
     "model", "method", "precision", "quantization", "double_quant", "quantized_groups",
     "prepare_kbit", "optimizer", "gradient_checkpointing", "attn_implementation",
     "batch_size", "seq_len", "target_len", "grad_accum_steps", "lora_r", "lora_alpha", "lora_dropout",
     "lora_targets", "trainable_layers", "stack", "loss", "loss_chunks", "activation_offloading",
     "optimizer_in_backward", "lora_variant", "packing", "compile",
 )
+#: setup fields (training.FIELDS) the widget has no input for; every other FIELDS entry is an
+#: input trait: written out in State, or derived from its declaration (:class:`SetupTraits`)
+NOT_INPUTS: Tuple[str, ...] = ("optimizer_state_dtypes", "modules_to_save", "galore_rank", "versions", "tf32",
+                               "images_per_sample", "image_patches", "backend", "allocator")
+#: the FIELDS entries whose trait (and control) comes from their declaration alone
+DERIVED_INPUTS: Tuple[str, ...] = tuple(k for k in FIELDS if k not in WRITTEN_INPUTS and k not in NOT_INPUTS)
+#: the keyword arguments of estimate() that the widget exposes, in order
+ESTIMATE_INPUTS: Tuple[str, ...] = WRITTEN_INPUTS + DERIVED_INPUTS
 #: the keyword arguments of estimate_parallel() beyond the setup, with their defaults: when
 #: every one is at its default the widget runs the single-GPU estimate
 PARALLEL_DEFAULTS: Dict[str, Any] = {
@@ -67,6 +76,32 @@ TRAINING_ONLY: Tuple[str, ...] = tuple(
 
 def _doc(text: str) -> Dict[str, Any]:
     return {"help": text}
+
+
+def field_trait(f: Field) -> t.TraitType:
+    """The synced trait of a setup field, from its declaration: its kind's traitlets type, its
+    default, its description as help (None allowed where None is the default)."""
+    none = f.default is None
+    if f.kind == "bool":
+        trait: t.TraitType = t.Bool(f.default, **_doc(f.doc))
+    elif f.kind == "int":
+        trait = t.Int(f.default, allow_none=none, **_doc(f.doc))
+    elif f.kind == "number":
+        trait = t.Float(f.default, allow_none=none, **_doc(f.doc))
+    elif f.kind in ("choice", "text"):
+        trait = t.Unicode(f.default, allow_none=none, **_doc(f.doc))
+    elif f.kind == "names":
+        trait = t.List(t.Unicode(), default_value=None if none else list(f.default), allow_none=none, **_doc(f.doc))
+    else:
+        raise AssertionError(f"setup field {f.name} ({f.kind}) has no derived widget trait: write its trait "
+                             f"in State or name it in NOT_INPUTS")
+    return trait.tag(sync=True)
+
+
+#: the traits of :data:`DERIVED_INPUTS`, made from training.FIELDS (State inherits them)
+SetupTraits = type(t.HasTraits)("SetupTraits", (t.HasTraits,), dict(
+    {k: field_trait(FIELDS[k]) for k in DERIVED_INPUTS}, __module__=__name__,
+    __doc__="The input traits of the setup fields declared only in training.FIELDS."))
 
 
 def estimate_fn():
@@ -122,7 +157,7 @@ def shown(result: Any) -> Estimate:
 
 
 
-class State(anywidget.AnyWidget):
+class State(anywidget.AnyWidget, SetupTraits):
     """The traits of :class:`~vramwidget.widget.Calculator` (no behaviour here)."""
 
     _esm = _STATIC / "widget.js"
