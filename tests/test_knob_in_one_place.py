@@ -122,3 +122,16 @@ def test_with_the_optimizer_in_backward_it_does_nothing_and_says_so():
     on, off = _pair(method="full", precision="bf16", optimizer_in_backward=True)
     assert off.phases_bytes == on.phases_bytes
     assert any(KNOB in n and "does nothing" in n for n in off.notes)
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero3", "fsdp_full_shard"])
+def test_kept_gradients_under_a_sharding_engine_are_refused(strategy):
+    """DeepSpeed's engine zeroes its own gradient partitions and FSDP keeps each rank's shard:
+    the plan's kept full gradients are not what such a GPU holds, so the knob is refused there
+    with one line naming it (DDP keeps full gradients per replica, as on one GPU)."""
+    with pytest.raises(vw.VramError, match="zero_grad_set_to_none"):
+        vw.estimate_parallel("llama-3.2-1b", strategy=strategy, num_gpus=2, method="full",
+                             zero_grad_set_to_none=False)
+    ddp = vw.estimate_parallel("llama-3.2-1b", strategy="ddp", num_gpus=2, method="full", zero_grad_set_to_none=False)
+    kept = vw.estimate_parallel("llama-3.2-1b", strategy="ddp", num_gpus=2, method="full")
+    assert ddp.per_gpu.phases_bytes["persistent"] > kept.per_gpu.phases_bytes["persistent"]

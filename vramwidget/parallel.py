@@ -778,6 +778,13 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
             if strategy in FSDP else ""
         raise VramError(f"offload_optimizer: needs DeepSpeed ZeRO-1, 2 or 3, not {shown(strategy)}{hint}",
                         field="offload_optimizer")
+    if not s.zero_grad_set_to_none and strategy in DEEPSPEED + FSDP:
+        # DeepSpeed's engine zeroes its own gradient partitions and FSDP keeps each rank's shard:
+        # what a kept gradient costs per GPU there is not the plan's full gradient
+        raise VramError(f"zero_grad_set_to_none: False is modelled on one GPU and with DDP; under "
+                        f"{shown(strategy)} the engine keeps or zeroes its own gradient partitions (leave it True, torch's "
+                        f"default)",
+                        field="zero_grad_set_to_none")
     if offload_params and strategy not in ("zero3",) + FSDP:
         raise VramError(f"offload_params: needs ZeRO-3 or FSDP, not {shown(strategy)}", field="offload_params")
     if bucket_mb is not None and (isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float))
