@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional
 
+from .errors import VramError
 from .inputs import shown
 from .node import Node
 from .units import GB, GIB, MIB
