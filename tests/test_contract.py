@@ -411,3 +411,13 @@ def test_extras_state_floors_and_the_test_script_pins():
     script = (ROOT / "scripts" / "test.sh").read_text()
     for pin in ('"torch==2.13.0"', '"transformers==5.23.0"', '"peft==0.21.2"'):
         assert pin in script
+
+
+def test_replaying_an_estimate_without_a_trace_is_a_vram_error():
+    """A DDP replica's per-GPU estimate has no allocation trace of its own: asking for its
+    replay was a ValueError, outside the contract (issue 27: VramError at every door)."""
+    import vramwidget as vw
+
+    e = vw.estimate_parallel("llama-3.2-1b", strategy="ddp", num_gpus=2, method="lora")
+    with pytest.raises(vw.VramError, match="replay"):
+        e.per_gpu.replay()

@@ -992,6 +992,21 @@ def replay_runs(parts: Sequence[Any], config: Optional[AllocatorConfig] = None,
                         segments_allocated=segments, num_events=n)
 
 
+def _apply(al: "CachingAllocator", live: Dict[Any, "_Block"], kind: str, key: Any, nbytes: float,
+           label: Any) -> None:
+    """One event of a written-out stream on ``al`` (``live``: key -> its block)."""
+    if kind == "alloc":
+        live[key] = al.malloc(nbytes, label)
+    elif kind == "free":
+        al.free(live.pop(key))
+    elif kind == "reset_peak":
+        al.reset_peak()
+    elif kind == "empty_cache":
+        al.empty_cache()
+    else:
+        raise ValueError(f"unknown replay event {kind!r}")
+
+
 def _replay_together(parts: Sequence[Any], cfg: AllocatorConfig) -> ReplayResult:
     """:func:`replay_runs` on one allocator for both pools (streams with peak resets or
     ``empty_cache``)."""
@@ -1002,18 +1017,9 @@ def _replay_together(parts: Sequence[Any], cfg: AllocatorConfig) -> ReplayResult
         if isinstance(part, StepRun):
             n += _replay_run(al, live, part)
             continue
-        for kind, key, nbytes, label in part:
+        for event in part:
             n += 1
-            if kind == "alloc":
-                live[key] = al.malloc(nbytes, label)
-            elif kind == "free":
-                al.free(live.pop(key))
-            elif kind == "reset_peak":
-                al.reset_peak()
-            elif kind == "empty_cache":
-                al.empty_cache()
-            else:
-                raise ValueError(f"unknown replay event {kind!r}")
+            _apply(al, live, *event)
     return ReplayResult(max_reserved_bytes=al.max_reserved, max_allocated_bytes=al.max_requested,
                         max_block_allocated_bytes=al.max_allocated, reserved_bytes=al.reserved,
                         allocated_bytes=al.allocated, fragmentation_at_max_bytes=al.frag_at_max,
@@ -1610,17 +1616,8 @@ def replay_runs_on_card(parts: Sequence[Any], config: Optional[AllocatorConfig] 
     try:
         for part in parts:
             if not isinstance(part, StepRun):
-                for kind, key, nbytes, label in part:
-                    if kind == "alloc":
-                        live[key] = al.malloc(nbytes, label)
-                    elif kind == "free":
-                        al.free(live.pop(key))
-                    elif kind == "reset_peak":
-                        al.reset_peak()
-                    elif kind == "empty_cache":
-                        al.empty_cache()
-                    else:
-                        raise ValueError(f"unknown replay event {kind!r}")
+                for event in part:
+                    _apply(al, live, *event)
                     g += 1
                 continue
             width = len(part.events)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional
 
+from .errors import VramError
 from .inputs import shown
 from .node import Node
 from .units import GB, GIB, MIB
@@ -111,7 +112,9 @@ class EstimateViews:
         ``max_reserved_bytes``, ``fragmentation_at_max_bytes`` and, with ``capacity_bytes``
         (what torch may reserve on the GPU), ``oom``: the first allocation that fails."""
         if self.sources.replay is None:
-            raise ValueError("this estimate has no allocation trace to replay")
+            raise VramError("replay: this estimate has no allocation trace of its own to replay (a per-GPU "
+                            "estimate without sharding carries the fragmentation of its slice's single-GPU "
+                            "replay; replay vw.estimate(...) of that setup)", field="replay")
         return self.sources.replay(capacity_bytes=capacity_bytes, record=record)
 
     def to_memory_snapshot(self, capacity_bytes: Optional[float] = None) -> Dict[str, Any]:
