@@ -148,17 +148,17 @@ def test_activations_are_the_single_gpu_steps(fsdp_runs):
         assert len({v for run, v in acts.items() if run[0] == name}) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "The estimator's generic MoE block (activations.moe) misses about 76 bytes per token and layer of "
-    "router tensors that CPU autograd keeps for Qwen3-MoE (top-k indices and weights, their "
-    "normalisation): tools/saved_tensors.py at h 128, 8 experts, top 2 traces 395,296 B per block "
-    "against 390,400 predicted (-1.24%); at the tracker's activation peak the estimate is -1.25% "
-    "(2,348,544 against 2,378,332 B).  The share falls with the hidden size (about 0.1% at h 4096)."))
 def test_moe_activations_within_one_percent(fsdp_runs):
+    """The small Qwen3-MoE's activations at the tracker's peak, every world size and resharding
+    choice.  Was a strict xfail at -1.25% (2,348,544 against 2,378,332 B): the MoE block left
+    out 76 B per token and layer of router and grouped_mm bookkeeping (top-k indices, the
+    norm_topk_prob division's values and sum, perm // k, perm and inv_perm), now in
+    activations.moe."""
     est = vw.estimate(MOE, batch_size=B, seq_len=S, precision="bf16")
     f = est.component_bytes("forward")
-    assert fsdp_runs[("moe", 2, True, False, False)]["ACT"] == pytest.approx(
-        f["activations"] + f["logits and loss"], rel=0.01)
+    for run, got in fsdp_runs.items():
+        if run[0] == "moe" and not run[3]:
+            assert got["ACT"] == pytest.approx(f["activations"] + f["logits and loss"], rel=0.01), run
 
 
 def test_cpu_offload_moves_nothing_on_a_cpu_mesh(fsdp_runs):

@@ -521,17 +521,62 @@ def gated_mlp(tr: Trace, ctx: BlockContext, x: ForwardTensor, i: int, *, fused: 
                   tokens=T, in_features=i)
 
 
+@dataclass(frozen=True)
+class Router:
+    """What one family's softmax top-k router does differently (transformers 5.23's
+    ``*TopKRouter.forward``: ``F.linear``, ``softmax(logits, dtype=float32)``, ``topk``, then):
+
+    ``normalises``: ``router_top_value /= router_top_value.sum(dim=-1, keepdim=True)``
+    (Mixtral always, Qwen2/3-MoE, Qwen3-Next and OLMoE when ``norm_topk_prob``);
+    ``weights_fp32``: the top-k weights stay fp32 (Mixtral has no ``.to(router_logits.dtype)``;
+    DeepSeek-V2's logits are fp32); ``fp32_linear``: ``F.linear(x.float(), W.float())``
+    (``DeepseekV2TopkRouter``)."""
+
+    normalises: bool = False
+    weights_fp32: bool = False
+    fp32_linear: bool = False
+
+
 def moe(tr: Trace, ctx: BlockContext, x: ForwardTensor, *, shared_gate: bool = False) -> ForwardTensor:
     """Router + routed experts (+ shared experts); experts see T x k token copies.
-    ``shared_gate``: a sigmoid gate (1 output) scales the shared expert (Qwen2-MoE)."""
+    ``shared_gate``: a sigmoid gate (1 output) scales the shared expert (Qwen2-MoE).
+
+    The router is the family's :class:`Router` (``Family.router``); the experts are
+    transformers' default ``grouped_mm`` implementation (``integrations/moe.py``,
+    ``grouped_mm_experts_forward``), whose bookkeeping autograd keeps: the token index
+    ``perm // k`` (``hidden_states[perm // num_top_k]``), the sort permutation
+    (``sample_weights[perm]``) and the inverse one (``weighted_out[inv_perm]``), int64, T*k
+    each.  Its int32 ``offsets`` (E x 4 B per layer, kept by ``grouped_mm``) do not grow with
+    the tokens and are left out of the per-token profile."""
     arch, T = ctx.arch, ctx.T
     E, k, ie, h = arch.num_experts, arch.experts_per_token, arch.expert_intermediate_size, arch.hidden_size
-    logits = linear(tr, ctx, x, "gate", E, "router logits", "router")
-    if logits.rg:
-        tr.save(tr.new("router softmax fp32", T * E, F32, True, "T x E fp32", "router"))
-    Tk = T * k
+    spec = arch.family.router(arch.config)
     trains = ctx.linear_trains
+    if spec.fp32_linear:
+        # F.linear(x.float(), W.float()) keeps the fp32 copy of x when the weight trains (the
+        # fp32 copy of W it keeps, E x h x 4 B per layer, does not grow with the tokens)
+        if trains:
+            tr.save(tr.cast(x, F32, "router input as fp32"))
+        logits = tr.new("router logits (fp32)", T * E, F32, x.rg or trains, "T x E fp32", "router")
+    else:
+        logits = linear(tr, ctx, x, "gate", E, "router logits", "router")
+    if logits.rg:
+        # SoftmaxBackward0 keeps its fp32 result; TopkBackward0 its int64 indices
+        # (tools/autograd/derivatives.yaml: _softmax: result; topk: indices)
+        tr.save(tr.new("router softmax fp32", T * E, F32, True, "T x E fp32", "router"))
+        tr.save(tr.new("top-k indices (int64)", T * k, "int64", True, "T x k x 8 B", "router"))
+        if spec.normalises:
+            # the in-place division keeps the top-k values and their sum (DivBackward0: self, other)
+            tr.save(tr.new("top-k weights and their sum (fp32)", T * (k + 1), F32, True, "T x (k+1) fp32",
+                           "router"))
+    Tk = T * k
     rg = x.rg or trains
+    if x.rg:
+        tr.save(tr.new("token index perm // k (int64)", Tk, "int64", True, "T*k x 8 B", "router"))
+    if logits.rg:
+        tr.save(tr.new("expert sort permutation (int64)", Tk, "int64", True, "T*k x 8 B", "router"))
+    if rg or logits.rg:
+        tr.save(tr.new("inverse permutation (int64)", Tk, "int64", True, "T*k x 8 B", "router"))
     xe = tr.new("tokens copied to experts", Tk * h, x.dtype, x.rg, f"T*k x h (k={k})", "experts")
     if trains:
         tr.save(xe)
@@ -544,7 +589,8 @@ def moe(tr: Trace, ctx: BlockContext, x: ForwardTensor, *, shared_gate: bool = F
             tr.save(t)
         if trains:
             tr.save(p)
-        tr.save(tr.new("routing weights", Tk, ctx.c, True, "T x k", "router"))
+        w_dtype = F32 if spec.weights_fp32 else logits.dtype
+        tr.save(tr.new("routing weights (sorted)", Tk, w_dtype, True, "T*k", "router"))
     out = tr.new("experts output", T * h, ctx.c, rg, "T x h", "experts")
     if arch.shared_expert_intermediate_size:
         sh = gated_mlp(tr, ctx, x, arch.shared_expert_intermediate_size, prefix="shared expert ", group="experts")

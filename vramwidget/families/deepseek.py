@@ -11,7 +11,7 @@ plus ``n_shared_experts`` shared ones (one MLP n_shared x moe_intermediate_size 
 from typing import Any, Dict, Mapping, Tuple
 
 from .base import register
-from .blocks import ParamBuilder, config_get, positive_count, required_count, linear, rms_norm, sdpa_core
+from .blocks import ParamBuilder, Router, config_get, positive_count, required_count, linear, rms_norm, sdpa_core
 from .llama import Llama
 from ..activations import promote_dtype
 from ..errors import VramError
@@ -57,6 +57,12 @@ class DeepseekV2(Llama):
     def shared_expert(self, cfg: Mapping[str, Any], i_e: int) -> Tuple[int, str, str]:
         n_shared = int(config_get(cfg, "n_shared_experts", default=0) or 0)
         return n_shared * i_e, "model.layers.{i}.mlp.shared_experts.", ""
+
+    def router(self, cfg: Mapping[str, Any]) -> Router:
+        """``DeepseekV2TopkRouter.forward`` (models/deepseek_v2/modeling_deepseek_v2.py):
+        ``F.linear(x.float(), W.float())``, fp32 softmax, top-k (``greedy``), scaled by
+        ``routed_scaling_factor`` (a scalar product keeps nothing), not normalised, left fp32."""
+        return Router(weights_fp32=True, fp32_linear=True)
 
     def attention(self, tr: Any, ctx: Any, n1: Any) -> Any:
         arch, T = ctx.arch, ctx.T

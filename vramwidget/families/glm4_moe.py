@@ -65,7 +65,15 @@ def sigmoid_routed_moe(tr: Any, ctx: Any, x: Any) -> Any:
     if rg:
         tr.save(tr.new("router sigmoid scores (fp32)", T * E, F32, True, "T x E fp32", "router"))
         tr.save(tr.new("top-k indices (int64)", T * k, "int64", True, "T x k x 8 B", "router"))
-        tr.save(tr.new("top-k weights and their sum (fp32)", T * (k + 1), F32, True, "T x (k+1) fp32", "router"))
+        # Glm4MoeTopkRouter.forward (models/glm4_moe/modeling_glm4_moe.py): the group scores'
+        # ``.topk(2)`` and ``topk(group_scores, k=topk_group)`` keep their int64 indices too
+        n_group = int(config_get(arch.config, "n_group", default=1) or 1)
+        topk_group = int(config_get(arch.config, "topk_group", default=1) or 1)
+        tr.save(tr.new("group top-2 and top-k_group indices (int64)", T * (2 * n_group + topk_group), "int64", True,
+                       "T x (2 n_group + topk_group) x 8 B", "router"))
+        if config_get(arch.config, "norm_topk_prob", default=True):
+            tr.save(tr.new("top-k weights and their sum (fp32)", T * (k + 1), F32, True, "T x (k+1) fp32",
+                           "router"))
     Tk = T * k
     if trains:
         tr.save(tr.new("tokens copied to experts", Tk * h, x.dtype, x.rg, f"T*k x h (k={k})", "experts"))

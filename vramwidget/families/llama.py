@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .base import Family, register
 from .blocks import (F32, ParamBuilder, config_get, positive_count, required_count, restrict_layers, attention_params, dims,
-                     experts_params, gated_mlp, gated_mlp_params, linear, moe, residual, rms_norm, rotary,
+                     Router, experts_params, gated_mlp, gated_mlp_params, linear, moe, residual, rms_norm, rotary,
                      sdpa_core, shared_mlp_params)
 from ..errors import VramError
 
@@ -241,6 +241,13 @@ class Llama(Family):
 
     #: a sigmoid gate scales the shared expert's output (Qwen2-MoE)
     shared_expert_gate: bool = False
+
+    def router(self, cfg: Mapping[str, Any]) -> Router:
+        """The softmax top-k router of :func:`~vramwidget.activations.moe`: Qwen2/3-MoE, Qwen3-Next
+        and OLMoE (``Qwen3MoeTopKRouter.forward`` in models/qwen3_moe/modeling_qwen3_moe.py, the
+        same lines in qwen2_moe, qwen3_next and olmoe) divide the top-k weights by their sum
+        when ``norm_topk_prob`` and cast them to the logits' dtype."""
+        return Router(normalises=bool(config_get(cfg, "norm_topk_prob", default=False)))
 
     def final_norm(self, tr: Any, ctx: Any, x: Any) -> Any:
         return rms_norm(tr, ctx, x, "final norm", ctx.arch.hidden_size, group="output head",
