@@ -121,7 +121,7 @@ def main() -> int:
         return statistics.median(out)
 
     est_ms = best_of(lambda: estimate(arch, **{k: v for k, v in kw.items() if k != "model"}))
-    s = calc.estimate._setup_obj
+    s = calc.estimate.sources.setup
     replay_ms = best_of(lambda: replay_training(arch, s, capacity_bytes=float(2**50)), n=5)
     boxes = [(name, unit_box(e, name)) for name, e in calc.scenarios]
     layout_ms = best_of(lambda: (layout_rows(calc.estimate, *W.DETAIL_SIZE),

@@ -158,7 +158,8 @@ def test_whole_model_saves_what_the_input_length_adds(model_type, attn):
     from transformers import AutoConfig
 
     from vramwidget.architecture import from_config
-    from vramwidget.estimate import _activations, _params
+    from vramwidget.plan.params import param_storage
+    from vramwidget.plan.profile import activations_at
     from vramwidget.training import TrainingSetup
 
     kw = dict(precision="bf16", method="full", attn_implementation=attn)
@@ -167,9 +168,38 @@ def test_whole_model_saves_what_the_input_length_adds(model_type, attn):
 
     def predicted(sl):
         s = TrainingSetup.from_kwargs(batch_size=2, seq_len=sl, target_len=8, **kw)
-        A = _activations(arch, s, _params(arch, s), cpu=True)
+        A = activations_at(arch, s, param_storage(arch, s), cpu=True)
         return A.layers_bytes + sum(n for _, n, _ in A.head)
 
     traced = (traced_block_bytes(model_type, seq_len=32, target_len=8, **kw)["total_L"]
               - traced_block_bytes(model_type, seq_len=16, target_len=8, **kw)["total_L"])
     assert predicted(32) - predicted(16) == pytest.approx(traced, rel=0.01)
+
+
+#: MoE families whose block is activations.moe (softmax top-k router + transformers' default
+#: grouped_mm experts), with the router's variants: norm_topk_prob on and off (Qwen2/3-MoE,
+#: OLMoE), always normalised and left fp32 (Mixtral)
+MOE_EXACT_CASES = [
+    ("qwen3_moe", "bf16", "full", "sdpa", {"norm_topk_prob": True}), ("qwen3_moe", "bf16", "full", "sdpa", {}),
+    ("qwen3_moe", "fp32", "full", "eager", {"norm_topk_prob": True}), ("qwen3_moe", "bf16", "lora", "sdpa", {}),
+    ("qwen2_moe", "bf16", "full", "sdpa", {"norm_topk_prob": True}), ("olmoe", "bf16", "full", "sdpa", {}),
+    ("olmoe", "bf16", "lora", "eager", {"norm_topk_prob": True}), ("mixtral", "bf16", "full", "sdpa", {}),
+    ("mixtral", "fp32", "full", "eager", {}),
+]
+
+
+@pytest.mark.parametrize("model_type,precision,method,attn,overrides", MOE_EXACT_CASES)
+def test_moe_block_saved_bytes_are_exact(model_type, precision, method, attn, overrides):
+    """The router's and grouped_mm's saved tensors, byte for byte (transformers 5.23
+    ``*TopKRouter.forward`` and ``integrations/moe.py`` ``grouped_mm_experts_forward``): the
+    fp32 softmax, the int64 top-k indices, under ``norm_topk_prob`` (Mixtral always) the
+    division's fp32 top-k values and their sum, then perm // k, perm and inv_perm (int64,
+    T*k each) and the routing weights (fp32 in Mixtral).  Before: -0.5% (Qwen3-MoE bf16, 64
+    tokens: 4,112 B short; with norm_topk_prob 4,880).  What is left is grouped_mm's int32
+    offsets, E x 4 B per layer, which do not grow with the tokens (not in the per-token profile)."""
+    from saved_tensors import TINY
+    kw = dict(precision=precision, method=method, attn_implementation=attn, overrides=overrides)
+    traced = traced_block_bytes(model_type, **kw)["per_layer"]
+    predicted = predicted_block_bytes(model_type, **kw)
+    E = TINY[model_type].get("num_experts") or TINY[model_type]["num_local_experts"]
+    assert traced - predicted == 4 * E

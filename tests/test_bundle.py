@@ -69,18 +69,25 @@ def test_widget_loads_the_bundle():
 
 
 def test_frontend_and_python_agree_on_the_input_traits():
-    """js/src/widget.js lists the input traits it binds; they are the Python ones."""
-    from vramwidget.widget import INPUTS
+    """The list of inputs is kept once, in Python (vramwidget/widget/controls.py): the
+    frontend builds its controls from the ``controls`` trait and subscribes to the traits
+    named there; js/src keeps no list of its own."""
+    from vramwidget.widget import INPUTS, Calculator
+    from vramwidget.widget.controls import CONTROLS
 
+    assert sorted(c["name"] for c in CONTROLS) == sorted(INPUTS)
+    c = Calculator("llama-3.2-1b")
+    assert sorted(x["name"] for x in c.controls) == sorted(INPUTS)
+    for path in (JS / "src").glob("*.js"):
+        src = path.read_text(encoding="utf-8")
+        assert "INPUT_TRAITS" not in src, path
+        # no hand-kept list of trait names: at most a few named where a panel needs them
+        quoted = set(re.findall(r'"(\w+)"', src)) & set(INPUTS)
+        assert len(quoted) <= 8, (path.name, sorted(quoted))
     src = (JS / "src" / "widget.js").read_text(encoding="utf-8")
-    block = re.search(r"const INPUT_TRAITS = \[(.*?)\];", src, re.S).group(1)
-    js_traits = re.findall(r'"(\w+)"', block)
-    assert sorted(js_traits) == sorted(INPUTS)
     header = src.split("*/", 1)[0]
-    for name in INPUTS:          # the header comment names every trait and test id
-        assert name in header, name
     for testid in ("control-<trait>", "chart-detail", "chart-comparison", "chart-phases",
-                   "error", "summary"):
+                   "error", "summary", "controls", "suggestions"):
         assert testid in header, testid
 
 

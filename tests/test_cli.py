@@ -211,7 +211,7 @@ def test_estimate_table(capsys):
         assert label in out, label
     for comp in ("weights", "adapters", "optimizer states", "activations", "logits and loss", "cuda context"):
         assert f"\n{comp} " in out, comp
-    assert "r x (in + out) x layers x 4 B" in out  # the formulas are shown
+    assert "16 x r x in (16 x 2048) x 4 B" in out  # the formulas are shown (16 layers of q_proj lora_A: r x in fp32)
     assert "%" in out
     # the printed peak equals the JSON's
     d = run_json(capsys, "estimate", "llama-3.2-1b", "--method", "lora", "--lora-r", "16", "--batch-size", "4",
@@ -369,8 +369,9 @@ ERROR_CASES = {
     "missing hidden_size": (lambda t: ["estimate", _config(t, "c.json", {k: v for k, v in LLAMA.items()
                                                                          if k != "hidden_size"})],
                             ["missing field 'hidden_size'"]),
-    "heads do not divide": (lambda t: ["estimate", _config(t, "c.json", {**LLAMA, "hidden_size": 66})],
-                            ["does not divide", "num_attention_heads", "66"]),
+    "heads do not divide with a bad head_dim": (lambda t: ["estimate", _config(t, "c.json", {**LLAMA, "hidden_size": 66,
+                                                                                          "head_dim": 0})],
+                                                ["head_dim", "0"]),
     "kv heads do not divide": (lambda t: ["estimate", _config(t, "c.json", {**LLAMA, "num_key_value_heads": 3})],
                                ["num_key_value_heads"]),
     "zero layers": (lambda t: ["estimate", _config(t, "c.json", {**LLAMA, "num_hidden_layers": 0})],
@@ -466,7 +467,7 @@ def test_unknown_hub_id_offline_subprocess():
 def test_internal_error_is_one_line(capsys, monkeypatch):
     E = sys.modules["vramwidget.estimate"]  # `import vramwidget.estimate` gives the function
 
-    def boom(arch, setup):
+    def boom(arch, setup, *args, **kwargs):
         raise RuntimeError("boom\nsecond line")
 
     monkeypatch.setattr(E, "estimate_setup", boom)
@@ -507,7 +508,8 @@ def test_estimate_with_gpu_gives_the_verdict(capsys):
     an H200 (141 GB) does."""
     from vramwidget import verdict as V
 
-    args = ["llama-3.1-8b", "--method", "qlora", "--batch-size", "4", "--seq-len", "2048"]
+    args = ["llama-3.1-8b", "--method", "qlora", "--gradient-checkpointing", "none", "--batch-size", "4",
+            "--seq-len", "2048"]
     d = run_json(capsys, "estimate", *args, "--gpu", "RTX 4090", "--json")
     v = d["verdict"]
     assert v["state"] == "does_not_fit" and v["measure"] == "device_total" and v["gpu"] == "RTX 4090"

@@ -1,4 +1,4 @@
-"""The shape of the code: no import circles, a pure core, the widget split by job.
+"""The shape of the code: a pure core, the widget split by job (no import circles: test_house_rules).
 
 Imports are read from the source (every ``import`` statement, also those inside functions,
 which a run-time check would miss), so a lazy import that closes a circle fails here too.
@@ -6,104 +6,7 @@ which a run-time check would miss), so a lazy import that closes a circle fails 
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-from typing import Dict, List, Set
-
-ROOT = Path(__file__).resolve().parents[1]
-PKG = ROOT / "vramwidget"
-
-
-def _modules() -> Dict[str, Path]:
-    out = {}
-    for p in PKG.rglob("*.py"):
-        parts = list(p.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = p
-    return out
-
-
-MODULES = _modules()
-
-
-def _imports(name: str) -> Set[str]:
-    """The vramwidget modules ``name`` imports anywhere in its source.  ``from . import x``
-    counts as importing the submodule x, not the package (Python imports parents first)."""
-    path = MODULES[name]
-    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-    deps: Set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom):
-            base = here[:len(here) - (node.level - 1)] if node.level else []
-            target = ".".join(base + ([node.module] if node.module else []))
-            subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in MODULES]
-            deps.update(subs)
-            if target in MODULES and len(subs) < len(node.names):
-                deps.add(target)
-        elif isinstance(node, ast.Import):
-            deps.update(a.name for a in node.names if a.name in MODULES)
-    deps.discard(name)
-    return deps
-
-
-GRAPH = {m: _imports(m) for m in MODULES}
-
-
-def _cycles() -> List[List[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index: Dict[str, int] = {}
-    low: Dict[str, int] = {}
-    stack: List[str] = []
-    on: Set[str] = set()
-    found: List[List[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in GRAPH[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    for v in sorted(GRAPH):
-        if v not in index:
-            visit(v)
-    return found
-
-
-def test_the_graph_sees_lazy_imports():
-    """The reader finds imports inside functions (cli imports fit only in its commands)."""
-    assert "vramwidget.fit" in GRAPH["vramwidget.cli"]
-    assert "vramwidget.charts" in GRAPH["vramwidget.chartview"]
-
-
-#: circles known and not yet broken, each with who breaks it; any other circle fails
-KNOWN_CIRCLES = [
-    # inference validates engine versions with engines' parsers; engines prices weights with
-    # inference's storage: the serving work (issue 16) moves the shared part out
-    ["vramwidget.engines", "vramwidget.inference"],
-    # a vision-language family builds its vision tower's Architecture (families/vlm.py imports
-    # architecture lazily; architecture imports the family registry): the VLM work breaks it
-    ["vramwidget.architecture", "vramwidget.families", "vramwidget.families.vlm"],
-]
-
-
-def test_no_import_circles():
-    assert [c for c in _cycles() if c not in KNOWN_CIRCLES] == []
+from test_house_rules import GRAPH, MODULES, ROOT  # the one reader of the import graph (no circles: there)
 
 
 def test_an_estimate_does_not_draw_itself():

@@ -12,7 +12,7 @@ MODULES = ["architecture", "estimate", "training", "result", "validate", "scenar
            "inference", "chartview", "widget", "charts", "treemap", "gpus", "presets", "hub", "measure", "measure_inference",
            "cli", "verdict", "fitmap", "widget.state", "widget.training", "widget.multigpu", "widget.inference",
            "widget.suggestions", "widget.views", "widget.formats", "widget.calculator", "widget.options",
-           "widget.verdictpanel",
+           "widget.verdictpanel", "widget.controls",
            "units", "errors", "activations", "families"]
 # every family module too (vramwidget/families/*.py)
 MODULES += ["families." + p.stem for p in sorted((Path(__file__).parent.parent / "vramwidget" / "families").glob("*.py"))

@@ -87,12 +87,13 @@ def test_encoder_output_kept_once_not_per_decoder_layer():
     fine-tuning it is one T x h tensor, whatever the decoder depth."""
     cfg = dict(model_type="t5", d_model=256, d_kv=32, d_ff=512, num_heads=8, vocab_size=512,
                feed_forward_proj="gated-gelu")
-    from vramwidget.estimate import _activations, _params
+    from vramwidget.plan.params import param_storage
+    from vramwidget.plan.profile import activations_at
     from vramwidget.training import TrainingSetup
     s = TrainingSetup.from_kwargs(batch_size=2, seq_len=64)
     for L in (2, 6):
         arch = from_config({**cfg, "num_layers": L})
-        acts = _activations(arch, s, _params(arch, s))
+        acts = activations_at(arch, s, param_storage(arch, s))
         kept = [n for name, n, _ in acts.head if name.startswith("encoder output (kept")]
         assert kept == [2 * 64 * 256 * 2]
 
@@ -182,13 +183,15 @@ def test_modernbert_layers_alternate_global_and_local():
 def test_modernbert_loss_upcasts_the_logits():
     """ModernBertForMaskedLM uses self.loss_function (ForMaskedLMLoss: logits.float()); T5
     calls CrossEntropyLoss on the 16-bit logits."""
-    from vramwidget.estimate import loss_memory
-    from vramwidget.training import TrainingSetup
-    s = TrainingSetup.from_kwargs(batch_size=4, seq_len=1024)
-    fwd = dict((n, b) for n, b, _ in loss_memory(vw.architecture.load("modernbert-base"), s)[0])
+    fwd = _loss_tensors(vw.estimate("modernbert-base", batch_size=4, seq_len=1024))
     assert fwd["logits upcast to fp32"] == 4 * 1024 * 50368 * 4
-    fwd_t5 = dict((n, b) for n, b, _ in loss_memory(vw.architecture.load("flan-t5-base"), s)[0])
+    fwd_t5 = _loss_tensors(vw.estimate("flan-t5-base", batch_size=4, seq_len=1024))
     assert "logits upcast to fp32" not in fwd_t5 and fwd_t5["log_softmax output"] == 4 * 1024 * 32128 * 2
+
+
+def _loss_tensors(est):
+    """The output head's and the loss's tensors live at the forward phase's peak (the loss)."""
+    return {n.name: n.bytes for path, n in est.tree("forward").leaves() if "logits and loss" in path}
 
 
 def test_modernbert_has_no_kv_cache():
@@ -236,15 +239,16 @@ def test_t5_base_512_in_128_out():
     kw = dict(batch_size=8, seq_len=512, attn_implementation="eager")
     before = vw.estimate("t5-base", **kw)
     after = vw.estimate("t5-base", target_len=128, **kw)
-    from vramwidget.estimate import _activations, _params, loss_memory
+    from vramwidget.plan.params import param_storage
+    from vramwidget.plan.profile import activations_at
     from vramwidget.training import TrainingSetup
     arch = vw.architecture.load("t5-base")
     s = TrainingSetup.from_kwargs(target_len=128, **kw)
-    fwd = dict((n, b) for n, b, _ in loss_memory(arch, s)[0])
+    fwd = _loss_tensors(after)
     assert fwd["logits"] == fwd["log_softmax output"] == 8 * 128 * 32128 * 2
     import re
     per = {}
-    for t in _activations(arch, s, _params(arch, s)).per_layer:
+    for t in activations_at(arch, s, param_storage(arch, s)).per_layer:
         # the mixed stack's average block: "NAME (KIND, c of n layers)" weighs a kind's block by c / n
         name, kind, c, n = re.match(r"(.*) \((\w+), (\d+) of (\d+) layers\)$", t.name).groups()
         per[(name, kind)] = t.nbytes * int(n) / int(c)
@@ -279,7 +283,8 @@ if given is not None:
         """The profile traced at five (s, t) and solved for b s, b s^2, b t, b t^2, b s t gives,
         at any (b, s, t), what tracing the blocks and the head at that size gives (to float rounding:
         the mixed stack weighs each kind by its share of the layers, 2/5 and 3/5 here)."""
-        from vramwidget.estimate import _activations, _params, _trace_all
+        from vramwidget.plan.params import param_storage
+        from vramwidget.plan.profile import activations_at, trace_all
         from vramwidget.training import TrainingSetup
         cfg = (dict(model_type="t5", d_model=64, d_kv=16, d_ff=96, num_heads=4, num_layers=2, num_decoder_layers=3,
                     vocab_size=100, feed_forward_proj="gated-gelu") if mt == "t5" else
@@ -289,9 +294,9 @@ if given is not None:
         arch = from_config(cfg)
         s = TrainingSetup.from_kwargs(batch_size=b, seq_len=sq, target_len=tq, method=method,
                                       attn_implementation=attn)
-        P = _params(arch, s)
-        A = _activations(arch, s, P)
-        direct = _trace_all(arch, s, P, False, b, sq, tq)
+        P = param_storage(arch, s)
+        A = activations_at(arch, s, P)
+        direct = trace_all(arch, s, P, False, b, sq, tq)
         assert A.per_layer_bytes == pytest.approx(direct["per"], rel=1e-9)
         assert A.first_layer_bytes == pytest.approx(direct["first"], rel=1e-9)
         assert {n: v for n, v, _ in A.head} == pytest.approx({n: v for n, v, _ in direct["head"]}, rel=1e-9)
@@ -327,7 +332,7 @@ def test_allocator_events_size_each_stack_by_its_own_length(model):
     analytic peak within 2% (measured -1.6% .. +0.3%; without target_len the same setups give
     -1.5% .. +0.5%), for a target shorter and longer than the input."""
     from vramwidget.architecture import load
-    from vramwidget.events import training_events
+    from vramwidget.plan import plan_events as training_events
     from vramwidget.training import TrainingSetup
 
     for kw in (dict(method="lora", batch_size=4, seq_len=512), dict(method="full", batch_size=2, seq_len=512),
@@ -370,7 +375,7 @@ def test_step_time_counts_each_stack_over_its_own_tokens():
         + 2 * b * s * 12 * (2 * h * h) + 2 * b * t * V * h
     core = 2 * b * ad * (s * s * 12 + (t * t + 2 * t * s) * 12)
     est = vw.estimate("t5-base", batch_size=b, seq_len=s, target_len=t)
-    assert est._work()[0].flops == mm + core
+    assert est.sources.work()[0].flops == mm + core
     # without target_len the step time is what it was (one length for both stacks)
     none = vw.estimate("t5-base", batch_size=b, seq_len=s)
-    assert none._work()[0].flops > est._work()[0].flops
+    assert none.sources.work()[0].flops > est.sources.work()[0].flops

@@ -17,10 +17,11 @@ import pytest
 from vramwidget.architecture import load
 from vramwidget.errors import VramError
 from vramwidget.gpus import get_gpu
-from vramwidget.inference import (GGML_BPW, WEIGHT_FORMATS, InferenceEstimate, _use_more_bits, add_arguments,
+from vramwidget.inference import (GGML_BPW, WEIGHT_FORMATS, InferenceEstimate, add_arguments,
                                   estimate_inference, gguf_tensor_type, kv_cache_bytes, kv_layout,
                                   longest_context, main, run, weight_storage, weights_bytes, InferenceSetup)
 from vramwidget.estimate import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
+from vramwidget.infer.weights import _use_more_bits
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 DATA = os.path.join(os.path.dirname(__file__), "..", "vramwidget", "data", "quantized_checkpoints.json")
@@ -38,7 +39,12 @@ def test_llama2_7b_fp16_4096_tokens_is_2_gib():
     assert e.kv_cache_bytes == hand
     assert kv_cache_bytes("llama-2-7b", 4096, kv_cache_dtype="fp16") == hand
     assert e.kv_bytes_per_token == 2 * 32 * 4096 * 2          # 512 KiB per token
-    assert e.component_bytes("decode")["kv cache"] == hand
+    # generating the last tokens: at the decode peak the last layer's torch.cat has made its
+    # 4,096-token values while the 4,095-token ones are still referenced (DynamicLayer.update),
+    # every other layer holding 4,096 tokens: the cache + one layer's values of 4,095 tokens
+    g = estimate_inference("llama-2-7b", weights="fp16", context_len=4096, prompt_len=4000)
+    assert g.peak_phase == "prefill"
+    assert g.component_bytes("decode")["kv cache"] == hand + 4095 * 4096 * 2
 
 
 def test_llama31_8b_128k_tokens_is_16_gib():
@@ -91,7 +97,7 @@ def test_deepseek_v2_lite_mla_cache():
     # transformers 5.23 caches MLA's compressed latent: kv_a_layernorm(c_kv) (kv_lora_rank 512)
     # and the rotary key (qk_rope_head_dim 64) per layer and token, bf16, 27 layers.
     per_token = (512 + 64) * 2 * 27                      # 31,104 B
-    e = estimate_inference("deepseek-v2-lite", context_len=4096)
+    e = estimate_inference("deepseek-v2-lite", context_len=4096, prompt_len=4000)
     assert e.kv_bytes_per_token == per_token
     assert e.kv_cache_bytes == per_token * 4096          # 127,401,984 B = 121.5 MiB
     # decompressed (older transformers, servers without MLA kernels): 16 heads x
@@ -104,10 +110,10 @@ def test_deepseek_v2_lite_mla_cache():
     leaves = {n.name for n in [c for c in e.phase_components["decode"] if c.name == "activations"][0].children}
     assert names == "activations"
     assert "key_states (expanded)" in leaves
-    # key_states b x a x S x d_qk = 4096 x 16 x 192 x 2 B = 24 MiB
+    # key_states b x a x S x d_qk at the last step (S = 4,095 cached tokens): 16 x 192 x 2 B each
     kst = [n for c in e.phase_components["decode"] if c.name == "activations" for n in c.children
            if n.name == "key_states (expanded)"][0]
-    assert kst.bytes == 4096 * 16 * 192 * 2
+    assert kst.bytes == 4095 * 16 * 192 * 2
 
 
 def test_mqa_and_moe():
@@ -209,7 +215,7 @@ def test_formats_order_by_size():
 # ----------------------------------------------------------------------------------
 
 def test_phases_add_up_and_trees_are_consistent():
-    e = estimate_inference("llama-3.1-8b", weights="nf4", context_len=8192, batch_size=2)
+    e = estimate_inference("llama-3.1-8b", weights="nf4", context_len=8192, prompt_len=8000, batch_size=2)
     assert isinstance(e, InferenceEstimate)
     for ph, comps in e.phase_components.items():
         assert sum(c.bytes for c in comps) == pytest.approx(e.phases_bytes[ph])
@@ -218,7 +224,8 @@ def test_phases_add_up_and_trees_are_consistent():
                 if n.children:
                     assert n.bytes == pytest.approx(sum(k.bytes for k in n.children))
     assert e.peak_allocated_bytes == max(e.phases_bytes["prefill"], e.phases_bytes["decode"])
-    assert e.phases_bytes["after_load"] == e.weights_bytes
+    # the phases count what the caching allocator counts: every tensor rounded up to 512 B
+    assert e.weights_bytes <= e.phases_bytes["after_load"] < e.weights_bytes + 512 * len(e.to_dataframe())
     d = json.loads(e.to_json())
     assert d["kv_cache_bytes"] == 2 * 8192 * 128 * KIB and d["mode"] == "generate"
     assert e.rows() and e.device_total_bytes == pytest.approx(e.reserved_bytes + CUDA_CONTEXT_BYTES)
@@ -227,33 +234,51 @@ def test_phases_add_up_and_trees_are_consistent():
 def test_generate_keeps_only_last_logits():
     # transformers 5.23 generate() passes logits_to_keep=1: b x V logits (+ an fp32 copy);
     # a plain forward computes b x p x V.  Llama-3.1-8B, b=1, p=8192, V=128,256, bf16:
-    last = estimate_inference("llama-3.1-8b", context_len=8192)
-    allp = estimate_inference("llama-3.1-8b", context_len=8192, logits="all")
-    # decode: + the previous step's fp32 scores, still held by generate's loop (traced on the
-    # CPU in tests/test_inference_trace.py)
-    assert last.component_bytes("decode")["logits"] == 128256 * 2 + 128256 * 4 + 128256 * 4
-    assert allp.phases_bytes["prefill"] > last.phases_bytes["prefill"]
+    from vramwidget.inference import InferenceSetup
+    from vramwidget.inference_events import inference_events
+
+    arch = load("llama-3.1-8b")
+    s = InferenceSetup.from_kwargs(context_len=8192, prompt_len=8000)
+    allp = estimate_inference(arch, context_len=8192, logits="all")
+    # the most vocabulary rows live at once in a decode step: its bf16 logits, their new fp32
+    # copy and the previous step's, still held by generate's loop (traced on the CPU in
+    # tests/test_generate_trace.py): 128,256 x 2 B + 2 x 128,256 x 4 B (each a multiple of 512 B)
+    live, top, size = {}, 0, {}
+    for kind, key, nbytes, label in inference_events(arch, s)[-3000:]:
+        if kind == "alloc" and label[0] == "logits":
+            size[key] = -(-int(nbytes) // 512) * 512
+            live[key] = size[key]
+            top = max(top, sum(live.values()))
+        elif kind == "free":
+            live.pop(key, None)
+    assert top == 128256 * 2 + 2 * 128256 * 4
+    assert allp.phases_bytes["prefill"] > estimate_inference(arch, context_len=8192).phases_bytes["prefill"]
     assert allp.component_bytes("prefill")["logits"] == 8192 * 128256 * 2
 
 
 def test_eager_materialises_scores():
-    # Llama-2-7B eager prefill at 4,096 tokens: scores (bf16), fp32 softmax and its bf16 cast
-    # for b x a x p x p = 32 x 4096^2 elements: 8 B each = 4 GiB, above the MLP's working set
+    # Llama-2-7B eager prefill at 4,096 tokens, b x a x p x p = 32 x 4096^2 scores: at the peak
+    # softmax(scores + mask, dtype=float32) has its fp32 input and output (4 B each) beside the
+    # masked bf16 scores (2 B): 10 B a score, 5 GiB (eager_attention_forward, traced on the CPU
+    # in tests/test_generate_trace.py), above the MLP's working set
     e = estimate_inference("llama-2-7b", context_len=4096, attn_implementation="eager")
-    acts = [c for c in e.phase_components["prefill"] if c.name == "activations"][0]
-    scores = [n for n in acts.children if "scores" in n.name][0]
-    assert scores.bytes == 32 * 4096 * 4096 * 8
+    acts = {n.name: n.bytes for c in e.phase_components["prefill"] if c.name == "activations" for n in c.children}
+    n = 32 * 4096 * 4096
+    assert acts["attention scores + mask"] == 2 * n
+    assert acts["attention scores as fp32 (softmax input)"] == acts["softmax (fp32)"] == 4 * n
     sdpa = estimate_inference("llama-2-7b", context_len=4096)
-    assert e.phases_bytes["prefill"] > sdpa.phases_bytes["prefill"] + 3 * GIB
+    assert e.phases_bytes["prefill"] > sdpa.phases_bytes["prefill"] + 4 * GIB
 
 
 def test_decode_cache_growth_transient():
-    # DynamicLayer.update appends with torch.cat: one layer's old and new keys coexist.
-    # Llama-2-7B, 4,096 tokens: one layer's keys = 4096 x 4096 x 2 B = 32 MiB
-    e = estimate_inference("llama-2-7b", context_len=4096)
-    acts = [c for c in e.phase_components["decode"] if c.name == "activations"][0]
-    cat = [n for n in acts.children if n.name.startswith("torch.cat")][0]
-    assert cat.bytes == 32 * MIB
+    # DynamicLayer.update appends with torch.cat: one layer's old and new values coexist at the
+    # decode peak.  Llama-2-7B, the last step of a 4,096-token context: 32 layers' keys and
+    # values at 4,096 tokens (32 MiB each) + the last layer's 4,095-token values
+    e = estimate_inference("llama-2-7b", context_len=4096, prompt_len=4000)
+    kv = {n.name: n for c in e.phase_components["decode"] if c.name == "kv cache" for n in c.children}
+    assert kv["keys (torch.cat)"].bytes == 32 * 32 * MIB
+    assert kv["values (torch.cat)"].bytes == 32 * 32 * MIB + 4095 * 4096 * 2
+    assert kv["values (torch.cat)"].formula == "33 tensors"
 
 
 def test_fit_flag():

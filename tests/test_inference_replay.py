@@ -137,9 +137,11 @@ def test_estimate_reserved_is_the_replay():
     reserve = next(n for n in est.components if n.name == "allocator reserve")
     assert "replay" in reserve.formula
     assert reserve.bytes == est.reserved_bytes - est.peak_allocated_bytes
-    # the stream reaches the estimate's allocated peak to within the transients it does not
-    # lay out at once (the analytic decode phase adds one step's transients together)
-    assert res.max_allocated_bytes <= est.peak_allocated_bytes + 4 * MIB
+    # the estimate's peak sums the rounded requests live at once (inference_events.phase_peaks);
+    # the replay's memory_allocated counts whole blocks, and a large block is not split when at
+    # most 1 MiB would remain (should_split): at most 1 MiB more per large tensor live then
+    # (the 32 layers' keys and values)
+    assert est.peak_allocated_bytes <= res.max_allocated_bytes <= est.peak_allocated_bytes + 64 * MIB
 
 
 def test_expandable_segments_reserve_less_than_default_segments():
@@ -151,7 +153,11 @@ def test_expandable_segments_reserve_less_than_default_segments():
     e = vw.estimate_inference(arch, allocator="expandable_segments", **kw)
     assert d.peak_allocated_bytes == e.peak_allocated_bytes
     assert e.peak_allocated_bytes <= e.reserved_bytes < d.reserved_bytes
-    assert e.reserved_bytes - e.peak_allocated_bytes < 2 * 20 * MIB + 2 * 2 * MIB
+    # one segment per pool grows by pages (20 MiB large, 2 MiB small); what is mapped beyond
+    # the allocated peak is the pages' rounding and the holes freed tensors leave inside the
+    # segment: here under 4 pages, against 340 MiB of cached whole blocks with default segments
+    assert e.reserved_bytes - e.peak_allocated_bytes < 3 * 20 * MIB + 2 * 2 * MIB
+    assert d.reserved_bytes - d.peak_allocated_bytes > 5 * (e.reserved_bytes - e.peak_allocated_bytes)
 
 
 def test_allocator_field_is_checked():

@@ -128,4 +128,4 @@ def test_generate_snapshot_opens_in_pytorchs_visualiser(tmp_path):
     res = est.replay(record=True)
     assert sum(s["total_size"] for s in data["segments"]) == res.reserved_bytes
     labels = {e.get("frames", [{}])[0].get("name", "") for e in data["device_traces"][0] if e["action"] == "alloc"}
-    assert any("cache (torch.cat)" in x for x in labels)
+    assert any(x.startswith("kv cache") and x.endswith("(torch.cat)") for x in labels)

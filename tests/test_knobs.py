@@ -1,9 +1,9 @@
 """The knobs people turn to make a run fit (issue 12): each mechanism pinned by a number
 derived by hand here, invariants with hypothesis, and other projects' published figures.
 
-Sources of the mechanisms are cited in vramwidget/estimate.py (loss_memory, _offload,
-_step_in_backward_bytes), vramwidget/activations.py (bitsandbytes < 0.43.2) and
-vramwidget/stacks.py.
+Sources of the mechanisms are cited in vramwidget/plan/loss.py (the losses),
+vramwidget/plan/blocks.py (activation offloading), vramwidget/plan/step.py (optimizer in
+backward), vramwidget/activations.py (bitsandbytes < 0.43.2) and vramwidget/stacks.py.
 """
 
 import pytest
@@ -13,13 +13,16 @@ from hypothesis import strategies as st
 import vramwidget as vw
 from vramwidget import VramError, estimate
 from vramwidget.architecture import load
+from vramwidget.plan import plan_view
 from vramwidget.training import CHOICES, TrainingSetup
 from vramwidget.units import GIB
 
 
 def loss_nodes(est, phase="forward"):
+    """The output head's and the loss's tensors live at the phase's peak, by name (a name's
+    chunks summed)."""
     node = next(n for n in est.phase_components[phase] if n.name == "logits and loss")
-    return {c.name: c.bytes for c in node.children}
+    return {leaf.name: leaf.bytes for _, leaf in node.leaves()}
 
 
 # -- loss ---------------------------------------------------------------------------------
@@ -29,14 +32,16 @@ def test_liger_keeps_no_logits():
     V = 128,256): the head input's gradient T x h x 2 B, one chunk of rows x V x 2 B with
     rows = next_pow2(ceil(8192 / ceil(128256 / 4096))) = next_pow2(8192 / 32) = 256, and a fp32
     loss per token; no T x V tensor at all."""
-    est = estimate("llama-3.1-8b", method="lora", batch_size=4, seq_len=2048, gradient_checkpointing="full",
-                   loss="liger")
-    got = loss_nodes(est)
+    kw = dict(method="lora", batch_size=4, seq_len=2048, gradient_checkpointing="full", loss="liger")
+    est = estimate("llama-3.1-8b", **kw)
+    got = plan_view(load("llama-3.1-8b"), TrainingSetup.from_kwargs(**kw)).tensors("logits and loss")
     T, h, V = 8192, 4096, 128256
-    assert got["gradient of the head's input (Liger, kept)"] == T * h * 2
-    assert got["logits of one chunk of rows (Liger)"] == 256 * V * 2
-    assert got["per-token loss (fp32)"] == T * 4
-    assert "logits" not in got
+    assert set(got["gradient of the head's input (Liger, kept)"]) == {T * h * 2}
+    # 8192 / 256 = 32 chunks of 256 rows in every step
+    assert set(got["logits of one chunk of rows (Liger)"]) == {256 * V * 2}
+    assert len(got["logits of one chunk of rows (Liger)"]) == 3 * 32
+    assert set(got["per-token loss (fp32)"]) == {T * 4}
+    assert not any(n >= T * V for sizes in got.values() for n in sizes)
     std = estimate("llama-3.1-8b", method="lora", batch_size=4, seq_len=2048, gradient_checkpointing="full")
     # most of the standard loss's 3 fp32 T x V backward tensors (12.6 GB) are gone
     assert std.peak_allocated_bytes - est.peak_allocated_bytes > 9e9
@@ -86,7 +91,11 @@ def test_litgpt_loss_runs_in_bf16():
     est = estimate("llama-2-7b", stack="litgpt", method="lora", seq_len=1304)
     assert est.setup["loss_chunks"] == 11
     f = loss_nodes(est)
-    assert f == {"logits": 1304 * 32000 * 2, "log_softmax output": 1304 * 32000 * 2}
+    # the chunks are T / 11 tokens each here (LitGPT's are 128 tokens and a last one of 24):
+    # the sums are the whole T x V to within a byte per chunk
+    assert set(f) == {"logits", "log_softmax output"}
+    assert f["logits"] == pytest.approx(1304 * 32000 * 2, abs=11)
+    assert f["log_softmax output"] == pytest.approx(1304 * 32000 * 2, abs=11)
 
 
 # -- versions -------------------------------------------------------------------------------
@@ -98,7 +107,7 @@ def test_old_bitsandbytes_keeps_4bit_matmul_inputs():
     down_proj's input (T x i) in bf16; block 1's first norm output needs no gradient (a frozen
     embedding feeds it), its o_proj input is the attention output SDPA keeps anyway."""
     T, h, i = 512, 4096, 11008
-    kw = dict(method="qlora", seq_len=T, lora_targets=("q_proj", "v_proj"))
+    kw = dict(method="qlora", gradient_checkpointing="none", seq_len=T, lora_targets=("q_proj", "v_proj"))
     new = estimate("llama-2-7b", **kw).phases_bytes["forward"]
     old = estimate("llama-2-7b", versions={"bitsandbytes": "0.41.1"}, **kw).phases_bytes["forward"]
     assert old - new == 31 * T * (2 * h + i) * 2 + T * (h + i) * 2
@@ -148,11 +157,12 @@ def test_offloading_stash_holds_the_newest_packs():
         off = estimate("llama-3.2-3b", method=method, **kw)
         assert off.phases_bytes["forward"] - on.phases_bytes["forward"] == moved * T * h * 2, method
         assert any("offloading keeps" in n for n in on.notes)
-    from vramwidget.estimate import _activations, _params
+    from vramwidget.plan.params import param_storage
+    from vramwidget.plan.profile import activations_at
     arch = load("llama-3.2-3b")
     for method, packs in (("full", 5), ("lora", 4)):
         s = TrainingSetup.from_kwargs(method=method, **kw)
-        assert _activations(arch, s, _params(arch, s)).head_packs == packs
+        assert activations_at(arch, s, param_storage(arch, s)).head_packs == packs
 
 
 def test_optimizer_in_backward_frees_gradients():
@@ -163,7 +173,10 @@ def test_optimizer_in_backward_frees_gradients():
     a = estimate("llama-3.2-1b", **kw)
     b = estimate("llama-3.2-1b", optimizer_in_backward=True, **kw)
     assert a.phases_bytes["optimizer_step"] - a.phases_bytes["persistent"] == 2 * 1_235_814_400
-    assert b.phases_bytes["optimizer_step"] - b.phases_bytes["persistent"] == 128256 * 2048 * 2
+    # every parameter has stepped in backward: the optimizer step holds nothing more, and the
+    # backward's peak holds one gradient at most (the largest: the tied embedding)
+    assert b.phases_bytes["optimizer_step"] == b.phases_bytes["persistent"]
+    assert b.component_bytes("backward").get("gradients", 0.0) <= 128256 * 2048 * 2
     with pytest.raises(VramError, match="optimizer_in_backward"):
         estimate("llama-3.2-1b", optimizer_in_backward=True, grad_accum_steps=4)
 
@@ -181,10 +194,11 @@ def test_dora_magnitude_and_weight_norm_working_set():
     lora = estimate("llama-3.2-1b", method="lora", seq_len=256, gradient_checkpointing="full")
     dora = estimate("llama-3.2-1b", method="lora", lora_variant="dora", seq_len=256, gradient_checkpointing="full")
     assert dora.params_trainable - lora.params_trainable == 16 * (2048 + 512 + 512 + 2048 + 8192 + 8192 + 2048)
-    from vramwidget.estimate import _params, dora_norm_bytes
+    from vramwidget.plan.params import param_storage
+    from vramwidget.plan.profile import dora_norm_bytes
     arch = load("llama-3.2-1b")
     s = TrainingSetup.from_kwargs(method="lora", lora_variant="dora")
-    assert dora_norm_bytes(arch, s, _params(arch, s)) == (8192 * 8192 + 8192 * 16 + 4 * 2048 * 8192) * 4
+    assert dora_norm_bytes(arch, s, param_storage(arch, s)) == (8192 * 8192 + 8192 * 16 + 4 * 2048 * 8192) * 4
 
 
 def test_modules_to_save_trains_a_full_copy():
@@ -299,10 +313,20 @@ def run(d, **over):
     return estimate(model, **d)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(setups, st.sampled_from(["chunked", "liger"]))
 def test_chunked_and_liger_never_need_more_than_standard(d, loss):
-    assert run(d, loss=loss).peak_allocated_bytes <= run(d, loss="standard").peak_allocated_bytes
+    """Up to one gradient of the head's input more: a chunked loss's backward runs each chunk's
+    matmul, so the chunks' gradients of the hidden states (T/n x h each) live until autograd's
+    SplitBackward joins them into one T x h gradient, while the standard loss makes that
+    gradient in one matmul; where the step peaks at the loss backward (a tied head in full
+    fine-tuning: its gradient summed chunk by chunk, 2 x V x h) this shows.  Bounded by the
+    hidden-state gradient in fp32 plus a 512-byte block per chunk (llama-3.2-1b full amp_bf16,
+    torchtune, 2 x 279 tokens, 19 chunks: +2,718,720 B of 20.9 GB, under 558 x 2,048 x 4 B)."""
+    fused, standard = run(d, loss=loss), run(d, loss="standard")
+    tokens = d["batch_size"] * d["seq_len"]
+    slack = tokens * load(d["model"]).hidden_size * 4 + d["loss_chunks"] * 512
+    assert fused.peak_allocated_bytes <= standard.peak_allocated_bytes + slack
 
 
 @settings(max_examples=120, deadline=None)
@@ -393,7 +417,7 @@ def test_litgpt_zero_pad_keeps_the_lora_output():
     est = estimate("llama-2-7b", stack="litgpt", method="lora", seq_len=T, lora_dropout=0.0)
     acts = next(n for n in est.phase_components["forward"] if n.name == "activations")
     kept = {c.name: c.bytes for g in acts.children for c in g.children if "zero_pad" in c.name}
-    n_saving = 31   # block 1 keeps the same tensors under the "first trained layer" node
+    n_saving = 32   # every block, the first too
     assert kept == {"qkv (fused LoRA) q_proj lora_B output (kept by zero_pad's index_copy)": n_saving * T * 4096 * 2,
                     "qkv (fused LoRA) v_proj lora_B output (kept by zero_pad's index_copy)": n_saving * T * 4096 * 2}
     qkv = estimate("llama-2-7b", stack="litgpt", method="lora", seq_len=T, lora_dropout=0.0,
@@ -443,10 +467,15 @@ def test_nccl_buffers_from_their_configured_size():
 
 
 def test_zero3_max_live_parameters_caps_the_gathered_set():
-    """stage3_max_live_parameters: at most that many parameters gathered (module + prefetch)."""
+    """stage3_max_live_parameters caps what the coordinator prefetches (deepspeed
+    partitioned_param_coordinator.py: ``min(max_live - available, prefetch_bucket_size)``);
+    the module running is fetched whatever the cap (its 128256 x 4096 embedding here), and
+    what stays gathered for reuse is not capped: tests/test_zero.py has each knob."""
     kw = dict(strategy="zero3", num_gpus=8, batch_size=1, seq_len=512)
-    small = vw.estimate_parallel("llama-3.1-8b", max_live_parameters=10_000_000, **kw).model_states
-    assert small["gathered parameters"] + small["prefetched parameters"] <= 10_000_000 * 2
+    small = vw.estimate_parallel("llama-3.1-8b", max_live_parameters=10_000_000, zero_config={
+        "stage3_max_reuse_distance": 0}, **kw).model_states
+    assert small["prefetched parameters"] == 0
+    assert small["gathered parameters"] == 128256 * 4096 * 2
     with pytest.raises(VramError, match="max_live_parameters"):
         vw.estimate_parallel("llama-3.1-8b", max_live_parameters=0, **kw)
 
@@ -459,7 +488,7 @@ def test_peft_docs_70b_qlora_on_two_gpus(strategy, published_gb):
     per_device_train_batch_size 2, max_seq_len 2048 (packed), gradient checkpointing, flash
     attention 2, LoRA r 8 alpha 16 dropout 0.1 on all-linear, NF4 with nested quantization,
     bf16 storage, the libraries of March 2024 (PEFT_MARCH_2024).  Per GPU as nvidia-smi shows
-    it: reserved + CUDA context.  Estimates: FSDP 33.8 GB (-5%), ZeRO-3 33.7 GB (-8%).  FSDP
+    it: reserved + CUDA context.  Estimates: FSDP 32.6 GB (-8.4%), ZeRO-3 33.8 GB (-7.6%).  FSDP
     with fsdp_offload_params: test_peft_docs_70b_qlora_fsdp_cpu_offload."""
     pe = vw.estimate_parallel("llama-2-70b", strategy=strategy, num_gpus=2, versions=PEFT_MARCH_2024, **QLORA_70B)
     assert pe.device_total_bytes / 1e9 == pytest.approx(published_gb, rel=0.10)
@@ -467,14 +496,15 @@ def test_peft_docs_70b_qlora_on_two_gpus(strategy, published_gb):
 
 @pytest.mark.xfail(strict=True, reason=(
     "PEFT docs/source/accelerate/fsdp.md: 19.6 GB per GPU with fsdp_offload_params "
-    "(examples/sft/configs/fsdp_config_qlora.yaml, FSDP1, use_orig_params false); estimate 16.3 "
-    "GB with the releases of March 2024, -17% (15.9 GB, -19%, with current ones).  The same setup "
-    "without offload is reproduced (35.6 GB, estimate 33.8, -5%).  Published, "
-    "offloading saved 16.0 GB, 1.6 GB less than the sharded NF4 storage it moves to the CPU (17.6 "
-    "GB per GPU), which the estimate removes whole; what FSDP1's CPU offload keeps on the GPU "
-    "beyond the unsharded unit and its shard's host-to-device copy is not identified, and the doc "
-    "itself says 'GPU Memory saving when using CPU Offloading is untested' and does not say how "
-    "memory was read."))
+    "(examples/sft/configs/fsdp_config_qlora.yaml, FSDP1, use_orig_params false); estimate 13.9 "
+    "GB with the releases of March 2024, -29%.  The same setup "
+    "without offload is reproduced (35.6 GB, estimate 32.6, -8.4%).  Published, offloading saved "
+    "16.0 GB; the estimate saves 18.9 GB: the sharded NF4 storage it moves to the CPU (17.6 GB per "
+    "GPU) and the shards' states and gradients, less the unit shard copied back for each all-gather "
+    "(vramwidget.fsdp.fsdp1_plan: FlatParamHandle.pre_unshard).  What else FSDP1's CPU offload "
+    "keeps on the GPU (about 3 GB here) is not identified from torch/distributed/fsdp/_flat_param.py "
+    "or _runtime_utils.py, and the doc itself says 'GPU Memory saving when using CPU Offloading is "
+    "untested' and does not say how memory was read."))
 def test_peft_docs_70b_qlora_fsdp_cpu_offload():
     pe = vw.estimate_parallel("llama-2-70b", strategy="fsdp_full_shard", num_gpus=2, offload_params=True,
                               versions=PEFT_MARCH_2024, **QLORA_70B)

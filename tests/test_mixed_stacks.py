@@ -1,6 +1,6 @@
 """Mixed stacks (encoder-decoders, hybrids, DeepSeek-style leading dense layers) under
 ``method="freeze"``: the trained layers are the LAST ``trainable_layers`` (LlamaFactory's
-freeze tuning, ``_params``), so their kinds come from the family's layer order, not from the
+freeze tuning, ``param_storage``), so their kinds come from the family's layer order, not from the
 first kinds listed.  Issue 14: the fuzz run (benchmarks/bench_fuzz.py) found full
 checkpointing above none for four such setups; each is a case below."""
 
@@ -8,14 +8,26 @@ import pytest
 
 from invariants import kwargs, run, violations
 from vramwidget.architecture import load
+from vramwidget.plan.params import param_storage
+from vramwidget.plan.profile import activations_at
+from vramwidget.training import TrainingSetup
 
 BASE = dict(optimizer="adamw", attn_implementation="sdpa", gradient_checkpointing="none", grad_accum_steps=1,
             lora_r=8, prepare_kbit=False, precision="bf16", batch_size=1, seq_len=256)
 
 
+def _activations(model, k, **over):
+    """The block traces' summary (plan/profile.py activations_at: the step plan runs the first
+    trained layer's own trace and every other layer its kind's; the step time reads this)."""
+    kw = dict(BASE, method="freeze", trainable_layers=k, **over)
+    arch = load(model)
+    s = TrainingSetup.from_kwargs(**kw)
+    run(dict(kw, model=model))          # the estimate itself runs
+    return activations_at(arch, s, param_storage(arch, s))
+
+
 def first_trained_layer_bytes(model, k, **over):
-    est = run(dict(BASE, model=model, method="freeze", trainable_layers=k, **over))
-    return sum(n.bytes for path, n in est.tree("forward").leaves() if path[1:] == ("activations", "first trained layer"))
+    return _activations(model, k, **over).first_layer_bytes
 
 
 def test_layer_order_follows_the_config():
@@ -38,8 +50,7 @@ def test_freeze_traces_the_trained_layers_kinds():
     """qwen3-next, the last 4 layers trained (44-47: three linear-attention layers, then a
     full-attention one): the first trained is layer 44; the other three are 2 linear + 1 full
     (was: 36 of 48 and 12 of 48, the whole stack's shares)."""
-    est = run(dict(BASE, model="qwen3-next-80b-a3b", method="freeze", trainable_layers=4))
-    names = [path[-1] for path, _ in est.tree("forward").leaves() if path[1] == "activations"]
+    names = [t.name for t in _activations("qwen3-next-80b-a3b", 4).per_layer]
     assert any(n.endswith("(linear_attention, 2 of 3 layers)") for n in names)
     assert any(n.endswith("(full_attention, 1 of 3 layers)") for n in names)
     assert not any("of 48 layers" in n for n in names)
@@ -85,7 +96,7 @@ def test_fuzz_cases_full_checkpointing_needs_no_more(case):
 
 from vramwidget import estimate  # noqa: E402
 from vramwidget.allocator import replay  # noqa: E402
-from vramwidget.events import training_events  # noqa: E402
+from vramwidget.plan import plan_events as training_events  # noqa: E402
 from vramwidget.training import TrainingSetup  # noqa: E402
 
 MIB = 2 ** 20

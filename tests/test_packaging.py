@@ -234,11 +234,30 @@ def _pip_install_into(py: Path, wheel: Path, cwd: Path) -> None:
         cwd=cwd, env=clean_env())
 
 
+def _only_numpy(py: Path, tmp_path: Path) -> None:
+    """The one dependency the calculator core imports (the step plan's views are numpy
+    arrays): this environment's numpy, and nothing else of it, made visible to ``py``
+    through a .pth file over a folder holding links to numpy alone."""
+    import numpy
+
+    site_dir = Path(numpy.__file__).resolve().parent.parent
+    extra = tmp_path / "numpy_only"
+    extra.mkdir()
+    for name in os.listdir(site_dir):
+        if name == "numpy" or name.startswith(("numpy.libs", "numpy-")):
+            (extra / name).symlink_to(site_dir / name, target_is_directory=(site_dir / name).is_dir())
+    purelib = run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path,
+                  env=clean_env()).stdout.strip()
+    (Path(purelib) / "_numpy_only.pth").write_text(f"{extra}\n", encoding="utf-8")
+
+
 def test_wheel_in_a_fresh_venv_runs_the_cli(dists, tmp_path):
-    """A plain venv: nothing but the wheel. The CLI estimates a preset there."""
+    """A plain venv: nothing but the wheel and numpy (the core's one import beyond the
+    standard library). The CLI estimates a preset there."""
     _, wheel = dists
     py = _venv(tmp_path / "venv", system_site=False)
     _pip_install_into(py, wheel, tmp_path)
+    _only_numpy(py, tmp_path)
     env = clean_env()
     where = run([py, "-c", "import vramwidget, sys; print(vramwidget.__file__); print(vramwidget.__version__)"],
                 cwd=tmp_path, env=env).stdout.split()

@@ -74,10 +74,16 @@ def test_deepspeed_zero3_t0_3b():
     (``16 * params``), offloading parameters too moves the 2-byte partition as well
     (``18 * params``); host memory is per node times ``additional_buffer_factor = 1.5``.
     Those are exactly the parts vramwidget.parallel names: weights, fp32 master weights,
-    fp32 gradients, optimizer states, gathered parameters and gradients."""
+    fp32 gradients, optimizer states, gathered parameters and gradients, under the settings
+    where the estimator's definitions hold: the whole partition's gradients converted to fp32
+    at once (sub_group_size at the Stage3 constructor's 1e12), only the module running
+    gathered (no prefetch, nothing kept for reuse).  Under optimizer offload the 16-bit
+    gradient partitions sit on the host too (``self.device`` is the CPU then), which the
+    estimator leaves out: tests/test_zero.py compares with DeepSpeed's own functions."""
     arch = t0_3b_standin()
+    cfg = {"sub_group_size": int(1e12), "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0}
 
-    pe = estimate_parallel(arch, strategy="zero3", num_gpus=1, precision="bf16")
+    pe = estimate_parallel(arch, strategy="zero3", num_gpus=1, precision="bf16", zero_config=cfg)
     ms = pe.model_states
     gpu = (ms["weights"] + ms["fp32 master weights"] + ms["fp32 gradients"] + ms["optimizer states"]
            + ms["gathered parameters"] + ms["gathered gradients"])
@@ -85,21 +91,25 @@ def test_deepspeed_zero3_t0_3b():
     assert pe.cpu_bytes_per_node == 0
     assert pe.device_total_bytes > gpu   # activations, buffers, context come on top
 
-    pe = estimate_parallel(arch, strategy="zero3", num_gpus=1, precision="bf16", offload_optimizer=True)
+    pe = estimate_parallel(arch, strategy="zero3", num_gpus=1, precision="bf16", offload_optimizer=True,
+                           zero_config=cfg)
     ms = pe.model_states
     gpu = ms["weights"] + ms["gathered parameters"] + ms["gathered gradients"]
     assert rel(gpu / GIB, 5.43) < 0.02
-    assert rel(pe.cpu_bytes_per_node / GIB, 62.23) < 0.02
-    assert set(pe.stages[0].cpu) == {"fp32 master weights", "fp32 gradients", "optimizer states"}
+    cpu = pe.stages[0].cpu
+    assert set(cpu) == {"fp32 master weights", "fp32 gradients", "optimizer states", "gradient partitions"}
+    host = (pe.cpu_bytes_per_node - cpu["gradient partitions"] * pe.cpu_buffer_factor)
+    assert rel(host / GIB, 62.23) < 0.02
 
     pe = estimate_parallel(arch, strategy="zero3", num_gpus=1, precision="bf16", offload_optimizer=True,
-                           offload_params=True)
+                           offload_params=True, zero_config=cfg)
     ms = pe.model_states
     gpu = ms["gathered parameters"] + ms["gathered gradients"]
     # 4 x 65.8M = 0.2451 GiB, which DeepSpeed prints as "0.25"
     assert round(gpu / GIB, 2) == 0.25
     assert rel(gpu / GIB, 0.25) < 0.02
-    assert rel(pe.cpu_bytes_per_node / GIB, 70.00) < 0.02
+    host = pe.cpu_bytes_per_node - pe.stages[0].cpu["gradient partitions"] * pe.cpu_buffer_factor
+    assert rel(host / GIB, 70.00) < 0.02
 
 
 def test_deepspeed_offload_moves_states_off_the_gpu():
@@ -110,7 +120,9 @@ def test_deepspeed_offload_moves_states_off_the_gpu():
     none = estimate_parallel(arch, **kw)
     opt = estimate_parallel(arch, offload_optimizer=True, **kw)
     both = estimate_parallel(arch, offload_optimizer=True, offload_params=True, **kw)
-    moved = sum(opt.stages[0].cpu.values())
+    cpu = opt.stages[0].cpu
+    # what the GPU held at every phase: the master, the moments and the gradient partitions
+    moved = cpu["fp32 master weights"] + cpu["optimizer states"] + cpu["gradient partitions"]
     assert none.per_gpu.peak_allocated_bytes - opt.per_gpu.peak_allocated_bytes >= 0.9 * moved - 1
     assert both.device_total_bytes < opt.device_total_bytes < none.device_total_bytes
 
@@ -194,16 +206,25 @@ MODELS = ["qwen2.5-0.5b", "llama-3.2-1b", "gpt2-medium", "olmoe-1b-7b", "llama-3
        gpus=st.lists(st.integers(1, 512), min_size=2, max_size=5, unique=True))
 def test_more_gpus_never_need_more_memory_per_gpu_under_zero3(model, batch, seq, precision, gc, method, offload,
                                                               gpus):
-    """Issue 6 property: under ZeRO-3 the device total per GPU never grows with the GPU count
-    (but for the NCCL communicator's buffers that a second GPU brings)."""
+    """Issue 6 property: under ZeRO-3 the allocated peak per GPU never grows with the GPU count
+    (but for the NCCL communicator's buffers that a second GPU brings).  The device total adds
+    the reserve of the caching allocator replayed over that GPU's tensors, whose cached free
+    bytes move with the tensor sizes: a freed gathered block that the activations then split
+    cannot take the next block (Mixtral-8x7B's 2.8 GB layers on 404 GPUs: a second segment), so
+    it never grows by more than the estimate's own band (1.9%) plus the gathered parameters."""
     from vramwidget.parallel import NCCL_BUFFSIZE_BYTES, NCCL_CHANNELS
 
     kw = dict(batch_size=batch, seq_len=seq, precision=precision, gradient_checkpointing=gc, method=method,
               offload_optimizer=offload[0], offload_params=offload[1])
     ns = sorted(gpus)
-    totals = [estimate_parallel(model, strategy="zero3", num_gpus=n, **kw).device_total_bytes for n in ns]
+    pes = [estimate_parallel(model, strategy="zero3", num_gpus=n, **kw) for n in ns]
+    peaks = [pe.per_gpu.peak_allocated_bytes for pe in pes]
+    totals = [pe.device_total_bytes for pe in pes]
     comm = 2 * NCCL_CHANNELS * NCCL_BUFFSIZE_BYTES * 1.05 + 1.0   # 1.05: the allocator reserve; 1 B: rounding
-    assert all(b <= a + (comm if n == 1 else 0) for n, a, b in zip(ns, totals, totals[1:])), totals
+    assert all(b <= a + (comm if n == 1 else 0) for n, a, b in zip(ns, peaks, peaks[1:])), peaks
+    gathered = [pe.model_states.get("gathered parameters", 0.0) for pe in pes]
+    assert all(b <= a * 1.019 + g + (comm if n == 1 else 0)
+               for n, a, b, g in zip(ns, totals, totals[1:], gathered[1:])), totals
 
 
 @settings(max_examples=40, deadline=None)
@@ -216,17 +237,30 @@ def test_each_zero_stage_needs_no_more_than_the_one_before(model, batch, seq, pr
     paper's quantity: parameters, gradients, optimizer states incl. the fp32 master copy)
     for every stage; on the device total for stages 0 -> 1 -> 2 (stage 3 adds gathered
     modules, a persistent reduce bucket and a prefetch bucket, which exceed what it saves
-    at small GPU counts: see test_zero3_can_exceed_zero2_on_few_gpus)."""
+    at small GPU counts: see test_zero3_can_exceed_zero2_on_few_gpus).  With fp32 parameters
+    (fp32, amp_bf16) stage 0 runs torch's optimizer on the parameters themselves (engine.py
+    _do_optimizer_sanity_check: no wrapper) while ZeRO-1 clones its fp32 partition
+    (stage_1_and_2.py): stage 1 holds one more fp32 copy, which its partitioning pays for only
+    when the optimizer keeps states.  ZeRO-1/2 also allocate IPG buffers of reduce_bucket_size
+    elements whatever the gradients' size (stage_1_and_2.py setup_buckets), while stage 0
+    all-reduces flat copies no larger than the gradients, and ZeRO-2's gradient partition is
+    allocated whole at a backward's first gradient (``grads_in_partition``) where ZeRO-1's
+    gradients grow one by one (so ZeRO-2 can peak above ZeRO-1 in the backward of a small
+    model): the device totals of stages 0 and 1 are ordered for full fine-tuning from 8 GPUs,
+    where partitioning saves more than those buffers hold."""
     kw = dict(batch_size=batch, seq_len=seq, precision=precision, optimizer=optimizer, method=method,
               num_gpus=gpus)
     prev_states = prev_total = None
-    for stage in ("zero0", "zero1", "zero2", "zero3"):
+    stages = ("zero0", "zero1", "zero2", "zero3")
+    if precision in ("fp32", "amp_bf16"):
+        stages = stages[1:]
+    for stage in stages:
         pe = estimate_parallel(model, strategy=stage, **kw)
         ms = pe.model_states
         states = ms["weights"] + ms["gradients"] + ms.get("fp32 master weights", 0.0) + ms["optimizer states"]
         if prev_states is not None:
             assert states <= prev_states * (1 + 1e-12), stage
-        if prev_total is not None and stage != "zero3":
+        if prev_total is not None and stage == "zero1" and method == "full" and gpus >= 8:
             assert pe.device_total_bytes <= prev_total * (1 + 1e-12), stage
         prev_states, prev_total = states, pe.device_total_bytes
 

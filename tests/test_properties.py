@@ -39,13 +39,14 @@ def test_longer_sequences_never_need_less(d, extra):
     assert run(d, seq_len=d["seq_len"] + extra).peak_allocated_bytes >= run(d).peak_allocated_bytes
 
 
-@settings(max_examples=150, **SETTINGS)
+@settings(max_examples=60, **SETTINGS)
 @given(setups)
 def test_checkpointing_never_needs_more(d):
     """Up to one block's input in fp32 plus its checkpoint and the norm's statistics
     (8 x T x h + 16 x T bytes): with PEFT, checkpointing calls enable_input_require_grads, so
     the first block keeps its norm's fp32 input that it otherwise would not; this shows only
-    at a handful of tokens.  Statistics: mean and rstd (8 B a token) of each norm that reads
+    at a handful of tokens (10 x T x h + 16 x T bytes and the 512-byte rounding of two small
+    tensors, below).  Statistics: mean and rstd (8 B a token) of each norm that reads
     the block input, two in GPT-NeoX's parallel block (pythia-1b, QLoRA, one token: 8 x h +
     16 bytes more with full checkpointing)."""
     drawn(d)
@@ -55,7 +56,10 @@ def test_checkpointing_never_needs_more(d):
 
     tokens = d["batch_size"] * d["seq_len"]
     arch = load(d["model"])
-    slack = 8 * tokens * arch.hidden_size + 16 * tokens
+    # ... and, while the first block's backward runs, the gradient of its norm's output
+    # (2 x T x h); each of the small tensors rounded up to a 512-byte block (glm-4.5-air QLoRA,
+    # one token: 33,280 B more with full checkpointing, its peak in the first block's backward)
+    slack = 10 * tokens * arch.hidden_size + 16 * tokens + 2 * 512
     assert full <= none + slack
     assert sel <= none + slack
 
@@ -80,7 +84,7 @@ def test_t5_cross_attention_reads_the_encoder_output_in_its_norm_dtype():
     bf16 = kept(run(d, prepare_kbit=False))
     for est in (none, sel):
         got = kept(est)
-        for name in ("cross-attention k output (decoder, 24 of 47 layers)", "cross-attention v (decoder, 24 of 47 layers)"):
+        for name in ("cross-attention k output", "cross-attention v"):     # every decoder layer's
             assert got[name] == 2 * bf16[name] > 0
 
 
@@ -178,7 +182,7 @@ SPACE_EXAMPLE = dict(model="llama-3.2-1b", method="full", precision="bf16", opti
 
 
 def _enc_dec(name):
-    from vramwidget.estimate import has_target
+    from vramwidget.plan.profile import has_target
     return has_target(load(name))
 
 

@@ -17,7 +17,7 @@ from importlib import resources
 import pytest
 
 import vramwidget as vw
-from vramwidget import events
+from vramwidget import replays as events
 from vramwidget.allocator import DEFAULT_RESERVED_PER_ALLOCATED
 from vramwidget.architecture import load
 from vramwidget.training import TrainingSetup

@@ -158,19 +158,19 @@ class _FakeTorch:
 
 
 def test_measure_records_and_dumps_the_allocator_history(tmp_path):
-    """_CudaMemory turns torch's history recording on for the case and dumps the snapshot
+    """CudaMemory turns torch's history recording on for the case and dumps the snapshot
     (torch.cuda.memory._record_memory_history / _dump_snapshot), then turns it off."""
-    from vramwidget.measure import SNAPSHOT_MAX_ENTRIES, _CudaMemory, _NoMemory
+    from vramwidget.measure import SNAPSHOT_MAX_ENTRIES, CudaMemory, NoMemory
 
     calls = []
-    mem = _CudaMemory(_FakeTorch(calls), "cuda:0")
+    mem = CudaMemory(_FakeTorch(calls), "cuda:0")
     mem.record_history()
     path = str(tmp_path / "a01.pickle")
     assert mem.dump_snapshot(path) == path
     assert calls == [("record", "all", SNAPSHOT_MAX_ENTRIES), ("dump", path), ("record", None, 0)]
     assert vw.load_snapshot(path).segments == 0
     # the CPU path records nothing
-    cpu = _NoMemory()
+    cpu = NoMemory()
     cpu.record_history()
     assert cpu.dump_snapshot(path) is None
 

@@ -249,18 +249,16 @@ def test_parallel_overlap_and_throughput():
 
 
 def test_suggestions_rank_by_time_per_token():
-    """Changes that fit are ranked by the GPU time (so the money) a training token costs with
-    them, those that keep training the same before those that change it (8-bit states, LoRA);
-    checkpointing's cost is its recompute, offload's the PCIe and host-side step."""
+    """Changes that fit are ranked by what they cost the user (fit.RANK_TIERS: free, GPU
+    time, quality, slow, more GPUs); within the free and the time tiers by the GPU time (so
+    the money) a training token costs with them; checkpointing's cost is its recompute,
+    offload's the PCIe and host-side step."""
     sug = [x for x in vw.suggestions("llama-3.2-1b", "L40S", batch_size=4, seq_len=2048) if x.fits]
-    # the verdict's margin groups and "on the GPUs the run has" come first (fit.Suggestion.sort_key);
-    # within each such group: same training before quality changes, each by time per token
-    for key in {x.sort_key()[:2] for x in sug}:
-        grp = [x for x in sug if x.sort_key()[:2] == key]
-        same = [x for x in grp if not x.sort_key()[2]]
+    tiers = [x.tier() for x in sug]
+    assert tiers == sorted(tiers)
+    for tier in (0, 1):
+        same = [x for x in sug if x.tier() == tier and x.state == "fits"]
         assert [x.gpu_seconds_per_token for x in same] == sorted(x.gpu_seconds_per_token for x in same)
-        quality = [grp.index(x) for x in grp if x.sort_key()[2]]
-        assert not quality or not same or grp.index(same[-1]) < min(quality)
     by = {x.title: x for x in sug}
     sel, full = by["selective activation checkpointing"], by["full activation checkpointing"]
     assert 0 < sel.time_change < 0.05 < full.time_change < 1 / 3

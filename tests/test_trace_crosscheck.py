@@ -89,10 +89,20 @@ def test_lora_autocast_checkpointing_frozen_weight_casts():
 @pytest.mark.slow
 def test_validate_backend_trace_meets_the_bounds():
     """`validate --backend trace` on the visible H200 cases: 3% median, 7% p90, 12% worst
-    on peak allocated, the bounds the analytic path is held to (tests/test_validation.py)."""
-    result = V.validate(V.load_cases(V.BUILTIN_CASES), backend="trace")
+    on peak allocated, the bounds the analytic path is held to (tests/test_validation.py).
+    Here a slice of 19 (a trace costs seconds): every third case, plus the first case of each
+    model type and method the slice would miss; all 45 with VW_TRACE_CASES=all (``tools/readme_figures.py --only trace`` runs them
+    all for the README's figure)."""
+    cases = V.load_cases(V.BUILTIN_CASES)
+    assert len(cases) == 45
+    if os.environ.get("VW_TRACE_CASES") != "all":
+        kind = [(c["model"].get("model_type"), c["training"].get("method")) for c in cases]
+        keep = set(range(0, len(cases), 3))
+        keep |= {kind.index(k) for k in set(kind) - {kind[i] for i in keep}}
+        cases = [cases[i] for i in sorted(keep)]
+    result = V.validate(cases, backend="trace")
     errors = [r for r in result["cases"] if "error_message" in r]
     assert not errors, errors[:3]
     s = result["summary"]["peak_allocated_mib"]
-    assert s["n"] == 45
+    assert s["n"] == len(cases)
     assert s["median"] <= 0.03 and s["p90"] <= 0.07 and s["max"] <= 0.12, s

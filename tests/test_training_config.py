@@ -127,7 +127,9 @@ def test_llamafactory_qlora_and_deepspeed():
     assert ds.parallel["overlap_comm"] is False
     # "auto" batch in the DeepSpeed file: the YAML's per_device_train_batch_size stands
     assert ds.setup["batch_size"] == 1 and ds.setup["grad_accum_steps"] == 2
-    assert any("reduce_bucket_size" in f and "auto" in why for f, why in ds.ignored)
+    # "auto" hidden-size keys stay "auto": estimate_parallel fills them from the model as the HF
+    # integration does (hidden_size**2 ...)
+    assert ds.parallel["zero_config"]["reduce_bucket_size"] == "auto"
 
 
 def test_litgpt_qlora():
@@ -150,7 +152,11 @@ def test_deepspeed_json_alone():
     cfg = from_training_config(path("examples/deepspeed/ds_z3_offload_config.json"))
     assert cfg.format == "deepspeed" and cfg.model is None
     assert cfg.parallel == {"strategy": "zero3", "offload_optimizer": True, "offload_params": True,
-                            "overlap_comm": False}
+                            "overlap_comm": False, "zero_config": {
+                                "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                                "stage3_param_persistence_threshold": "auto", "sub_group_size": 1e9,
+                                "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+                                "contiguous_gradients": True}}
     with pytest.raises(vw.VramError, match="names no model"):
         cfg.estimate()
     ds = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 2e8, "overlap_comm": True},
@@ -173,6 +179,38 @@ def test_accelerate_fsdp_and_deepspeed():
     assert d.parallel == {"num_gpus": 2, "strategy": "zero3"}
     assert d.setup == {"precision": "amp_bf16"}
     est = d.estimate("llama-3.2-1b")
+    assert est.per_gpu.peak_allocated_bytes > 0
+
+
+def test_fsdp2_read_from_each_launcher():
+    """FSDP2 and its reshard_after_forward as accelerate >= 1.6 (fsdp_config.fsdp_version),
+    transformers 5 (fsdp_config.version, default 2), torchtune's distributed recipes (always
+    fully_shard) and axolotl >= 0.10 (top-level fsdp_version) write them."""
+    acc = {"distributed_type": "FSDP", "num_processes": 4, "compute_environment": "LOCAL_MACHINE",
+           "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": False, "fsdp_offload_params": True}}
+    assert from_training_config(acc).parallel == {
+        "num_gpus": 4, "fsdp_version": 2, "strategy": "fsdp_shard_grad_op", "reshard_after_forward": False,
+        "offload_params": True}
+    acc1 = {"distributed_type": "FSDP", "num_processes": 2, "compute_environment": "LOCAL_MACHINE",
+            "fsdp_config": {"fsdp_reshard_after_forward": "HYBRID_SHARD"}}
+    assert from_training_config(acc1).parallel == {"num_gpus": 2, "strategy": "fsdp_hybrid"}
+    hf5 = {"per_device_train_batch_size": 1, "output_dir": "o", "fsdp": True,
+           "fsdp_config": {"reshard_after_forward": True}}
+    assert from_training_config(hf5).parallel == {"fsdp_version": 2, "strategy": "fsdp_full_shard"}
+    hf4 = {"per_device_train_batch_size": 1, "output_dir": "o", "fsdp": "shard_grad_op auto_wrap"}
+    assert from_training_config(hf4).parallel == {"strategy": "fsdp_shard_grad_op"}
+    hf1 = {"per_device_train_batch_size": 1, "output_dir": "o", "fsdp": True,
+           "fsdp_config": {"version": 1, "reshard_after_forward": "hybrid_shard"}}
+    assert from_training_config(hf1).parallel == {"strategy": "fsdp_hybrid"}
+    tt = {"model": {"_component_": "torchtune.models.llama3_2.llama3_2_1b"}, "batch_size": 2,
+          "fsdp_cpu_offload": False, "fsdp_reshard_after_forward": False}
+    assert from_training_config(tt).parallel == {"strategy": "fsdp_shard_grad_op", "fsdp_version": 2,
+                                                 "reshard_after_forward": False}
+    ax = {"base_model": "meta-llama/Llama-3.2-1B", "micro_batch_size": 1, "sequence_len": 512,
+          "fsdp_version": 2, "fsdp_config": {"offload_params": False, "reshard_after_forward": True}}
+    assert from_training_config(ax).parallel == {"fsdp_version": 2, "reshard_after_forward": True,
+                                                 "strategy": "fsdp_full_shard"}
+    est = from_training_config(acc).estimate("llama-3.2-1b")
     assert est.per_gpu.peak_allocated_bytes > 0
 
 

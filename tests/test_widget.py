@@ -75,7 +75,7 @@ def test_an_unreplayed_setup_is_shown_provisional_then_refined(calc):
     replay has seen (1536: not on the fit map's grid, not in the batch search) is drawn at
     once with the provisional device total (events.provisional_reserved_bytes), the verdict
     says so, and the worker sets the exact one."""
-    from vramwidget.events import cached_replay
+    from vramwidget.replays import cached_replay
 
     calc.wait()
     # 1536, or the next length whose replay no earlier test of this process has cached (the
@@ -83,7 +83,7 @@ def test_an_unreplayed_setup_is_shown_provisional_then_refined(calc):
     base = {k: v for k, v in calc.setup().items() if k != "model"}
     calc.seq_len = next(x for x in range(1536, 8192, 8) if x & (x - 1) and not vw.estimate(
         calc._arch, gpu=calc.gpu, **dict(base, seq_len=x)).reserved_exact)
-    s = calc.estimate._setup_obj
+    s = calc.estimate.sources.setup
     # one read of the published summary (the verdict is inside it): the worker may publish
     # the exact figures at any moment after the update (a replay here takes milliseconds)
     drawn = calc.summary
@@ -390,7 +390,7 @@ def test_no_widget_update_raises(calc):
 
 def test_an_internal_failure_is_reported_not_raised(calc, monkeypatch):
     """A bug in the layout must not raise into the comm handler either."""
-    import vramwidget.widget.calculator as W
+    import vramwidget.widget.compute as W  # the Calculator's recompute
 
     est, rows = calc.estimate, calc.rows
 

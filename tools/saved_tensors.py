@@ -205,7 +205,8 @@ def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: s
     from transformers import AutoConfig
 
     from vramwidget.architecture import from_config
-    from vramwidget.estimate import _activations, _params
+    from vramwidget.plan.params import param_storage
+    from vramwidget.plan.profile import activations_at
     from vramwidget.training import TrainingSetup
 
     kw = dict(TINY[model_type])
@@ -216,7 +217,7 @@ def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: s
     arch = from_config(cfg)
     s = TrainingSetup.from_kwargs(method=method, precision=precision, attn_implementation=attn_implementation,
                                   batch_size=batch_size, seq_len=seq_len, lora_r=8, **setup)
-    acts = _activations(arch, s, _params(arch, s), cpu=True)
+    acts = activations_at(arch, s, param_storage(arch, s), cpu=True)
     kind = KIND.get(model_type)
     if kind:
         # the mixed stack's average block weighs each kind by its share c / n of the layers it
@@ -240,14 +241,15 @@ def predicted_total_bytes(model_type: str, *, layers: int = 2, precision: str = 
     from transformers import AutoConfig
 
     from vramwidget.architecture import from_config
-    from vramwidget.estimate import _activations, _params
+    from vramwidget.plan.params import param_storage
+    from vramwidget.plan.profile import activations_at
     from vramwidget.training import TrainingSetup
 
     key = "n_layer" if model_type == "gpt2" else "num_hidden_layers"
     arch = from_config(AutoConfig.for_model(model_type, **{**TINY[model_type], key: layers}).to_dict())
     s = TrainingSetup.from_kwargs(method=method, precision=precision, attn_implementation=attn_implementation,
                                   batch_size=batch_size, seq_len=seq_len, lora_r=8, **setup)
-    acts = _activations(arch, s, _params(arch, s), cpu=True)
+    acts = activations_at(arch, s, param_storage(arch, s), cpu=True)
     return acts.layers_bytes + sum(n for _, n, _ in acts.head)
 
 

@@ -9,11 +9,10 @@
 from .architecture import Architecture, custom, from_config, from_param_count, load as load_architecture
 from .errors import VramError
 from .estimate import estimate
-from . import events as _events  # noqa: F401  (registers the allocator replay behind reserved memory)
-from . import inference_events as _inference_events  # noqa: F401  (the same for generate())
 from .fit import max_batch_size, max_seq_len, min_gpus, suggestions
 from .fitmap import fit_map
-from .inference import estimate_inference, longest_context
+from .inference import longest_context
+from .split_inference import estimate_inference
 from .parallel import estimate_parallel
 from .presets import list_presets
 from .readers import TrainingConfig, from_training_config

@@ -40,7 +40,7 @@ LORA_GROUP = "LoRA inputs (peft casts to fp32)"
 
 
 @dataclass
-class _T:
+class ForwardTensor:
     """A tensor of the forward pass: storage name, elements, dtype, needs-grad flag."""
 
     name: str
@@ -88,47 +88,58 @@ class Trace:
         #: "resid" for a tensor the block holds until the next one (a residual sum, or a
         #: post-LN block's normalised sum), "out" for the block's output (``trace_block``)
         self.stream: Dict[str, str] = {}
+        #: pack calls per saved tensor (by name): the autograd nodes that keep it
+        self.pack_counts: Dict[str, int] = {}
 
-    def new(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> _T:
+    def new(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str) -> ForwardTensor:
         """Record a new forward tensor (not yet saved)."""
         self.created_ops += 1
         self.created_bytes += numel * DTYPE_BYTES[dtype]
-        t = _T(name, numel, dtype, rg, formula, group)
+        t = ForwardTensor(name, numel, dtype, rg, formula, group)
         self.ops.append(("new", t))
         return t
 
     def temp(self, name: str, numel: float, dtype: str, rg: bool, formula: str, group: str,
-             outlives: int = 1) -> _T:
+             outlives: int = 1) -> ForwardTensor:
         """A short-lived tensor that only the allocator replay needs to see (not saved and not
         counted in ``created_ops``/``created_bytes``, which the step-time model reads);
         ``outlives``: how many tensors created after it exist before it is freed."""
-        t = _T(name, numel, dtype, rg, formula, group, outlives)
+        t = ForwardTensor(name, numel, dtype, rg, formula, group, outlives)
         self.ops.append(("new", t))
         return t
 
-    def residual_stream(self, t: _T) -> _T:
+    def residual_stream(self, t: ForwardTensor) -> ForwardTensor:
         """Mark ``t`` as the residual stream: it lives until the next stream tensor exists."""
         self.stream.setdefault(t.name, "resid")
         return t
+
+    def together(self, *tensors: "ForwardTensor") -> None:
+        """The node that consumed ``tensors`` makes all their gradients in one backward call
+        (a product's two factors: ``MulBackward0``; SDPA's q, k and v: one backward kernel),
+        so they exist at once beside its incoming gradient (the allocator replay, ``plan/blocks.py``)."""
+        names = tuple(t.name for t in tensors if t.rg)
+        if len(names) > 1:
+            self.ops.append(("together", names))
 
     def param(self, module: str) -> None:
         """Record that the op just traced used ``module``'s parameters (their gradients are
         made when backward reaches it)."""
         self.ops.append(("param", module))
 
-    def save(self, t: _T, by_producer: bool = False, packs: int = 1) -> None:
+    def save(self, t: ForwardTensor, by_producer: bool = False, packs: int = 1) -> None:
         """Mark ``t`` as kept for backward (its bytes once per storage); ``by_producer``: the
         node that made ``t`` keeps it (a softmax's output), not only the node that consumes
         it; ``packs``: how many autograd nodes keep it (each one is a pack call of the
         saved-tensor hooks)."""
         self.packs += packs
+        self.pack_counts[t.name] = self.pack_counts.get(t.name, 0) + packs
         if by_producer:
             self.saved_by_producer.add(t.name)
         if t.name not in self.saved:
             self.saved[t.name] = SavedTensor(t.name, t.group, t.numel * DTYPE_BYTES[t.dtype], t.dtype, t.numel,
                                              t.formula)
 
-    def cast(self, t: _T, dtype: str, name: str) -> _T:
+    def cast(self, t: ForwardTensor, dtype: str, name: str) -> ForwardTensor:
         """``t.to(dtype)``: the same tensor when the dtype already matches, else a copy."""
         if t.dtype == dtype:
             return t
@@ -215,9 +226,9 @@ def attention_backend(arch: Any, setup: TrainingSetup, compute_dtype: str) -> st
 # Modules
 # ---------------------------------------------------------------------------------
 
-def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float, name: str, group: str,
+def linear(tr: Trace, ctx: BlockContext, x: ForwardTensor, module: str, out_features: float, name: str, group: str,
            *, trains: Optional[bool] = None, tokens: Optional[float] = None, in_features: Optional[float] = None
-           ) -> _T:
+           ) -> ForwardTensor:
     """``module(x)``: a Linear (possibly 4-bit, possibly with a LoRA adapter)."""
     trains = ctx.linear_trains if trains is None else trains
     n_tok = tokens if tokens is not None else ctx.T
@@ -282,14 +293,14 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
                     LORA_GROUP)
         tr.temp(f"{tag} lora_B output x scaling", n_tok * out_features, a_dtype, True, "T x out (transient)",
                LORA_GROUP)
-        if _promote(a_dtype, out_dtype) != out_dtype:
-            tr.temp(f"{tag} base + LoRA", n_tok * out_features, _promote(a_dtype, out_dtype), True,
+        if promote_dtype(a_dtype, out_dtype) != out_dtype:
+            tr.temp(f"{tag} base + LoRA", n_tok * out_features, promote_dtype(a_dtype, out_dtype), True,
                    "T x out (transient)", LORA_GROUP)
         if ctx.setup.lora_variant == "dora":
             # peft DoraLinearLayer.forward: (mag_norm_scale - 1) * base_result keeps the base
             # layer's output, mag_norm_scale * lora_result keeps lora_B's output (the magnitude
             # trains); with dropout, base_result is recomputed from a fp32 weight copy, which
-            # estimate._activations adds per layer (it does not scale with tokens)
+            # estimate.activations_at adds per layer (it does not scale with tokens)
             base_dt = out_dtype if ctx.setup.lora_dropout == 0 else ctx.adapter_dtype
             tr.save(tr.new(f"{tag} DoRA base output", n_tok * out_features, base_dt, True,
                            f"T x {_dim(out_features)}", LORA_GROUP))
@@ -300,8 +311,8 @@ def linear(tr: Trace, ctx: BlockContext, x: _T, module: str, out_features: float
     return out
 
 
-def rms_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: str = "norms",
-             gemma: bool = False, trains: Optional[bool] = None) -> _T:
+def rms_norm(tr: Trace, ctx: BlockContext, x: ForwardTensor, name: str, dim: float, group: str = "norms",
+             gemma: bool = False, trains: Optional[bool] = None) -> ForwardTensor:
     """Llama RMSNorm as transformers writes it (fp32 math, weight applied after casting
     back).  ``gemma=True``: the weight multiplies the fp32 normalised tensor and the result
     is cast back (Gemma's ``* (1 + w)``, OLMo 2's ``(w * x).to(dtype)``)."""
@@ -327,13 +338,13 @@ def rms_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: 
         n_c.formula = f"T x {_dim(dim)} ({name} normalised, cast back)"
     if trains:
         tr.save(n_c)
-    out_dtype = _promote(ctx.norm_w_dtype, x.dtype)
+    out_dtype = promote_dtype(ctx.norm_w_dtype, x.dtype)
     out = tr.new(f"{name} output", x.numel, out_dtype, x.rg or trains, f"T x {_dim(dim)}", group)
     tr.param(name)
     return out
 
 
-def layer_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group: str = "norms") -> _T:
+def layer_norm(tr: Trace, ctx: BlockContext, x: ForwardTensor, name: str, dim: float, group: str = "norms") -> ForwardTensor:
     """nn.LayerNorm: saves its input and fp32 mean and rstd (autocast runs it in fp32)."""
     xin = tr.cast(x, F32, f"{name} input as fp32") if ctx.setup.autocast else x
     if x.rg or ctx.norms_train:
@@ -344,7 +355,7 @@ def layer_norm(tr: Trace, ctx: BlockContext, x: _T, name: str, dim: float, group
     return out
 
 
-def dropout(tr: Trace, x: _T, p: float, name: str, cpu: bool = False) -> _T:
+def dropout(tr: Trace, x: ForwardTensor, p: float, name: str, cpu: bool = False) -> ForwardTensor:
     """nn.Dropout in training mode: keeps a 1-byte mask on CUDA (the CPU kernel keeps a
     mask in the input's dtype); p == 0 is the identity."""
     if p <= 0:
@@ -355,9 +366,9 @@ def dropout(tr: Trace, x: _T, p: float, name: str, cpu: bool = False) -> _T:
     return tr.new(f"{name} after dropout", x.numel, x.dtype, x.rg, x.formula, x.group)
 
 
-def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int, group: str = "attention",
+def sdpa_core(tr: Trace, ctx: BlockContext, q: ForwardTensor, k: ForwardTensor, v: ForwardTensor, v_head_dim: int, group: str = "attention",
               softcap: bool = False, dropout_p: float = 0.0, softmax_fp32: bool = True,
-              q_heads_major: bool = False, kv_len: Optional[int] = None) -> _T:
+              q_heads_major: bool = False, kv_len: Optional[int] = None) -> ForwardTensor:
     """The attention core for the chosen backend; returns the (b, s, a*d) output.
     ``kv_len``: keys per sequence when they are not the queries' own (an encoder-decoder's
     cross-attention: ``s`` target queries over ``kv_len`` encoder keys, b x a x s x kv_len scores)."""
@@ -392,6 +403,7 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
         if rg:
             for t in (q, k, v):
                 tr.save(t)
+            tr.together(q, k, v)   # one backward kernel writes dq, dk and dv
             tr.save(tr.new("attention logsumexp", b * a * s, F32, True, "b x a x s fp32", group))
         out = tr.new("attention output", out_numel, q.dtype, rg, "T x a*d", group)
         if rg:
@@ -466,7 +478,8 @@ def sdpa_core(tr: Trace, ctx: BlockContext, q: _T, k: _T, v: _T, v_head_dim: int
     return tr.new("attention output", out_numel, c, rg, "T x a*d (transposed copy)", group)
 
 
-def _promote(a: str, b: str) -> str:
+def promote_dtype(a: str, b: str) -> str:
+    """The dtype of an op on ``a`` and ``b``: fp32 when either is, else ``b``."""
     if F32 in (a, b):
         return F32
     return b
@@ -481,9 +494,9 @@ def _dim(x: float) -> str:
 # Shared blocks (the families in vramwidget/families compose these)
 # ---------------------------------------------------------------------------------
 
-def gated_mlp(tr: Trace, ctx: BlockContext, x: _T, i: int, *, fused: bool = False, prefix: str = "",
+def gated_mlp(tr: Trace, ctx: BlockContext, x: ForwardTensor, i: int, *, fused: bool = False, prefix: str = "",
               group: str = "mlp", trains: Optional[bool] = None, tokens: Optional[float] = None,
-              names: Tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> _T:
+              names: Tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> ForwardTensor:
     """``down(act(gate(x)) * up(x))``: gate, up, act(gate) and the product are kept.
     ``names``: the three modules' names (what LoRA targets match)."""
     T = tokens if tokens is not None else ctx.T
@@ -502,21 +515,68 @@ def gated_mlp(tr: Trace, ctx: BlockContext, x: _T, i: int, *, fused: bool = Fals
     if rg:
         tr.save(act)
     p = tr.new(prefix + "act(gate) * up", T * i, g.dtype, rg, "T x i", group)
+    if not fused:
+        tr.together(act, u)     # MulBackward0 returns both factors' gradients
     return linear(tr, ctx, p, names[2], ctx.arch.hidden_size, prefix + "down_proj output", group, trains=trains,
                   tokens=T, in_features=i)
 
 
-def moe(tr: Trace, ctx: BlockContext, x: _T, *, shared_gate: bool = False) -> _T:
+@dataclass(frozen=True)
+class Router:
+    """What one family's softmax top-k router does differently (transformers 5.23's
+    ``*TopKRouter.forward``: ``F.linear``, ``softmax(logits, dtype=float32)``, ``topk``, then):
+
+    ``normalises``: ``router_top_value /= router_top_value.sum(dim=-1, keepdim=True)``
+    (Mixtral always, Qwen2/3-MoE, Qwen3-Next and OLMoE when ``norm_topk_prob``);
+    ``weights_fp32``: the top-k weights stay fp32 (Mixtral has no ``.to(router_logits.dtype)``;
+    DeepSeek-V2's logits are fp32); ``fp32_linear``: ``F.linear(x.float(), W.float())``
+    (``DeepseekV2TopkRouter``)."""
+
+    normalises: bool = False
+    weights_fp32: bool = False
+    fp32_linear: bool = False
+
+
+def moe(tr: Trace, ctx: BlockContext, x: ForwardTensor, *, shared_gate: bool = False) -> ForwardTensor:
     """Router + routed experts (+ shared experts); experts see T x k token copies.
-    ``shared_gate``: a sigmoid gate (1 output) scales the shared expert (Qwen2-MoE)."""
+    ``shared_gate``: a sigmoid gate (1 output) scales the shared expert (Qwen2-MoE).
+
+    The router is the family's :class:`Router` (``Family.router``); the experts are
+    transformers' default ``grouped_mm`` implementation (``integrations/moe.py``,
+    ``grouped_mm_experts_forward``), whose bookkeeping autograd keeps: the token index
+    ``perm // k`` (``hidden_states[perm // num_top_k]``), the sort permutation
+    (``sample_weights[perm]``) and the inverse one (``weighted_out[inv_perm]``), int64, T*k
+    each.  Its int32 ``offsets`` (E x 4 B per layer, kept by ``grouped_mm``) do not grow with
+    the tokens and are left out of the per-token profile."""
     arch, T = ctx.arch, ctx.T
     E, k, ie, h = arch.num_experts, arch.experts_per_token, arch.expert_intermediate_size, arch.hidden_size
-    logits = linear(tr, ctx, x, "gate", E, "router logits", "router")
-    if logits.rg:
-        tr.save(tr.new("router softmax fp32", T * E, F32, True, "T x E fp32", "router"))
-    Tk = T * k
+    spec = arch.family.router(arch.config)
     trains = ctx.linear_trains
+    if spec.fp32_linear:
+        # F.linear(x.float(), W.float()) keeps the fp32 copy of x when the weight trains (the
+        # fp32 copy of W it keeps, E x h x 4 B per layer, does not grow with the tokens)
+        if trains:
+            tr.save(tr.cast(x, F32, "router input as fp32"))
+        logits = tr.new("router logits (fp32)", T * E, F32, x.rg or trains, "T x E fp32", "router")
+    else:
+        logits = linear(tr, ctx, x, "gate", E, "router logits", "router")
+    if logits.rg:
+        # SoftmaxBackward0 keeps its fp32 result; TopkBackward0 its int64 indices
+        # (tools/autograd/derivatives.yaml: _softmax: result; topk: indices)
+        tr.save(tr.new("router softmax fp32", T * E, F32, True, "T x E fp32", "router"))
+        tr.save(tr.new("top-k indices (int64)", T * k, "int64", True, "T x k x 8 B", "router"))
+        if spec.normalises:
+            # the in-place division keeps the top-k values and their sum (DivBackward0: self, other)
+            tr.save(tr.new("top-k weights and their sum (fp32)", T * (k + 1), F32, True, "T x (k+1) fp32",
+                           "router"))
+    Tk = T * k
     rg = x.rg or trains
+    if x.rg:
+        tr.save(tr.new("token index perm // k (int64)", Tk, "int64", True, "T*k x 8 B", "router"))
+    if logits.rg:
+        tr.save(tr.new("expert sort permutation (int64)", Tk, "int64", True, "T*k x 8 B", "router"))
+    if rg or logits.rg:
+        tr.save(tr.new("inverse permutation (int64)", Tk, "int64", True, "T*k x 8 B", "router"))
     xe = tr.new("tokens copied to experts", Tk * h, x.dtype, x.rg, f"T*k x h (k={k})", "experts")
     if trains:
         tr.save(xe)
@@ -529,7 +589,8 @@ def moe(tr: Trace, ctx: BlockContext, x: _T, *, shared_gate: bool = False) -> _T
             tr.save(t)
         if trains:
             tr.save(p)
-        tr.save(tr.new("routing weights", Tk, ctx.c, True, "T x k", "router"))
+        w_dtype = F32 if spec.weights_fp32 else logits.dtype
+        tr.save(tr.new("routing weights (sorted)", Tk, w_dtype, True, "T*k", "router"))
     out = tr.new("experts output", T * h, ctx.c, rg, "T x h", "experts")
     if arch.shared_expert_intermediate_size:
         sh = gated_mlp(tr, ctx, x, arch.shared_expert_intermediate_size, prefix="shared expert ", group="experts")

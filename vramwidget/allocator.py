@@ -276,7 +276,12 @@ class ReplayResult:
     """What a replay found: the peaks, the out-of-memory point, and the trace for snapshots."""
 
     max_reserved_bytes: int = 0
+    #: the largest sum of live requests, each rounded up by ``round_size``: what the tensors
+    #: occupy in blocks that fit them (the step plan's peak_allocated_bytes counts the same)
     max_allocated_bytes: int = 0
+    #: torch's ``max_memory_allocated()``: the same with the whole of a cached block that a
+    #: request took without splitting it (``should_split``: under 1 MiB left in a large block)
+    max_block_allocated_bytes: int = 0
     reserved_bytes: int = 0
     allocated_bytes: int = 0
     #: reserved - allocated when reserved peaked: cached free blocks and rounding
@@ -290,38 +295,12 @@ class ReplayResult:
     segments: List[Tuple[int, int, bool, List[Tuple[int, int, int, bool, str]]]] = field(default_factory=list)
 
 
-class CachingAllocator:
-    """A single-stream replay of ``DeviceCachingAllocator`` (see the module docstring).
-
-    ``malloc(size)`` returns a block handle, ``free(handle)`` returns it to the cache;
-    ``reserved`` / ``allocated`` are ``memory_reserved()`` / ``memory_allocated()`` (allocated
-    counts the rounded block sizes, as torch's ``allocated_bytes`` does);
-    ``capacity`` (bytes the allocator may reserve) makes the free-and-retry path and the
-    out-of-memory error happen.
+class _SegmentBook:
+    """The segment bookkeeping of :class:`CachingAllocator`: the free lists per pool (sorted
+    by size and address), new and expandable segments, releasing cached blocks and
+    segments, and the garbage collection of ``garbage_collection_threshold``.  The state it
+    keeps is set in :meth:`CachingAllocator.__init__`; the public ``malloc``/``free`` are there.
     """
-
-    def __init__(self, config: Optional[AllocatorConfig] = None, capacity_bytes: Optional[float] = None,
-                 record: bool = False):
-        self.cfg = config or AllocatorConfig()
-        self.capacity = int(capacity_bytes) if capacity_bytes is not None else None
-        self.reserved = 0
-        self.allocated = 0
-        self.max_reserved = 0
-        self.max_allocated = 0
-        self.frag_at_max = 0
-        self.segments_allocated = 0
-        self._next_addr = 1 << 40
-        # free blocks per pool, sorted by (size, addr)
-        self._free: Dict[bool, List[Tuple[int, int]]] = {True: [], False: []}
-        self._by_key: Dict[Tuple[int, int], _Block] = {}
-        self._segments: Dict[int, _Segment] = {}
-        self._expandable: Dict[bool, Optional[_Segment]] = {True: None, False: None}
-        self.record = record
-        self._simple = (self.cfg.max_split_size_bytes >= NO_LIMIT and not self.cfg.expandable_segments
-                        and self.cfg.garbage_collection_threshold <= 0)
-        self.trace: List[Tuple[str, int, int, str]] = []
-        self.labels: Dict[int, str] = {}
-        self._live: Dict[int, _Block] = {}
 
     # -- free lists ---------------------------------------------------------------------
     def _insert_free(self, b: _Block) -> None:
@@ -358,11 +337,6 @@ class CachingAllocator:
         self._remove_free(b)
         return b
 
-    def _should_split(self, b: _Block, size: int) -> bool:
-        remaining = b.size - size
-        if b.small or self.cfg.expandable_segments:
-            return remaining >= K_MIN_BLOCK_SIZE
-        return size < self.cfg.max_split_size_bytes and remaining > K_SMALL_SIZE
 
     def _new_segment(self, small: bool, size: int) -> Optional[_Block]:
         """``alloc_block``: cudaMalloc a segment (fails past the capacity)."""
@@ -521,6 +495,43 @@ class CachingAllocator:
             if not freed:
                 return
 
+
+class CachingAllocator(_SegmentBook):
+    """A single-stream replay of ``DeviceCachingAllocator`` (see the module docstring).
+
+    ``malloc(size)`` returns a block handle, ``free(handle)`` returns it to the cache;
+    ``reserved`` / ``allocated`` are ``memory_reserved()`` / ``memory_allocated()`` (allocated
+    counts the rounded block sizes, as torch's ``allocated_bytes`` does);
+    ``capacity`` (bytes the allocator may reserve) makes the free-and-retry path and the
+    out-of-memory error happen.
+    """
+
+    def __init__(self, config: Optional[AllocatorConfig] = None, capacity_bytes: Optional[float] = None,
+                 record: bool = False):
+        self.cfg = config or AllocatorConfig()
+        self.capacity = int(capacity_bytes) if capacity_bytes is not None else None
+        self.reserved = 0
+        self.allocated = 0
+        #: live requests, each rounded (``round_size``), and their largest sum
+        self.requested = 0
+        self.max_requested = 0
+        self.max_reserved = 0
+        self.max_allocated = 0
+        self.frag_at_max = 0
+        self.segments_allocated = 0
+        self._next_addr = 1 << 40
+        # free blocks per pool, sorted by (size, addr)
+        self._free: Dict[bool, List[Tuple[int, int]]] = {True: [], False: []}
+        self._by_key: Dict[Tuple[int, int], _Block] = {}
+        self._segments: Dict[int, _Segment] = {}
+        self._expandable: Dict[bool, Optional[_Segment]] = {True: None, False: None}
+        self.record = record
+        self._simple = (self.cfg.max_split_size_bytes >= NO_LIMIT and not self.cfg.expandable_segments
+                        and self.cfg.garbage_collection_threshold <= 0)
+        self.trace: List[Tuple[str, int, int, str]] = []
+        self.labels: Dict[int, str] = {}
+        self._live: Dict[int, _Block] = {}
+
     def malloc(self, size: int, label: Any = "") -> _Block:
         """``DeviceCachingAllocator::malloc`` for one request of ``size`` bytes."""
         cfg = self.cfg
@@ -566,6 +577,9 @@ class CachingAllocator:
         b.allocated = True
         b.requested = size
         self.allocated += b.size
+        self.requested += size
+        if self.requested > self.max_requested:
+            self.max_requested = self.requested
         self._live[b.addr] = b
         if self.record:
             label = _label(label)
@@ -599,6 +613,7 @@ class CachingAllocator:
             raise ValueError("double free in the replay")
         b.allocated = False
         self.allocated -= b.size
+        self.requested -= b.requested
         del self._live[b.addr]
         if self.record:
             self.trace.append(("free_requested", b.addr, b.size, self.labels.get(b.addr, "")))
@@ -637,6 +652,7 @@ class CachingAllocator:
         """``torch.cuda.reset_peak_memory_stats()``: the peaks restart from the current values."""
         self.max_reserved = self.reserved
         self.max_allocated = self.allocated
+        self.max_requested = self.requested
         self.frag_at_max = self.reserved - self.allocated
 
     def segments(self) -> List[Tuple[int, int, bool, List[Tuple[int, int, int, bool, str]]]]:
@@ -709,7 +725,8 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
             raise ValueError(f"unknown replay event {kind!r}")
     res.num_events = n + 1
     res.max_reserved_bytes = al.max_reserved
-    res.max_allocated_bytes = al.max_allocated
+    res.max_allocated_bytes = al.max_requested
+    res.max_block_allocated_bytes = al.max_allocated
     res.reserved_bytes = al.reserved
     res.allocated_bytes = al.allocated
     res.fragmentation_at_max_bytes = al.frag_at_max
@@ -720,16 +737,11 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
     return res
 
 
-def sizes_only(events: Sequence[Event]) -> List[float]:
-    """The requested sizes of the alloc events (for tests and summaries)."""
-    return [e[2] for e in events if e[0] == "alloc"]
-
-
 def _replay_default(events: Iterable[Event]) -> ReplayResult:
     """``replay`` with the default settings, no capacity and no recording: the same rules as
     ``CachingAllocator`` (best fit, split above 1 MiB / 512 B, merge on free, segments from
     ``get_allocation_size``) in one loop over plain lists, for speed.  A block is a list
-    ``[addr, size, prev, next, allocated, small]``.  (Reserved memory only grows here, so its
+    ``[addr, size, prev, next, allocated, small, requested]``.  (Reserved memory only grows here, so its
     maximum is checked where a segment is added.)"""
     small_free: List[Tuple[int, int]] = []     # (size, addr) sorted, per pool
     large_free: List[Tuple[int, int]] = []
@@ -739,6 +751,7 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
     min_block, small_size, small_buffer = K_MIN_BLOCK_SIZE, K_SMALL_SIZE, K_SMALL_BUFFER
     min_large, large_buffer, round_large = K_MIN_LARGE_ALLOC, K_LARGE_BUFFER, K_ROUND_LARGE
     reserved = allocated = max_reserved = max_allocated = frag = segs = 0
+    requested = max_requested = 0       # live requests, rounded (ReplayResult.max_allocated_bytes)
     next_addr = 1 << 40
     last_sig = None
     n = 0
@@ -762,7 +775,7 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
                     seg = large_buffer
                 else:
                     seg = -(-size // round_large) * round_large
-                b = [next_addr, seg, None, None, False, small]
+                b = [next_addr, seg, None, None, False, small, 0]
                 next_addr += seg + (1 << 21)
                 reserved += seg
                 segs += 1
@@ -770,7 +783,7 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
             remaining = b[1] - size
             if remaining >= min_block if small else remaining > small_size:
                 nxt = b[3]
-                rest = [b[0] + size, remaining, b, nxt, False, small]
+                rest = [b[0] + size, remaining, b, nxt, False, small, 0]
                 if nxt is not None:
                     nxt[2] = rest
                 b[3] = rest
@@ -779,7 +792,11 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
                 insort(lst, k2)
                 free_blocks[k2] = rest
             b[4] = True
+            b[6] = size
             allocated += b[1]
+            requested += size
+            if requested > max_requested:
+                max_requested = requested
             live[key] = b
             if allocated > max_allocated:
                 max_allocated = allocated
@@ -790,6 +807,7 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
             b = live.pop(key)
             b[4] = False
             allocated -= b[1]
+            requested -= b[6]
             lst = small_free if b[5] else large_free
             nb = b[2]
             if nb is not None and not nb[4]:
@@ -821,9 +839,11 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
             last_sig = sig
         elif kind == "reset_peak":
             max_reserved, max_allocated, frag = reserved, allocated, reserved - allocated
+            max_requested = requested
         else:
             raise ValueError(f"unknown replay event {kind!r}")
-    return ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_allocated, reserved_bytes=reserved,
+    return ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_requested,
+                        max_block_allocated_bytes=max_allocated, reserved_bytes=reserved,
                         allocated_bytes=allocated, fragmentation_at_max_bytes=frag, segments_allocated=segs,
                         num_events=n + 1)
 
@@ -963,10 +983,28 @@ def replay_runs(parts: Sequence[Any], config: Optional[AllocatorConfig] = None,
     idx = np.concatenate(s_idx) if s_idx else np.zeros(0, dtype=np.int64)
     val = np.concatenate(s_val) if s_val else np.zeros(0, dtype=np.int64)
     order = np.argsort(idx, kind="stable")
-    n, max_allocated, at_last = _allocated_profile(parts, cfg, last, idx[order], val[order])
-    return ReplayResult(max_reserved_bytes=reserved, max_allocated_bytes=max_allocated, reserved_bytes=reserved,
-                        allocated_bytes=allocated, fragmentation_at_max_bytes=reserved - at_last if last >= 0 else 0,
+    n, max_block_allocated, at_last = _allocated_profile(parts, cfg, last, idx[order], val[order])
+    # the live requests' rounded sizes alone (what replay() reports as max_allocated_bytes)
+    _, max_requested, _ = _allocated_profile(parts, cfg, last, idx[:0], val[:0]) if len(idx) else (
+        n, max_block_allocated, at_last)
+    return ReplayResult(max_reserved_bytes=reserved, max_allocated_bytes=max_requested,
+                        max_block_allocated_bytes=max_block_allocated, reserved_bytes=reserved, allocated_bytes=allocated, fragmentation_at_max_bytes=reserved - at_last if last >= 0 else 0,
                         segments_allocated=segments, num_events=n)
+
+
+def _apply(al: "CachingAllocator", live: Dict[Any, "_Block"], kind: str, key: Any, nbytes: float,
+           label: Any) -> None:
+    """One event of a written-out stream on ``al`` (``live``: key -> its block)."""
+    if kind == "alloc":
+        live[key] = al.malloc(nbytes, label)
+    elif kind == "free":
+        al.free(live.pop(key))
+    elif kind == "reset_peak":
+        al.reset_peak()
+    elif kind == "empty_cache":
+        al.empty_cache()
+    else:
+        raise ValueError(f"unknown replay event {kind!r}")
 
 
 def _replay_together(parts: Sequence[Any], cfg: AllocatorConfig) -> ReplayResult:
@@ -979,22 +1017,13 @@ def _replay_together(parts: Sequence[Any], cfg: AllocatorConfig) -> ReplayResult
         if isinstance(part, StepRun):
             n += _replay_run(al, live, part)
             continue
-        for kind, key, nbytes, label in part:
+        for event in part:
             n += 1
-            if kind == "alloc":
-                live[key] = al.malloc(nbytes, label)
-            elif kind == "free":
-                al.free(live.pop(key))
-            elif kind == "reset_peak":
-                al.reset_peak()
-            elif kind == "empty_cache":
-                al.empty_cache()
-            else:
-                raise ValueError(f"unknown replay event {kind!r}")
-    return ReplayResult(max_reserved_bytes=al.max_reserved, max_allocated_bytes=al.max_allocated,
-                        reserved_bytes=al.reserved, allocated_bytes=al.allocated,
-                        fragmentation_at_max_bytes=al.frag_at_max, segments_allocated=al.segments_allocated,
-                        num_events=n)
+            _apply(al, live, *event)
+    return ReplayResult(max_reserved_bytes=al.max_reserved, max_allocated_bytes=al.max_requested,
+                        max_block_allocated_bytes=al.max_allocated, reserved_bytes=al.reserved,
+                        allocated_bytes=al.allocated, fragmentation_at_max_bytes=al.frag_at_max,
+                        segments_allocated=al.segments_allocated, num_events=n)
 
 
 def _is_small(nbytes: float, cfg: AllocatorConfig) -> bool:
@@ -1326,9 +1355,15 @@ def _replay_run(al: CachingAllocator, live: Dict[Any, _Block], run: StepRun,
     reserved = al.reserved
     misses = 0                            # probes in a row that skipped little
     hashed = 0                            # steps hashed since the last probe
+    fixed = _FixedPoint(run, al.cfg)
     while m < n:
-        if P is None or misses >= _MAX_MISSES or hashed >= _MAX_HASHED:
-            _step(al, live, run, m, None, growth, slack)
+        jump = fixed.jump(al, live, m, n, slack)
+        if jump:
+            m = jump
+            seen.clear()
+            continue
+        if P is None or misses >= _MAX_MISSES or hashed >= _MAX_HASHED or fixed.promising(m):
+            fixed.step(al, live, m, growth, slack)
             m += 1
             continue
         if al.reserved != reserved:       # reserved only grows: no earlier layout comes back
@@ -1341,7 +1376,7 @@ def _replay_run(al: CachingAllocator, live: Dict[Any, _Block], run: StepRun,
         Q = 0 if last is None else (m - last) * P // math.gcd(m - last, P)
         hashed += 1
         if not Q or n - m < 3 * Q:
-            _step(al, live, run, m, None, growth, slack)
+            fixed.step(al, live, m, growth, slack)
             m += 1
             continue
         start = m
@@ -1402,6 +1437,125 @@ def _replay_run(al: CachingAllocator, live: Dict[Any, _Block], run: StepRun,
     return n * per_step
 
 
+class _FixedPoint:
+    """The cheapest exact skip: a stretch of Q steps (Q <= 8) that left the pool exactly as it
+    found it (every block's address, size, use and owner), with requests rounding to the same
+    sizes in every step of it and after it, is followed by stretches that do the same, until
+    some request rounds to another size (a decode step's constant-size tensors beside only
+    slowly growing ones, such as generate()'s ``input_ids`` ping-ponging between two blocks:
+    ``round_size`` changes every 512 / c1 steps).  Such steps reserve nothing new, so a card's
+    limit changes nothing in them either."""
+
+    MAX_PERIOD = 8
+
+    def __init__(self, run: StepRun, cfg: AllocatorConfig):
+        self.run, self.cfg = run, cfg
+        self.growing = [(int(c0), int(c1)) for kind, _k, c0, c1, _l in run.events
+                        if kind == "alloc" and c1 and c0 == int(c0) and c1 == int(c1)]
+        self.ok = all(c0 == int(c0) and c1 == int(c1) for kind, _k, c0, c1, _l in run.events if kind == "alloc")
+        #: (step, state before it, slack it added) of the last steps replayed in a row
+        self.hist: List[Tuple[int, Tuple[Any, ...], List[Any]]] = []
+
+    def _sizes_equal(self, m: int) -> bool:
+        """Steps m - 1 and m request the same rounded sizes."""
+        return all(round_size(c0 + c1 * (m - 1), self.cfg) == round_size(c0 + c1 * m, self.cfg)
+                   for c0, c1 in self.growing)
+
+    def _next_change(self, m: int, n: int) -> int:
+        """The first step after m (at most n) whose rounded sizes differ from step m's (each
+        size is monotone in the step, so a bisection finds it)."""
+        out = n
+        for c0, c1 in self.growing:
+            r = round_size(c0 + c1 * m, self.cfg)
+            if round_size(c0 + c1 * (n - 1), self.cfg) == r:
+                continue
+            lo, hi = m, n - 1                   # size(lo) == r != size(hi)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if round_size(c0 + c1 * mid, self.cfg) == r:
+                    lo = mid
+                else:
+                    hi = mid
+            out = min(out, hi)
+        return out
+
+    @staticmethod
+    def state(al: CachingAllocator, live: Dict[Any, _Block]) -> Tuple[Any, ...]:
+        owner = {id(b): k for k, b in live.items()}
+        shape, sizes, _ = _structure(al, owner)
+        return shape + tuple(sizes)
+
+    def step(self, al: CachingAllocator, live: Dict[Any, _Block], m: int, growth: Optional[List[Any]],
+             slack: Optional[List[Any]], stepper: Any = None) -> None:
+        """Replay step m, keeping what :meth:`jump` compares (only where a jump could follow)."""
+        watch = self.ok and (not self.growing or (m + 1 < self.run.n_steps and self._sizes_equal(m + 1)))
+        before = self.state(al, live) if watch else None
+        k = len(slack) if slack is not None else 0
+        if stepper is not None:
+            stepper(al, live, self.run, m)
+        else:
+            _step(al, live, self.run, m, None, growth, slack)
+        if not watch:
+            self.hist = []
+            return
+        if self.hist and self.hist[-1][0] != m - 1:
+            self.hist = []
+        self.hist.append((m, before, list(slack[k:]) if slack is not None else []))
+        del self.hist[:-self.MAX_PERIOD]
+
+    def promising(self, m: int) -> bool:
+        """Whether to keep replaying plain steps for a jump rather than probe a superstep: the
+        requests round to the same sizes from step to step, and fewer than 2 x MAX_PERIOD steps
+        in a row have been replayed without one."""
+        if not self.ok or (self.growing and not self._sizes_equal(m)):
+            return False
+        self.tries = getattr(self, "tries", 0) + 1
+        if self.tries > 2 * self.MAX_PERIOD:
+            if self.tries > 64:
+                self.tries = 0
+            return False
+        return True
+
+    def jump(self, al: CachingAllocator, live: Dict[Any, _Block], m: int, n: int,
+             slack: Optional[List[Any]]) -> int:
+        """The step to continue from when steps m.. repeat the last Q replayed ones exactly;
+        0 when they may not."""
+        h = self.hist
+        if not h or h[-1][0] != m - 1 or (self.growing and not self._sizes_equal(m)):
+            return 0
+        now = None
+        for Q in range(1, len(h) + 1):
+            start, before, _ = h[-Q]
+            if start != m - Q:
+                break
+            if self.growing and any(round_size(c0 + c1 * start, self.cfg) != round_size(c0 + c1 * m, self.cfg)
+                                    for c0, c1 in self.growing):
+                break
+            if now is None:
+                now = self.state(al, live)
+            if now != before:
+                continue
+            end = self._next_change(m, n) if self.growing else n
+            k = (end - m) // Q                      # whole periods that repeat
+            if k <= 0:
+                return 0
+            if slack is not None:
+                pattern = [(x[0] - start, x[1], x[2]) for st in h[-Q:] for x in st[2]]
+                if pattern:
+                    import numpy as np
+
+                    ks = np.arange(k, dtype=np.int64)[:, None] * Q + m
+                    off = np.array([x[0] for x in pattern], dtype=np.int64)[None, :]
+                    js = np.array([x[1] for x in pattern], dtype=np.int64)[None, :]
+                    vals = np.array([x[2] for x in pattern], dtype=np.int64)[None, :]
+                    slack.append(("block", (ks + off).reshape(-1), (js + 0 * ks).reshape(-1),
+                                  (vals + 0 * ks).reshape(-1)))
+            self.hist = []
+            self.tries = 0
+            return m + k * Q
+        return 0
+
+
 def _set_sizes(al: CachingAllocator, order: List[_Block], sizes: List[int]) -> None:
     """Give every block (address order within each segment) its new size, and the addresses
     and free lists that follow."""
@@ -1431,3 +1585,69 @@ def _set_sizes(al: CachingAllocator, order: List[_Block], sizes: List[int]) -> N
     for lst in al._free.values():
         lst.sort()
     al.allocated = allocated
+
+
+def replay_runs_on_card(parts: Sequence[Any], config: Optional[AllocatorConfig] = None,
+                        capacity_bytes: Optional[float] = None) -> ReplayResult:
+    """``replay(expand_runs(parts), config, capacity_bytes)``, byte for byte, without writing
+    the steps of a :class:`StepRun` out: each step is replayed on one allocator with the card's
+    capacity (the free-and-retry at the limit, ``CachingAllocator.malloc``), except where
+    :class:`_FixedPoint` proves that steps repeat exactly (such steps reserve nothing new, so
+    the limit changes nothing in them).  For inference's capacity replays (``judge_on``), whose
+    decode steps written out are millions of events; a step that fails is reported in ``oom``
+    with its index in the written-out stream, and the replay stops there."""
+    cfg = config or AllocatorConfig()
+    al = CachingAllocator(cfg, capacity_bytes)
+    live: Dict[Any, _Block] = {}
+    res = ReplayResult()
+    g = 0                                   # index of the next event in the written-out stream
+    at = [0]                                # the event of the current step being replayed
+
+    def stepper(al2: CachingAllocator, live2: Dict[Any, _Block], run: StepRun, m: int) -> None:
+        for j, (kind, key, c0, c1, label) in enumerate(run.events):
+            at[0] = j
+            if kind == "alloc":
+                live2[key] = al2.malloc(c0 + c1 * m, label)
+            else:
+                al2.free(live2.pop(key))
+        for a, b in run.renames:
+            live2[b] = live2.pop(a)
+
+    try:
+        for part in parts:
+            if not isinstance(part, StepRun):
+                for event in part:
+                    _apply(al, live, *event)
+                    g += 1
+                continue
+            width = len(part.events)
+            fixed = _FixedPoint(part, cfg)
+            m = 0
+            while m < part.n_steps:
+                jump = fixed.jump(al, live, m, part.n_steps, None)
+                if jump:
+                    g += (jump - m) * width
+                    m = jump
+                    continue
+                at[0] = 0
+                fixed.step(al, live, m, None, None, stepper)
+                g += width
+                m += 1
+    except OutOfMemory as e:
+        if parts and isinstance(part, StepRun):
+            g += at[0]
+        e.index = g
+        res.oom = e
+        res.num_events = g + 1
+    else:
+        res.num_events = g
+    res.max_reserved_bytes = al.max_reserved
+    # the skip-ahead keeps the blocks' allocated peak (torch's statistic); a decode's requests
+    # are whole blocks, so it is also the rounded requests' peak of the full replay
+    res.max_allocated_bytes = al.max_allocated
+    res.max_block_allocated_bytes = al.max_allocated
+    res.reserved_bytes = al.reserved
+    res.allocated_bytes = al.allocated
+    res.fragmentation_at_max_bytes = al.frag_at_max
+    res.segments_allocated = al.segments_allocated
+    return res

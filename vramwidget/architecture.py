@@ -31,8 +31,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 from .errors import VramError
 from .inputs import MAX_TEXT_CHARS, check_int, check_text, fail, shown
 from .families import REGISTRY, Family, family_for, resolve_model_type, supported_model_types
-from .tensors import (ROLE_GROUP, ParamTensor, _Builder, _get, _posint, _require,  # noqa: F401 (re-exported)
-                      _restrict)
+from .tensors import (ROLE_GROUP, ParamTensor, ParamBuilder, config_get, positive_count, required_count,  # noqa: F401 (re-exported)
+                      restrict_layers)
 
 #: every model_type with an analytic family (``vramwidget/families``)
 SUPPORTED_MODEL_TYPES = supported_model_types()
@@ -179,7 +179,7 @@ def resolve_targets(arch: Architecture, targets: Iterable[str]) -> List[str]:
     head = [t for t in targets if t in HEAD_TARGETS]
     targets = [t for t in targets if t not in HEAD_TARGETS]
     if head and not targets:
-        return []   # only the output head and/or the embedding (estimate._params adds those)
+        return []   # only the output head and/or the embedding (estimate.param_storage adds those)
     have = arch.linear_modules()
     if any(t in ("all-linear", "all_linear", "all") for t in targets):
         return have
@@ -271,13 +271,15 @@ def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Option
         raise VramError(f"config: a {mt} config.json field has a value of the wrong type or range "
                         f"({type(e).__name__}: {shown(str(e))})", field="config_json") from None
     info.setdefault("task", task)
+    # side towers come as the keyword arguments of their own architectures (families/vlm.py)
+    info["towers"] = {k: Architecture(**v) for k, v in info.get("towers", {}).items()}
     text_cfg = info.pop("text_config", None)
     if text_cfg is not None:
         # a VLM: the decoder's config is what its blocks read; the full config stays with the towers
         cfg = text_cfg
-    pos = _get(cfg, "max_position_embeddings", "n_positions")
+    pos = config_get(cfg, "max_position_embeddings", "n_positions")
     if pos is not None:
-        pos = _posint(cfg, pos, "max_position_embeddings")
+        pos = positive_count(cfg, pos, "max_position_embeddings")
     info.setdefault("max_position_embeddings", pos)
     given = name or cfg.get("_name_or_path")
     return Architecture(name=given if isinstance(given, str) and given else mt, model_type=mt, config=cfg, **info)
@@ -332,6 +334,11 @@ def custom(*, hidden_size: int, num_layers: int, num_heads: int, vocab_size: int
                            (4 * hidden_size if mlp == "plain" else _llama_intermediate(hidden_size))}
     if head_dim is not None:
         cfg["head_dim"] = head_dim
+    elif hidden_size % num_heads:
+        # custom() is this package's own shape: the heads split the hidden size unless a head_dim
+        # says otherwise (a config.json follows transformers' floor division instead: blocks.dims)
+        raise VramError(f"num_heads: num_attention_heads ({num_heads}) does not divide hidden_size ({hidden_size}); "
+                        f"give head_dim", field="num_heads")
     if mlp == "plain":
         cfg = {"model_type": "gpt_neox", "hidden_size": hidden_size, "num_hidden_layers": num_layers,
                "num_attention_heads": num_heads, "vocab_size": vocab_size, "intermediate_size":

@@ -22,7 +22,7 @@ from .treemap import KNOWN_COMPONENTS, comparison_rows, component_kind, fmt_gib,
 from .units import GIB, fmt_bytes
 
 #: one colour per component kind, readable on a light and a dark notebook background;
-#: weights (blue), workspace (gold), CUDA context (charcoal) and the allocator reserve
+#: weights (blue), workspace (gold), CUDA context (slate grey: visible on a dark page too) and the allocator reserve
 #: (light warm grey) are far apart, so the parts outside the model read as such.  Text
 #: on a box is black or white, whichever contrasts more (:func:`text_color`: >= 4.5:1).
 COMPONENT_COLORS: Dict[str, str] = {
@@ -37,7 +37,7 @@ COMPONENT_COLORS: Dict[str, str] = {
     "kv cache": "#2f8f6b",
     "logits": "#a67c1f",
     "workspace": "#e3c03b",
-    "cuda context": "#3d4148",
+    "cuda context": "#6e7781",
     "allocator reserve": "#c9c0b6",
     "other": "#9a9a9a",
 }
@@ -87,6 +87,8 @@ COMPARISON = "comparison"
 PHASES_DATA = "phases"
 
 _FONT = 11
+#: charts drawn at the width they are given, axes included (the widget gives them their box's)
+_FIT = alt.AutoSizeParams(type="fit", contains="padding")
 
 
 #: the colour of the lines between boxes: a parameter, so the frontend can set it to the
@@ -133,9 +135,9 @@ def _treemap_layers(name: str, width: float, height: float, *, legend: bool,
                     with_scenario: bool, legend_values: Optional[Sequence[str]] = None
                     ) -> List[alt.Chart]:
     base = alt.Chart(alt.NamedData(name))
-    x = alt.X("x:Q", scale=alt.Scale(domain=[0, width], nice=False, zero=False), axis=None)
-    y = alt.Y("y:Q", scale=alt.Scale(domain=[0, height], nice=False, zero=False, reverse=True),
-              axis=None)
+    # the layout is in pixels (x right, y down from the top-left corner): no scale
+    x = alt.X("x:Q", scale=None, axis=None)
+    y = alt.Y("y:Q", scale=None, axis=None)
     groups = base.transform_filter(alt.datum.level == "group").mark_rect(
         stroke=alt.expr(GAP_PARAM), strokeWidth=0.75, strokeOpacity=0.8,
     ).encode(x=x, x2="x2:Q", y=y, y2="y2:Q", color=_color(legend, legend_values=legend_values),
@@ -166,7 +168,7 @@ def detail_spec_chart(width: float = 640, height: float = 360, *, name: str = DE
     chart = alt.layer(*_treemap_layers(name, width, height, legend=legend, with_scenario=False,
                                        legend_values=legend_values)
                       ).add_params(_gap_param())
-    props: Dict[str, Any] = dict(width=width, height=height)
+    props: Dict[str, Any] = dict(width=width, height=height, padding=0, autosize="none")
     if title:
         props["title"] = title
     return chart.properties(**props).configure_view(stroke=None)
@@ -206,9 +208,9 @@ def comparison_chart(scenarios: Optional[Sequence[Tuple[str, Estimate]]] = None,
         rows = comparison_rows(scenarios, width, height, capacity_bytes=capacity_bytes,
                                capacity_label=capacity_label)
     base = alt.Chart(alt.NamedData(name))
-    x = alt.X("x:Q", scale=alt.Scale(domain=[0, width], nice=False, zero=False), axis=None)
-    y = alt.Y("y:Q", scale=alt.Scale(domain=[0, height], nice=False, zero=False, reverse=True),
-              axis=None)
+    # the layout is in pixels (x right, y down from the top-left corner): no scale
+    x = alt.X("x:Q", scale=None, axis=None)
+    y = alt.Y("y:Q", scale=None, axis=None)
     layers = _treemap_layers(name, width, height, legend=False, with_scenario=True)
     capacity = base.transform_filter(alt.datum.level == "capacity").mark_rect(
         fill=None, stroke="#e45756", strokeWidth=1.5, strokeDash=[5, 3],
@@ -217,11 +219,10 @@ def comparison_chart(scenarios: Optional[Sequence[Tuple[str, Estimate]]] = None,
                       alt.Tooltip("gib:Q", title="GiB", format=".1f")])
     captions = base.transform_filter(alt.datum.level == "title").mark_text(
         align="left", baseline="top", fontSize=_FONT, lineBreak="\n", lineHeight=13,
-        fontWeight="bold",
     ).encode(x=x, y=y, text="text:N")
     chart = alt.layer(*layers[:2], capacity, layers[2], captions, data=alt.NamedData(name)
                       ).add_params(_gap_param()).properties(
-        width=width, height=height).configure_view(stroke=None)
+        width=width, height=height, padding=0, autosize="none").configure_view(stroke=None)
     return _with_rows(chart, name, rows)
 
 
@@ -276,9 +277,8 @@ def phase_rows(est: Estimate, *, capacity_bytes: Optional[float] = None, capacit
             bar(label, i, "allocator reserve", "allocator reserve", order.get("allocator reserve", 99), reserve)
             held += reserve
         rows.append({"level": "total", "phase": label, "order": i, "component": "", "kind": "",
-                     "corder": 0, "bytes": held, "gib": held / GIB,
-                     "text": (f"{fmt_bytes(held)} (peak)\nallocated {fmt_bytes(total)}" if peak
-                              else fmt_bytes(held))})
+                     "corder": 0, "bytes": held, "gib": held / GIB, "peak": peak,
+                     "text": fmt_bytes(held)})
         rows.append({"level": "allocated", "phase": label, "order": i, "component": "allocated", "kind": "",
                      "corder": 0, "bytes": total, "gib": total / GIB,
                      "text": f"allocated {fmt_bytes(total)}" if peak else ""})
@@ -308,7 +308,12 @@ def phase_chart(est: Optional[Estimate] = None, *, width: float = 640, height: f
     base = alt.Chart(alt.NamedData(name))
     phase_order = [PHASE_LABELS.get(p, p) for p in PHASES]
     y_axis = alt.Axis(title="GiB on the GPU", grid=True, gridOpacity=0.3)
-    x = alt.X("phase:N", sort=phase_order, title=None, axis=alt.Axis(labelAngle=0))
+    # phase names on two lines where they have two words, so narrow bars keep them apart
+    x = alt.X("phase:N", sort=phase_order, title=None,
+              axis=alt.Axis(labelAngle=0, labelLineHeight=12, labelExpr=(
+                  "length(datum.label) > 10 && lastindexof(datum.label, ' ') > 0 ? "
+                  "[substring(datum.label, 0, lastindexof(datum.label, ' ')), "
+                  "substring(datum.label, lastindexof(datum.label, ' ') + 1)] : datum.label")))
     bars = base.transform_filter(alt.datum.level == "bar").mark_bar().encode(
         x=x,
         y=alt.Y("sum(gib):Q", axis=y_axis, stack="zero"),
@@ -317,9 +322,10 @@ def phase_chart(est: Optional[Estimate] = None, *, width: float = 640, height: f
         tooltip=[alt.Tooltip("phase:N"), alt.Tooltip("component:N"),
                  alt.Tooltip("sum(gib):Q", title="GiB", format=",.3f")],
     )
-    totals = base.transform_filter(alt.datum.level == "total").mark_text(
-        baseline="bottom", dy=-3, fontSize=_FONT, lineBreak="\n", lineHeight=12,
-    ).encode(x=x, y=alt.Y("gib:Q"), text="text:N")
+    # one line above each bar (the peak's in bold): its device total; allocated is the tick
+    totals = alt.layer(*(base.transform_filter((alt.datum.level == "total") & (alt.datum.peak == peak)).mark_text(
+        baseline="bottom", dy=-3, fontSize=_FONT, fontWeight="bold" if peak else "normal",
+    ).encode(x=x, y=alt.Y("gib:Q"), text="text:N") for peak in (False, True)))
     # the allocated tensors: a tick inside each bar (the peak's figure is in its label)
     allocated = base.transform_filter(alt.datum.level == "allocated").mark_tick(
         color="#111111", thickness=2, size=28, opacity=0.85,
@@ -329,13 +335,10 @@ def phase_chart(est: Optional[Estimate] = None, *, width: float = 640, height: f
     rule = base.transform_filter(alt.datum.level == "capacity").mark_rule(
         color="#e45756", strokeDash=[5, 3], strokeWidth=1.5,
     ).encode(y=alt.Y("gib:Q"), opacity=shown, tooltip=[alt.Tooltip("text:N", title="GPU")])
-    # the GPU's name at the left end of its line, above the first phase (after load: the
-    # lowest bar), where it does not collide with the totals printed on the tall bars
-    rule_text = base.transform_filter(alt.datum.level == "capacity").mark_text(
-        align="left", baseline="bottom", dx=2, dy=-2, color="#e45756", fontSize=_FONT,
-    ).encode(y=alt.Y("gib:Q"), x=alt.value(0), text="text:N")
+    # the GPU's name is said beside the chart (the widget's note, the tooltip here), not on the
+    # plot, where a bar above the line would run through it
     pad = base.transform_filter(alt.datum.level == "pad").mark_point(opacity=0).encode(x=x, y=alt.Y("gib:Q"))
-    chart = alt.layer(bars, allocated, totals, rule, rule_text, pad).properties(width=width, height=height)
+    chart = alt.layer(bars, allocated, totals, rule, pad).properties(width=width, height=height, autosize=_FIT)
     return _with_rows(chart.configure_view(stroke=None), name, rows)
 
 
@@ -404,5 +407,6 @@ def fitmap_chart(df: Any = None, *, width: float = 300, height: float = 200,
         shape="diamond", filled=True, size=140, color="#ffffff", stroke="#000000", strokeWidth=2,
     ).encode(x=x, y=y, tooltip=[alt.Tooltip("batch_size:Q", title="your micro-batch", format="d"),
                                 alt.Tooltip("seq_len:Q", title="your sequence length", format=",d")])
-    chart = alt.layer(cells, current).add_params(_gap_param()).properties(width=width, height=height)
+    chart = alt.layer(cells, current).add_params(_gap_param()).properties(width=width, height=height,
+                                                                          autosize=_FIT)
     return _with_rows(chart.configure_view(stroke=None), name, rows)

@@ -71,6 +71,49 @@ _SETUP_SWITCHES = (
 )
 
 
+#: setup fields the command line does not offer (every other ``training.FIELDS`` entry is a
+#: flag: hand-written above, or derived by :func:`derived_setup_flags`)
+_NOT_FLAGS = ("images_per_sample", "image_patches", "allocator")
+
+
+def derived_setup_flags() -> List[tuple]:
+    """(flag, field, kind, help) for each ``training.FIELDS`` entry that has no hand-written
+    flag above: ``--the-field-name``, typed by the field's kind (choice, int, float, list, or
+    bool: ``--name`` / ``--no-name``), its help the field's description and default.  A knob
+    declared in FIELDS is on the command line without an edit here."""
+    from .training import FIELDS
+
+    written = ({d for _, d, _, _ in _SETUP_OPTIONS} | {d for _, d, _ in _SETUP_SWITCHES}
+               | {"double_quant", "prepare_kbit"} | set(_NOT_FLAGS))
+    kinds = {"choice": "choice", "int": "int", "number": "float", "names": "list", "bool": "bool"}
+    out = []
+    for name, f in FIELDS.items():
+        if name in written:
+            continue
+        default = ("on" if f.default else "off") if f.kind == "bool" else f.default
+        text = f"{f.doc} (default {default})" if default not in (None, ()) else f.doc
+        out.append(("--" + name.replace("_", "-"), name, kinds.get(f.kind, "text"), text))
+    return out
+
+
+def _add_derived_setup_flags(parser: Any) -> None:
+    """The flags of :func:`derived_setup_flags` on ``parser`` (``estimate`` and ``fit``)."""
+    from .training import CHOICES
+
+    for flag, dest, kind, text in derived_setup_flags():
+        if kind == "bool":
+            parser.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
+            parser.add_argument("--no-" + flag[2:], dest=dest, action="store_const", const=False,
+                                help=f"the opposite of {flag}")
+        elif kind == "choice":
+            parser.add_argument(flag, dest=dest, default=None, help=text,
+                                metavar="{" + ",".join(c for c, _ in CHOICES[dest]) + "}")
+        else:
+            parser.add_argument(flag, dest=dest, default=None, help=text,
+                                **{"int": dict(type=_int_arg, metavar="N"), "float": dict(type=_float_arg, metavar="X"),
+                                   "list": dict(metavar="A,B")}.get(kind, dict(metavar="TEXT")))
+
+
 class _UsageError(Exception):
     """A bad command line (argparse's complaint, turned into one line)."""
 
@@ -160,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="prepare_model_for_kbit_training: upcast the non-quantized parameters to fp32")
     for flag, dest, text in _SETUP_SWITCHES:
         est.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
+    _add_derived_setup_flags(est)
     est.add_argument("--gpu", dest="gpu", default=None, metavar="GPU",
                      help="a GPU from the catalogue (e.g. H100-80GB): the step time, tokens/s, MFU and a run's "
                           "cost on it (with --inference: the fit check)")
@@ -182,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     inf = sub.add_parser("infer", help="estimate inference memory: weights in any format, KV cache, serving",
                          description="GPU memory of running MODEL for inference.")
     inference.add_arguments(inf)
+    add_split_arguments(inf.add_argument_group("generate() split over several GPUs"))
 
     fit_p = sub.add_parser("fit", help="what fits a GPU: largest batch, longest sequence, fewest GPUs, and "
                                        "the changes that make a setup fit",
@@ -205,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     mi.add_argument("cases", metavar="CASES.jsonl")
     mi.add_argument("--out", required=True, metavar="OUT.jsonl")
     mi.add_argument("--device", default="cuda")
+    mi.add_argument("--snapshots", metavar="DIR", help="folder for each case's generate() allocator snapshot, "
+                                                      "<id>.pickle (CUDA only)")
 
     for name in ("presets", "models"):
         p = sub.add_parser(name, help="list the built-in model presets" + (" (alias of presets)" if name == "models"
@@ -224,7 +271,8 @@ def setup_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         v = getattr(args, dest)
         if v is not None:
             kw[dest] = v
-    for dest in ("double_quant", "prepare_kbit") + tuple(d for _, d, _ in _SETUP_SWITCHES):
+    for dest in (("double_quant", "prepare_kbit") + tuple(d for _, d, _ in _SETUP_SWITCHES)
+                 + tuple(d for _, d, _, _ in derived_setup_flags())):
         v = getattr(args, dest, None)
         if v is not None:
             kw[dest] = v
@@ -248,10 +296,14 @@ def estimate_json(arch, est, tokens: Optional[float] = None,
     d = est.to_dict()
     if est.step_seconds is not None:
         d["run_cost"] = est.run_cost(tokens=tokens or DEFAULT_RUN_TOKENS, usd_per_gpu_hour=usd_per_gpu_hour)
-    a = arch.to_dict()
-    a.pop("tensors", None)
-    d["architecture"] = a
-    d["inventory"] = inventory(arch)
+    if arch is not None:
+        a = arch.to_dict()
+        a.pop("tensors", None)
+        d["architecture"] = a
+        d["inventory"] = inventory(arch)
+    else:   # traced: no analytic architecture, the transformers model was built instead
+        d["architecture"] = {"name": est.model_name, "backend": "trace"}
+        d["inventory"] = {}
     d["phases_gib"] = {k: round(v / GIB, 4) for k, v in est.phases_bytes.items()}
     d["phases_gb"] = {k: round(v / GB, 4) for k, v in est.phases_bytes.items()}
     d["device_total_gib"] = round(est.device_total_bytes / GIB, 3)
@@ -349,12 +401,17 @@ def format_estimate(arch, est, units: str = "gib", tokens: Optional[float] = Non
     unit_div, unit_name = (GIB, "GiB") if units == "gib" else (GB, "GB")
     s = est.setup
     lines: List[str] = []
-    title = arch.name + (f"  ({arch.hub_id})" if arch.hub_id and arch.hub_id != arch.name else "")
-    lines.append(f"model             {title}")
-    lines.append(f"                  {arch.model_type}, h={arch.hidden_size}, L={arch.num_layers}, "
-                 f"heads={arch.num_heads}/{arch.num_kv_heads} kv, V={arch.vocab_size}"
-                 + (f", {arch.num_experts} experts (top-{arch.experts_per_token})" if arch.num_experts else ""))
-    lines.append(f"params total      {_count(est.params_total)}" + ("" if arch.exact else "  (stated count)"))
+    if arch is None:   # traced (backend='trace'): the transformers model was built, not a family module
+        lines.append(f"model             {est.model_name}")
+        lines.append("                  traced: one training step of the transformers model on fake tensors")
+    else:
+        title = arch.name + (f"  ({arch.hub_id})" if arch.hub_id and arch.hub_id != arch.name else "")
+        lines.append(f"model             {title}")
+        lines.append(f"                  {arch.model_type}, h={arch.hidden_size}, L={arch.num_layers}, "
+                     f"heads={arch.num_heads}/{arch.num_kv_heads} kv, V={arch.vocab_size}"
+                     + (f", {arch.num_experts} experts (top-{arch.experts_per_token})" if arch.num_experts else ""))
+    lines.append(f"params total      {_count(est.params_total)}"
+                 + ("" if arch is None or arch.exact else "  (stated count)"))
     lines.append(f"params trainable  {_count(est.params_trainable)}")
     setup_bits = [f"{s['method']}", f"{s['precision']}"]
     if s.get("quantization") not in (None, "none"):
@@ -379,7 +436,7 @@ def format_estimate(arch, est, units: str = "gib", tokens: Optional[float] = Non
     where = f"{est.gpu.name}'s" if est.gpu is not None else "no GPU chosen: the H200's measured"
     lines.append(f"{'':18}(device total = reserved + CUDA context {est.cuda_context_bytes / GIB:.2f} GiB, {where})")
     if est.gpu is not None:
-        lines.extend(format_verdict(est, arch.name))
+        lines.extend(format_verdict(est, arch.name if arch is not None else est.model_name))
     if est.flops_per_step:
         lines.append(f"compute           {est.flops_per_step:.3g} FLOPs per step"
                      + (f", +{est.recompute_overhead * 100:.0f}% recomputation" if est.recompute_overhead else ""))
@@ -387,16 +444,18 @@ def format_estimate(arch, est, units: str = "gib", tokens: Optional[float] = Non
     lines.append("")
     total = sum(c.bytes for c in est.components) or 1.0
     lines.append(f"at the peak ({_PHASE_LABELS.get(est.peak_phase, est.peak_phase)}):")
-    lines.append(f"{'component / module group':40} {unit_name:>9} {'share':>7}  formula")
-    for c in est.components:
-        if c.bytes <= 0:
-            continue
-        lines.append(f"{c.name[:40]:40} {c.bytes / unit_div:9.3f} {c.bytes / total * 100:6.1f}%  "
+    # the name column is as wide as the longest name (never cut): a name is what tells two rows apart
+    shown_rows = [(c.name, c) for c in est.components if c.bytes > 0]
+    width = max([40] + [len(c.name) for _, c in shown_rows]
+                + [len(g.name) + 2 for _, c in shown_rows for g in c.children if g.bytes > 0])
+    lines.append(f"{'component / module group':{width}} {unit_name:>9} {'share':>7}  formula")
+    for _, c in shown_rows:
+        lines.append(f"{c.name:{width}} {c.bytes / unit_div:9.3f} {c.bytes / total * 100:6.1f}%  "
                      f"{c.formula if not c.children else ''}")
         for g in c.children:
             if g.bytes <= 0:
                 continue
-            lines.append(f"  {g.name[:38]:38} {g.bytes / unit_div:9.3f} {g.bytes / total * 100:6.1f}%  "
+            lines.append(f"  {g.name:{width - 2}} {g.bytes / unit_div:9.3f} {g.bytes / total * 100:6.1f}%  "
                          f"{_group_formula(g)}")
     if est.notes:
         lines.append("")
@@ -442,9 +501,16 @@ def _fewest_gpus_text(min_gpus: Dict[str, Optional[int]]) -> str:
     return text
 
 
-def _cmd_estimate(args: argparse.Namespace, out) -> int:
+def _architecture(model: Any, est: Any) -> Any:
+    """The analytic Architecture an estimate was made of, or None for a traced one (its
+    model has no family module: the output says what the trace read instead)."""
     from .architecture import load
-    from .estimate import check_physical, estimate_setup
+
+    return None if getattr(est, "backend", "analytic") == "trace" else load(model)
+
+
+def _cmd_estimate(args: argparse.Namespace, out) -> int:
+    from .estimate import estimate
     from .training import TrainingSetup
 
     if args.from_config is not None:
@@ -465,13 +531,15 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
         return inference.run(args, out)
     if parallel_kwargs(args):
         return _cmd_estimate_parallel(args, out)
-    arch = load(args.model)
-    setup = TrainingSetup.from_kwargs(**setup_kwargs(args))
+    kw = setup_kwargs(args)
+    TrainingSetup.from_kwargs(**kw)    # a bad option is named before any model is read
     _time_options(args)
-    est = estimate_setup(arch, setup)
-    check_physical(est, arch, setup)   # more than 1 PiB is an input error
+    # estimate() chooses the backend before it loads anything (a traced model has no
+    # analytic family to load), checks the physics and applies the practitioner defaults
+    est = estimate(args.model, **kw)
     if args.gpu is not None:
         est.set_gpu(args.gpu)
+    arch = _architecture(args.model, est)
     if args.json:
         out.write(json.dumps(estimate_json(arch, est, args.tokens, args.usd_per_gpu_hour)) + "\n")
     else:
@@ -493,10 +561,10 @@ def _cmd_estimate_parallel(args: argparse.Namespace, out) -> int:
     from .architecture import load
     from .parallel import estimate_parallel
 
-    kw = fit_kwargs(args)
-    lay = {k: v for k, v in kw.items() if k in parallel_kwargs(args) or k == "strategy"}
+    kw = {**setup_kwargs(args), **parallel_kwargs(args)}   # no strategy given: estimate_parallel's default, said
     _time_options(args)
     result = estimate_parallel(args.model, **kw)
+    lay = {"strategy": result.strategy, **{k: v for k, v in kw.items() if k in parallel_kwargs(args)}}
     if args.gpu is not None:
         result.set_gpu(args.gpu)   # every stage, with its communication
     est = result.per_gpu
@@ -508,6 +576,11 @@ def _cmd_estimate_parallel(args: argparse.Namespace, out) -> int:
         return 0
     out.write(_layout_line(lay) + "\n" + format_estimate(arch, est, args.units, args.tokens, args.usd_per_gpu_hour)
               + "\n")
+    if "gpu_of_stage" in result.layout:
+        for st, gpu in zip(result.stages, result.layout["gpu_of_stage"]):
+            extra = (" + embedding" if st.embedding else "") + (" + head" if st.head else "")
+            out.write(f"GPU {gpu}: layers {st.layers[0]}-{st.layers[1]}{extra}: "
+                      f"{fmt_bytes(st.estimate.device_total_bytes)} device total\n")
     return 0
 
 
@@ -536,9 +609,7 @@ def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
     _time_options(args)
     if args.gpu is not None:
         result.set_gpu(args.gpu)   # a parallel run: every stage, with its communication
-    from .architecture import load
-
-    arch = load(model)
+    arch = _architecture(model, est)
     if args.json:
         d = estimate_json(arch, est, args.tokens, args.usd_per_gpu_hour)
         d["config"] = cfg.to_dict()
@@ -645,6 +716,7 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=dest, default=None, metavar="A,B", help=text)
     for flag, dest, text in _SETUP_SWITCHES:
         parser.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=text)
+    _add_derived_setup_flags(parser)
     parser.add_argument("--no-double-quant", dest="double_quant", action="store_const", const=False, default=None,
                         help="4-bit quantization without double quantization")
     parser.add_argument("--prepare-kbit", dest="prepare_kbit", action="store_const", const=True, default=None,
@@ -672,28 +744,114 @@ def add_parallel_arguments(parser: Any) -> None:
                         help="DeepSpeed: optimizer states on the CPU")
     parser.add_argument("--offload-params", dest="offload_params", action="store_true", default=None,
                         help="ZeRO-3 / FSDP: parameters on the CPU")
+    add_split_arguments(parser)
+    parser.add_argument("--fsdp-version", dest="fsdp_version", default=None, type=_int_arg, metavar="{1,2}",
+                        help="FSDP1 flat parameters (default) or FSDP2 fully_shard")
+    parser.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const",
+                        const=False, default=None, help="FSDP: keep each unit gathered from its forward to its backward")
+    parser.add_argument("--zero", dest="zero_config", action="append", default=None, metavar="KEY=VALUE",
+                        help="a DeepSpeed zero_optimization key, e.g. --zero sub_group_size=1e8 "
+                             "--zero stage3_max_live_parameters=3e8 (repeatable)")
+
+
+def _run_infer_split(args: argparse.Namespace, out) -> int:
+    """``infer MODEL --device-map auto --max-memory ...``: each GPU's share of generate()."""
+    from .split_inference import estimate_inference_split
+
+    skip = {"model", "command", "json", "units", "device_map", "max_memory", "func"}
+    setup = {k: v for k, v in vars(args).items() if k not in skip and v is not None and not k.startswith("_")}
+    from .inference import InferenceSetup
+
+    known = set(InferenceSetup.__dataclass_fields__)
+    setup = {k: v for k, v in setup.items() if k in known}
+    kw = _split_kwargs(args)
+    r = estimate_inference_split(args.model, kw.get("device_map", "auto"), kw.get("max_memory"), **setup)
+    if getattr(args, "json", False):
+        out.write(json.dumps(r.to_dict()) + "\n")
+        return 0
+    out.write(f"{r.model_name}: generate() split by device_map ({args.device_map or 'auto'})\n")
+    for d, e in r.per_device.items():
+        out.write(f"GPU {d}: weights {fmt_bytes(e.weights_bytes)}, KV cache {fmt_bytes(e.kv_cache_bytes)}, "
+                  f"peak {fmt_bytes(e.peak_allocated_bytes)}, device total {fmt_bytes(e.device_total_bytes)}\n")
+    for n in r.notes:
+        out.write(f"note: {n}\n")
+    return 0
+
+
+def add_split_arguments(parser: Any) -> None:
+    """``--device-map`` and ``--max-memory``: transformers' layer split over several GPUs."""
+    parser.add_argument("--device-map", dest="device_map", default=None,
+                        choices=("auto", "balanced", "balanced_low_0", "sequential"),
+                        help="split the layers over the GPUs as from_pretrained(device_map=...) does")
+    parser.add_argument("--max-memory", dest="max_memory", default=None, metavar="0=20GiB,1=20GiB,cpu=64GiB",
+                        help="memory per device for --device-map")
+
+
+def _split_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
+    kw: Dict[str, Any] = {}
+    if getattr(args, "device_map", None) is not None:
+        kw["device_map"] = args.device_map
+    mm = getattr(args, "max_memory", None)
+    if mm is not None:
+        out: Dict[Any, Any] = {}
+        for part in str(mm).split(","):
+            key, _, val = part.partition("=")
+            if not val:
+                raise _UsageError(f"--max-memory: {part!r} is not DEVICE=SIZE (e.g. 0=20GiB,cpu=64GiB)")
+            key = key.strip()
+            out[int(key) if key.isdigit() else key] = val.strip()
+        kw["max_memory"] = out
+    return kw
+
+
+def _zero_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
+    items = getattr(args, "zero_config", None)
+    if not items:
+        return {}
+    out: Dict[str, Any] = {}
+    for item in items:
+        key, _, val = str(item).partition("=")
+        if not val:
+            raise _UsageError(f"--zero: {item!r} is not KEY=VALUE (e.g. sub_group_size=1e8)")
+        v: Any = val.strip()
+        if v.lower() in ("true", "false"):
+            v = v.lower() == "true"
+        else:
+            try:
+                v = float(v) if any(c in v for c in ".eE") else int(v)
+            except ValueError:
+                pass
+        out[key.strip()] = v
+    return {"zero_config": out}
 
 
 def parallel_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
     """The parallel layout's keywords among parsed flags (only those given)."""
     kw: Dict[str, Any] = {}
     for dest in [d for _, d, _, _ in _PARALLEL_FLAGS] + ["sequence_parallel", "offload_optimizer",
-                                                          "offload_params", "bucket_mb"]:
+                                                          "offload_params", "bucket_mb", "fsdp_version",
+                                                          "reshard_after_forward"]:
         v = getattr(args, dest, None)
         if v is not None:
             kw[dest] = v
+    kw.update(_split_kwargs(args))
+    kw.update(_zero_kwargs(args))
     return kw
 
 
 def fit_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
     """The keyword arguments of :func:`vramwidget.fit.answers` for parsed ``fit`` flags (a
     parallel layout without a strategy gets DDP when it has several replicas)."""
+    from .defaults import strategy_for
     from .parallel import PARALLEL_KEYS
 
     kw = {**setup_kwargs(args), **parallel_kwargs(args)}
+    if "device_map" in kw and "strategy" not in kw:
+        kw["strategy"] = "none"      # one replica, its layers split over the GPUs
     if any(k in kw for k in PARALLEL_KEYS) and "strategy" not in kw:
-        kw["strategy"] = "ddp" if int(kw.get("num_gpus", 1)) > int(kw.get("tensor_parallel", 1)) * int(
-            kw.get("pipeline_parallel", 1)) * int(kw.get("context_parallel", 1)) else "none"
+        # the one default (defaults.strategy_for), as estimate_parallel and the widget choose it
+        kw["strategy"] = strategy_for(kw.get("num_gpus", 1), kw.get("tensor_parallel", 1),
+                                      kw.get("pipeline_parallel", 1), kw.get("context_parallel", 1))[0]
     return kw
 
 
@@ -714,6 +872,8 @@ def format_fit_answers(a: Dict[str, Any]) -> str:
     lines.append(f"setup             {', '.join(bits)}")
     if not a["precision_supported"]:
         lines.append(f"warning           {a['precision_note']}")
+    for n in a.get("notes") or []:
+        lines.append(f"note              {n}")
     v = a["verdict"]
     verdict = {"fits": "FITS", "tight": "TIGHT", "does_not_fit": "DOES NOT FIT"}[v["state"]]
     room = v["headroom_bytes"]
@@ -760,7 +920,13 @@ def run_fit(args: argparse.Namespace, out=None) -> int:
     out = sys.stdout if out is None else out
     from .fit import answers
 
-    a = answers(args.model, args.gpu, **fit_kwargs(args))
+    kw = fit_kwargs(args)
+    a = answers(args.model, args.gpu, **kw)
+    if getattr(args, "strategy", None) is None and kw.get("strategy") not in (None, "none"):
+        from .defaults import strategy_for
+
+        a["notes"].insert(0, strategy_for(kw.get("num_gpus", 1), kw.get("tensor_parallel", 1),
+                                          kw.get("pipeline_parallel", 1), kw.get("context_parallel", 1))[1])
     if args.json:
         out.write(json.dumps(a) + "\n")
     else:
@@ -823,7 +989,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "measure-inference":
             from .measure_inference import measure_inference_file
 
-            n = measure_inference_file(args.cases, args.out, device=args.device)
+            n = measure_inference_file(args.cases, args.out, device=args.device, snapshot_dir=args.snapshots)
             out.write(f"{n} case(s) measured; records appended to {args.out}\n")
             if n == 0:   # every case failed: say so in the exit status, not only inside the file
                 raise _UsageError(f"measure-inference: no case could be measured (each failure is recorded in "
@@ -836,6 +1002,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from . import inference
 
             _quiet_hub(args.model)
+            if getattr(args, "device_map", None) is not None or getattr(args, "max_memory", None) is not None:
+                return _run_infer_split(args, out)
             return inference.run(args, out)
         raise _UsageError(f"unknown command {shown(args.command)}")  # pragma: no cover
     except _UsageError as exc:

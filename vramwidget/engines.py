@@ -110,6 +110,24 @@ VLLM_RELEASES: Tuple[Tuple[str, str, str, bool, bool, str], ...] = (
 VLLM_V1_DEFAULT = "0.8.0"
 DEFAULT_VLLM_VERSION = "0.10.1"
 DEFAULT_SGLANG_VERSION = "0.4.6"
+#: the newest release line of each engine whose start-up accounting was read and checked
+#: against published logs (vLLM 0.10.2's in the README's table; SGLang's model_runner of 0.4.x):
+#: a later release may budget differently, so it is refused rather than assumed
+NEWEST_MODELLED = {"vllm": (0, 10), "sglang": (0, 4)}
+OLDEST_MODELLED = {"vllm": (0, 2), "sglang": (0, 4)}
+
+
+def check_release(engine: str, version: Any) -> Tuple[int, ...]:
+    """``version`` of ``engine`` parsed and within the release lines modelled (VramError naming
+    ``versions`` otherwise: ``--vllm-version 99.1`` is not a release this package knows)."""
+    v = parse_version(version)
+    lo, hi = OLDEST_MODELLED[engine], NEWEST_MODELLED[engine]
+    if not lo <= v[:2] <= hi:
+        name = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
+        raise VramError(f"versions: {name} {shown(str(version))} is outside the releases modelled "
+                        f"({lo[0]}.{lo[1]}.x to {hi[0]}.{hi[1]}.x); their start-up memory accounting was read from "
+                        f"those releases' source", field="versions")
+    return v
 
 #: vLLM's KV page, in tokens (vllm/config.py CacheConfig block_size default)
 VLLM_BLOCK_SIZE = 16
@@ -185,7 +203,7 @@ def vllm_release(version: Optional[str] = None, runtime: Optional[str] = None) -
     falls in, for the engine ``runtime`` ("v0" or "v1"; default: V1 from 0.8.0, as
     ``VLLM_USE_V1`` defaults)."""
     ver = str(version or DEFAULT_VLLM_VERSION)
-    v = parse_version(ver)
+    v = check_release("vllm", ver)
     if runtime is None:
         runtime = "v1" if v >= parse_version(VLLM_V1_DEFAULT) else "v0"
     runtime = str(runtime).lower()
@@ -268,7 +286,7 @@ def gpu_share(arch: Architecture, tp: int = 1, pp: int = 1, ep: int = 1, stage: 
     """The architecture one GPU holds: pipeline stage ``stage`` (default the last), cut by
     tensor and expert parallel (Megatron's column/row split, vocab-parallel embedding and head,
     KV heads replicated when fewer than ``tp``; :func:`vramwidget.parallel._slice`)."""
-    from .parallel import _slice
+    from .parallel import stage_slice
 
     a = pad_vocab(arch, vocab_padding) if vocab_padding > 1 else arch
     stages = pp_stages(a.num_layers, pp)
@@ -277,11 +295,11 @@ def gpu_share(arch: Architecture, tp: int = 1, pp: int = 1, ep: int = 1, stage: 
     if ep > 1 and tp > 1:
         # vLLM's expert parallel (--enable-expert-parallel): whole experts spread over the EP ranks,
         # not split by TP (vllm/model_executor/layers/fused_moe/layer.py); the rest is TP-split
-        dense, _ = _slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=tp, ep=1)
-        experts, _ = _slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=1, ep=ep)
+        dense, _ = stage_slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=tp, ep=1)
+        experts, _ = stage_slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=1, ep=ep)
         tensors = [t for t in dense.tensors if not t.experts] + [t for t in experts.tensors if t.experts]
         return replace(dense, tensors=tensors, expert_intermediate_size=a.expert_intermediate_size)
-    cut, _ = _slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=tp, ep=ep)
+    cut, _ = stage_slice(a, first, last, embed=(i == 0), head=(i == pp - 1), tp=tp, ep=ep)
     return cut
 
 
@@ -493,10 +511,9 @@ class ServingPlan:
 
 
 def _weights_of(arch: Architecture, setup: Any) -> float:
-    from .inference import InferenceSetup, weight_storage
-
-    s = setup if isinstance(setup, InferenceSetup) else InferenceSetup.from_kwargs(**setup)
-    return sum(x.weight_bytes + x.const_bytes for x in weight_storage(arch, s))
+    """Weights + quantization constants of ``arch`` in the setup's weight format: the setup
+    (an ``InferenceSetup``) prices them itself, so this module needs nothing of inference."""
+    return setup.stored_weights_bytes(arch)
 
 
 def plan(arch: Architecture, s: Any, gpu: Any) -> ServingPlan:
@@ -633,6 +650,24 @@ def largest_max_model_len(arch: Architecture, s: Any, gpu: Any, limit: Optional[
         else:
             hi = mid
     return lo * blk
+
+
+def startable_command(arch: Architecture, s: Any, gpu: Any, model: str) -> Tuple[str, str, int]:
+    """The command line to print for a serving setup, the sentence that goes with it, and the
+    largest ``max_model_len`` that starts.  A command is printed only for a server that starts:
+    the setup's own when its KV cache holds one request of ``max_model_len``; else the same
+    layout at the largest ``max_model_len`` that starts, said so; else none (more GPUs, a
+    smaller format, a higher budget), said so."""
+    p = plan(arch, s, gpu)
+    largest = largest_max_model_len(arch, s, gpu)
+    if p.kv_tokens >= p.max_model_len:
+        return p.command(model), "", largest
+    if largest > 0:
+        q = plan(arch, replace(s, context_len=largest, prompt_len=min(s.prompt_len, largest)), gpu)
+        return (q.command(model), f"max_model_len {p.max_model_len:,} does not start on this layout; the largest "
+                f"that starts is {largest:,}, and this command uses it", largest)
+    return "", ("does not start at any max_model_len on this layout: more GPUs (--concurrency N plans the "
+                "fewest), a smaller weight format or a higher memory budget"), largest
 
 
 def layouts(arch: Architecture, n: int, gpus_per_node: int = 8) -> List[Tuple[int, int]]:

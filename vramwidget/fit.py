@@ -32,7 +32,7 @@ from .architecture import Architecture, load
 from .errors import VramError
 from .estimate import estimate_setup
 from .gpus import GPU, get_gpu
-from .inputs import check_choice, check_int
+from .inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int
 from .stacks import stack_switches
 from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
 from .training import TrainingSetup
@@ -58,6 +58,12 @@ class _Query:
         self.arch: Architecture = load(model)
         self.gpu: GPU = get_gpu(gpu)
         self.par = {k: kw[k] for k in PARALLEL_KEYS if k in kw}
+        if self.par and self.par.get("strategy") is None:   # not given: the one default (defaults.strategy_for)
+            from .defaults import strategy_for
+
+            self.par["strategy"] = strategy_for(self.par.get("num_gpus", 1), self.par.get("tensor_parallel", 1),
+                                                self.par.get("pipeline_parallel", 1),
+                                                self.par.get("context_parallel", 1))[0]
         setup_kw = {k: v for k, v in kw.items() if k not in PARALLEL_KEYS}
         self.setup = TrainingSetup.from_kwargs(**setup_kw)
         #: the capacity judged: what CUDA reports as the card's total (verdict.capacity_bytes)
@@ -76,17 +82,18 @@ class _Query:
 
     def fits_allocated(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> bool:
         """A necessary condition of ``fits``: the allocated peak + CUDA context fit (no replay)."""
-        est = self.estimate(s, par)
-        return est.peak_allocated_bytes + getattr(est, "per_gpu", est).cuda_context_bytes <= self.usable
+        return self.allocated_fits(self.estimate(s, par))
+
+    def allocated_fits(self, est: Any) -> bool:
+        """A necessary condition of fitting, without the allocator replay: reserved memory is
+        never below allocated memory, so when the allocated peak and the CUDA context alone
+        are over the card, the device total is too."""
+        per_gpu = getattr(est, "per_gpu", est)
+        return est.peak_allocated_bytes + per_gpu.cuda_context_bytes <= self.usable
 
     def fits(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> bool:
         est = self.estimate(s, par)
-        # reserved memory is never below allocated memory: when the allocated peak alone does
-        # not fit, the allocator replay behind the device total need not run
-        per_gpu = getattr(est, "per_gpu", est)
-        if est.peak_allocated_bytes + per_gpu.cuda_context_bytes > self.usable:
-            return False
-        return fits(est.device_total_bytes, self.usable)
+        return self.allocated_fits(est) and fits(est.device_total_bytes, self.usable)
 
 
 def _largest(ok, limit: int, cheap=None) -> int:
@@ -214,7 +221,7 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = M
     fits -- always the case when one replica does not fit and the strategy does not shard
     (``none``, ``ddp``, ``zero0``, ``megatron``).  Per-GPU memory never grows with the count
     under the sharding strategies, which makes the search a bisection."""
-    max_gpus = check_int("max_gpus", max_gpus, lo=1)
+    max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=DEPLOYMENT_GPUS)
     strategy = check_choice("strategy", strategy, tuple(STRATEGIES))
     kw = dict(kw)
     kw["strategy"] = strategy
@@ -248,13 +255,30 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = M
 # Suggestions
 # ----------------------------------------------------------------------------------
 
-#: what a change costs, on one scale (the rank of suggestions; a combination's cost is the
-#: sum of its changes'): free 0; extra compute 10 x the extra share of FLOPs (selective
-#: checkpointing ~0.3, full ~3-5); smaller micro-batches or the same GPUs sharded 2 + a
-#: little; quality 5 + a step per notch (8-bit states, bf16, LoRA, QLoRA); more GPUs 10 + one
-#: per GPU; CPU offload 20.  The order of the tiers is that of issue 6 (free, under 10% extra
-#: compute, throughput, more compute, quality, hardware, offload).
+#: what a change costs, on one scale (where the GPU has no throughput figures it stands in for
+#: the GPU time per token; a combination's cost is the sum of its changes'): free 0; extra
+#: compute 10 x the extra share of FLOPs (selective checkpointing ~0.3, full ~3-5); smaller
+#: micro-batches or the same GPUs sharded 2 + a little; quality 5 + a step per notch; more
+#: GPUs 10 + one per GPU; CPU offload 20.
 _BASE_SCORE = {"free": 0.0, "throughput": 2.0, "quality": 5.0, "hardware": 10.0, "offload": 20.0}
+#: the order suggestions are ranked in (``Suggestion.sort_key``): what the change costs the
+#: user, cheapest first.
+#:
+#: 0. free: the same training at most 5% slower per token (SDPA, fused AdamW, a fused or
+#:    chunked loss, optimizer in backward, ...);
+#: 1. time: the same training on the same GPUs, up to 50% more GPU time per token
+#:    (activation checkpointing, smaller micro-batches with accumulation, sharding over the
+#:    GPUs the run has);
+#: 2. quality: what is trained or its precision changes (8-bit Adam states, bf16, LoRA,
+#:    QLoRA), the smaller change first;
+#: 3. slow: more than 50% more GPU time per token, or host memory (CPU offload);
+#: 4. hardware: more GPUs, fewer before more.
+#:
+#: A combination falls in the tier of its costliest part.  Changes that fit come before
+#: those that do not suffice alone (ranked by what they save).
+RANK_TIERS = ("free", "time", "quality", "slow", "hardware")
+FREE_TIME_CHANGE = 0.05
+SLOW_TIME_CHANGE = 0.5
 #: default ceiling of GPUs a suggestion may use: one node
 MAX_GPUS = 8
 
@@ -301,21 +325,40 @@ class Suggestion:
     usd_per_million_tokens: Optional[float] = None
     #: GPUs the change adds to the run (0: the same hardware)
     extra_gpus: int = 0
+    #: how much the change alters what is trained (the sum of its quality changes' notches:
+    #: 8-bit Adam states 1, bf16 mixed precision 1, pure bf16 2, LoRA 3, QLoRA 4); 0: none
+    quality_cost: float = 0.0
 
-    def sort_key(self) -> Tuple[int, int, int, float, int, float]:
-        """Fitting with the margin first, then fitting within the uncertainty band, then over
-        but within the band, then not fitting.  Within each: those on the GPUs the run has
-        before those that add GPUs (a user with one card cannot take the others), then those
-        that train the same model the same way before those that change what is trained
-        (8-bit states, bf16, LoRA, QLoRA: a quality cost), each by the GPU time a training
-        token costs with the change (so by time and money; ``score`` where the GPU is not
-        timed), fewer changes, larger saving."""
-        group = 0 if self.state == "fits" else 1 if self.fits else 2 if self.state == "tight" else 3
-        quality = 1 if self.costs.get("quality") or self.kind == "quality" else 0
-        cost = self.gpu_seconds_per_token if self.gpu_seconds_per_token is not None else self.score
-        if group == 3:
-            return (group, 0, 0, 0.0, len(self.parts) or 1, -self.saved_bytes)
-        return (group, 1 if self.extra_gpus > 0 else 0, quality, cost, len(self.parts) or 1, -self.saved_bytes)
+    def tier(self) -> int:
+        """Which of :data:`RANK_TIERS` the change falls in: what it costs the user (see there)."""
+        if self.extra_gpus > 0:
+            return 4
+        slow = self.time_change if self.time_change is not None else None
+        if self.cpu_bytes_per_node > 0 or (slow is not None and slow > SLOW_TIME_CHANGE) \
+                or (slow is None and self.kind == "offload"):
+            return 3
+        if self.quality_cost > 0 or self.kind == "quality":
+            return 2
+        if (slow is not None and slow > FREE_TIME_CHANGE) or (slow is None and self.kind in ("compute", "throughput")):
+            return 1
+        return 0
+
+    def sort_key(self) -> Tuple[int, int, int, int, float, float, int, float]:
+        """The rank (:data:`RANK_TIERS`): changes that fit the GPU (with the margin or within
+        the band) before those that do not suffice; among those that fit, by what the change
+        costs the user: free knobs, then GPU time on the same cards, then quality, then slow
+        changes or host memory (CPU offload), then more GPUs (fewer before more, whatever
+        else); within a tier fitting with the margin before tight, then the quality notch (8-bit states <
+        bf16 < LoRA < QLoRA), then the GPU time a training token costs (``score`` where the
+        GPU is not timed), fewer changes, larger saving.  Those that do not suffice: by
+        saving."""
+        if not self.fits:
+            return (1, 0, 0, 0, 0.0, 0.0, len(self.parts) or 1, -self.saved_bytes)
+        tier = self.tier()
+        time = self.time_change if self.time_change is not None else self.score
+        gpus = int(self.kwargs.get("num_gpus", 1) or 1) if tier == 4 else 0
+        return (0, tier, gpus, 0 if self.state == "fits" else 1, self.quality_cost, time, len(self.parts) or 1,
+                -self.saved_bytes)
 
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of this object (JSON-able)."""
@@ -360,13 +403,13 @@ _LOSS_TITLES = {"liger": "Liger fused linear cross-entropy", "chunked": "chunked
 def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int = 3,
                 **kw: Any) -> List[Suggestion]:
     """Changes that lower the device total, alone and combined (up to ``combine`` at once),
-    each re-estimated and ranked: those that fit ``gpu`` with the margin of the estimate's
-    own uncertainty first (:mod:`vramwidget.verdict`), then those that fit within it, then
-    single changes that help but do not suffice (by memory saved; under 1% left out).
-    Within a group the cheaper first: the cost of each change is on one scale (free, extra
-    compute, throughput, quality, GPUs, CPU offload: ``_BASE_SCORE``) and a combination
-    costs the sum of its changes; each suggestion says its cost by axis (quality, time,
-    hardware).  No suggestion uses more than ``max_gpus`` GPUs (default 8: one node).
+    each re-estimated and ranked by what the change costs the user (:data:`RANK_TIERS`):
+    among those that fit ``gpu`` (with the margin of the estimate's own uncertainty,
+    :mod:`vramwidget.verdict`, or within it) free knobs first, then GPU time on the same
+    cards, then quality (the smaller change first), then slow changes or host memory, then
+    more GPUs (fewer before more); then single changes that help but do not suffice (by
+    memory saved; under 1% left out).  Each suggestion says its cost by axis (quality,
+    time, hardware).  No suggestion uses more than ``max_gpus`` GPUs (default 8: one node).
 
     Tried: SDPA instead of eager attention, fused AdamW, the stack's loss without full logits
     (Liger or chunked cross-entropy), activation offloading where the stack
@@ -378,25 +421,38 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
     parameters).  A combination is listed only when it fits with the margin and none of its
     parts (a cheaper subset) already does.
     """
-    from itertools import combinations
-
-    from .verdict import band_bytes, state_of
-
-    max_gpus = check_int("max_gpus", max_gpus, lo=1)
+    max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=DEPLOYMENT_GPUS)
     combine = check_int("combine", combine, lo=1, hi=8, what="must be a whole number from 1 to 8 (changes at once)")
-    q = _Query(model, gpu, kw)
-    s = q.setup
-    base_est = q.estimate()
-    base = base_est.device_total_bytes
-    base_time = _timed(base_est, q.gpu)
-    par0 = dict(q.par)
-    strategy0 = par0.get("strategy", "none")
-    n_now = int(par0.get("num_gpus", 1) or 1)
-    out: List[Suggestion] = []
-    seen = set()
-    moves: List[_Move] = []
+    search = _Search(_Query(model, gpu, kw), max_gpus)
+    _try_setup_changes(search)
+    _try_more_gpus(search)
+    _try_cpu_offload(search)
+    _add_sharding_partners(search, combine)
+    _try_combinations(search, combine)
+    search.out.sort(key=Suggestion.sort_key)
+    return search.out
 
-    def evaluate(ms: Sequence[_Move]) -> Optional[Tuple[Any, Any, Dict[str, Any], Dict[str, Any]]]:
+
+class _Search:
+    """The state of one :func:`suggestions` run: the query, its baseline, the setups already
+    estimated, the candidate moves and the suggestions found so far."""
+
+    def __init__(self, q: "_Query", max_gpus: int) -> None:
+        self.q = q
+        self.s = q.setup
+        self.max_gpus = max_gpus
+        base_est = q.estimate()
+        self.base = base_est.device_total_bytes
+        self.base_time = _timed(base_est, q.gpu)
+        self.par0 = dict(q.par)
+        self.strategy0 = self.par0.get("strategy", "none")
+        self.n_now = int(self.par0.get("num_gpus", 1) or 1)
+        self.out: List[Suggestion] = []
+        self.seen: set = set()
+        self.moves: List[_Move] = []
+
+    def evaluate(self, ms: Sequence[_Move]) -> Optional[Tuple[Any, Any, Dict[str, Any], Dict[str, Any]]]:
+        q, s, seen, par0, max_gpus, n_now = self.q, self.s, self.seen, self.par0, self.max_gpus, self.n_now
         setup_changes: Dict[str, Any] = {}
         par_changes: Dict[str, Any] = {}
         for m in ms:
@@ -416,7 +472,10 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
             return None
         return est, s2, par, {**setup_changes, **par_changes}
 
-    def make(ms: Sequence[_Move], res) -> Suggestion:
+    def make(self, ms: Sequence[_Move], res) -> Suggestion:
+        from .verdict import band_bytes, state_of
+
+        q, s, base, base_time, n_now = self.q, self.s, self.base, self.base_time, self.n_now
         est, s2, par, changes = res
         total = est.device_total_bytes
         per_gpu = est.per_gpu if isinstance(est, ParallelEstimate) else est
@@ -466,12 +525,14 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
                           {"quality": ", ".join(quality), "time": ", ".join(time), "hardware": ", ".join(hardware)},
                           score, tuple(m.title for m in ms) if len(ms) > 1 else (), q.usable - total,
                           *(t if t is not None else (None, None, None)), change, usd,
-                          max(int(par.get("num_gpus", 1) or 1) - n_now, 0))
+                          max(int(par.get("num_gpus", 1) or 1) - n_now, 0),
+                          sum(m.cost_value for m in ms if m.kind == "quality"))
 
-    def attempt(title: str, kind: str, cost: str, setup_changes: Optional[Dict[str, Any]] = None,
+    def attempt(self, title: str, kind: str, cost: str, setup_changes: Optional[Dict[str, Any]] = None,
                 par_changes: Optional[Dict[str, Any]] = None, compute_from_estimate: bool = False,
                 cost_value: float = 0.0, group: str = "", quality: str = "", time: str = "",
                 hardware: str = "") -> None:
+        base, evaluate, make, moves, out = self.base, self.evaluate, self.make, self.moves, self.out
         m = _Move(title, kind, cost, setup_changes or {}, par_changes or {}, group or title,
                   compute_from_estimate, cost_value, quality, time, hardware)
         res = evaluate([m])
@@ -483,6 +544,11 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
             return   # no saving, or too small to matter (under 1%) and not enough anyway
         out.append(sug)
 
+
+def _try_setup_changes(search: _Search) -> None:
+    """Single changes of the training setup: attention, optimizer, checkpointing, micro-batch,
+    the stack's own switches, precision, method."""
+    q, s, attempt = search.q, search.s, search.attempt
     if s.attn_implementation == "eager":
         attempt("SDPA attention instead of eager", "free", "none (the same attention, without b x a x s x s "
                 "score tensors)", {"attn_implementation": "sdpa"}, group="attention")
@@ -551,7 +617,12 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
         attempt("QLoRA (4-bit NF4 base)", "quality",
                 "4-bit base weights (QLoRA paper: on par with 16-bit LoRA); dequantization slows matmuls",
                 {"method": "qlora", "quantization": "nf4"}, cost_value=4, group="method", quality="4-bit base")
-    # more GPUs (never more than max_gpus)
+
+
+def _try_more_gpus(search: _Search) -> None:
+    """Sharding over more GPUs (never more than ``max_gpus``)."""
+    q, s, attempt, par0, n_now, max_gpus = search.q, search.s, search.attempt, search.par0, search.n_now, search.max_gpus
+    strategy0 = search.strategy0
     if strategy0 in ("none", "ddp"):
         for strat in SHARDED:
             try:
@@ -577,7 +648,11 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
             attempt(f"{n} GPUs instead of {par0.get('num_gpus', 1)}", "hardware",
                     f"{n} GPUs; the same strategy", par_changes={"num_gpus": n}, cost_value=n, group="gpus",
                     hardware=f"{n} × {q.gpu.name}")
-    # CPU offload (DeepSpeed)
+
+
+def _try_cpu_offload(search: _Search) -> None:
+    """DeepSpeed's CPU offload of the optimizer (and the parameters)."""
+    attempt, par0, n_now, strategy0 = search.attempt, search.par0, search.n_now, search.strategy0
     if strategy0 in ("none", "ddp", "zero0", "zero1", "zero2") and not par0.get("offload_optimizer"):
         attempt("DeepSpeed ZeRO-Offload: optimizer on the CPU", "offload",
                 "the optimizer steps on the CPU; gradients go down and parameters come back over PCIe every step",
@@ -588,6 +663,11 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
                 "parameters are fetched from host memory over PCIe for every module, in forward and backward",
                 par_changes={"strategy": "zero3", "offload_optimizer": True, "offload_params": True, "num_gpus": n_now},
                 cost_value=1, group="gpus", time="PCIe transfers of every parameter and a CPU optimizer step")
+
+
+def _add_sharding_partners(search: _Search, combine: int) -> None:
+    """ZeRO-3 on 2, 4 and ``max_gpus`` GPUs as parts of combinations only."""
+    q, moves, n_now, max_gpus, strategy0 = search.q, search.moves, search.n_now, search.max_gpus, search.strategy0
     # sharding across a few GPUs also combines with the cheaper changes: the fewest counts that
     # are not already a single suggestion (2, 4 and max_gpus), ZeRO-3
     if combine > 1 and strategy0 in ("none", "ddp"):
@@ -596,6 +676,13 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
                 moves.append(_Move(f"{_STRATEGY_TITLES['zero3']} across {n} x {q.gpu.name}", "hardware",
                                    f"{n} GPUs; {_COMM['zero3']}", {}, {"strategy": "zero3", "num_gpus": n}, "gpus",
                                    cost_value=n, hardware=f"{n} × {q.gpu.name}", time=_TIME["zero3"]))
+
+
+def _try_combinations(search: _Search, combine: int) -> None:
+    """Up to ``combine`` moves at once, cheaper subsets first."""
+    from itertools import combinations
+
+    moves, out, evaluate, make = search.moves, search.out, search.evaluate, search.make
     # combinations: cheaper subsets first; a superset of one that fits with the margin costs
     # more for nothing and is left out
     fitting = [frozenset([x.title]) for x in out if x.state == "fits"]
@@ -608,14 +695,13 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
             if any(f <= titles for f in fitting):
                 continue
             res = evaluate(list(combo))
-            if res is None:
-                continue
+            if res is None or not search.q.allocated_fits(res[0]):
+                continue   # a combination is listed only when it fits: no replay for one that cannot
             sug = make(list(combo), res)
             if sug.state == "fits":
                 out.append(sug)
                 fitting.append(titles)
-    out.sort(key=Suggestion.sort_key)
-    return out
+
 
 
 def _timed(est: Any, gpu: GPU) -> Optional[Tuple[float, float, float]]:
@@ -663,6 +749,7 @@ def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
         "max_batch_size": max_batch_size(q.arch, q.gpu, batch_size=1, **kw_nb),
         "max_seq_len": max_seq_len(q.arch, q.gpu, seq_len=1, **kw_ns),
         "max_position_embeddings": q.arch.max_position_embeddings,
+        "notes": q.setup.notes,    # the practitioner defaults applied, the options that do nothing
     }
     mg: Dict[str, Optional[int]] = {}
     base = {k: v for k, v in kw.items() if k not in ("strategy", "num_gpus")}

@@ -5,9 +5,9 @@
 >>> df.pivot(index="seq_len", columns="batch_size", values="state")    # doctest: +SKIP
 
 The allocated peak of every cell is what :func:`vramwidget.estimate` gives for that batch
-and sequence length, exactly: the grid is computed by the estimator's own operations
-(:func:`vramwidget.estimate.size_grid_totals`) on numpy arrays (the saved activations are
-exact polynomials in batch and sequence, traced once).  The state of a cell is
+and sequence length, exactly: the step plan is built once with its sizes as polynomials in
+batch and sequence (``vramwidget.plan``) and read at every cell
+(:func:`vramwidget.plan.grid_totals`).  The state of a cell is
 :mod:`vramwidget.verdict`'s: fits, tight (within the estimate's own uncertainty) or
 does_not_fit, judged on the device total on the card (reserved + the card's own CUDA
 context, :func:`vramwidget.verdict.device_total_on`) against what CUDA reports as its total
@@ -17,14 +17,16 @@ depends on it are replayed (see :func:`fit_map`, and ``exact=True`` for all of t
 
 from __future__ import annotations
 
-from functools import reduce
 from typing import Any, List, Optional, Sequence, Tuple
 
+from . import replays
+from .allocator import parse_alloc_conf
 from .architecture import load
 from .errors import VramError
+from .estimate import estimate_setup
+from .gpus import context_for, get_gpu
 from .inputs import MAX_ITEMS, check_int, fail
-from .estimate import estimate_setup, size_grid_totals
-from .gpus import get_gpu
+from .plan import grid_totals, symbolic_plan
 from .training import TrainingSetup
 
 #: default grid: powers of two
@@ -47,13 +49,6 @@ def _sizes(name: str, values: Optional[Sequence[int]], default: Sequence[int]) -
     return out
 
 
-def _array_safe(s: TrainingSetup) -> bool:
-    """Whether the estimator's size-dependent operations take arrays for this setup: Liger's
-    chunk rows (a power of two) and activation offloading's stash (a min) are steps, so
-    those setups are estimated cell by cell."""
-    return getattr(s, "loss", "standard") != "liger" and not getattr(s, "activation_offloading", False)
-
-
 def _ranks(reserved: Any, context: float, cap: float, rel: float) -> Any:
     """0 fits, 1 tight, 2 does_not_fit: :func:`vramwidget.verdict.state_of` on arrays (the
     device total ``reserved + context`` against ``cap`` with the band ``reserved x rel``).
@@ -62,18 +57,23 @@ def _ranks(reserved: Any, context: float, cap: float, rel: float) -> Any:
 
     device = reserved + context
     band = reserved * rel
-    return np.where(np.abs(cap - device) <= band, 1, np.where(device < cap, 0, 2))
+    return np.where(device > cap, 2, np.where(cap - device <= band, 1, 0))
 
 
-def _chains(s_tpl: Any, b: Any, sq: Any, cells: Any) -> List[List[List[int]]]:
-    """The cells to search, as chains of groups along which memory grows: when the event
-    stream depends on the tokens T = b x s only (``StreamTemplate.uses_t2`` false), one
-    chain of the cells grouped by T (a group shares one replay); else one chain per
-    sequence length, a cell per group, by batch size."""
+def _tokens_only(ix: Any) -> bool:
+    """Whether every size of a symbolic plan depends on the tokens T = b x s alone."""
+    return ix is not None and all(m in ((0, 0, 0), (1, 1, 0)) for m in ix.basis)
+
+
+def _chains(tokens_only: bool, b: Any, sq: Any, cells: Any) -> List[List[List[int]]]:
+    """The cells to search, as chains of groups along which memory grows: when the plan's
+    sizes depend on the tokens T = b x s only, one chain of the cells grouped by T (a group
+    shares one replay: its events are the same); else one chain per sequence length, a
+    cell per group, by batch size."""
     import numpy as np
 
     chains: List[List[List[int]]] = []
-    if s_tpl is not None and not s_tpl.uses_t2:
+    if tokens_only:
         T = b[cells] * sq[cells]
         order = np.argsort(T, kind="stable")
         groups: List[List[int]] = []
@@ -100,8 +100,6 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
     allocated peak is not, the replay with the card's capacity decides, as ``estimate``'s)."""
     import numpy as np
 
-    from . import events
-
     n = len(b)
     reserved = np.zeros(n, dtype=float)
     known = np.zeros(n, dtype=bool)
@@ -117,7 +115,7 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
             if not known[i]:
                 cell = s.replace(batch_size=int(b[i]), seq_len=int(sq[i]))
                 pk = float(peak[i])
-                reserved[i] = events.reserved_bytes(arch, cell, pk)
+                reserved[i] = replays.reserved_bytes(arch, cell, pk)
                 if gpu is not None and pk + context <= cap < reserved[i] + context:
                     on_card = estimate_setup(arch, cell, gpu=gpu)
                     reserved[i] = on_card.reserved_bytes
@@ -134,14 +132,14 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
     rank[certain] = 2
     todo = np.flatnonzero(~certain)
     if len(todo):
-        tpl = events.stream_template(arch, s)
+        tokens_only = _tokens_only(symbolic_plan(arch, s))
 
         def bounds(group: List[int]) -> Tuple[int, int]:
             evaluate(group)
             r = ranks_of(group)
             return int(r.min()), int(r.max())
 
-        for groups in _chains(tpl, b, sq, todo):
+        for groups in _chains(tokens_only, b, sq, todo):
             m = len(groups)
             lo, hi = 0, m                 # the first group where something is tight or over
             while lo < hi:
@@ -168,7 +166,7 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
     rank[known] = ranks_of(np.flatnonzero(known))
     far = ~known
     if far.any():
-        reserved[far] = peak[far] * events.carried_ratios(arch, s, b[far], sq[far])
+        reserved[far] = peak[far] * replays.carried_ratios(arch, s, b[far], sq[far])
     return reserved, known, rank
 
 
@@ -184,8 +182,7 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
     For an encoder-decoder ``seq_len`` is the input (encoder) length: a given ``target_len``
     stays fixed on every cell, without one the target is as long as each cell's ``seq_len``.
 
-    What is exact.  ``peak_allocated_bytes`` is, on every cell (the estimator's own
-    operations on arrays).  The device total needs the caching-allocator replay of the cell
+    What is exact.  ``peak_allocated_bytes`` is, on every cell (the step plan read at each).  The device total needs the caching-allocator replay of the cell
     (reserved memory); by default only the cells whose state depends on it are replayed:
 
     * a cell whose allocated peak alone is over the line is ``does_not_fit`` whatever the
@@ -201,12 +198,11 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
       replayed; cells below it fit, above it do not (this assumes the reserved memory grows
       with the size along a chain, as the allocated memory does);
     * a cell not replayed shows its allocated peak times the reserved / allocated ratio of
-      the nearest replayed size (``events.provisional_reserved_bytes``'s mechanism) and
+      the nearest replayed size (``replays.provisional_reserved_bytes``'s mechanism) and
       ``reserved_exact`` False.
 
     Replayed cells (``reserved_exact``) equal :func:`vramwidget.estimate` in every column.
-    ``exact=True`` replays every cell.  Sizes whose event streams are equal share one replay
-    (``events.StreamTemplate``).  Measured (benchmarks/bench_fitmap.py): 64 x 64 cells of
+    ``exact=True`` replays every cell.  Measured (benchmarks/bench_fitmap.py): 64 x 64 cells of
     Llama 3.1 8B QLoRA + full checkpointing on an RTX 4090 ran 9 replays and gave 57 cells
     their exact device total (every tight cell among them), with every state equal to the
     exact map's; 185x faster than 4,096 ``estimate().device_total_bytes`` calls (1,263
@@ -225,14 +221,16 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
     s = TrainingSetup.from_kwargs(**kw)
     b = np.repeat(np.asarray(bs, dtype=np.int64), len(ss))
     sq = np.tile(np.asarray(ss, dtype=np.int64), len(bs))
-    if _array_safe(s):
-        tot = size_grid_totals(arch, s, b, sq, lambda *xs: reduce(np.maximum, xs), reserved=False, gpu=g)
-        peak = np.array(np.broadcast_to(np.asarray(tot["peak_allocated_bytes"], dtype=float), b.shape))
-        context = tot["cuda_context_bytes"]
-    else:  # a mechanism with integer steps in the sizes: one estimate per cell (still exact)
-        ests = [estimate_setup(arch, s.replace(batch_size=int(x), seq_len=int(y)), gpu=g) for x, y in zip(b, sq)]
-        peak = np.array([e.peak_allocated_bytes for e in ests], dtype=float)
-        context = ests[0].cuda_context_bytes
+    # validate the setup on this architecture (the checks estimate() makes) at the first cell
+    estimate_setup(arch, s.replace(batch_size=int(b[0]), seq_len=int(sq[0])))
+    ix = symbolic_plan(arch, s)
+    context = context_for(g)[0]
+    if ix is not None:
+        t = s.target_len if s.target_len is not None else 1
+        peak = grid_totals(ix, parse_alloc_conf(s.allocator), b, sq, t)["peak_allocated_bytes"].astype(float)
+    else:  # a plan built for one size (Liger's power-of-two chunks): one estimate per cell
+        peak = np.array([estimate_setup(arch, s.replace(batch_size=int(x), seq_len=int(y))).peak_allocated_bytes
+                         for x, y in zip(b, sq)], dtype=float)
     rel = verdict.uncertainty()["rel_error"]
     cap = verdict.capacity_bytes(g)
     reserved, known, rank = _sparse_reserved(arch, s, b, sq, peak, context, cap, rel, bool(exact), g)

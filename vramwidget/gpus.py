@@ -318,12 +318,17 @@ def device_total_on(est: Any, gpu: Any) -> float:
 
 
 #: (id(arch), setup, capacity in bytes) -> (arch, replay): the capacity replays of judge_on
-_CAPACITY_REPLAYS: Dict[Tuple[Any, ...], Tuple[Any, Any]] = {}
+CAPACITY_REPLAYS: Dict[Tuple[Any, ...], Tuple[Any, Any]] = {}
 _MAX_CAPACITY_REPLAYS = 256
 
 
+def _sources(est: Any) -> Any:
+    """The estimate's :class:`~vramwidget.result.EstimateSources` (None for an object without)."""
+    return getattr(est, "sources", None)
+
+
 def _capacity_key(est: Any, torch_capacity: float) -> Optional[Tuple[Any, ...]]:
-    run = getattr(est, "_replayed", None)
+    run = getattr(_sources(est), "replay_key", None)
     if run is None:
         return None
     try:
@@ -337,8 +342,8 @@ def _cached_capacity_replay(est: Any, torch_capacity: float) -> Any:
     key = _capacity_key(est, torch_capacity)
     if key is None:
         return None
-    hit = _CAPACITY_REPLAYS.get(key)
-    run = getattr(est, "_replayed")
+    hit = CAPACITY_REPLAYS.get(key)
+    run = _sources(est).replay_key
     return hit[1] if hit is not None and hit[0] is run[0] else None
 
 
@@ -350,9 +355,9 @@ def _capacity_replay(est: Any, torch_capacity: float) -> Any:
     res = est.replay(capacity_bytes=torch_capacity)
     key = _capacity_key(est, torch_capacity)
     if key is not None:
-        if len(_CAPACITY_REPLAYS) >= _MAX_CAPACITY_REPLAYS:
-            _CAPACITY_REPLAYS.clear()
-        _CAPACITY_REPLAYS[key] = (est._replayed[0], res)
+        if len(CAPACITY_REPLAYS) >= _MAX_CAPACITY_REPLAYS:
+            CAPACITY_REPLAYS.clear()
+        CAPACITY_REPLAYS[key] = (_sources(est).replay_key[0], res)
     return res
 
 
@@ -370,7 +375,7 @@ def _unlimited_reserved(est: Any) -> float:
 def _judges_on_card(est: Any) -> bool:
     """Whether ``est`` has a replay its allocator's free-and-retry at a card's limit can be
     judged with (a training step's; a parallel run's worst GPU, through its per-GPU estimate)."""
-    return bool(getattr(est, "capacity_judged", False)) and getattr(est, "_replay_fn", None) is not None
+    return bool(getattr(est, "capacity_judged", False)) and getattr(_sources(est), "replay", None) is not None
 
 
 def judge_on(est: Any, gpu: Any, *, replay: bool = True) -> Dict[str, Any]:
@@ -392,8 +397,9 @@ def judge_on(est: Any, gpu: Any, *, replay: bool = True) -> Dict[str, Any]:
        (``est.replay(capacity_bytes=...)``, cached per setup and capacity): it fits exactly
        when that replay has no out-of-memory error, and the reserve on this card is that
        replay's (``max_reserved_bytes``).  With an error the unlimited reserve stays (over the
-       line).  Estimates without such a replay (inference's decode, whose capacity replay
-       takes minutes) keep the unlimited reserve.
+       line).  Inference's generate() is judged the same way (its replay at a capacity:
+       ``allocator.replay_runs_on_card``); estimates without such a replay keep the unlimited
+       reserve.
 
     ``replay=False`` runs no capacity replay: where one is needed and not cached yet the
     unlimited reserve is kept and ``"provisional"`` is True (the widget's update path, which
@@ -444,7 +450,7 @@ def judge_on(est: Any, gpu: Any, *, replay: bool = True) -> Dict[str, Any]:
                    note=(f"at {g.name}'s limit the allocator frees its cached blocks and still runs out of "
                          f"memory: {res.oom}"))
         return out
-    of = getattr(est, "_reserved_from_replay", None)
+    of = getattr(_sources(est), "reserved_from_replay", None)
     on_card = float(of(res)) if of is not None else float(max(res.max_reserved_bytes, peak))
     on_card = min(on_card, reserved)
     fits_here = on_card + context <= cap
@@ -505,11 +511,6 @@ def _index() -> Dict[str, GPU]:
 def list_gpus() -> List[GPU]:
     """Every card in the catalog, smallest memory first."""
     return sorted(_catalog(), key=lambda g: (g.usable_bytes, g.name))
-
-
-def gpu_names() -> List[str]:
-    """Names of every GPU in the catalog."""
-    return [g.name for g in list_gpus()]
 
 
 def get_gpu(name: "str | GPU") -> GPU:

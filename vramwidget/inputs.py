@@ -35,6 +35,9 @@ MAX_BYTES = 2 ** 50
 #: whole numbers (batch, tokens, GPUs, ranks ...) above this are input errors: float64 holds
 #: every integer up to 2**53 exactly, and 2**53 tokens of one byte are 8 PiB
 MAX_COUNT = 2 ** 53
+#: GPUs of one run above this are input errors: more than any cluster announced (xAI's Colossus,
+#: ~200,000 GPUs, 2025; Llama 3 405B trained on 16,384 H100s, arXiv 2407.21783 section 3.3)
+MAX_GPUS = 2 ** 18
 #: names, paths and Hub ids longer than this are input errors (Linux's PATH_MAX is 4096)
 MAX_TEXT_CHARS = 4096
 #: list inputs (LoRA targets, quantized groups ...) longer than this are input errors
@@ -270,12 +273,6 @@ class Field:
         if k == "text":
             return check_text(self.name, value)
         raise AssertionError(f"unknown field kind {k!r}")
-
-
-def check_fields(specs: Mapping[str, Field], kw: Mapping[str, Any], kind: str = "setup field") -> Dict[str, Any]:
-    """Each given keyword checked by its declared field; unknown keywords are an error."""
-    check_keywords(kind, kw, specs)
-    return {name: specs[name].check(value) for name, value in kw.items()}
 
 
 # ---------------------------------------------------------------------------------------

@@ -350,7 +350,8 @@ def case_from_setup(
 # --------------------------------------------------------------------------------------
 
 
-def _module_available(name: str) -> bool:
+def module_available(name: str) -> bool:
+    """Whether ``name`` can be imported here (without importing it)."""
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
@@ -370,7 +371,7 @@ def check_requirements(case: Mapping[str, Any], device: Any = "cuda") -> None:
     """
     t = case["training"]
     on_cuda = _device_type(device) == "cuda"
-    has_bnb = _module_available("bitsandbytes")
+    has_bnb = module_available("bitsandbytes")
     needs_bnb = []
     if t["method"] == "qlora":
         needs_bnb.append(("training.method", "method 'qlora' (4-bit weights)"))
@@ -383,12 +384,12 @@ def check_requirements(case: Mapping[str, Any], device: Any = "cuda") -> None:
         if not has_bnb:
             raise VramError(f"{what} needs bitsandbytes and a CUDA GPU; bitsandbytes is not installed "
                             "(pip install bitsandbytes)", field=field)
-    if t["optimizer"] == "lion" and not _module_available("lion_pytorch") and not (on_cuda and has_bnb):
+    if t["optimizer"] == "lion" and not module_available("lion_pytorch") and not (on_cuda and has_bnb):
         raise VramError("optimizer 'lion' needs the lion-pytorch package (pip install lion-pytorch), "
                         "or bitsandbytes and a CUDA GPU", field="training.optimizer")
 
 
-def _import_stack():
+def import_stack():
     """torch, transformers and peft, or a VramError saying how to install them."""
     try:
         import peft
@@ -400,8 +401,9 @@ def _import_stack():
     return torch, transformers, peft
 
 
-def _resolve_device(device: Any):
-    torch, _, _ = _import_stack()
+def resolve_device(device: Any):
+    """``device`` as a torch.device, checked to exist (a VramError naming it when not)."""
+    torch, _, _ = import_stack()
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
@@ -418,7 +420,7 @@ def _resolve_device(device: Any):
 
 
 def _version(module_name: str) -> Optional[str]:
-    if not _module_available(module_name):
+    if not module_available(module_name):
         return None
     try:
         module = __import__(module_name)
@@ -445,8 +447,8 @@ def _cuda_context_mib(torch, dev) -> float:
 
 def environment(device: Any = "cpu") -> Dict[str, Any]:
     """The ``env`` block of a record: GPU name, package versions, CUDA context size."""
-    torch, transformers, peft = _import_stack()
-    dev = _resolve_device(device)
+    torch, transformers, peft = import_stack()
+    dev = resolve_device(device)
     env: Dict[str, Any] = {
         "gpu": None,
         "torch": torch.__version__,
@@ -470,7 +472,7 @@ def environment(device: Any = "cpu") -> Dict[str, Any]:
 # --------------------------------------------------------------------------------------
 
 
-class _CudaMemory:
+class CudaMemory:
     """Reads torch.cuda allocator statistics (MiB) after synchronising the device."""
 
     available = True
@@ -479,25 +481,31 @@ class _CudaMemory:
         self.torch, self.dev = torch, dev
 
     def sync(self) -> None:
+        """Wait for the device (torch.cuda.synchronize) so that the statistics are current."""
         self.torch.cuda.synchronize(self.dev)
 
     def reset_peak(self) -> None:
+        """Start a new peak (torch.cuda.reset_peak_memory_stats)."""
         self.sync()
         self.torch.cuda.reset_peak_memory_stats(self.dev)
 
     def allocated(self) -> float:
+        """torch.cuda.memory_allocated, MiB."""
         self.sync()
         return self.torch.cuda.memory_allocated(self.dev) / MIB
 
     def peak(self) -> float:
+        """torch.cuda.max_memory_allocated since the last reset, MiB."""
         self.sync()
         return self.torch.cuda.max_memory_allocated(self.dev) / MIB
 
     def peak_reserved(self) -> float:
+        """torch.cuda.max_memory_reserved since the last reset, MiB."""
         self.sync()
         return self.torch.cuda.max_memory_reserved(self.dev) / MIB
 
     def release(self) -> None:
+        """Collect garbage and return the cached blocks (torch.cuda.empty_cache)."""
         gc.collect()
         self.torch.cuda.empty_cache()
 
@@ -515,37 +523,46 @@ class _CudaMemory:
         return path
 
 
-class _NoMemory:
+class NoMemory:
     """The CPU: no allocator statistics, every reading is None."""
 
     available = False
 
     def sync(self) -> None:
+        """Nothing to wait for."""
         pass
 
     def reset_peak(self) -> None:
+        """Nothing to reset."""
         pass
 
     def allocated(self) -> None:
+        """No statistic: None."""
         return None
 
     def peak(self) -> None:
+        """No statistic: None."""
         return None
 
     def peak_reserved(self) -> None:
+        """No statistic: None."""
         return None
 
     def release(self) -> None:
+        """Collect garbage."""
         gc.collect()
 
     def record_history(self) -> None:
+        """No allocator history on the CPU."""
         pass
 
     def dump_snapshot(self, path: str) -> None:
+        """No snapshot on the CPU: None."""
         return None
 
 
-def _round(value: Optional[float], digits: int = 1) -> Optional[float]:
+def round_or_none(value: Optional[float], digits: int = 1) -> Optional[float]:
+    """``value`` rounded to ``digits``, None kept."""
     return None if value is None else round(value, digits)
 
 
@@ -561,7 +578,8 @@ def _max(values: Iterable[Optional[float]]) -> Optional[float]:
 # --------------------------------------------------------------------------------------
 
 
-def _make_config(model: Mapping[str, Any]):
+def make_config(model: Mapping[str, Any]):
+    """The transformers config of a case's ``model`` mapping (use_cache off), or a VramError naming what transformers refused."""
     from transformers import AutoConfig
 
     kwargs = dict(model)
@@ -576,7 +594,8 @@ def _make_config(model: Mapping[str, Any]):
                         f"build this config: {message}", field=field) from exc
 
 
-def _from_config(cfg, dtype, attn: str, dev):
+def model_from_config(cfg, dtype, attn: str, dev):
+    """A causal LM built from ``cfg`` on ``dev`` in ``dtype`` with attention ``attn`` (random weights)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -588,7 +607,7 @@ def _from_config(cfg, dtype, attn: str, dev):
                         f"attn_implementation {shown(attn)}: {exc}", field="model") from exc
 
 
-def _load_quantized(cfg, t: Mapping[str, Any], dev):
+def load_quantized(cfg, t: Mapping[str, Any], dev):
     """QLoRA base model: build it in ``weights_dtype``, save it, reload it in 4 bits.
 
     transformers quantizes only while loading weights, so a random model goes through
@@ -601,7 +620,7 @@ def _load_quantized(cfg, t: Mapping[str, Any], dev):
     dtype = getattr(torch, t["weights_dtype"])
     tmp = tempfile.mkdtemp(prefix="vramwidget-qlora-")
     try:
-        model = _from_config(cfg, dtype, t["attn_implementation"], dev)
+        model = model_from_config(cfg, dtype, t["attn_implementation"], dev)
         model.save_pretrained(tmp)
         del model
         gc.collect()
@@ -641,11 +660,11 @@ def _build_model_quietly(case: Mapping[str, Any], dev):
     import torch
 
     t = case["training"]
-    cfg = _make_config(case["model"])
+    cfg = make_config(case["model"])
     if t["method"] == "qlora":
-        model = _load_quantized(cfg, t, dev)
+        model = load_quantized(cfg, t, dev)
     else:
-        model = _from_config(cfg, getattr(torch, t["weights_dtype"]), t["attn_implementation"], dev)
+        model = model_from_config(cfg, getattr(torch, t["weights_dtype"]), t["attn_implementation"], dev)
     model.config.use_cache = False
 
     checkpointing = t["gradient_checkpointing"]
@@ -704,7 +723,7 @@ def _make_optimizer(name: str, params: List[Any]):
     if name == "sgd":
         return torch.optim.SGD(params, lr=LEARNING_RATE)
     if name == "lion":
-        if _module_available("lion_pytorch"):
+        if module_available("lion_pytorch"):
             from lion_pytorch import Lion
 
             return Lion(params, lr=LEARNING_RATE)
@@ -753,15 +772,15 @@ def measure_case(case: Mapping[str, Any], *, device: Any = "cuda", steps: int = 
         raise VramError(f"steps must be an integer >= 2 (step 1 creates optimizer states; steps 2.. are the "
                         f"steady state); got {shown(steps)}", field="steps")
     check_requirements(case, device)
-    torch, _, _ = _import_stack()
-    dev = _resolve_device(device)
+    torch, _, _ = import_stack()
+    dev = resolve_device(device)
     env = environment(dev)
-    mem = _CudaMemory(torch, dev) if dev.type == "cuda" else _NoMemory()
+    mem = CudaMemory(torch, dev) if dev.type == "cuda" else NoMemory()
     try:
         mem.release()
         if mem.available:
             # normally 0; anything else is memory a caller still holds, counted in every *_mib
-            env["allocated_before_case_mib"] = _round(mem.allocated())
+            env["allocated_before_case_mib"] = round_or_none(mem.allocated())
         if snapshot_path and mem.available:
             mem.record_history()
         measured = _run_steps(case, dev, mem, steps)
@@ -837,14 +856,14 @@ def _run_steps(case: Mapping[str, Any], dev, mem, steps: int) -> Dict[str, Any]:
     return {
         "params_total": None if t["method"] == "qlora" else params_total,
         "params_trainable": params_trainable,
-        "weights_mib": _round(weights_mib),
-        "persistent_after_step_mib": _round(steady[0]["end"]),
-        "forward_peak_mib": _round(forward),
-        "backward_peak_mib": _round(backward),
-        "optimizer_step_peak_mib": _round(optimizer_step),
-        "peak_allocated_mib": _round(_max([forward, backward, optimizer_step])),
-        "first_step_peak_mib": _round(phases[0]["peak"]),
-        "max_reserved_mib": _round(_max(p["reserved"] for p in phases)),
+        "weights_mib": round_or_none(weights_mib),
+        "persistent_after_step_mib": round_or_none(steady[0]["end"]),
+        "forward_peak_mib": round_or_none(forward),
+        "backward_peak_mib": round_or_none(backward),
+        "optimizer_step_peak_mib": round_or_none(optimizer_step),
+        "peak_allocated_mib": round_or_none(_max([forward, backward, optimizer_step])),
+        "first_step_peak_mib": round_or_none(phases[0]["peak"]),
+        "max_reserved_mib": round_or_none(_max(p["reserved"] for p in phases)),
         "step_seconds": round(min(p["seconds"] for p in steady), 4),
     }
 
@@ -861,20 +880,27 @@ def load_cases(source: Union[str, "os.PathLike[str]", Iterable[Mapping[str, Any]
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise VramError(f"cannot read cases file {shown(str(path))}: {exc.strerror or exc}", field="cases") from exc
+        except UnicodeDecodeError:
+            raise VramError(f"cases: {shown(str(path))} is not UTF-8 text (a JSON-lines file)", field="cases") from None
         raw: List[Any] = []
-        if text.lstrip().startswith("["):
-            try:
-                raw = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise VramError(f"{path}: not valid JSON ({exc})", field="cases") from exc
-        else:
-            for lineno, line in enumerate(text.splitlines(), 1):
-                if not line.strip():
-                    continue
+        try:
+            if text.lstrip().startswith("["):
                 try:
-                    raw.append(json.loads(line))
+                    raw = json.loads(text)
                 except json.JSONDecodeError as exc:
-                    raise VramError(f"{path}:{lineno}: not valid JSON ({exc.msg})", field="cases") from exc
+                    raise VramError(f"cases: {path}: not valid JSON ({exc})", field="cases") from exc
+            else:
+                for lineno, line in enumerate(text.splitlines(), 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        raw.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise VramError(f"cases: {path}:{lineno}: not valid JSON ({exc.msg})", field="cases") from exc
+        except RecursionError:
+            raise VramError(f"cases: {path} nests deeper than a case", field="cases") from None
+        if not isinstance(raw, list):
+            raise VramError(f"cases: {path} holds a {type(raw).__name__}, not a list of cases", field="cases")
         where = [f"{path}:{i}" for i in range(1, len(raw) + 1)]
     else:
         raw = list(source)
@@ -1123,7 +1149,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise VramError("nothing to measure: give a CASES.jsonl file or --model CONFIG.json", field="cases")
         if args.steps < 2:
             raise VramError(f"--steps must be at least 2; got {args.steps}", field="steps")
-        _resolve_device(args.device)
+        resolve_device(args.device)
         records = measure_file(cases, args.out, device=args.device, deadline_s=args.deadline, only=args.only,
                                steps=args.steps, log=sys.stderr, snapshot_dir=args.snapshots)
     except VramError as exc:

@@ -86,11 +86,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
 from .inputs import shown
-from .inputs import Field, check_choice, check_int
-from .estimate import check_physical, _merge_named, _params, estimate_setup
+from .defaults import strategy_for
+from .inputs import MAX_GPUS, Field, check_choice, check_int
+from .estimate import check_physical, merge_named, estimate_setup
+from .plan.params import param_storage
+from .plan.profile import full_checkpointing
 from .result import Estimate, Node
 from .training import TrainingSetup
 from .units import DTYPE_BYTES, GIB
+from . import zero as _zero
 
 #: strategy -> what it is (for help texts and the widget)
 STRATEGIES: Dict[str, str] = {
@@ -164,6 +168,7 @@ class StageEstimate:
     model_states: Dict[str, float]
     cpu: Dict[str, float]
     params_local: int                  # parameters of this GPU's slice before data-parallel sharding
+    nvme: Dict[str, float] = field(default_factory=dict)   # DeepSpeed NVMe offload: bytes per GPU on disk
 
     @property
     def device_total_bytes(self) -> float:
@@ -179,7 +184,8 @@ class StageEstimate:
                 "device_total_gib": round(self.estimate.device_total_bytes / GIB, 3),
                 "phases": {k: int(round(v)) for k, v in self.estimate.phases_bytes.items()},
                 "model_states": {k: int(round(v)) for k, v in self.model_states.items()},
-                "cpu": {k: int(round(v)) for k, v in self.cpu.items()}}
+                "cpu": {k: int(round(v)) for k, v in self.cpu.items()},
+                "nvme": {k: int(round(v)) for k, v in self.nvme.items()}}
 
 
 @dataclass
@@ -467,7 +473,7 @@ def _tp_tensor(t: ParamTensor, arch: Architecture, tp: int, ep: int) -> ParamTen
     return replace(t, shape=tuple(shape), in_features=in_f, out_features=out_f, experts=experts)
 
 
-def _slice(arch: Architecture, first: int, last: int, embed: bool, head: bool, tp: int,
+def stage_slice(arch: Architecture, first: int, last: int, embed: bool, head: bool, tp: int,
            ep: int) -> Tuple[Architecture, Architecture]:
     """The architecture one GPU runs: layers [first, last] of the pipeline stage, the
     embeddings on the first stage, the head on the last, cut by tensor and expert parallel.
@@ -587,7 +593,7 @@ def _leaf(component: str, name: str, nbytes: float, formula: str) -> Node:
 # The estimate
 # ----------------------------------------------------------------------------------
 
-def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, gpus_per_node: int = 8,
+def estimate_parallel(model: Any, *, strategy: Optional[str] = None, num_gpus: int = 1, gpus_per_node: int = 8,
                       tensor_parallel: int = 1, pipeline_parallel: int = 1, sequence_parallel: bool = False,
                       context_parallel: int = 1, expert_parallel: int = 1, micro_batches: Optional[int] = None,
                       offload_optimizer: bool = False, offload_params: bool = False,
@@ -595,7 +601,10 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
                       overlap_comm: Optional[bool] = None, ddp_bucket_view: bool = False,
                       cpu_buffer_factor: Optional[float] = None, max_live_parameters: Optional[int] = None,
                       nccl_buffsize_mb: Optional[float] = None, nccl_channels: Optional[int] = None,
-                      gpu: Any = None, **setup: Any) -> ParallelEstimate:
+                      zero_config: Optional[Dict[str, Any]] = None, fsdp_version: int = 1,
+                      reshard_after_forward: Optional[bool] = None, device_map: Any = None,
+                      max_memory: Optional[Dict[Any, Any]] = None, gpu: Any = None,
+                      **setup: Any) -> ParallelEstimate:
     """Per-GPU memory of one training step run across ``num_gpus`` GPUs.
 
     Parameters
@@ -606,7 +615,8 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
     strategy:
         one of :data:`STRATEGIES`: ``none``, ``ddp``, ``zero0``-``zero3`` (DeepSpeed),
         ``fsdp_full_shard``, ``fsdp_shard_grad_op``, ``fsdp_hybrid`` (PyTorch FSDP),
-        ``megatron``, ``megatron_distopt`` (Megatron-LM).
+        ``megatron``, ``megatron_distopt`` (Megatron-LM).  Not given: ``ddp`` when the
+        layout has several data-parallel replicas (said in the notes), else ``none``.
     num_gpus, gpus_per_node:
         all GPUs of the run; data-parallel size = num_gpus / (tensor x pipeline x context).
     tensor_parallel, sequence_parallel, context_parallel, pipeline_parallel, expert_parallel:
@@ -636,6 +646,23 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
     nccl_buffsize_mb, nccl_channels:
         NCCL's ``NCCL_BUFFSIZE`` in MiB (default 4) and channels per communicator (default 2;
         NCCL picks more on NVLink systems, up to ``NCCL_MAX_NCHANNELS``).
+    zero_config:
+        DeepSpeed's ``zero_optimization`` keys (:data:`vramwidget.zero.DS_KEYS`: ``sub_group_size``,
+        ``reduce_bucket_size``, ``allgather_bucket_size``, ``stage3_prefetch_bucket_size``,
+        ``stage3_param_persistence_threshold``, ``stage3_model_persistence_threshold``,
+        ``stage3_max_live_parameters``, ``stage3_max_reuse_distance``, ``contiguous_gradients``,
+        ``overlap_comm``, ``offload_optimizer`` / ``offload_param`` ``{"device": "cpu" | "nvme",
+        "ratio": ...}``) for the ZeRO strategies (:mod:`vramwidget.zero`).
+    fsdp_version, reshard_after_forward:
+        FSDP1 (``FullyShardedDataParallel``'s flat parameters, accelerate's default) or FSDP2
+        (``fully_shard``: torchtune, accelerate ``fsdp_version: 2``); ``reshard_after_forward``
+        (default: True, False for ``fsdp_shard_grad_op``) frees each unit's gathered
+        parameters after its forward (:mod:`vramwidget.fsdp`).
+    device_map, max_memory:
+        transformers' ``from_pretrained(device_map="auto" | "balanced" | "balanced_low_0" |
+        "sequential" | {module: device}, max_memory={0: "24GiB", ...})``: the layers split over
+        the GPUs as transformers places them (:mod:`vramwidget.device_map`), each GPU running its
+        own layers in turn (one stage per GPU, one micro-batch in flight).
     gpu:
         a catalogue GPU: the step time with the strategy's communication over its NVLink or
         PCIe (and 50 GB/s per GPU between nodes), tokens/s of the whole run and its cost.
@@ -646,6 +673,9 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
         s = TrainingSetup.from_kwargs(**setup)
     elif setup:
         raise VramError(f"unknown setup field {shown(sorted(setup)[0])} beside setup=", field=sorted(setup)[0])
+    said = ""
+    if strategy is None:   # not given: DDP for several replicas (defaults.py, as the CLI and widget do)
+        strategy, said = strategy_for(num_gpus, tensor_parallel, pipeline_parallel, context_parallel)
     pe = estimate_parallel_setup(
         arch, s, strategy=strategy, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
         tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, sequence_parallel=sequence_parallel,
@@ -653,8 +683,13 @@ def estimate_parallel(model: Any, *, strategy: str = "none", num_gpus: int = 1, 
         offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
         prefetch_elements=prefetch_elements, overlap_comm=overlap_comm, ddp_bucket_view=ddp_bucket_view,
         cpu_buffer_factor=cpu_buffer_factor, max_live_parameters=max_live_parameters,
-        nccl_buffsize_mb=nccl_buffsize_mb, nccl_channels=nccl_channels)
+        nccl_buffsize_mb=nccl_buffsize_mb, nccl_channels=nccl_channels, zero_config=zero_config,
+        fsdp_version=fsdp_version, reshard_after_forward=reshard_after_forward, device_map=device_map,
+        max_memory=max_memory)
     check_physical(pe.per_gpu, arch, s)
+    if said:
+        pe.notes.insert(0, said)
+        pe.per_gpu.notes.insert(0, said)
     if gpu is not None:
         pe.set_gpu(gpu)
     return pe
@@ -665,14 +700,15 @@ PARALLEL_KEYS = ("strategy", "num_gpus", "gpus_per_node", "tensor_parallel", "pi
                  "sequence_parallel", "context_parallel", "expert_parallel", "micro_batches", "offload_optimizer",
                  "offload_params", "bucket_mb", "prefetch_elements", "overlap_comm", "ddp_bucket_view",
                  "cpu_buffer_factor", "max_live_parameters", "nccl_buffsize_mb",
-                 "nccl_channels")
+                 "nccl_channels", "zero_config", "fsdp_version", "reshard_after_forward", "device_map",
+                 "max_memory")
 
 
 #: each keyword of estimate_parallel beyond the setup, declared once (kind and range; the
 #: links between them and the model are checked in ``_layout``)
 PARALLEL_FIELDS: Dict[str, Field] = {f.name: f for f in (
     Field("strategy", "choice", "none", choices=lambda: tuple(STRATEGIES), none="error"),
-    Field("num_gpus", "int", 1, lo=1, none="error"),
+    Field("num_gpus", "int", 1, lo=1, hi=MAX_GPUS, none="error"),
     Field("gpus_per_node", "int", 8, lo=1, none="error"),
     Field("tensor_parallel", "int", 1, lo=1, none="error"),
     Field("pipeline_parallel", "int", 1, lo=1, none="error"),
@@ -690,6 +726,11 @@ PARALLEL_FIELDS: Dict[str, Field] = {f.name: f for f in (
     Field("max_live_parameters", "int", None, lo=1, none="none"),
     Field("nccl_buffsize_mb", "number", None, lo=0, lo_open=True, none="none"),
     Field("nccl_channels", "int", None, lo=1, none="none"),
+    Field("zero_config", "custom", None, none="none", parse=lambda v: _zero.check_keys(v)),
+    Field("fsdp_version", "int", 1, lo=1, hi=2, none="error"),
+    Field("reshard_after_forward", "bool", None, none="none"),
+    Field("device_map", "custom", None, none="none", parse=lambda v: v),
+    Field("max_memory", "custom", None, none="none", parse=lambda v: v),
 )}
 assert set(PARALLEL_FIELDS) == set(PARALLEL_KEYS)
 
@@ -703,13 +744,29 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                             ddp_bucket_view: bool = False,
                             cpu_buffer_factor: Optional[float] = None, max_live_parameters: Optional[int] = None,
                             nccl_buffsize_mb: Optional[float] = None,
-                            nccl_channels: Optional[int] = None) -> ParallelEstimate:
+                            nccl_channels: Optional[int] = None,
+                            zero_config: Optional[Dict[str, Any]] = None, fsdp_version: int = 1,
+                            reshard_after_forward: Optional[bool] = None, device_map: Any = None,
+                            max_memory: Optional[Dict[Any, Any]] = None) -> ParallelEstimate:
     """:func:`estimate_parallel` for a resolved architecture and a validated setup."""
     given = dict(locals())   # every keyword, each checked by its declaration in PARALLEL_FIELDS
     for k, f in PARALLEL_FIELDS.items():
         if given[k] is not None or f.none == "error":
             f.check(given[k])
     strategy = PARALLEL_FIELDS["strategy"].check(strategy)
+    placed = None
+    if device_map is not None:
+        # transformers' device_map split: each GPU runs its layers in turn (vramwidget/device_map.py)
+        from . import device_map as _dm
+
+        if strategy != "none" or tensor_parallel != 1 or pipeline_parallel != 1:
+            raise VramError("device_map: a device_map split runs one replica layer by layer; use it with "
+                            "strategy='none' and no tensor or pipeline parallel size", field="device_map")
+        placement = _dm.place(arch, param_storage(arch, s), device_map, max_memory, quantized=s.quantized)
+        placed = _dm.stages(placement)
+        num_gpus, pipeline_parallel, micro_batches = len(placed), len(placed), 1
+    elif max_memory is not None:
+        raise VramError("max_memory: needs device_map= (the split it sizes)", field="max_memory")
     lay = _layout(arch, s, strategy, num_gpus, gpus_per_node, tensor_parallel, pipeline_parallel,
                   sequence_parallel, context_parallel, expert_parallel, micro_batches)
     for name, v in (("offload_optimizer", offload_optimizer), ("offload_params", offload_params),
@@ -721,6 +778,13 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
             if strategy in FSDP else ""
         raise VramError(f"offload_optimizer: needs DeepSpeed ZeRO-1, 2 or 3, not {shown(strategy)}{hint}",
                         field="offload_optimizer")
+    if not s.zero_grad_set_to_none and strategy in DEEPSPEED + FSDP:
+        # DeepSpeed's engine zeroes its own gradient partitions and FSDP keeps each rank's shard:
+        # what a kept gradient costs per GPU there is not the plan's full gradient
+        raise VramError(f"zero_grad_set_to_none: False is modelled on one GPU and with DDP; under "
+                        f"{shown(strategy)} the engine keeps or zeroes its own gradient partitions (leave it True, torch's "
+                        f"default)",
+                        field="zero_grad_set_to_none")
     if offload_params and strategy not in ("zero3",) + FSDP:
         raise VramError(f"offload_params: needs ZeRO-3 or FSDP, not {shown(strategy)}", field="offload_params")
     if bucket_mb is not None and (isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float))
@@ -741,13 +805,28 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
             or not cpu_buffer_factor >= 1.0 or cpu_buffer_factor == float("inf"):
         raise VramError(f"cpu_buffer_factor: must be a number >= 1, got {shown(cpu_buffer_factor)}",
                         field="cpu_buffer_factor")
+    zcfg = None
+    if strategy in DEEPSPEED:
+        zcfg = _zero.zero_config(
+            int(strategy[-1]), zero_config, hidden_size=arch.hidden_size,
+            reduce_bucket_size=int(bucket_mb * 1e6 / 2) if bucket_mb else None,
+            prefetch_bucket_size=prefetch_elements, max_live_parameters=max_live_parameters, overlap_comm=overlap_comm,
+            offload_optimizer="cpu" if offload_optimizer else None, offload_param="cpu" if offload_params else None)
+        offload_optimizer = zcfg.offload_optimizer != "none"
+        offload_params = zcfg.offload_param != "none"
+    elif zero_config:
+        raise VramError(f"zero_config: DeepSpeed's ZeRO settings need a DeepSpeed strategy (zero0-zero3), not "
+                        f"{shown(strategy)}", field="zero_config")
     opts = dict(offload_optimizer=offload_optimizer, offload_params=offload_params, bucket_mb=bucket_mb,
                 prefetch_elements=prefetch_elements if prefetch_elements is not None else DS_PREFETCH_BUCKET_ELEMENTS,
-                overlap_comm=(strategy == "zero3") if overlap_comm is None else bool(overlap_comm),
+                overlap_comm=zcfg.overlap if zcfg else ((strategy == "zero3") if overlap_comm is None
+                                                        else bool(overlap_comm)),
                 ddp_bucket_view=ddp_bucket_view,
                 max_live_parameters=max_live_parameters if max_live_parameters is not None else DS_MAX_LIVE_PARAMETERS,
                 nccl_buffsize_bytes=(nccl_buffsize_mb if nccl_buffsize_mb is not None else 4) * 2**20,
-                nccl_channels=nccl_channels if nccl_channels is not None else NCCL_CHANNELS)
+                nccl_channels=nccl_channels if nccl_channels is not None else NCCL_CHANNELS, zero=zcfg,
+                fsdp_version=PARALLEL_FIELDS["fsdp_version"].check(fsdp_version),
+                reshard_after_forward=reshard_after_forward)
 
     # the setup each GPU runs
     s_loc = s
@@ -757,19 +836,32 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
         s_loc = replace(s_loc, grad_accum_steps=lay.micro_batches)   # gradients accumulate over micro-batches
     if strategy in DEEPSPEED + MEGATRON and s.optimizer in _STATE_COUNT and not s.optimizer_state_dtypes:
         s_loc = replace(s_loc, optimizer_state_dtypes=("float32",) * _STATE_COUNT[s.optimizer])
+    pre_notes: List[str] = []
+    if strategy in MEGATRON and s.autocast:
+        # Megatron has no autocast mode: --bf16 / --fp16 wrap the model in Float16Module
+        # (megatron/core/transformer/module.py), 16-bit parameters with the optimizer's fp32 copy
+        s_loc = replace(s_loc, precision="bf16" if s.compute_dtype == "bfloat16" else "fp16")
+        pre_notes.append(f"Megatron runs {s.precision} as {s_loc.precision} parameters with an fp32 optimizer copy "
+                         f"(--{s_loc.precision}: Float16Module); it has no torch autocast mode")
+    if strategy in DEEPSPEED and s.autocast:
+        pre_notes.append("DeepSpeed with fp32 parameters and torch autocast is its torch_autocast mode (fp32 "
+                         "partitions, autocast casts the gathered weights); HF Trainer's bf16=True with DeepSpeed "
+                         "is DeepSpeed's bf16 mode: precision='bf16'")
 
-    ranges = _stages(arch.num_layers, lay.pp)
+    ranges = _stages(arch.num_layers, lay.pp) if placed is None else [(f, l) for f, l, _, _, _ in placed]
     stages: List[StageEstimate] = []
-    cache: Dict[Tuple[Any, ...], Tuple[Estimate, Dict[str, float], Dict[str, float], int, List[str]]] = {}
+    cache: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
     for i, (first, last) in enumerate(ranges):
-        embed, head = i == 0, i == lay.pp - 1
+        embed, head = (i == 0, i == lay.pp - 1) if placed is None else placed[i][2:4]
         k = min(lay.pp - i, lay.micro_batches) if lay.pp > 1 else 1
         key = (first, last, embed, head, k)
         if key not in cache:
             cache[key] = _stage(arch, s, s_loc, lay, opts, first, last, embed, head, k)
-        est, ms, cpu, n_local, _notes = cache[key]
-        stages.append(StageEstimate(i, (first, last), embed, head, k, est, ms, cpu, n_local))
-    worst = max(range(len(stages)), key=lambda j: stages[j].device_total_bytes)
+        est, ms, cpu, n_local, _notes, nvme = cache[key]
+        stages.append(StageEstimate(i, (first, last), embed, head, k, est, ms, cpu, n_local, nvme))
+    # the fullest GPU: by device total, which replays the allocator per stage; one stage is
+    # the fullest without a replay (max() would read the key of a single item too)
+    worst = 0 if len(stages) == 1 else max(range(len(stages)), key=lambda j: stages[j].device_total_bytes)
     comm_layout = {"strategy": strategy, "num_gpus": lay.num_gpus, "gpus_per_node": lay.gpus_per_node,
                    "data_parallel": lay.dp, "tensor_parallel": lay.tp, "pipeline_parallel": lay.pp,
                    "context_parallel": lay.cp, "expert_parallel": lay.ep, "micro_batches": lay.micro_batches,
@@ -777,13 +869,16 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                    "offload_optimizer": offload_optimizer, "offload_params": offload_params}
     for st in stages:
         _attach_comm(st.estimate, comm_layout, s, lay)
-    notes = list(cache[next(iter(cache))][4])
+    notes = pre_notes + list(cache[next(iter(cache))][4])
     layout = {"strategy": strategy, "num_gpus": lay.num_gpus, "gpus_per_node": lay.gpus_per_node,
               "nodes": lay.nodes, "gpus_on_node": lay.gpus_on_node, "data_parallel": lay.dp,
               "tensor_parallel": lay.tp, "pipeline_parallel": lay.pp, "context_parallel": lay.cp,
               "expert_parallel": lay.ep, "sequence_parallel": lay.sp, "micro_batches": lay.micro_batches,
               "shard": lay.shard, "shard_experts": lay.shard_experts,
               "offload_optimizer": offload_optimizer, "offload_params": offload_params}
+    if placed is not None:
+        layout["device_map"] = dict(placement.device_map)
+        layout["gpu_of_stage"] = [d for _, _, _, _, d in placed]
     return ParallelEstimate(model_name=arch.name, strategy=strategy, layout=layout, setup=s.to_dict(), stages=stages,
                             worst_stage=worst, buffers=_buffer_settings(strategy, opts),
                             cpu_buffer_factor=float(cpu_buffer_factor), notes=notes)
@@ -794,13 +889,13 @@ def _attach_comm(est: Estimate, comm_layout: Dict[str, Any], s: TrainingSetup, l
     GPU count and tokens per step, for ``set_gpu`` / ``step_seconds`` / ``run_cost``."""
     from .timing import communication
 
-    sizes = getattr(est, "_comm_sizes", None)
+    sizes = getattr(getattr(est, "sources", None), "communication_sizes", None)
     if sizes is None:
         return
     est.gpus = lay.num_gpus
     est.tokens_per_step = s.batch_size * s.seq_len * max(s.grad_accum_steps, lay.micro_batches if lay.pp > 1 else 1) \
         * lay.dp
-    est._comm = lambda gpu, st: communication(gpu, comm_layout, sizes, st)
+    est.sources.communication = lambda gpu, st: communication(gpu, comm_layout, sizes, st)
 
 
 def _buffer_settings(strategy: str, opts: Dict[str, Any]) -> Dict[str, Any]:
@@ -817,10 +912,282 @@ def _buffer_settings(strategy: str, opts: Dict[str, Any]) -> Dict[str, Any]:
     return {}
 
 
+def _factor(factors: Dict[str, Any], name: str, phase: str) -> Tuple[float, float]:
+    """A component's (dense, experts) factor in ``phase``: one pair for every phase, or a
+    pair per phase (ZeRO's plan)."""
+    f = factors.get(name, (1.0, 1.0))
+    return f.get(phase, (1.0, 1.0)) if isinstance(f, dict) else f
+
+
+def _comm_dtypes(P: Any, s: TrainingSetup) -> Tuple[str, ...]:
+    """The dtypes DeepSpeed reduces gradients in, one IPG bucket each: the parameters' own, or
+    under torch autocast the autocast dtype for the Linear layers and fp32 for the rest
+    (deepspeed/runtime/torch_autocast.py: PARAM_COMM_DTYPE on LOWER_PRECISION_SAFE_MODULES)."""
+    dts = {d for _, _, _, d, _ in P.trainable_tensors}
+    if s.autocast:
+        linear = any(t.linear and tr for t, _, _, tr in P.weights) or bool(P.adapters)
+        other = any(not t.linear and tr for t, _, _, tr in P.weights)
+        dts = ({s.compute_dtype} if linear else set()) | ({"float32"} if other else set())
+    return tuple(sorted(dts)) or (s.weights_dtype,)
+
+
+def _fsdp_plan(cut: Architecture, s: TrainingSetup, P: Any, lay: _Layout, opts: Dict[str, Any], strategy: str,
+               off_par: bool, states_bytes: float):
+    """This stage's FSDP plan (:mod:`vramwidget.fsdp`): FSDP1 flat parameters or FSDP2 shards."""
+    from . import fsdp as _fsdp
+
+    units = _fsdp.units(cut, P, s.lora_r if s.method in ("lora", "qlora") else 0)
+    pdt = DTYPE_BYTES[s.compute_dtype] if s.autocast else DTYPE_BYTES[s.weights_dtype]
+    tr = sum(p.numel for u in units for p in u.params if p.trains)
+    per = states_bytes / tr if tr else 0.0
+    reshard = opts["reshard_after_forward"]
+    if reshard is None:
+        reshard = strategy != "fsdp_shard_grad_op"
+    if opts["fsdp_version"] == 2:
+        return _fsdp.fsdp2_plan(units, lay.shard, param_dtype_bytes=pdt, reduce_dtype_bytes=pdt,
+                                state_bytes_per_elem=per, reshard_after_forward=reshard,
+                                checkpointing=full_checkpointing(s), offload=off_par)
+    return _fsdp.fsdp1_plan(units, lay.shard, param_dtype_bytes=pdt, state_bytes_per_elem=per,
+                            reshard_after_forward=reshard, offload=off_par)
+
+
+def _ds_plan(cut: Architecture, s: TrainingSetup, P: Any, lay: _Layout, opts: Dict[str, Any],
+             W: Tuple[float, float], G: Tuple[float, float], S: Tuple[float, float], adapters: float):
+    """The ZeRO plan of one GPU (:func:`vramwidget.zero.plan`) for this stage's slice."""
+    cfg = opts["zero"]
+    params = _zero.params_in_order(cut, P, s.lora_r if s.method in ("lora", "qlora") else 0)
+    return _zero.plan(params, cfg, lay.shard, lay.shard_experts, weights_bytes=W, grads_bytes=G, states_bytes=S,
+                      adapters_bytes=adapters, weights_dtype=s.weights_dtype, optimizer=s.optimizer,
+                      checkpointing=full_checkpointing(s), num_layers=cut.num_layers, comm_dtypes=_comm_dtypes(P, s),
+                      state_count=_STATE_COUNT.get(s.optimizer, 0))
+
+
+def _shard_spec(strategy: str, lay: _Layout, zp: Any, P: Any, cut: Architecture, s: TrainingSetup, fw: float,
+                fo: float, o_gpu: float, off_par: bool):
+    """What this GPU's allocator stream changes against its slice's single-GPU stream
+    (:class:`vramwidget.sharded_replay.ShardSpec`): ZeRO's buffers and sub-group step from its
+    plan, FSDP's shards and gathered units."""
+    from .sharded_replay import ShardSpec
+
+    N = lay.shard
+    by_layer: Dict[int, float] = {}
+    root = 0.0
+    for t, dtype, nbytes, trains in P.weights:
+        each = nbytes / max(t.repeat, 1)
+        if strategy in FSDP and s.autocast and dtype == "float32":
+            each = t.numel_each * DTYPE_BYTES[s.compute_dtype]     # MixedPrecision's param_dtype
+        if t.layers is None:
+            root += each * max(t.repeat, 1)
+            continue
+        per = t.repeat // (t.layers[1] - t.layers[0] + 1)
+        for layer in range(t.layers[0], t.layers[1] + 1):
+            by_layer[layer] = by_layer.get(layer, 0.0) + each * per
+    if zp is None:   # FSDP: sharded parameters, gradients reduce-scattered to shards, units gathered
+        f = 0.0 if off_par else 1.0 / N
+        # MixedPrecision: fp32 shards gathered, and their gradients made, in the compute dtype
+        scale = DTYPE_BYTES[s.compute_dtype] / 4.0 if s.autocast else 1.0
+        return ShardSpec(weights=f, states=f, temps=f, grads="unit", grad_shard=f, gather_layer=by_layer,
+                         gather_root=root, drop_casts=True, grad_scale=scale)
+    st = int(strategy[-1])
+    buffers = [(name, nb) for phases_, comp, name, nb, _ in zp.adds if phases_ == _zero.ALL and nb > 0]
+    if st == 2:
+        buffers += [(name, nb) for phases_, comp, name, nb, _ in zp.adds
+                    if name in ("gradient partition (grads_in_partition)", "IPG buckets (contiguous gradients)")]
+    step = list(zp.step_parts) or None
+    gather = dict(by_layer) if st == 3 else {}
+    window = zp.gather.forward_bytes if (st == 3 and zp.gather is not None) else 0.0
+    temps = zp.factors.get("optimizer temporaries", {}).get("optimizer_step", (1.0, 1.0))[0]
+    return ShardSpec(weights=fw if st == 3 and not off_par else (0.0 if off_par else 1.0), states=o_gpu,
+                     temps=temps, grads="shard" if st in (2, 3) else "keep",
+                     grad_shard=0.0, buffers=buffers, step=step, gather_layer=gather,
+                     gather_root=root if st == 3 else 0.0, gather_window=window)
+
+
+def _scale_phases(E: Estimate, factors: Dict[str, Any], adds: Dict[str, List[Node]], zero_names: Tuple[str, ...],
+                  keep: Tuple[str, ...]):
+    """Each phase of the single-GPU estimate with its components scaled by ``factors`` (per
+    phase) and the parallel additions placed: (phase components, phase bytes, the change per
+    phase, optimizer-state bytes per phase)."""
+    phase_components: Dict[str, List[Node]] = {}
+    phases = dict(E.phases_bytes)
+    deltas: Dict[str, float] = {}
+    states_after: Dict[str, float] = {}
+    for p in _PHASES:
+        nodes, delta = [], 0.0
+        st = 0.0
+        for c in E.phase_components[p]:
+            f, fe = _factor(factors, c.name, p)
+            if c.name == "activations" and p not in ("forward", "backward"):
+                f = fe = 1.0
+            if f == 1.0 and fe == 1.0 and not (c.name == "weights" and zero_names):
+                nodes.append(c)
+                if c.name == "optimizer states":
+                    st += c.bytes
+                continue
+            n, d = _scaled(c, f, fe, zero=zero_names if c.name == "weights" else (), keep=keep)
+            nodes.append(n)
+            delta += d
+            if c.name == "optimizer states":
+                st += n.bytes
+        delta += sum(n.total_bytes() for n in adds[p])
+        states_after[p] = st
+        deltas[p] = delta
+        phases[p] = E.phases_bytes[p] + delta
+        if adds[p]:
+            for n in adds[p]:
+                n.finalize()
+            nodes = merge_named(list(nodes) + adds[p])
+        phase_components[p] = nodes
+    return phase_components, phases, deltas, states_after
+
+
+def _per_gpu_estimate(E: Estimate, phase_components: Dict[str, List[Node]], phases: Dict[str, float],
+                      deltas: Dict[str, float], states_after: Dict[str, float], notes: List[str], spec: Any,
+                      cut: Architecture, s_loc: TrainingSetup, key: Any) -> Estimate:
+    """One GPU's Estimate from its scaled phases; the single-GPU estimate itself when nothing
+    changed.  Its reserve: the allocated peak plus the cached free blocks of the allocator
+    replayed over this GPU's own tensors (sharded strategies, ``spec``) or, unsharded, over the
+    slice's single-GPU step; read when first needed."""
+    if not any(d != 0.0 for d in deltas.values()):
+        return E
+    fwd_states = states_after["forward"]
+    phases["first_step"] = max(phases["forward"] - fwd_states, phases["backward"] - fwd_states,
+                               phases["optimizer_step"])
+    # between steps: weights + states + what stays allocated (buffers, master copies, main grads)
+    opt_state_d = states_after["optimizer_step"] - sum(
+        c.bytes for c in E.phase_components["optimizer_step"] if c.name == "optimizer states")
+    phases["persistent"] = E.phases_bytes["persistent"] + deltas["after_load"] + opt_state_d
+    peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda q: phases[q])
+    peak = phases[peak_phase]
+    frag: List[float] = []
+
+    def reserved(E: Estimate = E, peak: float = peak) -> float:
+        """The per-GPU step's allocated peak plus the cached free blocks at the peak of the
+        allocator replayed over this GPU's own tensors (sharded strategies:
+        :mod:`vramwidget.sharded_replay`) or, unsharded, over the slice's single-GPU step."""
+        if spec is None:
+            return peak + max(0.0, E.reserved_bytes - E.peak_allocated_bytes)
+        if not frag:
+            from .sharded_replay import fragmentation_bytes
+            frag.append(fragmentation_bytes(cut, s_loc, spec))
+        return peak + frag[0]
+
+    def comps_at(reserved_b: float, exact: bool = True, E: Estimate = E, peak_phase: str = peak_phase,
+                 peak: float = peak) -> List[Node]:
+        """The peak's components with ``reserved_b`` as the allocator's reserve (built when
+        first read: the per-GPU replay runs only then)."""
+        return list(phase_components[peak_phase]) + [
+            Node("allocator reserve", bytes=max(0.0, reserved_b - peak),
+                 formula="caching allocator: cached free blocks of this GPU's replayed step" if spec is not None
+                 else "caching allocator: cached free blocks of the replayed single-GPU step"),
+            Node("cuda context", bytes=E.cuda_context_bytes, formula=E.cuda_context_source)]
+
+    est = Estimate(model_name=E.model_name, setup=E.setup, params_total=E.params_total,
+                   params_trainable=E.params_trainable, components=None, phases_bytes=phases,
+                   peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
+                   cuda_context_bytes=E.cuda_context_bytes, flops_per_step=E.flops_per_step,
+                   recompute_overhead=E.recompute_overhead, notes=list(E.notes) + notes,
+                   phase_components=phase_components, cuda_context_source=E.cuda_context_source)
+    est.sources.components_at = comps_at
+    # without the replay: the slice's single-GPU fragmentation stands in until it runs
+    est.sources.provisional = lambda E=E, peak=peak: (
+        peak + (frag[0] if frag else max(0.0, E.provisional_reserved_bytes - E.peak_allocated_bytes)),
+        bool(frag) or (spec is None and E.reserved_exact))
+    if spec is not None:
+        _judge_per_gpu(est, cut, s_loc, spec, peak, key)
+    return est
+
+
+def _comm_sizes(cut: Architecture, s: TrainingSetup, s_loc: TrainingSetup, P: Any, lay: _Layout, mega: bool,
+                grads: float, weights: float) -> Dict[str, float]:
+    """The sizes this GPU's collectives move (timing.communication)."""
+    c = DTYPE_BYTES[s_loc.compute_dtype]
+    T = s_loc.tokens
+    n_moe = max(0, cut.num_layers - min(cut.dense_layers, cut.num_layers)) if cut.is_moe else 0
+    return {
+        "grad_bytes": (4.0 * P.trainable_numel) if mega else grads,
+        "param_bytes": (P.trainable_numel if s.method in ("full", "freeze") else 0) * c if s.autocast else weights,
+        "act_bytes": T * cut.hidden_size * c,
+        "layers": cut.num_layers,
+        "moe_bytes": T * max(cut.experts_per_token, 1) * cut.hidden_size * c if n_moe else 0.0,
+        "moe_layers": n_moe,
+        "kv_bytes": T * 2 * cut.num_kv_heads * cut.head_dim * c * lay.tp,
+        "trainable": float(P.trainable_numel),
+    }
+
+
+def _base_factors(strategy: str, N: int, Ne: int, off_opt: bool, off_par: bool):
+    """(weights, gradients, states sharded: dense and expert factors), then what of each stays
+    on the GPU (weights, gradients, states, optimizer temporaries: dense and experts)."""
+    fsdp, mega = strategy in FSDP, strategy in MEGATRON
+    fw = fwe = fg = fge = fo = foe = 1.0
+    if strategy in ("zero3", "fsdp_full_shard", "fsdp_hybrid", "fsdp_shard_grad_op"):
+        fw, fwe = 1.0 / N, 1.0 / Ne
+    if strategy in ("zero2", "zero3") + FSDP:
+        fg, fge = 1.0 / N, 1.0 / Ne
+    if strategy in ("zero1", "zero2", "zero3", "megatron_distopt") + FSDP:
+        fo, foe = 1.0 / N, 1.0 / Ne
+    w_gpu, wE_gpu = (0.0, 0.0) if off_par else (fw, fwe)
+    g_gpu, gE_gpu = fg, fge
+    o_gpu, oE_gpu = fo, foe
+    if off_opt or (fsdp and off_par):
+        o_gpu = oE_gpu = g_gpu = gE_gpu = 0.0
+    if mega:
+        g_gpu = gE_gpu = 0.0   # param.grad is never allocated: gradients go to fp32 main_grad buffers
+    t_gpu, tE_gpu = (0.0, 0.0) if mega else (o_gpu, oE_gpu)   # Megatron steps with a fused Adam
+    return (fw, fwe, fg, fge, fo, foe), (w_gpu, wE_gpu, g_gpu, gE_gpu, o_gpu, oE_gpu, t_gpu, tE_gpu)
+
+
+def _ddp_buckets(add: Any, opts: Dict[str, Any], E: Estimate, G: float) -> float:
+    """PyTorch DDP's reducer buckets: a copy of every gradient, or with
+    ``gradient_as_bucket_view`` the gradients themselves, allocated when the model is wrapped.
+    Returns the copy's bytes (0 with bucket views)."""
+    ALL = _PHASES
+    if opts["ddp_bucket_view"]:
+        add(("after_load",), "gradients", "DDP buckets (gradients as bucket views)", G,
+            "every gradient, in buckets allocated at wrap time")
+        if "gradients" not in {c.name for c in E.phase_components["forward"]}:
+            add(("forward",), "gradients", "DDP buckets (gradients as bucket views)", G,
+                "every gradient, in buckets allocated at wrap time")
+        bwd_g = sum(c.bytes for c in E.phase_components["backward"] if c.name == "gradients")
+        add(("backward",), "gradients", "DDP buckets (rest of the gradient views)", G - bwd_g,
+            "buckets hold every gradient from the start")
+        return 0.0
+    cap = opts["bucket_mb"] * 1e6 if opts["bucket_mb"] else DDP_BUCKET_BYTES
+    add(ALL, "gradients", "DDP reducer buckets (gradient copy)", G,
+        f"every gradient again, in {max(1, math.ceil(G / cap))} buckets of {cap / 2**20:.0f} MiB "
+        f"(gradient_as_bucket_view=False)")
+    return G
+
+
+def _fsdp_adds(add: Any, ms: Dict[str, float], notes: List[str], fp: Any, opts: Dict[str, Any], off_par: bool,
+               autocast: bool) -> None:
+    """FSDP's gathered units, unsharded gradients and reduce-scatter input into the phases
+    and the model states."""
+    kind = {True: "weights", False: "gradients"}
+    for phase, items in (("forward", fp.forward), ("backward", fp.backward)):
+        for name, nb in items.items():
+            add((phase,), kind["parameters" in name or "all-gather" in name], f"FSDP{opts['fsdp_version']} {name}", nb,
+                "the units gathered at the forward's end (vramwidget.fsdp)" if phase == "forward"
+                else "the unit running and what is gathered beside it (vramwidget.fsdp)")
+    ms["gathered parameters"] = fp.unsharded_params + fp.all_gather
+    ms["gathered gradients"] = fp.unsharded_grads
+    ms["reduce-scatter buffers"] = fp.reduce_scatter
+    if off_par and fp.shard_copy:
+        # an offloaded shard is copied to the GPU before its all-gather (FSDP1
+        # FlatParamHandle.pre_unshard; FSDP2 FSDPParam's all-gather input)
+        add(("forward", "backward"), "weights", "offloaded shard copied to the GPU", fp.shard_copy,
+            "the unit's CPU shard on its way to the all-gather")
+        ms["offloaded shards on the GPU"] = fp.shard_copy
+    if autocast:
+        notes.append("FSDP MixedPrecision gathers the shards in the compute dtype, so the autocast weight cache is "
+                     "not counted")
+
+
 def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Layout, opts: Dict[str, Any],
            first: int, last: int, embed: bool, head: bool, in_flight: int):
     strategy = lay.strategy
-    cut, uncut = _slice(arch, first, last, embed, head, lay.tp, lay.ep)
+    cut, uncut = stage_slice(arch, first, last, embed, head, lay.tp, lay.ep)
     E = estimate_setup(cut, s_loc)
     notes: List[str] = []
     N, Ne = lay.shard, lay.shard_experts
@@ -831,30 +1198,14 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
         gathers = False   # FSDP with one rank per shard group runs as NO_SHARD
 
     # -- factors per component (dense, experts) ----------------------------------------------
-    fw = fwe = fg = fge = fo = foe = 1.0
-    if strategy in ("zero3", "fsdp_full_shard", "fsdp_hybrid", "fsdp_shard_grad_op"):
-        fw, fwe = 1.0 / N, 1.0 / Ne
-    if strategy in ("zero2", "zero3") + FSDP:
-        fg, fge = 1.0 / N, 1.0 / Ne
-    if strategy in ("zero1", "zero2", "zero3", "megatron_distopt") + FSDP:
-        fo, foe = 1.0 / N, 1.0 / Ne
+    (fw, fwe, fg, fge, fo, foe), (w_gpu, wE_gpu, g_gpu, gE_gpu, o_gpu, oE_gpu, t_gpu, tE_gpu) = \
+        _base_factors(strategy, N, Ne, off_opt, off_par)
     cpu: Dict[str, float] = {}
-    w_gpu, wE_gpu = fw, fwe
-    if off_par:
-        w_gpu = wE_gpu = 0.0
-    g_gpu, gE_gpu = fg, fge
-    o_gpu, oE_gpu = fo, foe
-    if off_opt or (fsdp and off_par):
-        o_gpu = oE_gpu = 0.0
-        g_gpu = gE_gpu = 0.0
-    if mega:
-        g_gpu = gE_gpu = 0.0   # param.grad is never allocated: gradients go to fp32 main_grad buffers
-    t_gpu, tE_gpu = o_gpu, oE_gpu
-    if mega:
-        t_gpu = tE_gpu = 0.0   # Megatron steps with a fused (multi-tensor) Adam
     zero_names: Tuple[str, ...] = ()
-    if gathers:
-        zero_names = ("bf16 weight copies (autocast cache)", "fp16 weight copies (autocast cache)")
+    if gathers and fsdp:
+        # FSDP MixedPrecision gathers the shards in the compute dtype: autocast finds nothing to
+        # cast.  DeepSpeed's torch autocast gathers fp32 parameters, which autocast casts and caches.
+        zero_names = ("autocast copies (16-bit)",)
     sp_ratio = 1.0
     if lay.sp:
         E_full = estimate_setup(uncut, s_loc)
@@ -871,10 +1222,15 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
     factors = {"weights": (w_gpu, wE_gpu), "quantization constants": (1.0, 1.0),
                "adapters": (w_gpu, wE_gpu), "gradients": (g_gpu, gE_gpu), "optimizer states": (o_gpu, oE_gpu),
                "optimizer temporaries": (t_gpu, tE_gpu), "activations": (sp_ratio, sp_ratio)}
-    keep = ("dequantized weight (transient)",)
+    keep: Tuple[str, ...] = ("dequantized weight (transient)",)
+    if ds:
+        # torch autocast caches its cast of every weight that requires grad until the forward
+        # ends (aten/src/ATen/autocast_mode.cpp cached_cast): a copy of the gathered weight,
+        # whole on this GPU, never partitioned
+        keep += ("autocast copies (16-bit)",)
 
     # -- the stage's parameters, gradients and states at full (unsharded) size ---------------
-    P = _params(cut, s_loc)
+    P = param_storage(cut, s_loc)
     opt_comps = {c.name: c for c in E.phase_components["optimizer_step"]}
     grads_node = opt_comps.get("gradients")
     states_node = opt_comps.get("optimizer states")
@@ -901,119 +1257,48 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
             adds[p].append(_leaf(component, name, nbytes, formula))
 
     ALL = _PHASES
-    # fp32 master weights (DeepSpeed always, Megatron always: the optimizer's fp32 copy)
-    if ds or mega:
+    nvme: Dict[str, float] = {}
+    zp = None
+    if ds:
+        zp = _ds_plan(cut, s_loc, P, lay, opts, (W, We), (G, Ge), (S, Se), Qa)
+        factors.update(zp.factors)
+        for phases_, comp, name, nb, formula in zp.adds:
+            add(phases_, comp, name, nb, formula)
+        ms = dict(zp.model_states, **{"quantization constants + adapters": ms["quantization constants + adapters"]})
+        cpu.update(zp.cpu)
+        nvme.update(zp.nvme)
+        notes.extend(zp.notes)
+        o_gpu = fo * (1.0 - opts["zero"].offload_ratio) if off_opt else fo   # the optimizer's share on the GPU
+    if mega and s_loc.weights_dtype != "float32":
+        # Megatron's Float16OptimizerWithFloat16Params keeps an fp32 copy of 16-bit parameters
+        # (megatron/core/optimizer/optimizer.py); fp32 parameters step in FP32Optimizer
         master = 4.0 * (tr * fo + tr_e * foe)
         ms["fp32 master weights"] = master
-        if off_opt:
-            cpu["fp32 master weights"] = master
-        else:
-            add(ALL, "optimizer states", "fp32 master weights", master,
-                f"4 B x trainable params / {N} ({'DeepSpeed' if ds else 'Megatron'} optimizer's fp32 copy)")
-    if ds:
-        fp32g = 4.0 * (tr * fo + tr_e * foe)
-        ms["fp32 gradients"] = fp32g
-        if off_opt:
-            cpu["fp32 gradients"] = fp32g
-        else:
-            add(("optimizer_step",), "gradients", "fp32 gradient partition (optimizer step)", fp32g,
-                f"4 B x trainable params / {N}: the partition's gradients converted to fp32 for the step")
+        add(ALL, "optimizer states", "fp32 master weights", master,
+            f"4 B x trainable params / {N} (Megatron optimizer's fp32 copy)")
     if mega:
         main = 4.0 * (tr + tr_e)
         ms["fp32 gradients"] = main
         add(ALL, "gradients", "fp32 main gradients (Megatron DDP buffer)", main,
             "4 B x trainable params, allocated when the model is wrapped; all-reduced (or reduce-scattered "
             "with the distributed optimizer) in place")
-    if off_opt or (fsdp and off_par):
+    if fsdp and off_par:
         cpu["optimizer states"] = S * fo + Se * foe
-        if not ds:
-            cpu["optimizer temporaries"] = Tt * fo + Tte * foe
-        if fsdp:
-            cpu["gradients"] = G * fg + Ge * fge
-    if off_par:
+        cpu["optimizer temporaries"] = Tt * fo + Tte * foe
+        cpu["gradients"] = G * fg + Ge * fge
         cpu["parameters"] = W * fw + We * fwe + Qa * fw
 
     # communication buffers
     comm = 0.0
-    dt16 = DTYPE_BYTES[s_loc.weights_dtype] if ds else 2
     if strategy == "ddp":
-        if opts["ddp_bucket_view"]:
-            # gradients are views into the buckets, allocated when DDP wraps the model
-            add(("after_load",), "gradients", "DDP buckets (gradients as bucket views)", G + Ge,
-                "every gradient, in buckets allocated at wrap time")
-            if "gradients" not in {c.name for c in E.phase_components["forward"]}:
-                add(("forward",), "gradients", "DDP buckets (gradients as bucket views)", G + Ge,
-                    "every gradient, in buckets allocated at wrap time")
-            bwd_g = sum(c.bytes for c in E.phase_components["backward"] if c.name == "gradients")
-            add(("backward",), "gradients", "DDP buckets (rest of the gradient views)", G + Ge - bwd_g,
-                "buckets hold every gradient from the start")
-        else:
-            comm = G + Ge
-            cap = opts["bucket_mb"] * 1e6 if opts["bucket_mb"] else DDP_BUCKET_BYTES
-            add(ALL, "gradients", "DDP reducer buckets (gradient copy)", comm,
-                f"every gradient again, in {max(1, math.ceil(comm / cap))} buckets of {cap / 2**20:.0f} MiB "
-                f"(gradient_as_bucket_view=False)")
-    if ds:
-        elems = int(opts["bucket_mb"] * 1e6 / 2) if opts["bucket_mb"] else DS_REDUCE_BUCKET_ELEMENTS
-        nbuf = 2 if (opts["overlap_comm"] and strategy != "zero3") else 1   # ZeRO-3 keeps one flat IPG buffer
-        ipg = elems * dt16 * nbuf
-        comm = ipg
-        if strategy == "zero3":
-            add(ALL, "gradients", "reduce bucket (ZeRO-3 IPG buffer)", ipg,
-                f"{nbuf} x reduce_bucket_size ({elems:.3g}) x {dt16} B, allocated at start-up")
-        else:
-            add(("backward",), "gradients", "reduce bucket (ZeRO IPG buffer)", ipg,
-                f"{nbuf} x reduce_bucket_size ({elems:.3g}) x {dt16} B, allocated at each backward")
-        if strategy == "zero3" and not off_opt:
-            gp = G * fg + Ge * fge
-            have_fwd = "gradients" in {c.name for c in E.phase_components["forward"]}
-            add(("after_load",) + (() if have_fwd else ("forward",)), "gradients",
-                "gradient partitions (flat buffer, allocated at start-up)", gp,
-                f"16-bit gradients of this rank's partition (1/{N})")
-    ms["communication buffers"] = comm
+        comm = _ddp_buckets(add, opts, E, G + Ge)
+    if not ds:
+        ms["communication buffers"] = comm
 
-    # gathered parameters (ZeRO-3: module by module; FSDP: units)
-    if gathers:
-        gmod, gmod_grad, root, root_grad, block, block_grad, total_g = _gather_sizes(P, s_loc, fsdp)
-        if strategy == "zero3":
-            # stage3_max_live_parameters caps what is gathered at once (default 1e9 elements)
-            live_cap = opts["max_live_parameters"] * dt16
-            gmod = min(gmod, live_cap)
-            pre = min(opts["prefetch_elements"] * dt16, max(0.0, total_g - gmod), max(0.0, live_cap - gmod))
-            add(("forward", "backward"), "weights", "gathered parameters (largest module)", gmod,
-                "16-bit parameters of the module running, all-gathered (DeepSpeed: 2 B x largest layer)")
-            add(("forward", "backward"), "weights", "prefetched parameters", pre,
-                f"stage3_prefetch_bucket_size ({opts['prefetch_elements']:.3g} elements) fetched ahead")
-            add(("backward",), "gradients", "gathered module's gradients (before reduce-scatter)", gmod_grad,
-                "16-bit gradients of the module running (DeepSpeed: 2 B x largest layer)")
-            ms["gathered parameters"] = gmod
-            ms["gathered gradients"] = gmod_grad
-            ms["prefetched parameters"] = pre
-        elif strategy == "fsdp_shard_grad_op":
-            add(("forward", "backward"), "weights", "gathered parameters (kept from forward to backward)", total_g,
-                "SHARD_GRAD_OP keeps every unit gathered after its forward until its backward")
-            add(("backward",), "gradients", "unsharded gradients of the unit in backward", block_grad,
-                "one decoder block's gradients before reduce-scatter")
-            ms["gathered parameters"] = total_g
-            ms["gathered gradients"] = block_grad
-        else:
-            live = root + 2 * block
-            add(("forward", "backward"), "weights", "gathered units (root + current and prefetched block)", live,
-                "root unit (embeddings, final norm, head: kept gathered) + 2 decoder blocks")
-            add(("backward",), "gradients", "unsharded gradients (root unit + current block)", root_grad + block_grad,
-                "gradients before reduce-scatter; the root unit's wait for its embedding, computed last")
-            ms["gathered parameters"] = live
-            ms["gathered gradients"] = root_grad + block_grad
-            if off_par:
-                # FlatParamHandle.pre_unshard: an offloaded shard is first copied to the GPU
-                # (flat_param_to(device, non_blocking=True)), then all-gathered
-                # (torch/distributed/fsdp/_flat_param.py)
-                add(("forward", "backward"), "weights", "offloaded shards copied to the GPU", live / N,
-                    f"(root unit + 2 blocks) / {N}: each unit's CPU shard is copied over before its all-gather")
-                ms["offloaded shards on the GPU"] = live / N
-    if gathers and s_loc.autocast:
-        notes.append("sharded parameters are gathered in the compute dtype (FSDP MixedPrecision / DeepSpeed), so "
-                     "the autocast weight cache is not counted")
+    # gathered units (FSDP1 flat parameters / FSDP2 per-parameter shards: vramwidget/fsdp.py)
+    if gathers and fsdp:
+        _fsdp_adds(add, ms, notes, _fsdp_plan(cut, s_loc, P, lay, opts, strategy, off_par, S + Se), opts, off_par,
+                   s_loc.autocast)
 
     # NCCL: every communicator this GPU belongs to keeps send and receive buffers of
     # NCCL_BUFFSIZE (default 4 MiB) per channel (NCCL environment variables, "NCCL_BUFFSIZE")
@@ -1034,92 +1319,40 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
                                         f"saved activations")
 
     # -- the per-GPU phases -------------------------------------------------------------------
-    phase_components: Dict[str, List[Node]] = {}
-    phases = dict(E.phases_bytes)
-    deltas: Dict[str, float] = {}
-    states_after: Dict[str, float] = {}
-    for p in _PHASES:
-        nodes, delta = [], 0.0
-        st = 0.0
-        for c in E.phase_components[p]:
-            f, fe = factors.get(c.name, (1.0, 1.0))
-            if c.name == "activations" and p not in ("forward", "backward"):
-                f = fe = 1.0
-            if f == 1.0 and fe == 1.0 and not (c.name == "weights" and zero_names):
-                nodes.append(c)
-                if c.name == "optimizer states":
-                    st += c.bytes
-                continue
-            n, d = _scaled(c, f, fe, zero=zero_names if c.name == "weights" else (), keep=keep)
-            nodes.append(n)
-            delta += d
-            if c.name == "optimizer states":
-                st += n.bytes
-        extra = sum(n.total_bytes() for n in adds[p])
-        delta += extra
-        states_after[p] = st
-        deltas[p] = delta
-        phases[p] = E.phases_bytes[p] + delta
-        if adds[p]:
-            for n in adds[p]:
-                n.finalize()
-            nodes = _merge_named(list(nodes) + adds[p])
-        phase_components[p] = nodes
-    changed = any(d != 0.0 for d in deltas.values())
-    if not changed:
-        est = E
-    else:
-        fwd_states = states_after["forward"]
-        phases["first_step"] = max(phases["forward"] - fwd_states, phases["backward"] - fwd_states,
-                                   phases["optimizer_step"])
-        # between steps: weights + states + what stays allocated (buffers, master copies, main grads)
-        opt_state_d = states_after["optimizer_step"] - sum(
-            c.bytes for c in E.phase_components["optimizer_step"] if c.name == "optimizer states")
-        phases["persistent"] = E.phases_bytes["persistent"] + deltas["after_load"] + opt_state_d
-        peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda q: phases[q])
-        peak = phases[peak_phase]
-
-        def reserved(E: Estimate = E, peak: float = peak) -> float:
-            """The per-GPU step's allocated peak plus the cached free blocks that the allocator
-            replay of the same step on one GPU (the local slice, unsharded) holds at its peak."""
-            return peak + max(0.0, E.reserved_bytes - E.peak_allocated_bytes)
-
-        comps = list(phase_components[peak_phase]) + [
-            Node("allocator reserve", bytes=max(0.0, reserved() - peak),
-                 formula="caching allocator: cached free blocks of the replayed single-GPU step"),
-            Node("cuda context", bytes=E.cuda_context_bytes, formula=E.cuda_context_source)]
-        est = Estimate(model_name=E.model_name, setup=E.setup, params_total=E.params_total,
-                       params_trainable=E.params_trainable, components=comps, phases_bytes=phases,
-                       peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
-                       cuda_context_bytes=E.cuda_context_bytes, flops_per_step=E.flops_per_step,
-                       recompute_overhead=E.recompute_overhead, notes=list(E.notes) + notes,
-                       phase_components=phase_components, cuda_context_source=E.cuda_context_source)
-        est._provisional_fn = lambda E=E, peak=peak: (
-            peak + max(0.0, E.provisional_reserved_bytes - E.peak_allocated_bytes), E.reserved_exact)
+    phase_components, phases, deltas, states_after = _scale_phases(E, factors, adds, zero_names, keep)
+    spec = _shard_spec(strategy, lay, zp, P, cut, s_loc, fw, fo, o_gpu, off_par) \
+        if (ds or (fsdp and gathers)) else None
+    est = _per_gpu_estimate(E, phase_components, phases, deltas, states_after, notes, spec, cut, s_loc,
+                            (strategy, lay))
     # the per-GPU estimate reports the whole model's parameter counts and the user's setup
     est = _relabel(est, arch, s, E)
     # the step time (timing.py): this GPU's slice, its share of the optimizer update, and
     # the sizes its communication moves (estimate_parallel_setup attaches the collectives)
-    est._setup_obj = s_loc
-    est._work = _sharded_work(E._work, o_gpu if not (off_opt or (fsdp and off_par)) else 0.0)
-    c = DTYPE_BYTES[s_loc.compute_dtype]
-    T = s_loc.tokens
-    n_moe = 0
-    if cut.is_moe:
-        n_moe = max(0, cut.num_layers - min(cut.dense_layers, cut.num_layers))
-    est._comm_sizes = {
-        "grad_bytes": (4.0 * P.trainable_numel) if mega else (G + Ge),
-        "param_bytes": (P.trainable_numel if s.method in ("full", "freeze") else 0) * c
-        if s.autocast else (W + We),
-        "act_bytes": T * cut.hidden_size * c,
-        "layers": cut.num_layers,
-        "moe_bytes": T * max(cut.experts_per_token, 1) * cut.hidden_size * c if n_moe else 0.0,
-        "moe_layers": n_moe,
-        "kv_bytes": T * 2 * cut.num_kv_heads * cut.head_dim * c * lay.tp,
-        "trainable": float(P.trainable_numel),
-    }
+    est.sources.setup = s_loc
+    est.sources.work = _sharded_work(E.sources.work, o_gpu if ds or not (off_opt or (fsdp and off_par)) else 0.0)
+    est.sources.communication_sizes = _comm_sizes(cut, s, s_loc, P, lay, mega, G + Ge, W + We)
     n_local = cut.params_total
-    return est, ms, cpu, n_local, notes
+    return est, ms, cpu, n_local, notes, nvme
+
+
+def _judge_per_gpu(est: Estimate, cut: Architecture, s: TrainingSetup, spec: Any, peak: float, key: Any) -> None:
+    """Let ``gpus.judge_on`` judge this GPU on a card with the allocator's free-and-retry at its
+    limit, by replaying this GPU's own stream (:mod:`vramwidget.sharded_replay`) with the card's
+    capacity.  The stream's allocated peak differs from the estimate's by how coarsely it
+    gathers (whole blocks); the capacity is moved by that difference, so the replay judges the
+    estimate's own peak."""
+    from .sharded_replay import replay_per_gpu
+
+    def run(capacity_bytes: Optional[float] = None, record: bool = False) -> Any:
+        if capacity_bytes is not None:
+            shift = float(replay_per_gpu(cut, s, spec).max_allocated_bytes) - peak
+            capacity_bytes = capacity_bytes + shift
+        return replay_per_gpu(cut, s, spec, capacity_bytes, record)
+
+    est.sources.replay = run
+    est.capacity_judged = True
+    est.sources.replay_key = (cut, ("per GPU", s, key, repr(spec)))
+    est.sources.reserved_from_replay = lambda res: peak + max(0.0, float(res.max_reserved_bytes - res.max_allocated_bytes))
 
 
 def _sharded_work(base: Any, optimizer_share: float):
@@ -1138,16 +1371,7 @@ def _relabel(est: Estimate, arch: Architecture, s: TrainingSetup, E: Estimate) -
     if est.params_total == arch.params_total and est.setup == setup:
         return est
     if est is E:   # do not alter the estimator's object
-        est = Estimate(model_name=E.model_name, setup=setup, params_total=arch.params_total,
-                       params_trainable=E.params_trainable, components=E._components, phases_bytes=dict(E.phases_bytes),
-                       peak_phase=E.peak_phase, peak_allocated_bytes=E.peak_allocated_bytes,
-                       reserved_bytes=E.reserved_bytes if E.reserved_exact else (lambda: E.reserved_bytes),
-                       cuda_context_bytes=E.cuda_context_bytes, cuda_context_source=E.cuda_context_source,
-                       flops_per_step=E.flops_per_step, recompute_overhead=E.recompute_overhead, notes=list(E.notes),
-                       phase_components=E.phase_components)
-        est._provisional_fn = E._provisional_fn
-        if est._components is None:    # composed with the reserve when first read (no replay before)
-            est._components_at = E._components_at
+        est = E.relabelled(setup, arch.params_total)
     est.params_total = arch.params_total
     est.setup = setup
     return est

@@ -63,8 +63,8 @@ def thirteen_b_states() -> Dict[str, Any]:
     """13B: weights 26 GB (bf16) and Adam moments 104 GB (two fp32 states, 8 B/param)."""
     est = estimate("llama-2-13b", precision="bf16_fp32_states", batch_size=1, seq_len=512,
                    gradient_checkpointing="full")
-    states = next(c for c in est.components if c.name == "optimizer states")
-    moments = sum(c.bytes for c in states.children if c.name in ("exp_avg", "exp_avg_sq"))
+    states = next(c for c in est.phase_components["optimizer_step"] if c.name == "optimizer states")
+    moments = sum(n.bytes for _, n in states.leaves() if " exp_avg" in n.name)
     return {"title": "13B weights and Adam moments", "params": est.params_total,
             "weights_gb": _component_gb(est, "weights"), "seed_weights_gb": 26.0,
             "adam_moments_gb": moments / GB, "seed_adam_moments_gb": 104.0,
@@ -133,7 +133,3 @@ def which_layers_to_quantize(model: str = "llama-2-7b") -> Dict[str, Any]:
     return {"title": "Which layers to quantize", "model": model, "rows": rows}
 
 
-def all_scenarios() -> List[Dict[str, Any]]:
-    """Every seed scenario, in the order the write-ups raise them."""
-    return [seven_b_fp32_vs_bf16(), thirteen_b_states(), checkpointing_tradeoff(), four_bit_loading(),
-            which_layers_to_quantize()]

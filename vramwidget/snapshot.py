@@ -17,6 +17,7 @@ allocated peak of its trace, and what was live when the snapshot was taken.
 
 from __future__ import annotations
 
+import io
 import pickle
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -163,9 +164,29 @@ class SnapshotBreakdown:
                 "expandable_segments": self.expandable_segments, "segments": self.segments, "notes": list(self.notes)}
 
 
+class _Refused(Exception):
+    """A pickle asked for a global (a class or function) or a persistent id."""
+
+
+class _DataOnly(pickle.Unpickler):
+    """An unpickler for data only: ``torch.cuda.memory._snapshot()`` is dicts, lists, strings,
+    numbers and booleans, which pickle writes with its own opcodes; a global (a class, a
+    function such as ``os.system`` that a crafted ``__reduce__`` asks for) is refused before
+    anything is imported or called (the pattern of the ``pickle`` docs' "Restricting
+    Globals", with nothing allowed)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise _Refused(f"{str(module)[:60]}.{str(name)[:60]}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise _Refused(f"persistent id {str(pid)[:60]!r}")
+
+
 def load_snapshot(path_or_data: Any) -> SnapshotBreakdown:
     """Read a ``torch.cuda.memory._snapshot()`` pickle (a path, bytes, or the dict itself) and
-    break it down by the estimate's categories.
+    break it down by the estimate's categories.  The pickle is read as data only
+    (:class:`_DataOnly`): one that names a class or function is refused, so a snapshot someone
+    sent cannot run code on load.
 
     The trace (``device_traces``) is replayed: every allocation gets the category of its
     frames; ``at_peak`` is the breakdown when allocated memory was highest, ``at_snapshot``
@@ -229,10 +250,14 @@ def _read(src: Any) -> Dict[str, Any]:
         return src
     try:
         if isinstance(src, (bytes, bytearray)):
-            data = pickle.loads(src)
+            data = _DataOnly(io.BytesIO(bytes(src))).load()
         else:
             with open(src, "rb") as f:
-                data = pickle.load(f)
+                data = _DataOnly(f).load()
+    except _Refused as e:
+        raise VramError(f"snapshot: refused: the pickle asks for {e} (code, not data); a memory snapshot holds "
+                        f"only dicts, lists, text, numbers and booleans, and a pickle that names anything else "
+                        f"could run code when loaded", field="snapshot") from None
     except OSError as e:
         raise VramError(f"snapshot: cannot read {src!r}: {e.strerror or e}", field="snapshot") from None
     except Exception as e:  # noqa: BLE001 - a pickle of something else

@@ -1,7 +1,7 @@
 """Parameter tensors and the helpers family modules build them with.
 
 :class:`ParamTensor` is one weight tensor (repeated across layers and experts);
-:class:`_Builder` collects a model's tensors; ``_get``/``_require``/``_posint`` read a
+:class:`ParamBuilder` collects a model's tensors; ``config_get``/``required_count``/``positive_count`` read a
 config.json's fields with one-line errors.  Nothing here knows any model family: the
 families (``vramwidget/families``) use these, and :mod:`vramwidget.architecture` turns their
 tensors into an :class:`~vramwidget.architecture.Architecture`.
@@ -101,7 +101,7 @@ class ParamTensor:
 # Reading a config.json
 # ----------------------------------------------------------------------------------
 
-def _get(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
+def config_get(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
     """The first of ``names`` present (and not None) in cfg: old and new spellings."""
     for n in names:
         v = cfg.get(n)
@@ -110,21 +110,21 @@ def _get(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
-def _posint(cfg: Mapping[str, Any], value: Any, what: str) -> int:
+def positive_count(cfg: Mapping[str, Any], value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
             or value in (float("inf"), float("-inf")) or value <= 0 or value > MAX_COUNT or int(value) != value:
         raise VramError(f"config: {what} must be a positive whole number, got {shown(value)}", field=what)
     return int(value)
 
 
-def _require(cfg: Mapping[str, Any], what: str, *names: str, default: Any = None) -> int:
-    v = _get(cfg, *names, default=default)
+def required_count(cfg: Mapping[str, Any], what: str, *names: str, default: Any = None) -> int:
+    v = config_get(cfg, *names, default=default)
     if v is None:
         raise VramError(f"config: missing field {shown(names[0])} ({what})", field=names[0])
-    return _posint(cfg, v, names[0])
+    return positive_count(cfg, v, names[0])
 
 
-class _Builder:
+class ParamBuilder:
     """Collects tensors for one architecture; each family's ``params`` fills one."""
 
     def __init__(self, L: int):
@@ -154,7 +154,7 @@ class _Builder:
                                         layers=(first, first + n_layers - 1), in_features=in_f,
                                         out_features=out_f, experts=experts, keep_fp32=keep_fp32))
 
-    def in_layers(self, layers: Sequence[int], add: Callable[["_Builder"], None]) -> None:
+    def in_layers(self, layers: Sequence[int], add: Callable[["ParamBuilder"], None]) -> None:
         """Tensors present only in some layers (a hybrid's attention layers, interleaved MoE
         layers): ``add`` declares them on a builder, emitted once per contiguous run of
         ``layers`` so that each tensor's ``layers`` range stays exact."""
@@ -165,13 +165,13 @@ class _Builder:
             else:
                 runs.append((j, j))
         for lo, hi in runs:
-            sub = _Builder(hi + 1)
+            sub = ParamBuilder(hi + 1)
             add(sub)
             for t in sub.tensors:
                 if t.layers is None:
                     self.tensors.append(t)
                     continue
-                self.tensors.append(_restrict(t, lo, hi - lo + 1))
+                self.tensors.append(restrict_layers(t, lo, hi - lo + 1))
 
     def linear(self, prefix: str, out_f: int, in_f: int, role: str, *, bias: bool = False,
                first: int = 0, conv1d: bool = False) -> None:
@@ -198,7 +198,7 @@ class _Builder:
                                                 keep_fp32=keep_fp32))
 
 
-def _restrict(t: ParamTensor, first: int, n: int) -> ParamTensor:
+def restrict_layers(t: ParamTensor, first: int, n: int) -> ParamTensor:
     """A per-layer tensor limited to n layers starting at ``first``."""
     return replace(t, repeat=n, layers=(first, first + n - 1))
 

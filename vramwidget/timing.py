@@ -29,7 +29,7 @@ Symbols: T tokens per micro-batch (b x s), h hidden, V vocabulary, L layers, a h
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .units import DTYPE_BYTES
 
@@ -280,12 +280,15 @@ class StepTime:
     pipeline_bubble_seconds: float = 0.0
     communication: Optional[Dict[str, Any]] = None
     notes: List[str] = field(default_factory=list)
+    #: the optimizer step run on the host (ZeRO-Offload's CPU Adam): not communication, and
+    #: not the GPU's optimizer_step phase (which is empty then)
+    cpu_optimizer_seconds: float = 0.0
 
     @property
     def step_seconds(self) -> float:
         micro = self.forward.seconds + self.backward.seconds
         return (micro * self.grad_accum_steps + self.optimizer_step.seconds + self.communication_seconds
-                + self.pipeline_bubble_seconds)
+                + self.pipeline_bubble_seconds + self.cpu_optimizer_seconds)
 
     @property
     def tokens_per_second(self) -> float:
@@ -323,6 +326,8 @@ class StepTime:
             kinds["communication"] = self.communication_seconds
         if self.pipeline_bubble_seconds:
             kinds["pipeline bubble"] = self.pipeline_bubble_seconds
+        if self.cpu_optimizer_seconds:
+            kinds["optimizer step on the CPU"] = self.cpu_optimizer_seconds
         total = self.step_seconds or 1.0
         dominant = max(kinds, key=kinds.get)
         return {
@@ -331,7 +336,9 @@ class StepTime:
             "phases_seconds": {**{n: p.seconds * (k if n != "optimizer_step" else 1) for n, p in phases.items()},
                                **({"communication": self.communication_seconds} if self.communication_seconds else {}),
                                **({"pipeline bubble": self.pipeline_bubble_seconds}
-                                  if self.pipeline_bubble_seconds else {})},
+                                  if self.pipeline_bubble_seconds else {}),
+                               **({"optimizer step on the CPU": self.cpu_optimizer_seconds}
+                                  if self.cpu_optimizer_seconds else {})},
             "phases": {n: p.to_dict() for n, p in phases.items()},
             "kinds_seconds": kinds,
             "recompute_seconds": self.recompute_seconds * k,
@@ -358,26 +365,47 @@ def _mm_dtype(s: Any, weight_dtype: str) -> str:
     return weight_dtype
 
 
-def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_dtype: str,
+def step_work(arch: Any, s: Any, P: Any, A: Any, head_dtype: str,
               state_dtypes: Any, offloaded_bytes: float = 0.0) -> Tuple[Work, Work, Work, Work]:
     """(forward, backward, recompute, optimizer) work of one micro-batch step.
 
     ``P``: the estimate's per-tensor storage decisions, ``A``: its traced activations
     (``fwd_written_bytes_per_layer``, ``fwd_ops_per_layer``: every tensor the block's
-    forward creates, one kernel each), ``logits``: the output head's logits and loss tensors
-    (for the soft-capping pass), ``offloaded_bytes``: saved activations that activation
+    forward creates, one kernel each), ``offloaded_bytes``: saved activations that activation
     offloading copies to the host in forward and back in backward (torchtune's
     ``OffloadActivations`` runs the copies on a side stream: they cost time only where they
     outlast the phase's kernels).  Not modelled in time: ``torch.compile``'s fusion of the
     blocks' elementwise kernels, packing's shorter attention spans.
     """
-    T = s.tokens
-    L = arch.num_layers
     # an encoder-decoder with its own target length: which tokens each matmul runs over
     tokens_of, T_head, n_dec = _stack_tokens(arch, s)
-    fwd_blocks = Work()
-    head = Work()
-    bwd_extra = Work()
+    fwd_blocks, head, bwd_extra = Work(), Work(), Work()
+    head_weight = _linear_work(arch, s, P, tokens_of, fwd_blocks, bwd_extra)
+    _lora_work(arch, s, P, tokens_of, fwd_blocks, bwd_extra)
+    att = _attention_work(arch, s, A, n_dec, fwd_blocks, bwd_extra)
+    # the blocks' other kernels: every tensor the forward creates is written once and read
+    # at least once; backward runs about two kernels and twice the traffic per forward op
+    n_layers = A.n_saving_layers
+    blk_bytes = 2 * A.fwd_written_bytes_per_layer * n_layers
+    fwd_blocks.add_bytes("norms, activations, residuals, casts", blk_bytes)
+    bwd_extra.add_bytes("norms, activations, residuals, casts", 2 * blk_bytes)
+    fwd_blocks.kernels += A.fwd_ops_per_layer * n_layers
+    fwd_blocks.model_ops += A.fwd_ops_per_layer * n_layers
+    bwd_extra.kernels += 2 * A.fwd_ops_per_layer * n_layers
+    bwd_extra.model_ops += A.fwd_ops_per_layer * n_layers
+    _head_work(arch, s, A, T_head, head_weight, head_dtype, head, bwd_extra)
+    fwd = fwd_blocks.plus(head)
+    fwd.pcie_bytes += offloaded_bytes
+    bwd_extra.pcie_bytes += offloaded_bytes
+    recompute = _recompute_work(s, A, att, fwd_blocks, n_layers, arch.num_layers)
+    opt = optimizer_work(s, P.trainable_tensors, state_dtypes)
+    return fwd, bwd_extra, recompute, opt
+
+
+def _linear_work(arch: Any, s: Any, P: Any, tokens_of: Callable[[Any], float], fwd: Work, bwd: Work) -> Any:
+    """The blocks' matmuls (MoE experts with k / E of their parameters), bitsandbytes'
+    dequantisation and autocast's gradient casts; returns the output head's weight
+    (tensor, dtype, trains) or None."""
     k_active = (arch.experts_per_token / arch.num_experts) if arch.num_experts else 1.0
     head_weight = None
     for t, dtype, nbytes, trains in P.weights:
@@ -389,48 +417,65 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
         n = t.numel * (k_active if t.experts else 1.0)
         md = _mm_dtype(s, dtype)
         Tn = tokens_of(t)
-        fwd_blocks.add_flops(md, 2 * Tn * n)
+        fwd.add_flops(md, 2 * Tn * n)
         # backward: the input gradient wherever anything below trains; the weight gradient if it trains
         below_trains = s.trains_adapters or trains or s.method == "full"
-        bwd_extra.add_flops(md, 2 * Tn * n * ((1.0 if below_trains else 0.0) + (1.0 if trains else 0.0)))
+        bwd.add_flops(md, 2 * Tn * n * ((1.0 if below_trains else 0.0) + (1.0 if trains else 0.0)))
         if dtype in ("nf4", "fp4", "int8"):
             # bitsandbytes dequantises the weight to the compute dtype for every matmul
             # (bitsandbytes/autograd/_functions.py MatMul4Bit: forward, and again for the
             # input gradient): read 0.5 B + constants, write 2 B, read it back in the GEMM
             deq = t.numel * (DTYPE_BYTES.get(dtype, 0.5) + 2 * DTYPE_BYTES[s.compute_dtype])
-            fwd_blocks.add_bytes("4-bit dequantisation", deq)
-            bwd_extra.add_bytes("4-bit dequantisation", deq)
+            fwd.add_bytes("4-bit dequantisation", deq)
+            bwd.add_bytes("4-bit dequantisation", deq)
             # absmax dequant (double quantisation), + offset, dequantize_4bit, autograd.Function
-            fwd_blocks.kernels += 3 * t.repeat
-            fwd_blocks.model_ops += 6 * t.repeat
-            bwd_extra.kernels += 3 * t.repeat
-            bwd_extra.model_ops += 6 * t.repeat
+            fwd.kernels += 3 * t.repeat
+            fwd.model_ops += 6 * t.repeat
+            bwd.kernels += 3 * t.repeat
+            bwd.model_ops += 6 * t.repeat
         if trains and s.autocast:
             # autocast: the 16-bit weight gradient is cast to the fp32 .grad
-            bwd_extra.add_bytes("fp32 gradient casts", t.numel * (2 * DTYPE_BYTES[s.compute_dtype] + 4))
-            bwd_extra.kernels += t.repeat
-            bwd_extra.ops += t.repeat
-    # LoRA (peft/tuners/lora/layer.py Linear.forward): x cast to the adapter dtype, lora_A,
-    # lora_B, * scaling, added to the base output, cast back: small fp32 GEMMs and
-    # elementwise passes over T x out
-    if P.adapters:
-        ad = s.compute_dtype if s.autocast else P.adapter_dtype
-        r = s.lora_r
-        for t in arch.lora_tensors(P.lora_modules):
-            io = (t.in_features + t.out_features) * t.repeat
-            Tn = tokens_of(t)
-            fwd_blocks.add_flops(ad, 2 * Tn * r * io)
-            bwd_extra.add_flops(ad, 2 * 2 * Tn * r * io)
-            ab = DTYPE_BYTES[ad]
-            # result + lora_B(...) * scaling in the adapter dtype, then .to(result dtype)
-            out_bytes = Tn * t.out_features * t.repeat * (ab * 3 + ab * 2 + DTYPE_BYTES[s.compute_dtype] * 2)
-            fwd_blocks.add_bytes("LoRA adapters", out_bytes)
-            bwd_extra.add_bytes("LoRA adapters", 2 * out_bytes)
-            fwd_blocks.kernels += 4 * t.repeat
-            fwd_blocks.model_ops += 4 * t.repeat
-            bwd_extra.kernels += 8 * t.repeat
-            bwd_extra.model_ops += 4 * t.repeat
-    # the attention core
+            bwd.add_bytes("fp32 gradient casts", t.numel * (2 * DTYPE_BYTES[s.compute_dtype] + 4))
+            bwd.kernels += t.repeat
+            bwd.ops += t.repeat
+    return head_weight
+
+
+def _lora_work(arch: Any, s: Any, P: Any, tokens_of: Callable[[Any], float], fwd: Work, bwd: Work) -> None:
+    """LoRA (peft/tuners/lora/layer.py Linear.forward): x cast to the adapter dtype, lora_A,
+    lora_B, * scaling, added to the base output, cast back: small fp32 GEMMs and
+    elementwise passes over T x out."""
+    if not P.adapters:
+        return
+    ad = s.compute_dtype if s.autocast else P.adapter_dtype
+    r = s.lora_r
+    for t in arch.lora_tensors(P.lora_modules):
+        io = (t.in_features + t.out_features) * t.repeat
+        Tn = tokens_of(t)
+        fwd.add_flops(ad, 2 * Tn * r * io)
+        bwd.add_flops(ad, 2 * 2 * Tn * r * io)
+        ab = DTYPE_BYTES[ad]
+        # result + lora_B(...) * scaling in the adapter dtype, then .to(result dtype)
+        out_bytes = Tn * t.out_features * t.repeat * (ab * 3 + ab * 2 + DTYPE_BYTES[s.compute_dtype] * 2)
+        fwd.add_bytes("LoRA adapters", out_bytes)
+        bwd.add_bytes("LoRA adapters", 2 * out_bytes)
+        fwd.kernels += 4 * t.repeat
+        fwd.model_ops += 4 * t.repeat
+        bwd.kernels += 8 * t.repeat
+        bwd.model_ops += 4 * t.repeat
+
+
+class _Attention(NamedTuple):
+    kernel: str          # the kernel that runs (flash, efficient, eager, math)
+    core_flops: float    # the causal half of 4 b s^2 a d over every layer
+    score_elems: float   # b x a x s x s over every layer
+    dtype: str           # the dtype q, k, v come in
+    eager_scores: Work   # a recomputed eager core's softmax traffic
+
+
+def _attention_work(arch: Any, s: Any, A: Any, n_dec: int, fwd: Work, bwd: Work) -> _Attention:
+    """The attention core of every layer, in forward and backward."""
+    L = arch.num_layers
     b, sq = s.batch_size, s.seq_len
     core = 2 * b * sq * sq * arch.num_heads * arch.head_dim * L     # causal half of 4 b s^2 a d
     score_elems = b * arch.num_heads * sq * sq * L                   # b x a x s x s per layer
@@ -452,53 +497,50 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
         kernel = "eager" if s.attn_implementation == "eager" else "flash"
     eager_scores = Work()
     if kernel in ("flash", "efficient"):
-        fwd_blocks.add_flops(ad, core, attention=True)
-        bwd_extra.add_flops(ad, FLASH_BACKWARD_FLOPS_RATIO * core, attention=True)
+        fwd.add_flops(ad, core, attention=True)
+        bwd.add_flops(ad, FLASH_BACKWARD_FLOPS_RATIO * core, attention=True)
     else:
         # eager / math: two full b x a x s x s matmuls; the probabilities are in the trace,
         # the raw scores, their scaling and the causal mask's addition are three more passes
-        fwd_blocks.add_flops(ad, 2 * core)
-        bwd_extra.add_flops(ad, 4 * core)
+        fwd.add_flops(ad, 2 * core)
+        bwd.add_flops(ad, 4 * core)
         scores = score_elems * DTYPE_BYTES[ad]
-        fwd_blocks.add_bytes("attention scores", scores * 6)
-        bwd_extra.add_bytes("attention scores", scores * 12)
-        fwd_blocks.kernels += 3 * L
-        fwd_blocks.model_ops += 3 * L
-        bwd_extra.kernels += 6 * L
+        fwd.add_bytes("attention scores", scores * 6)
+        bwd.add_bytes("attention scores", scores * 12)
+        fwd.kernels += 3 * L
+        fwd.model_ops += 3 * L
+        bwd.kernels += 6 * L
         if A.backend == "recompute":
             # the trace saved no probabilities (the core is recomputed): the softmax's fp32
             # output and its 16-bit copy are written and read in forward and again in recompute
             eager_scores.add_bytes("attention scores", score_elems * (4 + DTYPE_BYTES[ad]) * 2)
-            fwd_blocks.add_bytes("attention scores", eager_scores.memory_bytes)
-    # the blocks' other kernels: every tensor the forward creates is written once and read
-    # at least once; backward runs about two kernels and twice the traffic per forward op
-    n_layers = A.n_saving_layers
-    blk_bytes = 2 * A.fwd_written_bytes_per_layer * n_layers
-    fwd_blocks.add_bytes("norms, activations, residuals, casts", blk_bytes)
-    bwd_extra.add_bytes("norms, activations, residuals, casts", 2 * blk_bytes)
-    fwd_blocks.kernels += A.fwd_ops_per_layer * n_layers
-    fwd_blocks.model_ops += A.fwd_ops_per_layer * n_layers
-    bwd_extra.kernels += 2 * A.fwd_ops_per_layer * n_layers
-    bwd_extra.model_ops += A.fwd_ops_per_layer * n_layers
-    # the output head and the loss: logits (T x V), their fp32 upcast, log_softmax and nll
+            fwd.add_bytes("attention scores", eager_scores.memory_bytes)
+    return _Attention(kernel, core, score_elems, ad, eager_scores)
+
+
+def _head_work(arch: Any, s: Any, A: Any, T: float, head_weight: Any, head_dtype: str, head: Work,
+               bwd: Work) -> None:
+    """The output head and the loss over the head's ``T`` tokens: logits (T x V), their fp32
+    upcast, log_softmax and nll."""
     V, h = arch.vocab_size, arch.hidden_size
-    T = T_head      # the head and the loss read the decoder's tokens (b x target_len)
+    c = s.compute_dtype
     if head_weight is not None:
         t, dtype, trains = head_weight
         md = _mm_dtype(s, dtype) if dtype not in ("nf4", "fp4", "int8") else c
         md = head_dtype if not s.autocast else md
         head.add_flops(md, 2 * T * V * h)
-        bwd_extra.add_flops(md, 2 * T * V * h * (1.0 + (1.0 if trains else 0.0)))
+        bwd.add_flops(md, 2 * T * V * h * (1.0 + (1.0 if trains else 0.0)))
     head.add_bytes("norms, activations, residuals, casts", 2 * A.head_fwd_written_bytes)
     head.kernels += A.head_fwd_ops + 1     # + the embedding lookup
     head.model_ops += A.head_fwd_ops + 1
     cb = DTYPE_BYTES[head_dtype]
-    softcap = logits.get("soft-capped logits tanh", 0.0)
+    # final logit soft-capping writes and reads one more T x V tensor (Gemma 2)
+    softcap = T * V * cb if arch.final_logit_softcapping else 0.0
     if s.compile or s.loss == "liger":
         # one fused kernel per chunk (Liger's fused linear cross-entropy, a compiled loss): the
         # logits are written, read for the softmax and overwritten by their gradient in place
         head.add_bytes("logits and loss", T * V * cb * 3 + 2 * softcap)
-        bwd_extra.add_bytes("logits and loss", T * V * cb)
+        bwd.add_bytes("logits and loss", T * V * cb)
         head.kernels += 3
         head.model_ops += 3
     else:
@@ -507,35 +549,35 @@ def step_work(arch: Any, s: Any, P: Any, A: Any, logits: Dict[str, float], head_
         live = T * V * (cb + (4 if cb != 4 else 0) + 4)
         head.add_bytes("logits and loss", 2 * live + T * V * 4 + 2 * softcap)
         # backward: nll_loss and log_softmax gradients (two fp32 T x V), the cast back
-        bwd_extra.add_bytes("logits and loss", T * V * (4 * 2 + 4 * 3 + cb * 2))
+        bwd.add_bytes("logits and loss", T * V * (4 * 2 + 4 * 3 + cb * 2))
         head.kernels += 6
         head.model_ops += 6
-    bwd_extra.add_bytes("norms, activations, residuals, casts", 2 * 2 * A.head_fwd_written_bytes)
-    bwd_extra.kernels += 6 + 2 * A.head_fwd_ops
-    bwd_extra.model_ops += 6 + A.head_fwd_ops
-    fwd = fwd_blocks.plus(head)
-    fwd.pcie_bytes += offloaded_bytes
-    bwd_extra.pcie_bytes += offloaded_bytes
-    recompute = fwd_blocks.scaled(1.0) if s.gradient_checkpointing == "full" else Work()
+    bwd.add_bytes("norms, activations, residuals, casts", 2 * 2 * A.head_fwd_written_bytes)
+    bwd.kernels += 6 + 2 * A.head_fwd_ops
+    bwd.model_ops += 6 + A.head_fwd_ops
+
+
+def _recompute_work(s: Any, A: Any, att: _Attention, fwd_blocks: Work, n_layers: int, L: int) -> Work:
+    """What checkpointing runs again in backward: the blocks' forward (full: ``n_layers``
+    saving blocks), the attention core of each of the ``L`` layers (selective)."""
+    recompute = Work()
     if s.gradient_checkpointing == "full":
+        recompute = fwd_blocks.scaled(1.0)
         # torch.utils.checkpoint (non-reentrant): a Python pack hook per saved tensor in the
         # forward, an unpack hook and a recomputed-tensor check per tensor in backward
-        hooks = 3 * len(A.per_layer) * n_layers
-        recompute.ops += hooks
-    if s.gradient_checkpointing == "selective":
-        recompute = Work()
-        if kernel == "eager":
-            recompute.add_flops(ad, 2 * core)
-            recompute.add_bytes("attention scores", score_elems * DTYPE_BYTES[ad] * 6
-                                + eager_scores.memory_bytes)
+        recompute.ops += 3 * len(A.per_layer) * n_layers
+    elif s.gradient_checkpointing == "selective":
+        if att.kernel == "eager":
+            recompute.add_flops(att.dtype, 2 * att.core_flops)
+            recompute.add_bytes("attention scores", att.score_elems * DTYPE_BYTES[att.dtype] * 6
+                                + att.eager_scores.memory_bytes)
             recompute.kernels += 6 * L
             recompute.model_ops += 6 * L
         else:
-            recompute.add_flops(ad, core, attention=True)
+            recompute.add_flops(att.dtype, att.core_flops, attention=True)
             recompute.kernels += 4 * L
             recompute.model_ops += 4 * L
-    opt = optimizer_work(s, P.trainable_tensors, state_dtypes)
-    return fwd, bwd_extra, recompute, opt
+    return recompute
 
 
 def _stack_tokens(arch: Any, s: Any) -> Tuple[Callable[[Any], float], float, int]:
@@ -640,6 +682,7 @@ def communication(gpu: Any, lay: Dict[str, Any], sizes: Dict[str, float], st: "S
     out: Dict[str, float] = {}
     overlappable = 0.0      # seconds that can hide behind compute
     exposed = 0.0
+    cpu_step = 0.0
     fwd, bwd = st.forward.seconds, st.backward.seconds
     if strategy in ("ddp", "zero0", "megatron") and reps > 1:
         t = _ring("all_reduce", G, reps, dp_bw)
@@ -693,8 +736,8 @@ def communication(gpu: Any, lay: Dict[str, Any], sizes: Dict[str, float], st: "S
         t = (G / max(shard, 1) + W / max(shard, 1)) / pcie
         host = sizes.get("trainable", 0.0) / max(shard, 1) * 28 * min(gpn, n_gpus) / (HOST_MEMORY_GB_PER_S * 1e9)
         out["offload: gradients down, parameters up (PCIe)"] = t
-        out["offload: optimizer step on the CPU"] = host
-        exposed += t + host
+        exposed += t
+        cpu_step = host    # the host's own work, reported as the optimizer step on the CPU, not communication
     if lay.get("offload_params"):
         pcie = gpu.pcie_gb_per_s * 1e9 * COMM_EFFICIENCY
         t = 2 * W / max(shard, 1) / pcie * m
@@ -704,5 +747,5 @@ def communication(gpu: Any, lay: Dict[str, Any], sizes: Dict[str, float], st: "S
     exposed += max(0.0, overlappable - compute)
     bubble = (pp - 1) * (fwd + bwd) if pp > 1 else 0.0
     return {"collectives_seconds": out, "total_seconds": sum(out.values()), "exposed_seconds": exposed,
-            "pipeline_bubble_seconds": bubble, "intra_node_gb_per_s": intra / 1e9,
+            "cpu_optimizer_seconds": cpu_step, "pipeline_bubble_seconds": bubble, "intra_node_gb_per_s": intra / 1e9,
             "inter_node_gb_per_s": inter / 1e9}

@@ -8,10 +8,11 @@ and of the widget's traits.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .errors import VramError
-from .inputs import MAX_TEXT_CHARS, Field, check_choice, check_int, check_keywords, check_number, fail, shown
+from .inputs import (MAX_TEXT_CHARS, Field, check_choice, check_int, check_keywords, check_names, check_number,
+                     fail, shown)
 
 #: choice fields: value -> label shown in the widget and CLI help
 CHOICES: Dict[str, List[Tuple[str, str]]] = {
@@ -52,7 +53,8 @@ CHOICES: Dict[str, List[Tuple[str, str]]] = {
     ],
     "gradient_checkpointing": [
         ("none", "None"),
-        ("selective", "Selective (recompute attention and MLP internals)"),
+        ("selective", "Selective (recompute the attention core: saves its scores under eager attention, "
+                      "next to nothing under SDPA or FlashAttention)"),
         ("full", "Full (keep each layer's input)"),
     ],
     "attn_implementation": [
@@ -143,6 +145,11 @@ class TrainingSetup:
     #: the caching allocator's settings: "default", "expandable_segments" or a
     #: PYTORCH_CUDA_ALLOC_CONF string (decides reserved memory, never allocated memory)
     allocator: str = "default"
+    #: ``optimizer.zero_grad(set_to_none=True)`` (PyTorch's default since 2.0; transformers'
+    #: Trainer calls ``model.zero_grad()``, which sets them to None too): the gradients go
+    #: after each step.  False: they are zeroed in place and stay allocated between steps
+    #: (plan/step.py ``_Grads.zero_grad``)
+    zero_grad_set_to_none: bool = True
 
     # -- derived dtypes ---------------------------------------------------------------
     @property
@@ -179,10 +186,6 @@ class TrainingSetup:
     def tokens(self) -> int:
         return self.batch_size * self.seq_len
 
-    @property
-    def dec_len(self) -> int:
-        """The decoder's tokens per sample: ``target_len``, else ``seq_len``."""
-        return self.target_len if self.target_len is not None else self.seq_len
 
     def version(self, package: str) -> Optional[Tuple[int, ...]]:
         """The release of ``package`` the user named in ``versions`` (None: the current one)."""
@@ -198,8 +201,24 @@ class TrainingSetup:
         return v is not None and v < _parse_version(release)
 
     def replace(self, **changes: Any) -> "TrainingSetup":
-        """A new validated setup with ``changes`` applied."""
-        return TrainingSetup.from_kwargs(**{**self.to_dict(), **changes})
+        """A new validated setup with ``changes`` applied.  What this setup said (the
+        defaults applied, the warnings) stays said for the fields ``changes`` leaves alone."""
+        new = TrainingSetup._build({**self.to_dict(), **changes}, given=changes)
+        kept = tuple(x for x in self.said if x[0] not in changes)
+        object.__setattr__(new, "_said", kept + tuple(x for x in new.said if x not in kept))
+        return new
+
+    @property
+    def said(self) -> Tuple[Tuple[str, str], ...]:
+        """(field, note) for each practitioner default applied to a field nobody gave
+        (:mod:`vramwidget.defaults`) and each given option that does nothing here; the
+        estimate carries the notes (:meth:`notes`)."""
+        return getattr(self, "_said", ())
+
+    @property
+    def notes(self) -> List[str]:
+        """What the setup itself has to say: the defaults it applied, the options it ignores."""
+        return [note for _, note in self.said]
 
     def to_dict(self) -> Dict[str, Any]:
         """The setup as plain JSON-able values (tuples become lists)."""
@@ -214,19 +233,31 @@ class TrainingSetup:
     @classmethod
     def from_kwargs(cls, **kw: Any) -> "TrainingSetup":
         """A validated setup: each keyword checked by its declaration in :data:`FIELDS`
-        (type, allowed values, range), then the stack's defaults, then the links between fields."""
+        (type, allowed values, range), then the stack's defaults, then the practitioner
+        defaults (:mod:`vramwidget.defaults`, said in :attr:`notes`), then the links between
+        fields; a given option that does nothing with the rest is said too."""
+        return cls._build(kw, given=kw)
+
+    @classmethod
+    def _build(cls, kw: Dict[str, Any], given: Dict[str, Any]) -> "TrainingSetup":
+        """:meth:`from_kwargs` of ``kw``; ``given`` are the keywords the caller chose (what
+        the warnings of options that do nothing look at)."""
+        from .defaults import apply_training_defaults
+
         check_keywords("setup field", kw, FIELDS)
         # None is "not given" (the dataclass default) for every field that says so
-        given: Dict[str, Any] = {name: FIELDS[name].check(x) for name, x in kw.items()
-                                 if not (x is None and FIELDS[name].none == "default")}
+        checked: Dict[str, Any] = {name: FIELDS[name].check(x) for name, x in kw.items()
+                                   if not (x is None and FIELDS[name].none == "default")}
         from .stacks import stack_defaults
 
-        stack = given.get("stack", "hf")
+        stack = checked.get("stack", "hf")
         # a stack's defaults, where the user did not say otherwise (stacks.py, from each stack's source)
-        v: Dict[str, Any] = {**{k: FIELDS[k].check(x) for k, x in stack_defaults(stack, given).items()
-                                if k not in given}, **given}
+        v: Dict[str, Any] = {**{k: FIELDS[k].check(x) for k, x in stack_defaults(stack, checked).items()
+                                if k not in checked}, **checked}
         if stack == "hf":
             v.pop("stack", None)
+        # what practitioners run, for the fields still open (defaults.py: one place for every door)
+        said = apply_training_defaults(v)
 
         # -- links between fields --
         method = v.get("method", "full")
@@ -262,10 +293,63 @@ class TrainingSetup:
         if v.get("precision") == "fp8" and v.get("quantization", "none") != "none":
             raise VramError("precision: fp8 compute with a bitsandbytes-quantized base is not modelled; "
                             "use bf16", field="precision")
-        return cls(**v)
+        _check_state_dtypes(v)
+        out = cls(**v)
+        # a value the caller chose (not the field's default: the widget passes every control) that does nothing
+        said += [(k, f"warning: {k}={shown(getattr(out, k))} does nothing here: it {why}; ignored")
+                 for k, why in inapplicable(out.__dict__).items()
+                 if k in given and k in checked and checked[k] != FIELDS[k].default]
+        object.__setattr__(out, "_said", tuple(said))
+        return out
 
 
 _FIELDS = tuple(TrainingSetup.__dataclass_fields__)
+
+#: state tensors per parameter whose dtype ``optimizer_state_dtypes`` sets (PyTorch's
+#: AdamW: exp_avg and exp_avg_sq; Lion: exp_avg; SGD with momentum: momentum_buffer).
+#: bitsandbytes' 8-bit optimizers keep 8-bit blocks, Adafactor factored fp32 statistics,
+#: GaLore its projected moments, plain SGD nothing: the dtypes do nothing there.
+OPTIMIZER_STATE_COUNT: Dict[str, int] = {"adamw": 2, "adamw_fused": 2, "paged_adamw": 2, "lion": 1,
+                                         "sgd_momentum": 1}
+
+
+def _check_state_dtypes(v: Dict[str, Any]) -> None:
+    """``optimizer_state_dtypes`` names one dtype for every state, or one per state: the
+    optimizer's own count (AdamW two, Lion one), not any other."""
+    sd, opt = v.get("optimizer_state_dtypes"), v.get("optimizer", "adamw")
+    n = OPTIMIZER_STATE_COUNT.get(opt, 0)
+    if sd and n and len(sd) not in (1, n):
+        raise VramError(f"optimizer_state_dtypes: {opt} keeps {n} state tensor(s) per parameter; give 1 dtype "
+                        f"for all or {n}, got {len(sd)} ({', '.join(sd[:6])}{', ...' if len(sd) > 6 else ''})",
+                        field="optimizer_state_dtypes")
+
+
+def inapplicable(v: Mapping[str, Any]) -> Dict[str, str]:
+    """The setup fields that do nothing with the rest of ``v`` (a setup's values, e.g. its
+    ``__dict__`` or the widget's keywords), each with what it applies to.  The estimate warns
+    when the user gave one; the widget passes such a control's default and disables it."""
+    method, quant, opt = v.get("method", "full"), v.get("quantization", "none"), v.get("optimizer", "adamw")
+    out: Dict[str, str] = {}
+    if method != "freeze":
+        out["trainable_layers"] = "applies to method='freeze' (how many last layers train)"
+    if method not in ("lora", "qlora"):
+        for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_targets"):
+            out[k] = "applies to method='lora' or 'qlora'"
+    if v.get("loss", "standard") != "chunked":
+        out["loss_chunks"] = "applies to loss='chunked'"
+    if not str(opt).startswith("galore"):
+        out["galore_rank"] = "applies to the GaLore optimizers"
+    if quant not in ("nf4", "fp4"):
+        out["double_quant"] = "applies to 4-bit quantization (nf4, fp4)"
+    if quant in ("none", None):
+        out["quantized_groups"] = "applies to a quantized base (nf4, fp4, int8)"
+    if v.get("optimizer_in_backward"):
+        out["zero_grad_set_to_none"] = ("applies without optimizer_in_backward (each gradient is freed in its "
+                                        "parameter's hook)")
+    if v.get("optimizer_state_dtypes") and not OPTIMIZER_STATE_COUNT.get(opt):
+        out["optimizer_state_dtypes"] = (f"sets the dtype of {', '.join(sorted(OPTIMIZER_STATE_COUNT))}'s states; "
+                                         f"{opt} keeps its own")
+    return out
 
 
 #: other spellings accepted for choice fields (transformers' and peft's names among them)
@@ -330,9 +414,7 @@ def _versions(value: Any) -> Tuple[Tuple[str, str], ...]:
     return tuple(sorted(out))
 
 
-
-
-def _allocator(value: Any) -> str:
+def check_allocator_conf(value: Any) -> str:
     """The caching allocator's settings, checked and written in one canonical spelling."""
     from .allocator import parse_alloc_conf
 
@@ -351,6 +433,14 @@ def _state_dtype(x: str) -> Optional[str]:
         return None
 
 
+def _state_dtype_list(value: Any) -> Tuple[str, ...]:
+    """One dtype per optimizer state, in order: checked as names, duplicates kept (AdamW's
+    ("float32", "float32") is two states; a list of five is five, and refused for AdamW)."""
+    check_names("optimizer_state_dtypes", value, allowed=STATE_DTYPES, canon=_state_dtype)
+    items = [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else list(value)
+    return tuple(_state_dtype(x) for x in items)
+
+
 def _choice_field(name: str, doc: str = "") -> Field:
     return Field(name, "choice", default=getattr(TrainingSetup, name), doc=doc,
                  choices=lambda: [c for c, _ in CHOICES[name]], aliases=_ALIASES.get(name, {}))
@@ -358,7 +448,9 @@ def _choice_field(name: str, doc: str = "") -> Field:
 
 #: every setup keyword, declared once: kind, default, allowed values or range.  Adding a
 #: keyword is a dataclass field above plus one declaration here (and a CHOICES entry for a
-#: choice); ``from_kwargs`` checks it, the fuzz tests feed it any value.
+#: choice); ``from_kwargs`` checks it, the fuzz tests feed it any value, the command line has
+#: it as ``--its-name`` (cli.derived_setup_flags) and the widget as a trait and a Knobs control
+#: (widget/state.py SetupTraits, widget/controls.py field_control), its description the help.
 FIELDS: Dict[str, Field] = {f.name: f for f in (
     _choice_field("method"),
     _choice_field("precision"),
@@ -368,8 +460,8 @@ FIELDS: Dict[str, Field] = {f.name: f for f in (
           choices=lambda: QUANT_GROUPS),
     Field("prepare_kbit", "bool", False, "peft's prepare_model_for_kbit_training"),
     _choice_field("optimizer"),
-    Field("optimizer_state_dtypes", "names", None, "dtype of each optimizer state",
-          choices=lambda: STATE_DTYPES, canon=_state_dtype, none="none"),
+    Field("optimizer_state_dtypes", "custom", None, "dtype of each optimizer state, in the optimizer's order",
+          none="none", parse=lambda x: _state_dtype_list(x)),
     _choice_field("gradient_checkpointing"),
     _choice_field("attn_implementation"),
     Field("batch_size", "int", 1, "micro-batch size", lo=1, none="error"),
@@ -402,26 +494,21 @@ FIELDS: Dict[str, Field] = {f.name: f for f in (
     _choice_field("backend", "analytic (modelled families), trace (a traced step) or auto (analytic where "
                              "modelled, else traced)"),
     Field("allocator", "custom", "default", "caching allocator: 'default', 'expandable_segments' or a "
-          "PYTORCH_CUDA_ALLOC_CONF string", parse=_allocator),
+          "PYTORCH_CUDA_ALLOC_CONF string", parse=check_allocator_conf),
+    Field("zero_grad_set_to_none", "bool", True, "zero_grad(set_to_none=True) frees the gradients after "
+          "each step; off: they are zeroed in place and stay allocated between steps"),
 )}
 assert set(FIELDS) == set(_FIELDS), "every TrainingSetup field has one declaration in FIELDS"
 
 
 # helpers kept for callers that check one value the old way
-def _choice(name: str, value: Any) -> str:
+def check_setup_choice(name: str, value: Any) -> str:
+    """One setup field checked against its CHOICES (aliases allowed): the canonical value."""
     return check_choice(name, value, [c for c, _ in CHOICES[name]], _ALIASES.get(name, {}))
 
 
 def _posint(name: str, value: Any) -> int:
     return check_int(name, value, lo=1)
-
-
-def _float(name: str, value: Any) -> float:
-    return check_number(name, value)
-
-
-def _posfloat(name: str, value: Any) -> float:
-    return check_number(name, value, lo=0, lo_open=True)
 
 
 def setup_from_case(training: Dict[str, Any]) -> TrainingSetup:

@@ -204,64 +204,104 @@ def _place(box: UnitBox, x0: float, y0: float, side: float, scenario: str) -> Li
 
 def shared_scale(totals: Sequence[float], width: float, height: float, *,
                  capacity_bytes: Optional[float] = None, gap: float = 18.0,
-                 header: float = 34.0, min_slot: float = 0.0) -> float:
+                 header: float = 34.0, min_slot: "float | Sequence[float]" = 0.0) -> float:
     """Pixels² per byte so that every scenario square (and capacity outline) fits.
 
     Scenario i is a square of side ``sqrt(bytes_i * scale)`` in a slot as wide as the
-    largest of it, the capacity square and ``min_slot`` (room for its caption); the
-    slots sit side by side with ``gap`` between them, under a ``header`` band.
+    largest of it, the capacity square and ``min_slot`` (room for its caption: one figure
+    for all, or one per scenario); the slots sit side by side with ``gap`` between them,
+    under a ``header`` band.
     """
     cap = capacity_bytes or 0.0
     roots = [math.sqrt(max(t, cap, 0.0)) for t in totals]
+    mins = [float(min_slot)] * len(roots) if isinstance(min_slot, (int, float)) else [float(m) for m in min_slot]
     if not roots or max(roots) <= 0:
         return 0.0
     avail_w = width - gap * (len(roots) - 1)
     avail_h = height - header
     unit = min(avail_w / sum(roots), avail_h / max(roots))
-    # slots narrower than min_slot are widened; shrink the scale until all fit
+    # slots narrower than their minimum are widened; shrink the scale until all fit
     for _ in range(len(roots) + 1):
-        fixed = [r for r in roots if r * unit < min_slot]
-        free = sum(r for r in roots if r * unit >= min_slot)
+        fixed = [i for i, r in enumerate(roots) if r * unit < mins[i]]
+        free = sum(r for i, r in enumerate(roots) if r * unit >= mins[i])
         if not fixed or free <= 0:
             break
-        new_unit = min((avail_w - min_slot * len(fixed)) / free, avail_h / max(roots))
+        new_unit = min((avail_w - sum(mins[i] for i in fixed)) / free, avail_h / max(roots))
         if new_unit >= unit - 1e-12:
             break
         unit = max(new_unit, 0.0)
     return max(unit, 0.0) ** 2
 
 
+#: the comparison's caption font: 11 px, this many pixels per character at most (digits and
+#: capitals of the sans-serif fonts notebooks use), and the line height
+CAPTION_CHAR_W = 7.0
+CAPTION_LINE_H = 13.0
+
+
+def caption_width(text: str) -> float:
+    """Pixels the widest line of a caption needs (with a few pixels of air)."""
+    return max((len(line) for line in text.splitlines()), default=0) * CAPTION_CHAR_W + 6.0
+
+
+def caption_rows(captions: Sequence[str], width: float, gap: float = 18.0, max_rows: int = 3) -> int:
+    """How many rows of scenarios the comparison needs at ``width`` so that no two captions
+    overlap: the fewest rows (up to ``max_rows``) whose slots, each as wide as its caption,
+    fit side by side."""
+    widths = [caption_width(c) for c in captions]
+    for k in range(1, max_rows + 1):
+        per = -(-len(widths) // k)
+        if all(sum(widths[i:i + per]) + gap * (len(widths[i:i + per]) - 1) <= width
+               for i in range(0, len(widths), per)):
+            return k
+    return max_rows
+
+
 def comparison_rows(scenarios: Sequence[Tuple[str, "Estimate | UnitBox"]], width: float = 640.0,
                     height: float = 260.0, *, capacity_bytes: Optional[float] = None,
                     capacity_label: str = "", gap: float = 18.0, header: float = 34.0,
-                    min_slot: float = 84.0) -> List[Row]:
+                    min_slot: float = 84.0, captions: Optional[Dict[str, str]] = None,
+                    rows_of: int = 1) -> List[Row]:
     """Several estimates side by side on ONE scale: area = bytes x the same factor.
 
     ``scenarios`` is a list of (name, Estimate or :class:`UnitBox`).  Each scenario is a
     square of area ``bytes * scale``.  With ``capacity_bytes`` a dashed square of that
     area (the GPU) is outlined at the top-left corner of every scenario, so a scenario
-    that spills out of it does not fit.
+    that spills out of it does not fit.  ``captions`` (name -> text) replace the default
+    caption (name and total) and widen each slot to its caption's width
+    (:func:`caption_width`), so captions never overlap; ``rows_of`` lays the scenarios out
+    in that many rows (:func:`caption_rows` says how many a width needs), each
+    ``height / rows_of`` tall, on the same scale.
     """
     boxes = [(name, b if isinstance(b, UnitBox) else unit_box(b, name)) for name, b in scenarios]
     totals = [b.total_bytes for _, b in boxes]
-    scale = shared_scale(totals, width, height, capacity_bytes=capacity_bytes, gap=gap,
-                         header=header, min_slot=min_slot)
+    k = max(1, min(int(rows_of), len(boxes) or 1))
+    per = -(-len(boxes) // k) if boxes else 1
+    mins = [max(min_slot, caption_width(captions[n])) if captions and n in captions else min_slot
+            for n, _ in boxes]
+    row_h = height / k
+    scale = min((shared_scale(totals[i:i + per], width, row_h, capacity_bytes=capacity_bytes, gap=gap,
+                              header=header, min_slot=mins[i:i + per])
+                 for i in range(0, len(boxes), per)), default=0.0)
     cap_side = math.sqrt((capacity_bytes or 0.0) * scale)
     rows: List[Row] = []
     titles: List[Row] = []
     caps: List[Row] = []
-    x = 0.0
-    for (name, box), tot in zip(boxes, totals):
+    for j, ((name, box), tot, m) in enumerate(zip(boxes, totals, mins)):
+        if j % per == 0:
+            x, y0 = 0.0, row_h * (j // per)
         side = math.sqrt(tot * scale)
-        rows.extend(_place(box, x, header, side, name))
+        rows.extend(_place(box, x, y0 + header, side, name))
         fits = capacity_bytes is None or box.device_total_bytes <= capacity_bytes
+        text = captions[name] if captions and name in captions else \
+            f"{name}\n{fmt_gib(tot)}" + ("" if fits else " ✗")
         titles.append({
             "reserved_bytes": box.reserved_bytes,
             "squeezed": box.squeezed,
             "scenario": name, "level": "title", "component": "", "kind": "", "group": "",
-            "label": name, "text": f"{name}\n{fmt_gib(tot)}" + ("" if fits else " ✗"),
+            "label": name, "text": text,
             "bytes": tot, "gib": tot / GIB, "share": 1.0, "formula": "",
-            "x": x, "y": 2.0, "x2": x + side, "y2": 2.0,
+            "x": x, "y": y0 + 2.0, "x2": x + side, "y2": y0 + 2.0,
         })
         if capacity_bytes:
             caps.append({
@@ -269,7 +309,7 @@ def comparison_rows(scenarios: Sequence[Tuple[str, "Estimate | UnitBox"]], width
                 "label": capacity_label or "GPU", "text": "",
                 "bytes": capacity_bytes, "gib": capacity_bytes / GIB,
                 "share": capacity_bytes / (tot or 1.0), "formula": "",
-                "x": x, "y": header, "x2": x + cap_side, "y2": header + cap_side,
+                "x": x, "y": y0 + header, "x2": x + cap_side, "y2": y0 + header + cap_side,
             })
-        x += max(side, cap_side, min_slot) + gap
+        x += max(side, cap_side, m) + gap
     return rows + caps + titles

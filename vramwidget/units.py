@@ -45,26 +45,6 @@ def canonical_dtype(name: str) -> str:
     return key
 
 
-def dtype_bytes(name: str) -> float:
-    """Bytes per element of a dtype name ('bf16' -> 2.0)."""
-    return DTYPE_BYTES[canonical_dtype(name)]
-
-
-def to_mib(nbytes: float) -> float:
-    """Bytes in MiB (2**20)."""
-    return nbytes / MIB
-
-
-def to_gib(nbytes: float) -> float:
-    """Bytes in GiB (2**30)."""
-    return nbytes / GIB
-
-
-def to_gb(nbytes: float) -> float:
-    """Bytes in GB (10**9)."""
-    return nbytes / GB
-
-
 def fmt_bytes(nbytes: float) -> str:
     """Bytes with an automatic binary unit and thousands separators, the one format of the
     widget, the notebooks and the CLI: '512 KiB', '612 MiB', '9.96 GiB', '23.5 GiB',

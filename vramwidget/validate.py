@@ -49,6 +49,9 @@ def load_cases(path_or_lines: Union[str, Iterable[str]]) -> List[Dict[str, Any]]
                 lines = f.readlines()
         except OSError as e:
             raise VramError(f"cases: cannot read {shown(path_or_lines)}: {e.strerror or e}", field="cases") from None
+        except UnicodeDecodeError:
+            raise VramError(f"cases: {shown(path_or_lines)} is not UTF-8 text (a JSON-lines file)",
+                            field="cases") from None
     else:
         lines = list(path_or_lines)
     cases = []
@@ -60,6 +63,10 @@ def load_cases(path_or_lines: Union[str, Iterable[str]]) -> List[Dict[str, Any]]
             c = json.loads(line)
         except json.JSONDecodeError as e:
             raise VramError(f"cases: line {n} is not valid JSON ({e.msg})", field="cases") from None
+        except RecursionError:
+            raise VramError(f"cases: line {n} nests deeper than a case", field="cases") from None
+        if not isinstance(c, dict):
+            raise VramError(f"cases: line {n} holds a {type(c).__name__}, not a case (a JSON object)", field="cases")
         if "env" in c and "model" not in c:
             continue  # a raw file's header line
         if "model" not in c:
@@ -97,7 +104,9 @@ def predict_case(case: Dict[str, Any], *, cold_process: bool = False, backend: s
         "forward_peak_mib": ph["forward"] / MIB,
         "backward_peak_mib": ph["backward"] / MIB,
         "optimizer_step_peak_mib": ph["optimizer_step"] / MIB,
-        "peak_allocated_mib": est.peak_allocated_bytes / MIB,
+        # the measured field is the largest steady phase (steps 2 and 3; validation/README.md);
+        # est.peak_allocated_bytes also counts the first step, when the states are made
+        "peak_allocated_mib": max(ph["forward"], ph["backward"], ph["optimizer_step"]) / MIB,
         "first_step_peak_mib": ph["first_step"] / MIB,
         "max_reserved_mib": est.reserved_bytes / MIB,
         "step_seconds": est.step_seconds,
@@ -135,30 +144,51 @@ def inference_setup_from_case(inference: Dict[str, Any]) -> Dict[str, Any]:
         # generate() never feeds its last token back: the cache ends at prompt + new - 1
         kw["prompt_len"] = int(prompt)
         kw["context_len"] = int(prompt) + max(int(new) - 1, 0)
-    for key in ("batch_size", "attn_implementation", "kv_cache_dtype"):
+    for key in ("batch_size", "attn_implementation", "kv_cache_dtype", "padding"):
         if inference.get(key) is not None:
             kw[key] = inference[key]
+    # the measured protocol (validation/README.md, measure-inference): generate(...,
+    # min_new_tokens=n) unless the record says otherwise
+    kw["min_new_tokens"] = int(inference.get("min_new_tokens", new) or 0)
     return kw
 
 
-def predict_inference_case(case: Dict[str, Any], *, cold_process: bool = False) -> Dict[str, Any]:
-    """The inference estimate of one case in MiB (weights, KV cache, prefill and decode peaks)."""
+def predict_inference_case(case: Dict[str, Any], *, cold_process: bool = False,
+                           workspace_segment_bytes: Optional[float] = None) -> Dict[str, Any]:
+    """The inference estimate of one case in MiB (weights, KV cache, prefill and decode peaks),
+    the generate() figures as the measurement protocol records them
+    (``inference_events.measured_figures``: the warm-up forward, ``empty_cache``, the peaks
+    reset, then generate()).  ``cold_process``: the case ran first in its process (no cuBLAS
+    workspace yet); otherwise the workspace sits in a cached segment of
+    ``workspace_segment_bytes`` (the first case's, ``workspace_segment_bytes`` of its row).
+    The case's ``env.transformers`` picks the transformers behaviour modelled; a case that does
+    not record whether its random prompt held ``pad_token_id`` (``padding``) gets the likelier
+    answer (``inference_events.likely_padding``)."""
     from .inference import estimate_inference
+    from .inference_events import likely_padding, measured_figures
 
     arch = from_config(case["model"], name=case.get("name") or case["model"].get("model_type"))
-    est = estimate_inference(arch, **inference_setup_from_case(case["inference"]))
+    kw = inference_setup_from_case(case["inference"])
+    env = case.get("env") or {}
+    if env.get("transformers") and "versions" not in kw:
+        kw["versions"] = {"transformers": str(env["transformers"])}
+    if "padding" not in kw:
+        kw["padding"] = likely_padding(int(kw.get("batch_size", 1)), int(kw.get("prompt_len", 1)), arch.vocab_size)
+    est = estimate_inference(arch, **kw)
     ph = est.phases_bytes
+    seg = None if cold_process else int(workspace_segment_bytes or 32 * MIB)
+    fig = measured_figures(*est.sources.inference, workspace_segment_bytes=seg)
     return {
         "params_total": est.params_total,
         "params_trainable": 0,
-        # after_load is the weights alone; an earlier case's matmul left the cuBLAS workspace
-        "weights_mib": (ph["after_load"] + (0.0 if cold_process else CUBLAS_WORKSPACE_BYTES)) / MIB,
+        "weights_mib": fig["weights_bytes"] / MIB,
         "kv_cache_mib": est.kv_cache_bytes / MIB,
         "prefill_peak_mib": ph.get("prefill", est.peak_allocated_bytes) / MIB,
         "decode_peak_mib": ph.get("decode", est.peak_allocated_bytes) / MIB,
-        "generate_peak_mib": est.peak_allocated_bytes / MIB,   # generate() runs the prefill, then decodes
+        "generate_peak_mib": fig["generate_peak_bytes"] / MIB,
         "peak_allocated_mib": est.peak_allocated_bytes / MIB,
-        "max_reserved_mib": est.reserved_bytes / MIB,
+        "max_reserved_mib": fig["max_reserved_bytes"] / MIB,
+        "workspace_segment_bytes": fig["workspace_segment_bytes"],
     }
 
 
@@ -170,11 +200,14 @@ def validate(cases: Union[str, List[Dict[str, Any]]], backend: str = "analytic")
     if isinstance(cases, str):
         cases = load_cases(cases)
     rows = []
+    ws_segment: Optional[float] = None
     for n, c in enumerate(cases):
         inference = "training" not in c
         try:
             if inference:
-                pred = predict_inference_case(c, cold_process=(n == 0))
+                pred = predict_inference_case(c, cold_process=(n == 0), workspace_segment_bytes=ws_segment)
+                if n == 0:
+                    ws_segment = pred["workspace_segment_bytes"]
             else:
                 pred = predict_case(c, cold_process=(n == 0), backend=backend)
         except VramError as e:

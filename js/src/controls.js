@@ -1,291 +1,282 @@
 // @ts-check
 /**
- * The controls panel: model, training, inference, batch, GPU, multi-GPU, quantization and
- * LoRA fieldsets. Each control reports one trait (ctx.send); the model's traits set the
- * controls back (syncInputs), their choices (syncOptions) and which ones apply now
+ * The controls panel, built from the `controls` trait (Python's one list of the inputs,
+ * vramwidget/widget/controls.py): about a dozen core controls in fixed slots (a slot holds
+ * a training control and its inference counterpart, so nothing moves when the mode
+ * changes), then named groups (<details>) that open on a click and remember whether they
+ * are open (localStorage). Each control reports one trait (ctx.send); the model's traits
+ * set the controls back (syncInputs), their choices (syncOptions) and which ones apply now
  * (syncDisabled: a disabled control carries its reason as title and data-disabled-reason).
+ *
+ * A typed number is applied when the typing pauses (or on Enter / Tab); until then its
+ * field is marked pending (class vw-pending, "typed: applies when you pause").
  */
 import { h } from "./dom.js";
 
 /** @typedef {import("./types.js").Ctx} Ctx @typedef {import("./types.js").Choice} Choice */
 
-/** Select controls: trait, label, hint. Their choices come from options[trait]. */
-const SELECTS = [
-  ["method", "Method", "What trains: every weight, LoRA adapters, or the last layers"],
-  ["precision", "Precision", "Storage and compute dtypes of weights, gradients and states"],
-  ["optimizer", "Optimizer", "Optimizer state per trainable parameter"],
-  ["gradient_checkpointing", "Checkpointing", "Recompute activations in the backward pass"],
-  ["attn_implementation", "Attention", "eager materialises batch x heads x seq x seq scores"],
-  ["quantization", "Base weights", "Storage format of the frozen base weights"],
-  ["strategy", "Strategy", "How data-parallel replicas store parameters, gradients and optimizer states"],
-  ["weights", "Weights", "Storage format of the weights for inference"],
-  ["kv_cache_dtype", "KV cache", "dtype of the key/value cache (auto: the compute dtype)"],
-  ["engine", "Engine", "generate(), or a serving engine whose start-up memory profile sizes the KV cache"],
-  ["stack", "Stack", "Training stack: its defaults and where its code keeps other tensors"],
-  ["loss", "Loss", "Cross-entropy: full logits, chunked, or Liger's fused linear cross-entropy"],
-  ["lora_variant", "LoRA variant", "LoRA or DoRA (weight-decomposed)"],
-];
+/** How long a typed number waits before it is applied (ms). */
+const TYPE_PAUSE_MS = 700;
+const GROUPS_KEY = "vramwidget:open-groups";
 
-/**
- * Number inputs: trait, short label, kind ("int" | "float" | "int?" | "float?"), min, step,
- * hint (the tooltip), max (optional). A value outside [min, max] is refused here and named
- * in the banner.
- */
-const NUMBERS = [
-  ["batch_size", "Batch size", "int", 1, 1, "Micro-batch: sequences per forward pass (per GPU replica)"],
-  ["seq_len", "Sequence", "int", 1, 1, "Sequence length: tokens per sequence (an encoder-decoder's input)"],
-  ["target_len", "Target", "int?", 1, 1, "Encoder-decoders (T5, BART): target tokens per sample, what the decoder, head and loss read (blank: as long as the sequence)"],
-  ["context_len", "Context", "int", 1, 1, "Context length: tokens per sequence at the end of generation (prompt + generated)"],
-  ["grad_accum_steps", "Grad. accum.", "int", 1, 1, "Gradient accumulation steps (same peak, more sequences per step)"],
-  ["lora_r", "LoRA rank", "int", 1, 1, "LoRA rank r"],
-  ["lora_alpha", "LoRA alpha", "float", 0, "any", "LoRA alpha (scales the update; no memory effect)"],
-  ["lora_dropout", "LoRA dropout", "float", 0, 0.05, "LoRA dropout probability, in [0, 1)", 0.99],
-  ["trainable_layers", "Last layers", "int?", 1, 1, "Method 'last layers': how many of the last layers train (blank: all)"],
-  ["loss_chunks", "Loss chunks", "int", 1, 1, "Chunks of the chunked cross-entropy"],
-  ["num_gpus", "GPUs", "int", 1, 1, "GPUs of the run; above 1 needs a data-parallel strategy (DDP is picked)"],
-  ["tensor_parallel", "Tensor par.", "int", 1, 1, "Tensor parallel: heads, MLP width and vocabulary split over this many GPUs"],
-  ["pipeline_parallel", "Pipeline", "int", 1, 1, "Pipeline stages: layers split into this many stages (1F1B)"],
-  ["max_gpus", "Max GPUs", "int", 1, 1, "The most GPUs a suggestion may use (8: one node)"],
-  ["gpu_memory_utilization", "Serving", "float?", 0.05, 0.05, "Serving budget. Blank: generate(). A fraction such as 0.9: a vLLM-style server whose paged KV cache fills that share of the GPU", 1],
-];
-
-/** Placeholders of optional number boxes whose blank is not "all" / "none". */
-const BLANK_MEANS = { target_len: "= sequence" };
-/**
- * Controls that exist only for some models: hidden (not greyed) while ``disabled`` says they
- * do not apply, e.g. an encoder-decoder's target length for a decoder-only model.
- */
-const MODEL_ONLY = ["target_len"];
-
-/** Controls (and groups) shown in one mode only; the other mode hides them. */
-const MODE_OF = {
-  seq_len: "training", grad_accum_steps: "training", trainable_layers: "training",
-  context_len: "inference", gpu_memory_utilization: "inference",
-};
-const CHECKBOXES = ["double_quant", "prepare_kbit", "offload_optimizer", "offload_params",
-  "activation_offloading", "optimizer_in_backward", "packing", "compile"];
+/** @returns {Record<string, boolean>} */
+function openGroups() {
+  try { return JSON.parse(localStorage.getItem(GROUPS_KEY) || "{}") || {}; } catch (_) { return {}; }
+}
+/** @param {string} key @param {boolean} open */
+function rememberGroup(key, open) {
+  try { localStorage.setItem(GROUPS_KEY, JSON.stringify({ ...openGroups(), [key]: open })); } catch (_) { /* private mode */ }
+}
 
 /**
  * @param {Ctx} ctx
- * @returns {{ el: HTMLElement, syncInputs: () => void, syncOptions: () => void, syncDisabled: () => void }}
+ * @returns {{ el: HTMLElement, importBox: HTMLElement, names: string[], syncInputs: () => void,
+ *   syncOptions: () => void, syncDisabled: () => void, labelOf: (name: string) => string,
+ *   textOf: (name: string, value: any) => string, mark: (names: string[]) => void }}
  */
 export function controlsPanel(ctx) {
   const { model, el, root, id, send, setLocalError } = ctx;
+  /** @type {any[]} */
+  const specs = model.get("controls") || [];
+  /** @type {any[]} */
+  const groupSpecs = model.get("control_groups") || [];
+  /** @type {Record<string, any>} */
+  const specOf = Object.fromEntries(specs.map((s) => [s.name, s]));
   /** @type {Record<string, HTMLElement>} every control by trait name */
   const controls = {};
-  const form = h("form", { class: "vw-controls", "aria-label": "training setup" });
+  /** @type {Record<string, HTMLElement>} the field (label + control) of each */
+  const fields = {};
+  /** @type {Record<string, (() => void)>} what sets each control from its trait */
+  const setters = {};
+  const form = h("form", { class: "vw-controls", "aria-label": "setup" });
   form.addEventListener("submit", (e) => e.preventDefault());
 
-  /**
-   * A labelled row around one control.
-   * @param {string} name @param {string} label @param {HTMLElement} input @param {string} [hint]
-   */
-  const field = (name, label, input, hint) => {
-    input.id = `${id}-${name}`;
-    input.dataset.testid = `control-${name}`;
-    input.setAttribute("name", name);
-    controls[name] = input;
-    const lab = h("label", { for: input.id, text: label, title: hint || label });
-    return h("div", { class: "vw-field", "data-field": name }, [lab, input]);
-  };
-
-  // --- model: preset search, Hub id, pasted or uploaded config.json -----------------
-  const datalist = h("datalist", { id: `${id}-presets` });
-  const modelInput = /** @type {HTMLInputElement} */ (h("input", {
-    type: "text", list: datalist.id, autocomplete: "off", spellcheck: "false",
-    placeholder: "preset, Hub id (org/name) or 7B",
-  }));
-  const commitModel = () => {
-    const v = modelInput.value.trim();
-    if (v && v !== model.get("model")) send("model", v);
-  };
-  modelInput.addEventListener("change", commitModel);
-  // Enter commits (a datalist input does not always fire change on Enter)
-  modelInput.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); commitModel(); } });
-  const configText = /** @type {HTMLTextAreaElement} */ (h("textarea", {
-    rows: 4, spellcheck: "false", placeholder: "paste a config.json here",
-  }));
-  configText.addEventListener("change", () => send("config_json", configText.value));
-  const upload = /** @type {HTMLInputElement} */ (h("input", {
-    type: "file", accept: ".json,application/json", testid: "config-upload",
-    "aria-label": "upload a config.json",
-  }));
-  upload.addEventListener("change", async () => {
-    const file = upload.files && upload.files[0];
-    if (!file) return;
-    const text = await file.text();
-    configText.value = text;
-    send("config_json", text);
-    upload.value = "";
-  });
-  const clear = h("button", { type: "button", testid: "config-clear", text: "clear config" });
-  clear.addEventListener("click", () => { configText.value = ""; send("config_json", ""); });
-  const configBox = h("details", { class: "vw-config" }, [
-    h("summary", { text: "config.json (paste or upload)" }),
-    field("config_json", "config.json text", configText),
-    h("div", { class: "vw-row" }, [upload, clear]),
-  ]);
-
-  const fsModel = h("fieldset", { class: "vw-group" }, [
-    h("legend", { text: "Model" }),
-    field("model", "Model", modelInput, "Preset or Hub id: type to search the presets; or a Hub id, e.g. meta-llama/Llama-3.1-8B, or a size like 7B"),
-    datalist, configBox,
-  ]);
-
-  // --- selects ---------------------------------------------------------------------
-  /** @type {Record<string, HTMLElement>} */
-  const selectFields = {};
-  for (const [name, label, hint] of SELECTS) {
-    const sel = h("select");
-    sel.addEventListener("change", () => send(name, /** @type {HTMLSelectElement} */ (sel).value));
-    selectFields[name] = field(name, label, sel, hint);
-  }
-  const gpuSel = h("select");
-  gpuSel.addEventListener("change", () => send("gpu", /** @type {HTMLSelectElement} */ (gpuSel).value));
-
-  // --- numbers ---------------------------------------------------------------------
-  /** @type {Record<string, HTMLElement>} */
-  const numberFields = {};
-  for (const [name, label, kind, min, step, hint, max] of NUMBERS) {
-    const optional = kind === "int?" || kind === "float?";
-    const float = kind === "float" || kind === "float?";
-    const inp = /** @type {HTMLInputElement} */ (h("input", {
-      type: "number", min, max, step, inputmode: float ? "decimal" : "numeric",
-      placeholder: BLANK_MEANS[/** @type {keyof typeof BLANK_MEANS} */ (name)]
-        || (kind === "int?" ? "all" : kind === "float?" ? "none" : undefined),
-    }));
-    const commit = () => {
-      const raw = inp.value.trim();
-      if (raw === "" && optional) { inp.removeAttribute("aria-invalid"); setLocalError(name, ""); send(name, null); return; }
-      const v = Number(raw);
-      /** @type {string} */
-      let why = "";
-      if (raw === "" || !isFinite(v)) why = `${raw === "" ? "an empty box" : JSON.stringify(raw)} is not a number`;
-      else if (!float && !Number.isInteger(v)) why = `${raw} is not a whole number`;
-      else if (v < /** @type {number} */ (min)) why = `${raw} is below the minimum ${min}`;
-      else if (max !== undefined && v > /** @type {number} */ (max)) why = `${raw} is above the maximum ${max}`;
-      if (why) {
-        inp.setAttribute("aria-invalid", "true");
-        setLocalError(name, `${name}: ${why}; still using ${name} = ${model.get(name) === null ? "none" : model.get(name)}`);
-        return;
-      }
-      inp.removeAttribute("aria-invalid");
-      setLocalError(name, "");
-      if (v !== model.get(name)) send(name, v);
-    };
-    inp.addEventListener("change", commit);
-    inp.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); commit(); } });
-    numberFields[name] = field(name, /** @type {string} */ (label), inp, /** @type {string | undefined} */ (hint));
-  }
-
-  // --- checkboxes and checkbox groups ----------------------------------------------
-  /** @param {string} name @param {string} label @param {string} hint */
-  const checkbox = (name, label, hint) => {
-    const cb = /** @type {HTMLInputElement} */ (h("input", { type: "checkbox" }));
-    cb.addEventListener("change", () => send(name, cb.checked));
-    const f = field(name, label, cb, hint);
-    f.classList.add("vw-check");
+  /** @param {any} spec @param {HTMLElement} input @param {boolean} [labelled] */
+  const field = (spec, input, labelled = true) => {
+    input.id = `${id}-${spec.name}`;
+    if (!input.dataset.testid) input.dataset.testid = `control-${spec.name}`;
+    input.setAttribute("name", spec.name);
+    controls[spec.name] = input;
+    const kids = labelled ? [h("label", { for: input.id, text: spec.label, title: spec.hint }), input] : [input];
+    const f = h("div", { class: `vw-field vw-${spec.kind}`, "data-field": spec.name }, kids);
+    if (spec.mode) f.dataset.mode = spec.mode;
+    fields[spec.name] = f;
     return f;
   };
-  /**
-   * A fieldset of checkboxes whose checked values form a list trait.
-   * @param {string} name @param {string} legend
-   */
-  const checkGroup = (name, legend) => {
-    const fs = h("fieldset", { class: "vw-checks", testid: `control-${name}`, "data-field": name }, [
-      h("legend", { text: legend }),
-    ]);
-    controls[name] = fs;
-    return fs;
+
+  // --- one builder per kind -------------------------------------------------------------
+  /** @type {Record<string, (spec: any) => HTMLElement>} */
+  const build = {
+    select: (spec) => {
+      const sel = /** @type {HTMLSelectElement} */ (h("select"));
+      sel.addEventListener("change", () => send(spec.name, sel.value));
+      return field(spec, sel);
+    },
+    number: (spec) => {
+      const float = spec.number === "float";
+      const inp = /** @type {HTMLInputElement} */ (h("input", {
+        type: "number", min: spec.min, max: spec.max, step: spec.step, inputmode: float ? "decimal" : "numeric",
+        placeholder: spec.placeholder || undefined,
+      }));
+      const f = field(spec, inp);
+      /** @type {any} */
+      let timer = null;
+      const pending = (on) => {
+        f.classList.toggle("vw-pending", on);
+        if (on) f.title = "typed: applies when you pause (or press Enter)";
+        else if (f.title.startsWith("typed")) f.removeAttribute("title");
+      };
+      /** @param {boolean} quiet  a pause in the typing: say nothing about a half-typed value */
+      const commit = (quiet = false) => {
+        clearTimeout(timer);
+        const raw = inp.value.trim();
+        const name = spec.name;
+        if (raw === "" && spec.optional) {
+          pending(false); inp.removeAttribute("aria-invalid"); setLocalError(name, "");
+          if (model.get(name) !== null) send(name, null);
+          return;
+        }
+        const v = Number(raw);
+        let why = "";
+        if (raw === "" || !isFinite(v)) why = `${raw === "" ? "an empty box" : JSON.stringify(raw)} is not a number`;
+        else if (!float && !Number.isInteger(v)) why = `${raw} is not a whole number`;
+        else if (v < spec.min) why = `${raw} is below the minimum ${spec.min}`;
+        else if (spec.max !== undefined && v > spec.max) why = `${raw} is above the maximum ${spec.max}`;
+        if (why) {
+          if (quiet) return;
+          pending(false);
+          inp.setAttribute("aria-invalid", "true");
+          const now = model.get(name);
+          setLocalError(name, `${name}: ${why}; still using ${name} = ${now === null ? "none" : now}`);
+          return;
+        }
+        pending(false);
+        inp.removeAttribute("aria-invalid");
+        setLocalError(name, "");
+        if (v !== model.get(name)) send(name, v);
+      };
+      inp.addEventListener("input", () => {
+        pending(String(model.get(spec.name) ?? "") !== inp.value.trim());
+        clearTimeout(timer);
+        timer = setTimeout(() => commit(true), TYPE_PAUSE_MS);
+      });
+      inp.addEventListener("change", () => commit());
+      inp.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); commit(); } });
+      setters[spec.name] = () => {
+        const v = model.get(spec.name);
+        if (el.ownerDocument.activeElement === inp && (inp.getAttribute("aria-invalid") === "true"
+          || f.classList.contains("vw-pending"))) return;   // keep the typing
+        inp.value = v === null || v === undefined ? "" : String(v);
+        inp.removeAttribute("aria-invalid");
+        pending(false);
+      };
+      return f;
+    },
+    checkbox: (spec) => {
+      const cb = /** @type {HTMLInputElement} */ (h("input", { type: "checkbox" }));
+      cb.addEventListener("change", () => send(spec.name, cb.checked));
+      setters[spec.name] = () => { cb.checked = !!model.get(spec.name); };
+      const f = field(spec, cb);
+      f.classList.add("vw-check");
+      f.title = spec.hint;
+      return f;
+    },
+    checks: (spec) => {
+      const fs = h("fieldset", { class: "vw-checks", testid: `control-${spec.name}`, "data-field": spec.name,
+        "data-mode": spec.mode }, [h("legend", { text: spec.label, title: spec.hint })]);
+      controls[spec.name] = fs;
+      fields[spec.name] = fs;
+      const list = h("div", { class: "vw-checklist" });
+      /** @type {HTMLInputElement | null} */
+      let all = null;
+      if (spec.all_label) {
+        all = /** @type {HTMLInputElement} */ (h("input", { type: "checkbox", id: `${id}-${spec.name}-all`,
+          testid: `control-${spec.name}-all` }));
+        fs.append(h("div", { class: "vw-check" }, [all, h("label", { for: all.id, text: spec.all_label })]));
+        all.addEventListener("change", () => {
+          if (/** @type {HTMLInputElement} */ (all).checked) send(spec.name, null);
+          else {
+            const picked = checkedValues(list);
+            send(spec.name, picked.length ? picked : ((model.get("options") || {})[spec.name] || []).map((/** @type {Choice} */ c) => c[0]));
+          }
+        });
+      }
+      fs.append(list);
+      list.addEventListener("change", () => send(spec.name, checkedValues(list)));
+      fs.dataset.all = all ? "1" : "";
+      /** @type {any} */ (fs).vwList = list;
+      /** @type {any} */ (fs).vwAll = all;
+      return fs;
+    },
+    model: (spec) => {
+      const datalist = h("datalist", { id: `${id}-presets` });
+      const inp = /** @type {HTMLInputElement} */ (h("input", {
+        type: "text", list: datalist.id, autocomplete: "off", spellcheck: "false",
+        placeholder: "preset, Hub id (org/name) or 7B",
+      }));
+      const commitModel = () => {
+        const v = inp.value.trim();
+        fields.model.classList.remove("vw-pending");
+        if (v && v !== model.get("model")) send("model", v);
+      };
+      inp.addEventListener("input", () => fields.model.classList.toggle("vw-pending", inp.value.trim() !== model.get("model")));
+      inp.addEventListener("change", commitModel);
+      inp.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); commitModel(); } });
+      setters.model = () => {
+        if (el.ownerDocument.activeElement !== inp) { inp.value = model.get("model") || ""; fields.model.classList.remove("vw-pending"); }
+      };
+      /** @type {any} */ (inp).vwDatalist = datalist;
+      const f = field(spec, inp);
+      f.append(datalist);
+      return f;
+    },
+    mode: (spec) => {
+      const row = h("div", { class: "vw-seg-row" });
+      const fs = h("fieldset", { class: "vw-mode", testid: "control-mode", "data-field": "mode", role: "radiogroup" }, [
+        h("legend", { text: spec.label, title: spec.hint }), row,
+      ]);
+      controls.mode = fs;
+      fields.mode = fs;
+      /** @type {Record<string, HTMLInputElement>} */
+      const radios = {};
+      for (const [v, label, hint] of [["training", "Training", "One training step: weights, gradients, optimizer states, activations"],
+        ["inference", "Inference", "generate() or a serving budget: weights and the KV cache"]]) {
+        const rb = /** @type {HTMLInputElement} */ (h("input", {
+          type: "radio", name: `${id}-mode`, value: v, id: `${id}-mode-${v}`, testid: `control-mode-${v}`,
+        }));
+        rb.addEventListener("change", () => { if (rb.checked) send("mode", v); });
+        radios[v] = rb;
+        row.append(h("label", { class: "vw-seg", for: rb.id, title: hint }, [rb, label]));
+      }
+      setters.mode = () => { for (const [v, rb] of Object.entries(radios)) rb.checked = v === model.get("mode"); };
+      return fs;
+    },
+    config: (spec) => {
+      const text = /** @type {HTMLTextAreaElement} */ (h("textarea", {
+        rows: 3, spellcheck: "false", placeholder: "paste a config.json here", "aria-label": "config.json text",
+      }));
+      text.addEventListener("change", () => send("config_json", text.value));
+      const upload = /** @type {HTMLInputElement} */ (h("input", {
+        type: "file", accept: ".json,application/json", testid: "config-upload", "aria-label": "upload a config.json",
+      }));
+      upload.addEventListener("change", async () => {
+        const file = upload.files && upload.files[0];
+        if (!file) return;
+        text.value = await file.text();
+        send("config_json", text.value);
+        upload.value = "";
+      });
+      const clear = h("button", { type: "button", testid: "config-clear", text: "clear config" });
+      clear.addEventListener("click", () => { text.value = ""; send("config_json", ""); });
+      setters.config_json = () => {
+        if (el.ownerDocument.activeElement !== text) text.value = model.get("config_json") || "";
+      };
+      const f = field(spec, text);
+      f.classList.add("vw-wide");
+      f.append(h("div", { class: "vw-row" }, [upload, clear]));
+      return f;
+    },
   };
-  const groupsFs = checkGroup("quantized_groups", "Quantized module groups");
-  const targetsFs = checkGroup("lora_targets", "LoRA targets");
-  const allTargets = /** @type {HTMLInputElement} */ (h("input", {
-    type: "checkbox", id: `${id}-lora_targets-all`, testid: "control-lora_targets-all",
-  }));
-  const targetsList = h("div", { class: "vw-checklist" });
-  targetsFs.append(h("div", { class: "vw-check" }, [
-    allTargets, h("label", { for: allTargets.id, text: "every linear layer" }),
-  ]), targetsList);
+
   const checkedValues = (/** @type {HTMLElement} */ box) =>
     [...box.querySelectorAll("input[type=checkbox]:checked")].map((x) => /** @type {HTMLInputElement} */ (x).value);
-  allTargets.addEventListener("change", () => {
-    if (allTargets.checked) send("lora_targets", null);
-    else {
-      const picked = checkedValues(targetsList);
-      send("lora_targets", picked.length ? picked : (model.get("options").lora_targets || []).map((/** @type {Choice} */ c) => c[0]));
-    }
-  });
-  groupsFs.addEventListener("change", () => send("quantized_groups", checkedValues(groupsFs)));
-  targetsList.addEventListener("change", () => send("lora_targets", checkedValues(targetsList)));
 
-  // --- mode: training or inference (a segmented pair of radios) ------------------------
-  const modeRow = h("div", { class: "vw-seg-row" });
-  const modeFs = h("fieldset", { class: "vw-mode", testid: "control-mode", "data-field": "mode", role: "radiogroup" }, [
-    h("legend", { text: "Estimate the memory of" }), modeRow,
-  ]);
-  controls.mode = modeFs;
-  /** @type {Record<string, HTMLInputElement>} */
-  const modeRadios = {};
-  for (const [v, label, hint] of [["training", "Training", "One training step: weights, gradients, optimizer states, activations"],
-    ["inference", "Inference", "generate() or a serving budget: weights and the KV cache"]]) {
-    const rb = /** @type {HTMLInputElement} */ (h("input", {
-      type: "radio", name: `${id}-mode`, value: v, id: `${id}-mode-${v}`, testid: `control-mode-${v}`,
-    }));
-    rb.addEventListener("change", () => { if (rb.checked) send("mode", v); });
-    modeRadios[v] = rb;
-    modeRow.append(h("label", { class: "vw-seg", for: rb.id, title: hint }, [rb, label]));
+  // --- the core slots and the groups ----------------------------------------------------
+  const core = h("div", { class: "vw-core", testid: "controls-core" });
+  /** @type {HTMLElement[]} */
+  const slots = [];
+  /** @type {Record<string, HTMLElement>} */
+  const groupBody = {};
+  /** @type {Record<string, HTMLDetailsElement>} */
+  const groupBox = {};
+  const remembered = openGroups();
+  const groupsEl = h("div", { class: "vw-group-list" });
+  for (const g of groupSpecs) {
+    const summary = h("summary", { text: g.title, title: g.hint, testid: `group-${g.key}-toggle` });
+    const body = h("div", { class: "vw-group-body" });
+    const box = /** @type {HTMLDetailsElement} */ (h("details", { class: "vw-group", testid: `group-${g.key}`,
+      "data-group": g.key }, [summary, body]));
+    if (remembered[g.key]) box.open = true;
+    box.addEventListener("toggle", () => rememberGroup(g.key, box.open));
+    groupBody[g.key] = body;
+    groupBox[g.key] = box;
+    groupsEl.append(box);
   }
+  for (const spec of specs) {
+    const make = build[spec.kind] || build.select;
+    const f = make(spec);
+    if (spec.group === "core") {
+      const i = spec.slot;
+      slots[i] = slots[i] || h("div", { class: "vw-slot", "data-slot": String(i) });
+      slots[i].append(f);
+    } else (groupBody[spec.group] || groupBody[groupSpecs[0].key]).append(f);
+  }
+  for (const s of slots) if (s) core.append(s);
+  form.append(core, groupsEl);
+  /** where widget.js puts the training-config import */
+  const importBox = groupBody.import || groupsEl;
 
-  const fsTraining = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
-    h("legend", { text: "Training" }),
-    selectFields.method, selectFields.precision, selectFields.optimizer,
-    selectFields.gradient_checkpointing, selectFields.attn_implementation,
-  ]);
-  const fsInference = h("fieldset", { class: "vw-group", "data-mode": "inference" }, [
-    h("legend", { text: "Inference" }),
-    selectFields.weights, selectFields.kv_cache_dtype, selectFields.engine,
-  ]);
-  const fsBatch = h("fieldset", { class: "vw-group" }, [
-    h("legend", { text: "Batch" }),
-    numberFields.batch_size, numberFields.seq_len, numberFields.target_len, numberFields.context_len,
-    numberFields.grad_accum_steps, numberFields.trainable_layers,
-  ]);
-  for (const [name, mode] of Object.entries(MODE_OF)) numberFields[name].dataset.mode = mode;
-  const fsParallel = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
-    h("legend", { text: "Multi-GPU training" }),
-    numberFields.num_gpus, selectFields.strategy, numberFields.tensor_parallel,
-    numberFields.pipeline_parallel, numberFields.max_gpus,
-    checkbox("offload_optimizer", "Optimizer states on the CPU", "DeepSpeed ZeRO-Offload (ZeRO-1, 2 or 3)"),
-    checkbox("offload_params", "Parameters on the CPU", "ZeRO-3 parameter offload or FSDP CPUOffload"),
-  ]);
-  const fsQuant = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
-    h("legend", { text: "Quantization" }),
-    selectFields.quantization,
-    checkbox("double_quant", "Double quantization", "Quantize the 4-bit quantization constants too"),
-    checkbox("prepare_kbit", "prepare_model_for_kbit_training", "Upcasts non-quantized parameters to fp32"),
-    groupsFs,
-  ]);
-  const fsLora = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
-    h("legend", { text: "LoRA" }),
-    numberFields.lora_r, numberFields.lora_alpha, numberFields.lora_dropout, targetsFs,
-  ]);
-  const fsKnobs = h("fieldset", { class: "vw-group", "data-mode": "training" }, [
-    h("legend", { text: "Stack and memory savers" }),
-    selectFields.stack, selectFields.loss, numberFields.loss_chunks, selectFields.lora_variant,
-    checkbox("activation_offloading", "Offload activations", "Saved activations in CPU memory (torchtune)"),
-    checkbox("optimizer_in_backward", "Optimizer in backward", "Step each parameter as its gradient is ready"),
-    checkbox("packing", "Packed sequences", "No padding: varlen attention (FlashAttention 2 on HF)"),
-    checkbox("compile", "torch.compile", "Modelled with full checkpointing: the fused cross-entropy"),
-  ]);
-  const fsGpu = h("fieldset", { class: "vw-group" }, [
-    h("legend", { text: "GPU" }),
-    field("gpu", "Fit on", gpuSel, "Draws the GPU's memory on the charts; with several GPUs, each is this kind"),
-    numberFields.gpu_memory_utilization,
-  ]);
-  form.append(modeFs, fsModel, fsTraining, fsInference, fsBatch, fsGpu, fsParallel, fsQuant, fsLora, fsKnobs);
-
-  // --- model -> DOM ---------------------------------------------------------------
+  // --- model -> DOM ---------------------------------------------------------------------
   /**
    * Replace a select's choices, keeping its value.
    * @param {HTMLSelectElement} sel @param {Choice[]} choices @param {string} value
@@ -302,22 +293,18 @@ export function controlsPanel(ctx) {
     }
     sel.value = value;
   };
-  /**
-   * @param {HTMLElement} box @param {string} name @param {Choice[]} choices
-   * @param {string[] | null} picked
-   */
+  /** @param {HTMLElement} box @param {string} name @param {Choice[]} choices @param {string[] | null} picked */
   const fillChecks = (box, name, choices, picked) => {
     const key = JSON.stringify(choices);
     if (box.dataset.choices !== key) {
-      box.querySelectorAll(".vw-check-item").forEach((n) => n.remove());
-      for (const [v, l] of choices) {
+      box.replaceChildren(...choices.map(([v, l]) => {
         const cb = h("input", { type: "checkbox", value: v, id: `${id}-${name}-${v}`, testid: `control-${name}-${v}` });
-        box.append(h("div", { class: "vw-check vw-check-item" }, [cb, h("label", { for: cb.id, text: l })]));
-      }
+        return h("div", { class: "vw-check vw-check-item" }, [cb, h("label", { for: cb.id, text: l })]);
+      }));
       box.dataset.choices = key;
     }
     const set = new Set(picked || []);
-    box.querySelectorAll(".vw-check-item input").forEach((n) => {
+    box.querySelectorAll("input").forEach((n) => {
       const cb = /** @type {HTMLInputElement} */ (n);
       cb.checked = picked === null ? true : set.has(cb.value);
     });
@@ -325,50 +312,75 @@ export function controlsPanel(ctx) {
 
   const syncOptions = () => {
     const opts = model.get("options") || {};
-    for (const [name] of SELECTS) {
-      fillSelect(/** @type {HTMLSelectElement} */ (controls[name]), opts[name] || [], model.get(name));
+    for (const spec of specs) {
+      const ctl = controls[spec.name];
+      if (spec.kind === "select") {
+        const choices = spec.name === "gpu"
+          ? [["", "(none)", "no GPU: the verdict shows the common GPUs"], ...(opts.gpus || [])]
+          : opts[spec.name] || [];
+        fillSelect(/** @type {HTMLSelectElement} */ (ctl), choices, model.get(spec.name));
+      } else if (spec.kind === "checks") {
+        const any = /** @type {any} */ (ctl);
+        fillChecks(any.vwList, spec.name, opts[spec.name] || [], model.get(spec.name));
+        if (any.vwAll) any.vwAll.checked = model.get(spec.name) === null;
+      } else if (spec.kind === "model") {
+        /** @type {any} */ (ctl).vwDatalist.replaceChildren(...(opts.presets || []).map(
+          (/** @type {Choice} */ [v, l]) => h("option", { value: v, label: l || v })));
+      }
     }
-    fillSelect(/** @type {HTMLSelectElement} */ (gpuSel), [["", "(none)", "no GPU: the verdict row shows common GPUs"], ...(opts.gpus || [])], model.get("gpu"));
-    datalist.replaceChildren(...(opts.presets || []).map((/** @type {Choice} */ [v, l]) => h("option", { value: v, label: l || v })));
-    fillChecks(groupsFs, "quantized_groups", opts.quantized_groups || [], model.get("quantized_groups"));
-    fillChecks(targetsList, "lora_targets", opts.lora_targets || [], model.get("lora_targets"));
-    allTargets.checked = model.get("lora_targets") === null;
     syncDisabled();
   };
 
+  /** @type {Record<string, string> | null} the values last shown */
+  let shownValues = null;
   const syncInputs = () => {
-    const active = el.ownerDocument.activeElement;
-    if (active !== modelInput) modelInput.value = model.get("model") || "";
-    if (active !== configText) configText.value = model.get("config_json") || "";
-    configBox.toggleAttribute("open", !!(model.get("config_json") || "").trim() || configBox.hasAttribute("open"));
-    for (const [name] of NUMBERS) {
-      const inp = /** @type {HTMLInputElement} */ (controls[name]);
-      const v = model.get(name);
-      if (active === inp && inp.getAttribute("aria-invalid") === "true") continue;  // keep the typing
-      inp.value = v === null ? "" : String(v);
-      inp.removeAttribute("aria-invalid");
-    }
-    for (const name of CHECKBOXES) {
-      /** @type {HTMLInputElement} */ (controls[name]).checked = !!model.get(name);
-    }
+    for (const spec of specs) (setters[spec.name] || (() => {}))();
     syncMode();
     syncOptions();
+    openSetGroups();
   };
 
-  /** Show the controls of the current mode; the attention choice serves both. */
+  /** A closed group opens when one of its controls is set away from its default elsewhere
+   * (from Python, a config, a linked control): at the first drawing, and when it changes. */
+  const openSetGroups = () => {
+    const off = model.get("disabled") || {};
+    const now = Object.fromEntries(specs.map((spec) => [spec.name, JSON.stringify(model.get(spec.name))]));
+    for (const spec of specs) {
+      if (spec.group === "core" || off[spec.name] || !("default" in spec)) continue;
+      const changed = !shownValues || shownValues[spec.name] !== now[spec.name];
+      if (changed && now[spec.name] !== JSON.stringify(spec.default)) {
+        const box = groupBox[spec.group];
+        if (box && !box.open && !box.contains(el.ownerDocument.activeElement)) box.open = true;
+      }
+    }
+    shownValues = now;
+  };
+
+  /** Show the controls of the current mode; the others keep their slot's place. */
   const syncMode = () => {
     const mode = model.get("mode") === "inference" ? "inference" : "training";
     root.dataset.vwMode = mode;
-    for (const [v, rb] of Object.entries(modeRadios)) rb.checked = v === model.get("mode");
-    root.querySelectorAll("[data-mode]").forEach((n) => {
-      /** @type {HTMLElement} */ (n).hidden = /** @type {HTMLElement} */ (n).dataset.mode !== mode;
-    });
-    const home = mode === "inference" ? fsInference : fsTraining;
-    if (selectFields.attn_implementation.parentElement !== home) home.append(selectFields.attn_implementation);
-    // one replica's GPUs (tensor parallel x pipeline stages) serve both modes
-    const tpHome = mode === "inference" ? fsInference : fsParallel;
-    for (const f of [numberFields.tensor_parallel, numberFields.pipeline_parallel]) {
-      if (f.parentElement !== tpHome) tpHome.append(f);
+    for (const f of Object.values(fields)) {
+      if (f.dataset.mode) f.classList.toggle("vw-other-mode", f.dataset.mode !== mode);
+    }
+    for (const g of groupSpecs) {
+      const box = groupBox[g.key];
+      const mine = [...groupBody[g.key].querySelectorAll(":scope > [data-field]")];
+      box.hidden = !!mine.length && mine.every((f) => /** @type {HTMLElement} */ (f).dataset.mode && /** @type {HTMLElement} */ (f).dataset.mode !== mode);
+      /** @type {HTMLElement} */ (box.querySelector("summary")).textContent = mode === "inference" ? g.title_inference : g.title;
+    }
+    syncSlots();
+  };
+
+  /** A slot with nothing to show in this mode keeps its space; one whose control applies
+   * to other models only (an encoder-decoder's target length) takes none. */
+  const syncSlots = () => {
+    for (const s of slots) {
+      if (!s) continue;
+      const kids = [...s.children].map((x) => /** @type {HTMLElement} */ (x));
+      const shown = kids.filter((f) => !f.classList.contains("vw-other-mode") && !f.classList.contains("vw-not-this-model"));
+      s.classList.toggle("vw-slot-empty", !shown.length);
+      s.hidden = kids.every((f) => f.classList.contains("vw-not-this-model"));
     }
   };
 
@@ -377,7 +389,7 @@ export function controlsPanel(ctx) {
     const errField = model.get("error") ? model.get("error_field") : "";
     for (const [name, ctl] of Object.entries(controls)) {
       const reason = off[name];
-      const wrap = /** @type {HTMLElement} */ (ctl.closest("[data-field]") || ctl);
+      const wrap = fields[name] || ctl;
       ctl.toggleAttribute("disabled", !!reason);
       if (reason) {
         ctl.title = reason;
@@ -389,17 +401,45 @@ export function controlsPanel(ctx) {
           ctl.title = o ? o.title : "";
         } else ctl.removeAttribute("title");
         delete ctl.dataset.disabledReason;
-        wrap.removeAttribute("title");
+        if (!wrap.classList.contains("vw-pending")) wrap.removeAttribute("title");
       }
       wrap.classList.toggle("vw-off", !!reason);
       wrap.classList.toggle("vw-bad", name === errField);
-      if (MODEL_ONLY.includes(name)) wrap.hidden = !!reason;
+      if ((specOf[name] || {}).hidden_unless_enabled) wrap.classList.toggle("vw-not-this-model", !!reason);
+      const any = /** @type {any} */ (ctl);
+      if (any.vwList) {
+        any.vwList.querySelectorAll("input").forEach((/** @type {HTMLInputElement} */ n) => {
+          n.toggleAttribute("disabled", !!reason || (any.vwAll && any.vwAll.checked));
+        });
+        if (any.vwAll) any.vwAll.toggleAttribute("disabled", !!reason);
+      }
     }
-    targetsList.querySelectorAll("input").forEach((n) => {
-      n.toggleAttribute("disabled", !!off.lora_targets || allTargets.checked);
-    });
-    allTargets.toggleAttribute("disabled", !!off.lora_targets);
+    syncSlots();
   };
 
-  return { el: form, syncInputs, syncOptions, syncDisabled };
+  /** The label a control is known by ("Base weights"). @param {string} name */
+  const labelOf = (name) => (specOf[name] || {}).label || name;
+  /** A trait value as the control shows it (a select's option label). @param {string} name @param {any} v */
+  const textOf = (name, v) => {
+    const opts = (model.get("options") || {})[name === "gpu" ? "gpus" : name];
+    const hit = Array.isArray(opts) ? opts.find((/** @type {Choice} */ c) => c[0] === v) : null;
+    if (hit) return hit[1];
+    if (v === null || v === undefined || v === "") return name === "gpu" ? "none" : "–";
+    if (typeof v === "boolean") return v ? "on" : "off";
+    if (Array.isArray(v)) return v.join(", ") || "none";
+    return String(v);
+  };
+  /** Mark controls an apply changed (their groups open, a highlight for a few seconds). @param {string[]} names */
+  const mark = (names) => {
+    for (const f of Object.values(fields)) f.classList.remove("vw-changed");
+    for (const name of names) {
+      const f = fields[name];
+      if (!f) continue;
+      f.classList.add("vw-changed");
+      const box = /** @type {HTMLDetailsElement | null} */ (f.closest("details.vw-group"));
+      if (box && !box.open) box.open = true;
+    }
+  };
+
+  return { el: form, importBox, names: specs.map((s) => s.name), syncInputs, syncOptions, syncDisabled, labelOf, textOf, mark };
 }

@@ -1,82 +1,169 @@
 // @ts-check
 /**
- * The suggestions panel (beside the charts, in space kept for it): changes, alone or up to
- * three combined, that make the setup fit the GPU with the estimate's margin, ranked by
- * cost, each with its cost by axis (quality, time, hardware). "apply" sets the changes;
- * "undo" puts back what was there before. Nothing outside the panel moves.
+ * The fixes, inside the answer band under the verdict: when the setup does not fit (or is
+ * tight), the changes that make it fit with the estimate's margin, alone or up to three
+ * combined, ranked by what they cost the user (fit.RANK_TIERS: free knobs, GPU time,
+ * quality, slow / host memory, more GPUs, fewer first), the first three with their cost by
+ * axis and an apply button, the rest one click away. "apply" sets the changes, names every
+ * control that changed (the linked ones too), opens their groups and brings the verdict
+ * into view; "undo" puts back what was there before. While the input has an error the
+ * apply buttons are off. When it fits: the step time and a run's cost, the largest
+ * micro-batch. The area keeps its height, so nothing under the band moves.
  */
-import { fmtBytes, h } from "./dom.js";
+import { fmtBytes, fmtInt, h } from "./dom.js";
+import { inferenceBrief } from "./inference.js";
+import { STATE_MARK, cards, timeFact, verdictText } from "./verdict.js";
 
 /** @typedef {import("./types.js").Ctx} Ctx */
 
 const MARK = { fits: "✓ fits", tight: "≈ tight", does_not_fit: "✗ not enough" };
+/** Fixes shown at once; the rest under "more". */
+const FIRST = 3;
 
-/** @param {Ctx} ctx @returns {{ el: HTMLElement, sync: () => void }} */
-export function suggestionsPanel(ctx) {
+/**
+ * @param {Ctx} ctx
+ * @param {{ names: string[], labelOf: (n: string) => string, textOf: (n: string, v: any) => string,
+ *   mark: (names: string[]) => void }} controls
+ * @param {() => HTMLElement} verdictEl  the band, scrolled into view after an apply
+ * @returns {{ el: HTMLElement, sync: () => void }}
+ */
+export function suggestionsPanel(ctx, controls, verdictEl) {
   const { model } = ctx;
-  const suggBox = h("section", { class: "vw-suggestions", testid: "suggestions", "aria-live": "polite" });
-  /** @type {Record<string, any> | null} the values an apply replaced */
-  let undo = null;
-  const syncSuggestions = () => {
+  const box = h("div", { class: "vw-fixes", testid: "suggestions", "aria-live": "polite" });
+  /** @type {{ before: Record<string, any>, title: string } | null} the inputs before the last apply */
+  let applied = null;
+  let moreOpen = false;
+
+  const inputs = () => Object.fromEntries(controls.names.map((n) => [n, model.get(n)]));
+  const same = (/** @type {any} */ a, /** @type {any} */ b) => JSON.stringify(a) === JSON.stringify(b);
+  /** what an apply changed: every input that differs from before it (linked ones too) */
+  const changed = () => {
+    if (!applied) return [];
+    const before = applied.before;
+    return controls.names.filter((n) => !same(before[n], model.get(n)));
+  };
+
+  /** @param {any} x @param {number} i */
+  const item = (x, i) => {
+    const err = !!model.get("error");
+    const apply = h("button", { type: "button", class: "vw-apply", testid: `suggestion-apply-${i}`, text: "apply",
+      disabled: err, title: err ? "fix the input named above first" :
+        `set ${Object.entries(x.changes).map(([k, val]) => `${controls.labelOf(k)} = ${controls.textOf(k, val)}`).join(", ")}` });
+    apply.addEventListener("click", () => {
+      applied = { before: inputs(), title: x.title };
+      for (const [k, val] of Object.entries(x.changes)) model.set(k, val);
+      model.save_changes();
+      sync();
+      const band = verdictEl();
+      if (band && band.scrollIntoView) band.scrollIntoView({ block: "nearest" });
+    });
+    const costs = x.costs || {};
+    // the measured figure where there is one ("+12% GPU time per token"); the words in the tooltip
+    const short = (/** @type {string} */ k) => {
+      if (k !== "time") return costs[k];
+      const m = String(costs[k]).match(/[+-]\d+% GPU time per token/);
+      return m ? m[0] : costs[k];
+    };
+    const costLine = ["quality", "time", "hardware"].filter((k) => costs[k])
+      .map((k) => h("span", { class: `vw-cost vw-cost-${k}`, text: `${k}: ${short(k)}` }));
+    // two lines each (what to change; what it costs, where it lands, apply): the area's height
+    // is known before the fixes arrive
+    return h("li", { testid: `suggestion-${i}`, "data-state": x.state || "", "data-fits": String(x.fits), title: x.cost }, [
+      h("div", { class: "vw-sugg-line" }, [
+        h("span", { class: `vw-mark vw-${x.state}`, text: MARK[/** @type {"fits"} */ (x.state)] || "" }), " ",
+        h("span", { class: "vw-sugg-title", text: x.title }),
+      ]),
+      h("div", { class: "vw-sugg-costs" }, [
+        ...(costLine.length ? costLine : [h("span", { class: "vw-cost", text: "free" })]),
+        h("span", { class: "vw-num", text: `→ ${fmtBytes(x.device_total_bytes)}` }),
+        apply,
+      ]),
+    ]);
+  };
+
+  /** the note after an apply: every control that changed, and undo */
+  const appliedNote = () => {
+    const names = changed();
+    if (!applied) return null;
+    const undo = h("button", { type: "button", class: "vw-undo", testid: "suggestion-undo", text: "undo",
+      title: `put back ${names.map((n) => `${controls.labelOf(n)} = ${controls.textOf(n, applied && applied.before[n])}`).join(", ")}` });
+    undo.addEventListener("click", () => {
+      const back = applied ? applied.before : {};
+      const names2 = changed();
+      applied = null;
+      for (const n of names2) model.set(n, back[n]);
+      model.save_changes();
+      controls.mark([]);
+      sync();
+    });
+    const parts = names.map((n) => h("span", { class: "vw-changed-item", testid: `changed-${n}` },
+      [h("strong", { text: controls.labelOf(n) }), ` ${controls.textOf(n, applied && applied.before[n])} → ${controls.textOf(n, model.get(n))}`]));
+    return h("div", { class: "vw-applied", testid: "applied" }, [
+      h("span", { text: `Applied “${applied.title}”: ` }), ...joined(parts), " ", undo]);
+  };
+
+  const sync = () => {
+    const s = model.get("summary") || {};
+    const v = model.get("verdict") || {};
     const status = model.get("suggestions_status") || "";
     const items = model.get("suggestions") || [];
-    const v = model.get("verdict") || {};
-    suggBox.dataset.status = status;
-    const where = v.gpu ? (v.num_gpus > 1 ? `${v.num_gpus} × ${v.gpu}` : v.gpu) : "the GPU";
-    const inference = model.get("mode") === "inference";
-    const title = !status ? (inference ? "Suggestions: for training (switch the mode)"
-      : v.state === "fits" ? `Fits ${where} with margin: nothing to change` : "Suggestions: choose a GPU")
-      : status === "ready" && items.length && !items.some((/** @type {any} */ x) => x.fits)
-        ? `Nothing of up to 3 changes fits ${where}: these lower it most`
-        : `To fit ${where}: changes ranked by cost`;
-    /** @type {HTMLElement[]} */
-    const head = [h("h4", { text: title })];
-    if (undo) {
-      const btn = h("button", { type: "button", class: "vw-undo", testid: "suggestion-undo", text: "undo",
-        title: `put back ${Object.entries(undo).map(([k, x]) => `${k} = ${x}`).join(", ")}` });
-      btn.addEventListener("click", () => {
-        const back = undo || {};
-        undo = null;
-        for (const [k, x] of Object.entries(back)) model.set(k, x);
-        model.save_changes();
-        syncSuggestions();
-      });
-      head.push(btn);
+    box.dataset.status = status;
+    /** @type {(HTMLElement | string)[]} */
+    const body = [];
+    const note = appliedNote();
+    if (applied) controls.mark(changed());
+    if (s.inference) {
+      body.push(...inferenceBrief(s));
+      // what to change for inference: the weight formats of the comparison, with their verdicts
+      const formats = ((model.get("rows") || {}).comparison || [])
+        .filter((/** @type {any} */ r) => r.level === "title" && r.state && r.scenario !== "your setup");
+      if (formats.length && v.gpu) {
+        body.push(h("div", { class: "vw-fact", testid: "format-verdicts" }, [`weight formats on ${cards(v)}: `,
+          ...joined(formats.map((/** @type {any} */ r) => h("span", { class: `vw-${r.state}`,
+            text: `${STATE_MARK[/** @type {"fits"} */ (r.state)] || ""} ${r.scenario}` })))]));
+      }
+    } else if (status) {
+      const where = v.gpu ? cards(v) : "the GPU";
+      if (status === "computing") body.push(h("p", { class: "vw-sub", text: `working out which changes make it fit ${where}…` }));
+      else if (status.startsWith("failed")) body.push(h("p", { class: "vw-warn", text: status }));
+      else if (!items.length) body.push(h("p", { class: "vw-sub", text: "no change found that lowers the memory" }));
+      else {
+        const none = !items.some((/** @type {any} */ x) => x.fits);
+        body.push(h("div", { class: "vw-fixes-head" }, [none ? `Nothing of up to 3 changes fits ${where}; these lower it most:`
+          : `To fit ${where}${v.state === "tight" ? " with margin" : ""}, cheapest first:`]));
+        body.push(h("ol", { class: "vw-sugg-list" }, items.slice(0, FIRST).map(item)));
+        if (items.length > FIRST) {
+          const more = h("details", { class: "vw-more", testid: "suggestions-more" }, [
+            h("summary", { text: `${items.length - FIRST} more` }),
+            h("ol", { class: "vw-sugg-list", start: String(FIRST + 1) }, items.slice(FIRST, 12).map((/** @type {any} */ x, /** @type {number} */ j) => item(x, FIRST + j))),
+          ]);
+          if (moreOpen) more.setAttribute("open", "");
+          more.addEventListener("toggle", () => { moreOpen = more.hasAttribute("open"); });
+          body.push(more);
+        }
+      }
+    } else if (v.state) {
+      const facts = [];
+      if (s.time) facts.push(timeFact(s.time));
+      if (s.max_batch_size !== null && s.max_batch_size !== undefined) {
+        facts.push(h("span", { class: "vw-fact", testid: "max-batch", "data-value": String(s.max_batch_size),
+          text: `largest micro-batch that fits: ${fmtInt(s.max_batch_size)} (at sequence ${fmtInt(model.get("seq_len"))})` }));
+      }
+      body.push(h("div", { class: "vw-facts" }, /** @type {HTMLElement[]} */ (facts.filter(Boolean))));
+    } else {
+      body.push(h("div", { class: "vw-fixes-head", text: "No GPU chosen. Where it fits (a click on a GPU below chooses it):" }));
+      body.push(h("ul", { class: "vw-gpu-list", testid: "gpu-verdicts" }, (s.gpu_row || []).map((/** @type {any} */ g) =>
+        h("li", { class: `vw-${g.state}` }, [`${STATE_MARK[/** @type {"fits"} */ (g.state)] || ""} ${verdictText(g)}`]))));
     }
-    /** @type {HTMLElement} */
-    let body;
-    if (!status) body = h("p", { class: "vw-sub", text: v.state === "fits" ? "the verdict has margin to spare" : "" });
-    else if (status === "computing") body = h("p", { class: "vw-sub", text: "working out which changes make it fit…" });
-    else if (status.startsWith("failed")) body = h("p", { class: "vw-warn", text: status });
-    else if (!items.length) body = h("p", { class: "vw-sub", text: "no change found that lowers the memory" });
-    else {
-      body = h("ol", { class: "vw-sugg-list" }, items.slice(0, 8).map((/** @type {any} */ x, /** @type {number} */ i) => {
-        const apply = h("button", { type: "button", testid: `suggestion-apply-${i}`, text: "apply",
-          title: `set ${Object.entries(x.changes).map(([k, val]) => `${k} = ${val}`).join(", ")}` });
-        apply.addEventListener("click", () => {
-          /** @type {Record<string, any>} */
-          const before = {};
-          for (const k of Object.keys(x.changes)) before[k] = model.get(k);
-          undo = before;
-          for (const [k, val] of Object.entries(x.changes)) model.set(k, val);
-          model.save_changes();
-        });
-        const costs = x.costs || {};
-        const costLine = ["quality", "time", "hardware"].filter((k) => costs[k])
-          .map((k) => h("span", { class: `vw-cost vw-cost-${k}`, text: `${k}: ${costs[k]}` }));
-        return h("li", { testid: `suggestion-${i}`, "data-state": x.state || "", "data-fits": String(x.fits), title: x.cost }, [
-          h("div", { class: "vw-sugg-title" }, [
-            h("span", { class: `vw-mark vw-${x.state}`, text: MARK[/** @type {"fits"} */ (x.state)] || "" }),
-            " ", x.title,
-          ]),
-          h("div", { class: "vw-sugg-costs" }, [
-            ...(costLine.length ? costLine : [h("span", { class: "vw-cost", text: "free" })]),
-            h("span", { class: "vw-num", text: `→ ${fmtBytes(x.device_total_bytes)}` }), apply,
-          ]),
-        ]);
-      }));
-    }
-    suggBox.replaceChildren(h("div", { class: "vw-sugg-head" }, head), body);
+    box.replaceChildren(...body, ...(note ? [note] : []));
   };
-  return { el: suggBox, sync: syncSuggestions };
+  return { el: box, sync };
+}
+
+/** @param {HTMLElement[]} parts @returns {(HTMLElement | string)[]} */
+function joined(parts) {
+  /** @type {(HTMLElement | string)[]} */
+  const out = [];
+  parts.forEach((p, i) => { if (i) out.push(" · "); out.push(p); });
+  return out;
 }

@@ -18,7 +18,7 @@ export function tablePanel(ctx) {
       h("td", { class: "vw-groups", text: (r.groups || []).slice(0, 4).map((/** @type {any} */ g) => `${g.name} ${fmtGiB(g.gib)}`).join(", ") }),
     ]));
     tableBox.replaceChildren(h("table", {}, [
-      h("caption", { text: `Memory live at the peak, by component${(model.get("summary") || {}).parallel ? " (one GPU: the worst)" : ""}` }),
+      h("caption", { text: `Memory live at the peak, by component${(model.get("summary") || {}).parallel ? " (one GPU: the fullest)" : ""}` }),
       h("thead", {}, [h("tr", {}, ["component", "GiB", "share", "largest parts"].map((c) => h("th", { scope: "col", text: c })))]),
       h("tbody", {}, body),
       h("tfoot", {}, [h("tr", {}, [h("th", { scope: "row", text: "total" }), h("td", { class: "vw-num", text: fmtGiB(total) }), h("td", { class: "vw-num", text: "100%" }), h("td")])]),

@@ -5,14 +5,18 @@
  * trait and calling model.save_changes().
  *
  * One file per panel (each exports a function that builds its element and a sync):
- *   controls.js     every input control (model, training, inference, batch, GPU, multi-GPU,
- *                   quantization, LoRA), their choices and disabled reasons
+ *   controls.js     every input control, built from the `controls` trait (Python's one list
+ *                   of the inputs, vramwidget/widget/controls.py): the core slots and the
+ *                   collapsible groups, their choices and disabled reasons
  *   error.js        the banner (an input that cannot be used, named with its value)
- *   verdict.js      does it fit: device total vs the GPU, three states, common GPUs
+ *   verdict.js      the answer band: does it fit (device total vs the GPU, three states, the
+ *                   margin in GiB and %), the common GPUs; suggestions.js inside it: the
+ *                   first fixes with their cost and apply, or the step time when it fits
  *   status.js       the status slot: "refining…" (provisional totals), "tracing <id>…"
- *   summary.js      headline, model line, notes; parallel.js and inference.js add their facts
- *   suggestions.js  changes that make the setup fit
- *   charts.js       the three Vega charts (embedded once, rows swapped in place), the theme
+ *   summary.js      the details: allocated peak, device total, model line, notes; parallel.js
+ *                   and inference.js add their facts
+ *   charts.js       the four Vega charts (embedded once, rows swapped in place, each as wide
+ *                   as its column), the theme
  *   table.js        the component table
  *   formats.js      the number-format panel
  *   trainingconfig.js  import a training config (YAML/JSON) that fills the controls
@@ -20,22 +24,18 @@
  *   dom.js          h() and the number formatters; types.js the shared JSDoc types
  * This file joins them: it builds the layout and subscribes each panel to its traits.
  *
- * Traits (vramwidget/widget.py, class Calculator):
- *   inputs  (set here):  model, config_json, method, precision, quantization,
- *                        double_quant, quantized_groups, prepare_kbit, optimizer,
- *                        gradient_checkpointing, attn_implementation, batch_size, seq_len,
- *                        target_len (encoder-decoders only: hidden for other models),
- *                        grad_accum_steps, lora_r, lora_alpha, lora_dropout, lora_targets,
- *                        trainable_layers, stack, loss, loss_chunks, lora_variant,
- *                        activation_offloading, optimizer_in_backward, packing, compile,
- *                        gpu, mode (training | inference),
- *                        multi-GPU training: num_gpus, strategy, tensor_parallel,
- *                        pipeline_parallel, offload_optimizer, offload_params,
- *                        inference: weights, kv_cache_dtype, context_len,
- *                        gpu_memory_utilization, engine (hf | vllm | sglang); a replica's
- *                        GPUs are tensor_parallel x pipeline_parallel in both modes;
- *                        suggestions: max_gpus
- *   outputs (read here): specs {name: vega-lite spec}, rows {name: [row]}, summary, verdict, table,
+ * Layout: the banner, then the answer band (verdict, fixes or step time, common GPUs) first;
+ * where there is room the controls run down the left from the top (the band's height never
+ * moves them), the band tops the rest, the charts (phases, treemap, comparison) under it and
+ * the side column (fit map, details) beside them.
+ *
+ * Traits (vramwidget/widget/state.py, class State):
+ *   inputs  (set here):  every trait named in `controls` (the keyword arguments of
+ *                        estimate(), estimate_parallel() and estimate_inference(), plus
+ *                        config_json, gpu, mode and max_gpus); training_config (the import);
+ *                        chart_width (the main chart column's width in pixels)
+ *   outputs (read here): controls, control_groups, specs {name: vega-lite spec},
+ *                        rows {name: [row]}, chart_sizes {name: [w, h]}, summary, verdict, table,
  *                        disabled {trait: reason}, options {trait: [[value, label]]},
  *                        formats [number format], error, error_field, suggestions [change],
  *                        suggestions_status, status (idle | refining | tracing), status_text
@@ -51,9 +51,11 @@
  *                                   apply button and what it set / did not use
  *   error                           the banner (data-shown="false" when there is nothing to say;
  *                                   its space is kept)
- *   verdict, verdict-badge          the verdict bar and its badge (data-state fits | tight |
+ *   verdict, verdict-badge          the answer band and its badge (data-state fits | tight |
  *                                   does_not_fit, "" without a GPU); headline: what the GPU holds
  *                                   (data-provisional="true" while the exact replay runs)
+ *   controls-core, group-<key>,     the core controls; each named group (a <details>) and its
+ *   group-<key>-toggle              summary
  *   status                          the status slot (data-status idle | refining | tracing;
  *                                   its space is kept)
  *   gpu-chip-<name>                 the common GPUs with their verdicts (a click picks one)
@@ -63,11 +65,14 @@
  *   max-batch                       the largest micro-batch that fits the GPU (in summary)
  *   kv-cache, longest-context       inference: KV cache per token and in all; longest context
  *   serving, startup-lines          a serving engine's KV budget and the lines it prints at start-up;
- *   largest-max-model-len,          the largest max_model_len that starts, and a copyable
- *   serve-command                   `vllm serve` / `sglang.launch_server` command
- *   suggestions                     changes that make the setup fit (always there, beside the
- *                                   charts); each row suggestion-<i>, its button
- *                                   suggestion-apply-<i>; suggestion-undo after an apply
+ *   largest-max-model-len,          the largest max_model_len that starts, and the
+ *   serve-command, serve-command-copy  `vllm serve` / `sglang.launch_server` command and its copy button
+ *   suggestions                     the fixes' area in the answer band: each change
+ *                                   suggestion-<i>, its button suggestion-apply-<i>, the rest in
+ *                                   suggestions-more; after an apply, applied (changed-<trait>
+ *                                   for each control that changed) and suggestion-undo
+ *   step-time, max-batch            a setup that fits: its step time and cost, largest micro-batch
+ *   gpu-line-note                   the phase chart's line, said in words
  *   chart-detail, chart-comparison, chart-phases, chart-fitmap   the Vega charts (class
  *                                   vw-ready once drawn); legend: the detail's parts present
  *   table                           the component table
@@ -89,17 +94,6 @@ import { trainingConfigPanel } from "./trainingconfig.js";
 import { verdictPanel } from "./verdict.js";
 
 /** @typedef {import("./types.js").Model} Model @typedef {import("./types.js").Ctx} Ctx */
-
-const INPUT_TRAITS = [
-  "model", "config_json", "method", "precision", "quantization", "double_quant",
-  "quantized_groups", "prepare_kbit", "optimizer", "gradient_checkpointing",
-  "attn_implementation", "batch_size", "seq_len", "target_len", "grad_accum_steps", "lora_r",
-  "lora_alpha", "lora_dropout", "lora_targets", "trainable_layers", "gpu", "mode",
-  "num_gpus", "strategy", "tensor_parallel", "pipeline_parallel", "offload_optimizer",
-  "offload_params", "weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization",
-  "engine", "stack", "loss", "loss_chunks", "lora_variant", "activation_offloading",
-  "optimizer_in_backward", "packing", "compile", "max_gpus",
-];
 
 let uid = 0;
 
@@ -130,28 +124,30 @@ export default {
     /** @type {ReturnType<typeof errorPanel>} */
     const error = errorPanel(ctx, controls.syncDisabled);
     const status = statusPanel(ctx);
-    const verdict = verdictPanel(ctx, status.el);
+    /** @type {ReturnType<typeof verdictPanel> | null} */
+    let verdict = null;
+    const suggestions = suggestionsPanel(ctx, controls, () => (verdict ? verdict.el : root));
+    verdict = verdictPanel(ctx, status.el, suggestions.el);
     const summary = summaryPanel(ctx);
-    const suggestions = suggestionsPanel(ctx);
     const charts = chartsPanel(ctx);
     const table = tablePanel(ctx);
     const formats = formatsPanel(ctx);
     const trainingConfig = trainingConfigPanel(ctx);
-    controls.el.append(trainingConfig.el);
+    controls.importBox.append(trainingConfig.el);
 
-    // Layout: the banner and the verdict bar keep their height; the controls, the charts and
-    // the side column (fit map, suggestions, facts) sit side by side, so what appears in one
-    // never moves another (narrow: the side column goes under the charts).
+    // Layout: the banner keeps its place; the answer band spans the width; then the controls,
+    // the charts and the side column (fit map, details), side by side where there is room.
     const main = h("div", { class: "vw-main" }, [charts.el, table.el, formats.el]);
-    const side = h("div", { class: "vw-side" }, [charts.side, suggestions.el, summary.el]);
-    root.append(error.el, verdict.el, h("div", { class: "vw-layout" }, [controls.el, main, side]));
+    const side = h("div", { class: "vw-side" }, [charts.side, summary.el]);
+    root.append(error.el, h("div", { class: "vw-layout" }, [verdict.el, controls.el, main, side]));
     el.append(root);
 
-    // --- subscriptions: one loop over the traits -------------------------------------
-    for (const name of INPUT_TRAITS) on(`change:${name}`, controls.syncInputs);
+    // --- subscriptions: one loop over the inputs Python names --------------------------
+    for (const name of controls.names) on(`change:${name}`, controls.syncInputs);
     on("change:options", controls.syncOptions);
     on("change:disabled", controls.syncDisabled);
     on("change:error", error.sync);
+    on("change:error", suggestions.sync);
     on("change:error_field", controls.syncDisabled);
     on("change:summary", summary.sync);
     on("change:summary", verdict.sync);
@@ -166,6 +162,8 @@ export default {
     on("change:formats", formats.sync);
     on("change:training_config_report", trainingConfig.sync);
     on("change:rows", charts.updateRows);
+    on("change:rows", suggestions.sync);
+    on("change:chart_sizes", charts.updateRows);
     on("change:status", status.sync);
     on("change:status_text", status.sync);
     on("change:specs", charts.embedAll);

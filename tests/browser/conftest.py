@@ -238,6 +238,62 @@ def jupyter_lab(tmp_path_factory):
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def notebook7(tmp_path_factory):
+    """A Jupyter Notebook 7 server on 127.0.0.1 (the same private folders and settings as
+    the JupyterLab one): ``.base``, ``.token``, ``.root`` and ``.url(path)``."""
+    for mod in ("notebook", "ipykernel", "anywidget"):
+        try:
+            __import__(mod)
+        except ImportError:
+            unavailable(f"{mod} is not installed (pip install -e '.[test]')")
+    home = tmp_path_factory.mktemp("notebook-home")
+    root = tmp_path_factory.mktemp("nb-root")
+    env = isolated_env(home)
+    _lab_settings(Path(env["JUPYTERLAB_SETTINGS_DIR"]))
+    port, token = free_port(), secrets.token_hex(16)
+    cmd = [
+        sys.executable, "-m", "jupyter", "notebook", "--no-browser", "--allow-root",
+        "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+        "--expose-app-in-browser",     # window.jupyterapp (Notebook 7 has no news or update check)
+        "--ServerApp.terminals_enabled=False", "--ServerApp.answer_yes=True",
+    ]
+    server = Server("jupyter notebook", cmd, env, root, home / "jupyter-notebook.log", port, token)
+    server.root = root
+    server.url = lambda path="tree": f"{server.base}/{path.lstrip('/')}" + (
+        ("&" if "?" in path else "?") + f"token={token}")
+    try:
+        server.wait_http(f"/api/status?token={token}", timeout=120)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def marimo_server(tmp_path_factory):
+    """``marimo run notebooks/marimo_app.py`` on 127.0.0.1 with a random access token, no
+    update check, the private config folders; its theme follows the browser's colour scheme
+    (``.marimo.toml``: display.theme = "system"), so a test can look at it light and dark."""
+    try:
+        import marimo  # noqa: F401
+    except ImportError:
+        unavailable("marimo is not installed (pip install -e '.[test]')")
+    home = tmp_path_factory.mktemp("marimo-home")
+    env = isolated_env(home)
+    env["MARIMO_SKIP_UPDATE_CHECK"] = "1"
+    (home / ".marimo.toml").write_text('[display]\ntheme = "system"\n')
+    port, token = free_port(), secrets.token_hex(16)
+    cmd = [sys.executable, "-m", "marimo", "-q", "-y", "run", str(ROOT / "notebooks" / "marimo_app.py"),
+           "--host", "127.0.0.1", "--port", str(port), "--headless", "--token-password", token]
+    server = Server("marimo run", cmd, env, home, home / "marimo.log", port, token)
+    try:
+        server.wait_http("/health", timeout=120)
+        yield server
+    finally:
+        server.stop()
+
+
 # ---------------------------------------------------------------------------------------
 # the browser
 # ---------------------------------------------------------------------------------------
@@ -422,6 +478,20 @@ class Lab:
             "   else if (j.output_type === 'error') s += 'ERROR ' + j.ename + ': ' + j.evalue + '\\n';"
             "   else if (j.data && j.data['text/plain']) s += [].concat(j.data['text/plain']).join('') + '\\n'; }"
             " return s; }", n)
+
+
+class Notebook7(Lab):
+    """Drives one notebook in a Notebook 7 page (the same JupyterLab application object)."""
+
+    def open(self, relpath: str, timeout: float = 120) -> None:
+        self.page.goto(self.server.url(f"notebooks/{relpath}"), wait_until="domcontentloaded")
+        self.page.wait_for_function(
+            "() => window.jupyterapp && window.jupyterapp.shell && window.jupyterapp.shell.currentWidget"
+            " && window.jupyterapp.shell.currentWidget.sessionContext"
+            " && window.jupyterapp.shell.currentWidget.sessionContext.session"
+            " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
+            timeout=timeout * 1000)
+        self.wait_idle(timeout)
 
 
 # ---------------------------------------------------------------------------------------

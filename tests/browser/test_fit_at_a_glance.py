@@ -425,34 +425,42 @@ def test_verdict_and_first_chart_in_view_at_1400_by_1000(session, artifacts):
     page.screenshot(path=str(artifacts / "fit-first-screen.png"))
 
 
+#: the README's pictures, one per mode, at 1400 x 900 (test-artifacts/docs-widget-*.png; copied
+#: into docs/): (name, Python that sets the widget up)
+_RESET = ("calc.num_gpus = 1; calc.strategy = 'none'; calc.tensor_parallel = 1; calc.pipeline_parallel = 1; "
+          "calc.gpu_memory_utilization = None; calc.engine = 'hf'; ")
 DOC_SHOTS = [
-    # (file, Python that sets the widget up, what to wait for)
-    ("fit-doc-suggestions.png",
-     "calc.mode = 'training'; calc.model = 'llama-2-7b'; calc.method = 'full'; calc.batch_size = 1; "
-     "calc.seq_len = 2048; calc.gpu = 'RTX 4090'",
-     "() => document.querySelector('[data-testid=suggestions]').dataset.status === 'ready'"),
-    ("fit-doc-no-gpu.png",
-     "calc.model = 'llama-3.1-8b'; calc.method = 'qlora'; calc.gradient_checkpointing = 'full'; "
-     "calc.batch_size = 4; calc.seq_len = 2048; calc.gpu = ''",
-     "() => document.querySelector('[data-testid=verdict-badge]').dataset.state === ''"),
-    ("fit-doc-inference.png",
-     "calc.mode = 'inference'; calc.model = 'llama-3.1-8b'; calc.gpu = 'RTX 4090'; calc.context_len = 32768; "
-     "calc.batch_size = 2; calc.gpu_memory_utilization = 0.9",
-     "() => document.querySelector('[data-testid=serving]') !== null"),
+    ("training", _RESET + "calc.mode = 'training'; calc.model = 'llama-2-7b'; calc.method = 'full'; "
+     "calc.batch_size = 1; calc.seq_len = 2048; calc.gpu = 'RTX 4090'"),
+    ("multigpu", _RESET + "calc.mode = 'training'; calc.model = 'llama-2-7b'; calc.method = 'full'; "
+     "calc.gpu = 'RTX 4090'; calc.strategy = 'zero3'; calc.pipeline_parallel = 2; calc.num_gpus = 8"),
+    ("inference", _RESET + "calc.mode = 'inference'; calc.model = 'llama-3.1-8b'; calc.gpu = 'RTX 4090'; "
+     "calc.context_len = 32768; calc.batch_size = 1"),
+    ("serving", _RESET + "calc.mode = 'inference'; calc.model = 'llama-3.1-8b'; calc.gpu = 'RTX 4090'; "
+     "calc.context_len = 4096; calc.batch_size = 1; calc.tensor_parallel = 2; calc.gpu_memory_utilization = 0.9"),
+    ("no-gpu", _RESET + "calc.mode = 'training'; calc.model = 'llama-3.1-8b'; calc.method = 'qlora'; "
+     "calc.gradient_checkpointing = 'full'; calc.batch_size = 4; calc.seq_len = 2048; calc.gpu = ''"),
 ]
 
 
 def test_docs_screenshots(session, artifacts):
-    """The pictures of the README (test-artifacts/fit-doc-*.png; copied into docs/)."""
+    """The README's pictures of each mode at 1400 x 900 (test-artifacts/docs-widget-*.png;
+    copied into docs/), each taken once the widget has settled."""
+    from .layout import SETTLED_JS
+
     page, lab, widget = session["page"], session["lab"], session["widget"]
-    for name, code, ready in DOC_SHOTS:
-        out = lab.run_new_cell(code + "; print(calc.error or 'ok')")
-        assert out.strip().endswith("ok"), out
-        page.wait_for_function(ready, timeout=60_000)
-        _settle(page, 1200)
-        lab.scroll_to_top(widget)
-        _settle(page, 300)
-        box = widget.bounding_box()
-        page.screenshot(path=str(artifacts / name),
-                        clip={"x": box["x"] - 8, "y": max(box["y"] - 8, 0), "width": min(box["width"] + 16, 1400),
-                              "height": 1000 - max(box["y"] - 8, 0)})
+    page.set_viewport_size({"width": 1400, "height": 900})
+    try:
+        for name, code in DOC_SHOTS:
+            out = lab.run_new_cell(code + "; print(calc.error or 'ok')")
+            assert out.strip().endswith("ok"), out
+            lab.scroll_to_top(widget)
+            page.wait_for_function(SETTLED_JS, arg=widget.element_handle(), timeout=120_000)
+            lab.scroll_to_top(widget)
+            box, panel = widget.bounding_box(), lab.panel.bounding_box()
+            top = max(box["y"] - 4, 0)
+            page.screenshot(path=str(artifacts / f"docs-widget-{name}.png"),
+                            clip={"x": box["x"] - 8, "y": top, "width": min(box["width"] + 16, 1400 - box["x"] + 8),
+                                  "height": min(panel["y"] + panel["height"], 900) - top})
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1000})

@@ -68,9 +68,12 @@ def test_treemaps_render_with_rectangles_and_gib_labels(session, artifacts):
     assert len(d_shapes) >= MIN_DETAIL_RECTS, d_shapes
     assert len(c_shapes) >= MIN_COMPARISON_RECTS, len(c_shapes)
     # the detail treemap fills its box (the layout tiles the whole area)
+    # (laid out in Python for the width the chart's column has: issue 25)
     from vramwidget.widget import DETAIL_SIZE
 
-    assert filled_area(d_shapes) == pytest.approx(DETAIL_SIZE[0] * DETAIL_SIZE[1], rel=0.02)
+    width = detail.evaluate("e => e.querySelector('svg').getBoundingClientRect().width")
+    assert width <= detail.evaluate("e => e.parentElement.clientWidth")
+    assert filled_area(d_shapes) == pytest.approx(width * DETAIL_SIZE[1], rel=0.02)
     d_labels = chart_labels(detail)
     assert any(re.search(r"\d GiB", t) for t in d_labels), d_labels
     c_labels = chart_labels(comparison)
@@ -136,7 +139,7 @@ def test_broken_config_shows_an_error_and_keeps_the_last_estimate(session, artif
     summary_before = page.locator("[data-testid=summary]").inner_text()
     d_before = chart_shapes(detail)
 
-    page.locator("[data-testid=vramwidget] details.vw-config > summary").click()
+    page.locator("[data-testid=group-import-toggle]").click()     # the Import config group
     box = page.locator("[data-testid=control-config_json]")
     box.wait_for(state="visible")
     box.fill('{"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": ')  # cut off

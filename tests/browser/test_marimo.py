@@ -10,36 +10,12 @@ loopback (its JavaScript is bundled); the test fails on any such request.
 from __future__ import annotations
 
 import re
-import secrets
-import sys
 
 import pytest
 
-from .conftest import ROOT, BrowserPage, Server, chart_labels, chart_shapes, free_port, isolated_env, unavailable
+from .conftest import BrowserPage, chart_labels, chart_shapes
 
 pytestmark = pytest.mark.browser
-
-APP = ROOT / "notebooks" / "marimo_app.py"
-
-
-@pytest.fixture(scope="module")
-def marimo_server(tmp_path_factory):
-    try:
-        import marimo  # noqa: F401
-    except ImportError:
-        unavailable("marimo is not installed (pip install -e '.[test]')")
-    home = tmp_path_factory.mktemp("marimo-home")
-    env = isolated_env(home)
-    env["MARIMO_SKIP_UPDATE_CHECK"] = "1"
-    port, token = free_port(), secrets.token_hex(16)
-    cmd = [sys.executable, "-m", "marimo", "-q", "-y", "run", str(APP), "--host", "127.0.0.1", "--port", str(port),
-           "--headless", "--token-password", token]
-    server = Server("marimo run", cmd, env, home, home / "marimo.log", port, token)
-    try:
-        server.wait_http("/health", timeout=120)
-        yield server
-    finally:
-        server.stop()
 
 
 def test_marimo_app_renders_the_widget_treemaps(browser, marimo_server, artifacts):

@@ -34,6 +34,7 @@ def test_pasted_axolotl_config_fills_the_controls(browser, jupyter_lab, artifact
         lab.run_all()
         widget = lab.panel.locator("[data-testid=vramwidget]")
         widget.wait_for(state="visible", timeout=120_000)
+        page.locator("[data-testid=group-import-toggle]").click()     # the Import config group
         page.locator("[data-testid=training-config] > summary").click()
         box = page.locator("[data-testid=control-training_config]")
         box.wait_for(state="visible")

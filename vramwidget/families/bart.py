@@ -28,9 +28,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .base import Family, register
-from .blocks import _Builder, _get, _require, dropout, layer_norm, linear, sdpa_core
+from .blocks import ParamBuilder, config_get, required_count, dropout, layer_norm, linear, sdpa_core
 from .gpt2 import GPT2
-from .t5 import _Prefixed, _shift
+from .t5 import PrefixedTrace, shift_layers
 from ..errors import VramError
 
 
@@ -54,15 +54,15 @@ class Bart(Family):
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
         # BartConfig's defaults (bart-large's shape) and attribute_map (hidden_size -> d_model,
         # num_attention_heads -> encoder_attention_heads)
-        h = _require(cfg, "model width", "d_model", "hidden_size", default=1024)
-        Le = _require(cfg, "encoder layers", "encoder_layers", default=12)
-        Ld = _require(cfg, "decoder layers", "decoder_layers", default=12)
-        ae = _require(cfg, "encoder attention heads", "encoder_attention_heads", default=16)
-        ad = _require(cfg, "decoder attention heads", "decoder_attention_heads", default=16)
-        ie = _require(cfg, "encoder MLP width", "encoder_ffn_dim", default=4096)
-        idd = _require(cfg, "decoder MLP width", "decoder_ffn_dim", default=4096)
-        V = _require(cfg, "vocabulary size", "vocab_size", default=50265)
-        npos = _require(cfg, "positions", "max_position_embeddings", default=1024)
+        h = required_count(cfg, "model width", "d_model", "hidden_size", default=1024)
+        Le = required_count(cfg, "encoder layers", "encoder_layers", default=12)
+        Ld = required_count(cfg, "decoder layers", "decoder_layers", default=12)
+        ae = required_count(cfg, "encoder attention heads", "encoder_attention_heads", default=16)
+        ad = required_count(cfg, "decoder attention heads", "decoder_attention_heads", default=16)
+        ie = required_count(cfg, "encoder MLP width", "encoder_ffn_dim", default=4096)
+        idd = required_count(cfg, "decoder MLP width", "decoder_ffn_dim", default=4096)
+        V = required_count(cfg, "vocabulary size", "vocab_size", default=50265)
+        npos = required_count(cfg, "positions", "max_position_embeddings", default=1024)
         if ae != ad or ie != idd:
             raise VramError(f"config: BART with different encoder and decoder heads ({ae}, {ad}) or MLP widths "
                             f"({ie}, {idd}) is not modelled", field="decoder_attention_heads")
@@ -71,14 +71,14 @@ class Bart(Family):
                             field="encoder_attention_heads")
         a, i = ae, ie
         L = Le + Ld
-        b = _Builder(L)
+        b = ParamBuilder(L)
         b.top("model.shared.weight", (V, h), "embedding", "shared")
 
         def stack(S: str, first: int, n: int, cross: bool) -> None:
             P = f"model.{S}."
             b.top(P + "embed_positions.weight", (npos + 2, h), "position_embedding", "embed_positions")
             b.norm(P + "layernorm_embedding", h, bias=True, per_layer=False, role="embedding_norm")
-            sub = _Builder(n)
+            sub = ParamBuilder(n)
             Ly = P + "layers.{i}."
             attns = [("self_attn", "self_attn_layer_norm")]
             if cross:
@@ -93,7 +93,7 @@ class Bart(Family):
             sub.norm(Ly + "final_layer_norm", h, bias=True)
             for t in sub.tensors:
                 lo, hi = t.layers if t.layers else (0, 0)
-                b.tensors.append(_shift(t, first + lo, first + hi))
+                b.tensors.append(shift_layers(t, first + lo, first + hi))
 
         stack("encoder", 0, Le, False)
         stack("decoder", Le, Ld, True)
@@ -119,7 +119,7 @@ class Bart(Family):
     def p(self, cfg: Mapping[str, Any], name: str) -> float:
         """A dropout probability of the config (BartConfig's default 0.1 for ``dropout``, 0.0 for
         ``attention_dropout`` and ``activation_dropout``)."""
-        return float(_get(cfg, name, default=0.1 if name == "dropout" else 0.0) or 0.0)
+        return float(config_get(cfg, name, default=0.1 if name == "dropout" else 0.0) or 0.0)
 
     def act_name(self, cfg: Mapping[str, Any]) -> str:
         """``activation_function`` (gelu: the erf kernel)."""
@@ -150,7 +150,7 @@ class Bart(Family):
         names = ("q cast", "k cast", "v cast", "softmax output", "attention probabilities",
                  "attention dropout mask", "attention probabilities after dropout", "attention output",
                  "attention logsumexp", "q", "k", "v")
-        sub = _Prefixed(tr, prefix, names)
+        sub = PrefixedTrace(tr, prefix, names)
         # cross-attention scores are b x heads x t x s_enc (BartAttention.forward in transformers
         # models/bart/modeling_bart.py: queries from the decoder, keys from the encoder output)
         o_in = sdpa_core(sub, ctx, q, k, v, d, dropout_p=self.p(cfg, "attention_dropout"), softmax_fp32=False,

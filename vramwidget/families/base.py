@@ -93,7 +93,7 @@ class Family:
 
     def notes(self, arch: Any) -> List[str]:
         """What the estimate assumes about this family (shown on every estimate)."""
-        return []
+        return head_dim_notes(arch)
 
     def has_target(self, arch: Any) -> bool:
         """Whether the model has a decoder stack of its own that reads the target tokens
@@ -195,3 +195,17 @@ def family_for(mt: str) -> Family:
         raise VramError(f"config: model_type {shown(mt)} is not supported; supported: "
                         + ", ".join(supported_model_types()), field="model_type")
     return fam
+
+
+def head_dim_notes(arch: Any) -> List[str]:
+    """A config with no ``head_dim`` whose heads do not divide the hidden size: transformers
+    floors the division (``blocks.dims``), so the attention is narrower than the hidden size.
+    Legal, as transformers builds it; said because it is rarely what a config's author meant."""
+    cfg = getattr(arch, "config", None) or {}
+    h, a, d = arch.hidden_size, arch.num_heads, arch.head_dim
+    if cfg.get("head_dim") is not None or not a or h % a == 0 or d != h // a:
+        return []
+    return [f"warning: num_attention_heads ({a:,}) does not divide hidden_size ({h:,}) and the config gives no "
+            f"head_dim: head_dim = {h:,} // {a:,} = {d:,}, as transformers computes it (q_proj has {a * d:,} "
+            f"outputs, not {h:,})"]
+

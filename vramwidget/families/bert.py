@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .base import Family, register
-from .blocks import _Builder, _get, _require, dropout, layer_norm, linear, sdpa_core
+from .blocks import ParamBuilder, config_get, required_count, dropout, layer_norm, linear, sdpa_core
 from .gpt2 import GPT2
 from ..errors import VramError
 
@@ -42,17 +42,17 @@ class Bert(Family):
 
     # -- parameters ---------------------------------------------------------------------
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
-        h = _require(cfg, "hidden size", "hidden_size", default=768)
-        L = _require(cfg, "number of layers", "num_hidden_layers", default=12)
-        a = _require(cfg, "attention heads", "num_attention_heads", default=12)
-        i = _require(cfg, "MLP size", "intermediate_size", default=3072)
-        V = _require(cfg, "vocabulary size", "vocab_size", default=30522)
-        npos = _require(cfg, "positions", "max_position_embeddings", default=512)
-        types = _require(cfg, "token types", "type_vocab_size", default=2)
+        h = required_count(cfg, "hidden size", "hidden_size", default=768)
+        L = required_count(cfg, "number of layers", "num_hidden_layers", default=12)
+        a = required_count(cfg, "attention heads", "num_attention_heads", default=12)
+        i = required_count(cfg, "MLP size", "intermediate_size", default=3072)
+        V = required_count(cfg, "vocabulary size", "vocab_size", default=30522)
+        npos = required_count(cfg, "positions", "max_position_embeddings", default=512)
+        types = required_count(cfg, "token types", "type_vocab_size", default=2)
         if h % a:
             raise VramError(f"config: num_attention_heads ({a}) does not divide hidden_size ({h})",
                             field="num_attention_heads")
-        b = _Builder(L)
+        b = ParamBuilder(L)
         E = "bert.embeddings."
         b.top(E + "word_embeddings.weight", (V, h), "embedding", "word_embeddings")
         b.top(E + "position_embeddings.weight", (npos, h), "position_embedding", "position_embeddings")
@@ -84,7 +84,7 @@ class Bert(Family):
     # -- training trace -----------------------------------------------------------------
     def hidden_dropout(self, cfg: Mapping[str, Any]) -> float:
         """``hidden_dropout_prob`` (0.1 by default)."""
-        return float(_get(cfg, "hidden_dropout_prob", default=0.1) or 0.0)
+        return float(config_get(cfg, "hidden_dropout_prob", default=0.1) or 0.0)
 
     def act_name(self, cfg: Mapping[str, Any]) -> str:
         """The MLP's activation function name (``hidden_act``)."""
@@ -102,7 +102,7 @@ class Bert(Family):
         q = linear(tr, ctx, x, "query", h, "query output", "attention")
         k = linear(tr, ctx, x, "key", h, "key output", "attention")
         v = linear(tr, ctx, x, "value", h, "value output", "attention")
-        o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=float(_get(cfg, "attention_probs_dropout_prob",
+        o_in = sdpa_core(tr, ctx, q, k, v, d, dropout_p=float(config_get(cfg, "attention_probs_dropout_prob",
                                                                     default=0.1) or 0.0),
                          softmax_fp32=False)
         o = linear(tr, ctx, o_in, "dense", h, "attention output dense", "attention", in_features=a * d)

@@ -6,7 +6,7 @@ input (transformers ``models/bloom/modeling_bloom.py``)."""
 from typing import Any, Dict, Mapping
 
 from .base import register
-from .blocks import _Builder, _get, _require
+from .blocks import ParamBuilder, config_get, required_count
 from .gpt2 import GPT2
 from ..errors import VramError
 
@@ -22,13 +22,13 @@ class Bloom(GPT2):
     embd_dropout = False
 
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
-        h = _require(cfg, "hidden size", "hidden_size", "n_embed")
-        L = _require(cfg, "number of layers", "n_layer", "num_hidden_layers")
-        a = _require(cfg, "attention heads", "n_head", "num_attention_heads")
-        V = _require(cfg, "vocabulary size", "vocab_size")
+        h = required_count(cfg, "hidden size", "hidden_size", "n_embed")
+        L = required_count(cfg, "number of layers", "n_layer", "num_hidden_layers")
+        a = required_count(cfg, "attention heads", "n_head", "num_attention_heads")
+        V = required_count(cfg, "vocabulary size", "vocab_size")
         if h % a:
             raise VramError(f"config: n_head ({a}) does not divide hidden_size ({h})", field="n_head")
-        b = _Builder(L)
+        b = ParamBuilder(L)
         P = "transformer.h.{i}."
         b.top("transformer.word_embeddings.weight", (V, h), "embedding", "word_embeddings")
         b.top("transformer.word_embeddings_layernorm.weight", (h,), "embedding_norm", "word_embeddings_layernorm")
@@ -40,7 +40,7 @@ class Bloom(GPT2):
         b.linear(P + "mlp.dense_h_to_4h", 4 * h, h, "mlp_up", bias=True)
         b.linear(P + "mlp.dense_4h_to_h", h, 4 * h, "mlp_down", bias=True)
         b.norm("transformer.ln_f", h, bias=True, per_layer=False)
-        tied = bool(_get(cfg, "tie_word_embeddings", default=True))
+        tied = bool(config_get(cfg, "tie_word_embeddings", default=True))
         if not tied:
             b.top("lm_head.weight", (V, h), "output_head", "lm_head")
         return self.info(h, L, a, a, h // a, 4 * h, V, tied, b)

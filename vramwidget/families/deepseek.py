@@ -11,9 +11,9 @@ plus ``n_shared_experts`` shared ones (one MLP n_shared x moe_intermediate_size 
 from typing import Any, Dict, Mapping, Tuple
 
 from .base import register
-from .blocks import _Builder, _get, _posint, _require, linear, rms_norm, sdpa_core
+from .blocks import ParamBuilder, Router, config_get, positive_count, required_count, linear, rms_norm, sdpa_core
 from .llama import Llama
-from ..activations import _promote
+from ..activations import promote_dtype
 from ..errors import VramError
 
 
@@ -23,18 +23,18 @@ class DeepseekV2(Llama):
     gguf_arch = "deepseek2"
     moe = True
 
-    def attention_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
+    def attention_params(self, b: ParamBuilder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
         """MLA: low-rank q (or q_proj), the compressed KV latent and its norm, kv_b_proj, o_proj."""
         h, a = info["hidden_size"], info["num_heads"]
         attn_bias = self.attention_bias(cfg)
-        q_lora = _get(cfg, "q_lora_rank")
-        kv_lora = _require(cfg, "MLA latent rank", "kv_lora_rank")
-        rope_d = _require(cfg, "MLA rope head dim", "qk_rope_head_dim")
-        nope_d = _require(cfg, "MLA no-rope head dim", "qk_nope_head_dim")
-        v_d = _require(cfg, "MLA value head dim", "v_head_dim")
+        q_lora = config_get(cfg, "q_lora_rank")
+        kv_lora = required_count(cfg, "MLA latent rank", "kv_lora_rank")
+        rope_d = required_count(cfg, "MLA rope head dim", "qk_rope_head_dim")
+        nope_d = required_count(cfg, "MLA no-rope head dim", "qk_nope_head_dim")
+        v_d = required_count(cfg, "MLA value head dim", "v_head_dim")
         q_head = rope_d + nope_d
         if q_lora:
-            q_lora = _posint(cfg, q_lora, "q_lora_rank")
+            q_lora = positive_count(cfg, q_lora, "q_lora_rank")
             b.linear(P + "self_attn.q_a_proj", q_lora, h, "attn_q_a", bias=attn_bias)
             b.norm(P + "self_attn.q_a_layernorm", q_lora, role="attn_norm")
             b.linear(P + "self_attn.q_b_proj", a * q_head, q_lora, "attn_q_b")
@@ -49,20 +49,26 @@ class DeepseekV2(Llama):
                                                                 v_head_dim=v_d))
 
     def check_moe(self, cfg: Mapping[str, Any], E: int) -> int:
-        dense_first = int(_get(cfg, "first_k_dense_replace", default=0) or 0)
-        if E and int(_get(cfg, "moe_layer_freq", default=1) or 1) != 1:
+        dense_first = int(config_get(cfg, "first_k_dense_replace", default=0) or 0)
+        if E and int(config_get(cfg, "moe_layer_freq", default=1) or 1) != 1:
             raise VramError("config: moe_layer_freq other than 1 is not supported", field="moe_layer_freq")
         return dense_first
 
     def shared_expert(self, cfg: Mapping[str, Any], i_e: int) -> Tuple[int, str, str]:
-        n_shared = int(_get(cfg, "n_shared_experts", default=0) or 0)
+        n_shared = int(config_get(cfg, "n_shared_experts", default=0) or 0)
         return n_shared * i_e, "model.layers.{i}.mlp.shared_experts.", ""
+
+    def router(self, cfg: Mapping[str, Any]) -> Router:
+        """``DeepseekV2TopkRouter.forward`` (models/deepseek_v2/modeling_deepseek_v2.py):
+        ``F.linear(x.float(), W.float())``, fp32 softmax, top-k (``greedy``), scaled by
+        ``routed_scaling_factor`` (a scalar product keeps nothing), not normalised, left fp32."""
+        return Router(weights_fp32=True, fp32_linear=True)
 
     def attention(self, tr: Any, ctx: Any, n1: Any) -> Any:
         arch, T = ctx.arch, ctx.T
         a = arch.num_heads
         m = arch.mla
-        rope_dtype = _promote(ctx.resid, ctx.c) if (ctx.setup.autocast or ctx.quant_base) else ctx.c
+        rope_dtype = promote_dtype(ctx.resid, ctx.c) if (ctx.setup.autocast or ctx.quant_base) else ctx.c
         qh = m["qk_rope_head_dim"] + m["qk_nope_head_dim"]
         if m["q_lora_rank"]:
             qa = linear(tr, ctx, n1, "q_a_proj", m["q_lora_rank"], "q_a", "attention")

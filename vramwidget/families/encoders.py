@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .base import Family, register
-from .blocks import _Builder, _get, _require, dropout, layer_norm, linear, residual, rotary, sdpa_core
+from .blocks import ParamBuilder, config_get, required_count, dropout, layer_norm, linear, residual, rotary, sdpa_core
 from .gpt2 import GPT2
 from ..errors import VramError
 
@@ -48,18 +48,18 @@ class ModernBert(Family):
 
     # -- parameters ---------------------------------------------------------------------
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
-        h = _require(cfg, "hidden size", "hidden_size", default=768)
-        L = _require(cfg, "number of layers", "num_hidden_layers", default=22)
-        a = _require(cfg, "attention heads", "num_attention_heads", default=12)
-        i = _require(cfg, "MLP size", "intermediate_size", default=1152)
-        V = _require(cfg, "vocabulary size", "vocab_size", default=50368)
+        h = required_count(cfg, "hidden size", "hidden_size", default=768)
+        L = required_count(cfg, "number of layers", "num_hidden_layers", default=22)
+        a = required_count(cfg, "attention heads", "num_attention_heads", default=12)
+        i = required_count(cfg, "MLP size", "intermediate_size", default=1152)
+        V = required_count(cfg, "vocabulary size", "vocab_size", default=50368)
         if h % a:
             raise VramError(f"config: num_attention_heads ({a}) does not divide hidden_size ({h})",
                             field="num_attention_heads")
-        nb = bool(_get(cfg, "norm_bias", default=False))
-        ab = bool(_get(cfg, "attention_bias", default=False))
-        mb = bool(_get(cfg, "mlp_bias", default=False))
-        b = _Builder(L)
+        nb = bool(config_get(cfg, "norm_bias", default=False))
+        ab = bool(config_get(cfg, "attention_bias", default=False))
+        mb = bool(config_get(cfg, "mlp_bias", default=False))
+        b = ParamBuilder(L)
         b.top("model.embeddings.tok_embeddings.weight", (V, h), "embedding", "tok_embeddings")
         b.norm("model.embeddings.norm", h, bias=nb, per_layer=False, role="embedding_norm")
         P = "model.layers.{i}."
@@ -71,12 +71,12 @@ class ModernBert(Family):
         b.linear(P + "mlp.Wo", h, i, "mlp_down", bias=mb)
         b.norm("model.final_norm", h, bias=nb, per_layer=False)
         b.top("head.dense.weight", (h, h), "output_head", "dense")
-        if _get(cfg, "classifier_bias", default=False):
+        if config_get(cfg, "classifier_bias", default=False):
             b.top("head.dense.bias", (h,), "output_head", "dense")
         b.norm("head.norm", h, bias=nb, per_layer=False, role="output_head")
-        if _get(cfg, "decoder_bias", default=True):
+        if config_get(cfg, "decoder_bias", default=True):
             b.top("decoder.bias", (V,), "output_head", "decoder")
-        tied = bool(_get(cfg, "tie_word_embeddings", default=True))
+        tied = bool(config_get(cfg, "tie_word_embeddings", default=True))
         if not tied:
             b.top("decoder.weight", (V, h), "output_head", "decoder")
         info: Dict[str, Any] = dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=a, head_dim=h // a,
@@ -93,9 +93,9 @@ class ModernBert(Family):
         cfg, L = arch.config, arch.num_layers
         types = cfg.get("layer_types")
         if not isinstance(types, list) or len(types) != L:
-            n = int(_get(cfg, "global_attn_every_n_layers", default=3))
+            n = int(config_get(cfg, "global_attn_every_n_layers", default=3))
             types = ["sliding_attention" if j % n else "full_attention" for j in range(L)]
-        return sum(1 for t in types if t == "sliding_attention"), int(_get(cfg, "local_attention", default=128))
+        return sum(1 for t in types if t == "sliding_attention"), int(config_get(cfg, "local_attention", default=128))
 
     def notes(self, arch: Any) -> List[str]:
         n, w = self.local_layers(arch)
@@ -123,9 +123,9 @@ class ModernBert(Family):
         if ctx.attn_backend == "eager":
             # eager's matmul(probs, v) reshapes the non-contiguous view: it keeps a T x h copy
             v = tr.new("v (matmul's contiguous copy)", T * h, qkv.dtype, qkv.rg, "T x h", "attention")
-        o_in = sdpa_core(tr, ctx, qr, kr, v, d, dropout_p=float(_get(cfg, "attention_dropout", default=0.0) or 0.0))
+        o_in = sdpa_core(tr, ctx, qr, kr, v, d, dropout_p=float(config_get(cfg, "attention_dropout", default=0.0) or 0.0))
         o = linear(tr, ctx, o_in, "Wo", h, "attention Wo output", "attention", in_features=h)
-        o = dropout(tr, o, float(_get(cfg, "attention_dropout", default=0.0) or 0.0), "attention output", ctx.cpu)
+        o = dropout(tr, o, float(config_get(cfg, "attention_dropout", default=0.0) or 0.0), "attention output", ctx.cpu)
         x1 = residual(tr, x, o, "residual after attention")
         n2 = layer_norm(tr, ctx, x1, "mlp_norm", h)
         wi = linear(tr, ctx, n2, "Wi", 2 * i, "Wi output (input and gate)", "mlp")
@@ -136,7 +136,7 @@ class ModernBert(Family):
             tr.save(act)
             tr.save(wi)                                   # the gate, a view of the same storage
         prod = tr.new("act(input) * gate", T * i, act.dtype, rg, "T x i", "mlp")
-        prod = dropout(tr, prod, float(_get(cfg, "mlp_dropout", default=0.0) or 0.0), "mlp hidden", ctx.cpu)
+        prod = dropout(tr, prod, float(config_get(cfg, "mlp_dropout", default=0.0) or 0.0), "mlp hidden", ctx.cpu)
         m = linear(tr, ctx, prod, "Wo", h, "mlp Wo output", "mlp", in_features=i)
         return residual(tr, x1, m, "block output")
 
@@ -148,7 +148,7 @@ class ModernBert(Family):
         if ctx.linear_trains:
             e = tr.new("token embeddings", x.numel, ctx.c if ctx.setup.autocast else x.dtype, True, "T x h", "embedding")
             en = layer_norm(tr, ctx, e, "embeddings norm", h, group="embedding")
-            dropout(tr, en, float(_get(arch.config, "embedding_dropout", default=0.0) or 0.0), "embeddings", ctx.cpu)
+            dropout(tr, en, float(config_get(arch.config, "embedding_dropout", default=0.0) or 0.0), "embeddings", ctx.cpu)
         n = layer_norm(tr, ctx, x, "final_norm", h, group="output head")
         t = linear(tr, ctx, n, "head.dense", h, "MLM head dense output", "output head")
         name = str(arch.config.get("classifier_activation") or "gelu")

@@ -5,7 +5,7 @@ global layers (``sliding_window_pattern``, default 6); transformers
 from typing import Any, Mapping
 
 from .base import register
-from .blocks import _get
+from .blocks import config_get
 from .gemma2 import Gemma2
 
 
@@ -16,5 +16,5 @@ class Gemma3Text(Gemma2):
     qk_norm = "head"
 
     def default_sliding_layers(self, cfg: Mapping[str, Any], L: int) -> int:
-        pattern = int(_get(cfg, "sliding_window_pattern", default=6) or 6)
+        pattern = int(config_get(cfg, "sliding_window_pattern", default=6) or 6)
         return sum(1 for j in range(L) if (j + 1) % pattern)

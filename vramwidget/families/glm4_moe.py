@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .base import register
-from .blocks import F32, _Builder, _get, attention_params, gated_mlp
+from .blocks import F32, ParamBuilder, config_get, attention_params, gated_mlp
 from .deepseek import DeepseekV2
 from .llama import Llama
 
@@ -30,14 +30,14 @@ class Glm4Moe(Llama):
 
     def qk_norm_of(self, cfg: Mapping[str, Any]) -> Optional[str]:
         """Per-head q/k RMSNorm when ``use_qk_norm`` (GLM-4.5 yes, GLM-4.5-Air no)."""
-        return "head" if _get(cfg, "use_qk_norm", default=False) else None
+        return "head" if config_get(cfg, "use_qk_norm", default=False) else None
 
-    def attention_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
+    def attention_params(self, b: ParamBuilder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
         attention_params(b, P, info["hidden_size"], info["num_heads"], info["num_kv_heads"], info["head_dim"],
                          qkv_bias=self.attention_bias(cfg), o_bias=False)
 
     def check_moe(self, cfg: Mapping[str, Any], E: int) -> int:
-        return int(_get(cfg, "first_k_dense_replace", default=1) or 0)
+        return int(config_get(cfg, "first_k_dense_replace", default=1) or 0)
 
     def shared_expert(self, cfg: Mapping[str, Any], i_e: int) -> Tuple[int, str, str]:
         return DeepseekV2.shared_expert(self, cfg, i_e)
@@ -65,7 +65,15 @@ def sigmoid_routed_moe(tr: Any, ctx: Any, x: Any) -> Any:
     if rg:
         tr.save(tr.new("router sigmoid scores (fp32)", T * E, F32, True, "T x E fp32", "router"))
         tr.save(tr.new("top-k indices (int64)", T * k, "int64", True, "T x k x 8 B", "router"))
-        tr.save(tr.new("top-k weights and their sum (fp32)", T * (k + 1), F32, True, "T x (k+1) fp32", "router"))
+        # Glm4MoeTopkRouter.forward (models/glm4_moe/modeling_glm4_moe.py): the group scores'
+        # ``.topk(2)`` and ``topk(group_scores, k=topk_group)`` keep their int64 indices too
+        n_group = int(config_get(arch.config, "n_group", default=1) or 1)
+        topk_group = int(config_get(arch.config, "topk_group", default=1) or 1)
+        tr.save(tr.new("group top-2 and top-k_group indices (int64)", T * (2 * n_group + topk_group), "int64", True,
+                       "T x (2 n_group + topk_group) x 8 B", "router"))
+        if config_get(arch.config, "norm_topk_prob", default=True):
+            tr.save(tr.new("top-k weights and their sum (fp32)", T * (k + 1), F32, True, "T x (k+1) fp32",
+                           "router"))
     Tk = T * k
     if trains:
         tr.save(tr.new("tokens copied to experts", Tk * h, x.dtype, x.rg, f"T*k x h (k={k})", "experts"))

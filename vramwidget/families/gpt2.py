@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .base import Family, register
-from .blocks import (F32, _Builder, _get, _posint, _promote, _require, dropout, layer_norm, linear, sdpa_core)
+from .blocks import (F32, ParamBuilder, config_get, positive_count, promote_dtype, required_count, dropout, layer_norm, linear, sdpa_core)
 from ..errors import VramError
 
 
@@ -36,15 +36,15 @@ class GPT2(Family):
 
     # -- parameters ---------------------------------------------------------------------
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
-        h = _require(cfg, "hidden size", "n_embd", "hidden_size")
-        L = _require(cfg, "number of layers", "n_layer", "num_hidden_layers")
-        a = _require(cfg, "attention heads", "n_head", "num_attention_heads")
-        V = _require(cfg, "vocabulary size", "vocab_size")
-        npos = _require(cfg, "positions", "n_positions", "max_position_embeddings", default=1024)
+        h = required_count(cfg, "hidden size", "n_embd", "hidden_size")
+        L = required_count(cfg, "number of layers", "n_layer", "num_hidden_layers")
+        a = required_count(cfg, "attention heads", "n_head", "num_attention_heads")
+        V = required_count(cfg, "vocabulary size", "vocab_size")
+        npos = required_count(cfg, "positions", "n_positions", "max_position_embeddings", default=1024)
         if h % a:
             raise VramError(f"config: n_head ({a}) does not divide n_embd ({h})", field="n_head")
-        i = _posint(cfg, _get(cfg, "n_inner", default=4 * h), "n_inner")
-        b = _Builder(L)
+        i = positive_count(cfg, config_get(cfg, "n_inner", default=4 * h), "n_inner")
+        b = ParamBuilder(L)
         P = "transformer.h.{i}."
         b.top("transformer.wte.weight", (V, h), "embedding", "wte")
         b.top("transformer.wpe.weight", (npos, h), "position_embedding", "wpe")
@@ -55,12 +55,12 @@ class GPT2(Family):
         b.linear(P + "mlp.c_fc", i, h, "mlp_up", bias=True, conv1d=True)
         b.linear(P + "mlp.c_proj", h, i, "mlp_down", bias=True, conv1d=True)
         b.norm("transformer.ln_f", h, bias=True, per_layer=False)
-        tied = bool(_get(cfg, "tie_word_embeddings", default=True))
+        tied = bool(config_get(cfg, "tie_word_embeddings", default=True))
         if not tied:
             b.top("lm_head.weight", (V, h), "output_head", "lm_head")
         return self.info(h, L, a, a, h // a, i, V, tied, b)
 
-    def info(self, h: int, L: int, a: int, kv: int, d: int, i: int, V: int, tied: bool, b: _Builder
+    def info(self, h: int, L: int, a: int, kv: int, d: int, i: int, V: int, tied: bool, b: ParamBuilder
              ) -> Dict[str, Any]:
         """The Architecture fields of a plain decoder."""
         return dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=kv, head_dim=d, intermediate_size=i,
@@ -106,7 +106,7 @@ class GPT2(Family):
         if self.parallel(cfg):
             n2 = self.mlp_norm_input(tr, ctx, x, n1)
         else:
-            x1 = tr.residual_stream(tr.new("residual after attention", x.numel, _promote(x.dtype, o.dtype), True,
+            x1 = tr.residual_stream(tr.new("residual after attention", x.numel, promote_dtype(x.dtype, o.dtype), True,
                                            "T x h", "norms"))
             n2 = layer_norm(tr, ctx, x1, "ln_2", h)
         f = linear(tr, ctx, n2, self.names[2], i, "fc output", "mlp")

@@ -6,7 +6,7 @@ read the block input, each through its own LayerNorm) and an untied ``embed_out`
 from typing import Any, Dict, Mapping, Tuple
 
 from .base import register
-from .blocks import _Builder, _get, _require, linear
+from .blocks import ParamBuilder, config_get, required_count, linear
 from .gpt2 import GPT2
 from ..errors import VramError
 
@@ -23,16 +23,16 @@ class GPTNeoX(GPT2):
     embd_dropout = False
 
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
-        h = _require(cfg, "hidden size", "hidden_size")
-        L = _require(cfg, "number of layers", "num_hidden_layers")
-        a = _require(cfg, "attention heads", "num_attention_heads")
-        V = _require(cfg, "vocabulary size", "vocab_size")
-        i = _require(cfg, "MLP size", "intermediate_size", default=4 * h)
+        h = required_count(cfg, "hidden size", "hidden_size")
+        L = required_count(cfg, "number of layers", "num_hidden_layers")
+        a = required_count(cfg, "attention heads", "num_attention_heads")
+        V = required_count(cfg, "vocabulary size", "vocab_size")
+        i = required_count(cfg, "MLP size", "intermediate_size", default=4 * h)
         if h % a:
             raise VramError(f"config: num_attention_heads ({a}) does not divide hidden_size ({h})",
                             field="num_attention_heads")
-        bias = bool(_get(cfg, "attention_bias", default=True))
-        b = _Builder(L)
+        bias = bool(config_get(cfg, "attention_bias", default=True))
+        b = ParamBuilder(L)
         P = "gpt_neox.layers.{i}."
         b.top("gpt_neox.embed_in.weight", (V, h), "embedding", "embed_in")
         b.norm(P + "input_layernorm", h, bias=True)
@@ -42,7 +42,7 @@ class GPTNeoX(GPT2):
         b.linear(P + "mlp.dense_h_to_4h", i, h, "mlp_up", bias=True)
         b.linear(P + "mlp.dense_4h_to_h", h, i, "mlp_down", bias=True)
         b.norm("gpt_neox.final_layer_norm", h, bias=True, per_layer=False)
-        tied = bool(_get(cfg, "tie_word_embeddings", default=False))
+        tied = bool(config_get(cfg, "tie_word_embeddings", default=False))
         if not tied:
             b.top("lm_head.weight", (V, h), "output_head", "lm_head")
         return self.info(h, L, a, a, h // a, i, V, tied, b)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping
 
 from .base import register
-from .blocks import _Builder, _get, _require, dims, linear, rotary
+from .blocks import ParamBuilder, config_get, required_count, dims, linear, rotary
 from .llama import Llama
 
 
@@ -41,16 +41,18 @@ class GptOss(Llama):
     moe = True
     sdpa_supported = False
     q_heads_major = True       # RoPE by chunk + cat builds q heads-major
+    #: transformers' MXFP4 path (integrations/mxfp4.py) replaces this family's experts
+    mxfp4_experts = True
 
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
         D = dims(cfg)
         h, L, a, kv, V, d = D["h"], D["L"], D["a"], D["kv"], D["V"], D["d"]
-        E = _require(cfg, "experts", "num_local_experts")
-        k = _require(cfg, "experts per token", "num_experts_per_tok")
-        i = _require(cfg, "expert intermediate size", "intermediate_size")
-        bias = bool(_get(cfg, "attention_bias", default=True))
-        tied = bool(_get(cfg, "tie_word_embeddings", default=False))
-        b = _Builder(L)
+        E = required_count(cfg, "experts", "num_local_experts")
+        k = required_count(cfg, "experts per token", "num_experts_per_tok")
+        i = required_count(cfg, "expert intermediate size", "intermediate_size")
+        bias = bool(config_get(cfg, "attention_bias", default=True))
+        tied = bool(config_get(cfg, "tie_word_embeddings", default=False))
+        b = ParamBuilder(L)
         P = "model.layers.{i}."
         b.top("model.embed_tokens.weight", (V, h), "embedding", "embed_tokens")
         b.layer(P + "self_attn.sinks", (a,), "attn_sink")

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .base import register
-from .blocks import _Builder, _get, _promote, _require, dims, gated_mlp, linear, residual, rms_norm, rotary, sdpa_core
+from .blocks import ParamBuilder, config_get, promote_dtype, required_count, dims, gated_mlp, linear, residual, rms_norm, rotary, sdpa_core
 from .llama import Llama
 
 
@@ -33,13 +33,13 @@ class Lfm2(Llama):
 
     def ff_dim(self, cfg: Mapping[str, Any]) -> int:
         """The SwiGLU width Lfm2MLP computes from the config."""
-        i = _require(cfg, "MLP size", "intermediate_size")
-        if _get(cfg, "block_auto_adjust_ff_dim", default=True):
+        i = required_count(cfg, "MLP size", "intermediate_size")
+        if config_get(cfg, "block_auto_adjust_ff_dim", default=True):
             i = int(2 * i / 3)
-            mult = _get(cfg, "block_ffn_dim_multiplier", default=1.0)
+            mult = config_get(cfg, "block_ffn_dim_multiplier", default=1.0)
             if mult is not None:
                 i = int(mult * i)
-            m = int(_get(cfg, "block_multiple_of", default=256) or 256)
+            m = int(config_get(cfg, "block_multiple_of", default=256) or 256)
             i = m * ((i + m - 1) // m)
         return i
 
@@ -56,24 +56,24 @@ class Lfm2(Llama):
         D = dims(cfg)
         h, L, a, kv, V, d = D["h"], D["L"], D["a"], D["kv"], D["V"], D["d"]
         i = self.ff_dim(cfg)
-        K = int(_get(cfg, "conv_L_cache", default=3) or 3)
-        conv_bias = bool(_get(cfg, "conv_bias", default=False))
-        tied = bool(_get(cfg, "tie_word_embeddings", default=True))
+        K = int(config_get(cfg, "conv_L_cache", default=3) or 3)
+        conv_bias = bool(config_get(cfg, "conv_bias", default=False))
+        tied = bool(config_get(cfg, "tie_word_embeddings", default=True))
         types = self.layer_types(cfg, L)
         attn = [j for j, t in enumerate(types) if t == "full_attention"]
         conv = [j for j, t in enumerate(types) if t != "full_attention"]
-        b = _Builder(L)
+        b = ParamBuilder(L)
         P = "model.layers.{i}."
         b.top("model.embed_tokens.weight", (V, h), "embedding", "embed_tokens")
 
-        def conv_params(sub: _Builder) -> None:
+        def conv_params(sub: ParamBuilder) -> None:
             sub.layer(P + "conv.conv.weight", (h, 1, K), "mixer")
             if conv_bias:
                 sub.layer(P + "conv.conv.bias", (h,), "mixer")
             sub.linear(P + "conv.in_proj", 3 * h, h, "mixer_proj", bias=conv_bias)
             sub.linear(P + "conv.out_proj", h, h, "mixer_proj", bias=conv_bias)
 
-        def attn_params(sub: _Builder) -> None:
+        def attn_params(sub: ParamBuilder) -> None:
             for nm, o, inp, role in (("q_proj", a * d, h, "attn_q"), ("k_proj", kv * d, h, "attn_k"),
                                      ("v_proj", kv * d, h, "attn_v"), ("out_proj", h, a * d, "attn_o")):
                 sub.linear(P + "self_attn." + nm, o, inp, role)
@@ -119,7 +119,7 @@ class Lfm2(Llama):
         x1 = residual(tr, x, o, "residual after the mixer")
         n2 = rms_norm(tr, ctx, x1, "ffn_norm", h)
         m = gated_mlp(tr, ctx, n2, arch.intermediate_size, names=("w1", "w3", "w2"))
-        return tr.new("block output", x.numel, _promote(x1.dtype, m.dtype), True, "T x h", "norms")
+        return tr.new("block output", x.numel, promote_dtype(x1.dtype, m.dtype), True, "T x h", "norms")
 
     def final_norm(self, tr: Any, ctx: Any, x: Any) -> Any:
         return rms_norm(tr, ctx, x, "final norm (embedding_norm)", ctx.arch.hidden_size, group="output head")

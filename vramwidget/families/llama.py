@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .base import Family, register
-from .blocks import (F32, _Builder, _get, _posint, _require, _restrict, attention_params, dims,
-                     experts_params, gated_mlp, gated_mlp_params, linear, moe, residual, rms_norm, rotary,
+from .blocks import (F32, ParamBuilder, config_get, positive_count, required_count, restrict_layers, attention_params, dims,
+                     Router, experts_params, gated_mlp, gated_mlp_params, linear, moe, residual, rms_norm, rotary,
                      sdpa_core, shared_mlp_params)
 from ..errors import VramError
 
@@ -52,10 +52,10 @@ class Llama(Family):
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
         D = dims(cfg)
         h, L, a, kv, V, d = D["h"], D["L"], D["a"], D["kv"], D["V"], D["d"]
-        tied = bool(_get(cfg, "tie_word_embeddings", default=self.default_tie))
-        i = _get(cfg, "intermediate_size", "n_inner", "ffn_dim")
-        i = _posint(cfg, i, "intermediate_size") if i is not None else None
-        b = _Builder(L)
+        tied = bool(config_get(cfg, "tie_word_embeddings", default=self.default_tie))
+        i = config_get(cfg, "intermediate_size", "n_inner", "ffn_dim")
+        i = positive_count(cfg, i, "intermediate_size") if i is not None else None
+        b = ParamBuilder(L)
         P = "model.layers.{i}."
         b.top("model.embed_tokens.weight", (V, h), "embedding", "embed_tokens")
         info: Dict[str, Any] = dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=kv, head_dim=d,
@@ -70,8 +70,8 @@ class Llama(Family):
         if self.sliding:
             self.sliding_info(cfg, L, info)
         if self.softcapping:
-            info["attn_logit_softcapping"] = _get(cfg, "attn_logit_softcapping")
-            info["final_logit_softcapping"] = _get(cfg, "final_logit_softcapping")
+            info["attn_logit_softcapping"] = config_get(cfg, "attn_logit_softcapping")
+            info["final_logit_softcapping"] = config_get(cfg, "final_logit_softcapping")
         info["tensors"] = b.tensors
         info["mlp_kind"] = self.mlp_kind
         info["norm_kind"] = self.norm_kind
@@ -79,9 +79,9 @@ class Llama(Family):
 
     def attention_bias(self, cfg: Mapping[str, Any]) -> bool:
         """Biases on q, k, v and o (``attention_bias``, default false)."""
-        return bool(_get(cfg, "attention_bias", default=False))
+        return bool(config_get(cfg, "attention_bias", default=False))
 
-    def attention_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
+    def attention_params(self, b: ParamBuilder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
         """The attention projections of one layer (q, k, v, o here)."""
         bias = self.attention_bias(cfg)
         attention_params(b, P, info["hidden_size"], info["num_heads"], info["num_kv_heads"], info["head_dim"],
@@ -91,7 +91,7 @@ class Llama(Family):
         """This config's q/k norm: None, "head" or "full" (the class's ``qk_norm``)."""
         return self.qk_norm
 
-    def qk_norm_params(self, b: _Builder, P: str, info: Dict[str, Any], cfg: Mapping[str, Any]) -> None:
+    def qk_norm_params(self, b: ParamBuilder, P: str, info: Dict[str, Any], cfg: Mapping[str, Any]) -> None:
         """q_norm / k_norm weights when the family normalises queries and keys."""
         a, kv, d = info["num_heads"], info["num_kv_heads"], info["head_dim"]
         kind = self.qk_norm_of(cfg)
@@ -104,7 +104,7 @@ class Llama(Family):
 
     def num_experts(self, cfg: Mapping[str, Any]) -> int:
         """Routed experts the config names (0: a dense MLP)."""
-        return int(_get(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
+        return int(config_get(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
 
     def check_moe(self, cfg: Mapping[str, Any], E: int) -> int:
         """Validate the MoE layout; returns how many leading layers are dense."""
@@ -114,21 +114,21 @@ class Llama(Family):
         """(size, module prefix, gate module or "") of the shared expert; size 0: none."""
         return 0, "", ""
 
-    def mlp_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any],
+    def mlp_params(self, b: ParamBuilder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any],
                    i: Optional[int]) -> None:
         """The MLP of one layer, or (for an MoE family with experts) the dense prefix layers, the
         router, the fused experts and any shared expert."""
         h = info["hidden_size"]
-        mlp_bias = bool(_get(cfg, "mlp_bias", default=False))
+        mlp_bias = bool(config_get(cfg, "mlp_bias", default=False))
         E = self.num_experts(cfg)
         dense_first = self.check_moe(cfg, E)
         if E and self.moe:
-            k = _require(cfg, "experts per token", "num_experts_per_tok")
-            i_e = _require(cfg, "expert intermediate size", self.expert_size_field)
+            k = required_count(cfg, "experts per token", "num_experts_per_tok")
+            i_e = required_count(cfg, "expert intermediate size", self.expert_size_field)
             if dense_first:
-                i_dense = _require(cfg, "dense intermediate size", "intermediate_size")
+                i_dense = required_count(cfg, "dense intermediate size", "intermediate_size")
                 gated_mlp_params(b, P + "mlp.", h, i_dense, bias=mlp_bias)
-                b.tensors[-3:] = [_restrict(t, 0, dense_first) for t in b.tensors[-3:]]
+                b.tensors[-3:] = [restrict_layers(t, 0, dense_first) for t in b.tensors[-3:]]
             # (DeepSeek-V3's e_score_correction_bias is a buffer in transformers, not a parameter)
             experts_params(b, P, E, h, i_e, first=dense_first)
             shared, pre, gate_name = self.shared_expert(cfg, i_e)
@@ -145,7 +145,7 @@ class Llama(Family):
             gated_mlp_params(b, P + "mlp.", h, i, bias=mlp_bias, fused=self.fused_gate_up)
             info.update(intermediate_size=i)
 
-    def norm_params(self, b: _Builder, P: str, h: int) -> None:
+    def norm_params(self, b: ParamBuilder, P: str, h: int) -> None:
         """The per-layer norms, in the order the decoder layer declares them."""
         if self.pre_norms:
             b.norm(P + "input_layernorm", h)
@@ -155,7 +155,7 @@ class Llama(Family):
                 b.norm(P + "pre_feedforward_layernorm", h)
             b.norm(P + "post_feedforward_layernorm", h)
 
-    def final_norm_params(self, b: _Builder, h: int) -> None:
+    def final_norm_params(self, b: ParamBuilder, h: int) -> None:
         """The norm after the last layer (``model.norm``)."""
         b.norm("model.norm", h, per_layer=False)
 
@@ -165,8 +165,8 @@ class Llama(Family):
 
     def sliding_info(self, cfg: Mapping[str, Any], L: int, info: Dict[str, Any]) -> None:
         """Sliding-window size and how many layers use it (``layer_types`` when given)."""
-        sw = _get(cfg, "sliding_window")
-        use_sw = _get(cfg, "use_sliding_window", default=True)
+        sw = config_get(cfg, "sliding_window")
+        use_sw = config_get(cfg, "use_sliding_window", default=True)
         if sw and use_sw:
             info["sliding_window"] = int(sw)
             types = cfg.get("layer_types")
@@ -241,6 +241,13 @@ class Llama(Family):
 
     #: a sigmoid gate scales the shared expert's output (Qwen2-MoE)
     shared_expert_gate: bool = False
+
+    def router(self, cfg: Mapping[str, Any]) -> Router:
+        """The softmax top-k router of :func:`~vramwidget.activations.moe`: Qwen2/3-MoE, Qwen3-Next
+        and OLMoE (``Qwen3MoeTopKRouter.forward`` in models/qwen3_moe/modeling_qwen3_moe.py, the
+        same lines in qwen2_moe, qwen3_next and olmoe) divide the top-k weights by their sum
+        when ``norm_topk_prob`` and cast them to the logits' dtype."""
+        return Router(normalises=bool(config_get(cfg, "norm_topk_prob", default=False)))
 
     def final_norm(self, tr: Any, ctx: Any, x: Any) -> Any:
         return rms_norm(tr, ctx, x, "final norm", ctx.arch.hidden_size, group="output head",

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .base import register
-from .blocks import F32, _Builder, _get, _require, dims, gated_mlp, gated_mlp_params, linear, sdpa_core
+from .blocks import F32, ParamBuilder, config_get, required_count, dims, gated_mlp, gated_mlp_params, linear, sdpa_core
 from .llama import Llama
 
 
@@ -31,11 +31,11 @@ class Llama4Text(Llama):
 
     def layout(self, cfg: Mapping[str, Any], L: int) -> Tuple[List[int], List[int]]:
         """(MoE layer indices, RoPE layer indices) as Llama4TextConfig derives them."""
-        step = int(_get(cfg, "interleave_moe_layer_step", default=1) or 1)
+        step = int(config_get(cfg, "interleave_moe_layer_step", default=1) or 1)
         moe = cfg.get("moe_layers")
         moe = list(moe) if isinstance(moe, list) else list(range(step - 1, L, step))
         nr = cfg.get("no_rope_layers")
-        interval = int(_get(cfg, "no_rope_layer_interval", default=4) or 4)
+        interval = int(config_get(cfg, "no_rope_layer_interval", default=4) or 4)
         if not isinstance(nr, list) or not nr:
             nr = [int((j + 1) % interval != 0) for j in range(L)]
         rope = [j for j in range(L) if nr[j]]
@@ -44,25 +44,25 @@ class Llama4Text(Llama):
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
         D = dims(cfg)
         h, L, a, kv, V, d = D["h"], D["L"], D["a"], D["kv"], D["V"], D["d"]
-        E = _require(cfg, "experts", "num_local_experts")
-        k = _require(cfg, "experts per token", "num_experts_per_tok")
-        i = _require(cfg, "expert intermediate size", "intermediate_size")
-        i_mlp = _require(cfg, "dense MLP size", "intermediate_size_mlp")
-        bias = bool(_get(cfg, "attention_bias", default=False))
-        tied = bool(_get(cfg, "tie_word_embeddings", default=False))
+        E = required_count(cfg, "experts", "num_local_experts")
+        k = required_count(cfg, "experts per token", "num_experts_per_tok")
+        i = required_count(cfg, "expert intermediate size", "intermediate_size")
+        i_mlp = required_count(cfg, "dense MLP size", "intermediate_size_mlp")
+        bias = bool(config_get(cfg, "attention_bias", default=False))
+        tied = bool(config_get(cfg, "tie_word_embeddings", default=False))
         moe_layers, rope_layers = self.layout(cfg, L)
         dense_layers = [j for j in range(L) if j not in set(moe_layers)]
-        b = _Builder(L)
+        b = ParamBuilder(L)
         P = "model.layers.{i}."
         b.top("model.embed_tokens.weight", (V, h), "embedding", "embed_tokens")
         for nm, o, inp, role in (("q_proj", a * d, h, "attn_q"), ("k_proj", kv * d, h, "attn_k"),
                                  ("v_proj", kv * d, h, "attn_v"), ("o_proj", h, a * d, "attn_o")):
             b.linear(P + "self_attn." + nm, o, inp, role, bias=bias)
 
-        def dense(sub: _Builder) -> None:
+        def dense(sub: ParamBuilder) -> None:
             gated_mlp_params(sub, P + "feed_forward.", h, i_mlp)
 
-        def experts(sub: _Builder) -> None:
+        def experts(sub: ParamBuilder) -> None:
             sub.layer(P + "feed_forward.experts.gate_up_proj", (E, h, 2 * i), "expert_gate_up", linear=True,
                       experts=E, transposed=True)
             sub.layer(P + "feed_forward.experts.down_proj", (E, i, h), "expert_down", linear=True, experts=E,
@@ -90,7 +90,7 @@ class Llama4Text(Llama):
                                     num_experts=E, experts_per_token=k, expert_intermediate_size=i,
                                     shared_expert_intermediate_size=i, tensors=b.tensors, mlp_kind="gated",
                                     norm_kind="rms", layer_kinds=list(kinds.items()), layer_order=order)
-        chunk = _get(cfg, "attention_chunk_size")
+        chunk = config_get(cfg, "attention_chunk_size")
         if chunk and n_rope:
             # chunked attention keeps at most one chunk of keys per RoPE layer (a window for the cache)
             info["sliding_window"] = int(chunk)

@@ -5,7 +5,7 @@ weight; the final norm's output goes straight to the head."""
 from typing import Any
 
 from .base import register
-from .blocks import _Builder
+from .blocks import ParamBuilder
 from .llama import Llama
 
 
@@ -14,11 +14,11 @@ class Olmo(Llama):
     model_types = ("olmo",)
     gguf_arch = "olmo"
 
-    def norm_params(self, b: _Builder, P: str, h: int) -> None:
+    def norm_params(self, b: ParamBuilder, P: str, h: int) -> None:
         """No per-layer norm weights."""
         pass
 
-    def final_norm_params(self, b: _Builder, h: int) -> None:
+    def final_norm_params(self, b: ParamBuilder, h: int) -> None:
         """No final norm weight."""
         pass
 

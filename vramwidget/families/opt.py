@@ -6,7 +6,7 @@
 from typing import Any, Dict, Mapping, Tuple
 
 from .base import register
-from .blocks import _Builder, _get, _posint, _require, linear
+from .blocks import ParamBuilder, config_get, positive_count, required_count, linear
 from .gpt2 import GPT2
 from ..errors import VramError
 
@@ -21,19 +21,19 @@ class OPT(GPT2):
     embd_dropout = False
 
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
-        h = _require(cfg, "hidden size", "hidden_size")
-        L = _require(cfg, "number of layers", "num_hidden_layers")
-        a = _require(cfg, "attention heads", "num_attention_heads")
-        V = _require(cfg, "vocabulary size", "vocab_size")
-        i = _require(cfg, "MLP size", "ffn_dim", "intermediate_size", default=4 * h)
-        npos = _require(cfg, "positions", "max_position_embeddings", default=2048)
-        we = _posint(cfg, _get(cfg, "word_embed_proj_dim", default=h), "word_embed_proj_dim")
+        h = required_count(cfg, "hidden size", "hidden_size")
+        L = required_count(cfg, "number of layers", "num_hidden_layers")
+        a = required_count(cfg, "attention heads", "num_attention_heads")
+        V = required_count(cfg, "vocabulary size", "vocab_size")
+        i = required_count(cfg, "MLP size", "ffn_dim", "intermediate_size", default=4 * h)
+        npos = required_count(cfg, "positions", "max_position_embeddings", default=2048)
+        we = positive_count(cfg, config_get(cfg, "word_embed_proj_dim", default=h), "word_embed_proj_dim")
         if h % a:
             raise VramError(f"config: num_attention_heads ({a}) does not divide hidden_size ({h})",
                             field="num_attention_heads")
-        bias = bool(_get(cfg, "enable_bias", default=True))
-        ln_aff = bool(_get(cfg, "layer_norm_elementwise_affine", default=True))
-        b = _Builder(L)
+        bias = bool(config_get(cfg, "enable_bias", default=True))
+        ln_aff = bool(config_get(cfg, "layer_norm_elementwise_affine", default=True))
+        b = ParamBuilder(L)
         P = "model.decoder.layers.{i}."
         b.top("model.decoder.embed_tokens.weight", (V, we), "embedding", "embed_tokens")
         b.top("model.decoder.embed_positions.weight", (npos + 2, h), "position_embedding", "embed_positions")
@@ -49,11 +49,11 @@ class OPT(GPT2):
         b.linear(P + "fc2", h, i, "mlp_down", bias=bias)
         if ln_aff:
             b.norm(P + "final_layer_norm", h, bias=bias)
-        if _get(cfg, "do_layer_norm_before", default=True) and not _get(cfg, "_remove_final_layer_norm",
+        if config_get(cfg, "do_layer_norm_before", default=True) and not config_get(cfg, "_remove_final_layer_norm",
                                                                           default=False):
             if ln_aff:
                 b.norm("model.decoder.final_layer_norm", h, bias=bias, per_layer=False)
-        tied = bool(_get(cfg, "tie_word_embeddings", default=True))
+        tied = bool(config_get(cfg, "tie_word_embeddings", default=True))
         if not tied:
             b.top("lm_head.weight", (V, we), "output_head", "lm_head")
         return self.info(h, L, a, a, h // a, i, V, tied, b)

@@ -6,7 +6,7 @@ flash attention's output is copied before ``o_proj``."""
 from typing import Any, Dict, Mapping, Tuple
 
 from .base import register
-from .blocks import _Builder, fused_qkv_params, linear
+from .blocks import ParamBuilder, fused_qkv_params, linear
 from .llama import Llama
 
 
@@ -19,7 +19,7 @@ class Phi3(Llama):
     q_heads_major = True
     default_lora_targets = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
-    def attention_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
+    def attention_params(self, b: ParamBuilder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
         """One fused qkv_proj and o_proj, no biases."""
         fused_qkv_params(b, P, info["hidden_size"], info["num_heads"], info["num_kv_heads"], info["head_dim"])
 

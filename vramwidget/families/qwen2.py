@@ -4,7 +4,7 @@
 from typing import Any, Dict, Mapping
 
 from .base import register
-from .blocks import _Builder, attention_params
+from .blocks import ParamBuilder, attention_params
 from .llama import Llama
 
 
@@ -14,7 +14,7 @@ class Qwen2(Llama):
     gguf_arch = "qwen2"
     sliding = True
 
-    def attention_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
+    def attention_params(self, b: ParamBuilder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
         """Biases on q, k and v; none on o_proj."""
         attention_params(b, P, info["hidden_size"], info["num_heads"], info["num_kv_heads"], info["head_dim"],
                          qkv_bias=True, o_bias=False)

@@ -5,7 +5,7 @@ RMSNorm over each head of q and k (``q_norm``, ``k_norm``, d wide) before RoPE
 from typing import Any, Dict, Mapping
 
 from .base import register
-from .blocks import _Builder
+from .blocks import ParamBuilder
 from .llama import Llama
 from .qwen2 import Qwen2
 
@@ -16,6 +16,6 @@ class Qwen3(Qwen2):
     gguf_arch = "qwen3"
     qk_norm = "head"
 
-    def attention_params(self, b: _Builder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
+    def attention_params(self, b: ParamBuilder, cfg: Mapping[str, Any], P: str, info: Dict[str, Any]) -> None:
         """Llama's projections: biases only with ``attention_bias``."""
         Llama.attention_params(self, b, cfg, P, info)

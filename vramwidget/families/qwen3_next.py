@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping
 
 from .base import register
-from .blocks import F32, _Builder, _get, _promote, _require, dims, gated_mlp, linear, moe, residual, rms_norm, \
+from .blocks import F32, ParamBuilder, config_get, promote_dtype, required_count, dims, gated_mlp, linear, moe, residual, rms_norm, \
     rotary, sdpa_core
 from .llama import Llama
 
@@ -47,36 +47,36 @@ class Qwen3Next(Llama):
         types = cfg.get("layer_types")
         if isinstance(types, list) and len(types) == L:
             return [str(t) for t in types]
-        n = int(_get(cfg, "full_attention_interval", default=4) or 4)
+        n = int(config_get(cfg, "full_attention_interval", default=4) or 4)
         return ["full_attention" if (j + 1) % n == 0 else "linear_attention" for j in range(L)]
 
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
         D = dims(cfg)
         h, L, a, kv, V, d = D["h"], D["L"], D["a"], D["kv"], D["V"], D["d"]
-        nk = _require(cfg, "linear key heads", "linear_num_key_heads")
-        nv = _require(cfg, "linear value heads", "linear_num_value_heads")
-        dk = _require(cfg, "linear key head dim", "linear_key_head_dim")
-        dv = _require(cfg, "linear value head dim", "linear_value_head_dim")
-        K = int(_get(cfg, "linear_conv_kernel_dim", default=4) or 4)
-        E = _require(cfg, "experts", "num_experts")
-        k = _require(cfg, "experts per token", "num_experts_per_tok")
-        i_e = _require(cfg, "expert intermediate size", "moe_intermediate_size")
-        i_sh = int(_get(cfg, "shared_expert_intermediate_size", default=0) or 0)
-        i = int(_get(cfg, "intermediate_size", default=0) or 0)
-        tied = bool(_get(cfg, "tie_word_embeddings", default=False))
+        nk = required_count(cfg, "linear key heads", "linear_num_key_heads")
+        nv = required_count(cfg, "linear value heads", "linear_num_value_heads")
+        dk = required_count(cfg, "linear key head dim", "linear_key_head_dim")
+        dv = required_count(cfg, "linear value head dim", "linear_value_head_dim")
+        K = int(config_get(cfg, "linear_conv_kernel_dim", default=4) or 4)
+        E = required_count(cfg, "experts", "num_experts")
+        k = required_count(cfg, "experts per token", "num_experts_per_tok")
+        i_e = required_count(cfg, "expert intermediate size", "moe_intermediate_size")
+        i_sh = int(config_get(cfg, "shared_expert_intermediate_size", default=0) or 0)
+        i = int(config_get(cfg, "intermediate_size", default=0) or 0)
+        tied = bool(config_get(cfg, "tie_word_embeddings", default=False))
         types = self.layer_types(cfg, L)
         full = [j for j, t in enumerate(types) if t == "full_attention"]
         lin = [j for j, t in enumerate(types) if t != "full_attention"]
-        step = int(_get(cfg, "decoder_sparse_step", default=1) or 1)
+        step = int(config_get(cfg, "decoder_sparse_step", default=1) or 1)
         dense = set(cfg.get("mlp_only_layers") or [])
         moe_layers = [j for j in range(L) if j not in dense and (j + 1) % step == 0]
         dense_layers = [j for j in range(L) if j not in set(moe_layers)]
         P = "model.layers.{i}."
-        b = _Builder(L)
+        b = ParamBuilder(L)
         b.top("model.embed_tokens.weight", (V, h), "embedding", "embed_tokens")
         conv_dim = 2 * nk * dk + nv * dv
 
-        def linear_attn(sub: _Builder) -> None:
+        def linear_attn(sub: ParamBuilder) -> None:
             sub.layer(P + "linear_attn.dt_bias", (nv,), "mixer")
             sub.layer(P + "linear_attn.A_log", (nv,), "mixer")
             sub.layer(P + "linear_attn.conv1d.weight", (conv_dim, 1, K), "mixer")
@@ -85,7 +85,7 @@ class Qwen3Next(Llama):
             sub.norm(P + "linear_attn.norm", dv, role="mixer")
             sub.linear(P + "linear_attn.out_proj", h, nv * dv, "mixer_proj")
 
-        def attn(sub: _Builder) -> None:
+        def attn(sub: ParamBuilder) -> None:
             sub.linear(P + "self_attn.q_proj", 2 * a * d, h, "attn_q")
             sub.linear(P + "self_attn.k_proj", kv * d, h, "attn_k")
             sub.linear(P + "self_attn.v_proj", kv * d, h, "attn_v")
@@ -93,7 +93,7 @@ class Qwen3Next(Llama):
             sub.norm(P + "self_attn.q_norm", d, role="attn_norm")
             sub.norm(P + "self_attn.k_norm", d, role="attn_norm")
 
-        def experts(sub: _Builder) -> None:
+        def experts(sub: ParamBuilder) -> None:
             sub.layer(P + "mlp.gate.weight", (E, h), "router")
             sub.layer(P + "mlp.experts.gate_up_proj", (E, 2 * i_e, h), "expert_gate_up", linear=True, experts=E)
             sub.layer(P + "mlp.experts.down_proj", (E, h, i_e), "expert_down", linear=True, experts=E)
@@ -102,7 +102,7 @@ class Qwen3Next(Llama):
                     sub.linear(P + "mlp.shared_expert." + nm, o, inp, "shared_expert")
                 sub.layer(P + "mlp.shared_expert_gate.weight", (1, h), "router")
 
-        def dense_mlp(sub: _Builder) -> None:
+        def dense_mlp(sub: ParamBuilder) -> None:
             for nm, o, inp, role in (("gate_proj", i, h, "mlp_gate"), ("up_proj", i, h, "mlp_up"),
                                      ("down_proj", h, i, "mlp_down")):
                 sub.linear(P + "mlp." + nm, o, inp, role)
@@ -135,7 +135,7 @@ class Qwen3Next(Llama):
         x1 = residual(tr, x, o, "residual after the mixer")
         n2 = self.norm(tr, ctx, x1, "post_attention_layernorm", h)
         m = moe(tr, ctx, n2, shared_gate=True) if arch.is_moe else gated_mlp(tr, ctx, n2, arch.intermediate_size)
-        return tr.new("block output", x.numel, _promote(x1.dtype, m.dtype), True, "T x h", "norms")
+        return tr.new("block output", x.numel, promote_dtype(x1.dtype, m.dtype), True, "T x h", "norms")
 
     def gated_attention(self, tr: Any, ctx: Any, n1: Any) -> Any:
         """q (+ gate) / k / v, per-head norms, partial RoPE, attention, * sigmoid(gate), o_proj."""

@@ -38,7 +38,7 @@ from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .base import Family, register
-from .blocks import F32, _Builder, _require, dropout, linear, residual, rms_norm, sdpa_core
+from .blocks import F32, ParamBuilder, required_count, dropout, linear, residual, rms_norm, sdpa_core
 from .gpt2 import GPT2
 from ..errors import VramError
 
@@ -82,14 +82,14 @@ class T5(Family):
     def params_for_task(self, cfg: Mapping[str, Any], mt: str, task: str) -> Dict[str, Any]:
         # T5Config's attribute_map: hidden_size -> d_model, num_attention_heads -> num_heads,
         # num_hidden_layers -> num_layers, head_dim -> d_kv; defaults are T5Config's
-        h = _require(cfg, "model width", "d_model", "hidden_size", default=512)
-        d = _require(cfg, "key/value width per head", "d_kv", "head_dim", default=64)
-        i = _require(cfg, "MLP width", "d_ff", default=2048)
-        Le = _require(cfg, "encoder layers", "num_layers", "num_hidden_layers", default=6)
-        Ld = _require(cfg, "decoder layers", "num_decoder_layers", default=Le)
-        a = _require(cfg, "attention heads", "num_heads", "num_attention_heads", default=8)
-        V = _require(cfg, "vocabulary size", "vocab_size", default=32128)
-        buckets = _require(cfg, "relative position buckets", "relative_attention_num_buckets", default=32)
+        h = required_count(cfg, "model width", "d_model", "hidden_size", default=512)
+        d = required_count(cfg, "key/value width per head", "d_kv", "head_dim", default=64)
+        i = required_count(cfg, "MLP width", "d_ff", default=2048)
+        Le = required_count(cfg, "encoder layers", "num_layers", "num_hidden_layers", default=6)
+        Ld = required_count(cfg, "decoder layers", "num_decoder_layers", default=Le)
+        a = required_count(cfg, "attention heads", "num_heads", "num_attention_heads", default=8)
+        V = required_count(cfg, "vocabulary size", "vocab_size", default=32128)
+        buckets = required_count(cfg, "relative position buckets", "relative_attention_num_buckets", default=32)
         proj = str(cfg.get("feed_forward_proj") or "relu")
         parts = proj.split("-")
         if (len(parts) > 1 and parts[0] != "gated") or len(parts) > 2:
@@ -98,11 +98,11 @@ class T5(Family):
         gated = self.gated(cfg)
         decoder = task == "seq2seq_lm"
         L = Le + (Ld if decoder else 0)
-        b = _Builder(L)
+        b = ParamBuilder(L)
         b.top("shared.weight", (V, h), "embedding", "shared")
 
         def stack(S: str, first: int, n: int, cross: bool) -> None:
-            sub = _Builder(n)
+            sub = ParamBuilder(n)
             P = S + ".block.{i}.layer."
             for nm, role in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v")):
                 sub.linear(P + "0.SelfAttention." + nm, a * d, h, role)
@@ -127,7 +127,7 @@ class T5(Family):
             sub.norm(P + ff + ".layer_norm", h)
             for t in sub.tensors:
                 lo, hi = t.layers if t.layers else (0, 0)
-                b.tensors.append(_shift(t, first + lo, first + hi))
+                b.tensors.append(shift_layers(t, first + lo, first + hi))
             b.norm(S + ".final_layer_norm", h, per_layer=False)
 
         stack("encoder", 0, Le, False)
@@ -195,7 +195,7 @@ class T5(Family):
         names = ("q cast", "k cast", "v cast", "softmax output", "attention probabilities",
                  "attention dropout mask", "attention probabilities after dropout", "attention output",
                  "attention logsumexp", "q", "k", "v")
-        sub = _Prefixed(tr, prefix, names)
+        sub = PrefixedTrace(tr, prefix, names)
         # T5's position bias is the SDPA mask.  It needs a gradient where relative_attention_bias
         # trains (self-attention, full fine-tuning) or, under checkpointing, where T5Attention
         # makes its zeros require grad (cross-attention).  CUDA runs the memory-efficient kernel
@@ -297,7 +297,7 @@ class UMT5(T5):
     bias_every_layer = True
 
 
-class _Prefixed:
+class PrefixedTrace:
     """A view of a Trace that prefixes the attention core's tensor names (self- and
     cross-attention of one decoder block are distinct storages); everything else is the
     Trace's own."""
@@ -306,12 +306,15 @@ class _Prefixed:
         self._tr, self._p = tr, prefix
 
     def new(self, name: str, *a: Any, **k: Any) -> Any:
+        """The Trace's new, the name prefixed."""
         return self._tr.new(self._p + name, *a, **k)
 
     def temp(self, name: str, *a: Any, **k: Any) -> Any:
+        """The Trace's temp, the name prefixed."""
         return self._tr.temp(self._p + name, *a, **k)
 
     def cast(self, t: Any, dtype: str, name: str) -> Any:
+        """The Trace's cast, the name prefixed."""
         return self._tr.cast(t, dtype, self._p + name)
 
     def __getattr__(self, attr: str) -> Any:
@@ -322,7 +325,8 @@ def _wider(a: str, b: str) -> str:
     return F32 if F32 in (a, b) else b
 
 
-def _shift(t: Any, lo: int, hi: int) -> Any:
+def shift_layers(t: Any, lo: int, hi: int) -> Any:
+    """A parameter tensor of one stack moved to layers ``lo``..``hi`` (the decoder's after the encoder's)."""
     from dataclasses import replace
     return replace(t, layers=(lo, hi) if t.layers else None)
 

@@ -19,7 +19,7 @@ from typing import Any, Dict, Mapping, Tuple
 
 from ..units import DTYPE_BYTES
 from .base import Family, register_tower
-from .blocks import _Builder, _get, _require, gated_mlp, linear, rms_norm, rotary, sdpa_core
+from .blocks import ParamBuilder, config_get, required_count, gated_mlp, linear, rms_norm, rotary, sdpa_core
 from .gpt2 import GPT2
 from .llama import Llama
 
@@ -27,12 +27,12 @@ from .llama import Llama
 def _tower_dims(cfg: Mapping[str, Any]) -> Tuple[int, int, int, int, int, int]:
     """A ViT tower's hidden size, layers, heads, MLP size, patch size and input channels
     (SigLIP's and Pixtral's config names)."""
-    return (_require(cfg, "vision hidden size", "hidden_size"), _require(cfg, "vision layers", "num_hidden_layers"),
-            _require(cfg, "vision heads", "num_attention_heads"), _require(cfg, "vision MLP size", "intermediate_size"),
-            _require(cfg, "patch size", "patch_size"), int(_get(cfg, "num_channels", default=3) or 3))
+    return (required_count(cfg, "vision hidden size", "hidden_size"), required_count(cfg, "vision layers", "num_hidden_layers"),
+            required_count(cfg, "vision heads", "num_attention_heads"), required_count(cfg, "vision MLP size", "intermediate_size"),
+            required_count(cfg, "patch size", "patch_size"), int(config_get(cfg, "num_channels", default=3) or 3))
 
 
-def _vision_info(h: int, L: int, a: int, i: int, b: _Builder, mlp_kind: str, norm_kind: str) -> Dict[str, Any]:
+def _vision_info(h: int, L: int, a: int, i: int, b: ParamBuilder, mlp_kind: str, norm_kind: str) -> Dict[str, Any]:
     return dict(hidden_size=h, num_layers=L, num_heads=a, num_kv_heads=a, head_dim=h // a, intermediate_size=i,
                 vocab_size=0, tie_word_embeddings=False, tensors=b.tensors, mlp_kind=mlp_kind, norm_kind=norm_kind)
 
@@ -47,9 +47,9 @@ class SiglipVision(GPT2):
 
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
         h, L, a, i, p, ch = _tower_dims(cfg)
-        size = _require(cfg, "image size", "image_size")
+        size = required_count(cfg, "image size", "image_size")
         P = self.prefix
-        b = _Builder(L)
+        b = ParamBuilder(L)
         b.top(P + "embeddings.patch_embedding.weight", (h, ch, p, p), "embedding", "patch_embedding")
         b.top(P + "embeddings.patch_embedding.bias", (h,), "embedding", "patch_embedding")
         b.top(P + "embeddings.position_embedding.weight", ((size // p) ** 2, h), "position_embedding",
@@ -62,7 +62,7 @@ class SiglipVision(GPT2):
         b.linear(L_ + "mlp.fc1", i, h, "mlp_up", bias=True)
         b.linear(L_ + "mlp.fc2", h, i, "mlp_down", bias=True)
         b.norm(P + "post_layernorm", h, bias=True, per_layer=False)
-        if _get(cfg, "vision_use_head", default=True):
+        if config_get(cfg, "vision_use_head", default=True):
             b.top(P + "head.probe", (1, 1, h), "attn_q", "head")
             b.top(P + "head.attention.in_proj_weight", (3 * h, h), "attn_qkv", "attention")
             b.top(P + "head.attention.in_proj_bias", (3 * h,), "attn_qkv", "attention")
@@ -99,7 +99,7 @@ class PixtralVision(Llama):
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
         h, L, a, i, p, ch = _tower_dims(cfg)
         P = self.prefix
-        b = _Builder(L)
+        b = ParamBuilder(L)
         b.top(P + "patch_conv.weight", (h, ch, p, p), "embedding", "patch_conv")
         b.top(P + "ln_pre.weight", (h,), "embedding_norm", "ln_pre")
         L_ = P + "transformer.layers.{i}."
@@ -111,7 +111,7 @@ class PixtralVision(Llama):
             b.linear(L_ + "attention." + nm, h, h, role)
         b.norm(L_ + "ffn_norm", h)
         info = _vision_info(h, L, a, i, b, "gated", "rms")
-        info["head_dim"] = int(_get(cfg, "head_dim", default=h // a) or h // a)
+        info["head_dim"] = int(config_get(cfg, "head_dim", default=h // a) or h // a)
         return info
 
     def patches(self, cfg: Mapping[str, Any]) -> int:
@@ -150,17 +150,17 @@ class Qwen25Vision(Family):
     prefix = "model.visual."
 
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
-        h = _require(cfg, "vision hidden size", "hidden_size")
-        L = _require(cfg, "vision depth", "depth", "num_hidden_layers")
-        a = _require(cfg, "vision heads", "num_heads")
-        i = _require(cfg, "vision MLP size", "intermediate_size")
-        p = _require(cfg, "patch size", "patch_size")
-        tp = int(_get(cfg, "temporal_patch_size", default=2) or 2)
-        m = int(_get(cfg, "spatial_merge_size", default=2) or 2)
-        out = _require(cfg, "vision output size", "out_hidden_size")
-        ch = int(_get(cfg, "in_channels", default=3) or 3)
+        h = required_count(cfg, "vision hidden size", "hidden_size")
+        L = required_count(cfg, "vision depth", "depth", "num_hidden_layers")
+        a = required_count(cfg, "vision heads", "num_heads")
+        i = required_count(cfg, "vision MLP size", "intermediate_size")
+        p = required_count(cfg, "patch size", "patch_size")
+        tp = int(config_get(cfg, "temporal_patch_size", default=2) or 2)
+        m = int(config_get(cfg, "spatial_merge_size", default=2) or 2)
+        out = required_count(cfg, "vision output size", "out_hidden_size")
+        ch = int(config_get(cfg, "in_channels", default=3) or 3)
         P = self.prefix
-        b = _Builder(L)
+        b = ParamBuilder(L)
         b.top(P + "patch_embed.proj.weight", (h, ch, tp, p, p), "embedding", "proj")
         L_ = P + "blocks.{i}."
         b.norm(L_ + "norm1", h)
@@ -186,7 +186,7 @@ class Qwen25Vision(Family):
         cfg = arch.config
         L = arch.num_layers
         full = [j for j in (cfg.get("fullatt_block_indexes") or [7, 15, 23, 31]) if 0 <= int(j) < L]
-        side = max(1, int(_get(cfg, "window_size", default=112) or 112) // int(cfg.get("patch_size") or 14))
+        side = max(1, int(config_get(cfg, "window_size", default=112) or 112) // int(cfg.get("patch_size") or 14))
         per_window = min(patches, side * side)
         windows = images * max(1, -(-patches // per_window))
         out = [((images, patches), len(full)), ((windows, per_window), L - len(full))]

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .base import REGISTRY, TOWERS, Family, register
-from .blocks import _Builder, _get, _require
+from .blocks import ParamBuilder, config_get, required_count
 from ..errors import VramError
 
 
@@ -61,22 +61,23 @@ class VisionLanguage(Family):
                             field="vision_config")
         return dict(vc)
 
-    def projector(self, b: _Builder, cfg: Mapping[str, Any], vcfg: Mapping[str, Any], h_text: int) -> None:
+    def projector(self, b: ParamBuilder, cfg: Mapping[str, Any], vcfg: Mapping[str, Any], h_text: int) -> None:
         """The projector's tensors (top level, vision group)."""
         raise NotImplementedError
 
     def params(self, cfg: Mapping[str, Any], mt: str) -> Dict[str, Any]:
-        from ..architecture import Architecture
-
+        """The decoder's tensors, the tower's (each block's instance its own) and the
+        projector's; ``towers`` holds the tower's own architecture as keyword arguments of
+        :class:`~vramwidget.architecture.Architecture` (architecture.from_config builds it)."""
         tcfg = self.text_config(cfg)
         info = self.text.params(tcfg, self.text_type)
         tensors = [replace(t, name="model.language_model." + t.name[len("model."):]) if t.name.startswith("model.")
                    else t for t in info["tensors"]]
         vcfg = self.vision_config(cfg)
         vinfo = self.vision.params(vcfg, self.vision_type)
-        vision = Architecture(name=f"{mt} vision tower", model_type=self.vision_type, config=vcfg, **vinfo)
+        vision = dict(vinfo, name=f"{mt} vision tower", model_type=self.vision_type, config=vcfg)
         vt = [replace(t, tower="vision", layers=None) for t in vinfo["tensors"]]
-        pb = _Builder(1)
+        pb = ParamBuilder(1)
         self.projector(pb, cfg, vcfg, info["hidden_size"])
         vt += [replace(t, tower="vision") for t in pb.tensors]
         info = dict(info)
@@ -138,8 +139,8 @@ class Gemma3(VisionLanguage):
         vc.setdefault("vision_use_head", False)   # Gemma3Config's default vision config has no head
         return vc
 
-    def projector(self, b: _Builder, cfg: Mapping[str, Any], vcfg: Mapping[str, Any], h_text: int) -> None:
-        hv = _require(vcfg, "vision hidden size", "hidden_size")
+    def projector(self, b: ParamBuilder, cfg: Mapping[str, Any], vcfg: Mapping[str, Any], h_text: int) -> None:
+        hv = required_count(vcfg, "vision hidden size", "hidden_size")
         b.top("model.multi_modal_projector.mm_input_projection_weight", (hv, h_text), "mlp_up",
               "mm_input_projection")
         b.top("model.multi_modal_projector.mm_soft_emb_norm.weight", (hv,), "norm", "mm_soft_emb_norm")
@@ -152,10 +153,10 @@ class Mistral3(VisionLanguage):
     vision_type = "pixtral"
     default_tie = True     # Mistral3Config.tie_word_embeddings defaults to true
 
-    def projector(self, b: _Builder, cfg: Mapping[str, Any], vcfg: Mapping[str, Any], h_text: int) -> None:
-        hv = _require(vcfg, "vision hidden size", "hidden_size")
-        m = int(_get(cfg, "spatial_merge_size", default=2) or 2)
-        bias = bool(_get(cfg, "multimodal_projector_bias", default=False))
+    def projector(self, b: ParamBuilder, cfg: Mapping[str, Any], vcfg: Mapping[str, Any], h_text: int) -> None:
+        hv = required_count(vcfg, "vision hidden size", "hidden_size")
+        m = int(config_get(cfg, "spatial_merge_size", default=2) or 2)
+        bias = bool(config_get(cfg, "multimodal_projector_bias", default=False))
         layer = cfg.get("vision_feature_layer", -1)
         n_feat = len(layer) if isinstance(layer, list) else 1
         P = "model.multi_modal_projector."
@@ -182,7 +183,7 @@ class Qwen25VL(VisionLanguage):
         vc.setdefault("out_hidden_size", tc.get("hidden_size"))
         return vc
 
-    def projector(self, b: _Builder, cfg: Mapping[str, Any], vcfg: Mapping[str, Any], h_text: int) -> None:
+    def projector(self, b: ParamBuilder, cfg: Mapping[str, Any], vcfg: Mapping[str, Any], h_text: int) -> None:
         pass   # the merger is part of the vision tower (model.visual.merger)
 
     def text_config(self, cfg: Mapping[str, Any]) -> Dict[str, Any]:

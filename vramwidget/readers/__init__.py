@@ -30,7 +30,7 @@ from typing import Any, Mapping, Optional, Union
 
 from ..errors import VramError
 from ..inputs import shown
-from ._common import Mapper, TrainingConfig, load_file
+from ._common import Mapper, TrainingConfig, check_size, load_file
 from . import accelerate, axolotl, deepspeed, hf, litgpt, llamafactory, torchtune
 
 #: format name -> reader module (each has ``detect(raw) -> int`` and ``read(raw, mapper)``)
@@ -89,6 +89,7 @@ def from_training_config(source: Union[str, os.PathLike, Mapping[str, Any]], *,
         base_dir = os.path.dirname(os.path.abspath(path))
         name = os.path.basename(path)
     elif isinstance(source, Mapping):
+        check_size(source, "config: <dict>")
         raw = dict(source)
         name = "<dict>"
     else:
@@ -101,5 +102,11 @@ def from_training_config(source: Union[str, os.PathLike, Mapping[str, Any]], *,
                             field="format")
         fmt = format
     m = Mapper(fmt, raw, base_dir=base_dir, source=name)
-    READERS[fmt].read(raw, m)
+    try:
+        READERS[fmt].read(raw, m)
+    except VramError as e:   # a field the reader refused (not a number, a contradiction ...): say which file
+        field = getattr(e, "field", None) or "config"
+        raise VramError(f"config ({fmt}, {name}): {e}", field=field) from None
+    except RecursionError:
+        raise VramError(f"config ({fmt}, {name}): nests deeper than a training config", field="config") from None
     return m.finish()

@@ -4,6 +4,7 @@ the :class:`TrainingConfig` it produces."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -80,6 +81,9 @@ class TrainingConfig:
     mapped: List[Tuple[str, str, Any]] = field(default_factory=list)
     ignored: List[Tuple[str, str]] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    #: fields whose value could not be used as written ("two" for a batch size, 2048.7 tokens):
+    #: each is also in ``ignored``; the CLI prints them and the estimate's notes carry them
+    warnings: List[str] = field(default_factory=list)
 
     @property
     def is_parallel(self) -> bool:
@@ -102,17 +106,19 @@ class TrainingConfig:
         if par.get("num_gpus", 1) > 1 or par.get("strategy", "none") != "none":
             if par.get("strategy", "none") == "none":
                 # several processes and no sharding configured: torchrun/accelerate run the
-                # HF Trainer (and the other stacks' recipes) under DistributedDataParallel
-                par["strategy"] = "ddp"
-            return estimate_parallel(m, **par, **setup)
-        return estimate(m, **setup)
+                # HF Trainer (and the other stacks' recipes) under DistributedDataParallel;
+                # estimate_parallel chooses it (defaults.strategy_for) and says so
+                par.pop("strategy", None)
+            return _said(estimate_parallel(m, **par, **setup), self.warnings)
+        return _said(estimate(m, **setup), self.warnings)
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain JSON-able form (what ``estimate --from FILE --json`` reports under ``config``)."""
         return {"format": self.format, "source": self.source, "model": self.model, "setup": dict(self.setup),
                 "parallel": dict(self.parallel),
                 "mapped": [{"field": f, "keyword": k, "value": v} for f, k, v in self.mapped],
-                "ignored": [{"field": f, "reason": r} for f, r in self.ignored], "notes": list(self.notes)}
+                "ignored": [{"field": f, "reason": r} for f, r in self.ignored], "notes": list(self.notes),
+                "warnings": list(self.warnings)}
 
     def __repr__(self) -> str:
         lines = [f"TrainingConfig({self.format}, {self.source}): model {self.model!r}"]
@@ -122,6 +128,14 @@ class TrainingConfig:
             lines.append("  parallel: " + ", ".join(f"{k}={v!r}" for k, v in self.parallel.items()))
         lines.append(f"  {len(self.mapped)} field(s) mapped, {len(self.ignored)} ignored")
         return "\n".join(lines)
+
+
+def _said(result: Any, warnings: List[str]) -> Any:
+    """The estimate of a config, its notes starting with what the config could not say."""
+    for target in (result, getattr(result, "per_gpu", None)):
+        if target is not None:
+            target.notes[:0] = [f"warning: config {w}" for w in warnings if f"warning: config {w}" not in target.notes]
+    return result
 
 
 class Mapper:
@@ -164,12 +178,31 @@ class Mapper:
                 return load_file(cand)
         return None
 
+    def whole(self, value: Any, where: str) -> Optional[int]:
+        """``value`` (read from ``where``) as a whole number; None when unset or "auto".  A
+        value that is not one (2048.7, "two", nan) is not used and not truncated: a warning
+        (:meth:`warn`) says so, and the estimate takes the setup's default instead."""
+        try:
+            return integer(value, where)
+        except VramError as e:
+            self.warn(where, f"{str(e).split(': ', 1)[1]}: not used (the estimate takes the default)")
+            return None
+
+    def real(self, value: Any, where: str) -> Optional[float]:
+        """``value`` as a number (see :meth:`whole`)."""
+        try:
+            return number(value, where)
+        except VramError as e:
+            self.warn(where, f"{str(e).split(': ', 1)[1]}: not used (the estimate takes the default)")
+            return None
+
     def numbers(self, fields: Mapping[str, Tuple[str, Any]], prefix: str = "", source: Any = None) -> None:
         """Map number fields: ``{field: (keyword, converter)}``, converter :func:`integer` or
         :func:`number`; fields that are absent or not numbers are left alone.  With
         ``source`` (a mapping) the fields are read from it instead of the config."""
         for key, (target, conv) in fields.items():
-            v = conv(source.get(key) if source is not None else self.get(prefix + key))
+            raw = source.get(key) if source is not None else self.get(prefix + key)
+            v = self.whole(raw, prefix + key) if conv is integer else self.real(raw, prefix + key)
             if v is not None:
                 self.set(target, v, prefix + key)
 
@@ -184,6 +217,12 @@ class Mapper:
         self.cfg.parallel[key] = value
         self.cfg.mapped.append((src, key, value))
 
+    def par_item(self, key: str, item: str, value: Any, src: str) -> None:
+        """Map a field to one entry of a mapping keyword of estimate_parallel()
+        (``zero_config``: DeepSpeed's own ZeRO keys)."""
+        self.cfg.parallel.setdefault(key, {})[item] = value
+        self.cfg.mapped.append((src, f"{key}[{item!r}]", value))
+
     def model(self, value: Any, src: str) -> None:
         """The model the config names."""
         self.cfg.model = value
@@ -193,6 +232,14 @@ class Mapper:
         """A field that was read but not used, with the reason."""
         self._seen.add(path)
         self.cfg.ignored.append((path, why))
+
+    def warn(self, path: str, text: str) -> None:
+        """A field read but not used because its value is wrong (or a change was made to it):
+        listed with the other ignored fields and said in ``warnings`` (printed by the CLI's
+        plain output, carried into the estimate's notes)."""
+        self._seen.add(path)
+        self.cfg.ignored.append((path, f"warning: {text}"))
+        self.cfg.warnings.append(f"{path}: {text}")
 
     def note(self, text: str) -> None:
         """An assumption the reader made."""
@@ -207,7 +254,7 @@ class Mapper:
     def finish(self) -> TrainingConfig:
         """Every unread field into ``ignored``; setup keywords this version cannot take too."""
         from ..parallel import PARALLEL_KEYS
-        from ..training import CHOICES, TrainingSetup, _choice
+        from ..training import CHOICES, TrainingSetup, check_setup_choice
 
         cfg = self.cfg
         accounted = {f for f, _, _ in cfg.mapped} | {f for f, _ in cfg.ignored}
@@ -235,7 +282,7 @@ class Mapper:
                 cfg.ignored.append((src, f"{key}={_short(value)} is not modelled by this version of vramwidget"))
             elif key in CHOICES:
                 try:
-                    cfg.setup[key] = _choice(key, value)
+                    cfg.setup[key] = check_setup_choice(key, value)
                 except VramError as e:
                     cfg.setup.pop(key)
                     cfg.ignored.append((src, f"not modelled: {e}"))
@@ -264,24 +311,42 @@ def is_auto(value: Any) -> bool:
     return isinstance(value, str) and value.strip().lower() == "auto"
 
 
-def number(value: Any) -> Optional[float]:
-    """A number written as 5e8, "5e8" or 500000000; None for "auto" or anything else."""
-    if isinstance(value, bool):
+def number(value: Any, where: Optional[str] = None) -> Optional[float]:
+    """A number written as 5e8, "5e8" or 500000000; None for an unset value or "auto".
+
+    With ``where`` (the field's path in the file) anything else present is an error naming
+    the field: a string that is not a number, nan, inf, a boolean, a list.  Without it the
+    value is only looked at (None for anything that is not a number)."""
+    if value is None or is_auto(value) or (isinstance(value, str) and not value.strip()):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
+    x: Optional[float] = None
+    if isinstance(value, float):
+        x = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        x = float(value) if abs(value) < 10 ** 300 else float("inf")     # 10**400 is no setting
+    elif isinstance(value, str) and len(value) <= 64:
         try:
-            return float(value)
+            x = float(value)
         except ValueError:
-            return None
-    return None
+            x = None
+    if x is not None and not math.isfinite(x):
+        x = None
+    if x is None and where is not None:
+        raise VramError(f"{where}: must be a number, got {_short(value, 40)}", field=where)
+    return x
 
 
-def integer(value: Any) -> Optional[int]:
-    """A whole number (see :func:`number`), else None."""
-    x = number(value)
-    return int(x) if x is not None and x == int(x) else None
+def integer(value: Any, where: Optional[str] = None) -> Optional[int]:
+    """A whole number (see :func:`number`), else None; with ``where`` a value that is not a
+    whole number (2048.7, "two", nan) is an error naming the field, never truncated."""
+    x = number(value, where)
+    if x is None:
+        return None
+    if x != int(x):
+        if where is not None:
+            raise VramError(f"{where}: must be a whole number, got {_short(value, 40)} (not truncated)", field=where)
+        return None
+    return int(x)
 
 
 #: the LoRA numbers as axolotl and LitGPT spell them (peft's r is lora_r there)
@@ -336,38 +401,105 @@ def dtype_name(value: Any) -> Optional[str]:
 # the file reader lives here, beside its one caller, so the package's __init__ and this
 # module do not import each other (readers/__init__ re-exports it)
 _MAX_FILE_BYTES = 4 * 2**20  # a training config is a few KB; refuse anything absurd
+#: nesting deeper than this is not a training config (the deepest real ones nest 4-5 levels)
+MAX_DEPTH = 32
+#: values in one config (every key, list item and leaf, aliases counted each time they are
+#: reached): a config has hundreds; a YAML alias bomb has billions
+MAX_VALUES = 100_000
 
 
 def load_file(path: str) -> Dict[str, Any]:
-    """A JSON or YAML file's top-level mapping (VramError naming the file otherwise)."""
+    """A JSON or YAML file's top-level mapping; anything else (not a file, not text, too
+    large, too deep, not a mapping, not valid) is one VramError naming the file."""
     shown = path if len(path) <= 80 else path[:77] + "..."
+    what = f"config: {shown!r}"
     if not os.path.isfile(path):
         raise VramError(f"config: no such file {shown!r}", field="config")
     if os.path.getsize(path) > _MAX_FILE_BYTES:
-        raise VramError(f"config: {shown!r} is larger than {_MAX_FILE_BYTES // 2**20} MiB; "
-                        f"a training config is a few KB", field="config")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    data: Any
-    if path.lower().endswith(".json"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise VramError(f"config: {shown!r} is not valid JSON ({e.msg} at line {e.lineno})",
-                            field="config") from None
-    else:
-        data = parse_yaml(text, f"config: {shown!r}", "config")
-    if not isinstance(data, dict):
-        raise VramError(f"config: {shown!r} holds a {type(data).__name__}, not a mapping of settings",
+        raise VramError(f"{what} is larger than {_MAX_FILE_BYTES // 2**20} MiB; a training config is a few KB",
                         field="config")
+    try:
+        with open(path, "rb") as f:
+            blob = f.read(_MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise VramError(f"{what} cannot be read ({e.strerror or e})", field="config") from None
+    if b"\x00" in blob:
+        raise VramError(f"{what} is a binary file, not a JSON or YAML config", field="config")
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise VramError(f"{what} is not UTF-8 text (byte {e.start:,}): not a JSON or YAML config",
+                        field="config") from None
+    if not text.strip():
+        raise VramError(f"{what} is empty", field="config")
+    return check_mapping(parse_text(text, what, json_first=path.lower().endswith(".json")), what)
+
+
+def parse_text(text: str, what: str, *, json_first: bool = False) -> Any:
+    """JSON (``json_first``) or YAML text parsed, with the nesting limit: one VramError
+    ``what ...`` for invalid or absurd text."""
+    if json_first:
+        try:
+            data = json.loads(text, parse_constant=_json_constant)
+        except json.JSONDecodeError as e:
+            raise VramError(f"{what} is not valid JSON ({e.msg} at line {e.lineno})", field="config") from None
+        except RecursionError:
+            raise VramError(f"{what} nests deeper than a training config (more than {MAX_DEPTH} levels)",
+                            field="config") from None
+        except ValueError as e:    # NaN / Infinity, refused by _json_constant
+            raise VramError(f"{what}: {e}", field="config") from None
+    else:
+        data = parse_yaml(text, what, "config")
+    check_size(data, what)
     return data
 
 
+def _json_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a training config can hold")
+
+
+def check_mapping(data: Any, what: str) -> Dict[str, Any]:
+    """The parsed file's top level must be a mapping of settings."""
+    if not isinstance(data, dict):
+        raise VramError(f"{what} holds a {type(data).__name__}, not a mapping of settings", field="config")
+    return data
+
+
+def check_size(data: Any, what: str) -> None:
+    """Nesting up to :data:`MAX_DEPTH` and up to :data:`MAX_VALUES` values, counted without
+    recursion (aliases of a YAML file are counted each time they are reached, so an alias
+    bomb stops at the limit instead of expanding)."""
+    stack = [(data, 0)]
+    seen = 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise VramError(f"{what} holds more than {MAX_VALUES:,} values: not a training config", field="config")
+        if depth > MAX_DEPTH:
+            raise VramError(f"{what} nests deeper than a training config (more than {MAX_DEPTH} levels)",
+                            field="config")
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                if not isinstance(k, (str, int, float, bool)) and k is not None:
+                    raise VramError(f"{what} has a key that is not text ({_short(k, 30)})", field="config")
+                stack.append((v, depth + 1))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, depth + 1) for v in node)
+        # leaves (numbers, text, nan, YAML timestamps ...) are checked by the field that reads them
+
+
 def parse_yaml(text: str, what: str, field: str) -> Any:
-    """YAML text (JSON is a subset) parsed safely; VramError "``what`` is not valid YAML" otherwise."""
+    """YAML text (JSON is a subset) parsed safely; VramError "``what`` is not valid YAML" otherwise
+    (a document nested too deeply for the parser is refused the same way)."""
     import yaml
 
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise VramError(f"{what} is not valid YAML or JSON ({str(e).splitlines()[0][:60]})", field=field) from None
+    except RecursionError:
+        raise VramError(f"{what} nests deeper than a training config (more than {MAX_DEPTH} levels)",
+                        field=field) from None
+    except (ValueError, TypeError, OverflowError) as e:   # e.g. a timestamp out of range
+        raise VramError(f"{what} is not valid YAML ({type(e).__name__}: {str(e)[:60]})", field=field) from None

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from . import deepspeed
+from ..errors import VramError
 from ._common import LORA_NUMBERS, Mapper, integer, lora_targets, truthy
 from .hf import apply_optim
 
@@ -69,13 +70,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
         m.set("method", "full", "adapter")
         if m.get("unfrozen_parameters"):
             m.ignore("unfrozen_parameters", "a regex list of trained parameters is not modelled: full is assumed")
-    bf16, fp16 = m.get("bf16"), m.get("fp16")
-    if truthy(bf16):
-        m.set("precision", "bf16", "bf16")
-        if str(bf16).lower() == "auto":
-            m.note("bf16: auto: bf16 assumed (the GPU supports it); on a GPU without bf16 axolotl uses fp16")
-    elif truthy(fp16):
-        m.set("precision", "amp_fp16", "fp16")
+    _precision(m)
     if m.get("tf32") is not None:
         m.set("tf32", truthy(raw["tf32"]), "tf32")
     gc = m.get("gradient_checkpointing")
@@ -115,19 +110,64 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
         m.set("compile", True, "torch_compile")
     deepspeed.apply_named(m, "deepspeed")
     fsdp = m.get("fsdp")
-    if fsdp:
-        from .accelerate import _FSDP_STRATEGIES
+    # axolotl >= 0.10 runs FSDP2 from fsdp_version: 2 and fsdp_config alone (the fsdp list
+    # deprecated); fsdp_config.reshard_after_forward is then FSDP2's bool
+    version = integer(m.get("fsdp_version")) or integer(m.get("fsdp_config.fsdp_version")) or 1
+    if fsdp or version == 2:
+        from .accelerate import FSDP_STRATEGIES
 
         cfg = m.get("fsdp_config") or {}
-        opts = [str(o).lower() for o in (fsdp if isinstance(fsdp, list) else str(fsdp).split())]
+        cfg = cfg if isinstance(cfg, Mapping) else {}
+        opts = [str(o).lower() for o in (fsdp if isinstance(fsdp, list) else str(fsdp or "").split())]
         strat = "fsdp_shard_grad_op" if "shard_grad_op" in opts else "fsdp_hybrid" if "hybrid_shard" in opts \
             else "fsdp_full_shard"
-        if isinstance(cfg, Mapping) and cfg.get("fsdp_sharding_strategy"):
-            strat = _FSDP_STRATEGIES.get(str(cfg["fsdp_sharding_strategy"]).upper(), strat)
+        if cfg.get("fsdp_sharding_strategy"):
+            strat = FSDP_STRATEGIES.get(str(cfg["fsdp_sharding_strategy"]).upper(), strat)
+        reshard = cfg.get("reshard_after_forward", cfg.get("fsdp_reshard_after_forward"))
+        if version == 2:
+            m.par("fsdp_version", 2, "fsdp_version")
+            if reshard is not None:
+                strat = "fsdp_full_shard" if truthy(reshard) else "fsdp_shard_grad_op"
+                m.par("reshard_after_forward", bool(truthy(reshard)), "fsdp_config.reshard_after_forward")
         m.par("strategy", strat, "fsdp")
-        if isinstance(cfg, Mapping) and (truthy(cfg.get("fsdp_offload_params", False))
-                                         or truthy(cfg.get("offload_params", False))):
+        if truthy(cfg.get("fsdp_offload_params", False)) or truthy(cfg.get("offload_params", False)):
             m.par("offload_params", True, "fsdp_config.fsdp_offload_params")
-        if isinstance(cfg, Mapping) and truthy(cfg.get("activation_checkpointing", False)):
+        if truthy(cfg.get("activation_checkpointing", False)):
             m.set("gradient_checkpointing", "full", "fsdp_config.activation_checkpointing")
         m.note("the number of GPUs is set by the launcher (accelerate/torchrun), not the axolotl YAML: pass num_gpus=")
+
+
+def _precision(m: Mapper) -> None:
+    """The weights' dtype from every precision flag together, as axolotl decides it
+    (src/axolotl/utils/config/__init__.py normalize_config): ``bf16`` ("auto" by default, the
+    schema's: bf16 on a GPU that has it) turns ``fp16`` off; then the dtype is bfloat16 if
+    ``bf16`` or ``bfloat16``, float16 if ``fp16``, ``float16`` or ``load_in_8bit``, else
+    float32.  ``float32`` (and the ``fp32`` people write) asks for float32: said when the
+    other flags decide otherwise, an error when they say the opposite outright."""
+    raw = {k: m.get(k) for k in ("bf16", "fp16", "bfloat16", "float16", "float32", "fp32", "fp8")}
+    bf16 = raw["bf16"] if raw["bf16"] is not None else "auto"     # the schema's default
+    auto = str(bf16).strip().lower() == "auto"
+    b16 = truthy(bf16)
+    f16 = truthy(raw["fp16"]) and not b16
+    want32 = [k for k in ("float32", "fp32") if truthy(raw[k])]
+    if truthy(raw["fp16"]) and b16:
+        m.note(f"fp16: true is turned off by bf16: {bf16} (axolotl's normalize_config: bf16 wins)")
+    if truthy(raw["fp8"]):
+        m.set("precision", "fp8", "fp8")
+        return
+    if b16 or truthy(raw["bfloat16"]):
+        dtype, src = "bf16", "bf16" if b16 else "bfloat16"
+    elif f16 or truthy(raw["float16"]) or truthy(m.get("load_in_8bit", False)):
+        dtype, src = "fp16", "fp16" if f16 else "float16" if truthy(raw["float16"]) else "load_in_8bit"
+    else:   # bf16 false (what decides it), or float32 asked for with nothing 16-bit on
+        dtype, src = "fp32", "bf16" if raw["bf16"] is not None else next(iter(want32), "bf16")
+    if want32 and dtype != "fp32":
+        if not (auto and src == "bf16"):
+            raise VramError(f"{want32[0]}: {want32[0]}: true contradicts {src}: true (one precision); drop one",
+                            field=want32[0])
+        m.note(f"{want32[0]}: true does not turn bf16 off: axolotl's bf16 defaults to 'auto' (bf16 on Ampere "
+               f"and later), so bf16 is estimated; set bf16: false for fp32")
+    m.set("precision", dtype, src)
+    if auto and src == "bf16":
+        m.note("bf16: auto: bf16 assumed (the GPU supports it); on a GPU without bf16 axolotl uses fp16")
+

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from . import deepspeed
+from ..errors import VramError
 from ._common import HF_OPTIMIZERS, Mapper, dtype_name, integer, lora_targets, number, truthy
 
 _MARKERS = ("per_device_train_batch_size", "gradient_accumulation_steps", "optim", "output_dir", "logging_steps",
@@ -50,7 +51,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
         m.model(model, "model_name_or_path")
     m.numbers(HF_BATCH)
     for key in ("max_length", "max_seq_length"):
-        sl = integer(m.get(key))
+        sl = m.whole(m.get(key), key)
         if sl is not None:
             m.set("seq_len", sl, key)
             break
@@ -63,6 +64,13 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
                     dtype=_model_dtype(m), src_bf16="bf16", src_fp16="fp16")
     if m.get("tf32") is not None:
         m.set("tf32", truthy(raw["tf32"]), "tf32")
+    # TRL's SFTConfig.model_init_kwargs are the from_pretrained keywords of the model it loads
+    # (trl/trainer/sft_trainer.py create_model_from_path): attn_implementation among them
+    for key in ("model_init_kwargs.attn_implementation", "attn_implementation"):
+        attn = m.get(key)
+        if isinstance(attn, str) and attn:
+            m.set("attn_implementation", attn, key)
+            break
     if truthy(m.get("torch_compile", False)):
         m.set("compile", True, "torch_compile")
     if truthy(m.get("use_liger_kernel", False)) or truthy(m.get("use_liger", False)):
@@ -113,6 +121,10 @@ def apply_precision(m: Mapper, *, bf16: Any, fp16: Any, dtype: Any, src_bf16: st
     precision (``amp_bf16``).  ``fp16=True`` needs fp32 weights (the Trainer's GradScaler
     refuses fp16 gradients): ``amp_fp16``.
     """
+    if truthy(bf16) and truthy(fp16):
+        # transformers/training_args.py __post_init__: "At most one of fp16 and bf16 can be True, but not both"
+        raise VramError(f"{src_bf16}: {src_bf16} and {src_fp16} are both true; transformers' TrainingArguments "
+                        f"refuses it (at most one of fp16 and bf16)", field=src_bf16)
     if truthy(bf16):  # True, or "auto" (DeepSpeed/axolotl spelling)
         if dtype == "float32":
             m.set("precision", "amp_bf16", src_bf16)
@@ -138,29 +150,45 @@ def apply_optim(m: Mapper, optim: Any, src: str, optim_args: Any = None) -> None
     if name.startswith("galore") and isinstance(optim_args, str):
         for part in optim_args.split(","):
             k, _, v = part.partition("=")
-            if k.strip() == "rank" and integer(v.strip()) is not None:
-                m.set("galore_rank", integer(v.strip()), "optim_args")
+            rank = m.whole(v.strip(), "optim_args") if k.strip() == "rank" else None
+            if rank is not None:
+                m.set("galore_rank", rank, "optim_args")
 
 
 def _apply_fsdp(m: Mapper) -> None:
+    """``fsdp`` / ``fsdp_config``.  transformers < 5 writes fsdp as options ("full_shard auto_wrap
+    offload"); transformers 5 keeps fsdp=True and puts ``version`` (default 2 there, FSDP1
+    before), ``reshard_after_forward`` (a bool under FSDP2, a strategy name under FSDP1) and
+    ``cpu_offload`` in fsdp_config (training_args.py ``_build_fsdp_plugin_args``,
+    ``_apply_legacy_fsdp_to_config``)."""
     fsdp = m.get("fsdp")
     cfg = m.get("fsdp_config") or {}
     if not fsdp:
         return
-    # transformers < 5 writes fsdp as options ("full_shard auto_wrap offload"); transformers 5
-    # keeps fsdp=True and puts reshard_after_forward / cpu_offload in fsdp_config
+    cfg = cfg if isinstance(cfg, Mapping) else {}
     opts = fsdp if isinstance(fsdp, list) else str(fsdp).split() if isinstance(fsdp, str) else []
     opts = [str(o).lower() for o in opts]
-    if "shard_grad_op" in opts or (isinstance(cfg, Mapping) and cfg.get("reshard_after_forward") is False):
+    vkey = "version" if "version" in cfg else "fsdp_version"
+    version = integer(cfg.get(vkey)) or (1 if opts else 2)
+    if vkey not in cfg and opts:
+        m.note("fsdp options without fsdp_config.version: FSDP1 assumed (transformers < 5; 5 defaults to FSDP2)")
+    if version == 2:
+        m.par("fsdp_version", 2, f"fsdp_config.{vkey}" if vkey in cfg else "fsdp")
+    reshard = cfg.get("reshard_after_forward")
+    named = str(reshard).lower() if isinstance(reshard, str) and not reshard.lower() in ("true", "false") else ""
+    if "shard_grad_op" in opts or named == "shard_grad_op" or \
+            (reshard is not None and not named and not truthy(reshard)):
         strat = "fsdp_shard_grad_op"
-    elif "hybrid_shard" in opts or "hybrid_shard_zero2" in opts:
+    elif {"hybrid_shard", "hybrid_shard_zero2"} & set(opts) or named.startswith("hybrid_shard"):
         strat = "fsdp_hybrid"
+    elif "no_shard" in opts or named == "no_shard":
+        strat = "ddp"
     else:
         strat = "fsdp_full_shard"
-    m.par("strategy", strat, "fsdp")
-    if "offload" in opts or (isinstance(cfg, Mapping) and truthy(cfg.get("cpu_offload", False))):
+    m.par("strategy", strat, "fsdp_config.reshard_after_forward" if reshard is not None else "fsdp")
+    if "offload" in opts or truthy(cfg.get("cpu_offload", False)):
         m.par("offload_params", True, "fsdp" if "offload" in opts else "fsdp_config.cpu_offload")
-    if isinstance(cfg, Mapping) and truthy(cfg.get("activation_checkpointing", False)):
+    if truthy(cfg.get("activation_checkpointing", False)):
         m.set("gradient_checkpointing", "full", "fsdp_config.activation_checkpointing")
     m.note("the number of GPUs is set by the launcher (torchrun/accelerate), not TrainingArguments: pass num_gpus=")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from ._common import LORA_NUMBERS, Mapper, integer, truthy
+from ._common import LORA_NUMBERS, Mapper, truthy
 
 _PRECISION = {"bf16-true": "bf16", "bf16-mixed": "amp_bf16", "32-true": "fp32", "16-mixed": "amp_fp16",
               "16-true": "fp16", "transformer-engine": "fp8"}
@@ -67,16 +67,16 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
             m.set("precision", _PRECISION[p], "precision")
         else:
             m.ignore("precision", f"precision {p!r} is not modelled")
-    mb = integer(m.get("train.micro_batch_size"))
+    mb = m.whole(m.get("train.micro_batch_size"), "train.micro_batch_size")
     if mb is not None:
         m.set("batch_size", mb, "train.micro_batch_size")
-    devices = integer(m.get("devices")) or 1
-    nodes = integer(m.get("num_nodes")) or 1
-    gb = integer(m.get("train.global_batch_size"))
+    devices = m.whole(m.get("devices"), "devices") or 1
+    nodes = m.whole(m.get("num_nodes"), "num_nodes") or 1
+    gb = m.whole(m.get("train.global_batch_size"), "train.global_batch_size")
     if gb is not None and mb:
         ga = max(1, gb // (mb * devices * nodes))
         m.set("grad_accum_steps", ga, "train.global_batch_size")
-    sl = integer(m.get("train.max_seq_length"))
+    sl = m.whole(m.get("train.max_seq_length"), "train.max_seq_length")
     if sl is not None:
         m.set("seq_len", sl, "train.max_seq_length")
     if devices * nodes > 1:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from . import deepspeed
-from ._common import Mapper, integer, lora_targets, number, truthy
+from ._common import Mapper, integer, lora_targets, truthy
 from .hf import HF_BATCH, apply_optim
 
 _MARKERS = ("model_name_or_path", "finetuning_type", "lora_target", "cutoff_len", "template", "stage",
@@ -35,16 +35,16 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
         m.model(model, "model_name_or_path")
     m.numbers({**HF_BATCH, "cutoff_len": ("seq_len", integer)})
     ft = str(m.get("finetuning_type", "lora")).lower()
-    qbit = integer(m.get("quantization_bit"))
+    qbit = m.whole(m.get("quantization_bit"), "quantization_bit")
     qmethod = str(m.get("quantization_method", "bitsandbytes")).lower()
     if ft == "lora":
         m.set("method", "lora", "finetuning_type")
-        r = integer(m.get("lora_rank"))
+        r = m.whole(m.get("lora_rank"), "lora_rank")
         r = r if r is not None else 8  # LLaMA-Factory's default lora_rank
         m.set("lora_r", r, "lora_rank")
-        alpha = number(m.get("lora_alpha"))
+        alpha = m.real(m.get("lora_alpha"), "lora_alpha")
         m.set("lora_alpha", alpha if alpha is not None else 2.0 * r, "lora_alpha")
-        d = number(m.get("lora_dropout"))
+        d = m.real(m.get("lora_dropout"), "lora_dropout")
         if d is not None:
             m.set("lora_dropout", d, "lora_dropout")
         t = lora_targets(m.get("lora_target", "all"))
@@ -58,7 +58,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
             m.set("modules_to_save", tuple(items), "additional_target")
     elif ft == "freeze":
         m.set("method", "freeze", "finetuning_type")
-        n = integer(m.get("freeze_trainable_layers"))
+        n = m.whole(m.get("freeze_trainable_layers"), "freeze_trainable_layers")
         m.set("trainable_layers", abs(n) if n is not None else 2, "freeze_trainable_layers")  # default 2
     elif ft == "full":
         m.set("method", "full", "finetuning_type")
@@ -105,7 +105,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     apply_optim(m, m.get("optim"), "optim", m.get("optim_args"))
     if truthy(m.get("use_galore", False)):
         m.set("optimizer", "galore_adamw", "use_galore")
-        gr = integer(m.get("galore_rank"))
+        gr = m.whole(m.get("galore_rank"), "galore_rank")
         if gr is not None:
             m.set("galore_rank", gr, "galore_rank")
     if m.get("deepspeed"):

@@ -94,7 +94,7 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
             m.set("lora_variant", "dora", "model.use_dora")
     m.get("model.quantize_base")
     m.numbers({"batch_size": ("batch_size", integer), "gradient_accumulation_steps": ("grad_accum_steps", integer)})
-    sl = integer(m.get("tokenizer.max_seq_len"))
+    sl = m.whole(m.get("tokenizer.max_seq_len"), "tokenizer.max_seq_len")
     if sl is not None:
         m.set("seq_len", sl, "tokenizer.max_seq_len")
     else:
@@ -114,7 +114,8 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
     loss = str(m.get("loss._component_", ""))
     if loss.endswith(("CEWithChunkedOutputLoss", "LinearCrossEntropyLoss")):
         m.set("loss", "chunked", "loss._component_")
-        m.set("loss_chunks", integer(m.get("loss.num_output_chunks")) or 8, "loss._component_")
+        chunks = m.whole(m.get("loss.num_output_chunks"), "loss.num_output_chunks")
+        m.set("loss_chunks", chunks or 8, "loss._component_")
     opt = str(m.get("optimizer._component_", ""))
     fused = truthy(m.get("optimizer.fused", False))
     opt_map = {"torch.optim.AdamW": "adamw_fused" if fused else "adamw",
@@ -124,13 +125,19 @@ def read(raw: Mapping[str, Any], m: Mapper) -> None:
                "torchao.prototype.low_bit_optim.AdamW8bit": "adamw_8bit", "torch.optim.SGD": "sgd"}
     if opt in opt_map:
         m.set("optimizer", opt_map[opt], "optimizer._component_")
-        if opt == "torch.optim.SGD" and (number(m.get("optimizer.momentum")) or 0) > 0:
+        if opt == "torch.optim.SGD" and (m.real(m.get("optimizer.momentum"), "optimizer.momentum") or 0) > 0:
             m.set("optimizer", "sgd_momentum", "optimizer.momentum")
     elif opt:
         m.ignore("optimizer._component_", f"optimizer {opt!r} is not modelled")
     if m.has("fsdp_cpu_offload") or m.has("fsdp_reshard_after_forward"):
         reshard = m.get("fsdp_reshard_after_forward")
         m.par("strategy", "fsdp_shard_grad_op" if reshard is False else "fsdp_full_shard", "fsdp_reshard_after_forward")
+        # the distributed recipes shard with FSDP2 (torchtune/training/_distributed.py
+        # shard_model: fully_shard per layer and the root, reshard_after_forward passed through)
+        m.par("fsdp_version", 2, "fsdp_reshard_after_forward" if m.has("fsdp_reshard_after_forward")
+              else "fsdp_cpu_offload")
+        if reshard is not None:
+            m.par("reshard_after_forward", bool(truthy(reshard)), "fsdp_reshard_after_forward")
         if truthy(m.get("fsdp_cpu_offload", False)):
             m.par("offload_params", True, "fsdp_cpu_offload")
         m.note("the number of GPUs is tune run's --nproc_per_node, not in the YAML: pass num_gpus=")

@@ -135,6 +135,14 @@ def _key(config: Mapping[str, Any], s: TrainingSetup, task: str) -> str:
 _CACHE: Dict[str, Estimate] = {}
 
 
+def cache_clear() -> None:
+    """Forget every cached trace and profile (tools/readme_figures.py times a cold trace)."""
+    from . import profile
+
+    _CACHE.clear()
+    profile.clear()
+
+
 #: the model class a trace builds for each task (the names the analytic families use)
 TASKS = ("causal_lm", "seq2seq_lm", "masked_lm")
 
@@ -178,9 +186,3 @@ def default_lora_targets(config: Mapping[str, Any]):
     return tuple(arch.linear_modules())
 
 
-def cache_clear() -> None:
-    """Forget every cached trace and profile."""
-    from . import profile
-
-    _CACHE.clear()
-    profile.clear()

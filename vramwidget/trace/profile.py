@@ -245,4 +245,5 @@ def estimate(name: str, config: Mapping[str, Any], s: TrainingSetup, cuda: "Cuda
         tr = _trace(config, s, task)
         sizes = [cuda_rounded(a.nbytes) for a in tr.allocs]
         notes = list(tr.notes) + ["traced (backend='trace') at this batch and sequence"]
-    return estimate_from_log(name, s, tr.allocs, tr.marks, sizes, tr.params_total, tr.params_trainable, notes, cuda)
+    return estimate_from_log(name, s, tr.allocs, tr.marks, sizes, tr.params_total, tr.params_trainable,
+                             s.notes + notes, cuda)

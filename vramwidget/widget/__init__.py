@@ -4,11 +4,13 @@
 one module:
 
 * :mod:`.state`: every input and output trait, and the names that group them;
+* :mod:`.controls`: how each input is drawn and where it sits (the frontend's one list of them);
 * :mod:`.training`: training on one GPU (setup, scenarios, linked controls, summary);
 * :mod:`.multigpu`: training on several GPUs (layout, stages, CPU offload);
 * :mod:`.inference`: generate() and serving (weight formats, KV cache, longest context);
 * :mod:`.suggestions`: what to change when it does not fit, worked out after the update;
-* :mod:`.views`: chart sizes and specs, the component table, the comparison's verdicts;
+* :mod:`.views`: chart sizes and specs, the component table, the comparison's captions, the
+  charts laid out for the frontend's column width;
 * :mod:`.formats`: the number-format panel;
 * :mod:`.background`, :mod:`.worker`: what an update leaves for later (exact allocator
   replays, a traced model, the fit map, suggestions) and the threads that do it;

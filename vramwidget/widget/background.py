@@ -6,7 +6,7 @@ waits for slow work: where it meets some, it queues it (:meth:`_want`) and draws
 has: a device total whose allocator replay is not cached yet, with its provisional reserve
 (:meth:`_view`, ``Estimate.provisional_reserved_bytes``), the comparison as it was, no
 fit map or largest batch yet; a model with no analytic family (``TracedModel``) raises
-:class:`_Later` and the last estimate stays on screen.  Then:
+:class:`NotTracedYet` and the last estimate stays on screen.  Then:
 
 * the first worker does the setup's own trace and exact replay (the refined verdict is
   published as soon as it is known), then the comparison's scenarios (rank order);
@@ -20,7 +20,6 @@ exception becomes the error banner, never a traceback.
 
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -46,7 +45,7 @@ def traits_specs_same(calc: Any, mode: str) -> bool:
     return calc.specs is calc._specs_for(mode)
 
 
-class _Later(Exception):
+class NotTracedYet(Exception):
     """The current setup's own estimate is not known yet (its model is being traced)."""
 
     def __init__(self, arch: Any) -> None:
@@ -110,12 +109,7 @@ class BackgroundPanel:
         if not self._deferring or not isinstance(est, Estimate) or est.reserved_exact:
             return est
         self._want("refining", lambda: est.reserved_bytes)
-        components = est.provisional_components
-        view = copy.copy(est)
-        view._components = components
-        view.reserved_bytes = est.provisional_reserved_bytes
-        view.provisional = True
-        return view
+        return est.provisional_view()
 
     def _answer_later(self, key: Tuple, fn: Callable[[], Any]) -> Any:
         """A cached fit answer, else (inside an update) None and the search queued for the
@@ -144,7 +138,7 @@ class BackgroundPanel:
         self._tl.todo = []
         try:
             return self._compute(), self._tl.todo
-        except _Later as later:
+        except NotTracedYet as later:
             later.todo = self._tl.todo
             raise
         finally:
@@ -200,7 +194,10 @@ class BackgroundPanel:
         if left is None:
             return
         job = self._sugg_job
-        if not left and (job is None or self._sugg_cache.get(job[0]) is not None):
+        cached = self._sugg_cache.get(job[0]) if job is not None else None
+        if not left and (job is None or cached is not None):
+            if cached is not None:    # cached after this update's pass said "computing"
+                self._publish_suggestions(token, cached, "ready")
             return
         if self.suggestions_delay is None:
             self._answers_and_suggestions(token, left)
@@ -217,12 +214,16 @@ class BackgroundPanel:
             return
         with self._lock:
             cached = self._sugg_cache.get(job[0])
-        if cached is None:
-            if self.suggestions_delay:
-                import time
+        if cached is not None:
+            # worked out meanwhile by a run an older update started (its own publish was
+            # dropped as stale): this update's outputs may still say "computing"
+            self._publish_suggestions(token, cached, "ready")
+            return
+        if self.suggestions_delay:
+            import time
 
-                time.sleep(self.suggestions_delay)
-            self._run_suggestions(token, job)
+            time.sleep(self.suggestions_delay)
+        self._run_suggestions(token, job)
 
     def _cached_estimate(self, arch: Any, kind: str, kw: Dict[str, Any]) -> Any:
         """The estimate of one setup (``kind``: see :func:`_run`); the last few are kept
@@ -244,7 +245,7 @@ class BackgroundPanel:
             return est
 
         if isinstance(arch, TracedModel) and self._want(f"tracing {arch.name}", work):
-            raise _Later(arch)   # seconds: the worker traces it
+            raise NotTracedYet(arch)   # seconds: the worker traces it
         return work()
 
     def _defer_box(self, arch: Any, name: str, kind: str, kw: Dict[str, Any]) -> bool:

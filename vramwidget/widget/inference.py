@@ -61,6 +61,8 @@ class InferencePanel:
         """The keyword arguments estimate_inference() gets in inference mode (``gpu`` when a
         known GPU is chosen; ``gpu_memory_utilization`` when set)."""
         kw = {k: getattr(self, k) for k in INFERENCE_KEYWORDS}
+        if kw["prompt_len"] is None or kw["prompt_len"] >= kw["context_len"]:
+            del kw["prompt_len"]                        # the whole context is the prompt
         if kw["gpu_memory_utilization"] is None:
             del kw["gpu_memory_utilization"]
         if kw["engine"] == "sglang":
@@ -89,15 +91,13 @@ class InferencePanel:
 
     def _serving_extras(self, arch: Any, kw: Dict[str, Any]) -> Dict[str, Any]:
         """The largest max_model_len that starts and a copyable command (cached per setup)."""
-        from ..engines import largest_max_model_len, plan
+        from ..engines import startable_command
         from ..inference import InferenceSetup
 
         def work() -> Dict[str, Any]:
             s = InferenceSetup.from_kwargs(**kw)
-            gpu = gpus.get_gpu(s.gpu)
-            p = plan(arch, s, gpu)
-            return {"largest_max_model_len": largest_max_model_len(arch, s, gpu),
-                    "command": p.command(arch.hub_id or arch.name)}
+            command, why, largest = startable_command(arch, s, gpus.get_gpu(s.gpu), arch.hub_id or arch.name)
+            return {"largest_max_model_len": largest, "command": command, "command_note": why}
 
         return self._answer(("serve", self._key("infer", kw)), work)
 
@@ -119,9 +119,8 @@ class InferencePanel:
         # the requested sequences' own cache (batch x context tokens); under a serving
         # budget kv_cache_bytes is the engine's whole pool, which is said apart
         if serving:
-            gen = self._cached_estimate(arch, "infer", {k: v for k, v in kw.items()
-                                                        if k not in ("gpu_memory_utilization",)})
-            requested = gen.kv_cache_bytes
+            # the engine's block-rounded bytes per sequence (per GPU), times the batch
+            requested = float(serving.get("bytes_per_sequence") or 0.0) * int(est.setup.get("batch_size") or 1)
         else:
             requested = est.kv_cache_bytes
         inf = {
@@ -142,6 +141,10 @@ class InferencePanel:
             "longest_context_by_model": by_model,
             "max_position_embeddings": getattr(arch, "max_position_embeddings", None),
             "serving": dict(serving) if serving else None,
+            "prompt_len": est.setup.get("prompt_len"),
+            # what the estimate assumes: the weight format, the transformers (or engine) behaviour
+            "assumes": getattr(est, "assumes", ""),
+            "allocator_note": est.allocator_note if gpu is not None else "",
         }
         if serving:
             inf["serving"].update(self._serving_extras(arch, kw))
@@ -151,8 +154,12 @@ class InferencePanel:
                 f"{est.kv_bytes_per_token / 1024:g} KiB per token, {fmt_gib(est.kv_cache_bytes)} in all")
         if gpu:
             text += f"; {'fits' if fits else 'does not fit'} {gpu.name} ({capacity_bytes(gpu) / GIB:.1f} GiB CUDA total)"
+            if inf["allocator_note"]:
+                text += f" ({inf['allocator_note']})"
             if longest is not None:
                 text += f"; longest context that fits {gpu.name}: {longest:,} tokens"
+        if inf["assumes"]:
+            text += f"; assumes {inf['assumes']}"
         out["text"] = text
         return out
 

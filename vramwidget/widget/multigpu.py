@@ -14,7 +14,11 @@ _STRATEGY_LABELS: Dict[str, str] = {
     "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp_full_shard": "FSDP full shard",
     "fsdp_shard_grad_op": "FSDP shard grad + optimizer", "fsdp_hybrid": "FSDP hybrid shard",
     "megatron": "Megatron-LM DDP", "megatron_distopt": "Megatron-LM distributed optimizer",
+    "device_map": 'device_map="auto" (layers split over the GPUs)',
 }
+#: the strategy drop-down's entry for transformers' device_map split (not a data-parallel
+#: strategy: estimate_parallel(strategy="none", device_map="auto", max_memory=...))
+DEVICE_MAP = "device_map"
 _OFFLOAD_OPTIMIZER = ("zero1", "zero2", "zero3")
 _OFFLOAD_PARAMS = ("zero3", "fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_hybrid")
 
@@ -34,15 +38,25 @@ class ParallelPanel:
         """The parallel keyword arguments of estimate_parallel(); {} while every one is at its
         default (then the single-GPU estimate is shown)."""
         par = {k: getattr(self, k) for k in PARALLEL_INPUTS}
-        return {} if par == PARALLEL_DEFAULTS else par
+        if par == PARALLEL_DEFAULTS:
+            return {}
+        if par["strategy"] == DEVICE_MAP:
+            return device_map_setup(self.num_gpus, self.gpu)
+        return par
 
     def _link_parallel(self, name: Optional[str], new: Any) -> None:
         if name in ("num_gpus", "tensor_parallel", "pipeline_parallel"):
-            # several data-parallel replicas need a strategy: DDP unless one is chosen
-            mp = max(self.tensor_parallel, 1) * max(self.pipeline_parallel, 1)
-            if self.strategy == "none" and self.num_gpus > mp and self.num_gpus % mp == 0:
-                self.strategy = "ddp"
+            # several data-parallel replicas need a strategy: DDP unless one is chosen (the
+            # one rule, defaults.strategy_for, as estimate_parallel applies it)
+            from ..defaults import strategy_for
+
+            chosen, said = strategy_for(self.num_gpus, self.tensor_parallel, self.pipeline_parallel)
+            if self.strategy == "none" and chosen != "none":
+                self.strategy = chosen
+                self._strategy_said = said
         elif name == "strategy":
+            if new == DEVICE_MAP:      # the split is by layers alone
+                self.tensor_parallel = self.pipeline_parallel = 1
             # offload that the new strategy cannot do is dropped
             if self.offload_optimizer and new not in _OFFLOAD_OPTIMIZER:
                 self.offload_optimizer = False
@@ -54,20 +68,36 @@ class ParallelPanel:
             off["offload_optimizer"] = "needs DeepSpeed ZeRO-1, 2 or 3 (choose strategy zero1, zero2 or zero3)"
         if self.strategy not in _OFFLOAD_PARAMS:
             off["offload_params"] = "needs ZeRO-3 or FSDP (choose strategy zero3 or fsdp_*)"
+        if self.strategy == DEVICE_MAP:
+            for k in ("tensor_parallel", "pipeline_parallel"):
+                off[k] = "device_map places whole layers on the GPUs by their memory"
 
 
 def strategy_options():
     """The strategy drop-down's [value, label] pairs."""
     from ..parallel import STRATEGIES
 
-    return [[k, _STRATEGY_LABELS.get(k, k)] for k in STRATEGIES]
+    return [[k, _STRATEGY_LABELS.get(k, k)] for k in STRATEGIES] + [[DEVICE_MAP, _STRATEGY_LABELS[DEVICE_MAP]]]
+
+
+def device_map_setup(num_gpus: int, gpu: str) -> Dict[str, Any]:
+    """estimate_parallel's keywords for the widget's device_map split: ``num_gpus`` cards of the
+    chosen GPU (the H200 without one), each offering what torch can allocate on it as
+    ``max_memory`` (what from_pretrained reads from the free memory of each GPU)."""
+    from .. import gpus
+
+    g = gpus.get_gpu(gpu) if (gpu or "").strip() else gpus.get_gpu("H200")
+    cap = gpus.capacity_bytes(g) - gpus.context_for(g)[0]
+    return {"strategy": "none", "device_map": "auto",
+            "max_memory": tuple((i, cap) for i in range(max(int(num_gpus), 1)))}
 
 
 def parallel_summary(p: Any) -> Dict[str, Any]:
     """What the summary shows of a ParallelEstimate: layout, worst GPU, CPU offload, stages."""
     lay = p.layout
     stages = []
-    if lay["pipeline_parallel"] > 1:
+    gpu_of = lay.get("gpu_of_stage")
+    if lay["pipeline_parallel"] > 1 or gpu_of:
         for st in p.stages:
             first, last = st.layers
             stages.append({
@@ -79,6 +109,7 @@ def parallel_summary(p: Any) -> Dict[str, Any]:
                 "device_total_gib": st.device_total_bytes / GIB,
                 "cpu_gib": sum(st.cpu.values()) / GIB,
                 "worst": st.stage == p.worst_stage,
+                "gpu": gpu_of[st.stage] if gpu_of else None,
             })
     return {
         "strategy": p.strategy,
@@ -98,4 +129,8 @@ def parallel_summary(p: Any) -> Dict[str, Any]:
         "cpu_per_node_gib": p.cpu_bytes_per_node / GIB,
         "worst_stage": p.worst_stage,
         "stages": stages,
+        "device_map": bool(gpu_of),
+        # the worst GPU's model states by part (ZeRO's partitions, master, buckets, gathered
+        # parameters; FSDP's shards and units), largest first
+        "model_states": [[k, v / GIB] for k, v in sorted(p.model_states.items(), key=lambda kv: -kv[1]) if v > 0],
     }

@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 from .. import gpus
 from .inference import inference_options
 from .multigpu import strategy_options
-from .training import _choices
+from .training import setup_choices
 from .views import short_label
 
 
@@ -19,7 +19,7 @@ class OptionsPanel:
         if getattr(self, "_options_key", None) == self._arch_key and self.options:
             return self.options
         self._options_key = self._arch_key
-        opts: Dict[str, Any] = {k: [list(x) for x in v] for k, v in _choices().items()}
+        opts: Dict[str, Any] = {k: [list(x) for x in v] for k, v in setup_choices().items()}
 
         opts["mode"] = [["training", "Training (one step)"], ["inference", "Inference (generate / serve)"]]
         opts["strategy"] = strategy_options()
@@ -49,3 +49,23 @@ def _preset_options() -> List[List[str]]:
         label = " · ".join(x for x in (p.get("family"), p.get("params_label")) if x)
         out.append([name, label])
     return out
+
+
+def nearest_presets(model: str, n: int = 3) -> List[str]:
+    """The presets whose name or Hub id (or an alias) is closest to a model the user typed
+    (a Hub id that could not be fetched: a typo, or offline), closest first."""
+    import difflib
+
+    from .. import presets
+
+    typed = model.strip().lower()
+    if not typed:
+        return []
+    names: Dict[str, str] = {}
+    for name in presets.list_presets():
+        p = presets.find(name) or {}
+        for key in [name, p.get("hub_id") or "", *(p.get("aliases") or [])]:
+            if key:
+                names.setdefault(key.lower(), name)
+    close = difflib.get_close_matches(typed, list(names), n=10, cutoff=0.6)
+    return list(dict.fromkeys(names[c] for c in close))[:n]

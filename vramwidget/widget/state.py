@@ -16,9 +16,10 @@ import anywidget
 import traitlets as t
 
 from ..errors import VramError
-from ..inputs import guard_traits
+from ..inputs import Field, guard_traits
 from ..inputs import shown as short_repr
 from ..result import Estimate
+from ..training import FIELDS
 
 _STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
 
@@ -27,14 +28,22 @@ DEFAULT_MODEL = "llama-3.2-1b"
 #: the two kinds of question the widget answers
 MODES: Tuple[str, ...] = ("training", "inference")
 
-#: the keyword arguments of estimate() that the widget exposes, in order
-ESTIMATE_INPUTS: Tuple[str, ...] = (
+#: the keyword arguments of estimate() whose traits are written out in :class:`State`, in order
+WRITTEN_INPUTS: Tuple[str, ...] = (
     "model", "method", "precision", "quantization", "double_quant", "quantized_groups",
     "prepare_kbit", "optimizer", "gradient_checkpointing", "attn_implementation",
     "batch_size", "seq_len", "target_len", "grad_accum_steps", "lora_r", "lora_alpha", "lora_dropout",
     "lora_targets", "trainable_layers", "stack", "loss", "loss_chunks", "activation_offloading",
     "optimizer_in_backward", "lora_variant", "packing", "compile",
 )
+#: setup fields (training.FIELDS) the widget has no input for; every other FIELDS entry is an
+#: input trait: written out in State, or derived from its declaration (:class:`SetupTraits`)
+NOT_INPUTS: Tuple[str, ...] = ("optimizer_state_dtypes", "modules_to_save", "galore_rank", "versions", "tf32",
+                               "images_per_sample", "image_patches", "backend", "allocator")
+#: the FIELDS entries whose trait (and control) comes from their declaration alone
+DERIVED_INPUTS: Tuple[str, ...] = tuple(k for k in FIELDS if k not in WRITTEN_INPUTS and k not in NOT_INPUTS)
+#: the keyword arguments of estimate() that the widget exposes, in order
+ESTIMATE_INPUTS: Tuple[str, ...] = WRITTEN_INPUTS + DERIVED_INPUTS
 #: the keyword arguments of estimate_parallel() beyond the setup, with their defaults: when
 #: every one is at its default the widget runs the single-GPU estimate
 PARALLEL_DEFAULTS: Dict[str, Any] = {
@@ -47,11 +56,11 @@ PARALLEL_INPUTS: Tuple[str, ...] = tuple(PARALLEL_DEFAULTS)
 WIDGET_INPUTS: Tuple[str, ...] = ("max_gpus",)
 #: the keyword arguments of estimate_inference() the widget exposes (gpu too)
 INFERENCE_KEYWORDS: Tuple[str, ...] = (
-    "weights", "kv_cache_dtype", "batch_size", "context_len", "attn_implementation",
+    "weights", "kv_cache_dtype", "batch_size", "context_len", "prompt_len", "attn_implementation",
     "gpu_memory_utilization", "engine",
 )
 #: input traits used only in inference mode
-INFERENCE_INPUTS: Tuple[str, ...] = ("weights", "kv_cache_dtype", "context_len", "gpu_memory_utilization",
+INFERENCE_INPUTS: Tuple[str, ...] = ("weights", "kv_cache_dtype", "context_len", "prompt_len", "gpu_memory_utilization",
                                      "engine")
 #: input traits both modes use: the GPUs of one model replica are tensor_parallel x pipeline_parallel
 #: (training adds num_gpus and a data-parallel strategy)
@@ -67,6 +76,32 @@ TRAINING_ONLY: Tuple[str, ...] = tuple(
 
 def _doc(text: str) -> Dict[str, Any]:
     return {"help": text}
+
+
+def field_trait(f: Field) -> t.TraitType:
+    """The synced trait of a setup field, from its declaration: its kind's traitlets type, its
+    default, its description as help (None allowed where None is the default)."""
+    none = f.default is None
+    if f.kind == "bool":
+        trait: t.TraitType = t.Bool(f.default, **_doc(f.doc))
+    elif f.kind == "int":
+        trait = t.Int(f.default, allow_none=none, **_doc(f.doc))
+    elif f.kind == "number":
+        trait = t.Float(f.default, allow_none=none, **_doc(f.doc))
+    elif f.kind in ("choice", "text"):
+        trait = t.Unicode(f.default, allow_none=none, **_doc(f.doc))
+    elif f.kind == "names":
+        trait = t.List(t.Unicode(), default_value=None if none else list(f.default), allow_none=none, **_doc(f.doc))
+    else:
+        raise AssertionError(f"setup field {f.name} ({f.kind}) has no derived widget trait: write its trait "
+                             f"in State or name it in NOT_INPUTS")
+    return trait.tag(sync=True)
+
+
+#: the traits of :data:`DERIVED_INPUTS`, made from training.FIELDS (State inherits them)
+SetupTraits = type(t.HasTraits)("SetupTraits", (t.HasTraits,), dict(
+    {k: field_trait(FIELDS[k]) for k in DERIVED_INPUTS}, __module__=__name__,
+    __doc__="The input traits of the setup fields declared only in training.FIELDS."))
 
 
 def estimate_fn():
@@ -122,7 +157,7 @@ def shown(result: Any) -> Estimate:
 
 
 
-class State(anywidget.AnyWidget):
+class State(anywidget.AnyWidget, SetupTraits):
     """The traits of :class:`~vramwidget.widget.Calculator` (no behaviour here)."""
 
     _esm = _STATIC / "widget.js"
@@ -219,7 +254,10 @@ class State(anywidget.AnyWidget):
     )).tag(sync=True)
     context_len = t.Int(4096, **_doc(
         "Inference: tokens per sequence at the end of generation (prompt + generated); the "
-        "whole context is taken as the prompt (the worst prefill).")).tag(sync=True)
+        "whole context is taken as the prompt (the worst prefill) unless prompt_len is set.")).tag(sync=True)
+    prompt_len = t.Int(None, allow_none=True, **_doc(
+        "Inference: prompt tokens per sequence (None: the whole context); the rest of the context "
+        "is generated, one decode step a token.")).tag(sync=True)
     gpu_memory_utilization = t.Float(None, allow_none=True, **_doc(
         "Inference: None for generate(); a fraction in (0, 1] (e.g. 0.9) for a vLLM-style server "
         "whose paged KV cache fills that share of the GPU (needs gpu).")).tag(sync=True)
@@ -229,6 +267,20 @@ class State(anywidget.AnyWidget):
 
     max_gpus = t.Int(8, **_doc(
         "The most GPUs a suggestion may use (default 8: one node).")).tag(sync=True)
+
+    # -- the frontend's layout -------------------------------------------------------------
+    controls = t.List(**_doc(
+        "Every input control: trait name, label, hint, kind, group, slot, mode (widget/controls.py); set "
+        "once. The frontend builds its controls from it and subscribes to the traits it names.")).tag(sync=True)
+    control_groups = t.List(**_doc(
+        "The named, collapsible groups under the core controls: key, title, title in inference mode, "
+        "hint.")).tag(sync=True)
+    chart_width = t.Int(640, **_doc(
+        "Set by the frontend: the pixels its main chart column has. The treemaps are laid out for that "
+        "width (their text fitted to their boxes).")).tag(sync=True)
+    chart_sizes = t.Dict(**_doc(
+        "Chart name -> [width, height] in pixels the rows of that chart were laid out for (the treemaps); "
+        "the frontend sizes those views so.")).tag(sync=True)
 
     # -- outputs: set by Python, drawn by the frontend ------------------------------------
     verdict = t.Dict(**_doc(

@@ -11,7 +11,7 @@ from ..units import GIB
 from ..verdict import capacity_bytes
 from ..verdict import fits as judge_fits
 from .multigpu import parallel_summary
-from .state import ESTIMATE_INPUTS, TracedModel, run_estimate, shown
+from .state import ESTIMATE_INPUTS, INPUTS, TracedModel, run_estimate, shown
 
 #: the scenario comparison: name -> what it changes in the user's setup
 SCENARIOS: Tuple[Tuple[str, Dict[str, Any]], ...] = (
@@ -75,7 +75,8 @@ _FOUR_BIT = ("nf4", "fp4")
 _LORA_METHODS = ("lora", "qlora")
 
 
-def _choices() -> Dict[str, List[Tuple[str, str]]]:
+def setup_choices() -> Dict[str, List[Tuple[str, str]]]:
+    """The training setup's choices per field (training.CHOICES), or the widget's fallback list."""
     try:
         from ..training import CHOICES  # type: ignore[attr-defined]
     except ImportError:
@@ -89,26 +90,41 @@ def _choices() -> Dict[str, List[Tuple[str, str]]]:
 FITMAP_BATCHES: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 FITMAP_SEQS: Tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
-#: practitioner defaults applied when the caller leaves the field out: QLoRA is run with
-#: gradient checkpointing (peft's prepare_model_for_kbit_training defaults to
-#: use_gradient_checkpointing=True; the QLoRA paper's recipe does too)
-PRACTITIONER_DEFAULTS: Tuple[Tuple[str, str, Any, str], ...] = (
-    ("qlora", "gradient_checkpointing", "full",
-     "full checkpointing for QLoRA (peft's prepare_model_for_kbit_training turns it on)"),
-)
-
-
 class TrainingPanel:
     """Training on one GPU: estimate()'s keyword arguments, linked controls, summary."""
 
-    def _practitioner_defaults(self, kwargs: Dict[str, Any]) -> List[str]:
-        """Apply :data:`PRACTITIONER_DEFAULTS` for fields the caller did not set; say which."""
-        said = []
-        for method, name, value, why in PRACTITIONER_DEFAULTS:
-            if self.method == method and name not in kwargs:
-                setattr(self, name, value)
-                said.append(why)
-        return said
+    def _start_defaults(self, kwargs: Dict[str, Any]) -> None:
+        """The inputs the user has set (``_explicit``: the keywords here, then every change
+        not made by a link, see :meth:`_link_training`): the practitioner defaults apply to
+        the others, as estimate() applies them to the keywords it is not given."""
+        self._explicit = set(kwargs) & set(INPUTS)
+        self._defaulted: Dict[str, Any] = {}
+        self._defaults_said: List[str] = []
+
+    def _apply_defaults(self) -> None:
+        """The practitioner defaults (:mod:`vramwidget.defaults`, the rules ``estimate()``
+        applies) for the controls the user has not set (``_explicit``): each applied one is
+        set and said (``summary["defaults"]``, the API's words); a control a default set goes
+        back to its own default when the rule no longer applies and nobody changed it since."""
+        from ..defaults import apply_training_defaults
+        from ..stacks import stack_defaults
+
+        explicit = getattr(self, "_explicit", set())
+        given = {k: getattr(self, k) for k in explicit if k in ESTIMATE_INPUTS and k != "model"}
+        values = {**{k: v for k, v in stack_defaults(self.stack, {"seq_len": self.seq_len}).items()
+                     if k not in given}, **given}
+        applied = apply_training_defaults(values)
+        defaulted: Dict[str, Any] = getattr(self, "_defaulted", {})
+        now: Dict[str, Any] = {}
+        for name, _note in applied:
+            if getattr(self, name) != values[name]:
+                setattr(self, name, values[name])
+            now[name] = values[name]
+        for name, value in defaulted.items():
+            if name not in now and name not in explicit and getattr(self, name) == value:
+                setattr(self, name, self.traits()[name].default())
+        self._defaulted = now
+        self._defaults_said = [note for _, note in applied]
 
     def _fitmap(self, arch: Any, gpu: Optional[gpus.GPU], kw: Dict[str, Any]) -> List[Dict[str, Any]]:
         """The fit map's rows: the grid (:data:`FITMAP_BATCHES` x :data:`FITMAP_SEQS`) of
@@ -149,6 +165,19 @@ class TrainingPanel:
         kw = {name: getattr(self, name) for name in ESTIMATE_INPUTS}
         if not self._has_target():
             kw["target_len"] = None     # kept for when an encoder-decoder comes back; not this model's
+        # a control that does nothing with the rest (training.inapplicable: its control is
+        # disabled) keeps what the user typed, and the estimate gets its default, as estimate()
+        # would without it
+        from ..errors import VramError
+        from ..training import FIELDS, inapplicable
+
+        for name in inapplicable(kw):
+            if name in kw:
+                try:
+                    FIELDS[name].check(kw[name])
+                except VramError:
+                    continue        # a wrong value is named, as estimate() names it
+                kw[name] = FIELDS[name].default
         kw["quantized_groups"] = tuple(kw["quantized_groups"])
         if kw["lora_targets"] is not None:
             kw["lora_targets"] = tuple(kw["lora_targets"])
@@ -156,7 +185,15 @@ class TrainingPanel:
 
     def _link_training(self, name: Optional[str], new: Any) -> None:
         """A quantized base trains only through adapters, so quantization != "none" means
-        QLoRA; leaving QLoRA drops the quantization; "freeze" needs a layer count."""
+        QLoRA; leaving QLoRA drops the quantization; "freeze" needs a layer count.  A change
+        that reaches here is the user's (links run with observers off); the practitioner
+        defaults follow (:meth:`_apply_defaults`)."""
+        if name is not None:
+            self._explicit.add(name)
+        self._link_controls(name, new)
+        self._apply_defaults()
+
+    def _link_controls(self, name: Optional[str], new: Any) -> None:
         if name == "method":
             if new == "qlora" and self.quantization == "none":
                 self.quantization = "nf4"
@@ -185,7 +222,7 @@ class TrainingPanel:
     def _has_target(self) -> bool:
         """Whether the current model has a decoder stack that reads its own target length
         (``estimate.has_target``: T5, BART); False while none is resolved."""
-        from ..estimate import has_target
+        from ..plan.profile import has_target
 
         try:
             return bool(self._arch is not None and has_target(self._arch))
@@ -235,6 +272,8 @@ class TrainingPanel:
             if change["method"] not in _LORA_METHODS:  # LoRA fields do not matter: keep defaults
                 s.update(lora_r=16, lora_alpha=32.0, lora_dropout=0.0, lora_targets=None, lora_variant="lora")
             if s["precision"] == "fp32" and s["attn_implementation"] == "flash_attention_2":
+                if s.get("packing"):
+                    continue   # packed sequences need FlashAttention 2, which has no fp32 kernel
                 s["attn_implementation"] = "sdpa"  # flash attention has no fp32 kernel
             if par:
                 s.update(par)
@@ -252,18 +291,23 @@ class TrainingPanel:
             ok, why = gpu.supports(self.precision)
             if not ok:
                 out["warnings"].append(why)
+                # the estimate's own note says the same (Estimate.set_gpu): shown once, as a warning
+                out["notes"] = [n for n in out["notes"] if not n.startswith(f"warning: {why}")]
             if self.quantization != "none" and gpu.vendor != "NVIDIA":
                 out["warnings"].append(
                     f"bitsandbytes quantization on {gpu.vendor} GPUs is less mature than on CUDA")
             out["max_batch_size"] = self._max_batch(arch, gpu, kind, kw)
-        out["time"] = time_summary(result, gpu)
+        out["time"] = time_summary(result, gpu) if fits is not False else None
         par = None
         if kind == "par":
             par = parallel_summary(result)
             out["parallel"] = par
             out["notes"] = list(dict.fromkeys(list(result.notes) + out["notes"]))
+            if par["pipeline_parallel"] > 1 or par["tensor_parallel"] > 1:
+                out["params_scope"] = " on the fullest GPU (its share of the model)"
+        out["notes"] += self._selective_note(arch, kind, kw, est)
         peak_label = out["peak_phase_label"]
-        who = f"per GPU (worst of {par['num_gpus']}) " if par else ""
+        who = f"per GPU (the fullest of {par['num_gpus']}) " if par and par["num_gpus"] > 1 else ""
         text = (f"{who}peak {fmt_gib(est.peak_allocated_bytes)} allocated at {peak_label}; "
                 f"device total {fmt_gib(est.device_total_bytes)}")
         if par and par["cpu_per_gpu_gib"]:
@@ -278,6 +322,23 @@ class TrainingPanel:
                 text += f"; {out['time']['text']}"
         out["text"] = text
         return out
+
+    def _selective_note(self, arch: Any, kind: str, kw: Dict[str, Any], est: Any) -> List[str]:
+        """Selective checkpointing recomputes the attention core only (``activations.attention_backend``:
+        "recompute"): under SDPA's flash or memory-efficient kernel that core keeps no score
+        tensors, so it saves next to nothing; say so when it saves under 1%."""
+        if self.gradient_checkpointing != "selective" or kind == "infer":
+            return []
+        try:
+            plain = shown(self._cached_estimate(arch, kind, dict(kw, gradient_checkpointing="none")))
+        except Exception:   # noqa: BLE001 - a note only; the setup's own estimate stands
+            return []
+        saved = plain.peak_allocated_bytes - est.peak_allocated_bytes
+        if saved >= 0.01 * plain.peak_allocated_bytes:
+            return []
+        return [f"selective checkpointing recomputes only the attention core; with {self.attn_implementation} that "
+                f"core keeps no score tensors, so it saves {fmt_gib(max(saved, 0.0))} here (full checkpointing "
+                f"keeps only each layer's input)"]
 
     def _scenario_seconds(self, arch: Any, kind: str, kw: Dict[str, Any], gpu: gpus.GPU) -> Optional[float]:
         """A comparison scenario's step time on ``gpu`` (timing.py), cached beside its box."""

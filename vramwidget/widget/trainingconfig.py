@@ -74,6 +74,10 @@ class TrainingConfigPanel:
                         setattr(self, k, self.traits()[k].default())
                 for k, v in applied.items():
                     setattr(self, k, v)
+                # what the file sets is the user's; the practitioner defaults apply to the rest
+                self._explicit = {k for k in self._explicit if k not in ESTIMATE_INPUTS + PARALLEL_INPUTS} \
+                    | set(applied)
+                self._defaulted = {}
                 self._link(None)
             finally:
                 self._busy = False

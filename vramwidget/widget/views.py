@@ -7,20 +7,23 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .. import charts, gpus
 from ..result import Estimate
-from ..treemap import KNOWN_COMPONENTS, fmt_gib, total_bytes
+from ..treemap import KNOWN_COMPONENTS, UnitBox, caption_rows, comparison_rows, fmt_gib, total_bytes
 from ..units import GIB
 from ..verdict import capacity_bytes
 
 #: chart sizes in pixels (the treemap layout is computed for exactly these)
 DETAIL_SIZE = (640.0, 320.0)
 COMPARISON_SIZE = (640.0, 206.0)
-PHASE_SIZE = (640.0, 170.0)
-FITMAP_SIZE = (330.0, 170.0)
-#: height of the comparison's caption band: name and total, plus a verdict line with a GPU
-COMPARISON_HEADER = 34.0
-COMPARISON_HEADER_VERDICT = 48.0
-#: ... plus a line with the scenario's step time on that GPU
-COMPARISON_HEADER_TIME = 61.0
+PHASE_SIZE = (640.0, 215.0)
+FITMAP_SIZE = (330.0, 235.0)
+#: the height of one row of the comparison (a narrow column lays the scenarios out in rows)
+COMPARISON_ROW_HEIGHT = 170.0
+
+
+def comparison_header(captions: Dict[str, Dict[str, Any]]) -> float:
+    """The caption band's height: as many lines as the longest caption."""
+    lines = max((c["text"].count("\n") + 1 for c in captions.values()), default=2)
+    return 8.0 + 13.0 * lines
 
 
 
@@ -65,46 +68,75 @@ def gpu_line(gpu: Optional[gpus.GPU]) -> Tuple[Optional[float], str]:
     return cap, f"{gpu.name} ({cap / GIB:.1f} GiB CUDA total)"
 
 
-def add_verdicts(rows: List[Dict[str, Any]], gpu: gpus.GPU, own_fits: Dict[str, Optional[bool]],
-                 notes: Optional[Dict[str, str]] = None, seconds: Optional[Dict[str, float]] = None) -> None:
-    """Give each scenario caption of the comparison a verdict line against ``gpu``:
-    "✓ fits", "≈ tight" or "✗ 3.2 GiB over" (the verdict's three states: the device total
-    on the card vs what CUDA reports as its total, with the estimate's band; a serving budget's own verdict
-    where the estimate has one), and ``state``/``fits``/``over_gib`` fields.  ``notes``
-    replace the total for a scenario (a serving budget: its KV tokens and concurrent
-    sequences, which is what differs between weight formats there); with ``seconds``
-    (scenario -> step time on ``gpu``) a line "0.42 s per step" and a ``step_seconds`` field."""
-    notes = notes or {}
+def comparison_captions(boxes: List[Tuple[str, Any]], gpu: Optional[gpus.GPU],
+                        own_fits: Optional[Dict[str, Optional[bool]]] = None,
+                        notes: Optional[Dict[str, str]] = None,
+                        seconds: Optional[Dict[str, float]] = None) -> Dict[str, Dict[str, Any]]:
+    """The caption of each scenario of the comparison (name -> ``{"text", ...}``), made before
+    the layout so that each slot is as wide as its caption (``treemap.comparison_rows``).
+
+    The text is the name and the total; with a GPU a verdict line against it: "✓ fits",
+    "≈ tight" or "✗ 3.2 GiB over" (the verdict's three states, :func:`vramwidget.verdict.state_of`:
+    the device total on the card vs what CUDA reports as its total, with the estimate's band;
+    a serving budget's own verdict where the estimate has one), with ``state`` / ``fits`` /
+    ``over_gib`` fields.  ``notes`` replace the total for a scenario (a serving budget: its KV
+    tokens and concurrent sequences, which is what differs between weight formats there);
+    with ``seconds`` (scenario -> step time on ``gpu``) a line "0.42 s/step" and a
+    ``step_seconds`` field, for a scenario that fits only (no time for a run that cannot
+    start)."""
     from ..verdict import band_bytes, state_of
 
-    usable = capacity_bytes(gpu)
-    for r in rows:
-        if r["level"] != "title":
+    own_fits, notes, seconds = own_fits or {}, notes or {}, seconds or {}
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, box in boxes:
+        total = box.total_bytes
+        note = notes.get(name, "")
+        if gpu is None:
+            out[name] = {"text": f"{name}\n{note}" if note else f"{name}\n{fmt_gib(total)}"}
             continue
-        total = r["bytes"]
-        own = own_fits.get(r["scenario"])
+        usable = capacity_bytes(gpu)
+        own = own_fits.get(name)
+        state = state_of(total, usable, band_bytes(box.reserved_bytes), bool(box.squeezed))
+        if own is False:
+            state = "does_not_fit"
         fits = own if own is not None else total <= usable
         over = max(total - usable, 0.0)
-        # the verdict's three states, on the same measure and band as the widget's badge
-        state = state_of(total, usable, band_bytes(r.get("reserved_bytes", 0.0)), bool(r.get("squeezed")))
-        if own is False:
-            verdict = "✗ no KV room"
-        elif state == "tight":
-            verdict = f"≈ tight, {fmt_gib(over)} over" if over > 0 else "≈ tight"
-        elif fits:
-            verdict = "✓ fits"
-        else:
-            verdict = f"✗ {fmt_gib(over)} over"
-        r["state"] = state if own is not False else "does_not_fit"
-        r["fits"] = bool(fits)
-        r["over_gib"] = 0.0 if fits else over / GIB
-        note = notes.get(r["scenario"], "")
-        r["text"] = f"{r['label']}\n{note}" if note else f"{r['label']}\n{fmt_gib(total)}\n{verdict}"
-        secs = (seconds or {}).get(r["scenario"])
-        if secs is not None:
-            r["step_seconds"] = secs
-            r["text"] += f"\n{secs:.3g} s per step"
+        verdict = ("✗ no KV room" if own is False else "≈ tight" if state == "tight"
+                   else "✓ fits" if state == "fits" else f"✗ {fmt_gib(over)} over")
+        c: Dict[str, Any] = {"state": state, "fits": bool(fits), "over_gib": 0.0 if fits else over / GIB,
+                             "text": f"{name}\n{note}" if note else f"{name}\n{fmt_gib(total)}\n{verdict}"}
+        secs = seconds.get(name)
+        if secs is not None and state != "does_not_fit":
+            c["step_seconds"] = secs
+            c["text"] += f"\n{secs:.3g} s/step"
+        out[name] = c
+    return out
 
+
+class ChartsPanel:
+    """The Calculator's charts at the width the frontend has for them (``chart_width``)."""
+
+    def _width(self) -> float:
+        """The main chart column's width in pixels, as the frontend reported it (240 at least)."""
+        return float(max(int(self.chart_width or DETAIL_SIZE[0]), 240))
+
+    def _comparison(self, scenarios: List[Tuple[str, UnitBox]], gpu: Optional[gpus.GPU],
+                    own_fits: Dict[str, Optional[bool]], times: Dict[str, float]) -> List[Dict[str, Any]]:
+        """The comparison's rows at the column's width: each scenario's slot as wide as its
+        caption, in as many rows as the captions need (``treemap.caption_rows``)."""
+        width = self._width()
+        captions = comparison_captions(scenarios, gpu, own_fits, dict(self._notes_now), times)
+        k = caption_rows([c["text"] for c in captions.values()], width)
+        height = COMPARISON_SIZE[1] if k == 1 else k * COMPARISON_ROW_HEIGHT
+        cap, cap_label = gpu_line(gpu)
+        rows = comparison_rows(scenarios, width, height, capacity_bytes=cap, capacity_label=cap_label,
+                               header=comparison_header(captions), captions={n: c["text"] for n, c in captions.items()},
+                               rows_of=k)
+        for r in rows:
+            if r["level"] == "title":
+                r.update({k2: v for k2, v in captions[r["scenario"]].items() if k2 != "text"})
+        self._comparison_size = [width, height]
+        return rows
 
 
 #: short option labels (the long ones become tooltips), so no drop-down is cut off

@@ -1,0 +1,163 @@
+"""The step plan: one description of a training step that every figure reads.
+
+``plan_view(arch, setup)`` gives the setup's plan at its own size: the totals (each phase's
+peak), the component trees (the tensors live at each peak), the allocator's events and the
+loss of the step.  The plan is built once per setup *shape* (everything but the batch,
+sequence and target lengths) with sizes as polynomials (``plan/size.py``), so another size
+costs an evaluation, not a build; a setup whose sizes are not polynomials (Liger's
+power-of-two chunks, a vision tower traced at one size) is built for its own size.
+
+Where each part of the step is written: ``load.py`` (parameters, quantization, adapters),
+``blocks.py`` (each block's forward and backward, checkpointing, autocast copies,
+activation offloading), ``loss.py`` (final norm, output head, every loss), ``optimizer.py``
+(states and step temporaries of every optimizer), ``step.py`` (the steps, micro-batches,
+zero_grad); ``views.py`` reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..allocator import AllocatorConfig, parse_alloc_conf
+from ..architecture import Architecture
+from ..result import Node
+from ..training import TrainingSetup
+from .builder import StepPlan
+from .size import NotPolynomial, Size
+from .step import STEPS, build_plan
+from .views import PlanIndex, Totals, events_at, grid_totals, totals, tree
+
+__all__ = ["PlanView", "plan_view", "plan_index", "plan_events", "grid_totals", "clear_caches"]
+
+#: the phases a tree is drawn for
+TREE_PHASES = ("after_load", "forward", "backward", "optimizer_step", "first_step")
+_SIZE_FIELDS = ("batch_size", "seq_len", "target_len")
+_LOCK = threading.Lock()
+#: the plans built so far, most recently used last (a plan of an 8B model holds ~30,000
+#: events: a few MB each, so the cache keeps the last few dozen setups)
+_INDEX: "OrderedDict[Tuple[Any, ...], Tuple[Architecture, PlanIndex]]" = OrderedDict()
+_MAX = 48
+
+
+def _shape(s: TrainingSetup) -> TrainingSetup:
+    """``s`` without its sizes (a target length stays "given" or "not given")."""
+    return dataclasses.replace(s, batch_size=1, seq_len=1, target_len=None if s.target_len is None else 1)
+
+
+def plan_index(arch: Architecture, s: TrainingSetup) -> Tuple[PlanIndex, bool]:
+    """The indexed plan of ``s`` and whether it is symbolic (every size); cached per
+    architecture and setup shape (or setup, when built for one size)."""
+    key = (id(arch), _shape(s))
+    hit = _lookup(key, arch)
+    if hit is None:
+        try:
+            plan = build_plan(arch, s, Size.var("b"), Size.var("s"), Size.var("t") if s.target_len is not None else None)
+        except NotPolynomial:
+            plan = None
+        if plan is not None:
+            hit = (arch, PlanIndex(plan))
+            _store(key, hit)
+    if hit is not None and hit[1].symbolic:
+        return hit[1], True
+    key1 = (id(arch), s)
+    one = _lookup(key1, arch)
+    if one is None:
+        one = (arch, PlanIndex(build_plan(arch, s)))
+        _store(key1, one)
+    return one[1], False
+
+
+def _lookup(key: Tuple[Any, ...], arch: Architecture) -> Optional[Tuple[Architecture, PlanIndex]]:
+    with _LOCK:
+        hit = _INDEX.get(key)
+        if hit is None or hit[0] is not arch:
+            return None
+        _INDEX.move_to_end(key)
+        return hit
+
+
+def _store(key: Tuple[Any, ...], value: Tuple[Architecture, PlanIndex]) -> None:
+    with _LOCK:
+        _INDEX[key] = value
+        _INDEX.move_to_end(key)
+        while len(_INDEX) > _MAX:
+            _INDEX.popitem(last=False)
+
+
+def clear_caches() -> None:
+    """Forget every built plan (benchmarks time cold setups)."""
+    with _LOCK:
+        _INDEX.clear()
+
+
+class PlanView:
+    """One setup's step plan at its own size."""
+
+    def __init__(self, arch: Architecture, s: TrainingSetup):
+        self.arch, self.s = arch, s
+        self.index, self.symbolic = plan_index(arch, s)
+        self.cfg: AllocatorConfig = parse_alloc_conf(s.allocator)
+        self.sizes = (s.batch_size, s.seq_len, s.target_len if s.target_len is not None else 1)
+        self.totals: Totals = totals(self.index, self.cfg, *self.sizes)
+
+    @property
+    def plan(self) -> StepPlan:
+        return self.index.plan
+
+    def events(self) -> List[Any]:
+        """The allocator events at this size (what ``allocator.replay`` reads)."""
+        return events_at(self.index, *self.sizes)
+
+    def trees(self) -> Dict[str, List[Node]]:
+        """Every phase's component tree: the tensors live at the phase's peak."""
+        return {p: tree(self.index, self.totals, self.totals.phase_events[p]) for p in TREE_PHASES}
+
+    def tensors(self, component: Optional[str] = None) -> Dict[str, List[int]]:
+        """Every tensor the step makes (of ``component``), by name: the bytes of each one made
+        (what a mechanism creates, not only what is live at a peak)."""
+        out: Dict[str, List[int]] = {}
+        req = self.totals.requested_bytes
+        for row, key in enumerate(self.index.keys):
+            info = self.plan.info[key]
+            if component is None or info.component == component:
+                out.setdefault(info.name, []).append(int(req[row]))
+        return out
+
+    def stream_key(self) -> Optional[Tuple[Any, ...]]:
+        """What decides this size's events: two sizes with equal keys replay the same events
+        (a plan whose sizes depend on b x s alone has equal events at equal tokens)."""
+        if not self.symbolic:
+            return None
+        b, sq, t = self.sizes
+        return (id(self.index),) + tuple(float(b) ** i * float(sq) ** j * float(t) ** k for i, j, k in self.index.basis)
+
+    def host_bytes(self) -> float:
+        """What the plan keeps in CPU memory (activation offloading's copies)."""
+        hb = self.plan.host_bytes
+        if isinstance(hb, Size):
+            from .size import coefficient_matrix, monomial_values
+
+            basis = list(hb.terms) or [(0, 0, 0)]
+            return float((coefficient_matrix([hb], basis) @ monomial_values(basis, *self.sizes))[0])
+        return float(hb)
+
+
+def plan_view(arch: Architecture, s: TrainingSetup) -> PlanView:
+    return PlanView(arch, s)
+
+
+def plan_events(arch: Architecture, s: TrainingSetup, steps: int = STEPS) -> List[Any]:
+    """The allocator events of loading the model and running ``steps`` training steps at the
+    setup's own size."""
+    if steps == STEPS:
+        return plan_view(arch, s).events()
+    return build_plan(arch, s, steps=steps).events
+
+
+def symbolic_plan(arch: Architecture, s: TrainingSetup) -> Optional[PlanIndex]:
+    """The setup's plan for every size, or None when it is built for one size alone."""
+    ix, sym = plan_index(arch, s)
+    return ix if sym else None

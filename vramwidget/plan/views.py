@@ -1,0 +1,245 @@
+"""Views of one step plan: the allocated bytes over time, each phase's peak, the tensors live
+at it (the component trees), and the event stream the allocator replays.
+
+What the plan counts as allocated is what PyTorch's ``allocated_bytes`` counts for a block
+that fits its request: each tensor rounded up by the allocator (``round_size``: 512 B
+steps).  A replay of the same events reaches the same maximum (``allocator.replay``'s
+``max_allocated_bytes``); ``torch.cuda.max_memory_allocated()`` on a GPU also counts the
+tail of a cached block that a request takes without splitting it (under 1 MiB each,
+``should_split``), which the replay reports as ``max_block_allocated_bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Tuple
+
+from ..allocator import AllocatorConfig, round_size
+from ..result import COMPONENT_KINDS, Node
+from .builder import Event, StepPlan, TensorInfo
+from .size import Size, coefficient_matrix, monomial_values, monomials
+
+#: the phases a step plan reports, as the measurements name them (validation/README.md)
+STEADY_PHASES = ("forward", "backward", "optimizer_step")
+#: the peak's candidates, in the order a tie is broken: the steady phases first.  The load
+#: (``phases_bytes["load"]``) is not among them: the measurements reset the peak once the
+#: model is built, and a ``from_pretrained`` load has no spike of its own
+PEAK_PHASES = STEADY_PHASES + ("first_step",)
+
+
+class PlanIndex:
+    """A plan's events as arrays (built once per plan): which allocation each event adds or
+    removes, and the allocations' sizes as polynomial coefficients."""
+
+    def __init__(self, plan: StepPlan):
+        import numpy as np
+
+        self.plan = plan
+        # the builder hands out keys 1, 2, 3, ... in allocation order: allocation row = key - 1
+        ev = plan.events
+        kinds = np.asarray([e[0] == "alloc" for e in ev], dtype=np.int8) - np.asarray(
+            [e[0] == "free" for e in ev], dtype=np.int8)
+        self.signs = kinds.astype(np.int64)
+        raw = np.asarray([e[1] if e[0] in ("alloc", "free") else 1 for e in ev], dtype=np.int64) - 1
+        self.rows = raw
+        sizes = [e[2] for e in ev if e[0] == "alloc"]
+        self.keys = list(range(1, len(sizes) + 1))
+        n_alloc = len(sizes)
+        idx = np.arange(len(ev))
+        self.alloc_at = np.zeros(n_alloc, dtype=np.int64)
+        self.free_at = np.full(n_alloc, len(ev), dtype=np.int64)
+        self.alloc_at[raw[self.signs == 1]] = idx[self.signs == 1]
+        self.free_at[raw[self.signs == -1]] = idx[self.signs == -1]
+        self.symbolic = any(x.__class__ is Size for x in sizes)
+        if self.symbolic:
+            # one row per distinct size object (a block's sizes repeat layer after layer)
+            first: Dict[int, int] = {}
+            distinct: List[Any] = []
+            which = np.empty(n_alloc, dtype=np.int64)
+            for i, x in enumerate(sizes):
+                j = first.get(id(x))
+                if j is None:
+                    j = first[id(x)] = len(distinct)
+                    distinct.append(x)
+                which[i] = j
+            self.basis = monomials(distinct)
+            self.coef = coefficient_matrix(distinct, self.basis)[which]
+            self.sizes = None
+        else:
+            self.basis, self.coef = None, None
+            self.sizes = np.asarray([int(x) for x in sizes], dtype=np.int64)
+        self.marks = plan.marks
+
+    def sizes_at(self, b: Any, s: Any, t: Any = 1) -> Any:
+        """Every allocation's bytes at batch ``b``, sequence ``s``, target ``t`` (int64)."""
+        import numpy as np
+
+        if not self.symbolic:
+            return self.sizes
+        v = self.coef @ monomial_values(self.basis, b, s, t)
+        r = np.rint(v)
+        # the builder's own arithmetic, int() of a float: exact products round to themselves
+        return np.where(np.abs(v - r) <= 1e-9 * np.maximum(1.0, np.abs(v)), r, np.floor(v)).astype(np.int64)
+
+
+def rounded(sizes: Any, cfg: AllocatorConfig) -> Any:
+    """``round_size`` of every size (numpy int64)."""
+    import numpy as np
+
+    if not (cfg.roundup_power2_divisions or cfg.roundup_power2_intervals):
+        return np.maximum(512, (sizes + 511) // 512 * 512)
+    uniq, inv = np.unique(sizes, return_inverse=True)
+    return np.asarray([round_size(int(x), cfg) for x in uniq], dtype=np.int64)[inv].reshape(np.shape(sizes))
+
+
+@dataclass
+class Totals:
+    """The allocated bytes of one plan at one size: each phase's peak and where it is."""
+
+    phases_bytes: Dict[str, int]
+    #: the event index at which each phase's peak is reached
+    phase_events: Dict[str, int]
+    peak_phase: str
+    peak_allocated_bytes: int
+    rounded_bytes: Any       # every allocation's rounded bytes, by allocation row
+    requested_bytes: Any     # the same as requested
+
+
+def _phase_ranges(ix: PlanIndex) -> Dict[str, List[Tuple[int, int]]]:
+    """The event ranges each reported phase's peak is taken over (the level when a phase
+    starts counts: ``reset_peak_memory_stats`` sets the peak to it, so each range starts one
+    event early).  A step of several micro-batches runs forward and backward once per
+    micro-batch."""
+    n = len(ix.rows)
+    spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
+    marks = ix.marks
+    for j, (phase, step, start) in enumerate(marks):
+        end = marks[j + 1][2] if j + 1 < len(marks) else n
+        spans.setdefault((phase, step), []).append((max(start - 1, 0), end))
+    inputs_at = next(i for p, st, i in marks if p == "inputs")
+    steps = ix.plan.steps
+    out = {"load": [(0, inputs_at)]}
+    for phase in STEADY_PHASES:
+        out[phase] = [r for st in range(2, steps + 1) for r in spans[(phase, st)]] or spans[(phase, 1)]
+    out["first_step"] = [(spans[("forward", 1)][0][0], spans[("zero_grad", 1)][-1][1])]
+    return out
+
+
+def _levels(ix: PlanIndex) -> Dict[str, int]:
+    """The events whose level is a phase's own figure: after the load (before the inputs) and
+    between steps 2 and 3 (after zero_grad)."""
+    marks = ix.marks
+    inputs_at = next(i for p, st, i in marks if p == "inputs")
+    steps = ix.plan.steps
+    ends = [i for p, st, i in marks if p == "zero_grad" and st == min(2, steps)]
+    nxt = [i for p, st, i in marks if i > ends[-1]]
+    end2 = (min(nxt) if nxt else len(ix.rows)) - 1
+    # the step's end: the last event before the next step's first mark (step_end included)
+    return {"after_load": max(inputs_at - 1, 0), "persistent": end2}
+
+
+def totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1) -> Totals:
+    """The plan's phases at one size: ``after_load`` (before the inputs), ``load`` (its peak),
+    the steady ``forward``, ``backward``, ``optimizer_step`` (the largest over steps 2 and
+    on), ``first_step`` (step 1, when the states are made), ``persistent`` (between steps
+    2 and 3) and the peak of the step (the largest of the steady phases and the first step)."""
+    import numpy as np
+
+    req = ix.sizes_at(b, s, t)
+    rb = rounded(req, cfg)
+    live = np.cumsum(ix.signs * rb[ix.rows])
+    out: Dict[str, int] = {}
+    where: Dict[str, int] = {}
+    for name, ranges in _phase_ranges(ix).items():
+        best, at = -1, 0
+        for lo, hi in ranges:
+            if hi > lo:
+                k = lo + int(np.argmax(live[lo:hi]))
+                if live[k] > best:
+                    best, at = int(live[k]), k
+        out[name], where[name] = max(best, 0), at
+    for name, at in _levels(ix).items():
+        out[name], where[name] = int(live[at]) if len(live) else 0, at
+    peak_phase = max(PEAK_PHASES, key=lambda p: (out[p], -PEAK_PHASES.index(p)))
+    return Totals(out, where, peak_phase, out[peak_phase], rb, req)
+
+
+def grid_totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1, chunk: int = 64) -> Dict[str, Any]:
+    """:func:`totals` at every cell of arrays ``b``, ``s`` (and ``t``) of one shape: each
+    phase's bytes and ``peak_allocated_bytes`` as arrays of that shape (the same integer
+    arithmetic as :func:`totals`, cell by cell)."""
+    import numpy as np
+
+    b, s, t = np.broadcast_arrays(np.asarray(b, dtype=float), np.asarray(s, dtype=float), np.asarray(t, dtype=float))
+    shape = b.shape
+    b, s, t = b.ravel(), s.ravel(), t.ravel()
+    G = b.size
+    ranges = _phase_ranges(ix)
+    levels = _levels(ix)
+    names = list(ranges) + list(levels)
+    out = {k: np.zeros(G, dtype=np.int64) for k in names}
+    for c0 in range(0, G, chunk):
+        sl = slice(c0, min(G, c0 + chunk))
+        rb = rounded(ix.sizes_at(b[sl], s[sl], t[sl]), cfg)
+        if rb.ndim == 1:
+            rb = np.repeat(rb[:, None], sl.stop - sl.start, axis=1)
+        live = np.cumsum(ix.signs[:, None] * rb[ix.rows], axis=0)
+        for name, rs in ranges.items():
+            best = np.full(sl.stop - sl.start, -1, dtype=np.int64)
+            for lo, hi in rs:
+                if hi > lo:
+                    best = np.maximum(best, live[lo:hi].max(axis=0))
+            out[name][sl] = np.maximum(best, 0)
+        for name, at in levels.items():
+            out[name][sl] = live[at]
+    peak = np.max(np.stack([out[p] for p in PEAK_PHASES]), axis=0)
+    res = {k: v.reshape(shape) for k, v in out.items()}
+    res["peak_allocated_bytes"] = peak.reshape(shape)
+    return res
+
+
+def live_rows(ix: PlanIndex, at: int) -> Any:
+    """The allocation rows live just after event ``at``."""
+    import numpy as np
+
+    return np.nonzero((ix.alloc_at <= at) & (ix.free_at > at))[0]
+
+
+def tree(ix: PlanIndex, tot: Totals, at: int) -> List[Node]:
+    """The tensors live just after event ``at``: component > module group > tensor (the same
+    name summed over layers, with how many there are), each at its requested bytes; what
+    the allocator's rounding adds is its own box, so that the tree sums to the total."""
+    info = ix.plan.info
+    groups: Dict[Tuple[str, str, str], List[Any]] = {}
+    rounding = 0
+    for row in live_rows(ix, at):
+        i: TensorInfo = info[ix.keys[row]]
+        g = groups.setdefault((i.component, i.group or i.component, i.name), [0, 0, i.formula, i.dtype])
+        g[0] += int(tot.requested_bytes[row])
+        g[1] += 1
+        rounding += int(tot.rounded_bytes[row]) - int(tot.requested_bytes[row])
+    comps: Dict[str, Node] = {}
+    for (comp, group, name), (nbytes, count, formula, dtype) in groups.items():
+        c = comps.get(comp)
+        if c is None:
+            c = comps[comp] = Node(comp)
+        gnode = next((x for x in c.children if x.name == group), None)
+        if gnode is None:
+            gnode = c.add(Node(group))
+        gnode.add(Node(name, bytes=float(nbytes), dtype=dtype or None,
+                       formula=(f"{count} x {formula}" if count > 1 and formula else formula)))
+    if rounding:
+        comps["allocator rounding"] = Node("allocator rounding", bytes=float(rounding),
+                                           formula="each request rounded up to a multiple of 512 B (round_size)")
+    order = {k: j for j, k in enumerate(COMPONENT_KINDS)}
+    out = [n.finalize() for n in sorted(comps.values(), key=lambda n: order.get(n.name, 99))]
+    return [n for n in out if n.bytes > 0]
+
+
+def events_at(ix: PlanIndex, b: Any, s: Any, t: Any = 1) -> List[Event]:
+    """The plan's allocator events with sizes at one size (what ``allocator.replay`` reads)."""
+    if not ix.symbolic:
+        return ix.plan.events
+    it = iter(ix.sizes_at(b, s, t).tolist())
+    return [(kind, key, next(it), label) if kind == "alloc" else (kind, key, nbytes, label)
+            for kind, key, nbytes, label in ix.plan.events]

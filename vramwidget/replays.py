@@ -1,0 +1,179 @@
+"""The allocator replays behind reserved memory: run when read, cached, shared across threads.
+
+A setup's replay is ``allocator.replay`` over its step plan's events (``vramwidget.plan``:
+the load and three training steps, the one description every figure reads).  It runs when
+a reserve, a verdict or a snapshot is asked for, once per setup; a second thread asking for
+the same setup waits for the first one's result.  Until it has run, the one guess of an
+unreplayed setup's reserve is :func:`provisional_reserved_bytes`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from .allocator import DEFAULT_RESERVED_PER_ALLOCATED, ReplayResult, parse_alloc_conf, replay
+from .architecture import Architecture
+from .training import TrainingSetup
+
+#: (id(arch), setup) -> (arch, ReplayResult): the replays run so far (default settings, no
+#: capacity, no recording).  The arch is kept beside its id so a recycled id never matches.
+_REPLAYS: Dict[Tuple[Any, ...], Tuple[Architecture, ReplayResult]] = {}
+#: (id(arch), the setup without batch_size and seq_len) -> (arch, {(batch, seq): ReplayResult}):
+#: the same replays indexed by size, for :func:`provisional_reserved_bytes`
+_BY_SHAPE: Dict[Tuple[Any, ...], Tuple[Architecture, Dict[Tuple[int, int], ReplayResult]]] = {}
+#: (plan, the size's monomials) -> (arch, ReplayResult): sizes whose events are equal (equal
+#: tokens where no size depends on b x s^2) share one replay
+_BY_STREAM: Dict[Tuple[Any, ...], Tuple[Architecture, ReplayResult]] = {}
+#: replays being computed now (key -> Event)
+_INFLIGHT: Dict[Tuple[Any, ...], threading.Event] = {}
+_LOCK = threading.Lock()
+_MAX_CACHED = 8192
+_SIZE_FIELDS = ("batch_size", "seq_len")
+_SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSetup) if f.name not in _SIZE_FIELDS)
+
+
+def clear_caches() -> None:
+    """Forget every cached replay and plan (benchmarks time cold setups), the replays with a
+    card's capacity (``gpus.judge_on``) included."""
+    from . import gpus, plan
+
+    with _LOCK:
+        _REPLAYS.clear()
+        _BY_SHAPE.clear()
+        _BY_STREAM.clear()
+        gpus.CAPACITY_REPLAYS.clear()
+    plan.clear_caches()
+
+
+def _shape_key(arch: Architecture, s: TrainingSetup) -> Tuple[Any, ...]:
+    return (id(arch),) + tuple(getattr(s, f) for f in _SHAPE_FIELDS)
+
+
+def cached_replay(arch: Architecture, s: TrainingSetup) -> Optional[ReplayResult]:
+    """The replay of ``s`` when one was already run and cached, else None.  Never runs one."""
+    hit = _REPLAYS.get((id(arch), s))
+    return hit[1] if hit is not None and hit[0] is arch else None
+
+
+def _store(arch: Architecture, s: TrainingSetup, res: ReplayResult) -> None:
+    with _LOCK:
+        if len(_REPLAYS) >= _MAX_CACHED:
+            _REPLAYS.clear()
+            _BY_SHAPE.clear()
+            _BY_STREAM.clear()
+        _REPLAYS[(id(arch), s)] = (arch, res)
+        sk = _shape_key(arch, s)
+        hit = _BY_SHAPE.get(sk)
+        if hit is None or hit[0] is not arch:
+            hit = _BY_SHAPE[sk] = (arch, {})
+        hit[1][(s.batch_size, s.seq_len)] = res
+
+
+def reserved_per_allocated(res: ReplayResult) -> float:
+    """A replay's fragmentation as a ratio: ``max_reserved_bytes / max_allocated_bytes`` (>= 1)."""
+    return max(1.0, float(res.max_reserved_bytes) / float(res.max_allocated_bytes)) if res.max_allocated_bytes else 1.0
+
+
+def carried_ratios(arch: Architecture, s: TrainingSetup, b: Any, sq: Any) -> Any:
+    """For each (batch, seq) of two arrays, the reserved / allocated ratio that
+    :func:`provisional_reserved_bytes` carries over: the cached replay of the same setup at
+    the nearest size in |log b - log b'| + |log s - log s'| (the first of equals), else
+    :data:`DEFAULT_RESERVED_PER_ALLOCATED` (a numpy array)."""
+    import numpy as np
+
+    hit = _BY_SHAPE.get(_shape_key(arch, s))
+    if hit is None or hit[0] is not arch or not hit[1]:
+        return np.full(np.shape(np.asarray(b)) or (1,), DEFAULT_RESERVED_PER_ALLOCATED, dtype=float).reshape(-1)
+    items = list(hit[1].items())
+    lb = np.log(np.asarray([k[0] for k, _ in items], dtype=float))
+    ls = np.log(np.asarray([k[1] for k, _ in items], dtype=float))
+    qb = np.log(np.asarray(b, dtype=float)).reshape(-1, 1)
+    qs = np.log(np.asarray(sq, dtype=float)).reshape(-1, 1)
+    idx = np.argmin(np.abs(qb - lb) + np.abs(qs - ls), axis=1)
+    return np.asarray([reserved_per_allocated(r) for _, r in items], dtype=float)[idx]
+
+
+def provisional_reserved_bytes(arch: Architecture, s: TrainingSetup, peak_bytes: float) -> Tuple[float, bool]:
+    """Reserved memory without running a replay: ``(bytes, exact)``.
+
+    * the replay of ``s`` is cached: ``(reserved_bytes(arch, s, peak), True)``, the exact value;
+    * else a replay of the same setup at another batch / sequence length is cached: the
+      nearest one's fragmentation carried over as a ratio,
+      ``peak_bytes x max(1, max_reserved / max_allocated of that replay)``, False;
+    * else ``peak_bytes x DEFAULT_RESERVED_PER_ALLOCATED`` (1.0812, the validation set's
+      median ratio), False.
+
+    The one place where an unreplayed setup's reserve is guessed (the widget's first frame,
+    ``Estimate.provisional_device_total_bytes``, the cells of ``fit_map`` it does not replay,
+    which call :func:`carried_ratios` for the whole grid at once).
+    """
+    if cached_replay(arch, s) is not None:
+        return reserved_bytes(arch, s, peak_bytes), True
+    ratio = float(carried_ratios(arch, s, [s.batch_size], [s.seq_len])[0])
+    return float(peak_bytes) * ratio, False
+
+
+def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Optional[float] = None,
+                    record: bool = False) -> ReplayResult:
+    """Replay the caching allocator (``allocator.replay``, with the setup's ``allocator``
+    settings) over this setup's step plan: the load and three training steps; cached per
+    architecture and setup when no capacity and no recording is asked for."""
+    from .plan import plan_view
+
+    view = plan_view(arch, s)
+
+    def run() -> ReplayResult:
+        return replay(view.events(), parse_alloc_conf(s.allocator), capacity_bytes, record)
+
+    if capacity_bytes is not None or record:
+        return run()
+
+    def replay_and_store() -> ReplayResult:
+        sk = view.stream_key()
+        hit = _BY_STREAM.get(sk) if sk is not None else None
+        res = hit[1] if hit is not None and hit[0] is arch else run()
+        if sk is not None:
+            _BY_STREAM[sk] = (arch, res)
+        _store(arch, s, res)
+        return res
+
+    return single_flight(_LOCK, _INFLIGHT, (id(arch), s), lambda: cached_replay(arch, s), replay_and_store)
+
+
+def single_flight(lock: Any, inflight: Dict[Any, threading.Event], key: Any, lookup: Callable[[], Any],
+                  compute: Callable[[], Any]) -> Any:
+    """``lookup()`` if it has the result, else ``compute()`` (which stores it where ``lookup``
+    finds it) run by one thread only: a thread asking for a ``key`` another thread is
+    computing waits for it and takes the stored result."""
+    while True:
+        hit = lookup()
+        if hit is not None:
+            return hit
+        with lock:
+            hit = lookup()
+            if hit is not None:
+                return hit
+            waiting = inflight.get(key)
+            if waiting is None:
+                done = inflight[key] = threading.Event()
+                break
+        waiting.wait()          # another thread computes this key: take its result
+    try:
+        return compute()
+    finally:
+        with lock:
+            inflight.pop(key, None)
+        done.set()
+
+
+def reserved_bytes(arch: Architecture, s: TrainingSetup, peak: float) -> float:
+    """``max_memory_reserved()`` of the setup whose allocated peak is ``peak``: its replay's."""
+    return reserved_of(replay_training(arch, s), peak)
+
+
+def reserved_of(r: ReplayResult, peak: float) -> float:
+    """The reserve a replay ``r`` of a step implies (with or without a card's capacity): its
+    own maximum, never below the allocated peak."""
+    return max(float(r.max_reserved_bytes), float(peak))
