@@ -209,6 +209,12 @@ def test_sdist_contains_the_bundle_presets_and_cases(dists):
     assert not missing, missing
 
 
+def _purelib(py: Path) -> str:
+    """The site-packages folder of the interpreter ``py`` (where a .pth file is read)."""
+    return run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=py.parent,
+               env=clean_env()).stdout.strip()
+
+
 def _venv(path: Path, system_site: bool) -> Path:
     """A new venv; ``system_site``: it also sees the packages of the environment running the
     tests.  ``--system-site-packages`` alone is not that when the tests run inside a venv
@@ -221,8 +227,7 @@ def _venv(path: Path, system_site: bool) -> Path:
     if system_site:
         import site
 
-        purelib = run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=path.parent,
-                      env=clean_env()).stdout.strip()
+        purelib = _purelib(py)
         outer = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
         (Path(purelib) / "_outer_environment.pth").write_text("\n".join(outer) + "\n", encoding="utf-8")
     return py
@@ -246,8 +251,7 @@ def _only_numpy(py: Path, tmp_path: Path) -> None:
     for name in os.listdir(site_dir):
         if name == "numpy" or name.startswith(("numpy.libs", "numpy-")):
             (extra / name).symlink_to(site_dir / name, target_is_directory=(site_dir / name).is_dir())
-    purelib = run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path,
-                  env=clean_env()).stdout.strip()
+    purelib = _purelib(py)
     (Path(purelib) / "_numpy_only.pth").write_text(f"{extra}\n", encoding="utf-8")
 
 
