@@ -30,10 +30,10 @@ class Activations:
     transient_layer_bytes: float          # backward working buffers of one layer
     backend: str
     layers_bytes: float = 0.0             # every saving block together (no checkpointing)
-    # forward work of one block, for the step time (timing.py): tensors created (one
-    # kernel each) and the bytes they write; the steady block and the first one
     # side towers (a VLM's vision encoder): saved tensors, not scaled by the text tokens
     tower: List[Tuple[str, float, str]] = field(default_factory=list)
+    # forward work of one block, for the step time (timing.py): tensors created (one
+    # kernel each) and the bytes they write; the same for the head
     fwd_ops_per_layer: float = 0.0
     fwd_written_bytes_per_layer: float = 0.0
     head_fwd_ops: float = 0.0
