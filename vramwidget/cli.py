@@ -479,22 +479,14 @@ def _quiet_hub(model: str) -> None:
     hf_logging.set_verbosity_error()
 
 
-#: why a strategy can need more GPUs than any count tried (fit's min_gpus gives None)
-_NO_COUNT_WHY = {
-    "ddp": "every GPU keeps a whole replica",
-    "zero2": "shards gradients and optimizer states, not the weights",
-    "zero3": "even sharded, one GPU's part and its working set do not fit",
-    "fsdp_full_shard": "even sharded, one GPU's part and its working set do not fit",
-    "fsdp_hybrid": "shards only within one node",
-}
-
-
 def _fewest_gpus_text(min_gpus: Dict[str, Optional[int]]) -> str:
     """fit's fewest-GPU counts; the strategies no count fits are named with the reason."""
     from .fit import MAX_GPUS_SEARCHED
 
     found = [f"{k} {v:,}" for k, v in min_gpus.items() if v]
-    never = [f"{k} ({_NO_COUNT_WHY.get(k, 'does not shard enough')})" for k, v in min_gpus.items() if not v]
+    from .strategies import BY_NAME
+
+    never = [f"{k} ({BY_NAME[k].why_no_count_fits()})" for k, v in min_gpus.items() if not v]
     text = ", ".join(found) if found else "none"
     if never:
         text += f"; no count up to {MAX_GPUS_SEARCHED:,} GPUs fits with " + ", ".join(never)

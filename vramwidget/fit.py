@@ -34,13 +34,14 @@ from .estimate import estimate_setup
 from .gpus import GPU, get_gpu
 from .inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int
 from .stacks import stack_switches
+from .strategies import BY_NAME, suggested
 from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
 from .training import TrainingSetup
 from .units import GIB
 from .verdict import capacity_bytes, fits
 
-#: sharding strategies min_gpus and suggestions try, in this order
-SHARDED = ("zero2", "zero3", "fsdp_full_shard")
+#: sharding strategies min_gpus and suggestions try, in this order (data/strategies.json "suggest")
+SHARDED = tuple(st.name for st in suggested())
 #: the longest sequence searched by default (tokens)
 MAX_SEQ_LIMIT = 1 << 20
 MAX_BATCH_LIMIT = 1 << 16
@@ -240,8 +241,8 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = M
 
     if strategy not in STRATEGIES:
         q.estimate(par={**q.par, "num_gpus": step})   # raises the strategy error
-    if strategy in ("none", "ddp", "zero0", "megatron"):
-        if strategy == "none" and dp_step > 1:
+    if BY_NAME[strategy].replicates:       # more replicas add no room
+        if BY_NAME[strategy].gradient_sync == "none" and dp_step > 1:
             return None
         return step if step <= max_gpus and ok(1) else None
     k = _largest(lambda k: not ok(k), max_gpus // step)   # the last count that does not fit
@@ -623,7 +624,7 @@ def _try_more_gpus(search: _Search) -> None:
     """Sharding over more GPUs (never more than ``max_gpus``)."""
     q, s, attempt, par0, n_now, max_gpus = search.q, search.s, search.attempt, search.par0, search.n_now, search.max_gpus
     strategy0 = search.strategy0
-    if strategy0 in ("none", "ddp"):
+    if BY_NAME[strategy0].engine in ("none", "torch"):     # one replica or plain DDP
         for strat in SHARDED:
             try:
                 n = min_gpus(q.arch, q.gpu, strat, max_gpus=max(max_gpus, n_now), **_kw_for(s, par0))
@@ -635,11 +636,12 @@ def _try_more_gpus(search: _Search) -> None:
             if n > 1:
                 more = "" if n == n_now else f"{n} GPUs; "
                 kind = "throughput" if n == n_now else "hardware"   # the same GPUs: only traffic changes
-                attempt(f"{_STRATEGY_TITLES[strat]} across {n} x {q.gpu.name}", kind,
-                        f"{more}{_COMM[strat]}", par_changes={"strategy": strat, "num_gpus": n},
-                        cost_value=n if kind == "hardware" else _TRAFFIC[strat], group="gpus",
-                        hardware=f"{n} × {q.gpu.name}" if n != n_now else "", time=_TIME[strat])
-    elif strategy0 in SHARDED + ("fsdp_hybrid", "zero1", "fsdp_shard_grad_op", "megatron_distopt"):
+                offer = BY_NAME[strat]
+                attempt(f"{offer.label} across {n} x {q.gpu.name}", kind,
+                        f"{more}{offer.suggest.communication}", par_changes={"strategy": strat, "num_gpus": n},
+                        cost_value=n if kind == "hardware" else offer.suggest.traffic_vs_ddp, group="gpus",
+                        hardware=f"{n} × {q.gpu.name}" if n != n_now else "", time=offer.suggest.time)
+    elif not BY_NAME[strategy0].replicates:      # already sharded: the same strategy on more GPUs
         try:
             n = min_gpus(q.arch, q.gpu, strategy0, max_gpus=max(max_gpus, n_now), **_kw_for(s, par0))
         except VramError:
@@ -653,12 +655,15 @@ def _try_more_gpus(search: _Search) -> None:
 def _try_cpu_offload(search: _Search) -> None:
     """DeepSpeed's CPU offload of the optimizer (and the parameters)."""
     attempt, par0, n_now, strategy0 = search.attempt, search.par0, search.n_now, search.strategy0
-    if strategy0 in ("none", "ddp", "zero0", "zero1", "zero2") and not par0.get("offload_optimizer"):
+    now = BY_NAME[strategy0]
+    # ZeRO-Offload is a move from one replica, DDP or a DeepSpeed stage that keeps the parameters whole
+    if now.engine in ("none", "torch", "deepspeed") and not now.gathers_parameters \
+            and not par0.get("offload_optimizer"):
         attempt("DeepSpeed ZeRO-Offload: optimizer on the CPU", "offload",
                 "the optimizer steps on the CPU; gradients go down and parameters come back over PCIe every step",
                 par_changes={"strategy": "zero2", "offload_optimizer": True, "num_gpus": n_now}, group="gpus",
                 time="PCIe transfers and a CPU optimizer step")
-    if strategy0 in ("none", "ddp", "zero0", "zero1", "zero2", "zero3") and not par0.get("offload_params"):
+    if now.engine in ("none", "torch", "deepspeed") and not par0.get("offload_params"):
         attempt("DeepSpeed ZeRO-3 with optimizer and parameters on the CPU", "offload",
                 "parameters are fetched from host memory over PCIe for every module, in forward and backward",
                 par_changes={"strategy": "zero3", "offload_optimizer": True, "offload_params": True, "num_gpus": n_now},
@@ -670,12 +675,13 @@ def _add_sharding_partners(search: _Search, combine: int) -> None:
     q, moves, n_now, max_gpus, strategy0 = search.q, search.moves, search.n_now, search.max_gpus, search.strategy0
     # sharding across a few GPUs also combines with the cheaper changes: the fewest counts that
     # are not already a single suggestion (2, 4 and max_gpus), ZeRO-3
-    if combine > 1 and strategy0 in ("none", "ddp"):
+    if combine > 1 and BY_NAME[strategy0].engine in ("none", "torch"):
         for n in sorted({2, 4, max_gpus}):
             if n_now < n <= max_gpus and not any(m.group == "gpus" and m.par.get("num_gpus") == n for m in moves):
-                moves.append(_Move(f"{_STRATEGY_TITLES['zero3']} across {n} x {q.gpu.name}", "hardware",
-                                   f"{n} GPUs; {_COMM['zero3']}", {}, {"strategy": "zero3", "num_gpus": n}, "gpus",
-                                   cost_value=n, hardware=f"{n} × {q.gpu.name}", time=_TIME["zero3"]))
+                z3 = BY_NAME["zero3"]
+                moves.append(_Move(f"{z3.label} across {n} x {q.gpu.name}", "hardware",
+                                   f"{n} GPUs; {z3.suggest.communication}", {}, {"strategy": "zero3", "num_gpus": n},
+                                   "gpus", cost_value=n, hardware=f"{n} × {q.gpu.name}", time=z3.suggest.time))
 
 
 def _try_combinations(search: _Search, combine: int) -> None:
@@ -716,13 +722,6 @@ def _timed(est: Any, gpu: GPU) -> Optional[Tuple[float, float, float]]:
     return step, tps, gpus / tps
 
 
-#: communication volume relative to DDP's all-reduce (ZeRO paper, section 7)
-_TRAFFIC = {"zero2": 1.0, "zero3": 1.5, "fsdp_full_shard": 1.5}
-_STRATEGY_TITLES = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp_full_shard": "FSDP full shard"}
-_TIME = {"zero2": "DDP's traffic", "zero3": "1.5x DDP's traffic", "fsdp_full_shard": "1.5x DDP's traffic"}
-_COMM = {"zero2": "reduce-scatter of gradients, all-gather of parameters after the step (DDP's traffic)",
-         "zero3": "parameters all-gathered in forward and backward: about 1.5x DDP's traffic",
-         "fsdp_full_shard": "parameters all-gathered in forward and backward: about 1.5x DDP's traffic"}
 
 
 def _kw_for(s: TrainingSetup, par: Dict[str, Any]) -> Dict[str, Any]:
@@ -753,7 +752,7 @@ def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
     }
     mg: Dict[str, Optional[int]] = {}
     base = {k: v for k, v in kw.items() if k not in ("strategy", "num_gpus")}
-    for strat in ("ddp",) + SHARDED + ("fsdp_hybrid",):
+    for strat in ("ddp",) + SHARDED + ("fsdp_hybrid",):   # DDP, the offered shardings, and hybrid
         try:
             mg[strat] = min_gpus(q.arch, q.gpu, strat, **base)
         except VramError:

@@ -95,27 +95,15 @@ from .result import Estimate, Node
 from .training import TrainingSetup
 from .units import DTYPE_BYTES, GIB
 from . import zero as _zero
+from .strategies import BY_NAME, names
 
-#: strategy -> what it is (for help texts and the widget)
-STRATEGIES: Dict[str, str] = {
-    "none": "No data parallelism (one replica; tensor/pipeline parallel only)",
-    "ddp": "PyTorch DDP: full replica per GPU, gradients all-reduced in buckets",
-    "zero0": "DeepSpeed ZeRO stage 0: DeepSpeed's mixed-precision optimizer, nothing partitioned",
-    "zero1": "DeepSpeed ZeRO-1: optimizer states partitioned",
-    "zero2": "DeepSpeed ZeRO-2: optimizer states and gradients partitioned",
-    "zero3": "DeepSpeed ZeRO-3: parameters, gradients and optimizer states partitioned",
-    "fsdp_full_shard": "PyTorch FSDP FULL_SHARD: parameters, gradients, optimizer states sharded",
-    "fsdp_shard_grad_op": "PyTorch FSDP SHARD_GRAD_OP: gradients and optimizer states sharded; "
-                          "parameters kept gathered from forward to backward",
-    "fsdp_hybrid": "PyTorch FSDP HYBRID_SHARD: full shard within a node, replicated across nodes",
-    "megatron": "Megatron-LM DDP: bf16 parameters, fp32 main gradients, fp32 optimizer (not distributed)",
-    "megatron_distopt": "Megatron-LM with --use-distributed-optimizer: fp32 master weights and "
-                        "Adam states sharded over data-parallel ranks",
-}
+#: strategy -> what it is (for help texts and the widget): data/strategies.json, read by
+#: vramwidget/strategies.py, is the one list of strategies
+STRATEGIES: Dict[str, str] = {name: s.title for name, s in BY_NAME.items()}
 
-DEEPSPEED = ("zero0", "zero1", "zero2", "zero3")
-FSDP = ("fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_hybrid")
-MEGATRON = ("megatron", "megatron_distopt")
+DEEPSPEED = names("deepspeed")
+FSDP = names("fsdp")
+MEGATRON = names("megatron")
 
 #: PyTorch DDP ``bucket_cap_mb`` default: 25, which torch turns into 25 * 1024 * 1024 bytes
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
@@ -397,10 +385,10 @@ def _layout(arch: Architecture, s: TrainingSetup, strategy: str, num_gpus: Any, 
                             f"(expert-parallel ranks are taken from the data-parallel ones)", field="expert_parallel")
     m = s.grad_accum_steps if micro_batches is None else _posint("micro_batches", micro_batches)
     replicas = dp * cp
-    if strategy == "fsdp_hybrid":
+    if BY_NAME[strategy].shard_group == "node":       # HYBRID_SHARD: sharded within a node
         per_node = max(1, gpn // (tp * pp))
         shard = max(1, min(replicas, per_node))
-    elif strategy in ("none", "ddp", "zero0", "megatron"):
+    elif BY_NAME[strategy].replicates:
         shard = 1
     else:
         shard = replicas
@@ -773,7 +761,7 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                     ("ddp_bucket_view", ddp_bucket_view)):
         if not isinstance(v, bool):
             raise VramError(f"{name}: must be true or false, got {shown(v)}", field=name)
-    if offload_optimizer and strategy not in ("zero1", "zero2", "zero3"):
+    if offload_optimizer and not BY_NAME[strategy].offload_optimizer:
         hint = " (FSDP offloads parameters, gradients and the optimizer together: offload_params=True)" \
             if strategy in FSDP else ""
         raise VramError(f"offload_optimizer: needs DeepSpeed ZeRO-1, 2 or 3, not {shown(strategy)}{hint}",
@@ -785,7 +773,7 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                         f"{shown(strategy)} the engine keeps or zeroes its own gradient partitions (leave it True, torch's "
                         f"default)",
                         field="zero_grad_set_to_none")
-    if offload_params and strategy not in ("zero3",) + FSDP:
+    if offload_params and not BY_NAME[strategy].offload_params:
         raise VramError(f"offload_params: needs ZeRO-3 or FSDP, not {shown(strategy)}", field="offload_params")
     if bucket_mb is not None and (isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float))
                                   or not bucket_mb > 0 or bucket_mb == float("inf")):
@@ -1121,11 +1109,12 @@ def _base_factors(strategy: str, N: int, Ne: int, off_opt: bool, off_par: bool):
     on the GPU (weights, gradients, states, optimizer temporaries: dense and experts)."""
     fsdp, mega = strategy in FSDP, strategy in MEGATRON
     fw = fwe = fg = fge = fo = foe = 1.0
-    if strategy in ("zero3", "fsdp_full_shard", "fsdp_hybrid", "fsdp_shard_grad_op"):
+    partitions = BY_NAME[strategy].partitions      # data/strategies.json
+    if "parameters" in partitions:
         fw, fwe = 1.0 / N, 1.0 / Ne
-    if strategy in ("zero2", "zero3") + FSDP:
+    if "gradients" in partitions:
         fg, fge = 1.0 / N, 1.0 / Ne
-    if strategy in ("zero1", "zero2", "zero3", "megatron_distopt") + FSDP:
+    if "optimizer_states" in partitions:
         fo, foe = 1.0 / N, 1.0 / Ne
     w_gpu, wE_gpu = (0.0, 0.0) if off_par else (fw, fwe)
     g_gpu, gE_gpu = fg, fge

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .units import DTYPE_BYTES
+from .strategies import strategy as strategy_record
 
 # ----------------------------------------------------------------------------------
 # The fitted GPU-level constants (one set for every model and setup)
@@ -684,29 +685,28 @@ def communication(gpu: Any, lay: Dict[str, Any], sizes: Dict[str, float], st: "S
     exposed = 0.0
     cpu_step = 0.0
     fwd, bwd = st.forward.seconds, st.backward.seconds
-    if strategy in ("ddp", "zero0", "megatron") and reps > 1:
+    strat = strategy_record(strategy)      # what the strategy does: data/strategies.json
+    overlapped = strat.overlaps(bool(lay.get("overlap_comm")))
+    if strat.gradient_sync == "all_reduce" and reps > 1:
         t = _ring("all_reduce", G, reps, dp_bw)
         out["gradient all-reduce"] = t
-        if strategy == "ddp" or lay.get("overlap_comm"):
-            exposed += max(0.0, t - bwd)
-        else:
-            exposed += t
-    elif strategy in ("zero1", "zero2", "megatron_distopt") and reps > 1:
+        exposed += max(0.0, t - bwd) if overlapped else t
+    elif strat.gradient_sync == "reduce_scatter" and not strat.parameter_all_gathers and reps > 1:
         rs = _ring("reduce_scatter", G, reps, dp_bw)
         ag = _ring("all_gather", W, reps, dp_bw)
         out["gradient reduce-scatter"] = rs
         out["parameter all-gather after the step"] = ag
-        exposed += (max(0.0, rs - bwd) if lay.get("overlap_comm") else rs) + ag
-    elif strategy in ("zero3", "fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_hybrid") and reps > 1:
-        n = shard if strategy == "fsdp_hybrid" else reps
-        bw = intra if strategy == "fsdp_hybrid" else dp_bw
-        gathers = 1 if strategy == "fsdp_shard_grad_op" else 2
-        ag = gathers * _ring("all_gather", W, n, bw) * (m if strategy != "fsdp_shard_grad_op" else 1)
+        exposed += (max(0.0, rs - bwd) if overlapped else rs) + ag
+    elif strat.parameter_all_gathers and reps > 1:
+        within_node = strat.shard_group == "node"
+        n = shard if within_node else reps
+        bw = intra if within_node else dp_bw
+        ag = strat.parameter_all_gathers * _ring("all_gather", W, n, bw) * (m if strat.gathers_every_micro_batch else 1)
         rs = _ring("reduce_scatter", G, n, bw)
         out["parameter all-gathers (forward and backward)"] = ag
         out["gradient reduce-scatter"] = rs
         overlappable += ag + rs
-        if strategy == "fsdp_hybrid" and reps > n:
+        if within_node and reps > n:
             t = _ring("all_reduce", G / n, reps // n, inter)
             out["gradient all-reduce across nodes"] = t
             exposed += t

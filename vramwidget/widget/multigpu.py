@@ -5,22 +5,23 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+from ..strategies import BY_NAME
 from ..units import GIB
 from .state import PARALLEL_DEFAULTS, PARALLEL_INPUTS
 
-#: short names of the parallel strategies for the drop-down (the long ones are parallel.STRATEGIES)
-_STRATEGY_LABELS: Dict[str, str] = {
-    "none": "none (one replica)", "ddp": "DDP", "zero0": "DeepSpeed ZeRO-0", "zero1": "DeepSpeed ZeRO-1",
-    "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3", "fsdp_full_shard": "FSDP full shard",
-    "fsdp_shard_grad_op": "FSDP shard grad + optimizer", "fsdp_hybrid": "FSDP hybrid shard",
-    "megatron": "Megatron-LM DDP", "megatron_distopt": "Megatron-LM distributed optimizer",
-    "device_map": 'device_map="auto" (layers split over the GPUs)',
-}
 #: the strategy drop-down's entry for transformers' device_map split (not a data-parallel
 #: strategy: estimate_parallel(strategy="none", device_map="auto", max_memory=...))
 DEVICE_MAP = "device_map"
-_OFFLOAD_OPTIMIZER = ("zero1", "zero2", "zero3")
-_OFFLOAD_PARAMS = ("zero3", "fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_hybrid")
+_DEVICE_MAP_LABEL = 'device_map="auto" (layers split over the GPUs)'
+#: which strategies can offload what (data/strategies.json, vramwidget/strategies.py)
+_OFFLOAD_OPTIMIZER = tuple(n for n, s in BY_NAME.items() if s.offload_optimizer)
+_OFFLOAD_PARAMS = tuple(n for n, s in BY_NAME.items() if s.offload_params)
+
+
+def _needs(strategies) -> str:
+    """Why an offload box is greyed out: the strategies that can do it."""
+    return "needs " + " or ".join(BY_NAME[n].label for n in strategies) + \
+        " (choose strategy " + " or ".join(strategies) + ")"
 
 
 class ParallelPanel:
@@ -65,9 +66,9 @@ class ParallelPanel:
 
     def _disabled_parallel(self, off: Dict[str, str]) -> None:
         if self.strategy not in _OFFLOAD_OPTIMIZER:
-            off["offload_optimizer"] = "needs DeepSpeed ZeRO-1, 2 or 3 (choose strategy zero1, zero2 or zero3)"
+            off["offload_optimizer"] = _needs(_OFFLOAD_OPTIMIZER)
         if self.strategy not in _OFFLOAD_PARAMS:
-            off["offload_params"] = "needs ZeRO-3 or FSDP (choose strategy zero3 or fsdp_*)"
+            off["offload_params"] = _needs(_OFFLOAD_PARAMS)
         if self.strategy == DEVICE_MAP:
             for k in ("tensor_parallel", "pipeline_parallel"):
                 off[k] = "device_map places whole layers on the GPUs by their memory"
@@ -75,9 +76,7 @@ class ParallelPanel:
 
 def strategy_options():
     """The strategy drop-down's [value, label] pairs."""
-    from ..parallel import STRATEGIES
-
-    return [[k, _STRATEGY_LABELS.get(k, k)] for k in STRATEGIES] + [[DEVICE_MAP, _STRATEGY_LABELS[DEVICE_MAP]]]
+    return [[k, s.label] for k, s in BY_NAME.items()] + [[DEVICE_MAP, _DEVICE_MAP_LABEL]]
 
 
 def device_map_setup(num_gpus: int, gpu: str) -> Dict[str, Any]:
@@ -113,7 +112,7 @@ def parallel_summary(p: Any) -> Dict[str, Any]:
             })
     return {
         "strategy": p.strategy,
-        "strategy_label": _STRATEGY_LABELS.get(p.strategy, p.strategy),
+        "strategy_label": BY_NAME[p.strategy].label if p.strategy in BY_NAME else p.strategy,
         "num_gpus": lay["num_gpus"],
         "data_parallel": lay["data_parallel"],
         "tensor_parallel": lay["tensor_parallel"],

@@ -19,6 +19,7 @@ from ..errors import VramError
 from ..inputs import Field, guard_traits
 from ..inputs import shown as short_repr
 from ..result import Estimate
+from ..strategies import BY_NAME
 from ..training import FIELDS
 
 _STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
@@ -228,9 +229,8 @@ class State(anywidget.AnyWidget, SetupTraits):
         "GPUs of the run (data parallel = num_gpus / (tensor_parallel x pipeline_parallel)); "
         "more than one replica with strategy 'none' makes the strategy 'ddp'.")).tag(sync=True)
     strategy = t.Unicode("none", **_doc(
-        "How data-parallel replicas store the model states: none | ddp | zero0 | zero1 | zero2 | "
-        "zero3 | fsdp_full_shard | fsdp_shard_grad_op | fsdp_hybrid | megatron | megatron_distopt "
-        "(vramwidget.parallel.STRATEGIES).")).tag(sync=True)
+        "How data-parallel replicas store the model states: " + " | ".join(BY_NAME) +
+        " (vramwidget/data/strategies.json), or device_map.")).tag(sync=True)
     tensor_parallel = t.Int(1, **_doc(
         "Tensor-parallel size: attention heads, MLP width and vocabulary split over this many "
         "GPUs (must divide the heads).")).tag(sync=True)

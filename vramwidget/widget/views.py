@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .. import charts, gpus
 from ..result import Estimate
+from ..strategies import BY_NAME
 from ..treemap import KNOWN_COMPONENTS, UnitBox, caption_rows, comparison_rows, fmt_gib, total_bytes
 from ..units import GIB
 from ..verdict import capacity_bytes
@@ -151,9 +152,7 @@ SHORT_LABELS: Dict[str, Dict[str, str]] = {
     "gradient_checkpointing": {"none": "None", "selective": "Selective", "full": "Full"},
     "attn_implementation": {"sdpa": "SDPA", "flash_attention_2": "FlashAttention 2", "eager": "Eager"},
     "quantization": {"none": "None", "nf4": "NF4 4-bit", "fp4": "FP4 4-bit", "int8": "LLM.int8"},
-    "strategy": {"none": "None", "ddp": "DDP", "zero0": "ZeRO-0", "zero1": "ZeRO-1", "zero2": "ZeRO-2",
-                 "zero3": "ZeRO-3", "fsdp_full_shard": "FSDP full", "fsdp_shard_grad_op": "FSDP grad+opt",
-                 "fsdp_hybrid": "FSDP hybrid", "megatron": "Megatron DDP", "megatron_distopt": "Megatron DistOpt"},
+    "strategy": {name: s.short for name, s in BY_NAME.items()},   # data/strategies.json
     "kv_cache_dtype": {"auto": "auto"},
     "stack": {"hf": "HF / TRL / PEFT", "torchtune": "torchtune", "litgpt": "LitGPT", "unsloth": "Unsloth",
               "axolotl": "axolotl"},
