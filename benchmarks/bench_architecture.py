@@ -20,7 +20,7 @@ from _timing import ROOT, fmt_ms, percentile, time_calls  # noqa: E402,F401
 
 
 # the package (from this checkout when it is not installed)
-from vramwidget import architecture, presets  # noqa: E402
+from vramwidget.model import architecture, presets  # noqa: E402
 
 TARGET_S = 1e-3
 

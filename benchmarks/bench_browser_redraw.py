@@ -130,7 +130,7 @@ def main() -> int:
 
     from playwright.sync_api import sync_playwright
 
-    from vramwidget import charts
+    from vramwidget.show import charts
     from vramwidget.widget import Calculator
 
     calc = Calculator(args.model)

@@ -30,7 +30,7 @@ from _timing import ROOT, fmt_ms, percentile, time_calls  # noqa: E402,F401
 
 
 # the package (from this checkout when it is not installed)
-from vramwidget import architecture  # noqa: E402
+from vramwidget.model import architecture  # noqa: E402
 from vramwidget.errors import VramError  # noqa: E402
 from vramwidget.estimate import estimate_setup  # noqa: E402
 from vramwidget.training import TrainingSetup  # noqa: E402

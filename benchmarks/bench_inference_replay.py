@@ -31,9 +31,9 @@ import _timing  # noqa: E402,F401  (puts the checkout on sys.path)
 
 import vramwidget as vw  # noqa: E402
 from vramwidget.allocator import expand_runs, replay, replay_runs  # noqa: E402
-from vramwidget.architecture import load  # noqa: E402
-from vramwidget.inference import InferenceSetup  # noqa: E402
-from vramwidget.inference_events import clear_caches, inference_runs, replay_parts  # noqa: E402
+from vramwidget.model.architecture import load  # noqa: E402
+from vramwidget.inference.estimate import InferenceSetup  # noqa: E402
+from vramwidget.inference.events import clear_caches, inference_runs, replay_parts  # noqa: E402
 
 CASES = (
     ("8k context, prompt = context", dict(context_len=8192), 1.0),

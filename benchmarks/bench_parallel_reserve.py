@@ -11,7 +11,7 @@ import random
 import time
 
 import vramwidget as vw
-from vramwidget.architecture import load
+from vramwidget.model.architecture import load
 from vramwidget.estimate import estimate_setup
 from vramwidget.parallel import STRATEGIES
 from vramwidget.training import TrainingSetup

@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import fmt_ms, percentile, time_calls  # noqa: E402
 
-from vramwidget import architecture  # noqa: E402
+from vramwidget.model import architecture  # noqa: E402
 from vramwidget.estimate import estimate_setup  # noqa: E402
 from vramwidget.gpus import get_gpu  # noqa: E402
 from vramwidget.training import TrainingSetup  # noqa: E402

@@ -63,7 +63,7 @@ def main() -> int:
 
     from vramwidget import widget as W
     from vramwidget.events import replay_training
-    from vramwidget.treemap import comparison_rows, layout_rows, unit_box
+    from vramwidget.show.treemap import comparison_rows, layout_rows, unit_box
     from vramwidget.widget.state import estimate_fn
 
     calc = W.Calculator(args.model, gpu=args.gpu, method=args.method)

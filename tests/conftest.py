@@ -17,7 +17,7 @@ def param_counts():
 @pytest.fixture(scope="session")
 def cases():
     """The 45 measured H200 training cases shipped in the package."""
-    from vramwidget.validate import BUILTIN_CASES, load_cases
+    from vramwidget.measure.validate import BUILTIN_CASES, load_cases
 
     return load_cases(BUILTIN_CASES)
 

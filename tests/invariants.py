@@ -13,8 +13,8 @@ import random
 from typing import Any, Dict, List, Optional
 
 from vramwidget import CHOICES, VramError, estimate
-from vramwidget.architecture import load
-from vramwidget.presets import list_presets
+from vramwidget.model.architecture import load
+from vramwidget.model.presets import list_presets
 
 
 def _all(field: str) -> List[str]:

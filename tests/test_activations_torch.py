@@ -1,4 +1,4 @@
-"""The block traces of activations.py against what autograd really saves (torch, CPU).
+"""The block traces of model/activations.py against what autograd really saves (torch, CPU).
 
 tools/saved_tensors.py builds tiny models of each family with transformers, records every
 storage that autograd keeps (saved_tensors_hooks) and takes the difference between a 3- and
@@ -157,7 +157,7 @@ def test_whole_model_saves_what_the_input_length_adds(model_type, attn):
     from saved_tensors import LAYER_KEY, TINY
     from transformers import AutoConfig
 
-    from vramwidget.architecture import from_config
+    from vramwidget.model.architecture import from_config
     from vramwidget.plan.params import param_storage
     from vramwidget.plan.profile import activations_at
     from vramwidget.training import TrainingSetup

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 import vramwidget as vw
 from vramwidget.allocator import (AllocatorConfig, CachingAllocator, allocation_size, parse_alloc_conf, replay,
                                   round_size)
-from vramwidget.architecture import from_config, load
+from vramwidget.model.architecture import from_config, load
 from vramwidget.plan import plan_events as training_events  # noqa: E402
 from vramwidget.training import setup_from_case
 from vramwidget.units import MIB
-from vramwidget.validate import BUILTIN_CASES, load_cases
+from vramwidget.measure.validate import BUILTIN_CASES, load_cases
 
 DEFAULT = AllocatorConfig()
 
@@ -297,7 +297,7 @@ def test_qlora_stream_dequantizes_every_4bit_weight_at_its_size():
     batch and sequence.  The block profile is solved as a*T + b*T*s from two probes, which a
     constant does not fit (it gave (1.5 T - 0.5 T s) x n: negative, so dropped, from s = 3);
     constants are kept as such.  Llama 3.1 8B: q_proj 4096 x 4096, k_proj 1024 x 4096."""
-    from vramwidget.architecture import load
+    from vramwidget.model.architecture import load
     from vramwidget.plan import plan_events as training_events
     from vramwidget.training import TrainingSetup
 

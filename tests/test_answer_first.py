@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 
 import vramwidget as vw
-from vramwidget import charts, fit, verdict
-from vramwidget.treemap import caption_width
+from vramwidget.show import charts
+from vramwidget import fit, verdict
+from vramwidget.show.treemap import caption_width
 from vramwidget.units import GIB, MIB
 from vramwidget.widget import INPUTS, Calculator
 from vramwidget.widget.controls import CONTROLS, visible_by_default

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from vramwidget import architecture as A
-from vramwidget import presets
-from vramwidget.validate import BUILTIN_CASES, load_cases
+from vramwidget.model import architecture as A
+from vramwidget.model import presets
+from vramwidget.measure.validate import BUILTIN_CASES, load_cases
 from vramwidget.errors import VramError
 
 

@@ -22,7 +22,7 @@ import vramwidget as vw
 from vramwidget import fit, gpus, verdict
 from vramwidget.allocator import replay
 from vramwidget.fitmap import fit_map
-from vramwidget.inference import estimate_inference
+from vramwidget.inference.estimate import estimate_inference
 from vramwidget.result import EstimateSources
 from vramwidget.units import MIB
 

@@ -4,7 +4,7 @@ import altair as alt
 import pytest
 
 import vramwidget as vw
-from vramwidget.chartview import ChartView, show
+from vramwidget.show.chartview import ChartView, show
 
 
 def test_chartview_holds_the_spec_and_the_bundle():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from vramwidget import cli
-from vramwidget.validate import BUILTIN_CASES
+from vramwidget.measure.validate import BUILTIN_CASES
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAM_COUNTS = json.loads((ROOT / "tests" / "data" / "param_counts.json").read_text())
@@ -172,7 +172,7 @@ def test_estimate_param_count_model(capsys):
 
 
 def test_estimate_config_json_path(capsys, tmp_path):
-    from vramwidget import presets
+    from vramwidget.model import presets
 
     cfg = presets.get("llama-3.2-1b")["config"]
     p = tmp_path / "llama1b" / "config.json"
@@ -319,7 +319,7 @@ def test_presets_and_models(capsys):
 
 
 def test_measure_is_delegated(capsys, monkeypatch):
-    import vramwidget.measure as measure
+    import vramwidget.measure.training as measure
 
     seen = {}
 

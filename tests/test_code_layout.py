@@ -11,9 +11,9 @@ from test_house_rules import GRAPH, MODULES, ROOT  # the one reader of the impor
 
 def test_an_estimate_does_not_draw_itself():
     """Charts import results, never the other way: result and treemap know no chart code."""
-    for name in ("vramwidget.result", "vramwidget.treemap"):
-        assert "vramwidget.charts" not in GRAPH[name], name
-    assert "vramwidget.result" in GRAPH["vramwidget.charts"]
+    for name in ("vramwidget.result", "vramwidget.show.treemap"):
+        assert "vramwidget.show.charts" not in GRAPH[name], name
+    assert "vramwidget.result" in GRAPH["vramwidget.show.charts"]
 
 
 def test_fit_is_pure_and_the_cli_holds_its_command_line():
@@ -26,12 +26,12 @@ def test_fit_is_pure_and_the_cli_holds_its_command_line():
 
 
 def test_the_core_imports_no_widget_or_chart_code():
-    core = ("vramwidget.architecture", "vramwidget.training", "vramwidget.activations",
+    core = ("vramwidget.model.architecture", "vramwidget.training", "vramwidget.model.activations",
             "vramwidget.estimate", "vramwidget.result", "vramwidget.parallel", "vramwidget.fit",
-            "vramwidget.inference", "vramwidget.units", "vramwidget.gpus")
+            "vramwidget.inference.estimate", "vramwidget.units", "vramwidget.gpus")
     for name in core:
-        bad = {d for d in GRAPH[name] if d.startswith(("vramwidget.widget", "vramwidget.charts",
-                                                       "vramwidget.chartview", "vramwidget.cli"))}
+        bad = {d for d in GRAPH[name] if d.startswith(("vramwidget.widget", "vramwidget.show.charts",
+                                                       "vramwidget.show.chartview", "vramwidget.cli"))}
         assert not bad, (name, bad)
 
 

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 import vramwidget as vw
 from vramwidget import fit, gpus, verdict
 from vramwidget.fitmap import fit_map
-from vramwidget.inference import estimate_inference
+from vramwidget.inference.estimate import estimate_inference
 from vramwidget.units import CUDA_CONTEXT_BYTES, MIB
 
 MODEL = "llama-3.2-1b"

@@ -131,7 +131,7 @@ def test_default_configs_count_as_transformers_builds_them():
     cannot route), so it is given 6, the released V2-Lite's."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("torch")
-    from vramwidget.architecture import SUPPORTED_MODEL_TYPES
+    from vramwidget.model.architecture import SUPPORTED_MODEL_TYPES
 
     checked = {}
     for mt in sorted(SUPPORTED_MODEL_TYPES):

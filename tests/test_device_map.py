@@ -6,7 +6,7 @@ import pytest
 import vramwidget as vw
 from vramwidget import VramError
 from vramwidget import device_map as D
-from vramwidget.architecture import load
+from vramwidget.model.architecture import load
 from vramwidget.plan.params import param_storage as _params
 from vramwidget.training import TrainingSetup
 from vramwidget.units import GIB
@@ -139,10 +139,10 @@ def test_cli_device_map_and_zero_flags(capsys):
 
 
 def test_the_one_gpu_inference_estimate_points_a_split_to_the_package_function():
-    """vramwidget.inference.estimate_inference is one GPU's generate(): a device_map or max_memory
+    """vramwidget.inference.estimate.estimate_inference is one GPU's generate(): a device_map or max_memory
     there is a VramError naming the field and the function that splits (split_inference imports
     inference, so inference cannot call it back without an import circle); before, an ImportError."""
-    from vramwidget.inference import estimate_inference
+    from vramwidget.inference.estimate import estimate_inference
 
     for kw in ({"device_map": "auto"}, {"max_memory": {0: "10GiB"}}):
         with pytest.raises(VramError, match="vramwidget.estimate_inference") as e:

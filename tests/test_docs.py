@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 
-MODULES = ["architecture", "estimate", "training", "result", "validate", "scenarios", "fit", "parallel",
-           "inference", "chartview", "widget", "charts", "treemap", "gpus", "presets", "hub", "measure", "measure_inference",
+MODULES = ["model.architecture", "estimate", "training", "result", "measure.validate", "scenarios", "fit",
+           "parallel", "strategies", "inference.estimate", "inference", "show.chartview", "widget", "show.charts",
+           "show.treemap", "gpus", "model.presets", "model.hub", "measure.training", "measure.inference",
            "cli", "verdict", "fitmap", "widget.state", "widget.training", "widget.multigpu", "widget.inference",
            "widget.suggestions", "widget.views", "widget.formats", "widget.calculator", "widget.options",
            "widget.verdictpanel", "widget.controls",
-           "units", "errors", "activations", "families"]
-# every family module too (vramwidget/families/*.py)
-MODULES += ["families." + p.stem for p in sorted((Path(__file__).parent.parent / "vramwidget" / "families").glob("*.py"))
+           "units", "errors", "model.activations", "model.families"]
+# every family module too (vramwidget/model/families/*.py)
+MODULES += ["model.families." + p.stem for p in
+            sorted((Path(__file__).parent.parent / "vramwidget" / "model" / "families").glob("*.py"))
             if p.stem != "__init__"]
 
 

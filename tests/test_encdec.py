@@ -9,7 +9,7 @@ import os
 import pytest
 
 import vramwidget as vw
-from vramwidget.architecture import from_config
+from vramwidget.model.architecture import from_config
 
 HERE = os.path.dirname(__file__)
 RECORD = json.load(open(os.path.join(HERE, "data", "param_counts.json")))
@@ -26,7 +26,7 @@ def _meta_count(cfg, cls="AutoModelForSeq2SeqLM"):
 
 @pytest.mark.parametrize("name", ["t5-base", "flan-t5-base", "flan-t5-large", "flan-t5-xl", "t0-3b", "mt5-xl"])
 def test_estimate_of_a_config_dict_counts_what_transformers_counts(name):
-    from vramwidget.presets import get
+    from vramwidget.model.presets import get
     cfg = dict(get(name)["config"])
     est = vw.estimate(cfg, batch_size=2, seq_len=128)
     arch = from_config(cfg)
@@ -43,7 +43,7 @@ def test_bart_large_counts_what_transformers_counts():
     """facebook/bart-large as BartForConditionalGeneration: 406,291,456 parameters (recorded by
     tools/record_param_counts.py with transformers 5.23 on meta; lm_head and both stacks'
     embed_tokens are ``model.shared``), and a tiny config with unequal stacks built live."""
-    from vramwidget.presets import get
+    from vramwidget.model.presets import get
     cfg = dict(get("bart-large")["config"])
     assert from_config(cfg).params_total == RECORD["bart-large"]["params_total"] == 406_291_456
     assert RECORD["bart-large"]["model_class"] == "BartForConditionalGeneration"
@@ -66,7 +66,7 @@ def test_live_meta_count_of_an_untied_v1_1_config():
 def test_flan_t5_xl_released_size():
     """flan-t5-xl: 2,849,757,184 parameters on the Hub (its own lm_head, 32128 x 2048);
     transformers 5 ties lm_head to ``shared``, so it counts 65,798,144 fewer."""
-    arch = vw.architecture.load("flan-t5-xl")
+    arch = vw.load_architecture("flan-t5-xl")
     assert arch.params_total == 2_849_757_184 - 32128 * 2048
 
 
@@ -99,7 +99,7 @@ def test_encoder_output_kept_once_not_per_decoder_layer():
 
 
 def test_task_encoder_has_no_decoder_layers():
-    arch = vw.architecture.load("flan-t5-base", task="encoder")
+    arch = vw.load_architecture("flan-t5-base", task="encoder")
     assert arch.layer_kinds == [("encoder", 12)]
     assert arch.num_layers == 12
     with pytest.raises(vw.VramError, match="task"):
@@ -110,7 +110,7 @@ def test_t5_kv_cache_holds_self_and_cross_attention():
     """generate()'s EncoderDecoderCache: per decoder layer, self-attention k/v of the decoder
     tokens and cross-attention k/v of the encoder output (a x d_kv each per token); with the
     encoder input as long as the context that is 2 x 2 x L_dec x a x d_kv x 2 B per token."""
-    from vramwidget.inference import kv_cache_bytes
+    from vramwidget.inference.estimate import kv_cache_bytes
     # flan-t5-xl: 24 decoder layers, 32 heads x d_kv 64
     assert kv_cache_bytes("flan-t5-xl", 512, batch_size=4) == 4 * 512 * (2 * 24) * 2 * 32 * 64 * 2
     assert kv_cache_bytes("flan-t5-xl", 512) == 2 * kv_cache_bytes("flan-t5-xl", 256)
@@ -122,7 +122,7 @@ def test_t5_kv_cache_holds_self_and_cross_attention():
 
 @pytest.mark.parametrize("name", ["bert-base-uncased", "bert-large-uncased"])
 def test_bert_estimate_counts_bert_for_masked_lm(name):
-    from vramwidget.presets import get
+    from vramwidget.model.presets import get
     cfg = dict(get(name)["config"])
     est = vw.estimate(cfg, batch_size=2, seq_len=128)
     # recorded with transformers 5.23 (AutoModelForMaskedLM on meta): the published 110M / 340M
@@ -149,7 +149,7 @@ def test_bert_mlm_logits_cover_every_position_without_upcast():
 
 
 def test_encoder_has_no_kv_cache():
-    from vramwidget.inference import kv_cache_bytes
+    from vramwidget.inference.estimate import kv_cache_bytes
     assert kv_cache_bytes("bert-base-uncased", 512, batch_size=4) == 0
     est = vw.estimate_inference("bert-base-uncased", batch_size=4, context_len=512)
     assert "kv cache" not in set(est.to_dataframe()["component"])
@@ -161,7 +161,7 @@ def test_encoder_has_no_kv_cache():
 
 @pytest.mark.parametrize("name", ["modernbert-base", "modernbert-large"])
 def test_modernbert_estimate_counts_modernbert_for_masked_lm(name):
-    from vramwidget.presets import get
+    from vramwidget.model.presets import get
     cfg = dict(get(name)["config"])
     est = vw.estimate(cfg, batch_size=2, seq_len=512)
     # recorded with transformers 5.23 (AutoModelForMaskedLM on meta): the published 149M / 395M
@@ -174,7 +174,7 @@ def test_modernbert_estimate_counts_modernbert_for_masked_lm(name):
 def test_modernbert_layers_alternate_global_and_local():
     """layer_types: every global_attn_every_n_layers-th layer (from 0) global, the others local
     with half of local_attention on each side (ModernBertConfig)."""
-    arch = vw.architecture.load("modernbert-base")
+    arch = vw.load_architecture("modernbert-base")
     assert arch.family.local_layers(arch) == (22 - 8, 128)
     assert any("14 of 22 layers attend within a 128-token window" in n for n in arch.family.notes(arch))
     assert arch.layer_kinds == [("first (no attn_norm)", 1), ("layer", 21)]
@@ -195,7 +195,7 @@ def _loss_tensors(est):
 
 
 def test_modernbert_has_no_kv_cache():
-    from vramwidget.inference import kv_cache_bytes
+    from vramwidget.inference.estimate import kv_cache_bytes
     assert kv_cache_bytes("modernbert-base", 8192, batch_size=2) == 0
 
 
@@ -242,7 +242,7 @@ def test_t5_base_512_in_128_out():
     from vramwidget.plan.params import param_storage
     from vramwidget.plan.profile import activations_at
     from vramwidget.training import TrainingSetup
-    arch = vw.architecture.load("t5-base")
+    arch = vw.load_architecture("t5-base")
     s = TrainingSetup.from_kwargs(target_len=128, **kw)
     fwd = _loss_tensors(after)
     assert fwd["logits"] == fwd["log_softmax output"] == 8 * 128 * 32128 * 2
@@ -331,7 +331,7 @@ def test_allocator_events_size_each_stack_by_its_own_length(model):
     the loss at b x t.  The stream's allocated peak, before the allocator's rounding, is the
     analytic peak within 2% (measured -1.6% .. +0.3%; without target_len the same setups give
     -1.5% .. +0.5%), for a target shorter and longer than the input."""
-    from vramwidget.architecture import load
+    from vramwidget.model.architecture import load
     from vramwidget.plan import plan_events as training_events
     from vramwidget.training import TrainingSetup
 

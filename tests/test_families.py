@@ -1,6 +1,6 @@
 """Model families as plug-ins (issue 11).
 
-The refactor that moved every family into ``vramwidget/families/`` must not change a number:
+The refactor that moved every family into ``vramwidget/model/families/`` must not change a number:
 ``validate``'s text and JSON output on the shipped H200 cases are compared byte for byte
 with the output recorded from main before the move (tests/data/validate_h200_training_a.*),
 and every preset's training and inference estimates with tools/refactor_snapshot.py's
@@ -63,8 +63,8 @@ def test_no_model_type_branch_outside_the_family_modules():
 
 
 def test_every_supported_type_has_a_family_that_builds_and_traces():
-    from vramwidget import architecture as A
-    from vramwidget.families import REGISTRY, family_for
+    from vramwidget.model import architecture as A
+    from vramwidget.model.families import REGISTRY, family_for
 
     assert set(A.SUPPORTED_MODEL_TYPES) == set(REGISTRY)
     for mt in A.SUPPORTED_MODEL_TYPES:
@@ -75,7 +75,7 @@ def test_every_supported_type_has_a_family_that_builds_and_traces():
 
 def test_unknown_model_type_names_the_supported_ones():
     from vramwidget import VramError
-    from vramwidget.architecture import from_config
+    from vramwidget.model.architecture import from_config
 
     with pytest.raises(VramError) as e:
         from_config({"model_type": "no_such_family", "hidden_size": 8})
@@ -85,9 +85,9 @@ def test_unknown_model_type_names_the_supported_ones():
 def test_a_family_is_llama_with_x():
     """Mistral is Llama plus a sliding window; Mixtral is Mistral plus experts (inheritance,
     as transformers' modular files write them)."""
-    from vramwidget.families import family_for
-    from vramwidget.families.llama import Llama
-    from vramwidget.families.mistral import Mistral
+    from vramwidget.model.families import family_for
+    from vramwidget.model.families.llama import Llama
+    from vramwidget.model.families.mistral import Mistral
 
     assert isinstance(family_for("mistral"), Llama) and family_for("mistral").sliding
     assert isinstance(family_for("mixtral"), Mistral) and family_for("mixtral").moe

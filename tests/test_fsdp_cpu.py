@@ -24,7 +24,7 @@ dist = pytest.importorskip("torch.distributed")
 
 import vramwidget as vw  # noqa: E402
 from vramwidget import fsdp  # noqa: E402
-from vramwidget.architecture import load  # noqa: E402
+from vramwidget.model.architecture import load  # noqa: E402
 from vramwidget.plan.params import param_storage as _params  # noqa: E402
 from vramwidget.training import TrainingSetup  # noqa: E402
 

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import vramwidget as vw
-from vramwidget.inference import InferenceSetup
+from vramwidget.inference.estimate import InferenceSetup
 from vramwidget.inputs import MAX_SHOWN_CHARS
-from vramwidget.presets import get as preset
+from vramwidget.model.presets import get as preset
 from vramwidget.training import CHOICES, TrainingSetup
 
 TRAINING = [f.name for f in dataclasses.fields(TrainingSetup)]

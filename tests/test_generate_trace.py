@@ -1,4 +1,4 @@
-"""generate() op by op (vramwidget/generate_ops.py) against real transformers generate() calls
+"""generate() op by op (vramwidget/inference/generate_ops.py) against real transformers generate() calls
 on the CPU: every storage an op creates is followed from allocation to free (a
 TorchDispatchMode with weakref finalizers on the storages; the weights and the prompt, made
 before the call, are left out), for tiny random Llama, Qwen2.5 (biases, tied head) and
@@ -13,9 +13,9 @@ import weakref
 
 import pytest
 
-from vramwidget.architecture import from_config
-from vramwidget.inference import InferenceSetup
-from vramwidget.inference_events import inference_events
+from vramwidget.model.architecture import from_config
+from vramwidget.inference.estimate import InferenceSetup
+from vramwidget.inference.events import inference_events
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

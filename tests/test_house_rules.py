@@ -13,7 +13,7 @@
    (B imports A to write into it, so such a registry always closes a circle).  The only
    exception is a declared plug-in point (PLUGIN_POINTS): a table that its registrants fill in
    and that never reaches any of them by imports, as the model families do
-   (``families/base.py``'s REGISTRY, filled by ``@register`` in each family module; the
+   (``model/families/base.py``'s REGISTRY, filled by ``@register`` in each family module; the
    package ``families/__init__`` imports them, ``base`` imports none of them).
 3. No module uses another module's private names: no ``from .x import _name`` and no
    ``x._name`` on a module bound by an import; and no code writes a private attribute of an
@@ -116,9 +116,9 @@ _WRITE_METHODS = ("update", "setdefault", "append", "extend", "insert", "add", "
 #: tables that are plug-in points: module -> why its registrants may fill it in (the test checks
 #: that the module reaches none of its registrants by imports)
 PLUGIN_POINTS = {
-    # a model family is one module that registers itself (``@register``); families/base.py
+    # a model family is one module that registers itself (``@register``); model/families/base.py
     # looks families up by model_type and imports no family (docs/adding-a-model-family.md)
-    "vramwidget.families.base": "the model families: each family module registers itself with @register",
+    "vramwidget.model.families.base": "the model families: each family module registers itself with @register",
 }
 
 
@@ -304,10 +304,10 @@ def test_plug_in_points_import_none_of_their_registrants():
     for point in PLUGIN_POINTS:
         assert REGISTRANTS[point], point   # a plug-in point nobody fills in is not one
         assert not (_reach(GRAPH, point) & REGISTRANTS[point]), (point, _reach(GRAPH, point) & REGISTRANTS[point])
-    assert {"vramwidget.families.llama", "vramwidget.families.t5"} <= REGISTRANTS["vramwidget.families.base"]
+    assert {"vramwidget.model.families.llama", "vramwidget.model.families.t5"} <= REGISTRANTS["vramwidget.model.families.base"]
     # without the declaration the families' registry is a circle like any other
     undeclared = cycles({m: GRAPH[m] | REGISTRANTS[m] for m in MODULES})
-    assert undeclared and all("vramwidget.families.base" in c for c in undeclared)
+    assert undeclared and all("vramwidget.model.families.base" in c for c in undeclared)
 
 
 def test_the_registry_reader_sees_each_way_of_filling_a_table():
@@ -436,8 +436,8 @@ def test_the_rules_see_what_they_check():
     """The readers find lazy imports and resolve relative ones (a check that found nothing
     would pass for the wrong reason)."""
     assert "vramwidget.fit" in GRAPH["vramwidget.cli"]  # cli imports fit inside its commands
-    assert "vramwidget.charts" in GRAPH["vramwidget.chartview"]
-    assert "vramwidget.tensors" in GRAPH["vramwidget.families.blocks"]  # ``from ..tensors import``
+    assert "vramwidget.show.charts" in GRAPH["vramwidget.show.chartview"]
+    assert "vramwidget.model.tensors" in GRAPH["vramwidget.model.families.blocks"]  # ``from ..tensors import``
     snippet = ast.parse("est._replay_fn = f\nsetattr(est, '_work', w)\nself._ok = 1")
     assert {(a, ast.unparse(o)) for _, a, o in _writes(snippet)} == {
         ("_replay_fn", "est"), ("_work", "est"), ("_ok", "self")}

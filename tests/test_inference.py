@@ -14,14 +14,14 @@ import os
 
 import pytest
 
-from vramwidget.architecture import load
+from vramwidget.model.architecture import load
 from vramwidget.errors import VramError
 from vramwidget.gpus import get_gpu
-from vramwidget.inference import (GGML_BPW, WEIGHT_FORMATS, InferenceEstimate, add_arguments,
+from vramwidget.inference.estimate import (GGML_BPW, WEIGHT_FORMATS, InferenceEstimate, add_arguments,
                                   estimate_inference, gguf_tensor_type, kv_cache_bytes, kv_layout,
                                   longest_context, main, run, weight_storage, weights_bytes, InferenceSetup)
 from vramwidget.estimate import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
-from vramwidget.infer.weights import _use_more_bits
+from vramwidget.inference.weights import _use_more_bits
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 DATA = os.path.join(os.path.dirname(__file__), "..", "vramwidget", "data", "quantized_checkpoints.json")
@@ -234,8 +234,8 @@ def test_phases_add_up_and_trees_are_consistent():
 def test_generate_keeps_only_last_logits():
     # transformers 5.23 generate() passes logits_to_keep=1: b x V logits (+ an fp32 copy);
     # a plain forward computes b x p x V.  Llama-3.1-8B, b=1, p=8192, V=128,256, bf16:
-    from vramwidget.inference import InferenceSetup
-    from vramwidget.inference_events import inference_events
+    from vramwidget.inference.estimate import InferenceSetup
+    from vramwidget.inference.events import inference_events
 
     arch = load("llama-3.1-8b")
     s = InferenceSetup.from_kwargs(context_len=8192, prompt_len=8000)

@@ -1,5 +1,5 @@
 """generate()'s allocations replayed through the caching-allocator model
-(vramwidget/inference_events.py, allocator.replay_runs): the skip-ahead equals the full replay,
+(vramwidget/inference/events.py, allocator.replay_runs): the skip-ahead equals the full replay,
 the replay's invariants hold on inference streams, and the estimate's reserved memory is the
 replay's, not a rule of thumb."""
 
@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 import vramwidget as vw
 from vramwidget import allocator
 from vramwidget.allocator import (CachingAllocator, StepRun, expand_runs, parse_alloc_conf, replay, replay_runs)
-from vramwidget.architecture import from_config, load
-from vramwidget.inference import InferenceSetup
-from vramwidget.inference_events import inference_events, inference_runs, replay_inference
+from vramwidget.model.architecture import from_config, load
+from vramwidget.inference.estimate import InferenceSetup
+from vramwidget.inference.events import inference_events, inference_runs, replay_inference
 from vramwidget.units import MIB
 
 #: a tiny Llama (the shape tests/test_inference_trace.py runs through transformers' generate())
@@ -175,7 +175,7 @@ def test_widget_inference_update_runs_no_replay(monkeypatch):
     """Issue 10's rule in inference mode: the update draws the provisional device total at
     once (the verdict says so) and the worker replaces it with the replayed one.  The replay
     is held until the update's outputs are checked, so the check cannot race the worker."""
-    from vramwidget import inference_events
+    from vramwidget.inference import events as inference_events
     from vramwidget.widget import Calculator
 
     import threading
@@ -271,7 +271,7 @@ def test_provisional_carries_the_ratio_of_a_replayed_size():
     """Before its replay, an inference setup's reserve is its allocated peak x the reserved /
     allocated ratio of the last replayed setup that differs only in batch, context or prompt
     (else the training median, 1.0812); nothing is replayed for it."""
-    from vramwidget import inference_events
+    from vramwidget.inference import events as inference_events
     from vramwidget.allocator import DEFAULT_RESERVED_PER_ALLOCATED
 
     inference_events.clear_caches()
@@ -291,7 +291,7 @@ def test_provisional_carries_the_ratio_of_a_replayed_size():
 def test_reserved_by_decode_steps_is_each_shorter_call_replayed(cfg):
     """One replay read at every prefix (longest_context's search) gives what each shorter
     generate() call's own replay gives."""
-    from vramwidget.inference_events import reserved_by_decode_steps
+    from vramwidget.inference.events import reserved_by_decode_steps
 
     arch = from_config(dict(cfg, num_key_value_heads=8, num_attention_heads=8, hidden_size=1024, head_dim=128))
     p, ctx = 60, 260

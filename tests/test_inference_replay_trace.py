@@ -1,4 +1,4 @@
-"""The generate() event stream (vramwidget/inference_events.py) against a real transformers
+"""The generate() event stream (vramwidget/inference/events.py) against a real transformers
 generate() on the CPU: every storage an op creates is followed from allocation to free (a
 TorchDispatchMode and weakref finalizers, as tests/test_inference_trace.py does), for a tiny
 random Llama built locally, and the order of the KV-cache and vocabulary-row allocations
@@ -8,9 +8,9 @@ import weakref
 
 import pytest
 
-from vramwidget.architecture import from_config
-from vramwidget.inference import InferenceSetup
-from vramwidget.inference_events import inference_events
+from vramwidget.model.architecture import from_config
+from vramwidget.inference.estimate import InferenceSetup
+from vramwidget.inference.events import inference_events
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from vramwidget.validate import load_cases, validate
+from vramwidget.measure.validate import load_cases, validate
 
 CASES = os.path.join(os.path.dirname(__file__), "..", "vramwidget", "data", "h200_inference_a.jsonl")
 

@@ -15,8 +15,8 @@ import sys
 import pytest
 
 import vramwidget as vw
-from vramwidget import architecture
-from vramwidget.architecture import SUPPORTED_MODEL_TYPES, custom, from_config, from_param_count
+from vramwidget.model import architecture
+from vramwidget.model.architecture import SUPPORTED_MODEL_TYPES, custom, from_config, from_param_count
 from vramwidget.errors import UnknownPresetError, VramError
 from vramwidget.training import CHOICES, QUANT_GROUPS, STATE_DTYPES
 

@@ -65,7 +65,7 @@ def llama_model():
     """Llama 3.2 1B built by transformers on the meta device (no memory, exact shapes)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from vramwidget.presets import get
+    from vramwidget.model.presets import get
 
     config = transformers.AutoConfig.for_model(**get("llama-3.2-1b")["config"])
     with torch.device("meta"):

@@ -3,7 +3,7 @@ derived by hand here, invariants with hypothesis, and other projects' published 
 
 Sources of the mechanisms are cited in vramwidget/plan/loss.py (the losses),
 vramwidget/plan/blocks.py (activation offloading), vramwidget/plan/step.py (optimizer in
-backward), vramwidget/activations.py (bitsandbytes < 0.43.2) and vramwidget/stacks.py.
+backward), vramwidget/model/activations.py (bitsandbytes < 0.43.2) and vramwidget/stacks.py.
 """
 
 import pytest
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import vramwidget as vw
 from vramwidget import VramError, estimate
-from vramwidget.architecture import load
+from vramwidget.model.architecture import load
 from vramwidget.plan import plan_view
 from vramwidget.training import CHOICES, TrainingSetup
 from vramwidget.units import GIB

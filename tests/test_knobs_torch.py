@@ -19,7 +19,7 @@ peft = pytest.importorskip("peft")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 from saved_tensors import predicted_block_bytes, predicted_total_bytes, traced_block_bytes  # noqa: E402
 
-from vramwidget.architecture import load  # noqa: E402
+from vramwidget.model.architecture import load  # noqa: E402
 from vramwidget.plan.params import param_storage  # noqa: E402
 from vramwidget.training import TrainingSetup  # noqa: E402
 

@@ -47,9 +47,9 @@ import pytest
 
 import vramwidget as vw
 from vramwidget.allocator import AllocatorConfig, replay_runs
-from vramwidget.architecture import load
-from vramwidget.inference import InferenceSetup
-from vramwidget.inference_events import cached_runs, replay_parts
+from vramwidget.model.architecture import load
+from vramwidget.inference.estimate import InferenceSetup
+from vramwidget.inference.events import cached_runs, replay_parts
 from vramwidget.units import MIB
 
 LARGE_AFTER_PREFILL = 15476 * MIB

@@ -1,4 +1,4 @@
-"""vramwidget.measure on the CPU: the whole code path with tiny models, no memory statistics.
+"""vramwidget.measure.training on the CPU: the whole code path with tiny models, no memory statistics.
 
 Every model here is built from an inline config small enough that two training steps
 take well under a second; parameter counts are checked against arithmetic done by hand.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vramwidget.errors import VramError
-from vramwidget.measure import (
+from vramwidget.measure.training import (
     MEASURED_FIELDS,
     OPTIMIZERS,
     case_from_setup,
@@ -302,7 +302,7 @@ def test_every_validation_case_normalizes_to_itself():
 def test_module_imports_without_torch():
     code = ("import sys\n"
             "for m in ('torch', 'transformers', 'peft'): sys.modules[m] = None\n"
-            "import vramwidget.measure as m\n"
+            "import vramwidget.measure.training as m\n"
             "m.case_from_setup({'model_type': 'llama'}, 'x', method='lora')\n"
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -340,7 +340,7 @@ def test_measure_file_deadline_starts_nothing_late(stack, tmp_path):
 
 
 def test_measure_file_records_out_of_memory(stack, tmp_path, monkeypatch):
-    import vramwidget.measure as measure
+    import vramwidget.measure.training as measure
 
     real = measure.measure_case
 
@@ -458,7 +458,7 @@ class ScriptedMemory:
 
 def test_steady_state_bookkeeping(stack):
     """Step 1 only feeds first_step_peak_mib; the phase peaks are the max over steps 2..N."""
-    from vramwidget.measure import _run_steps
+    from vramwidget.measure.training import _run_steps
 
     case = normalize_case(case_from_setup(TINY_LLAMA, "llama-tiny", batch_size=1, seq_len=8))
     mem = ScriptedMemory(

@@ -1,4 +1,4 @@
-"""vramwidget.measure on a CUDA GPU: real memory statistics (skipped without a GPU)."""
+"""vramwidget.measure.training on a CUDA GPU: real memory statistics (skipped without a GPU)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from vramwidget.measure import MEASURED_FIELDS, case_from_setup, measure_case  # noqa: E402
+from vramwidget.measure.training import MEASURED_FIELDS, case_from_setup, measure_case  # noqa: E402
 from vramwidget.units import MIB  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -1,4 +1,4 @@
-"""generate() measurements (vramwidget.measure_inference) on the CPU: the code path, the
+"""generate() measurements (vramwidget.measure.inference) on the CPU: the code path, the
 record format validate() reads, and the KV cache counted from the cache's own tensors."""
 
 import json
@@ -9,8 +9,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from vramwidget.errors import VramError  # noqa: E402
-from vramwidget.measure_inference import measure_inference_case, normalize_inference_case  # noqa: E402
-from vramwidget.validate import validate  # noqa: E402
+from vramwidget.measure.inference import measure_inference_case, normalize_inference_case  # noqa: E402
+from vramwidget.measure.validate import validate  # noqa: E402
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}

@@ -3,7 +3,7 @@
 import pytest
 
 from vramwidget import estimate
-from vramwidget.architecture import load
+from vramwidget.model.architecture import load
 from vramwidget.units import GIB, MIB
 
 P7 = 6_738_415_616  # Llama-2-7B parameters (transformers count)

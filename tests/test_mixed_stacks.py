@@ -7,7 +7,7 @@ checkpointing above none for four such setups; each is a case below."""
 import pytest
 
 from invariants import kwargs, run, violations
-from vramwidget.architecture import load
+from vramwidget.model.architecture import load
 from vramwidget.plan.params import param_storage
 from vramwidget.plan.profile import activations_at
 from vramwidget.training import TrainingSetup

@@ -6,7 +6,7 @@ with one plan they are checked against their own derivation instead."""
 import pytest
 
 import vramwidget as vw
-from vramwidget.architecture import load
+from vramwidget.model.architecture import load
 from vramwidget.plan.params import param_storage
 from vramwidget.training import TrainingSetup
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from invariants import MIXED_STACKS, SPACE, kwargs, run, valid, violations
 from vramwidget import CHOICES
-from vramwidget.architecture import load
+from vramwidget.model.architecture import load
 
 setups = st.fixed_dictionaries({
     k: st.sampled_from(v) if isinstance(v, list) else st.integers(*v) for k, v in SPACE.items()})

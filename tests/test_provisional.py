@@ -19,7 +19,7 @@ import pytest
 import vramwidget as vw
 from vramwidget import replays as events
 from vramwidget.allocator import DEFAULT_RESERVED_PER_ALLOCATED
-from vramwidget.architecture import load
+from vramwidget.model.architecture import load
 from vramwidget.training import TrainingSetup
 
 MODEL = "llama-3.2-1b"

@@ -40,7 +40,7 @@ def test_every_recorded_figure_is_in_the_readme(recorded):
 
 def test_the_step_time_p90_is_the_one_validate_prints(recorded):
     """The finding: README said 24.9%; `vramwidget validate` prints step_seconds p90 22.11%."""
-    from vramwidget import validate as V
+    from vramwidget.measure import validate as V
 
     p90 = V.validate(V.BUILTIN_CASES)["summary"]["step_seconds"]["p90"]
     line = next(f for f in recorded if f["id"] == "validation.time_p90")

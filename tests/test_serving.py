@@ -8,13 +8,13 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from vramwidget.architecture import load
+from vramwidget.model.architecture import load
 from vramwidget.cli import main as cli_main
-from vramwidget.engines import (VLLM_RELEASES, fewest_gpus, largest_max_model_len, layouts, parse_version, plan,
+from vramwidget.inference.engines import (VLLM_RELEASES, fewest_gpus, largest_max_model_len, layouts, parse_version, plan,
                                 sglang_mem_fraction, vllm_release)
 from vramwidget.errors import VramError
 from vramwidget.gpus import get_gpu
-from vramwidget.inference import InferenceSetup, estimate_inference
+from vramwidget.inference.estimate import InferenceSetup, estimate_inference
 
 GIB = 2 ** 30
 

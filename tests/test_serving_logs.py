@@ -4,7 +4,7 @@ Each case names its source, quotes the line, and gives the setup the log states 
 tensor parallel size, gpu_memory_utilization, max_model_len, vLLM release).  The estimator must
 land within 5% of the engine's own KV-cache size in tokens (# GPU blocks x 16 for the V0 engine,
 "GPU KV cache size: N tokens" for V1).  Nothing here is fitted to these rows: the terms come from
-vLLM's source (see vramwidget/engines.py); the catalog's torch-visible totals and the RTX 3090's
+vLLM's source (see vramwidget/inference/engines.py); the catalog's torch-visible totals and the RTX 3090's
 CUDA context are measurements cited in vramwidget/data/gpus.json.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from vramwidget.engines import vllm_release
-from vramwidget.inference import estimate_inference
+from vramwidget.inference.engines import vllm_release
+from vramwidget.inference.estimate import estimate_inference
 
 #: Qwen/Qwen3-14B's config.json (the fields memory depends on)
 QWEN3_14B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120,

@@ -160,7 +160,7 @@ class _FakeTorch:
 def test_measure_records_and_dumps_the_allocator_history(tmp_path):
     """CudaMemory turns torch's history recording on for the case and dumps the snapshot
     (torch.cuda.memory._record_memory_history / _dump_snapshot), then turns it off."""
-    from vramwidget.measure import SNAPSHOT_MAX_ENTRIES, CudaMemory, NoMemory
+    from vramwidget.measure.training import SNAPSHOT_MAX_ENTRIES, CudaMemory, NoMemory
 
     calls = []
     mem = CudaMemory(_FakeTorch(calls), "cuda:0")
@@ -176,7 +176,7 @@ def test_measure_records_and_dumps_the_allocator_history(tmp_path):
 
 
 def test_measure_file_names_each_cases_snapshot(tmp_path, monkeypatch):
-    from vramwidget import measure
+    from vramwidget.measure import training as measure
 
     seen = []
 

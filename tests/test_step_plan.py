@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vramwidget as vw
-from vramwidget.architecture import load
+from vramwidget.model.architecture import load
 from vramwidget.plan import PlanView, plan_index
 from vramwidget.plan.size import Size
 from vramwidget.plan.step import build_plan

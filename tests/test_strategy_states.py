@@ -32,7 +32,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vramwidget as vw
-from vramwidget.architecture import load
+from vramwidget.model.architecture import load
 from vramwidget.estimate import estimate_setup
 from vramwidget.plan.params import param_storage as _params
 from vramwidget.parallel import STRATEGIES

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 import vramwidget as vw
 from vramwidget import timing
-from vramwidget.validate import BUILTIN_CASES, load_cases, validate
+from vramwidget.measure.validate import BUILTIN_CASES, load_cases, validate
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def measured():
 
 
 def _case_est(case, **changes):
-    from vramwidget.architecture import from_config
+    from vramwidget.model.architecture import from_config
     from vramwidget.estimate import estimate_setup
     from vramwidget.training import setup_from_case
 

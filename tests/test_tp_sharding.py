@@ -3,7 +3,7 @@
 transformers' config classes carry ``base_model_tp_plan`` (``layers.*.self_attn.q_proj:
 colwise``, ``o_proj: rowwise``, ``mlp.experts.gate_up_proj: packed_colwise`` ...).  Building
 the model on the meta device and applying those rules to every parameter's shape gives the
-per-rank parameter count of each layer; :func:`vramwidget.engines.gpu_share` must give the same.
+per-rank parameter count of each layer; :func:`vramwidget.inference.engines.gpu_share` must give the same.
 The rules not in that plan (vocab-parallel embedding and head with vLLM's padding to 64, KV heads
 replicated when fewer than the TP size, experts by EP, pipeline stages) are checked against the
 counts vLLM's code gives.
@@ -16,11 +16,11 @@ import re
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from vramwidget import presets
-from vramwidget.architecture import load
-from vramwidget.engines import check_layout, gpu_share, pad_vocab, pp_stages
+from vramwidget.model import presets
+from vramwidget.model.architecture import load
+from vramwidget.inference.engines import check_layout, gpu_share, pad_vocab, pp_stages
 from vramwidget.errors import VramError
-from vramwidget.inference import estimate_inference
+from vramwidget.inference.estimate import estimate_inference
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -15,7 +15,7 @@ import pytest
 
 import vramwidget as vw
 from vramwidget.estimate import CUBLAS_WORKSPACE_BYTES
-from vramwidget.validate import BUILTIN_CASES
+from vramwidget.measure.validate import BUILTIN_CASES
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

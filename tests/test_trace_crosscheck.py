@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings  # noqa: E40
 from hypothesis import strategies as st  # noqa: E402
 
 import vramwidget as vw  # noqa: E402
-from vramwidget import validate as V  # noqa: E402
+from vramwidget.measure import validate as V  # noqa: E402
 from vramwidget.estimate import CUBLAS_WORKSPACE_BYTES  # noqa: E402
 
 #: small real checkpoints of analytic families (presets, so their configs are the released ones):

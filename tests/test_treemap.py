@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vramwidget.result import Estimate, Node
-from vramwidget.treemap import (
+from vramwidget.show.treemap import (
     comparison_rows,
     fmt_gib,
     layout_rows,

@@ -4,7 +4,7 @@ of issue 3; a change that loses accuracy fails here."""
 
 import pytest
 
-from vramwidget.validate import BUILTIN_CASES, load_cases, summarize, to_json_rows, validate
+from vramwidget.measure.validate import BUILTIN_CASES, load_cases, summarize, to_json_rows, validate
 
 
 @pytest.fixture(scope="module")

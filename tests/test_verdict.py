@@ -4,7 +4,7 @@ from the validation errors of the predicted reserved memory; and the one byte fo
 import pytest
 
 import vramwidget as vw
-from vramwidget import validate as V
+from vramwidget.measure import validate as V
 from vramwidget import verdict
 from vramwidget.gpus import get_gpu
 from vramwidget.units import GIB, MIB, fmt_bytes

@@ -7,7 +7,7 @@ import pytest
 
 import vramwidget as vw
 from vramwidget.errors import VramError
-from vramwidget.inference import WEIGHT_FORMATS, InferenceSetup, estimate_inference, weights_bytes
+from vramwidget.inference.estimate import WEIGHT_FORMATS, InferenceSetup, estimate_inference, weights_bytes
 from vramwidget.units import GIB
 
 LLAMA = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -80,7 +80,7 @@ def test_a_local_checkpoint_picks_its_shipped_format(tmp_path, qc, weights, extr
 def test_block_fp8_counts_one_fp32_scale_per_128_block():
     """FP8Linear (transformers integrations/finegrained_fp8.py): weight (out, in) e4m3 + weight_scale_inv
     (ceil(out/128), ceil(in/128)) fp32.  Llama-3.1-8B's q_proj 4096 x 4096: 16 MiB + 32 x 32 x 4 B."""
-    arch = vw.architecture.load("llama-3.1-8b")
+    arch = vw.load_architecture("llama-3.1-8b")
     est = estimate_inference(arch, weights="fp8-block", context_len=1024)
     q = next(n for c in est.phase_components["after_load"] if c.name == "quantization constants"
              for g in c.children for n in g.children if "q_proj" in n.name)
@@ -131,8 +131,8 @@ def test_the_legacy_tuple_cache_keeps_two_caches_in_a_decode_step():
     assert "legacy tuple cache" in old.assumes and "DynamicCache" in new.assumes
     # < 4.45 the head runs on every position and LlamaForCausalLM upcasts: logits = logits.float()
     # (4.44.2), 1,024 x 32,000 x 4 B in the prefill; 4.45 keeps only the last position's
-    from vramwidget.architecture import load
-    from vramwidget.inference_events import inference_events
+    from vramwidget.model.architecture import load
+    from vramwidget.inference.events import inference_events
 
     arch = load("llama-2-7b")
     for ver, n in (("4.44", 1024 * 32000 * 4), ("4.45", 32000 * 4)):

@@ -15,7 +15,7 @@ import altair as alt
 import pytest
 
 import vramwidget as vw
-from vramwidget import charts
+from vramwidget.show import charts
 from vramwidget.errors import VramError
 from vramwidget.widget import (
     ESTIMATE_INPUTS,

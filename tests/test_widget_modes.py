@@ -2,7 +2,7 @@
 pipeline stages, CPU offload), fit verdicts and suggestions, and inference mode.
 
 The numbers come from the back ends (vramwidget.parallel, vramwidget.fit,
-vramwidget.inference); these tests check that the widget shows exactly what they return
+vramwidget.inference.estimate); these tests check that the widget shows exactly what they return
 for the traits set, and that bad input leaves the last valid estimate in place.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 import vramwidget as vw
 from vramwidget import fit, gpus, verdict
-from vramwidget.inference import WEIGHT_FORMATS, InferenceSetup, estimate_inference, longest_context
+from vramwidget.inference.estimate import WEIGHT_FORMATS, InferenceSetup, estimate_inference, longest_context
 from vramwidget.parallel import PARALLEL_KEYS, STRATEGIES, estimate_parallel
 from vramwidget.units import GIB, fmt_bytes
 from vramwidget.widget import (
@@ -358,7 +358,7 @@ def test_inference_mode_shows_estimate_inference(calc):
 
 
 def test_inference_context_changes_cost_no_new_search(calc, monkeypatch):
-    import vramwidget.inference as inference
+    import vramwidget.inference.estimate as inference
 
     calc.mode = "inference"
     calls = []

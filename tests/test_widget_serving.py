@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vramwidget.inference import estimate_inference
+from vramwidget.inference.estimate import estimate_inference
 from vramwidget.widget import INPUTS, Calculator
 
 MODEL = "llama-3.1-8b"

@@ -3,7 +3,7 @@ traces it in the background worker (status idle -> tracing -> idle), keeping the
 estimate on screen meanwhile, then shows the traced estimate with a note.
 
 Nothing can be fetched from the Hub here, so the Hub id is served by the real loading path
-(``vramwidget.hub.fetch_config`` -> ``huggingface_hub.hf_hub_download``) from a local cache
+(``vramwidget.model.hub.fetch_config`` -> ``huggingface_hub.hf_hub_download``) from a local cache
 folder laid out as huggingface_hub lays it out (``models--org--name/refs/main`` holding a
 commit, ``snapshots/<commit>/config.json``), with ``HF_HUB_OFFLINE=1``.
 """
@@ -23,14 +23,14 @@ if not trace.available():
     pytest.skip("the trace extra (torch, transformers, peft) is not installed", allow_module_level=True)
 
 import vramwidget as vw  # noqa: E402
-from vramwidget import charts  # noqa: E402
-from vramwidget.families import supported_model_types  # noqa: E402
+from vramwidget.show import charts  # noqa: E402
+from vramwidget.model.families import supported_model_types  # noqa: E402
 from vramwidget.widget import Calculator  # noqa: E402
 from vramwidget.widget.worker import Worker  # noqa: E402
 
 REPO_ID = "acme/tiny-phi"
 #: a small config of model_type "phi" (transformers' PhiForCausalLM, e.g. microsoft/phi-2),
-#: which has no module in vramwidget/families/
+#: which has no module in vramwidget/model/families/
 TINY_PHI = {
     "model_type": "phi", "architectures": ["PhiForCausalLM"], "vocab_size": 1024, "hidden_size": 128,
     "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,

@@ -13,7 +13,7 @@ import pytest
 import vramwidget as vw
 from vramwidget import VramError, custom
 from vramwidget import zero
-from vramwidget.architecture import load
+from vramwidget.model.architecture import load
 from vramwidget.plan.params import param_storage as _params
 from vramwidget.training import TrainingSetup
 from vramwidget.units import GIB

@@ -12,7 +12,7 @@ stale.  A README figure changes by running this script and pasting its snippet, 
 
 Groups (cheap unless marked):
 
-``validation``  the 45 measured H200 cases through ``vramwidget.validate``: peak allocated,
+``validation``  the 45 measured H200 cases through ``vramwidget.measure.validate``: peak allocated,
                 weights, persistent and max reserved |error| (median, p90, worst), the step
                 time by kind of case, the verdict's band (verdict.uncertainty)
 ``published``   the published figures of other stacks (tests/test_knobs.py's setups)
@@ -71,7 +71,7 @@ TIME_KINDS = (
 
 
 def validation() -> List[Dict[str, Any]]:
-    from vramwidget import validate as V
+    from vramwidget.measure import validate as V
     from vramwidget.verdict import uncertainty
 
     result = V.validate(V.BUILTIN_CASES)
@@ -230,7 +230,7 @@ def scenarios() -> List[Dict[str, Any]]:
 # ---------------------------------------------------------------------------------------
 
 def trace() -> List[Dict[str, Any]]:
-    from vramwidget import validate as V
+    from vramwidget.measure import validate as V
 
     st = V.validate(V.BUILTIN_CASES, backend="trace")["summary"]["peak_allocated_mib"]
     return [fig("trace.peak", [st["median"], st["p90"], st["max"]],

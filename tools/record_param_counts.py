@@ -122,7 +122,7 @@ AUTO_CLASS = {"causal_lm": "AutoModelForCausalLM", "image_text_to_text": "AutoMo
 def task_of(fields: dict, task: str | None = None) -> str:
     """The task vramwidget counts for this config (its family's default unless given)."""
     sys.path.insert(0, str(ROOT))
-    from vramwidget.families import REGISTRY, resolve_model_type
+    from vramwidget.model.families import REGISTRY, resolve_model_type
 
     fam = REGISTRY.get(resolve_model_type(str(fields.get("model_type"))))
     return task or (fam.task if fam is not None else "causal_lm")

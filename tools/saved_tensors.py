@@ -1,4 +1,4 @@
-"""Measure, on the CPU, what autograd saves per transformer block, to check activations.py.
+"""Measure, on the CPU, what autograd saves per transformer block, to check model/activations.py.
 
 Builds a tiny model of a given architecture with transformers, runs one forward pass with
 labels under ``torch.autograd.graph.saved_tensors_hooks`` and adds up the distinct
@@ -118,7 +118,7 @@ AUTO_CLASS = {"causal_lm": "AutoModelForCausalLM", "image_text_to_text": "AutoMo
 
 def _auto_class(mt: str) -> Any:
     import transformers
-    from vramwidget.families import REGISTRY, resolve_model_type
+    from vramwidget.model.families import REGISTRY, resolve_model_type
     fam = REGISTRY.get(resolve_model_type(mt))
     return getattr(transformers, AUTO_CLASS[fam.task if fam is not None else "causal_lm"])
 
@@ -160,7 +160,7 @@ def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str 
         if method == "lora":
             import peft
 
-            from vramwidget.architecture import from_config
+            from vramwidget.model.architecture import from_config
 
             arch = from_config(cfg.to_dict())
             # the blocks' nn.Linear modules (what peft's "all-linear" selects): not the fused
@@ -201,10 +201,10 @@ def traced_block_bytes(model_type: str, *, precision: str = "bf16", method: str 
 def predicted_block_bytes(model_type: str, *, precision: str = "bf16", method: str = "full",
                           attn_implementation: str = "sdpa", batch_size: int = 2, seq_len: int = 32,
                           overrides: Optional[Dict[str, Any]] = None, **setup: Any) -> float:
-    """What vramwidget's activations.py says one steady block saves (CPU kernels)."""
+    """What vramwidget's model/activations.py says one steady block saves (CPU kernels)."""
     from transformers import AutoConfig
 
-    from vramwidget.architecture import from_config
+    from vramwidget.model.architecture import from_config
     from vramwidget.plan.params import param_storage
     from vramwidget.plan.profile import activations_at
     from vramwidget.training import TrainingSetup
@@ -240,7 +240,7 @@ def predicted_total_bytes(model_type: str, *, layers: int = 2, precision: str = 
     (not the loss): for differences between two setups that share the loss."""
     from transformers import AutoConfig
 
-    from vramwidget.architecture import from_config
+    from vramwidget.model.architecture import from_config
     from vramwidget.plan.params import param_storage
     from vramwidget.plan.profile import activations_at
     from vramwidget.training import TrainingSetup
@@ -317,8 +317,8 @@ def _tiny_tower(tower: str, precision: str, attn_implementation: str):
     """The tiny tower's family, config dict, Architecture and full-training setup."""
     from transformers import AutoConfig
 
-    from vramwidget.architecture import Architecture
-    from vramwidget.families import family_for
+    from vramwidget.model.architecture import Architecture
+    from vramwidget.model.families import family_for
     from vramwidget.training import TrainingSetup
 
     cfg = AutoConfig.for_model(tower, **{**TINY_TOWERS[tower], "num_hidden_layers": 2}).to_dict()
@@ -340,7 +340,7 @@ def predicted_tower_once_bytes(tower: str, *, precision: str = "bf16", attn_impl
 def predicted_tower_block_bytes(tower: str, *, precision: str = "bf16", attn_implementation: str = "sdpa",
                                 images: int = 2) -> float:
     """What the tower family's block trace says one block saves (CPU kernels, full training)."""
-    from vramwidget.activations import BlockContext, attention_backend, trace_block
+    from vramwidget.model.activations import BlockContext, attention_backend, trace_block
 
     fam, cfg, arch, s = _tiny_tower(tower, precision, attn_implementation)
     patches = fam.patches(cfg)
@@ -398,9 +398,9 @@ def traced_qwen_vl_block_bytes(*, windowed: bool, precision: str = "bf16", attn_
 def predicted_qwen_vl_block_bytes(*, windowed: bool, precision: str = "bf16", attn_implementation: str = "sdpa",
                                   images: int = 2) -> float:
     """What the Qwen2.5-VL tower family says one block of that layout saves (CPU kernels)."""
-    from vramwidget.activations import BlockContext, trace_block
-    from vramwidget.architecture import Architecture
-    from vramwidget.families import family_for
+    from vramwidget.model.activations import BlockContext, trace_block
+    from vramwidget.model.architecture import Architecture
+    from vramwidget.model.families import family_for
     from vramwidget.training import TrainingSetup
 
     mt = "qwen2_5_vl_vision"

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 def table() -> dict:
-    from vramwidget import validate as V
+    from vramwidget.measure import validate as V
     from vramwidget.verdict import FIELD, QUANTILE
 
     stats = V.validate(V.BUILTIN_CASES)["summary"][FIELD]

@@ -6,15 +6,15 @@
     vw.Calculator("llama-2-7b")          # the notebook widget
 """
 
-from .architecture import Architecture, custom, from_config, from_param_count, load as load_architecture
+from .model.architecture import Architecture, custom, from_config, from_param_count, load as load_architecture
 from .errors import VramError
 from .estimate import estimate
 from .fit import max_batch_size, max_seq_len, min_gpus, suggestions
 from .fitmap import fit_map
-from .inference import longest_context
-from .split_inference import estimate_inference
+from .inference.estimate import longest_context
+from .inference.split import estimate_inference
 from .parallel import estimate_parallel
-from .presets import list_presets
+from .model.presets import list_presets
 from .readers import TrainingConfig, from_training_config
 from .result import Estimate, Node
 from .snapshot import load_snapshot
@@ -34,11 +34,11 @@ def __getattr__(name):  # the widget (ipywidgets/anywidget) and charts (altair) 
 
         return Calculator
     if name == "chart":  # altair is imported only when a chart is asked for
-        from .charts import detail_chart
+        from .show.charts import detail_chart
 
         return detail_chart
     if name in ("ChartView", "show"):
-        from . import chartview
+        from .show import chartview
 
         return getattr(chartview, name)
     raise AttributeError(f"module 'vramwidget' has no attribute {name!r}")

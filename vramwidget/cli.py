@@ -5,7 +5,7 @@
     vramwidget measure ...                 (see ``vramwidget measure --help``)
     vramwidget presets                     (alias: ``vramwidget models``)
 
-MODEL is anything :func:`vramwidget.architecture.load` accepts: a preset name
+MODEL is anything :func:`vramwidget.model.architecture.load` accepts: a preset name
 (``llama-3.1-8b``), a config.json path or folder, a Hub id, or a parameter count (``7B``).
 
 Bad input never prints a traceback: one line ``vramwidget: error: <message>`` on stderr
@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--inference", action="store_true",
                      help="estimate inference (weights, KV cache, prefill) instead of a training step; "
                           "the options below apply")
-    from . import inference
+    from .inference import estimate as inference
 
     inference.add_arguments(est.add_argument_group("inference (with --inference)"), model=False)
 
@@ -467,7 +467,7 @@ def format_estimate(arch, est, units: str = "gib", tokens: Optional[float] = Non
 
 def _quiet_hub(model: str) -> None:
     """Before a Hub download: silence huggingface_hub's retry warnings (our error is the one line)."""
-    from . import presets
+    from .model import presets
 
     key = model.strip()
     if "/" not in key or os.path.exists(key) or presets.find(key) is not None:
@@ -496,7 +496,7 @@ def _fewest_gpus_text(min_gpus: Dict[str, Optional[int]]) -> str:
 def _architecture(model: Any, est: Any) -> Any:
     """The analytic Architecture an estimate was made of, or None for a traced one (its
     model has no family module: the output says what the trace read instead)."""
-    from .architecture import load
+    from .model.architecture import load
 
     return None if getattr(est, "backend", "analytic") == "trace" else load(model)
 
@@ -518,7 +518,7 @@ def _cmd_estimate(args: argparse.Namespace, out) -> int:
         if training_only:
             raise _UsageError(f"--{training_only[0].replace('_', '-')} is a training option; with --inference "
                               f"use the inference options (see vramwidget infer --help)")
-        from . import inference
+        from .inference import estimate as inference
 
         return inference.run(args, out)
     if parallel_kwargs(args):
@@ -550,7 +550,7 @@ def _layout_line(lay: Dict[str, Any]) -> str:
 
 def _cmd_estimate_parallel(args: argparse.Namespace, out) -> int:
     """``estimate MODEL --num-gpus N [--strategy S ...]``: the per-GPU estimate of a sharded run."""
-    from .architecture import load
+    from .model.architecture import load
     from .parallel import estimate_parallel
 
     kw = {**setup_kwargs(args), **parallel_kwargs(args)}   # no strategy given: estimate_parallel's default, said
@@ -636,7 +636,7 @@ def _cmd_estimate_from(args: argparse.Namespace, out) -> int:
 # ----------------------------------------------------------------------------------------
 
 def _cmd_validate(args: argparse.Namespace, out) -> int:
-    from . import validate as V
+    from .measure import validate as V
 
     path = args.cases if args.cases is not None else V.BUILTIN_CASES
     if os.path.isdir(path):
@@ -650,7 +650,7 @@ def _cmd_validate(args: argparse.Namespace, out) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace, out) -> int:
-    from . import presets as P
+    from .model import presets as P
 
     rows = []
     for name in P.list_presets():
@@ -748,11 +748,11 @@ def add_parallel_arguments(parser: Any) -> None:
 
 def _run_infer_split(args: argparse.Namespace, out) -> int:
     """``infer MODEL --device-map auto --max-memory ...``: each GPU's share of generate()."""
-    from .split_inference import estimate_inference_split
+    from .inference.split import estimate_inference_split
 
     skip = {"model", "command", "json", "units", "device_map", "max_memory", "func"}
     setup = {k: v for k, v in vars(args).items() if k not in skip and v is not None and not k.startswith("_")}
-    from .inference import InferenceSetup
+    from .inference.estimate import InferenceSetup
 
     known = set(InferenceSetup.__dataclass_fields__)
     setup = {k: v for k, v in setup.items() if k in known}
@@ -956,7 +956,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     out = sys.stdout
     if argv and argv[0] == "measure":
-        from .measure import main as measure_main
+        from .measure.training import main as measure_main
 
         return int(measure_main(argv[1:]) or 0)
     parser = build_parser()
@@ -979,7 +979,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command in ("presets", "models"):
             return _cmd_presets(args, out)
         if args.command == "measure-inference":
-            from .measure_inference import measure_inference_file
+            from .measure.inference import measure_inference_file
 
             n = measure_inference_file(args.cases, args.out, device=args.device, snapshot_dir=args.snapshots)
             out.write(f"{n} case(s) measured; records appended to {args.out}\n")
@@ -991,7 +991,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _quiet_hub(args.model)
             return run_fit(args, out)
         if args.command == "infer":
-            from . import inference
+            from .inference import estimate as inference
 
             _quiet_hub(args.model)
             if getattr(args, "device_map", None) is not None or getattr(args, "max_memory", None) is not None:

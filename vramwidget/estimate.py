@@ -10,19 +10,19 @@ backward      + the loss's fp32 gradient buffers, then layer by layer: gradients
 optimizer     weights + states + all gradients + the optimizer's temporaries
 
 The peak is the largest phase, never the sum of every part.  Each mechanism lives in one
-function below, next to its formula; the per-op activation rules are in ``activations.py``.
+function below, next to its formula; the per-op activation rules are in ``model/activations.py``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from .architecture import Architecture, load, resolve_targets
+from .model.architecture import Architecture, load, resolve_targets
 from .errors import VramError
 from .gpus import context_for, get_gpu
 from .inputs import MAX_BYTES, check_total
 from . import replays
-from .activations import attention_backend
+from .model.activations import attention_backend
 from .plan import plan_view
 from .plan.params import ParamStorage, param_storage, state_dtypes
 from .plan.profile import activations_at, has_target, logits_dtype, lora_head_targets
@@ -49,7 +49,7 @@ def estimate(model: Model, gpu: Any = None, **setup: Any) -> Estimate:
     ----------
     model:
         A preset name (``"llama-3.1-8b"``), a config.json path or dict, a Hub id, an
-        :class:`~vramwidget.architecture.Architecture`, or a parameter count (``"7B"``).
+        :class:`~vramwidget.model.architecture.Architecture`, or a parameter count (``"7B"``).
     **setup:
         The fields of :class:`~vramwidget.training.TrainingSetup`: ``method``,
         ``precision``, ``quantization``, ``double_quant``, ``quantized_groups``,

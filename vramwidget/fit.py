@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .architecture import Architecture, load
+from .model.architecture import Architecture, load
 from .errors import VramError
 from .estimate import estimate_setup
 from .gpus import GPU, get_gpu

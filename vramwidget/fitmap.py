@@ -21,7 +21,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from . import replays
 from .allocator import parse_alloc_conf
-from .architecture import load
+from .model.architecture import load
 from .errors import VramError
 from .estimate import estimate_setup
 from .gpus import context_for, get_gpu

@@ -83,7 +83,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .architecture import Architecture, ParamTensor, load
+from .model.architecture import Architecture, ParamTensor, load
 from .errors import VramError
 from .inputs import shown
 from .defaults import strategy_for

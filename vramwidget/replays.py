@@ -14,7 +14,7 @@ import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from .allocator import DEFAULT_RESERVED_PER_ALLOCATED, ReplayResult, parse_alloc_conf, replay
-from .architecture import Architecture
+from .model.architecture import Architecture
 from .training import TrainingSetup
 
 #: (id(arch), setup) -> (arch, ReplayResult): the replays run so far (default settings, no

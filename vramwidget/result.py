@@ -45,7 +45,7 @@ PHASES: Tuple[str, ...] = ("after_load", "forward", "backward", "optimizer_step"
 @dataclass
 class EstimateSources:
     """Where an :class:`Estimate`'s lazily computed figures come from: set by the estimator
-    that builds it (``estimate.py``, ``parallel.py``, ``inference.py``) and read by the
+    that builds it (``estimate.py``, ``parallel.py``, ``inference/estimate.py``) and read by the
     estimate, :func:`vramwidget.gpus.judge_on` and the timing model.  Every field may be None
     (that figure is then not available)."""
 

@@ -50,7 +50,7 @@ GPU_SECONDS_PER_KERNEL = 5e-6
 #: host time to dispatch one plain tensor op from Python (dispatcher + launch): optimizer loops
 CPU_SECONDS_PER_OP = 8e-6
 #: host time per op of the model's forward and backward: the same plus nn.Module calls and
-#: autograd recording (per tensor the traced forward creates, activations.py)
+#: autograd recording (per tensor the traced forward creates, model/activations.py)
 CPU_SECONDS_PER_MODEL_OP = 40e-6
 
 #: fraction of the peak memory bandwidth bitsandbytes' blockwise 8-bit optimizer kernels reach

@@ -3,9 +3,9 @@ trace extra installed) shows tracing, then the estimate.  Real JupyterLab and Ch
 
 Nothing can be fetched from the Hub here, so the notebook's first cell lays out a local
 huggingface_hub cache holding only ``config.json`` of ``acme/tiny-phi`` (a small config of
-model_type "phi", which has no module in vramwidget/families/) and points huggingface_hub
+model_type "phi", which has no module in vramwidget/model/families/) and points huggingface_hub
 at it with ``HF_HUB_OFFLINE=1``: the widget reaches it through the real loading path
-(``vramwidget.hub.fetch_config`` -> ``hf_hub_download``).
+(``vramwidget.model.hub.fetch_config`` -> ``hf_hub_download``).
 
 The test types the Hub id into the model box and presses Enter.  The status slot says
 "tracing acme/tiny-phi…" and the last estimate (Llama 3.2 1B) stays on screen, dimmed;

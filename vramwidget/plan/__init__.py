@@ -22,7 +22,7 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..allocator import AllocatorConfig, parse_alloc_conf
-from ..architecture import Architecture
+from ..model.architecture import Architecture
 from ..result import Node
 from ..training import TrainingSetup
 from .builder import StepPlan

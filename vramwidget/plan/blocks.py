@@ -1,4 +1,4 @@
-"""The blocks' forward and backward, op by op, from their traces (``activations.py``).
+"""The blocks' forward and backward, op by op, from their traces (``model/activations.py``).
 
 Forward: each tensor a block's trace creates is allocated; autograd's saved tensors stay,
 the others go once their consumer's output exists (``outlives``); the residual stream lives

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-from ..activations import attention_backend
-from ..architecture import Architecture
+from ..model.activations import attention_backend
+from ..model.architecture import Architecture
 from ..stacks import behaviour
 from ..training import TrainingSetup
 from ..units import DTYPE_BYTES

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from ..architecture import Architecture
+from ..model.architecture import Architecture
 from ..units import DTYPE_BYTES
 from .context import StepContext
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..architecture import HEAD_TARGETS, Architecture, ParamTensor, restrict_layers, resolve_targets
+from ..model.architecture import HEAD_TARGETS, Architecture, ParamTensor, restrict_layers, resolve_targets
 from ..errors import VramError
 from ..stacks import behaviour
 from ..training import OPTIMIZER_STATE_COUNT, TrainingSetup

@@ -1,7 +1,7 @@
 """The block traces behind the step plan, as polynomials in the batch and sequence.
 
 One transformer block (each kind of a mixed stack, the first trained one, a leading dense
-one) and the output head are traced op by op (``activations.py``) at a few small sizes;
+one) and the output head are traced op by op (``model/activations.py``) at a few small sizes;
 every tensor's bytes are then exact polynomials in b and s (and an encoder-decoder's target
 length t), so one trace serves every size.
 """
@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..activations import LORA_GROUP, BlockContext, SavedTensor, Trace, attention_backend, runs_eager, trace_block
-from ..architecture import HEAD_TARGETS, Architecture
+from ..model.activations import LORA_GROUP, BlockContext, SavedTensor, Trace, attention_backend, runs_eager, trace_block
+from ..model.architecture import HEAD_TARGETS, Architecture
 from ..stacks import behaviour
 from ..training import TrainingSetup
 from ..units import DTYPE_BYTES
@@ -156,7 +156,7 @@ def activations_at(arch: Architecture, s: TrainingSetup, P: ParamStorage, cpu: b
                  sizes: Optional[Tuple[Any, Any]] = None, mx: Callable[..., Any] = max) -> Activations:
     """Saved activations per block and around the head, for this batch and sequence.
 
-    The block is traced op by op (activations.py) at two small sizes and the result scaled:
+    The block is traced op by op (model/activations.py) at two small sizes and the result scaled:
     saved bytes are linear in tokens except the attention scores (b x a x s^2), so two
     traces give both coefficients exactly.  Profiles are cached per architecture and
     size-free setup.  ``cpu=True`` picks the kernels PyTorch uses on a CPU (SDPA keeps q,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..architecture import Architecture
+from ..model.architecture import Architecture
 from ..training import TrainingSetup
 from ..units import DTYPE_BYTES
 from .blocks import Layers, Offload, backward_layers, forward_layers, forward_ops, layers_of, param_grad, sized_ops

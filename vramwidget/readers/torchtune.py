@@ -43,7 +43,7 @@ def detect(raw: Mapping[str, Any]) -> int:
 
 
 def _model(m: Mapper, builder: str) -> None:
-    from ..presets import find, list_presets, get
+    from ..model.presets import find, list_presets, get
 
     ckpt = m.get("checkpointer.checkpoint_dir")
     if isinstance(ckpt, str) and ckpt:

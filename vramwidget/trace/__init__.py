@@ -37,7 +37,7 @@ def available() -> bool:
 
 def resolve_config(model: Any) -> Tuple[str, Dict[str, Any]]:
     """(name, config.json dict) of what a user typed: a dict, an Architecture, a preset, a path or a Hub id."""
-    from ..architecture import Architecture, parse_config_text
+    from ..model.architecture import Architecture, parse_config_text
 
     if isinstance(model, Architecture):
         return model.name, dict(model.config)
@@ -49,7 +49,7 @@ def resolve_config(model: Any) -> Tuple[str, Dict[str, Any]]:
         raise VramError("model: the trace backend needs a config: a preset name, a config.json path or dict, or "
                         "a Hub id", field="model")
     key = model.strip()
-    from .. import presets
+    from ..model import presets
 
     if os.path.isdir(key) and os.path.isfile(os.path.join(key, "config.json")):
         key = os.path.join(key, "config.json")
@@ -64,7 +64,7 @@ def resolve_config(model: Any) -> Tuple[str, Dict[str, Any]]:
     if preset is not None:
         return preset["name"], dict(preset["config"])
     if "/" in key and not key.startswith((".", "/")):
-        from ..hub import fetch_config
+        from ..model.hub import fetch_config
 
         return key, fetch_config(key)
     if key[:1].isdigit():
@@ -177,7 +177,7 @@ def default_lora_targets(config: Mapping[str, Any]):
     """The modules LoRA adapts when the user names none: those the analytic path takes for a
     modelled family (every linear layer of the blocks, not the MoE router), else peft's
     ``all-linear``."""
-    from ..architecture import from_config
+    from ..model.architecture import from_config
 
     try:
         arch = from_config(config)

@@ -1,6 +1,6 @@
 """A traced step's allocation log -> the same :class:`~vramwidget.result.Estimate` the analytic path returns.
 
-Phases, as ``measure.py`` reads them on a GPU (data/VALIDATION.md):
+Phases, as ``measure/training.py`` reads them on a GPU (data/VALIDATION.md):
 
 after_load       storages live once the model (and its LoRA adapters) is built
 forward          the traced step-1 forward peak + the optimizer states that exist from step 2 on

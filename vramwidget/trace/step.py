@@ -1,6 +1,6 @@
 """One training step of any transformers model, traced on fake tensors.
 
-The step is the one the validation cases measured (``measure.py``, data/VALIDATION.md):
+The step is the one the validation cases measured (``measure/training.py``, data/VALIDATION.md):
 the model built from its config alone (``AutoModelFor<task>.from_config``), LoRA through
 peft, ``prepare_model_for_kbit_training`` where asked, then ``loss = model(input_ids=ids,
 labels=ids).loss``, ``loss.backward()``, ``optimizer.step()``,
@@ -75,7 +75,7 @@ def make_config(config: Mapping[str, Any]):
 
 
 def _optimizer(name: str, params: List[torch.nn.Parameter]):
-    """The optimizers of measure.py, with the implementation PyTorch picks for CUDA tensors
+    """The optimizers of measure/training.py, with the implementation PyTorch picks for CUDA tensors
     (foreach for AdamW and SGD: torch/optim/optimizer.py ``_default_to_fused_or_foreach``
     chooses it for CUDA parameters, and a CPU trace must ask for it)."""
     if name == "adamw":
@@ -109,7 +109,7 @@ def _model_class(task: str):
 
 def build_model(config: Mapping[str, Any], s: TrainingSetup, task: str = "causal_lm",
                 notes: Optional[List[str]] = None):
-    """The model as measure.py builds it, on fake CPU tensors (call under FakeTensorMode)."""
+    """The model as measure/training.py builds it, on fake CPU tensors (call under FakeTensorMode)."""
     notes = notes if notes is not None else []
     cfg = make_config(config)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[s.weights_dtype]

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import VramError
 from ..result import Estimate
-from ..treemap import unit_box
+from ..show.treemap import unit_box
 from .state import TracedModel, run_estimate, shown
 from .suggestions import suggestion_dict
 from .training import YOUR_SETUP

@@ -10,7 +10,7 @@ Three kinds of estimate, chosen by the traits:
   ``tensor_parallel``, ``pipeline_parallel``, ``offload_optimizer``, ``offload_params``)
   leaves its default: :func:`vramwidget.parallel.estimate_parallel`, and the widget shows
   the worst GPU's per-GPU estimate (:mod:`.multigpu`);
-* ``mode = "inference"``: :func:`vramwidget.inference.estimate_inference` (:mod:`.inference`).
+* ``mode = "inference"``: :func:`vramwidget.inference.estimate.estimate_inference` (:mod:`.inference`).
 
 With a GPU chosen, every scenario of the comparison carries a fits / does-not-fit verdict;
 when the setup does not fit, :mod:`.suggestions` works out what would make it fit.
@@ -33,10 +33,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import traitlets as t
 
-from .. import charts
+from ..show import charts
 from ..errors import VramError
 from ..result import Estimate
-from ..treemap import UnitBox
+from ..show.treemap import UnitBox
 from .controls import controls_spec, groups_spec
 from .formats import number_formats
 from .inference import InferencePanel

@@ -11,10 +11,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import charts, gpus
+from ..show import charts
+from .. import gpus
 from ..errors import VramError
 from ..inputs import MAX_GPUS, shown as short_repr
-from ..treemap import UnitBox, layout_rows, unit_box
+from ..show.treemap import UnitBox, layout_rows, unit_box
 from .inference import INFERENCE_SCENARIOS, inference_phase_rows
 from .state import MODES, TracedModel, shown
 from .options import nearest_presets
@@ -29,7 +30,7 @@ class ComputePanel:
     # -- recompute -------------------------------------------------------------------------
     def _resolve_model(self) -> Any:
         """The Architecture for the model or pasted config (cached while they stay)."""
-        from .. import architecture
+        from ..model import architecture
 
         key = ("config", hashlib.sha1(self.config_json.encode()).hexdigest()) if self.config_json.strip() \
             else ("model", self.model.strip())

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import charts, gpus
+from ..show import charts
+from .. import gpus
 from ..result import Estimate
-from ..treemap import fmt_gib
+from ..show.treemap import fmt_gib
 from ..units import GIB
 from ..verdict import capacity_bytes
 from ..verdict import fits as judge_fits
@@ -44,7 +45,7 @@ ENGINE_LABELS = (("hf", "generate() (transformers)"), ("vllm", "vLLM server"), (
 
 def inference_options() -> Dict[str, Any]:
     """The weights, KV-cache and engine drop-downs' [value, label] pairs."""
-    from ..inference import KV_CACHE_DTYPES, WEIGHT_FORMATS
+    from ..inference.estimate import KV_CACHE_DTYPES, WEIGHT_FORMATS
 
     return {
         "weights": [[k, f"{k}: {_short(v)}"] for k, v in WEIGHT_FORMATS.items()],
@@ -91,8 +92,8 @@ class InferencePanel:
 
     def _serving_extras(self, arch: Any, kw: Dict[str, Any]) -> Dict[str, Any]:
         """The largest max_model_len that starts and a copyable command (cached per setup)."""
-        from ..engines import startable_command
-        from ..inference import InferenceSetup
+        from ..inference.engines import startable_command
+        from ..inference.estimate import InferenceSetup
 
         def work() -> Dict[str, Any]:
             s = InferenceSetup.from_kwargs(**kw)
@@ -105,7 +106,7 @@ class InferencePanel:
                            skipped: List[str]) -> Dict[str, Any]:
         """Inference: the KV cache (per token and in total), weights, the serving budget and
         the longest context that fits the GPU."""
-        from ..inference import MAX_SEARCH_TOKENS
+        from ..inference.estimate import MAX_SEARCH_TOKENS
 
         fits = (bool(est.fits) if est.fits is not None else judge_fits(est.device_total_bytes, capacity_bytes(gpu))) \
             if gpu is not None else None
@@ -165,7 +166,7 @@ class InferencePanel:
 
     def _longest(self, arch: Any, gpu: gpus.GPU, kw: Dict[str, Any]) -> Optional[int]:
         """inference.longest_context for the setup (every field but the context)."""
-        from ..inference import longest_context
+        from ..inference.estimate import longest_context
 
         rest = {k: v for k, v in kw.items() if k not in ("context_len", "gpu")}
         # a search over allocator replays: the worker's job (None until it is done)

@@ -40,7 +40,7 @@ class OptionsPanel:
 
 def _preset_options() -> List[List[str]]:
     try:
-        from .. import presets
+        from ..model import presets
     except ImportError:
         return []
     out = []
@@ -56,7 +56,7 @@ def nearest_presets(model: str, n: int = 3) -> List[str]:
     (a Hub id that could not be fetched: a typo, or offline), closest first."""
     import difflib
 
-    from .. import presets
+    from ..model import presets
 
     typed = model.strip().lower()
     if not typed:

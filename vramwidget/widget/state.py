@@ -2,7 +2,7 @@
 
 The input traits carry the names of the keyword arguments of :func:`vramwidget.estimate`,
 :func:`vramwidget.parallel.estimate_parallel` and
-:func:`vramwidget.inference.estimate_inference` (plus ``config_json``, ``gpu`` and ``mode``);
+:func:`vramwidget.inference.estimate.estimate_inference` (plus ``config_json``, ``gpu`` and ``mode``);
 the output traits hold what the frontend draws.  Behaviour lives in the panel modules
 (training, multigpu, inference, suggestions) and in :mod:`.calculator`, which joins them.
 """
@@ -113,7 +113,7 @@ def estimate_fn():
 
 
 class TracedModel:
-    """A model whose family has no analytic module (vramwidget/families/): its config, which
+    """A model whose family has no analytic module (vramwidget/model/families/): its config, which
     ``estimate(..., backend="auto")`` traces (vramwidget/trace/, seconds per setup; the
     widget runs it in its background worker)."""
 
@@ -147,7 +147,7 @@ def run_estimate(arch: Any, kind: str, kw: Dict[str, Any]) -> Any:
         from ..parallel import estimate_parallel
 
         return estimate_parallel(arch, **kw)
-    from ..inference import estimate_inference
+    from ..inference.estimate import estimate_inference
 
     return estimate_inference(arch, **kw)
 
@@ -247,7 +247,7 @@ class State(anywidget.AnyWidget, SetupTraits):
     # -- inference: the names of estimate_inference()'s keyword arguments ------------------
     weights = t.Unicode("bf16", **_doc(
         "Inference: storage format of the weights: bf16 | fp16 | fp32 | fp8 | int8 | nf4 | fp4 | "
-        "gptq-4bit | gptq-8bit | awq-4bit | gguf-q4_k_m ... (vramwidget.inference.WEIGHT_FORMATS)."
+        "gptq-4bit | gptq-8bit | awq-4bit | gguf-q4_k_m ... (vramwidget.inference.estimate.WEIGHT_FORMATS)."
     )).tag(sync=True)
     kv_cache_dtype = t.Unicode("auto", **_doc(
         "Inference: dtype of the KV cache: auto (the compute dtype) | bf16 | fp16 | fp32 | fp8."

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import charts, gpus
-from ..treemap import fmt_gib
+from ..show import charts
+from .. import gpus
+from ..show.treemap import fmt_gib
 from ..units import GIB
 from ..verdict import capacity_bytes
 from ..verdict import fits as judge_fits

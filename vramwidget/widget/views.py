@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import charts, gpus
+from ..show import charts
+from .. import gpus
 from ..result import Estimate
 from ..strategies import BY_NAME
-from ..treemap import KNOWN_COMPONENTS, UnitBox, caption_rows, comparison_rows, fmt_gib, total_bytes
+from ..show.treemap import KNOWN_COMPONENTS, UnitBox, caption_rows, comparison_rows, fmt_gib, total_bytes
 from ..units import GIB
 from ..verdict import capacity_bytes
 
