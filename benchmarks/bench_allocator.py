@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import fmt_ms, percentile, time_calls  # noqa: E402
 
 from vramwidget.model import architecture  # noqa: E402
-from vramwidget.allocator import replay  # noqa: E402
+from vramwidget.allocator.caching import replay  # noqa: E402
 from vramwidget.estimate import estimate_setup  # noqa: E402
 from vramwidget.events import clear_caches, replay_training, stream_template, training_events  # noqa: E402
 from vramwidget.training import TrainingSetup  # noqa: E402

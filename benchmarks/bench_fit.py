@@ -1,7 +1,7 @@
 """Benchmark the fit solver: ``max_batch_size`` queries, end to end.
 
 Target (issue 6): a fit query under 50 ms median.  A query is the whole public call --
-``vramwidget.fit.max_batch_size(model, gpu, **setup)``: the model name resolved (cached),
+``vramwidget.fit.solver.max_batch_size(model, gpu, **setup)``: the model name resolved (cached),
 the setup validated, then a doubling-and-bisection search over the estimator (each probe a
 full estimate, or a per-GPU parallel estimate).  Also printed, without a target: the first
 (cold) call of each case, ``min_gpus``, ``suggestions`` and everything ``vramwidget fit``
@@ -22,7 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import fmt_ms, percentile, time_calls  # noqa: E402
 
-from vramwidget import fit  # noqa: E402
+from vramwidget.fit import solver as fit  # noqa: E402
 
 TARGET_S = 50e-3
 

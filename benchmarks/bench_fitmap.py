@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _timing  # noqa: E402,F401  (puts the checkout on sys.path)
 
 import vramwidget as vw  # noqa: E402
-from vramwidget import events, verdict  # noqa: E402
+from vramwidget import events  # noqa: E402
+from vramwidget.fit import verdict
 
 TARGET_RATIO = 50.0
 

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _timing  # noqa: E402,F401  (puts the checkout on sys.path)
 
 import vramwidget as vw  # noqa: E402
-from vramwidget.allocator import expand_runs, replay, replay_runs  # noqa: E402
+from vramwidget.allocator.caching import expand_runs, replay, replay_runs  # noqa: E402
 from vramwidget.model.architecture import load  # noqa: E402
 from vramwidget.inference.estimate import InferenceSetup  # noqa: E402
 from vramwidget.inference.events import clear_caches, inference_runs, replay_parts  # noqa: E402

@@ -13,7 +13,7 @@ import time
 import vramwidget as vw
 from vramwidget.model.architecture import load
 from vramwidget.estimate import estimate_setup
-from vramwidget.parallel import STRATEGIES
+from vramwidget.parallel.estimate import STRATEGIES
 from vramwidget.training import TrainingSetup
 
 MODELS = ["qwen2.5-0.5b", "llama-3.2-1b", "olmoe-1b-7b", "llama-3.1-8b", "mixtral-8x7b"]

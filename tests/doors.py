@@ -1,7 +1,7 @@
 """Every door fuzzed (issue 27, item 4): random calls of every public entry point beyond the
 estimator, valid and broken, and what each may answer.
 
-Doors: ``suggestions``, ``fit`` (``vramwidget.fit.answers``, what ``vramwidget fit``
+Doors: ``suggestions``, ``fit`` (``vramwidget.fit.solver.answers``, what ``vramwidget fit``
 prints; ``min_gpus``), ``fit_map``, ``max_batch_size``, ``max_seq_len``,
 ``estimate_parallel``, ``estimate_inference`` with every engine and ``longest_context``,
 ``from_training_config`` (generated configs of each format, and junk files: binary, empty,
@@ -99,7 +99,7 @@ def door_suggestions(rng, ctx):
 
 
 def door_fit(rng, ctx):
-    from vramwidget.fit import answers
+    from vramwidget.fit.solver import answers
 
     kw = setup_kw(rng, 0.2)
     if rng.random() < 0.2:

@@ -1,4 +1,4 @@
-"""The caching-allocator replay (vramwidget/allocator.py) against the rules of PyTorch's
+"""The caching-allocator replay (vramwidget/allocator/caching.py) against the rules of PyTorch's
 c10/cuda/CUDACachingAllocator.cpp, and the training event stream (events.py) against the
 measured H200 steps."""
 
@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import vramwidget as vw
-from vramwidget.allocator import (AllocatorConfig, CachingAllocator, allocation_size, parse_alloc_conf, replay,
+from vramwidget.allocator.caching import (AllocatorConfig, CachingAllocator, allocation_size, parse_alloc_conf, replay,
                                   round_size)
 from vramwidget.model.architecture import from_config, load
 from vramwidget.plan import plan_events as training_events  # noqa: E402
@@ -214,7 +214,7 @@ def test_first_failing_allocation():
 def test_invariants_hold_through_free_and_retry(seq, conf, capacity_mib):
     """The same with a device capacity: segments are released and requests retried or refused,
     and reserved never exceeds the capacity."""
-    from vramwidget.allocator import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, OutOfMemory, allocation_size
+    from vramwidget.allocator.caching import K_LARGE_BUFFER, K_SMALL_BUFFER, K_SMALL_SIZE, OutOfMemory, allocation_size
 
     cfg = parse_alloc_conf(conf)
 

@@ -12,7 +12,7 @@ import pytest
 
 import vramwidget as vw
 from vramwidget.show import charts
-from vramwidget import fit, verdict
+from vramwidget.fit import solver as fit, verdict
 from vramwidget.show.treemap import caption_width
 from vramwidget.units import GIB, MIB
 from vramwidget.widget import INPUTS, Calculator

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vramwidget as vw
-from vramwidget import gpus, verdict
+from vramwidget import gpus
+from vramwidget.fit import verdict
 from vramwidget.units import GIB, MIB
 
 

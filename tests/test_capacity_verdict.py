@@ -19,9 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vramwidget as vw
-from vramwidget import fit, gpus, verdict
-from vramwidget.allocator import replay
-from vramwidget.fitmap import fit_map
+from vramwidget.fit import solver as fit, verdict
+from vramwidget import gpus
+from vramwidget.allocator.caching import replay
+from vramwidget.fit.fitmap import fit_map
 from vramwidget.inference.estimate import estimate_inference
 from vramwidget.result import EstimateSources
 from vramwidget.units import MIB

@@ -502,11 +502,11 @@ def test_fit_subcommand(capsys):
 
 
 def test_estimate_with_gpu_gives_the_verdict(capsys):
-    """``estimate --gpu`` answers "does it fit": the verdict of vramwidget.verdict on the
+    """``estimate --gpu`` answers "does it fit": the verdict of vramwidget.fit.verdict on the
     device total.  Llama 3.1 8B QLoRA at batch 4 x 2048 without checkpointing keeps ~72 GiB of
     activations (the LoRA inputs peft casts to fp32 alone are ~37 GiB): no 24 GiB card holds it,
     an H200 (141 GB) does."""
-    from vramwidget import verdict as V
+    from vramwidget.fit import verdict as V
 
     args = ["llama-3.1-8b", "--method", "qlora", "--gradient-checkpointing", "none", "--batch-size", "4",
             "--seq-len", "2048"]

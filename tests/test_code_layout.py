@@ -17,9 +17,9 @@ def test_an_estimate_does_not_draw_itself():
 
 
 def test_fit_is_pure_and_the_cli_holds_its_command_line():
-    src = MODULES["vramwidget.fit"].read_text(encoding="utf-8")
+    src = MODULES["vramwidget.fit.solver"].read_text(encoding="utf-8")
     assert "argparse" not in src and "sys.stdout" not in src
-    assert "vramwidget.cli" not in GRAPH["vramwidget.fit"]
+    assert "vramwidget.cli" not in GRAPH["vramwidget.fit.solver"]
     from vramwidget import cli
 
     assert callable(cli.fit_main) and callable(cli.add_fit_arguments)
@@ -27,7 +27,7 @@ def test_fit_is_pure_and_the_cli_holds_its_command_line():
 
 def test_the_core_imports_no_widget_or_chart_code():
     core = ("vramwidget.model.architecture", "vramwidget.training", "vramwidget.model.activations",
-            "vramwidget.estimate", "vramwidget.result", "vramwidget.parallel", "vramwidget.fit",
+            "vramwidget.estimate", "vramwidget.result", "vramwidget.parallel.estimate", "vramwidget.fit.solver",
             "vramwidget.inference.estimate", "vramwidget.units", "vramwidget.gpus")
     for name in core:
         bad = {d for d in GRAPH[name] if d.startswith(("vramwidget.widget", "vramwidget.show.charts",

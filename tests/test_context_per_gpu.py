@@ -27,8 +27,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vramwidget as vw
-from vramwidget import fit, gpus, verdict
-from vramwidget.fitmap import fit_map
+from vramwidget.fit import solver as fit, verdict
+from vramwidget import gpus
+from vramwidget.fit.fitmap import fit_map
 from vramwidget.inference.estimate import estimate_inference
 from vramwidget.units import CUDA_CONTEXT_BYTES, MIB
 

@@ -1,11 +1,11 @@
-"""device_map="auto" (vramwidget.device_map): transformers' placement, replayed without torch,
+"""device_map="auto" (vramwidget.parallel.device_map): transformers' placement, replayed without torch,
 against transformers' and accelerate's own on the meta device; then what each GPU holds."""
 
 import pytest
 
 import vramwidget as vw
 from vramwidget import VramError
-from vramwidget import device_map as D
+from vramwidget.parallel import device_map as D
 from vramwidget.model.architecture import load
 from vramwidget.plan.params import param_storage as _params
 from vramwidget.training import TrainingSetup

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-MODULES = ["model.architecture", "estimate", "training", "result", "measure.validate", "scenarios", "fit",
-           "parallel", "strategies", "inference.estimate", "inference", "show.chartview", "widget", "show.charts",
+MODULES = ["model.architecture", "estimate", "training", "result", "measure.validate", "fit.scenarios", "fit.solver",
+           "parallel.estimate", "parallel.strategies", "inference.estimate", "inference", "show.chartview", "widget", "show.charts",
            "show.treemap", "gpus", "model.presets", "model.hub", "measure.training", "measure.inference",
-           "cli", "verdict", "fitmap", "widget.state", "widget.training", "widget.multigpu", "widget.inference",
+           "cli", "fit.verdict", "fit.fitmap", "widget.state", "widget.training", "widget.multigpu", "widget.inference",
            "widget.suggestions", "widget.views", "widget.formats", "widget.calculator", "widget.options",
            "widget.verdictpanel", "widget.controls",
-           "units", "errors", "model.activations", "model.families"]
+           "units", "errors", "model.activations", "model.families",
+           "model", "show", "measure", "parallel", "fit", "allocator"]
 # every family module too (vramwidget/model/families/*.py)
 MODULES += ["model.families." + p.stem for p in
             sorted((Path(__file__).parent.parent / "vramwidget" / "model" / "families").glob("*.py"))
@@ -53,7 +54,7 @@ def test_readme_seven_b_activation_range_matches_the_code():
     100-180 GB while the code gives 103.6 and 183.3 GB)."""
     import re
 
-    from vramwidget.scenarios import seven_b_fp32_vs_bf16
+    from vramwidget.fit.scenarios import seven_b_fp32_vs_bf16
 
     readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
     lo, hi = map(int, re.search(r"activations alone are (\d+)-(\d+) GB", readme).groups())

@@ -354,7 +354,7 @@ def test_max_seq_len_varies_the_input_with_the_target_fixed():
     """max_seq_len of an encoder-decoder is its input length: with target_len=128 fixed the
     longest input that fits is where fit.check turns (and longer than with the target growing
     with the input, as without target_len)."""
-    from vramwidget import fit
+    from vramwidget.fit import solver as fit
     kw = dict(batch_size=8, target_len=128)
     L = fit.max_seq_len("t5-base", "RTX 4090", multiple_of=64, **kw)
     assert fit.check("t5-base", "RTX 4090", seq_len=L, **kw).fits

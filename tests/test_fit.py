@@ -1,4 +1,4 @@
-"""The fit solver (vramwidget.fit): its answers agree with the estimator."""
+"""The fit solver (vramwidget.fit.solver): its answers agree with the estimator."""
 
 import json
 
@@ -6,10 +6,10 @@ import pytest
 
 from vramwidget import VramError, estimate
 from vramwidget.cli import fit_main as main
-from vramwidget.fit import (Suggestion, answers, check, max_batch_size, max_seq_len, min_gpus,
+from vramwidget.fit.solver import (Suggestion, answers, check, max_batch_size, max_seq_len, min_gpus,
                             suggestions)
 from vramwidget.gpus import get_gpu
-from vramwidget.parallel import estimate_parallel
+from vramwidget.parallel.estimate import estimate_parallel
 
 CASES = [
     ("llama-3.1-8b", "H100-80GB", dict(method="lora", seq_len=2048)),
@@ -180,7 +180,7 @@ def test_combinations_fit_with_the_margin_and_stay_on_one_node():
     """Issue 10: a 7B full fine-tune on a 24 GB card gets combinations (e.g. LoRA + full
     checkpointing), each fitting with the verdict's margin when applied, none on more than
     8 GPUs (the old single suggestion was FSDP across 44 x RTX 4090)."""
-    from vramwidget import verdict
+    from vramwidget.fit import verdict
 
     sug = suggestions("llama-2-7b", "RTX-4090", method="full")
     combos = [s for s in sug if len(s.parts) > 1]
@@ -217,7 +217,7 @@ def test_suggestions_offer_the_stacks_own_knobs():
     linear cross-entropy never makes them, so it fits alone, at no quality cost, on the same GPU:
     it must be offered, and ranked first (same GPU, same training, cheapest)."""
     kw = dict(method="qlora", batch_size=4, seq_len=2048, gradient_checkpointing="full")
-    from vramwidget.verdict import verdict
+    from vramwidget.fit.verdict import verdict
 
     base = check("llama-3.1-8b", "RTX 4090", **kw)
     assert verdict(base.estimate, "RTX 4090")["state"] != "fits"

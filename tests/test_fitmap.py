@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vramwidget as vw
-from vramwidget import verdict
+from vramwidget.fit import verdict
 from vramwidget.errors import VramError
 
 BATCHES = [1, 2, 3, 8, 17]

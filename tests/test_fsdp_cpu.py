@@ -6,7 +6,7 @@ of ``ws`` ranks; collectives allocate their outputs and move nothing), on real t
 built by transformers.  ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` and
 ``mem_tracker.MemTracker`` attribute every live tensor to a category; each category's most
 bytes at once over a steady step (the second of two; every module's snapshots) is compared
-with vramwidget.fsdp's plan and the estimator.
+with vramwidget.parallel.fsdp's plan and the estimator.
 
 What cannot run without CUDA: CPU offload (``CPUOffloadPolicy``) runs on a CPU mesh, but its
 target and the compute device are then the same device, so nothing moves and the tracker
@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers")
 dist = pytest.importorskip("torch.distributed")
 
 import vramwidget as vw  # noqa: E402
-from vramwidget import fsdp  # noqa: E402
+from vramwidget.parallel import fsdp  # noqa: E402
 from vramwidget.model.architecture import load  # noqa: E402
 from vramwidget.plan.params import param_storage as _params  # noqa: E402
 from vramwidget.training import TrainingSetup  # noqa: E402

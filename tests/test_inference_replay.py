@@ -8,8 +8,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import vramwidget as vw
-from vramwidget import allocator
-from vramwidget.allocator import (CachingAllocator, StepRun, expand_runs, parse_alloc_conf, replay, replay_runs)
+from vramwidget.allocator import caching as allocator
+from vramwidget.allocator.caching import (CachingAllocator, StepRun, expand_runs, parse_alloc_conf, replay, replay_runs)
 from vramwidget.model.architecture import from_config, load
 from vramwidget.inference.estimate import InferenceSetup
 from vramwidget.inference.events import inference_events, inference_runs, replay_inference
@@ -272,7 +272,7 @@ def test_provisional_carries_the_ratio_of_a_replayed_size():
     allocated ratio of the last replayed setup that differs only in batch, context or prompt
     (else the training median, 1.0812); nothing is replayed for it."""
     from vramwidget.inference import events as inference_events
-    from vramwidget.allocator import DEFAULT_RESERVED_PER_ALLOCATED
+    from vramwidget.allocator.caching import DEFAULT_RESERVED_PER_ALLOCATED
 
     inference_events.clear_caches()
     arch = load("llama-3.2-1b")

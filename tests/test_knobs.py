@@ -501,7 +501,7 @@ def test_peft_docs_70b_qlora_on_two_gpus(strategy, published_gb):
     "without offload is reproduced (35.6 GB, estimate 32.6, -8.4%).  Published, offloading saved "
     "16.0 GB; the estimate saves 18.9 GB: the sharded NF4 storage it moves to the CPU (17.6 GB per "
     "GPU) and the shards' states and gradients, less the unit shard copied back for each all-gather "
-    "(vramwidget.fsdp.fsdp1_plan: FlatParamHandle.pre_unshard).  What else FSDP1's CPU offload "
+    "(vramwidget.parallel.fsdp.fsdp1_plan: FlatParamHandle.pre_unshard).  What else FSDP1's CPU offload "
     "keeps on the GPU (about 3 GB here) is not identified from torch/distributed/fsdp/_flat_param.py "
     "or _runtime_utils.py, and the doc itself says 'GPU Memory saving when using CPU Offloading is "
     "untested' and does not say how memory was read."))

@@ -46,7 +46,7 @@ import bisect
 import pytest
 
 import vramwidget as vw
-from vramwidget.allocator import AllocatorConfig, replay_runs
+from vramwidget.allocator.caching import AllocatorConfig, replay_runs
 from vramwidget.model.architecture import load
 from vramwidget.inference.estimate import InferenceSetup
 from vramwidget.inference.events import cached_runs, replay_parts

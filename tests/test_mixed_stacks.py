@@ -95,7 +95,7 @@ def test_fuzz_cases_full_checkpointing_needs_no_more(case):
 # -- the allocator replay runs each layer's own block ------------------------------------------
 
 from vramwidget import estimate  # noqa: E402
-from vramwidget.allocator import replay  # noqa: E402
+from vramwidget.allocator.caching import replay  # noqa: E402
 from vramwidget.plan import plan_events as training_events  # noqa: E402
 from vramwidget.training import TrainingSetup  # noqa: E402
 

@@ -1,10 +1,10 @@
-"""Paged optimizer states (vramwidget.paged): outside PyTorch's caching allocator, not in
+"""Paged optimizer states (vramwidget.allocator.paged): outside PyTorch's caching allocator, not in
 max_memory_allocated(), on the card when paged in."""
 
 import pytest
 
 import vramwidget as vw
-from vramwidget import verdict
+from vramwidget.fit import verdict
 
 
 KW = dict(method="full", batch_size=1, seq_len=512)

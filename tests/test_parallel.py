@@ -1,4 +1,4 @@
-"""Per-GPU memory under parallelism (vramwidget.parallel).
+"""Per-GPU memory under parallelism (vramwidget.parallel.estimate).
 
 Reference figures come from ../shared/REFERENCES.md ("Papers and docs"); each test names
 its source.  Sizes: GB = 10**9 B, GiB = 2**30 B, as each source uses them.
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vramwidget import VramError, custom, estimate, from_param_count
-from vramwidget.parallel import STRATEGIES, estimate_parallel
+from vramwidget.parallel.estimate import STRATEGIES, estimate_parallel
 from vramwidget.units import GB, GIB
 
 
@@ -73,7 +73,7 @@ def test_deepspeed_zero3_t0_3b():
     +2b for fp16 params").  Offloading the optimizer moves those 16 bytes to the CPU
     (``16 * params``), offloading parameters too moves the 2-byte partition as well
     (``18 * params``); host memory is per node times ``additional_buffer_factor = 1.5``.
-    Those are exactly the parts vramwidget.parallel names: weights, fp32 master weights,
+    Those are exactly the parts vramwidget.parallel.estimate names: weights, fp32 master weights,
     fp32 gradients, optimizer states, gathered parameters and gradients, under the settings
     where the estimator's definitions hold: the whole partition's gradients converted to fp32
     at once (sub_group_size at the Stage3 constructor's 1e12), only the module running
@@ -212,7 +212,7 @@ def test_more_gpus_never_need_more_memory_per_gpu_under_zero3(model, batch, seq,
     bytes move with the tensor sizes: a freed gathered block that the activations then split
     cannot take the next block (Mixtral-8x7B's 2.8 GB layers on 404 GPUs: a second segment), so
     it never grows by more than the estimate's own band (1.9%) plus the gathered parameters."""
-    from vramwidget.parallel import NCCL_BUFFSIZE_BYTES, NCCL_CHANNELS
+    from vramwidget.parallel.estimate import NCCL_BUFFSIZE_BYTES, NCCL_CHANNELS
 
     kw = dict(batch_size=batch, seq_len=seq, precision=precision, gradient_checkpointing=gc, method=method,
               offload_optimizer=offload[0], offload_params=offload[1])

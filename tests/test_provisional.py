@@ -17,8 +17,8 @@ from importlib import resources
 import pytest
 
 import vramwidget as vw
-from vramwidget import replays as events
-from vramwidget.allocator import DEFAULT_RESERVED_PER_ALLOCATED
+from vramwidget.allocator import replays as events
+from vramwidget.allocator.caching import DEFAULT_RESERVED_PER_ALLOCATED
 from vramwidget.model.architecture import load
 from vramwidget.training import TrainingSetup
 

@@ -1,9 +1,9 @@
-"""The seed write-ups' scenarios (vramwidget.scenarios): their figures reproduced where they
+"""The seed write-ups' scenarios (vramwidget.fit.scenarios): their figures reproduced where they
 are model-state arithmetic, and the full estimate beside them where they leave things out."""
 
 import pytest
 
-from vramwidget import scenarios
+from vramwidget.fit import scenarios
 
 
 def test_13b_weights_and_adam_moments():

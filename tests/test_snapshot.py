@@ -6,7 +6,7 @@ import pickle
 import pytest
 
 import vramwidget as vw
-from vramwidget.snapshot import CATEGORIES, category_of_frames, load_snapshot
+from vramwidget.allocator.snapshot import CATEGORIES, category_of_frames, load_snapshot
 
 torch_viz = pytest.importorskip("torch.cuda._memory_viz")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import vramwidget as vw
-from vramwidget import strategies
-from vramwidget.strategies import BY_NAME
+from vramwidget.parallel import strategies
+from vramwidget.parallel.strategies import BY_NAME
 
 PKG = Path(vw.__file__).parent
 NAMES = set(BY_NAME)
@@ -64,8 +64,8 @@ def test_the_step_time_model_runs_the_records_collectives():
 
 
 def test_one_list_feeds_the_cli_the_widget_and_the_solver():
-    from vramwidget.fit import SHARDED
-    from vramwidget.parallel import STRATEGIES
+    from vramwidget.fit.solver import SHARDED
+    from vramwidget.parallel.estimate import STRATEGIES
     from vramwidget.widget.multigpu import strategy_options
 
     raw = json.loads((PKG / "data" / "strategies.json").read_text())["strategies"]

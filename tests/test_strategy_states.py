@@ -2,7 +2,7 @@
 the strategy defines, divided as it divides them; the per-GPU reserve within the fragmentation
 of the single-GPU replay of the same model.
 
-The expected bytes are written here from the sources, not from vramwidget.parallel's code:
+The expected bytes are written here from the sources, not from vramwidget.parallel.estimate's code:
 
 ==================  =========  ===========  ====================  =================
 strategy            weights    gradients    fp32 master           optimizer states
@@ -35,7 +35,7 @@ import vramwidget as vw
 from vramwidget.model.architecture import load
 from vramwidget.estimate import estimate_setup
 from vramwidget.plan.params import param_storage as _params
-from vramwidget.parallel import STRATEGIES
+from vramwidget.parallel.estimate import STRATEGIES
 from vramwidget.training import TrainingSetup
 
 MODELS = ["qwen2.5-0.5b", "llama-3.2-1b", "olmoe-1b-7b"]

@@ -268,7 +268,7 @@ def test_suggestions_rank_by_time_per_token():
 
 
 def test_fit_answers_carry_time_and_cost(capsys):
-    from vramwidget.fit import answers
+    from vramwidget.fit.solver import answers
 
     a = answers("llama-3.2-1b", "RTX 4090", batch_size=2)
     est = vw.estimate("llama-3.2-1b", gpu="RTX 4090", batch_size=2)
@@ -285,7 +285,7 @@ def test_seed_checkpointing_tradeoff_in_time(attn):
     one forward of the blocks (~1/3); in time a little less, since the loss, the memory-bound
     optimizer step and the head are not recomputed; selective recomputes only the attention
     core (llama-2-7b, b8 x s2048, on an H100)."""
-    from vramwidget.scenarios import checkpointing_tradeoff
+    from vramwidget.fit.scenarios import checkpointing_tradeoff
 
     rows = {r["checkpointing"]: r for r in checkpointing_tradeoff(attn_implementation=attn)["rows"]}
     assert rows["none"]["extra_time"] == 0.0

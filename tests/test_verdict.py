@@ -5,7 +5,7 @@ import pytest
 
 import vramwidget as vw
 from vramwidget.measure import validate as V
-from vramwidget import verdict
+from vramwidget.fit import verdict
 from vramwidget.gpus import get_gpu
 from vramwidget.units import GIB, MIB, fmt_bytes
 

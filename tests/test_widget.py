@@ -75,7 +75,7 @@ def test_an_unreplayed_setup_is_shown_provisional_then_refined(calc):
     replay has seen (1536: not on the fit map's grid, not in the batch search) is drawn at
     once with the provisional device total (events.provisional_reserved_bytes), the verdict
     says so, and the worker sets the exact one."""
-    from vramwidget.replays import cached_replay
+    from vramwidget.allocator.replays import cached_replay
 
     calc.wait()
     # 1536, or the next length whose replay no earlier test of this process has cached (the

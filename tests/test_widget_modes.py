@@ -1,7 +1,7 @@
 """The Calculator beyond one GPU's training step: multi-GPU training (per-GPU estimate,
 pipeline stages, CPU offload), fit verdicts and suggestions, and inference mode.
 
-The numbers come from the back ends (vramwidget.parallel, vramwidget.fit,
+The numbers come from the back ends (vramwidget.parallel.estimate, vramwidget.fit.solver,
 vramwidget.inference.estimate); these tests check that the widget shows exactly what they return
 for the traits set, and that bad input leaves the last valid estimate in place.
 """
@@ -14,9 +14,10 @@ import time
 import pytest
 
 import vramwidget as vw
-from vramwidget import fit, gpus, verdict
+from vramwidget.fit import solver as fit, verdict
+from vramwidget import gpus
 from vramwidget.inference.estimate import WEIGHT_FORMATS, InferenceSetup, estimate_inference, longest_context
-from vramwidget.parallel import PARALLEL_KEYS, STRATEGIES, estimate_parallel
+from vramwidget.parallel.estimate import PARALLEL_KEYS, STRATEGIES, estimate_parallel
 from vramwidget.units import GIB, fmt_bytes
 from vramwidget.widget import (
     INFERENCE_INPUTS,

@@ -1,9 +1,9 @@
-"""DeepSpeed ZeRO as DeepSpeed steps it (vramwidget.zero), checked against DeepSpeed's own code.
+"""DeepSpeed ZeRO as DeepSpeed steps it (vramwidget.parallel.zero), checked against DeepSpeed's own code.
 
 DeepSpeed (a test dependency: ``pip install deepspeed`` builds no ops, its estimators are
 arithmetic) is imported for ``estimate_zero2_model_states_mem_needs`` and
 ``estimate_zero3_model_states_mem_needs``; every other expected value is derived in the test
-from the source lines vramwidget.zero cites (DeepSpeed 0.19.8).
+from the source lines vramwidget.parallel.zero cites (DeepSpeed 0.19.8).
 """
 
 import math
@@ -12,7 +12,7 @@ import pytest
 
 import vramwidget as vw
 from vramwidget import VramError, custom
-from vramwidget import zero
+from vramwidget.parallel import zero
 from vramwidget.model.architecture import load
 from vramwidget.plan.params import param_storage as _params
 from vramwidget.training import TrainingSetup
@@ -124,7 +124,7 @@ def test_zero2_model_states_equal_deepspeeds_estimator(n):
 
 
 def test_deepspeed_estimator_arithmetic_is_reproduced():
-    """vramwidget.zero.deepspeed_estimator_bytes is DeepSpeed's arithmetic, for every option."""
+    """vramwidget.parallel.zero.deepspeed_estimator_bytes is DeepSpeed's arithmetic, for every option."""
     for stage in (2, 3):
         for n, nodes in ((1, 1), (8, 1), (8, 4)):
             for off in (False, True):

@@ -18,7 +18,7 @@ Groups (cheap unless marked):
 ``published``   the published figures of other stacks (tests/test_knobs.py's setups)
 ``serving``     vLLM's start-up logs (tests/test_serving_logs.py's cases)
 ``examples``    the numbers in the README's examples and Limits
-``scenarios``   the seed write-ups' scenarios (vramwidget.scenarios)
+``scenarios``   the seed write-ups' scenarios (vramwidget.fit.scenarios)
 ``trace``       (slow) the measured cases through the tracing backend
 ``decode``      (slow) a long decode's reserve (its replay takes seconds)
 ``speed``       (slow) how long a replay and a trace take here
@@ -72,7 +72,7 @@ TIME_KINDS = (
 
 def validation() -> List[Dict[str, Any]]:
     from vramwidget.measure import validate as V
-    from vramwidget.verdict import uncertainty
+    from vramwidget.fit.verdict import uncertainty
 
     result = V.validate(V.BUILTIN_CASES)
     s = result["summary"]
@@ -201,8 +201,8 @@ def examples() -> List[Dict[str, Any]]:
 
 
 def scenarios() -> List[Dict[str, Any]]:
-    """The seed write-ups' scenarios (vramwidget.scenarios), as the README sums them up."""
-    from vramwidget import scenarios as SC
+    """The seed write-ups' scenarios (vramwidget.fit.scenarios), as the README sums them up."""
+    from vramwidget.fit import scenarios as SC
 
     out = []
     t = SC.thirteen_b_states()
@@ -251,7 +251,7 @@ def decode() -> List[Dict[str, Any]]:
 
 def speed() -> List[Dict[str, Any]]:
     import vramwidget as vw
-    from vramwidget import replays
+    from vramwidget.allocator import replays
 
     out = []
     times = []

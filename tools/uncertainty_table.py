@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 def table() -> dict:
     from vramwidget.measure import validate as V
-    from vramwidget.verdict import FIELD, QUANTILE
+    from vramwidget.fit.verdict import FIELD, QUANTILE
 
     stats = V.validate(V.BUILTIN_CASES)["summary"][FIELD]
     return {"field": FIELD, "quantile": QUANTILE, "rel_error": stats["p90"], "median": stats["median"],

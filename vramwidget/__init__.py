@@ -9,15 +9,15 @@
 from .model.architecture import Architecture, custom, from_config, from_param_count, load as load_architecture
 from .errors import VramError
 from .estimate import estimate
-from .fit import max_batch_size, max_seq_len, min_gpus, suggestions
-from .fitmap import fit_map
+from .fit.solver import max_batch_size, max_seq_len, min_gpus, suggestions
+from .fit.fitmap import fit_map
 from .inference.estimate import longest_context
 from .inference.split import estimate_inference
-from .parallel import estimate_parallel
+from .parallel.estimate import estimate_parallel
 from .model.presets import list_presets
 from .readers import TrainingConfig, from_training_config
 from .result import Estimate, Node
-from .snapshot import load_snapshot
+from .allocator.snapshot import load_snapshot
 from .training import CHOICES, TrainingSetup
 
 __version__ = "0.1.0"

@@ -309,7 +309,7 @@ def estimate_json(arch, est, tokens: Optional[float] = None,
     d["device_total_gib"] = round(est.device_total_bytes / GIB, 3)
     d["device_total_gb"] = round(est.device_total_bytes / GB, 3)
     if est.gpu is not None:
-        from .verdict import verdict as judge
+        from .fit.verdict import verdict as judge
 
         d["verdict"] = judge(est, est.gpu)
     return d
@@ -377,8 +377,8 @@ def _group_formula(node) -> str:
 def format_verdict(est, model: str = "MODEL") -> List[str]:
     """The ``verdict`` lines of ``estimate --gpu``: the device total on the GPU (reserved + its
     own CUDA context) against what CUDA reports as its total, with the margin and the
-    estimator's own uncertainty (:mod:`vramwidget.verdict`)."""
-    from .verdict import verdict as judge
+    estimator's own uncertainty (:mod:`vramwidget.fit.verdict`)."""
+    from .fit.verdict import verdict as judge
 
     v = judge(est, est.gpu)
     room = v["headroom_bytes"]
@@ -481,10 +481,10 @@ def _quiet_hub(model: str) -> None:
 
 def _fewest_gpus_text(min_gpus: Dict[str, Optional[int]]) -> str:
     """fit's fewest-GPU counts; the strategies no count fits are named with the reason."""
-    from .fit import MAX_GPUS_SEARCHED
+    from .fit.solver import MAX_GPUS_SEARCHED
 
     found = [f"{k} {v:,}" for k, v in min_gpus.items() if v]
-    from .strategies import BY_NAME
+    from .parallel.strategies import BY_NAME
 
     never = [f"{k} ({BY_NAME[k].why_no_count_fits()})" for k, v in min_gpus.items() if not v]
     text = ", ".join(found) if found else "none"
@@ -551,7 +551,7 @@ def _layout_line(lay: Dict[str, Any]) -> str:
 def _cmd_estimate_parallel(args: argparse.Namespace, out) -> int:
     """``estimate MODEL --num-gpus N [--strategy S ...]``: the per-GPU estimate of a sharded run."""
     from .model.architecture import load
-    from .parallel import estimate_parallel
+    from .parallel.estimate import estimate_parallel
 
     kw = {**setup_kwargs(args), **parallel_kwargs(args)}   # no strategy given: estimate_parallel's default, said
     _time_options(args)
@@ -671,7 +671,7 @@ def _cmd_presets(args: argparse.Namespace, out) -> int:
 # ----------------------------------------------------------------------------------------
 
 # ----------------------------------------------------------------------------------
-# vramwidget fit: the answers come from vramwidget.fit (pure); the flags and text are here
+# vramwidget fit: the answers come from vramwidget.fit.solver (pure); the flags and text are here
 # ----------------------------------------------------------------------------------
 
 _PARALLEL_FLAGS = (
@@ -689,7 +689,7 @@ _PARALLEL_FLAGS = (
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``fit`` command's arguments: MODEL, --gpu, the estimate's setup options, the
     parallel layout, --json."""
-    from .parallel import STRATEGIES
+    from .parallel.estimate import STRATEGIES
     from .training import CHOICES
 
     parser.add_argument("model", metavar="MODEL",
@@ -719,7 +719,7 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_parallel_arguments(parser: Any) -> None:
     """The parallel layout's flags (``fit`` and ``estimate``)."""
-    from .parallel import STRATEGIES
+    from .parallel.estimate import STRATEGIES
 
     for flag, dest, kind, text in _PARALLEL_FLAGS:
         text = text.format(strategies=", ".join(STRATEGIES))
@@ -832,10 +832,10 @@ def parallel_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def fit_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
-    """The keyword arguments of :func:`vramwidget.fit.answers` for parsed ``fit`` flags (a
+    """The keyword arguments of :func:`vramwidget.fit.solver.answers` for parsed ``fit`` flags (a
     parallel layout without a strategy gets DDP when it has several replicas)."""
     from .defaults import strategy_for
-    from .parallel import PARALLEL_KEYS
+    from .parallel.estimate import PARALLEL_KEYS
 
     kw = {**setup_kwargs(args), **parallel_kwargs(args)}
     if "device_map" in kw and "strategy" not in kw:
@@ -910,7 +910,7 @@ def format_fit_answers(a: Dict[str, Any]) -> str:
 def run_fit(args: argparse.Namespace, out=None) -> int:
     """Run a parsed ``fit`` command; raises :class:`VramError` on bad input."""
     out = sys.stdout if out is None else out
-    from .fit import answers
+    from .fit.solver import answers
 
     kw = fit_kwargs(args)
     a = answers(args.model, args.gpu, **kw)

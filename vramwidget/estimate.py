@@ -21,7 +21,7 @@ from .model.architecture import Architecture, load, resolve_targets
 from .errors import VramError
 from .gpus import context_for, get_gpu
 from .inputs import MAX_BYTES, check_total
-from . import replays
+from .allocator import replays
 from .model.activations import attention_backend
 from .plan import plan_view
 from .plan.params import ParamStorage, param_storage, state_dtypes
@@ -234,7 +234,7 @@ def _notes(arch: Architecture, s: TrainingSetup, P: ParamStorage, offloaded: flo
         notes.append("paged optimizer states live in CUDA unified memory (bitsandbytes get_paged, outside PyTorch's "
                      "allocator): counted on the card in the peak, the reserve and the device total (paged in at each "
                      "step); torch.cuda.max_memory_allocated()/max_memory_reserved() do not count them "
-                     "(est.torch_max_memory_allocated_bytes, vramwidget.paged); under memory pressure the driver moves "
+                     "(est.torch_max_memory_allocated_bytes, vramwidget.allocator.paged); under memory pressure the driver moves "
                      "them to the CPU")
     if s.precision == "fp8":
         notes.append("fp8: linear inputs saved as fp8 copies (torchao-style); derived, not measured")

@@ -11,7 +11,7 @@ card:
 ``cuda_total_bytes``
     the device memory a process sees (``torch.cuda.mem_get_info()``'s total, the "total
     capacity" of torch's out-of-memory message): nvidia-smi's total less what the driver
-    keeps for itself.  The verdict (:mod:`vramwidget.verdict`) holds an estimate's device
+    keeps for itself.  The verdict (:mod:`vramwidget.fit.verdict`) holds an estimate's device
     total (allocator reserve + the card's CUDA context) against it.
 
 :func:`usable_capacity` says what torch itself can allocate on a card: that total less
@@ -299,7 +299,7 @@ def context_for(gpu: "str | GPU | None") -> Tuple[float, str]:
     return context_bytes(gpu)
 
 
-# the fit rule: the one place the judged need and capacity are chosen (vramwidget.verdict,
+# the fit rule: the one place the judged need and capacity are chosen (vramwidget.fit.verdict,
 # fit, fit_map, the suggestions, inference, the CLI and the widget call these)
 
 def capacity_bytes(gpu: Any) -> float:

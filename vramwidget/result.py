@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .allocator import DEFAULT_RESERVED_PER_ALLOCATED
+from .allocator.caching import DEFAULT_RESERVED_PER_ALLOCATED
 from .node import Node
 from .result_views import EstimateViews, StepTimeViews
 
@@ -45,7 +45,7 @@ PHASES: Tuple[str, ...] = ("after_load", "forward", "backward", "optimizer_step"
 @dataclass
 class EstimateSources:
     """Where an :class:`Estimate`'s lazily computed figures come from: set by the estimator
-    that builds it (``estimate.py``, ``parallel.py``, ``inference/estimate.py``) and read by the
+    that builds it (``estimate.py``, ``parallel/estimate.py``, ``inference/estimate.py``) and read by the
     estimate, :func:`vramwidget.gpus.judge_on` and the timing model.  Every field may be None
     (that figure is then not available)."""
 
@@ -191,7 +191,7 @@ class Estimate(StepTimeViews, EstimateViews):
         return self._phase_components if self._phase_components is not None else {}
 
     def relabelled(self, setup: Dict[str, Any], params_total: Optional[int]) -> "Estimate":
-        """A copy of this estimate naming another setup and parameter count (``parallel.py``:
+        """A copy of this estimate naming another setup and parameter count (``parallel/estimate.py``:
         a GPU's estimate names the whole model's); its figures are this one's, its reserve and
         components read from this one when first asked for."""
         est = Estimate(model_name=self.model_name, setup=setup, params_total=params_total,

@@ -120,16 +120,16 @@ class EstimateViews:
     def to_memory_snapshot(self, capacity_bytes: Optional[float] = None) -> Dict[str, Any]:
         """The replayed run as a ``torch.cuda.memory._snapshot()`` dict: pickle it and open it
         in PyTorch's memory visualiser (``torch.cuda._memory_viz``, pytorch.org/memory_viz)."""
-        from .snapshot import to_snapshot
+        from .allocator.snapshot import to_snapshot
 
         return to_snapshot(self.replay(capacity_bytes=capacity_bytes, record=True))
 
     @property
     def paged_bytes(self) -> float:
-        """Optimizer states a paged optimizer keeps in CUDA unified memory (vramwidget.paged):
+        """Optimizer states a paged optimizer keeps in CUDA unified memory (vramwidget.allocator.paged):
         included in the peak, the reserve and the device total (on the card when paged in),
         outside torch's allocator statistics."""
-        from .paged import paged_state_bytes
+        from .allocator.paged import paged_state_bytes
 
         return paged_state_bytes(self)
 

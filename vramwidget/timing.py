@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .units import DTYPE_BYTES
-from .strategies import strategy as strategy_record
+from .parallel.strategies import strategy as strategy_record
 
 # ----------------------------------------------------------------------------------
 # The fitted GPU-level constants (one set for every model and setup)

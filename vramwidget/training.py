@@ -416,7 +416,7 @@ def _versions(value: Any) -> Tuple[Tuple[str, str], ...]:
 
 def check_allocator_conf(value: Any) -> str:
     """The caching allocator's settings, checked and written in one canonical spelling."""
-    from .allocator import parse_alloc_conf
+    from .allocator.caching import parse_alloc_conf
 
     if not isinstance(value, str) or len(value) > MAX_TEXT_CHARS:
         raise fail("allocator", "'default', 'expandable_segments' or a PYTORCH_CUDA_ALLOC_CONF string such as "

@@ -26,7 +26,7 @@ export function parallelFacts(par) {
   if (par.model_states && par.model_states.length) {
     // the worst GPU's model states by part: ZeRO's partitions, master and buckets, FSDP's shards and units
     facts.push(h("div", { class: "vw-fact", testid: "model-states",
-      title: "per GPU, each state counted once where it lives (vramwidget.zero / vramwidget.fsdp)",
+      title: "per GPU, each state counted once where it lives (vramwidget.parallel.zero / vramwidget.parallel.fsdp)",
       text: "Per-GPU model states: " + par.model_states.slice(0, 6)
         .map((/** @type {any} */ kv) => `${kv[0]} ${fmtGiB(kv[1])}`).join(", ") }));
   }

@@ -24,7 +24,7 @@ import pytest
 
 import vramwidget as vw
 from vramwidget.gpus import context_bytes
-from vramwidget.verdict import capacity_bytes
+from vramwidget.fit.verdict import capacity_bytes
 
 from .conftest import BrowserPage, Lab, write_notebook
 
@@ -170,7 +170,7 @@ def test_another_card_counts_its_own_context(session, artifacts):
     """A click on the RTX 4090 chip: the headline, the badge, the phase chart's line and
     Python move to that card's context (Ada: 426 MiB, unsloth-zoo PR 1053) and CUDA total
     (24,248 MiB), equal to estimate(gpu="RTX 4090") and to fit.check; back to the T4 after."""
-    from vramwidget import fit
+    from vramwidget.fit import solver as fit
 
     page, lab = session["page"], session["lab"]
     seq = 2048

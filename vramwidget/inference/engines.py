@@ -285,8 +285,8 @@ def gpu_share(arch: Architecture, tp: int = 1, pp: int = 1, ep: int = 1, stage: 
               vocab_padding: int = 1) -> Architecture:
     """The architecture one GPU holds: pipeline stage ``stage`` (default the last), cut by
     tensor and expert parallel (Megatron's column/row split, vocab-parallel embedding and head,
-    KV heads replicated when fewer than ``tp``; :func:`vramwidget.parallel._slice`)."""
-    from ..parallel import stage_slice
+    KV heads replicated when fewer than ``tp``; :func:`vramwidget.parallel.estimate._slice`)."""
+    from ..parallel.estimate import stage_slice
 
     a = pad_vocab(arch, vocab_padding) if vocab_padding > 1 else arch
     stages = pp_stages(a.num_layers, pp)

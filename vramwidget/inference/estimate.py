@@ -649,7 +649,7 @@ def longest_context(model: Model, gpu: Any, **kw: Any) -> int:
     block fits.
 
     generate() mode: the device total (reserve + the GPU's own CUDA context) must stay
-    within what CUDA reports as its total (:mod:`vramwidget.verdict`); the prompt is the whole context unless ``prompt_len`` is given (then
+    within what CUDA reports as its total (:mod:`vramwidget.fit.verdict`); the prompt is the whole context unless ``prompt_len`` is given (then
     min(prompt_len, context)).  Serving mode (``gpu_memory_utilization``): at least
     ``batch_size`` sequences of that context must fit the paged KV pool.
     """

@@ -29,7 +29,7 @@ decode    ``context_len - prompt_len`` steps (then generate() returns: the last 
           ``next_token_scores``), then the logits (``del outputs``): ``generation/utils.py``
           ``_sample``.
 
-The decode steps are :class:`~vramwidget.allocator.StepRun` s: one step's events with each
+The decode steps are :class:`~vramwidget.allocator.caching.StepRun` s: one step's events with each
 size affine in the step (the cache grows by one token per step), split where a sliding
 window fills.
 """
@@ -40,14 +40,14 @@ import dataclasses
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..allocator import (DEFAULT_RESERVED_PER_ALLOCATED, K_SMALL_SIZE, ReplayResult, StepRun, expand_runs, parse_alloc_conf,
+from ..allocator.caching import (DEFAULT_RESERVED_PER_ALLOCATED, K_SMALL_SIZE, ReplayResult, StepRun, expand_runs, parse_alloc_conf,
                         replay_runs_on_card,
                         replay_runs)
 from ..model.architecture import Architecture
 from ..estimate import CUBLAS_WORKSPACE_BYTES
 from ..plan.context import CUBLAS_WORKSPACES
 from ..plan.load import ASYNC_LOAD_WORKERS
-from ..replays import single_flight
+from ..allocator.replays import single_flight
 from . import generate_ops as ops
 from .kv import kv_layout
 from .setup import InferenceSetup
@@ -381,7 +381,7 @@ def decode_runs(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, 
 
 def inference_runs(arch: Architecture, s: InferenceSetup, device: str = "cuda") -> List[Any]:
     """The run as ``allocator.replay_runs`` takes it: the load + prefill events, then the
-    decode steps as :class:`~vramwidget.allocator.StepRun` s (sizes affine in the step; a new
+    decode steps as :class:`~vramwidget.allocator.caching.StepRun` s (sizes affine in the step; a new
     run where a sliding window fills).  ``device="cpu"``: the CPU's kernels (the trace test)."""
     lay = kv_layout(arch, s.kv_cache_dtype, s.mla_cache, s.use_sliding_window)
     kinds = ops.layer_kinds(arch, lay.sliding_layers, lay.full_layers + lay.sliding_layers)
@@ -461,7 +461,7 @@ def replay_parts(parts: List[Any], cfg: Any = None) -> List[Any]:
     grows; the decode's growing and carried tensors (the cache, ``input_ids``, the scores) and
     everything above 1 MiB stay, and the prefill stays whole.  The allocated peak is read from
     the whole stream (:func:`phase_peaks`)."""
-    from ..allocator import AllocatorConfig, round_size
+    from ..allocator.caching import AllocatorConfig, round_size
 
     cfg = cfg or AllocatorConfig()
     out: List[Any] = []
@@ -571,7 +571,7 @@ def provisional_reserved_bytes(arch: Architecture, s: InferenceSetup, peak_bytes
     """Reserved memory without running a replay, ``(bytes, exact)``: the cached replay's when
     there is one; else the allocated peak x the reserved / allocated ratio of the last replayed
     setup that differs only in batch, context or prompt length; else the allocated peak x
-    :data:`~vramwidget.allocator.DEFAULT_RESERVED_PER_ALLOCATED` (the training cases' median),
+    :data:`~vramwidget.allocator.caching.DEFAULT_RESERVED_PER_ALLOCATED` (the training cases' median),
     until the worker's replay replaces it."""
     if cached_replay(arch, s) is not None:
         return reserved_bytes(arch, s, peak_bytes), True
@@ -725,7 +725,7 @@ def measured_figures(arch: Architecture, s: InferenceSetup, workspace_segment_by
     seg = workspace_segment_bytes
     if seg is None:
         # the first case: replay up to the workspace's allocation and read its segment
-        from ..allocator import CachingAllocator
+        from ..allocator.caching import CachingAllocator
 
         al = CachingAllocator(cfg)
         live: Dict[Any, Any] = {}

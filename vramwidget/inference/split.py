@@ -1,6 +1,6 @@
 """generate() on a ``device_map`` split: each GPU's own inference estimate
 (``estimate_inference(model, device_map=..., max_memory=...)``).  The placement is
-:mod:`vramwidget.device_map`'s; each GPU is estimated on its share of the model
+:mod:`vramwidget.parallel.device_map`'s; each GPU is estimated on its share of the model
 (``parallel._slice``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional
 
-from ..device_map import Device, Placement, place
+from ..parallel.device_map import Device, Placement, place
 from ..errors import VramError
 from ..inputs import shown
 
@@ -58,7 +58,7 @@ def estimate_inference_split(model: Any, device_map: Any = "auto", max_memory: O
     from ..model.architecture import load
     from ..plan.params import param_storage as _params
     from .estimate import InferenceSetup, estimate_inference_setup
-    from ..parallel import stage_slice
+    from ..parallel.estimate import stage_slice
     from ..training import TrainingSetup
 
     arch = load(model)

@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..allocator import AllocatorConfig, parse_alloc_conf
+from ..allocator.caching import AllocatorConfig, parse_alloc_conf
 from ..model.architecture import Architecture
 from ..result import Node
 from ..training import TrainingSetup

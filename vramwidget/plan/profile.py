@@ -165,7 +165,7 @@ def activations_at(arch: Architecture, s: TrainingSetup, P: ParamStorage, cpu: b
 
     ``sizes = (b, sq)`` replaces the setup's batch and sequence, e.g. with numpy arrays
     (``mx = _elementwise_max``): every size-dependent figure is then an array of the same
-    floating-point operations (:func:`vramwidget.fitmap.fit_map`).
+    floating-point operations (:func:`vramwidget.fit.fitmap.fit_map`).
     """
     prof = block_profile(arch, s, P, cpu)
     b, sq = sizes if sizes is not None else (s.batch_size, s.seq_len)

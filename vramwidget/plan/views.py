@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
-from ..allocator import AllocatorConfig, round_size
+from ..allocator.caching import AllocatorConfig, round_size
 from ..result import COMPONENT_KINDS, Node
 from .builder import Event, StepPlan, TensorInfo
 from .size import Size, coefficient_matrix, monomial_values, monomials

@@ -95,7 +95,7 @@ class TrainingConfig:
         :func:`vramwidget.estimate_parallel`.  ``model`` overrides the file's model;
         ``overrides`` override setup or parallel keywords."""
         from ..estimate import estimate
-        from ..parallel import PARALLEL_KEYS, estimate_parallel
+        from ..parallel.estimate import PARALLEL_KEYS, estimate_parallel
 
         m = model if model is not None else self.model
         if m is None:
@@ -253,7 +253,7 @@ class Mapper:
 
     def finish(self) -> TrainingConfig:
         """Every unread field into ``ignored``; setup keywords this version cannot take too."""
-        from ..parallel import PARALLEL_KEYS
+        from ..parallel.estimate import PARALLEL_KEYS
         from ..training import CHOICES, TrainingSetup, check_setup_choice
 
         cfg = self.cfg

@@ -4,7 +4,7 @@ Keys and defaults are DeepSpeed's (deepspeed/runtime/zero/config.py ``DeepSpeedZ
 ``reduce_bucket_size`` 5e8, ``stage3_prefetch_bucket_size`` 5e7, ``overlap_comm`` on for
 stage 3; deepspeed/runtime/config.py for ``train_micro_batch_size_per_gpu``, ``bf16``,
 ``fp16``, ``torch_autocast``).  Every ZeRO key that moves memory goes to ``zero_config``
-(vramwidget.zero.DS_KEYS: sub-groups, buckets, prefetch, persistence, live parameters, reuse
+(vramwidget.parallel.zero.DS_KEYS: sub-groups, buckets, prefetch, persistence, live parameters, reuse
 distance, contiguous gradients, offload devices, ratio and NVMe buffers).  "auto" batch and
 precision values are filled in by the HF/accelerate integration at launch from the Trainer's
 own arguments, so they are read from there, not here; the three hidden-size "auto" bucket
@@ -141,7 +141,7 @@ def apply(m: Mapper, prefix: str, ds: Any = None) -> None:
         dt = str(get("torch_autocast.dtype") or "bfloat16")
         m.set("precision", "amp_fp16" if "16" in dt and "b" not in dt else "amp_bf16", src + "torch_autocast.enabled")
     elif bf16 is not None and not is_auto(bf16) and truthy(bf16):
-        # DeepSpeed keeps bf16 weights and steps an fp32 master copy (parallel.py models the master)
+        # DeepSpeed keeps bf16 weights and steps an fp32 master copy (parallel/estimate.py models the master)
         m.set("precision", "bf16", src + "bf16.enabled")
     elif fp16 is not None and not is_auto(fp16) and truthy(fp16):
         m.set("precision", "fp16", src + "fp16.enabled")

@@ -234,7 +234,7 @@ def phase_rows(est: Estimate, *, capacity_bytes: Optional[float] = None, capacit
                phases: Optional[Sequence[str]] = None, labels: Optional[Dict[str, str]] = None
                ) -> List[Dict[str, Any]]:
     """Rows for the phase bars: what the GPU holds at each phase of one step, on the
-    verdict's measure (:mod:`vramwidget.verdict`).
+    verdict's measure (:mod:`vramwidget.fit.verdict`).
 
     Each bar is the phase's allocated components plus the CUDA context; the peak phase's
     bar also holds the allocator's reserve, so its top is the device total (reserved + CUDA

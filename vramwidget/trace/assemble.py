@@ -85,9 +85,9 @@ def _tree(live: List[Tuple[Alloc, int]], extra: List[Tuple[Alloc, int]], workspa
 
 def replayed_reserved(allocs: List[Alloc], sizes: List[int], peak: float, allocator: str = "default") -> float:
     """max_memory_reserved() of the traced step: its allocation log replayed through the
-    caching-allocator model (``allocator.py``); the replay's cached free blocks at its peak
+    caching-allocator model (``allocator/caching.py``); the replay's cached free blocks at its peak
     are added to the step's allocated peak."""
-    from ..allocator import parse_alloc_conf, replay
+    from ..allocator.caching import parse_alloc_conf, replay
 
     timeline = []
     for i, (a, n) in enumerate(zip(allocs, sizes)):

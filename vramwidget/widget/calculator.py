@@ -8,7 +8,7 @@ Three kinds of estimate, chosen by the traits:
 * training on one GPU: :func:`vramwidget.estimate` (the default; :mod:`.training`);
 * training on several GPUs, as soon as a parallel trait (``num_gpus``, ``strategy``,
   ``tensor_parallel``, ``pipeline_parallel``, ``offload_optimizer``, ``offload_params``)
-  leaves its default: :func:`vramwidget.parallel.estimate_parallel`, and the widget shows
+  leaves its default: :func:`vramwidget.parallel.estimate.estimate_parallel`, and the widget shows
   the worst GPU's per-GPU estimate (:mod:`.multigpu`);
 * ``mode = "inference"``: :func:`vramwidget.inference.estimate.estimate_inference` (:mod:`.inference`).
 

@@ -11,8 +11,8 @@ from .. import gpus
 from ..result import Estimate
 from ..show.treemap import fmt_gib
 from ..units import GIB
-from ..verdict import capacity_bytes
-from ..verdict import fits as judge_fits
+from ..fit.verdict import capacity_bytes
+from ..fit.verdict import fits as judge_fits
 from .state import INFERENCE_KEYWORDS
 
 #: the comparison in inference mode: the same context and batch in three weight formats

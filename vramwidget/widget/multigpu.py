@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from ..strategies import BY_NAME
+from ..parallel.strategies import BY_NAME
 from ..units import GIB
 from .state import PARALLEL_DEFAULTS, PARALLEL_INPUTS
 
@@ -13,7 +13,7 @@ from .state import PARALLEL_DEFAULTS, PARALLEL_INPUTS
 #: strategy: estimate_parallel(strategy="none", device_map="auto", max_memory=...))
 DEVICE_MAP = "device_map"
 _DEVICE_MAP_LABEL = 'device_map="auto" (layers split over the GPUs)'
-#: which strategies can offload what (data/strategies.json, vramwidget/strategies.py)
+#: which strategies can offload what (data/strategies.json, vramwidget/parallel/strategies.py)
 _OFFLOAD_OPTIMIZER = tuple(n for n, s in BY_NAME.items() if s.offload_optimizer)
 _OFFLOAD_PARAMS = tuple(n for n, s in BY_NAME.items() if s.offload_params)
 
@@ -29,9 +29,9 @@ class ParallelPanel:
 
     @property
     def parallel_estimate(self) -> Any:
-        """The :class:`~vramwidget.parallel.ParallelEstimate` behind :attr:`estimate` (every
+        """The :class:`~vramwidget.parallel.estimate.ParallelEstimate` behind :attr:`estimate` (every
         stage, CPU offload), or None on the single-GPU and inference paths."""
-        from ..parallel import ParallelEstimate
+        from ..parallel.estimate import ParallelEstimate
 
         return self._result if isinstance(self._result, ParallelEstimate) else None
 

@@ -1,7 +1,7 @@
 """The widget's state: every input and output trait, and the names that group them.
 
 The input traits carry the names of the keyword arguments of :func:`vramwidget.estimate`,
-:func:`vramwidget.parallel.estimate_parallel` and
+:func:`vramwidget.parallel.estimate.estimate_parallel` and
 :func:`vramwidget.inference.estimate.estimate_inference` (plus ``config_json``, ``gpu`` and ``mode``);
 the output traits hold what the frontend draws.  Behaviour lives in the panel modules
 (training, multigpu, inference, suggestions) and in :mod:`.calculator`, which joins them.
@@ -19,7 +19,7 @@ from ..errors import VramError
 from ..inputs import Field, guard_traits
 from ..inputs import shown as short_repr
 from ..result import Estimate
-from ..strategies import BY_NAME
+from ..parallel.strategies import BY_NAME
 from ..training import FIELDS
 
 _STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
@@ -144,7 +144,7 @@ def run_estimate(arch: Any, kind: str, kw: Dict[str, Any]) -> Any:
     if kind == "train":
         return estimate_fn()(arch, **kw)
     if kind == "par":
-        from ..parallel import estimate_parallel
+        from ..parallel.estimate import estimate_parallel
 
         return estimate_parallel(arch, **kw)
     from ..inference.estimate import estimate_inference
@@ -287,7 +287,7 @@ class State(anywidget.AnyWidget, SetupTraits):
         "Does it fit the chosen GPU: {state: fits | tight | does_not_fit, measure: 'device_total', "
         "need_bytes (reserved + the card's own CUDA context), capacity_bytes (what CUDA reports as the "
         "card's total), headroom_bytes, band_bytes, headroom_pct, band_rel, gpu, num_gpus, context_bytes, "
-        "usable_capacity_bytes, context_note, capacity_note} (vramwidget.verdict); {} without a GPU.")).tag(sync=True)
+        "usable_capacity_bytes, context_note, capacity_note} (vramwidget.fit.verdict); {} without a GPU.")).tag(sync=True)
     specs = t.Dict(**_doc(
         "Vega-Lite spec of each chart (detail, comparison, phases), set once; each reads the "
         "named dataset of the same name.")).tag(sync=True)

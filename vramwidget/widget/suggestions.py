@@ -1,5 +1,5 @@
 """The suggestions panel: when the setup does not fit the chosen GPU, the changes that would
-make it fit (:func:`vramwidget.fit.suggestions`, tens of milliseconds to seconds), worked
+make it fit (:func:`vramwidget.fit.solver.suggestions`, tens of milliseconds to seconds), worked
 out *after* the update, off the path that redraws the charts: by the widget's background
 worker (:mod:`.worker`), once the exact verdict is known, so dragging a control stays fast."""
 
@@ -14,9 +14,9 @@ class SuggestionsPanel:
     """Suggestions: scheduled after an update, cached by setup, published as a trait."""
 
     def fit_suggestions(self) -> List[Any]:
-        """:func:`vramwidget.fit.suggestions` for the current training setup on the chosen
+        """:func:`vramwidget.fit.solver.suggestions` for the current training setup on the chosen
         GPU (every GPU of a parallel run is that kind), computed now if not already: ranked
-        :class:`~vramwidget.fit.Suggestion` objects, [] when it fits, there is no GPU or the
+        :class:`~vramwidget.fit.solver.Suggestion` objects, [] when it fits, there is no GPU or the
         mode is inference.  Also sets the ``suggestions`` trait."""
         with self._lock:
             job = self._sugg_job
@@ -30,7 +30,7 @@ class SuggestionsPanel:
     # -- suggestions, off the hot path -----------------------------------------------------
     def _suggestions_for(self, job: Tuple[Tuple, Any, Dict[str, Any]]) -> List[Any]:
         """fit.suggestions for a job (key, arch, keyword arguments with gpu), cached."""
-        from .. import fit
+        from ..fit import solver as fit
 
         key, arch, kw = job
         with self._lock:

@@ -9,8 +9,8 @@ from ..show import charts
 from .. import gpus
 from ..show.treemap import fmt_gib
 from ..units import GIB
-from ..verdict import capacity_bytes
-from ..verdict import fits as judge_fits
+from ..fit.verdict import capacity_bytes
+from ..fit.verdict import fits as judge_fits
 from .multigpu import parallel_summary
 from .state import ESTIMATE_INPUTS, INPUTS, TracedModel, run_estimate, shown
 
@@ -137,7 +137,7 @@ class TrainingPanel:
         rest = {k: v for k, v in kw.items() if k not in ("batch_size", "seq_len", "model", "gpu")}
 
         def grid() -> List[Dict[str, Any]]:
-            from ..fitmap import fit_map
+            from ..fit.fitmap import fit_map
 
             df = fit_map(arch, gpu, batch_sizes=FITMAP_BATCHES, seq_lens=FITMAP_SEQS, **rest)
             return charts.fitmap_rows(df, capacity_bytes=capacity_bytes(gpu))
@@ -357,7 +357,7 @@ class TrainingPanel:
     def _max_batch(self, arch: Any, gpu: gpus.GPU, kind: str, kw: Dict[str, Any]) -> Optional[int]:
         """fit.max_batch_size for the setup (every field but the batch): one search per setup,
         so changing the batch itself costs nothing."""
-        from .. import fit
+        from ..fit import solver as fit
 
         if isinstance(arch, TracedModel):
             return None

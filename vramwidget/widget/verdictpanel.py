@@ -1,5 +1,5 @@
 """The verdict panel's data: does the setup fit the chosen GPU (three states with the
-estimate's own band, :mod:`vramwidget.verdict`), the row of common GPUs with their
+estimate's own band, :mod:`vramwidget.fit.verdict`), the row of common GPUs with their
 verdicts, the band's provenance and the practitioner defaults applied; and the keys every
 mode's summary has (``_base_summary``)."""
 
@@ -12,8 +12,8 @@ from .. import gpus
 from ..errors import VramError
 from ..result import Estimate
 from ..units import GIB
-from ..verdict import capacity_bytes, describe, uncertainty
-from ..verdict import verdict as verdict_of
+from ..fit.verdict import capacity_bytes, describe, uncertainty
+from ..fit.verdict import verdict as verdict_of
 from .views import gpu_line
 
 #: the row of common GPUs shown with their verdicts (24, 40, 48, 80 and 141 GB classes)

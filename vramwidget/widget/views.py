@@ -8,10 +8,10 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..show import charts
 from .. import gpus
 from ..result import Estimate
-from ..strategies import BY_NAME
+from ..parallel.strategies import BY_NAME
 from ..show.treemap import KNOWN_COMPONENTS, UnitBox, caption_rows, comparison_rows, fmt_gib, total_bytes
 from ..units import GIB
-from ..verdict import capacity_bytes
+from ..fit.verdict import capacity_bytes
 
 #: chart sizes in pixels (the treemap layout is computed for exactly these)
 DETAIL_SIZE = (640.0, 320.0)
@@ -62,7 +62,7 @@ def table_rows(est: Estimate) -> List[Dict[str, Any]]:
 
 def gpu_line(gpu: Optional[gpus.GPU]) -> Tuple[Optional[float], str]:
     """The GPU line of the charts: the capacity the verdict judges (what CUDA reports as the
-    card's total, :func:`vramwidget.verdict.capacity_bytes`) and its label; (None, "")
+    card's total, :func:`vramwidget.fit.verdict.capacity_bytes`) and its label; (None, "")
     without a GPU."""
     if gpu is None:
         return None, ""
@@ -78,7 +78,7 @@ def comparison_captions(boxes: List[Tuple[str, Any]], gpu: Optional[gpus.GPU],
     the layout so that each slot is as wide as its caption (``treemap.comparison_rows``).
 
     The text is the name and the total; with a GPU a verdict line against it: "✓ fits",
-    "≈ tight" or "✗ 3.2 GiB over" (the verdict's three states, :func:`vramwidget.verdict.state_of`:
+    "≈ tight" or "✗ 3.2 GiB over" (the verdict's three states, :func:`vramwidget.fit.verdict.state_of`:
     the device total on the card vs what CUDA reports as its total, with the estimate's band;
     a serving budget's own verdict where the estimate has one), with ``state`` / ``fits`` /
     ``over_gib`` fields.  ``notes`` replace the total for a scenario (a serving budget: its KV
@@ -86,7 +86,7 @@ def comparison_captions(boxes: List[Tuple[str, Any]], gpu: Optional[gpus.GPU],
     with ``seconds`` (scenario -> step time on ``gpu``) a line "0.42 s/step" and a
     ``step_seconds`` field, for a scenario that fits only (no time for a run that cannot
     start)."""
-    from ..verdict import band_bytes, state_of
+    from ..fit.verdict import band_bytes, state_of
 
     own_fits, notes, seconds = own_fits or {}, notes or {}, seconds or {}
     out: Dict[str, Dict[str, Any]] = {}

@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple
 
-from .units import DTYPE_BYTES
+from ..units import DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Unit:
 def units(arch: Any, P: Any, lora_r: int = 0) -> List[Unit]:
     """The root unit and one unit per decoder block, parameters in model order; a block's
     LoRA factors (peft's lora_A r x in, lora_B out x r) belong to the block's unit."""
-    from .plan.load import instances as _instances
+    from ..plan.load import instances as _instances
 
     before, after, per_layer = _instances(arch, P)
     root = Unit("root", -1)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-_DATA = Path(__file__).parent / "data" / "strategies.json"
+_DATA = Path(__file__).resolve().parent.parent / "data" / "strategies.json"
 
 
 @dataclass(frozen=True)

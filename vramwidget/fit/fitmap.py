@@ -8,10 +8,10 @@ The allocated peak of every cell is what :func:`vramwidget.estimate` gives for t
 and sequence length, exactly: the step plan is built once with its sizes as polynomials in
 batch and sequence (``vramwidget.plan``) and read at every cell
 (:func:`vramwidget.plan.grid_totals`).  The state of a cell is
-:mod:`vramwidget.verdict`'s: fits, tight (within the estimate's own uncertainty) or
+:mod:`vramwidget.fit.verdict`'s: fits, tight (within the estimate's own uncertainty) or
 does_not_fit, judged on the device total on the card (reserved + the card's own CUDA
-context, :func:`vramwidget.verdict.device_total_on`) against what CUDA reports as its total
-(:func:`vramwidget.verdict.capacity_bytes`).  Reserved memory needs an allocator replay per cell; only the cells whose state
+context, :func:`vramwidget.fit.verdict.device_total_on`) against what CUDA reports as its total
+(:func:`vramwidget.fit.verdict.capacity_bytes`).  Reserved memory needs an allocator replay per cell; only the cells whose state
 depends on it are replayed (see :func:`fit_map`, and ``exact=True`` for all of them).
 """
 
@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-from . import replays
-from .allocator import parse_alloc_conf
-from .model.architecture import load
-from .errors import VramError
-from .estimate import estimate_setup
-from .gpus import context_for, get_gpu
-from .inputs import MAX_ITEMS, check_int, fail
-from .plan import grid_totals, symbolic_plan
-from .training import TrainingSetup
+from ..allocator import replays
+from ..allocator.caching import parse_alloc_conf
+from ..model.architecture import load
+from ..errors import VramError
+from ..estimate import estimate_setup
+from ..gpus import context_for, get_gpu
+from ..inputs import MAX_ITEMS, check_int, fail
+from ..plan import grid_totals, symbolic_plan
+from ..training import TrainingSetup
 
 #: default grid: powers of two
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -50,7 +50,7 @@ def _sizes(name: str, values: Optional[Sequence[int]], default: Sequence[int]) -
 
 
 def _ranks(reserved: Any, context: float, cap: float, rel: float) -> Any:
-    """0 fits, 1 tight, 2 does_not_fit: :func:`vramwidget.verdict.state_of` on arrays (the
+    """0 fits, 1 tight, 2 does_not_fit: :func:`vramwidget.fit.verdict.state_of` on arrays (the
     device total ``reserved + context`` against ``cap`` with the band ``reserved x rel``).
     Non-decreasing in ``reserved``."""
     import numpy as np

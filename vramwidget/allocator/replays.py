@@ -13,9 +13,9 @@ import dataclasses
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from .allocator import DEFAULT_RESERVED_PER_ALLOCATED, ReplayResult, parse_alloc_conf, replay
-from .model.architecture import Architecture
-from .training import TrainingSetup
+from .caching import DEFAULT_RESERVED_PER_ALLOCATED, ReplayResult, parse_alloc_conf, replay
+from ..model.architecture import Architecture
+from ..training import TrainingSetup
 
 #: (id(arch), setup) -> (arch, ReplayResult): the replays run so far (default settings, no
 #: capacity, no recording).  The arch is kept beside its id so a recycled id never matches.
@@ -37,7 +37,7 @@ _SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSetup) if f.nam
 def clear_caches() -> None:
     """Forget every cached replay and plan (benchmarks time cold setups), the replays with a
     card's capacity (``gpus.judge_on``) included."""
-    from . import gpus, plan
+    from .. import gpus, plan
 
     with _LOCK:
         _REPLAYS.clear()
@@ -120,7 +120,7 @@ def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Option
     """Replay the caching allocator (``allocator.replay``, with the setup's ``allocator``
     settings) over this setup's step plan: the load and three training steps; cached per
     architecture and setup when no capacity and no recording is asked for."""
-    from .plan import plan_view
+    from ..plan import plan_view
 
     view = plan_view(arch, s)
 

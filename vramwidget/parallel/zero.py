@@ -69,9 +69,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .errors import VramError
-from .inputs import shown
-from .units import DTYPE_BYTES
+from ..errors import VramError
+from ..inputs import shown
+from ..units import DTYPE_BYTES
 
 #: element bytes of each stored dtype (4-bit weights: the packed uint8 storage)
 _ELEM = dict(DTYPE_BYTES, nf4=1, fp4=1, int8=1)
@@ -251,7 +251,7 @@ def params_in_order(arch: Any, P: Any, lora_r: int = 0) -> List[Param]:
     """Every parameter instance of the slice in ``model.parameters()`` order (the order
     DeepSpeed groups, partitions and sub-groups them in); a block's LoRA factors (peft's
     ``lora_A`` / ``lora_B`` Linear modules, r x in and out x r) after the block's own."""
-    from .plan.load import instances as _instances
+    from ..plan.load import instances as _instances
 
     before, after, per_layer = _instances(arch, P)
     out: List[Param] = []

@@ -22,7 +22,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from .errors import VramError
+from ..errors import VramError
 
 #: the estimate's categories, in the order ``result.COMPONENT_KINDS`` draws them
 CATEGORIES = ("weights", "quantization constants", "adapters", "gradients", "optimizer states", "activations",

@@ -29,9 +29,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .errors import VramError
-from .inputs import shown
-from .units import DTYPE_BYTES
+from ..errors import VramError
+from ..inputs import shown
+from ..units import DTYPE_BYTES
 
 Device = Union[int, str]
 

@@ -3,18 +3,18 @@ single changes that make a setup fit.
 
 **The fit rule.**  A setup fits a card when the estimate's *device total* on that card --
 the predicted reserved memory of PyTorch's caching allocator plus the card's own CUDA
-context (:func:`vramwidget.verdict.device_total_on`) -- is at most what CUDA reports as
-the card's total (:func:`vramwidget.verdict.capacity_bytes`: ``mem_get_info()``'s total,
+context (:func:`vramwidget.fit.verdict.device_total_on`) -- is at most what CUDA reports as
+the card's total (:func:`vramwidget.fit.verdict.capacity_bytes`: ``mem_get_info()``'s total,
 nvidia-smi's less the driver's own reserve); i.e. the reserved memory is at most what torch
 can allocate there (:func:`vramwidget.gpus.usable_capacity`).  Every estimate here is made
 on the card (``gpu=``), so it counts that context.  For a parallel run (any of the keywords of
-:func:`vramwidget.parallel.estimate_parallel`) the worst GPU decides.  Host memory needed by
+:func:`vramwidget.parallel.estimate.estimate_parallel`) the worst GPU decides.  Host memory needed by
 CPU offload is reported, not judged.
 
 Every answer is computed by the estimator itself (binary search over its totals), so it is
 consistent with it: the largest batch returned fits and one more does not.
 
-    >>> from vramwidget.fit import max_batch_size, suggestions
+    >>> from vramwidget.fit.solver import max_batch_size, suggestions
     >>> max_batch_size("llama-3.1-8b", "H100 80GB", method="lora", seq_len=2048)   # doctest: +SKIP
     >>> for s in suggestions("llama-3.1-8b", "RTX 4090", batch_size=4): print(s)    # doctest: +SKIP
 
@@ -28,16 +28,16 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .model.architecture import Architecture, load
-from .errors import VramError
-from .estimate import estimate_setup
-from .gpus import GPU, get_gpu
-from .inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int
-from .stacks import stack_switches
-from .strategies import BY_NAME, suggested
-from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
-from .training import TrainingSetup
-from .units import GIB
+from ..model.architecture import Architecture, load
+from ..errors import VramError
+from ..estimate import estimate_setup
+from ..gpus import GPU, get_gpu
+from ..inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int
+from ..stacks import stack_switches
+from ..parallel.strategies import BY_NAME, suggested
+from ..parallel.estimate import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
+from ..training import TrainingSetup
+from ..units import GIB
 from .verdict import capacity_bytes, fits
 
 #: sharding strategies min_gpus and suggestions try, in this order (data/strategies.json "suggest")
@@ -60,7 +60,7 @@ class _Query:
         self.gpu: GPU = get_gpu(gpu)
         self.par = {k: kw[k] for k in PARALLEL_KEYS if k in kw}
         if self.par and self.par.get("strategy") is None:   # not given: the one default (defaults.strategy_for)
-            from .defaults import strategy_for
+            from ..defaults import strategy_for
 
             self.par["strategy"] = strategy_for(self.par.get("num_gpus", 1), self.par.get("tensor_parallel", 1),
                                                 self.par.get("pipeline_parallel", 1),
@@ -292,7 +292,7 @@ class Suggestion:
     ``kwargs`` the whole keyword set to pass back to :func:`check` / the estimators.
     ``saved_bytes`` is the drop in device total; ``fits`` whether the device total is under
     the GPU's CUDA total (the fit rule above), ``state`` the verdict with the estimate's uncertainty band
-    (:mod:`vramwidget.verdict`: fits | tight | does_not_fit); ``cost`` says what the change
+    (:mod:`vramwidget.fit.verdict`: fits | tight | does_not_fit); ``cost`` says what the change
     costs in words and ``costs`` by axis (``quality``, ``time``, ``hardware``: "" when free
     on that axis); ``extra_compute`` the share of extra FLOPs per step where that is a cost
     (checkpointing), ``kind`` the costliest of free, compute, throughput, quality, hardware,
@@ -406,7 +406,7 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
     """Changes that lower the device total, alone and combined (up to ``combine`` at once),
     each re-estimated and ranked by what the change costs the user (:data:`RANK_TIERS`):
     among those that fit ``gpu`` (with the margin of the estimate's own uncertainty,
-    :mod:`vramwidget.verdict`, or within it) free knobs first, then GPU time on the same
+    :mod:`vramwidget.fit.verdict`, or within it) free knobs first, then GPU time on the same
     cards, then quality (the smaller change first), then slow changes or host memory, then
     more GPUs (fewer before more); then single changes that help but do not suffice (by
     memory saved; under 1% left out).  Each suggestion says its cost by axis (quality,

@@ -43,8 +43,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .errors import VramError
-from .units import MIB
+from ..errors import VramError
+from ..units import MIB
 
 K_MIN_BLOCK_SIZE = 512                 # kMinBlockSize
 K_SMALL_SIZE = 1 * MIB                 # kSmallSize: largest small-pool request

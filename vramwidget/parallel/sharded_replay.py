@@ -212,7 +212,7 @@ _STREAMS: Dict[Any, Tuple[Any, Any, Any]] = {}
 
 
 def _single_gpu_stream(arch: Any, s: Any) -> Tuple[List[Tuple[str, Any, float, Any]], List[Tuple[str, Any]]]:
-    from .plan import plan_view
+    from ..plan import plan_view
 
     key = (id(arch), s)
     hit = _STREAMS.get(key)
@@ -231,7 +231,7 @@ def replay_per_gpu(arch: Any, s: Any, spec: ShardSpec, capacity_bytes: Optional[
                    record: bool = False) -> Any:
     """The caching allocator (``allocator.replay``, the setup's allocator settings) over one
     GPU's stream; without a capacity or recording, cached per (architecture, setup, spec)."""
-    from .allocator import parse_alloc_conf, replay
+    from ..allocator.caching import parse_alloc_conf, replay
 
     key = (id(arch), s, repr(spec)) if capacity_bytes is None and not record else None
     hit = _CACHE.get(key) if key is not None else None

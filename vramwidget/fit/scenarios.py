@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from .estimate import estimate
-from .units import GB, GIB, MIB
+from ..estimate import estimate
+from ..units import GB, GIB, MIB
 
 
 def _component_gb(est, name: str) -> float:

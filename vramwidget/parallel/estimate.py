@@ -83,22 +83,22 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .model.architecture import Architecture, ParamTensor, load
-from .errors import VramError
-from .inputs import shown
-from .defaults import strategy_for
-from .inputs import MAX_GPUS, Field, check_choice, check_int
-from .estimate import check_physical, merge_named, estimate_setup
-from .plan.params import param_storage
-from .plan.profile import full_checkpointing
-from .result import Estimate, Node
-from .training import TrainingSetup
-from .units import DTYPE_BYTES, GIB
+from ..model.architecture import Architecture, ParamTensor, load
+from ..errors import VramError
+from ..inputs import shown
+from ..defaults import strategy_for
+from ..inputs import MAX_GPUS, Field, check_choice, check_int
+from ..estimate import check_physical, merge_named, estimate_setup
+from ..plan.params import param_storage
+from ..plan.profile import full_checkpointing
+from ..result import Estimate, Node
+from ..training import TrainingSetup
+from ..units import DTYPE_BYTES, GIB
 from . import zero as _zero
 from .strategies import BY_NAME, names
 
 #: strategy -> what it is (for help texts and the widget): data/strategies.json, read by
-#: vramwidget/strategies.py, is the one list of strategies
+#: vramwidget/parallel/strategies.py, is the one list of strategies
 STRATEGIES: Dict[str, str] = {name: s.title for name, s in BY_NAME.items()}
 
 DEEPSPEED = names("deepspeed")
@@ -268,8 +268,8 @@ class ParallelEstimate:
 
     def fits(self, gpu: Any) -> bool:
         """Whether the worst GPU's device total on ``gpu`` (reserved + the card's own CUDA
-        context) stays within what CUDA reports as the card's total (:mod:`vramwidget.verdict`)."""
-        from .gpus import capacity_bytes, device_total_on, fits
+        context) stays within what CUDA reports as the card's total (:mod:`vramwidget.fit.verdict`)."""
+        from ..gpus import capacity_bytes, device_total_on, fits
 
         return fits(device_total_on(self, gpu), capacity_bytes(gpu))
 
@@ -635,21 +635,21 @@ def estimate_parallel(model: Any, *, strategy: Optional[str] = None, num_gpus: i
         NCCL's ``NCCL_BUFFSIZE`` in MiB (default 4) and channels per communicator (default 2;
         NCCL picks more on NVLink systems, up to ``NCCL_MAX_NCHANNELS``).
     zero_config:
-        DeepSpeed's ``zero_optimization`` keys (:data:`vramwidget.zero.DS_KEYS`: ``sub_group_size``,
+        DeepSpeed's ``zero_optimization`` keys (:data:`vramwidget.parallel.zero.DS_KEYS`: ``sub_group_size``,
         ``reduce_bucket_size``, ``allgather_bucket_size``, ``stage3_prefetch_bucket_size``,
         ``stage3_param_persistence_threshold``, ``stage3_model_persistence_threshold``,
         ``stage3_max_live_parameters``, ``stage3_max_reuse_distance``, ``contiguous_gradients``,
         ``overlap_comm``, ``offload_optimizer`` / ``offload_param`` ``{"device": "cpu" | "nvme",
-        "ratio": ...}``) for the ZeRO strategies (:mod:`vramwidget.zero`).
+        "ratio": ...}``) for the ZeRO strategies (:mod:`vramwidget.parallel.zero`).
     fsdp_version, reshard_after_forward:
         FSDP1 (``FullyShardedDataParallel``'s flat parameters, accelerate's default) or FSDP2
         (``fully_shard``: torchtune, accelerate ``fsdp_version: 2``); ``reshard_after_forward``
         (default: True, False for ``fsdp_shard_grad_op``) frees each unit's gathered
-        parameters after its forward (:mod:`vramwidget.fsdp`).
+        parameters after its forward (:mod:`vramwidget.parallel.fsdp`).
     device_map, max_memory:
         transformers' ``from_pretrained(device_map="auto" | "balanced" | "balanced_low_0" |
         "sequential" | {module: device}, max_memory={0: "24GiB", ...})``: the layers split over
-        the GPUs as transformers places them (:mod:`vramwidget.device_map`), each GPU running its
+        the GPUs as transformers places them (:mod:`vramwidget.parallel.device_map`), each GPU running its
         own layers in turn (one stage per GPU, one micro-batch in flight).
     gpu:
         a catalogue GPU: the step time with the strategy's communication over its NVLink or
@@ -744,7 +744,7 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
     strategy = PARALLEL_FIELDS["strategy"].check(strategy)
     placed = None
     if device_map is not None:
-        # transformers' device_map split: each GPU runs its layers in turn (vramwidget/device_map.py)
+        # transformers' device_map split: each GPU runs its layers in turn (vramwidget/parallel/device_map.py)
         from . import device_map as _dm
 
         if strategy != "none" or tensor_parallel != 1 or pipeline_parallel != 1:
@@ -875,7 +875,7 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
 def _attach_comm(est: Estimate, comm_layout: Dict[str, Any], s: TrainingSetup, lay: _Layout) -> None:
     """Give a stage's per-GPU estimate its communication (timing.communication) and the run's
     GPU count and tokens per step, for ``set_gpu`` / ``step_seconds`` / ``run_cost``."""
-    from .timing import communication
+    from ..timing import communication
 
     sizes = getattr(getattr(est, "sources", None), "communication_sizes", None)
     if sizes is None:
@@ -921,7 +921,7 @@ def _comm_dtypes(P: Any, s: TrainingSetup) -> Tuple[str, ...]:
 
 def _fsdp_plan(cut: Architecture, s: TrainingSetup, P: Any, lay: _Layout, opts: Dict[str, Any], strategy: str,
                off_par: bool, states_bytes: float):
-    """This stage's FSDP plan (:mod:`vramwidget.fsdp`): FSDP1 flat parameters or FSDP2 shards."""
+    """This stage's FSDP plan (:mod:`vramwidget.parallel.fsdp`): FSDP1 flat parameters or FSDP2 shards."""
     from . import fsdp as _fsdp
 
     units = _fsdp.units(cut, P, s.lora_r if s.method in ("lora", "qlora") else 0)
@@ -941,7 +941,7 @@ def _fsdp_plan(cut: Architecture, s: TrainingSetup, P: Any, lay: _Layout, opts: 
 
 def _ds_plan(cut: Architecture, s: TrainingSetup, P: Any, lay: _Layout, opts: Dict[str, Any],
              W: Tuple[float, float], G: Tuple[float, float], S: Tuple[float, float], adapters: float):
-    """The ZeRO plan of one GPU (:func:`vramwidget.zero.plan`) for this stage's slice."""
+    """The ZeRO plan of one GPU (:func:`vramwidget.parallel.zero.plan`) for this stage's slice."""
     cfg = opts["zero"]
     params = _zero.params_in_order(cut, P, s.lora_r if s.method in ("lora", "qlora") else 0)
     return _zero.plan(params, cfg, lay.shard, lay.shard_experts, weights_bytes=W, grads_bytes=G, states_bytes=S,
@@ -953,7 +953,7 @@ def _ds_plan(cut: Architecture, s: TrainingSetup, P: Any, lay: _Layout, opts: Di
 def _shard_spec(strategy: str, lay: _Layout, zp: Any, P: Any, cut: Architecture, s: TrainingSetup, fw: float,
                 fo: float, o_gpu: float, off_par: bool):
     """What this GPU's allocator stream changes against its slice's single-GPU stream
-    (:class:`vramwidget.sharded_replay.ShardSpec`): ZeRO's buffers and sub-group step from its
+    (:class:`vramwidget.parallel.sharded_replay.ShardSpec`): ZeRO's buffers and sub-group step from its
     plan, FSDP's shards and gathered units."""
     from .sharded_replay import ShardSpec
 
@@ -1052,7 +1052,7 @@ def _per_gpu_estimate(E: Estimate, phase_components: Dict[str, List[Node]], phas
     def reserved(E: Estimate = E, peak: float = peak) -> float:
         """The per-GPU step's allocated peak plus the cached free blocks at the peak of the
         allocator replayed over this GPU's own tensors (sharded strategies:
-        :mod:`vramwidget.sharded_replay`) or, unsharded, over the slice's single-GPU step."""
+        :mod:`vramwidget.parallel.sharded_replay`) or, unsharded, over the slice's single-GPU step."""
         if spec is None:
             return peak + max(0.0, E.reserved_bytes - E.peak_allocated_bytes)
         if not frag:
@@ -1157,8 +1157,8 @@ def _fsdp_adds(add: Any, ms: Dict[str, float], notes: List[str], fp: Any, opts: 
     for phase, items in (("forward", fp.forward), ("backward", fp.backward)):
         for name, nb in items.items():
             add((phase,), kind["parameters" in name or "all-gather" in name], f"FSDP{opts['fsdp_version']} {name}", nb,
-                "the units gathered at the forward's end (vramwidget.fsdp)" if phase == "forward"
-                else "the unit running and what is gathered beside it (vramwidget.fsdp)")
+                "the units gathered at the forward's end (vramwidget.parallel.fsdp)" if phase == "forward"
+                else "the unit running and what is gathered beside it (vramwidget.parallel.fsdp)")
     ms["gathered parameters"] = fp.unsharded_params + fp.all_gather
     ms["gathered gradients"] = fp.unsharded_grads
     ms["reduce-scatter buffers"] = fp.reduce_scatter
@@ -1284,7 +1284,7 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
     if not ds:
         ms["communication buffers"] = comm
 
-    # gathered units (FSDP1 flat parameters / FSDP2 per-parameter shards: vramwidget/fsdp.py)
+    # gathered units (FSDP1 flat parameters / FSDP2 per-parameter shards: vramwidget/parallel/fsdp.py)
     if gathers and fsdp:
         _fsdp_adds(add, ms, notes, _fsdp_plan(cut, s_loc, P, lay, opts, strategy, off_par, S + Se), opts, off_par,
                    s_loc.autocast)
@@ -1326,7 +1326,7 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
 
 def _judge_per_gpu(est: Estimate, cut: Architecture, s: TrainingSetup, spec: Any, peak: float, key: Any) -> None:
     """Let ``gpus.judge_on`` judge this GPU on a card with the allocator's free-and-retry at its
-    limit, by replaying this GPU's own stream (:mod:`vramwidget.sharded_replay`) with the card's
+    limit, by replaying this GPU's own stream (:mod:`vramwidget.parallel.sharded_replay`) with the card's
     capacity.  The stream's allocated peak differs from the estimate's by how coarsely it
     gathers (whole blocks); the capacity is moved by that difference, so the replay judges the
     estimate's own peak."""
