@@ -364,12 +364,12 @@ def _capacity_replay(est: Any, torch_capacity: float) -> Any:
 def _unlimited_reserved(est: Any) -> float:
     """What ``est``'s allocator reserves with no card limit (``Estimate.unlimited_reserved_bytes``;
     the ``reserved_bytes`` of an estimate without one, a ParallelEstimate's worst GPU's)."""
-    shown_est = getattr(est, "per_gpu", est)
-    for obj in (est, shown_est):
+    one_gpu = getattr(est, "per_gpu", est)
+    for obj in (est, one_gpu):
         r = getattr(obj, "unlimited_reserved_bytes", None)
         if r is not None:
             return float(r)
-    return float(getattr(est, "reserved_bytes", shown_est.reserved_bytes))
+    return float(getattr(est, "reserved_bytes", one_gpu.reserved_bytes))
 
 
 def _judges_on_card(est: Any) -> bool:

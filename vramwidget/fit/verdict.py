@@ -120,7 +120,7 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1, replay: bool = True) -> Di
     from ..gpus import context_for, get_gpu, judge_on, usable_capacity
 
     g = get_gpu(gpu)
-    shown = getattr(est, "per_gpu", est)
+    one_gpu = getattr(est, "per_gpu", est)
     judged = judge_on(est, g, replay=replay)    # the reserve on this card (device_total_on's)
     reserved = judged["reserved_bytes"]
     need = judged["need_bytes"]
@@ -128,10 +128,10 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1, replay: bool = True) -> Di
     context, context_src = context_for(g)
     torch_can, capacity_src = usable_capacity(g)
     note = f"CUDA context on {g.name}: {mib_text(context)} MiB ({context_src})"
-    built = getattr(shown, "cuda_context_bytes", None)
+    built = getattr(one_gpu, "cuda_context_bytes", None)
     if built is not None and abs(float(built) - context) >= MIB:
         note += (f"; judged with it, not the {mib_text(float(built))} MiB the estimate counts as made "
-                 f"({getattr(shown, 'cuda_context_source', '')})")
+                 f"({getattr(one_gpu, 'cuda_context_source', '')})")
     band = band_bytes(reserved)
     state = state_of(need, cap, band, judged["squeezed"])
     own = getattr(est, "fits", None) if getattr(est, "serving", None) else None
@@ -160,7 +160,7 @@ def verdict(est: Any, gpu: Any, *, num_gpus: int = 1, replay: bool = True) -> Di
         # out (none yet, or none modelled: inference, multi-GPU): the allocator may free its
         # cache there and run it
         "may_free": state == "does_not_fit" and judged["oom"] is None and own is not False
-        and float(shown.peak_allocated_bytes) + context <= cap,
+        and float(one_gpu.peak_allocated_bytes) + context <= cap,
         **({"provisional": True} if judged["provisional"] else {}),
     }
 

@@ -411,10 +411,10 @@ MAX_VALUES = 100_000
 def load_file(path: str) -> Dict[str, Any]:
     """A JSON or YAML file's top-level mapping; anything else (not a file, not text, too
     large, too deep, not a mapping, not valid) is one VramError naming the file."""
-    shown = path if len(path) <= 80 else path[:77] + "..."
-    what = f"config: {shown!r}"
+    path_text = path if len(path) <= 80 else path[:77] + "..."
+    what = f"config: {path_text!r}"
     if not os.path.isfile(path):
-        raise VramError(f"config: no such file {shown!r}", field="config")
+        raise VramError(f"config: no such file {path_text!r}", field="config")
     if os.path.getsize(path) > _MAX_FILE_BYTES:
         raise VramError(f"{what} is larger than {_MAX_FILE_BYTES // 2**20} MiB; a training config is a few KB",
                         field="config")

@@ -331,10 +331,10 @@ def phase_chart(est: Optional[Estimate] = None, *, width: float = 640, height: f
         color="#111111", thickness=2, size=28, opacity=0.85,
     ).encode(x=x, y=alt.Y("gib:Q"), tooltip=[alt.Tooltip("phase:N"),
                                              alt.Tooltip("gib:Q", title="GiB allocated", format=",.2f")])
-    shown = alt.condition(alt.datum.text == "", alt.value(0), alt.value(1))
+    label_opacity = alt.condition(alt.datum.text == "", alt.value(0), alt.value(1))
     rule = base.transform_filter(alt.datum.level == "capacity").mark_rule(
         color="#e45756", strokeDash=[5, 3], strokeWidth=1.5,
-    ).encode(y=alt.Y("gib:Q"), opacity=shown, tooltip=[alt.Tooltip("text:N", title="GPU")])
+    ).encode(y=alt.Y("gib:Q"), opacity=label_opacity, tooltip=[alt.Tooltip("text:N", title="GPU")])
     # the GPU's name is said beside the chart (the widget's note, the tooltip here), not on the
     # plot, where a bar above the line would run through it
     pad = base.transform_filter(alt.datum.level == "pad").mark_point(opacity=0).encode(x=x, y=alt.Y("gib:Q"))
