@@ -1003,8 +1003,8 @@ def _zero_layout(gl: GpuLayout, zp: Any, sh: StateSharding, lay: _Layout, opts: 
         # partitioned_param_coordinator.py: the coordinator's gathered set at each block (the
         # module running, the prefetched and the reused; zero.gather_peaks); under parameter
         # offload the fetched module's partition is first copied to the GPU
-        copy = zp.gather.module_bytes / lay.shard if off_par else 0.0
-        gl.gathered = {k: v + copy for k, v in zp.gather.by_layer.items()}
+        copy = ((-1, zp.gather.module_bytes / lay.shard),) if off_par else ()
+        gl.gathered = {k: v + copy for k, v in zp.gather.sets_by_layer.items()}
         gl.gathered_info = TensorInfo("weights", "gathered parameters", "gathered parameters (ZeRO-3 coordinator)",
                                       "the module running + prefetched (stage3_prefetch_bucket_size) + kept for reuse "
                                       "(stage3_max_reuse_distance): zero.gather_peaks per block", "")

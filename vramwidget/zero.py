@@ -319,6 +319,8 @@ class GatherPeaks:
     #: the most gathered (bytes) while each block runs, per pass: ("forward" | "backward", layer),
     #: layer -1 before the blocks and L after them (the per-GPU plan gathers these)
     by_layer: Dict[Tuple[str, int], float] = field(default_factory=dict)
+    #: the modules gathered then, as (module index, bytes): what the per-GPU plan allocates
+    sets_by_layer: Dict[Tuple[str, int], Tuple[Tuple[int, float], ...]] = field(default_factory=dict)
 
 
 def _modules(params: Sequence[Param], cfg: ZeroConfig) -> Tuple[List[Tuple[str, int, int, float, float]],
@@ -427,8 +429,9 @@ def gather_peaks(params: Sequence[Param], cfg: ZeroConfig, checkpointing: bool, 
             if g > out.grad_bytes:
                 out.grad_bytes = g
         where = ("forward" if k < len(fwd) else "backward", at_layer[k])
-        if b_avail > out.by_layer.get(where, 0.0):
+        if b_avail > out.by_layer.get(where, -1.0):
             out.by_layer[where] = b_avail
+            out.sets_by_layer[where] = tuple((j, nbytes[j]) for j in avail)
         if k < len(fwd):
             if b_avail > out.forward_bytes:
                 out.forward_bytes = b_avail

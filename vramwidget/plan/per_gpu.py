@@ -83,9 +83,9 @@ class GpuLayout:
     #: ZeRO-3's reduce_scatter_coalesced flush: (bucket bytes, 1 + 1/N) -- 0 bytes: none
     flush_bucket_bytes: float = 0.0
     flush_factor: float = 1.0
-    #: gathered bytes per (pass, layer): pass "forward" | "backward", layer -1 (before the
-    #: blocks), 0..L-1, L (after them)
-    gathered: Dict[Tuple[str, int], float] = field(default_factory=dict)
+    #: the gathered modules per (pass, layer), each (module, bytes): pass "forward" |
+    #: "backward", layer -1 (before the blocks), 0..L-1, L (after them)
+    gathered: Dict[Tuple[str, int], Tuple[Tuple[int, float], ...]] = field(default_factory=dict)
     gathered_info: Optional[TensorInfo] = None
     #: FSDP: bytes of each block unit, the root unit, and how many units stay gathered
     unit_bytes: Dict[int, float] = field(default_factory=dict)
@@ -200,10 +200,16 @@ class _Writer:
             self.seen_layer = True
         if lay.gathered:
             where = pos if isinstance(pos, int) else pos[1]
-            nb = lay.gathered.get(("forward" if self.phase == "forward" else "backward", where), 0.0)
-            # the coordinator's whole gathered set at this block replaces the last block's
-            self.release_gathered()
-            self.gathered.append((where, self.alloc(nb, lay.gathered_info, ("gathered", where)), nb))
+            want = dict(lay.gathered.get(("forward" if self.phase == "forward" else "backward", where), ()))
+            # the coordinator's gathered set at this block: the modules it released freed, the
+            # ones it fetched (the module running, prefetched) allocated
+            keep = [g for g in self.gathered if g[0] in want and g[2] == want[g[0]]]
+            for g in self.gathered:
+                if g not in keep:
+                    self.free(g[1])
+            have = {g[0] for g in keep}
+            self.gathered = keep + [(m, self.alloc(nb, lay.gathered_info, ("gathered", where)), nb)
+                                    for m, nb in want.items() if m not in have]
         elif lay.unit_bytes and isinstance(pos, int):
             fwd = self.phase == "forward"
             if not any(g[0] == pos for g in self.gathered):
