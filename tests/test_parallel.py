@@ -300,7 +300,7 @@ def test_tensor_parallel_activations_follow_korthikanti():
     assert a1 == pytest.approx(N + R, rel=1e-9)
     assert 0 < N < a1 and 0 < R < a1
     for t in (2, 4, 8):
-        assert _acts(num_gpus=t, tensor_parallel=t, sequence_parallel=True) == pytest.approx(a1 / t, rel=1e-6)  # each tensor x its share, in whole bytes
+        assert _acts(num_gpus=t, tensor_parallel=t, sequence_parallel=True) == pytest.approx(a1 / t, rel=1e-5)  # each tensor x its share in whole bytes; the peak event moves with them
 
 
 def test_tensor_parallel_splits_weights_and_vocabulary():
