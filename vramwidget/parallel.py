@@ -71,10 +71,14 @@ on *that GPU's share of the model*, and then applies what the parallel framework
    (DeepSpeed's estimator uses ``additional_buffer_factor=1.5`` for pinned buffers and
    headroom).
 
-The per-GPU :class:`~vramwidget.result.Estimate` keeps the estimator's phases: each phase's
-components are scaled as above and the additions are placed where they live (forward,
-backward, optimizer step).  With ``strategy="none"`` and one GPU every factor is 1 and every
-addition 0, so the per-GPU estimate is the single-GPU estimate, to the byte.
+Each GPU is one step plan (:mod:`vramwidget.plan.per_gpu`): its slice's plan with every
+tensor transformed by what it is (a parameter's share, a gradient kept, sharded or reduced per
+unit, a state's share, the gathered parameters of the block running) and the strategy's own
+tensors placed where the engine makes them (``GpuLayout``, filled by ``_zero_layout``,
+``_fsdp_layout``, ``_common_layout``).  The per-GPU :class:`~vramwidget.result.Estimate` reads
+its phases, peak and trees from that plan and its reserve and verdict from the allocator
+replayed over the same plan, so the two agree to the byte.  With ``strategy="none"`` and one
+GPU the layout changes nothing and the per-GPU estimate is the single-GPU estimate.
 """
 
 from __future__ import annotations
