@@ -130,6 +130,7 @@ class _Writer:
         self.step_done = False
         self.in_flight: Optional[int] = None
         self.opened: Dict[str, int] = {}
+        self.sharded: Dict[Any, Optional[int]] = {}     # FSDP: each unit's kept sharded gradient
 
     # -- helpers ---------------------------------------------------------------------------
     def alloc(self, nbytes: float, info: TensorInfo, label: Any = None) -> Optional[int]:
@@ -157,6 +158,10 @@ class _Writer:
             self.opened["backward"] = step
             self.live_buffers["backward"] = [self.alloc(b.nbytes, b.info) for b in self.lay.buffers
                                              if b.lifetime == "backward"]
+        if phase == "zero_grad":
+            for k in self.sharded.values():         # the sharded gradients set to None
+                self.free(k)
+            self.sharded = {}
         if phase == "optimizer_step":
             for b in self.lay.buffers:
                 if b.lifetime == "after_backward":
@@ -169,8 +174,17 @@ class _Writer:
             if self.in_flight is not None:
                 self.free(self.in_flight)
                 self.in_flight = None
+            # the root unit is resharded once the backward is done (FSDP1
+            # _post_backward_final_callback; FSDP2 the root's post-backward)
+            self.free(self.root)
+            self.root = None
         self.phase, self.step = phase, step
         self.pb.mark(phase, step)
+        if phase == "forward" and self.lay.root_bytes and self.root is None:
+            # the root unit (embeddings, final norm, head) is unsharded by its pre-forward and
+            # stays so through the backward (it is not resharded after forward: FSDP1
+            # _runtime_utils.py _lazy_init, FSDP2 _fsdp_state.py _lazy_init)
+            self.root = self.alloc(self.lay.root_bytes, self.lay.unit_info, "gathered root unit")
         self.layer, self.seen_layer = None, False
         if phase == "forward" and self.lay.in_flight is not None and self.in_flight is None:
             self.in_flight = self.alloc(self.lay.in_flight.nbytes, self.lay.in_flight.info)
@@ -250,9 +264,16 @@ class _Writer:
                 "(FSDP2 foreach_reduce)", info.dtype))
             for k, _, _ in self.unit_grads:
                 self.free(k)
-        self.alloc(total * lay.grad_shard, TensorInfo(
+        out = self.alloc(total * lay.grad_shard, TensorInfo(
             "gradients", "sharded gradients", "sharded gradients (reduce-scatter output)",
             "the unit's gradients / shard group (padded shard)", info.dtype))
+        unit = self.layer
+        if unit in self.sharded:
+            # a later micro-batch: its output is added into the kept sharded gradient and
+            # dropped (FSDP1 _runtime_utils.py _accumulate_sharded_grad; FSDP2 foreach_reduce)
+            self.free(out)
+        else:
+            self.sharded[unit] = out
         if rs_in is None:
             for k, _, _ in self.unit_grads:
                 self.free(k)
@@ -358,8 +379,6 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
         elif i.group == "autocast copies (16-bit)" and lay.drop_casts:
             w.key[key] = None
         else:
-            if i.name == "embedding output" and lay.root_bytes and w.root is None:
-                w.root = w.alloc(lay.root_bytes, lay.unit_info or i, "gathered root unit")
             w.at(_layer(label))
             share = lay.activation_share if comp == "activations" and i.name != "input_ids" else 1.0
             w.key[key] = w.alloc(nbytes * share, i, label)
