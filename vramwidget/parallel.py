@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .architecture import Architecture, ParamTensor, load
 from .errors import VramError
@@ -95,7 +95,9 @@ from .inputs import MAX_GPUS, Field, check_choice, check_int
 from .estimate import check_physical, estimate_setup
 from .plan.params import param_storage
 from .plan.profile import full_checkpointing
+from .plan import plan_view
 from .plan.builder import StepPlan, TensorInfo
+from .plan.views import live_rows
 from .plan.per_gpu import Buffer, GpuLayout, Shares, ZeroStepGroup, per_gpu_plan
 from .result import Estimate, Node
 from .training import TrainingSetup
@@ -1114,13 +1116,14 @@ def _per_gpu_stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, l
 
     # -- the stage's parameters, gradients and states at full (unsharded) size ---------------
     P = param_storage(cut, s_loc)
-    opt_comps = {c.name: c for c in E.phase_components["optimizer_step"]}
-    G, Ge = _bytes_split(opt_comps.get("gradients"))
-    S, Se = _bytes_split(opt_comps.get("optimizer states"))
-    Tt, Tte = _bytes_split(opt_comps.get("optimizer temporaries"))
-    W, We = _bytes_split(next((c for c in E.phase_components["after_load"] if c.name == "weights"), None))
-    Qc = sum(c.bytes for c in E.phase_components["after_load"] if c.name == "quantization constants")
-    Qa = sum(c.bytes for c in E.phase_components["after_load"] if c.name == "adapters")
+    view = plan_view(cut, s_loc)
+    step, loaded = _live_bytes(view, "optimizer_step"), _live_bytes(view, "after_load")
+    G, Ge = step.get(("gradients", False), 0.0), step.get(("gradients", True), 0.0)
+    S, Se = step.get(("optimizer states", False), 0.0), step.get(("optimizer states", True), 0.0)
+    Tt, Tte = step.get(("optimizer temporaries", False), 0.0), step.get(("optimizer temporaries", True), 0.0)
+    W, We = loaded.get(("weights", False), 0.0), loaded.get(("weights", True), 0.0)
+    Qc = sum(v for (c, _), v in loaded.items() if c == "quantization constants")
+    Qa = sum(v for (c, _), v in loaded.items() if c == "adapters")
     tr_e = sum(n for _, g, n, _, _ in P.trainable_tensors if g == "experts")
     tr = P.trainable_numel - tr_e
     ms: Dict[str, float] = {"weights": W * sh.weights + We * sh.weights_experts,
@@ -1163,13 +1166,14 @@ def _per_gpu_stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, l
     if lay.sp:
         # sequence parallel: the T x h tensors outside the tensor-parallel regions split too,
         # every activation 1/t of the unsharded block's (Korthikanti et al.)
-        a_cut = E.component_bytes("forward").get("activations", 0.0)
-        a_full = estimate_setup(uncut, s_loc).component_bytes("forward").get("activations", 0.0)
+        a_cut = sum(v for (c, _), v in _live_bytes(view, "forward").items() if c == "activations")
+        a_full = sum(v for (c, _), v in _live_bytes(plan_view(uncut, s_loc), "forward").items() if c == "activations")
         if a_cut > 0:
             gl.activation_share = (a_full / lay.tp) / a_cut
     if in_flight > 1:
         # 1F1B: stage i keeps min(p - i, m) micro-batches' saved activations
-        acts = E.component_bytes("forward").get("activations", 0.0) * gl.activation_share
+        acts = sum(v for (c, _), v in _live_bytes(view, "forward").items() if c == "activations") \
+            * gl.activation_share
         gl.in_flight = _buffer("step", "activations", f"{in_flight - 1} more micro-batches in flight (1F1B)",
                                (in_flight - 1) * acts, f"stage keeps min(pp - stage, micro-batches) = {in_flight} "
                                                        f"micro-batches' saved activations")
@@ -1190,11 +1194,11 @@ def _per_gpu_estimate(E: Estimate, cut: Architecture, s_loc: TrainingSetup, gl: 
     (``views.totals``), the trees (``views.tree``), the reserve and the verdict (the caching
     allocator replayed over the same plan's events: :mod:`vramwidget.sharded_replay`)."""
     from . import sharded_replay
-    from .plan import TREE_PHASES, plan_view
+    from .plan import TREE_PHASES
     from .plan.views import PlanIndex, totals, tree
 
     view = plan_view(cut, s_loc)
-    plan = per_gpu_plan(view.plan if not view.symbolic else _concrete(view), gl, cut.num_layers)
+    plan = _gpu_plan(view, gl, cut.num_layers)
     ix = PlanIndex(plan)
     tot = totals(ix, view.cfg, 1, 1, 1)
     phases = {k: float(v) for k, v in tot.phases_bytes.items()}
@@ -1234,6 +1238,24 @@ def _per_gpu_estimate(E: Estimate, cut: Architecture, s_loc: TrainingSetup, gl: 
     return est
 
 
+#: (id of the slice's plan index, its size, the layout) -> (index, the GPU's plan): one plan per
+#: GPU setup, so that its replays (sharded_replay, gpus.judge_on's capacity replays) are cached
+_GPU_PLANS: Dict[Tuple[Any, ...], Tuple[Any, StepPlan]] = {}
+_MAX_GPU_PLANS = 64
+
+
+def _gpu_plan(view: Any, gl: GpuLayout, num_layers: int) -> StepPlan:
+    key = (id(view.index), view.sizes, repr(gl))
+    hit = _GPU_PLANS.get(key)
+    if hit is not None and hit[0] is view.index:
+        return hit[1]
+    plan = per_gpu_plan(view.plan if not view.symbolic else _concrete(view), gl, num_layers)
+    if len(_GPU_PLANS) >= _MAX_GPU_PLANS:
+        _GPU_PLANS.clear()
+    _GPU_PLANS[key] = (view.index, plan)
+    return plan
+
+
 def _concrete(view: Any) -> StepPlan:
     """A symbolic plan's events at the view's own size, as a plan."""
     p = view.plan
@@ -1262,12 +1284,13 @@ def _relabel(est: Estimate, arch: Architecture, s: TrainingSetup, E: Estimate) -
     return est
 
 
-def _bytes_split(node: Optional[Node]) -> Tuple[float, float]:
-    """(bytes outside, bytes inside) the ``experts`` module group of a component tree."""
-    if node is None:
-        return 0.0, 0.0
-    experts = 0.0
-    for _, n in node.walk():
-        if n.name == "experts":
-            experts += n.bytes
-    return node.bytes - experts, experts
+def _live_bytes(view: Any, phase: str) -> Dict[Tuple[str, bool], float]:
+    """The slice's plan tensors live at ``phase``'s peak: requested bytes by (component, whether
+    a routed expert's), read from what each tensor is (its TensorInfo)."""
+    ix, tot = view.index, view.totals
+    out: Dict[Tuple[str, bool], float] = {}
+    for row in live_rows(ix, tot.phase_events[phase]):
+        i = ix.plan.info[ix.keys[row]]
+        k = (i.component, i.group == "experts")
+        out[k] = out.get(k, 0.0) + float(tot.requested_bytes[row])
+    return out

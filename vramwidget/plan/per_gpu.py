@@ -27,7 +27,7 @@ per-GPU estimate's peak to the byte.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .builder import PlanBuilder, StepPlan, TensorInfo
 
