@@ -986,40 +986,40 @@ def _buffer(lifetime: str, component: str, name: str, nbytes: float, formula: st
     return Buffer(TensorInfo(component, name, name, formula, dtype), float(nbytes), lifetime)
 
 
-def _zero_layout(gl: GpuLayout, zp: Any, sh: StateSharding, lay: _Layout, opts: Dict[str, Any], off_par: bool,
+def _zero_layout(gpu: GpuLayout, zero_plan: Any, sh: StateSharding, lay: _Layout, opts: Dict[str, Any], off_par: bool,
                  comm_bytes: float) -> None:
     """ZeRO's GPU (DeepSpeed 0.19.8, :mod:`vramwidget.zero`): partitions, buffers, the gathered
     set per block and the step sub-group by sub-group."""
     cfg = opts["zero"]
     st = cfg.stage
     on_gpu = 1.0 - (cfg.offload_ratio if cfg.offload_optimizer != "none" else 0.0)
-    temps = zp.factors.get("optimizer temporaries", {}).get("optimizer_step", (1.0, 1.0))
-    gl.shares = Shares(weights=0.0 if off_par else (sh.weights if st == 3 else 1.0),
+    temps = zero_plan.factors.get("optimizer temporaries", {}).get("optimizer_step", (1.0, 1.0))
+    gpu.shares = Shares(weights=0.0 if off_par else (sh.weights if st == 3 else 1.0),
                        weights_experts=0.0 if off_par else (sh.weights_experts if st == 3 else 1.0),
                        adapters=0.0 if off_par else (sh.weights if st == 3 else 1.0),
                        states=sh.states * on_gpu, states_experts=sh.states_experts * on_gpu,
                        temps=temps[0], temps_experts=temps[1])
-    gl.buffers += [_buffer(*b) for b in _zero.buffers(zp)]
-    gl.zero_step = [ZeroStepGroup(flat, fp32, temp) for fp32, flat, temp in zp.step_parts] or None
+    gpu.buffers += [_buffer(*b) for b in _zero.buffers(zero_plan)]
+    gpu.zero_step = [ZeroStepGroup(flat, fp32, temp) for fp32, flat, temp in zero_plan.step_parts] or None
     if st in (2, 3):
         # stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads / stage3.py
         # __add_grad_to_ipg_bucket: each full gradient is copied into the IPG bucket and freed
-        gl.grads = "shard"
-    if st == 3 and zp.gather is not None:
+        gpu.grads = "shard"
+    if st == 3 and zero_plan.gather is not None:
         # partitioned_param_coordinator.py: the coordinator's gathered set at each block (the
         # module running, the prefetched and the reused; zero.gather_peaks); under parameter
         # offload the fetched module's partition is first copied to the GPU
-        copy = ((-1, zp.gather.module_bytes / lay.shard),) if off_par else ()
-        gl.gathered = {k: v + copy for k, v in zp.gather.sets_by_layer.items()}
-        gl.gathered_info = TensorInfo("weights", "gathered parameters", "gathered parameters (ZeRO-3 coordinator)",
+        copy = ((-1, zero_plan.gather.module_bytes / lay.shard),) if off_par else ()
+        gpu.gathered = {k: v + copy for k, v in zero_plan.gather.sets_by_layer.items()}
+        gpu.gathered_info = TensorInfo("weights", "gathered parameters", "gathered parameters (ZeRO-3 coordinator)",
                                       "the module running + prefetched (stage3_prefetch_bucket_size) + kept for reuse "
                                       "(stage3_max_reuse_distance): zero.gather_peaks per block", "")
         # stage3.py __avg_scatter_grads: a full bucket is torch.cat'ed before its reduce-scatter
-        gl.flush_bucket_bytes = cfg.reduce_bucket_size * comm_bytes
-        gl.flush_factor = 1.0 + 1.0 / lay.shard
+        gpu.flush_bucket_bytes = cfg.reduce_bucket_size * comm_bytes
+        gpu.flush_factor = 1.0 + 1.0 / lay.shard
 
 
-def _fsdp_layout(gl: GpuLayout, cut: Architecture, s: TrainingSetup, P: Any, sh: StateSharding, lay: _Layout,
+def _fsdp_layout(gpu: GpuLayout, cut: Architecture, s: TrainingSetup, P: Any, sh: StateSharding, lay: _Layout,
                  opts: Dict[str, Any], strategy: str, off_par: bool) -> None:
     """FSDP's GPU (PyTorch 2.13, :mod:`vramwidget.fsdp`): shards, the units gathered, each
     unit's post-backward reduce-scatter."""
@@ -1027,7 +1027,7 @@ def _fsdp_layout(gl: GpuLayout, cut: Architecture, s: TrainingSetup, P: Any, sh:
 
     N, v2 = lay.shard, opts["fsdp_version"] == 2
     f = 0.0 if off_par else 1.0
-    gl.shares = Shares(weights=sh.weights * f, weights_experts=sh.weights_experts * f, adapters=sh.weights * f,
+    gpu.shares = Shares(weights=sh.weights * f, weights_experts=sh.weights_experts * f, adapters=sh.weights * f,
                        states=sh.states * f, states_experts=sh.states_experts * f, temps=sh.states * f,
                        temps_experts=sh.states_experts * f)
     units = _fsdp_units(cut, s, P)
@@ -1036,56 +1036,56 @@ def _fsdp_layout(gl: GpuLayout, cut: Architecture, s: TrainingSetup, P: Any, sh:
     if off_par:
         for layer, nb in _fsdp.shard_by_unit(units, N).items():
             by[layer] = by.get(layer, 0.0) + nb
-    gl.root_bytes = by.pop(-1, 0.0)
-    gl.unit_bytes = by
-    gl.unit_info = TensorInfo("weights", "gathered units", f"FSDP{2 if v2 else 1} unsharded parameters",
+    gpu.root_bytes = by.pop(-1, 0.0)
+    gpu.unit_bytes = by
+    gpu.unit_info = TensorInfo("weights", "gathered units", f"FSDP{2 if v2 else 1} unsharded parameters",
                               "the unit's parameters all-gathered in param_dtype (padded: vramwidget.fsdp)", "")
     reshard = _fsdp_reshards(strategy, opts)
     # FSDP1: forward_prefetch off by default, BACKWARD_PRE gathers the next unit before the
     # current one's backward (_runtime_utils.py _prefetch_handle); FSDP2: the all-gather output
     # is kept until the next all-gather (_fsdp_param_group.py AllGatherState)
-    gl.units_forward = (2 if v2 else 1) if reshard else 0
-    gl.units_backward = 2 if reshard else 1
-    gl.grads = "unit"
-    gl.grad_shard = sh.grads * f
-    gl.grad_scale = DTYPE_BYTES[s.compute_dtype] / 4.0 if s.autocast else 1.0
+    gpu.units_forward = (2 if v2 else 1) if reshard else 0
+    gpu.units_backward = 2 if reshard else 1
+    gpu.grads = "unit"
+    gpu.grad_shard = sh.grads * f
+    gpu.grad_scale = DTYPE_BYTES[s.compute_dtype] / 4.0 if s.autocast else 1.0
     # FSDP2 _fsdp_collectives.py foreach_reduce copies the unit's gradients into one
     # reduce-scatter input and frees them; FSDP1 _runtime_utils.py _reduce_grad reduce-scatters
     # the flat parameter's own gradient into a new sharded gradient (no copy)
-    gl.reduce_scatter_copy = v2
-    gl.drop_casts = True
+    gpu.reduce_scatter_copy = v2
+    gpu.drop_casts = True
 
 
-def _common_layout(gl: GpuLayout, strategy: str, lay: _Layout, opts: Dict[str, Any], sh: StateSharding,
+def _common_layout(gpu: GpuLayout, strategy: str, lay: _Layout, opts: Dict[str, Any], sh: StateSharding,
                    grads_bytes: float, trainable: Tuple[int, int], s_loc: TrainingSetup, ms: Dict[str, float]) -> None:
     """DDP's buckets, Megatron's buffers and NCCL's communicator buffers."""
     tr, tr_e = trainable
     if strategy == "ddp":
         # torch/nn/parallel/distributed.py Reducer: buckets made at wrap time
         if opts["ddp_bucket_view"]:
-            gl.grads = "none"
-            gl.buffers.append(_buffer("startup", "gradients", "DDP buckets (gradients as bucket views)", grads_bytes,
+            gpu.grads = "none"
+            gpu.buffers.append(_buffer("startup", "gradients", "DDP buckets (gradients as bucket views)", grads_bytes,
                                       "every gradient, in buckets allocated at wrap time"))
         else:
             cap = opts["bucket_mb"] * 1e6 if opts["bucket_mb"] else DDP_BUCKET_BYTES
-            gl.buffers.append(_buffer("startup", "gradients", "DDP reducer buckets (gradient copy)", grads_bytes,
+            gpu.buffers.append(_buffer("startup", "gradients", "DDP reducer buckets (gradient copy)", grads_bytes,
                                       f"every gradient again, in {max(1, math.ceil(grads_bytes / cap))} buckets of "
                                       f"{cap / 2**20:.0f} MiB (gradient_as_bucket_view=False)"))
             ms["communication buffers"] = grads_bytes
     if strategy in MEGATRON:
-        gl.grads = "none"         # param.grad is never allocated: gradients go to fp32 main_grad buffers
-        gl.shares = Shares(states=sh.states, states_experts=sh.states_experts, temps=0.0, temps_experts=0.0)
+        gpu.grads = "none"         # param.grad is never allocated: gradients go to fp32 main_grad buffers
+        gpu.shares = Shares(states=sh.states, states_experts=sh.states_experts, temps=0.0, temps_experts=0.0)
         if s_loc.weights_dtype != "float32":
             # Float16OptimizerWithFloat16Params keeps an fp32 copy of 16-bit parameters
             # (megatron/core/optimizer/optimizer.py); fp32 parameters step in FP32Optimizer
             master = 4.0 * (tr * sh.states + tr_e * sh.states_experts)
             ms["fp32 master weights"] = master
-            gl.buffers.append(_buffer("startup", "optimizer states", "fp32 master weights", master,
+            gpu.buffers.append(_buffer("startup", "optimizer states", "fp32 master weights", master,
                                       f"4 B x trainable params / {lay.shard} (Megatron optimizer's fp32 copy)",
                                       "float32"))
         main = 4.0 * (tr + tr_e)
         ms["fp32 gradients"] = main
-        gl.buffers.append(_buffer("startup", "gradients", "fp32 main gradients (Megatron DDP buffer)", main,
+        gpu.buffers.append(_buffer("startup", "gradients", "fp32 main gradients (Megatron DDP buffer)", main,
                                   "4 B x trainable params, allocated when the model is wrapped; all-reduced (or "
                                   "reduce-scattered with the distributed optimizer) in place", "float32"))
     # NCCL: every communicator this GPU belongs to keeps send and receive buffers of
@@ -1093,7 +1093,7 @@ def _common_layout(gl: GpuLayout, strategy: str, lay: _Layout, opts: Dict[str, A
     groups = sum(1 for size in (lay.dp * lay.cp, lay.tp, lay.pp, lay.ep) if size > 1)
     nccl = groups * 2 * opts["nccl_channels"] * opts["nccl_buffsize_bytes"]
     if nccl:
-        gl.buffers.append(_buffer("startup", "workspace", "NCCL communicator buffers", nccl,
+        gpu.buffers.append(_buffer("startup", "workspace", "NCCL communicator buffers", nccl,
                                   f"{groups} communicator(s) x 2 (send, receive) x {opts['nccl_channels']} channels x "
                                   f"NCCL_BUFFSIZE ({opts['nccl_buffsize_bytes'] / 2**20:g} MiB)"))
         ms["NCCL buffers"] = nccl
@@ -1132,23 +1132,24 @@ def _per_gpu_stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, l
                             "optimizer states": S * sh.states + Se * sh.states_experts}
     cpu: Dict[str, float] = {}
     nvme: Dict[str, float] = {}
-    gl = GpuLayout()
+    gpu = GpuLayout()
     o_gpu = sh.states
     if ds:
-        zp = _ds_plan(cut, s_loc, P, lay, opts, (W, We), (G, Ge), (S, Se), Qa)
-        ms = dict(zp.model_states, **{"quantization constants + adapters": ms["quantization constants + adapters"]})
-        cpu.update(zp.cpu)
-        nvme.update(zp.nvme)
-        notes.extend(zp.notes)
-        _zero_layout(gl, zp, sh, lay, opts, off_par, max(DTYPE_BYTES[d] for d in _comm_dtypes(P, s_loc)))
+        zero_plan = _ds_plan(cut, s_loc, P, lay, opts, (W, We), (G, Ge), (S, Se), Qa)
+        qa = ms["quantization constants + adapters"]
+        ms = dict(zero_plan.model_states, **{"quantization constants + adapters": qa})
+        cpu.update(zero_plan.cpu)
+        nvme.update(zero_plan.nvme)
+        notes.extend(zero_plan.notes)
+        _zero_layout(gpu, zero_plan, sh, lay, opts, off_par, max(DTYPE_BYTES[d] for d in _comm_dtypes(P, s_loc)))
         o_gpu = sh.states * (1.0 - opts["zero"].offload_ratio) if off_opt else sh.states
     elif gathers:
-        fp = _fsdp_plan(cut, s_loc, P, lay, opts, strategy, off_par, S + Se)
-        ms["gathered parameters"] = fp.unsharded_params + fp.all_gather
-        ms["gathered gradients"] = fp.unsharded_grads
-        ms["reduce-scatter buffers"] = fp.reduce_scatter
+        fsdp_plan = _fsdp_plan(cut, s_loc, P, lay, opts, strategy, off_par, S + Se)
+        ms["gathered parameters"] = fsdp_plan.unsharded_params + fsdp_plan.all_gather
+        ms["gathered gradients"] = fsdp_plan.unsharded_grads
+        ms["reduce-scatter buffers"] = fsdp_plan.reduce_scatter
         if off_par:
-            ms["offloaded shards on the GPU"] = fp.shard_copy
+            ms["offloaded shards on the GPU"] = fsdp_plan.shard_copy
             cpu.update({"optimizer states": S * sh.states + Se * sh.states_experts,
                         "optimizer temporaries": Tt * sh.states + Tte * sh.states_experts,
                         "gradients": G * sh.grads + Ge * sh.grads_experts,
@@ -1156,28 +1157,28 @@ def _per_gpu_stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, l
         if s_loc.autocast:
             notes.append("FSDP MixedPrecision gathers the shards in the compute dtype, so the autocast weight cache "
                          "is not counted")
-        _fsdp_layout(gl, cut, s_loc, P, sh, lay, opts, strategy, off_par)
+        _fsdp_layout(gpu, cut, s_loc, P, sh, lay, opts, strategy, off_par)
     elif fsdp:
-        gl.shares = Shares(states=sh.states, states_experts=sh.states_experts, temps=sh.states,
+        gpu.shares = Shares(states=sh.states, states_experts=sh.states_experts, temps=sh.states,
                            temps_experts=sh.states_experts)
     if not ds:
         ms["communication buffers"] = 0.0
-    _common_layout(gl, strategy, lay, opts, sh, G + Ge, (tr, tr_e), s_loc, ms)
+    _common_layout(gpu, strategy, lay, opts, sh, G + Ge, (tr, tr_e), s_loc, ms)
     if lay.sp:
         # sequence parallel: the T x h tensors outside the tensor-parallel regions split too,
         # every activation 1/t of the unsharded block's (Korthikanti et al.)
         a_cut = sum(v for (c, _), v in _live_bytes(view, "forward").items() if c == "activations")
         a_full = sum(v for (c, _), v in _live_bytes(plan_view(uncut, s_loc), "forward").items() if c == "activations")
         if a_cut > 0:
-            gl.activation_share = (a_full / lay.tp) / a_cut
+            gpu.activation_share = (a_full / lay.tp) / a_cut
     if in_flight > 1:
         # 1F1B: stage i keeps min(p - i, m) micro-batches' saved activations
         acts = sum(v for (c, _), v in _live_bytes(view, "forward").items() if c == "activations") \
-            * gl.activation_share
-        gl.in_flight = _buffer("step", "activations", f"{in_flight - 1} more micro-batches in flight (1F1B)",
+            * gpu.activation_share
+        gpu.in_flight = _buffer("step", "activations", f"{in_flight - 1} more micro-batches in flight (1F1B)",
                                (in_flight - 1) * acts, f"stage keeps min(pp - stage, micro-batches) = {in_flight} "
                                                        f"micro-batches' saved activations")
-    est = E if gl.changes_nothing() else _per_gpu_estimate(E, cut, s_loc, gl, notes, (strategy, lay))
+    est = E if gpu.changes_nothing() else _per_gpu_estimate(E, cut, s_loc, gpu, notes, (strategy, lay))
     # the per-GPU estimate reports the whole model's parameter counts and the user's setup
     est = _relabel(est, arch, s, E)
     # the step time (timing.py): this GPU's slice, its share of the optimizer update, and
@@ -1188,7 +1189,7 @@ def _per_gpu_stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, l
     return est, ms, cpu, cut.params_total, notes, nvme
 
 
-def _per_gpu_estimate(E: Estimate, cut: Architecture, s_loc: TrainingSetup, gl: GpuLayout, notes: List[str],
+def _per_gpu_estimate(E: Estimate, cut: Architecture, s_loc: TrainingSetup, gpu: GpuLayout, notes: List[str],
                       key: Any) -> Estimate:
     """One GPU's Estimate, every figure a view of its own plan: the phases and the peak
     (``views.totals``), the trees (``views.tree``), the reserve and the verdict (the caching
@@ -1198,7 +1199,7 @@ def _per_gpu_estimate(E: Estimate, cut: Architecture, s_loc: TrainingSetup, gl: 
     from .plan.views import PlanIndex, totals, tree
 
     view = plan_view(cut, s_loc)
-    plan = _gpu_plan(view, gl, cut.num_layers)
+    plan = _gpu_plan(view, gpu, cut.num_layers)
     ix = PlanIndex(plan)
     tot = totals(ix, view.cfg, 1, 1, 1)
     phases = {k: float(v) for k, v in tot.phases_bytes.items()}
@@ -1244,12 +1245,12 @@ _GPU_PLANS: Dict[Tuple[Any, ...], Tuple[Any, StepPlan]] = {}
 _MAX_GPU_PLANS = 64
 
 
-def _gpu_plan(view: Any, gl: GpuLayout, num_layers: int) -> StepPlan:
-    key = (id(view.index), view.sizes, repr(gl))
+def _gpu_plan(view: Any, gpu: GpuLayout, num_layers: int) -> StepPlan:
+    key = (id(view.index), view.sizes, repr(gpu))
     hit = _GPU_PLANS.get(key)
     if hit is not None and hit[0] is view.index:
         return hit[1]
-    plan = per_gpu_plan(view.plan if not view.symbolic else _concrete(view), gl, num_layers)
+    plan = per_gpu_plan(view.plan if not view.symbolic else _concrete(view), gpu, num_layers)
     if len(_GPU_PLANS) >= _MAX_GPU_PLANS:
         _GPU_PLANS.clear()
     _GPU_PLANS[key] = (view.index, plan)
