@@ -56,6 +56,11 @@ host (NVMe: the master and states to disk, swapped through pinned buffers); ``ra
 the first sub-groups on the GPU (``_create_fp32_partitions``: ``i >= int((1 - ratio) x
 n_subgroups)`` go to the CPU).  Parameter offload keeps the 16-bit partition on the host.
 
+One GPU's step plan (``plan/per_gpu.py``, laid out by ``parallel._zero_layout``) reads this
+module: :func:`buffers` (the partitions, master copy and buckets with their lifetimes),
+:func:`gather_peaks`' gathered modules per block (``sets_by_layer``) and the step's sub-groups
+(``ZeroPlan.step_parts``); ``ZeroPlan.model_states`` names each state once for the report.
+
 DeepSpeed's own estimators (``estimate_zero2_model_states_mem_needs``: ``2 P + 18 P / N``;
 ``estimate_zero3_model_states_mem_needs``: ``4 x largest layer + 18 P / N``) count fp32
 gradients for the whole partition at once and no 16-bit gradient partition in ZeRO-3: see
