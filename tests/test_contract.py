@@ -419,5 +419,9 @@ def test_replaying_an_estimate_without_a_trace_is_a_vram_error():
     import vramwidget as vw
 
     e = vw.estimate_parallel("llama-3.2-1b", strategy="ddp", num_gpus=2, method="lora")
+    # a DDP replica is a GPU plan of its own now (its buckets and NCCL buffers): it replays
+    assert e.per_gpu.replay().max_allocated_bytes == e.per_gpu.peak_allocated_bytes
+    est = e.per_gpu.relabelled(e.per_gpu.setup, e.per_gpu.params_total)
+    est.sources.replay = None      # an estimate without an allocation trace
     with pytest.raises(vw.VramError, match="replay"):
-        e.per_gpu.replay()
+        est.replay()

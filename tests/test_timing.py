@@ -262,7 +262,9 @@ def test_suggestions_rank_by_time_per_token():
     by = {x.title: x for x in sug}
     sel, full = by["selective activation checkpointing"], by["full activation checkpointing"]
     assert 0 < sel.time_change < 0.05 < full.time_change < 1 / 3
-    off = by["DeepSpeed ZeRO-Offload: optimizer on the CPU"]
+    # ZeRO-Offload alone lands on the card's limit as the base does (no saving on the card):
+    # it is listed with the fused AdamW, which changes nothing on the GPU under offload
+    off = next(x for x in sug if x.title.endswith("DeepSpeed ZeRO-Offload: optimizer on the CPU"))
     assert off.time_change > full.time_change
     assert off.usd_per_million_tokens == pytest.approx(off.gpu_seconds_per_token * 1e6 / 3600 * 1.40)
 

@@ -169,9 +169,16 @@ def test_llama2_70b_full_finetune_zero3_8_gpus():
 
     Persistent before the step: 17,246,470,144 + 17,244,162,048 + 34,488,324,096 +
     68,976,648,192 + 1,000,000,000 = 138,955,604,480 B (+ 83,886,080 B of cuBLAS and NCCL
-    workspace).  Forward peak: + 2,332,033,024 gathered + 6,947,913,728 = 148,319,437,312 B =
-    138.13 GiB.  Optimizer step: + the input ids + 2 x 4,085,325,824 = 147,210,174,976 B =
-    137.10 GiB.
+    workspace).  The per-GPU plan gathers at each block what the coordinator holds there
+    (zero.gather_peaks per block): at the loss the head's set, 1,765,801,984 B, so the forward
+    peaks at 138,955,604,480 + 83,886,080 + 1,765,801,984 + 6,947,913,728 = 147,753,206,272 B
+    (the coordinator's largest forward set, 2,332,033,024 B, is gathered in the blocks, where
+    less is saved).  The step's peak is in a checkpointed block's backward: the block's set
+    2,013,265,920 B, the MLP weight's full gradient 469,762,048 B, the IPG bucket's
+    flush, torch.cat of its 994,066,432 B of gradients with their partition (x 9/8 =
+    1,118,324,736 B) and 7,064,322,048 B of
+    activations: 149,705,165,312 B = 139.42 GiB.  Optimizer step: + the input ids + 2 x
+    4,085,325,824 = 147,210,174,976 B = 137.10 GiB.
     DeepSpeed's estimator says 4 x 262,144,000 + 18 x P / 8 = 156,246,034,432 B (145.5 GiB) for
     the model states alone: it converts the whole partition's gradients to fp32 at once
     (+30.4 GB over one sub-group) and leaves out the 16-bit gradient partitions (-17.2 GB)."""
@@ -188,8 +195,9 @@ def test_llama2_70b_full_finetune_zero3_8_gpus():
     assert ms["fp32 gradients"] == ms["step working set"] == 4 * 1_021_331_456
     assert ms["gathered parameters"] == 2_332_033_024
     est = pe.per_gpu
-    assert est.peak_phase == "forward"
-    assert est.peak_allocated_bytes == 148_319_437_312
+    assert est.peak_phase == "backward"
+    assert est.phases_bytes["forward"] == 147_753_206_272
+    assert est.peak_allocated_bytes == 149_705_165_312
     assert est.phases_bytes["optimizer_step"] == 147_210_174_976
     acts = est.component_bytes("forward")
     assert acts["activations"] + acts["logits and loss"] == 6_947_913_728
@@ -205,8 +213,11 @@ def test_llama2_70b_full_finetune_zero3_16_gpus():
     8,622,081,024 B; master 17,244,162,048 B; moments 34,488,324,096 B; IPG bucket 1e9 B:
     69,979,121,152 B persistent (+ 83,886,080 B workspace).  The largest sub-group is
     1,006,651,392 elements (4,026,605,568 B of fp32 gradients and as much for sqrt(exp_avg_sq)).
-    Forward: + 2,332,033,024 gathered + 6,947,913,728 activations and loss = 79,342,953,984 B
-    = 73.89 GiB; step: 69,979,121,152 + 83,886,080 + 32,768 (the input ids) + 2 x 4,026,605,568
+    Forward, at the loss: + the head's gathered set 1,765,801,984 + 6,947,913,728 activations
+    and loss = 78,776,722,944 B; the peak in a block's backward: + 2,013,265,920 gathered +
+    469,762,048 (a full gradient) + 994,066,432 x 17/16 = 1,056,195,584 B of
+    bucket flush + 7,064,322,048 activations = 80,666,552,832 B
+    (75.13 GiB); step: 69,979,121,152 + 83,886,080 + 32,768 (the input ids) + 2 x 4,026,605,568
     = 78,116,251,136 B (72.75 GiB).  Sharding the persistent states over twice the GPUs halves them; the
     activations, the gathered window, the bucket and the sub-group's working set stay.
     DeepSpeed's estimator: 4 x 262,144,000 + 18 x P / 16 = 78,647,305,216 B of model states."""
@@ -214,7 +225,8 @@ def test_llama2_70b_full_finetune_zero3_16_gpus():
     est = pe.per_gpu
     assert pe.model_states["persistent parameters"] == 2_472_960
     assert max(n for n, _ in pe_plan(16).sub_groups) == 1_006_651_392
-    assert est.peak_allocated_bytes == 79_342_953_984
+    assert est.phases_bytes["forward"] == 78_776_722_944
+    assert est.peak_allocated_bytes == 80_666_552_832
     assert est.phases_bytes["optimizer_step"] == 78_116_251_136
     eight = vw.estimate_parallel("llama-2-70b", num_gpus=8, **SEVENTY).model_states
     ms = pe.model_states
@@ -414,10 +426,11 @@ def test_zero_config_errors_name_the_field():
 def test_amp_reserve_is_not_the_unsharded_models():
     """Issue 26: amp_bf16 on 16 GPUs put the reserve 64 GiB above the allocated peak (the
     unsharded 70B model's single-GPU fragmentation); the per-GPU replay of the per-GPU tensors
-    keeps it within a few GiB."""
+    keeps it within a few GiB (5.6 GiB: the per-GPU plan gathers module by module, as the
+    coordinator does, and the step's fp32 sub-group segments stay cached)."""
     pe = vw.estimate_parallel("llama-2-70b", num_gpus=16, precision="amp_bf16", **SEVENTY)
     est = pe.per_gpu
-    assert est.reserved_bytes - est.peak_allocated_bytes < 4 * GIB
+    assert est.reserved_bytes - est.peak_allocated_bytes < 8 * GIB
 
 
 # ---------------------------------------------------------------------------------------

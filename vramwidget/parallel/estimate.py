@@ -71,26 +71,34 @@ on *that GPU's share of the model*, and then applies what the parallel framework
    (DeepSpeed's estimator uses ``additional_buffer_factor=1.5`` for pinned buffers and
    headroom).
 
-The per-GPU :class:`~vramwidget.result.Estimate` keeps the estimator's phases: each phase's
-components are scaled as above and the additions are placed where they live (forward,
-backward, optimizer step).  With ``strategy="none"`` and one GPU every factor is 1 and every
-addition 0, so the per-GPU estimate is the single-GPU estimate, to the byte.
+Each GPU is one step plan (:mod:`vramwidget.plan.per_gpu`): its slice's plan with every
+tensor transformed by what it is (a parameter's share, a gradient kept, sharded or reduced per
+unit, a state's share, the gathered parameters of the block running) and the strategy's own
+tensors placed where the engine makes them (``GpuLayout``, filled by ``_zero_layout``,
+``_fsdp_layout``, ``_common_layout``).  The per-GPU :class:`~vramwidget.result.Estimate` reads
+its phases, peak and trees from that plan and its reserve and verdict from the allocator
+replayed over the same plan, so the two agree to the byte.  With ``strategy="none"`` and one
+GPU the layout changes nothing and the per-GPU estimate is the single-GPU estimate.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..model.architecture import Architecture, ParamTensor, load
 from ..errors import VramError
 from ..inputs import shown
 from ..defaults import strategy_for
 from ..inputs import MAX_GPUS, Field, check_choice, check_int
-from ..estimate import check_physical, merge_named, estimate_setup
+from ..estimate import check_physical, estimate_setup
 from ..plan.params import param_storage
 from ..plan.profile import full_checkpointing
+from ..plan import plan_view
+from ..plan.builder import StepPlan, TensorInfo
+from ..plan.views import live_rows
+from ..plan.per_gpu import Buffer, GpuLayout, Shares, ZeroStepGroup, per_gpu_plan
 from ..result import Estimate, Node
 from ..training import TrainingSetup
 from ..units import DTYPE_BYTES, GIB
@@ -127,7 +135,6 @@ _COLUMN_ROLES = {"attn_q", "attn_k", "attn_v", "attn_qkv", "mlp_gate", "mlp_up",
 _ROW_ROLES = {"attn_o", "mlp_down", "expert_down"}
 _EMBED_ROLES = {"embedding", "position_embedding", "embedding_norm"}
 
-_PHASES = ("after_load", "forward", "backward", "optimizer_step")
 
 
 # ----------------------------------------------------------------------------------
@@ -545,39 +552,6 @@ def _stages(L: int, pp: int) -> List[Tuple[int, int]]:
 
 
 # ----------------------------------------------------------------------------------
-# Scaling the estimator's component trees
-# ----------------------------------------------------------------------------------
-
-def _scaled(node: Node, f: float, fe: float, zero: Sequence[str] = (), keep: Sequence[str] = ()) -> Tuple[Node, float]:
-    """A copy of ``node`` with every leaf x f (leaves under a module group named
-    ``experts`` x fe; under a child named in ``zero`` x 0, in ``keep`` x 1).  Returns the
-    copy and the change in bytes, computed leaf by leaf so that all-ones factors change
-    nothing, to the byte."""
-    if node.name in zero:
-        f = fe = 0.0
-    elif node.name in keep:
-        f = fe = 1.0
-    elif node.name == "experts":
-        f = fe
-    if not node.children:
-        nb = node.bytes * f
-        cnt = node.count if (node.count is None or f == 1.0) else int(round(node.count * f))
-        return Node(node.name, bytes=nb, formula=node.formula, dtype=node.dtype, count=cnt), node.bytes * (f - 1.0)
-    kids, delta = [], 0.0
-    for c in node.children:
-        k, d = _scaled(c, f, fe, zero, keep)
-        kids.append(k)
-        delta += d
-    out = Node(node.name, formula=node.formula, dtype=node.dtype, count=node.count, children=kids)
-    out.bytes = node.bytes + delta
-    return out, delta
-
-
-def _leaf(component: str, name: str, nbytes: float, formula: str) -> Node:
-    return Node(component, children=[Node(name, bytes=nbytes, formula=formula)])
-
-
-# ----------------------------------------------------------------------------------
 # The estimate
 # ----------------------------------------------------------------------------------
 
@@ -844,7 +818,7 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
         k = min(lay.pp - i, lay.micro_batches) if lay.pp > 1 else 1
         key = (first, last, embed, head, k)
         if key not in cache:
-            cache[key] = _stage(arch, s, s_loc, lay, opts, first, last, embed, head, k)
+            cache[key] = _per_gpu_stage(arch, s, s_loc, lay, opts, first, last, embed, head, k)
         est, ms, cpu, n_local, _notes, nvme = cache[key]
         stages.append(StageEstimate(i, (first, last), embed, head, k, est, ms, cpu, n_local, nvme))
     # the fullest GPU: by device total, which replays the allocator per stage; one stage is
@@ -900,13 +874,6 @@ def _buffer_settings(strategy: str, opts: Dict[str, Any]) -> Dict[str, Any]:
     return {}
 
 
-def _factor(factors: Dict[str, Any], name: str, phase: str) -> Tuple[float, float]:
-    """A component's (dense, experts) factor in ``phase``: one pair for every phase, or a
-    pair per phase (ZeRO's plan)."""
-    f = factors.get(name, (1.0, 1.0))
-    return f.get(phase, (1.0, 1.0)) if isinstance(f, dict) else f
-
-
 def _comm_dtypes(P: Any, s: TrainingSetup) -> Tuple[str, ...]:
     """The dtypes DeepSpeed reduces gradients in, one IPG bucket each: the parameters' own, or
     under torch autocast the autocast dtype for the Linear layers and fp32 for the rest
@@ -919,18 +886,27 @@ def _comm_dtypes(P: Any, s: TrainingSetup) -> Tuple[str, ...]:
     return tuple(sorted(dts)) or (s.weights_dtype,)
 
 
+def _fsdp_units(cut: Architecture, s: TrainingSetup, P: Any) -> Any:
+    from . import fsdp as _fsdp
+
+    return _fsdp.units(cut, P, s.lora_r if s.method in ("lora", "qlora") else 0)
+
+
+def _fsdp_reshards(strategy: str, opts: Dict[str, Any]) -> bool:
+    reshard = opts["reshard_after_forward"]
+    return strategy != "fsdp_shard_grad_op" if reshard is None else bool(reshard)
+
+
 def _fsdp_plan(cut: Architecture, s: TrainingSetup, P: Any, lay: _Layout, opts: Dict[str, Any], strategy: str,
                off_par: bool, states_bytes: float):
     """This stage's FSDP plan (:mod:`vramwidget.parallel.fsdp`): FSDP1 flat parameters or FSDP2 shards."""
     from . import fsdp as _fsdp
 
-    units = _fsdp.units(cut, P, s.lora_r if s.method in ("lora", "qlora") else 0)
+    units = _fsdp_units(cut, s, P)
     pdt = DTYPE_BYTES[s.compute_dtype] if s.autocast else DTYPE_BYTES[s.weights_dtype]
     tr = sum(p.numel for u in units for p in u.params if p.trains)
     per = states_bytes / tr if tr else 0.0
-    reshard = opts["reshard_after_forward"]
-    if reshard is None:
-        reshard = strategy != "fsdp_shard_grad_op"
+    reshard = _fsdp_reshards(strategy, opts)
     if opts["fsdp_version"] == 2:
         return _fsdp.fsdp2_plan(units, lay.shard, param_dtype_bytes=pdt, reduce_dtype_bytes=pdt,
                                 state_bytes_per_elem=per, reshard_after_forward=reshard,
@@ -948,142 +924,6 @@ def _ds_plan(cut: Architecture, s: TrainingSetup, P: Any, lay: _Layout, opts: Di
                       adapters_bytes=adapters, weights_dtype=s.weights_dtype, optimizer=s.optimizer,
                       checkpointing=full_checkpointing(s), num_layers=cut.num_layers, comm_dtypes=_comm_dtypes(P, s),
                       state_count=_STATE_COUNT.get(s.optimizer, 0))
-
-
-def _shard_spec(strategy: str, lay: _Layout, zp: Any, P: Any, cut: Architecture, s: TrainingSetup, fw: float,
-                fo: float, o_gpu: float, off_par: bool):
-    """What this GPU's allocator stream changes against its slice's single-GPU stream
-    (:class:`vramwidget.parallel.sharded_replay.ShardSpec`): ZeRO's buffers and sub-group step from its
-    plan, FSDP's shards and gathered units."""
-    from .sharded_replay import ShardSpec
-
-    N = lay.shard
-    by_layer: Dict[int, float] = {}
-    root = 0.0
-    for t, dtype, nbytes, trains in P.weights:
-        each = nbytes / max(t.repeat, 1)
-        if strategy in FSDP and s.autocast and dtype == "float32":
-            each = t.numel_each * DTYPE_BYTES[s.compute_dtype]     # MixedPrecision's param_dtype
-        if t.layers is None:
-            root += each * max(t.repeat, 1)
-            continue
-        per = t.repeat // (t.layers[1] - t.layers[0] + 1)
-        for layer in range(t.layers[0], t.layers[1] + 1):
-            by_layer[layer] = by_layer.get(layer, 0.0) + each * per
-    if zp is None:   # FSDP: sharded parameters, gradients reduce-scattered to shards, units gathered
-        f = 0.0 if off_par else 1.0 / N
-        # MixedPrecision: fp32 shards gathered, and their gradients made, in the compute dtype
-        scale = DTYPE_BYTES[s.compute_dtype] / 4.0 if s.autocast else 1.0
-        return ShardSpec(weights=f, states=f, temps=f, grads="unit", grad_shard=f, gather_layer=by_layer,
-                         gather_root=root, drop_casts=True, grad_scale=scale)
-    st = int(strategy[-1])
-    buffers = [(name, nb) for phases_, comp, name, nb, _ in zp.adds if phases_ == _zero.ALL and nb > 0]
-    if st == 2:
-        buffers += [(name, nb) for phases_, comp, name, nb, _ in zp.adds
-                    if name in ("gradient partition (grads_in_partition)", "IPG buckets (contiguous gradients)")]
-    step = list(zp.step_parts) or None
-    gather = dict(by_layer) if st == 3 else {}
-    window = zp.gather.forward_bytes if (st == 3 and zp.gather is not None) else 0.0
-    temps = zp.factors.get("optimizer temporaries", {}).get("optimizer_step", (1.0, 1.0))[0]
-    return ShardSpec(weights=fw if st == 3 and not off_par else (0.0 if off_par else 1.0), states=o_gpu,
-                     temps=temps, grads="shard" if st in (2, 3) else "keep",
-                     grad_shard=0.0, buffers=buffers, step=step, gather_layer=gather,
-                     gather_root=root if st == 3 else 0.0, gather_window=window)
-
-
-def _scale_phases(E: Estimate, factors: Dict[str, Any], adds: Dict[str, List[Node]], zero_names: Tuple[str, ...],
-                  keep: Tuple[str, ...]):
-    """Each phase of the single-GPU estimate with its components scaled by ``factors`` (per
-    phase) and the parallel additions placed: (phase components, phase bytes, the change per
-    phase, optimizer-state bytes per phase)."""
-    phase_components: Dict[str, List[Node]] = {}
-    phases = dict(E.phases_bytes)
-    deltas: Dict[str, float] = {}
-    states_after: Dict[str, float] = {}
-    for p in _PHASES:
-        nodes, delta = [], 0.0
-        st = 0.0
-        for c in E.phase_components[p]:
-            f, fe = _factor(factors, c.name, p)
-            if c.name == "activations" and p not in ("forward", "backward"):
-                f = fe = 1.0
-            if f == 1.0 and fe == 1.0 and not (c.name == "weights" and zero_names):
-                nodes.append(c)
-                if c.name == "optimizer states":
-                    st += c.bytes
-                continue
-            n, d = _scaled(c, f, fe, zero=zero_names if c.name == "weights" else (), keep=keep)
-            nodes.append(n)
-            delta += d
-            if c.name == "optimizer states":
-                st += n.bytes
-        delta += sum(n.total_bytes() for n in adds[p])
-        states_after[p] = st
-        deltas[p] = delta
-        phases[p] = E.phases_bytes[p] + delta
-        if adds[p]:
-            for n in adds[p]:
-                n.finalize()
-            nodes = merge_named(list(nodes) + adds[p])
-        phase_components[p] = nodes
-    return phase_components, phases, deltas, states_after
-
-
-def _per_gpu_estimate(E: Estimate, phase_components: Dict[str, List[Node]], phases: Dict[str, float],
-                      deltas: Dict[str, float], states_after: Dict[str, float], notes: List[str], spec: Any,
-                      cut: Architecture, s_loc: TrainingSetup, key: Any) -> Estimate:
-    """One GPU's Estimate from its scaled phases; the single-GPU estimate itself when nothing
-    changed.  Its reserve: the allocated peak plus the cached free blocks of the allocator
-    replayed over this GPU's own tensors (sharded strategies, ``spec``) or, unsharded, over the
-    slice's single-GPU step; read when first needed."""
-    if not any(d != 0.0 for d in deltas.values()):
-        return E
-    fwd_states = states_after["forward"]
-    phases["first_step"] = max(phases["forward"] - fwd_states, phases["backward"] - fwd_states,
-                               phases["optimizer_step"])
-    # between steps: weights + states + what stays allocated (buffers, master copies, main grads)
-    opt_state_d = states_after["optimizer_step"] - sum(
-        c.bytes for c in E.phase_components["optimizer_step"] if c.name == "optimizer states")
-    phases["persistent"] = E.phases_bytes["persistent"] + deltas["after_load"] + opt_state_d
-    peak_phase = max(("forward", "backward", "optimizer_step"), key=lambda q: phases[q])
-    peak = phases[peak_phase]
-    frag: List[float] = []
-
-    def reserved(E: Estimate = E, peak: float = peak) -> float:
-        """The per-GPU step's allocated peak plus the cached free blocks at the peak of the
-        allocator replayed over this GPU's own tensors (sharded strategies:
-        :mod:`vramwidget.parallel.sharded_replay`) or, unsharded, over the slice's single-GPU step."""
-        if spec is None:
-            return peak + max(0.0, E.reserved_bytes - E.peak_allocated_bytes)
-        if not frag:
-            from .sharded_replay import fragmentation_bytes
-            frag.append(fragmentation_bytes(cut, s_loc, spec))
-        return peak + frag[0]
-
-    def comps_at(reserved_b: float, exact: bool = True, E: Estimate = E, peak_phase: str = peak_phase,
-                 peak: float = peak) -> List[Node]:
-        """The peak's components with ``reserved_b`` as the allocator's reserve (built when
-        first read: the per-GPU replay runs only then)."""
-        return list(phase_components[peak_phase]) + [
-            Node("allocator reserve", bytes=max(0.0, reserved_b - peak),
-                 formula="caching allocator: cached free blocks of this GPU's replayed step" if spec is not None
-                 else "caching allocator: cached free blocks of the replayed single-GPU step"),
-            Node("cuda context", bytes=E.cuda_context_bytes, formula=E.cuda_context_source)]
-
-    est = Estimate(model_name=E.model_name, setup=E.setup, params_total=E.params_total,
-                   params_trainable=E.params_trainable, components=None, phases_bytes=phases,
-                   peak_phase=peak_phase, peak_allocated_bytes=peak, reserved_bytes=reserved,
-                   cuda_context_bytes=E.cuda_context_bytes, flops_per_step=E.flops_per_step,
-                   recompute_overhead=E.recompute_overhead, notes=list(E.notes) + notes,
-                   phase_components=phase_components, cuda_context_source=E.cuda_context_source)
-    est.sources.components_at = comps_at
-    # without the replay: the slice's single-GPU fragmentation stands in until it runs
-    est.sources.provisional = lambda E=E, peak=peak: (
-        peak + (frag[0] if frag else max(0.0, E.provisional_reserved_bytes - E.peak_allocated_bytes)),
-        bool(frag) or (spec is None and E.reserved_exact))
-    if spec is not None:
-        _judge_per_gpu(est, cut, s_loc, spec, peak, key)
-    return est
 
 
 def _comm_sizes(cut: Architecture, s: TrainingSetup, s_loc: TrainingSetup, P: Any, lay: _Layout, mega: bool,
@@ -1104,77 +944,155 @@ def _comm_sizes(cut: Architecture, s: TrainingSetup, s_loc: TrainingSetup, P: An
     }
 
 
-def _base_factors(strategy: str, N: int, Ne: int, off_opt: bool, off_par: bool):
-    """(weights, gradients, states sharded: dense and expert factors), then what of each stays
-    on the GPU (weights, gradients, states, optimizer temporaries: dense and experts)."""
-    fsdp, mega = strategy in FSDP, strategy in MEGATRON
-    fw = fwe = fg = fge = fo = foe = 1.0
-    partitions = BY_NAME[strategy].partitions      # data/strategies.json
-    if "parameters" in partitions:
-        fw, fwe = 1.0 / N, 1.0 / Ne
-    if "gradients" in partitions:
-        fg, fge = 1.0 / N, 1.0 / Ne
-    if "optimizer_states" in partitions:
-        fo, foe = 1.0 / N, 1.0 / Ne
-    w_gpu, wE_gpu = (0.0, 0.0) if off_par else (fw, fwe)
-    g_gpu, gE_gpu = fg, fge
-    o_gpu, oE_gpu = fo, foe
-    if off_opt or (fsdp and off_par):
-        o_gpu = oE_gpu = g_gpu = gE_gpu = 0.0
-    if mega:
-        g_gpu = gE_gpu = 0.0   # param.grad is never allocated: gradients go to fp32 main_grad buffers
-    t_gpu, tE_gpu = (0.0, 0.0) if mega else (o_gpu, oE_gpu)   # Megatron steps with a fused Adam
-    return (fw, fwe, fg, fge, fo, foe), (w_gpu, wE_gpu, g_gpu, gE_gpu, o_gpu, oE_gpu, t_gpu, tE_gpu)
+# ----------------------------------------------------------------------------------
+# One GPU's plan: what the strategy shards, gathers, keeps whole and adds
+# ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StateSharding:
+    """The share of each model state the strategy leaves one GPU (the ZeRO paper's model
+    states, 1/N sharded over N ranks; ``*_experts`` over the expert-data-parallel ranks),
+    before offload moves any of it to the host."""
+
+    weights: float = 1.0
+    weights_experts: float = 1.0
+    grads: float = 1.0
+    grads_experts: float = 1.0
+    states: float = 1.0
+    states_experts: float = 1.0
+
+    @classmethod
+    def of(cls, strategy: str, N: int, Ne: int) -> "StateSharding":
+        partitions = BY_NAME[strategy].partitions      # data/strategies.json
+        w = "parameters" in partitions
+        g = "gradients" in partitions
+        o = "optimizer_states" in partitions
+        return cls(1.0 / N if w else 1.0, 1.0 / Ne if w else 1.0, 1.0 / N if g else 1.0, 1.0 / Ne if g else 1.0,
+                   1.0 / N if o else 1.0, 1.0 / Ne if o else 1.0)
 
 
-def _ddp_buckets(add: Any, opts: Dict[str, Any], E: Estimate, G: float) -> float:
-    """PyTorch DDP's reducer buckets: a copy of every gradient, or with
-    ``gradient_as_bucket_view`` the gradients themselves, allocated when the model is wrapped.
-    Returns the copy's bytes (0 with bucket views)."""
-    ALL = _PHASES
-    if opts["ddp_bucket_view"]:
-        add(("after_load",), "gradients", "DDP buckets (gradients as bucket views)", G,
-            "every gradient, in buckets allocated at wrap time")
-        if "gradients" not in {c.name for c in E.phase_components["forward"]}:
-            add(("forward",), "gradients", "DDP buckets (gradients as bucket views)", G,
-                "every gradient, in buckets allocated at wrap time")
-        bwd_g = sum(c.bytes for c in E.phase_components["backward"] if c.name == "gradients")
-        add(("backward",), "gradients", "DDP buckets (rest of the gradient views)", G - bwd_g,
-            "buckets hold every gradient from the start")
-        return 0.0
-    cap = opts["bucket_mb"] * 1e6 if opts["bucket_mb"] else DDP_BUCKET_BYTES
-    add(ALL, "gradients", "DDP reducer buckets (gradient copy)", G,
-        f"every gradient again, in {max(1, math.ceil(G / cap))} buckets of {cap / 2**20:.0f} MiB "
-        f"(gradient_as_bucket_view=False)")
-    return G
+def _buffer(lifetime: str, component: str, name: str, nbytes: float, formula: str, dtype: str = "") -> Buffer:
+    return Buffer(TensorInfo(component, name, name, formula, dtype), float(nbytes), lifetime)
 
 
-def _fsdp_adds(add: Any, ms: Dict[str, float], notes: List[str], fp: Any, opts: Dict[str, Any], off_par: bool,
-               autocast: bool) -> None:
-    """FSDP's gathered units, unsharded gradients and reduce-scatter input into the phases
-    and the model states."""
-    kind = {True: "weights", False: "gradients"}
-    for phase, items in (("forward", fp.forward), ("backward", fp.backward)):
-        for name, nb in items.items():
-            add((phase,), kind["parameters" in name or "all-gather" in name], f"FSDP{opts['fsdp_version']} {name}", nb,
-                "the units gathered at the forward's end (vramwidget.parallel.fsdp)" if phase == "forward"
-                else "the unit running and what is gathered beside it (vramwidget.parallel.fsdp)")
-    ms["gathered parameters"] = fp.unsharded_params + fp.all_gather
-    ms["gathered gradients"] = fp.unsharded_grads
-    ms["reduce-scatter buffers"] = fp.reduce_scatter
-    if off_par and fp.shard_copy:
-        # an offloaded shard is copied to the GPU before its all-gather (FSDP1
-        # FlatParamHandle.pre_unshard; FSDP2 FSDPParam's all-gather input)
-        add(("forward", "backward"), "weights", "offloaded shard copied to the GPU", fp.shard_copy,
-            "the unit's CPU shard on its way to the all-gather")
-        ms["offloaded shards on the GPU"] = fp.shard_copy
-    if autocast:
-        notes.append("FSDP MixedPrecision gathers the shards in the compute dtype, so the autocast weight cache is "
-                     "not counted")
+def _zero_layout(gpu: GpuLayout, zero_plan: Any, sh: StateSharding, lay: _Layout, opts: Dict[str, Any], off_par: bool,
+                 comm_bytes: float) -> None:
+    """ZeRO's GPU (DeepSpeed 0.19.8, :mod:`vramwidget.parallel.zero`): partitions, buffers, the gathered
+    set per block and the step sub-group by sub-group."""
+    cfg = opts["zero"]
+    st = cfg.stage
+    on_gpu = 1.0 - (cfg.offload_ratio if cfg.offload_optimizer != "none" else 0.0)
+    temps = zero_plan.factors.get("optimizer temporaries", {}).get("optimizer_step", (1.0, 1.0))
+    gpu.shares = Shares(weights=0.0 if off_par else (sh.weights if st == 3 else 1.0),
+                       weights_experts=0.0 if off_par else (sh.weights_experts if st == 3 else 1.0),
+                       adapters=0.0 if off_par else (sh.weights if st == 3 else 1.0),
+                       states=sh.states * on_gpu, states_experts=sh.states_experts * on_gpu,
+                       temps=temps[0], temps_experts=temps[1])
+    gpu.buffers += [_buffer(*b) for b in _zero.buffers(zero_plan)]
+    gpu.zero_step = [ZeroStepGroup(flat, fp32, temp) for fp32, flat, temp in zero_plan.step_parts] or None
+    if st in (2, 3):
+        # stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads / stage3.py
+        # __add_grad_to_ipg_bucket: each full gradient is copied into the IPG bucket and freed
+        gpu.grads = "shard"
+    if st == 3 and zero_plan.gather is not None:
+        # partitioned_param_coordinator.py: the coordinator's gathered set at each block (the
+        # module running, the prefetched and the reused; zero.gather_peaks); under parameter
+        # offload the fetched module's partition is first copied to the GPU
+        copy = ((-1, zero_plan.gather.module_bytes / lay.shard),) if off_par else ()
+        gpu.gathered = {k: v + copy for k, v in zero_plan.gather.sets_by_layer.items()}
+        gpu.gathered_info = TensorInfo("weights", "gathered parameters", "gathered parameters (ZeRO-3 coordinator)",
+                                      "the module running + prefetched (stage3_prefetch_bucket_size) + kept for reuse "
+                                      "(stage3_max_reuse_distance): zero.gather_peaks per block", "")
+        # stage3.py __avg_scatter_grads: a full bucket is torch.cat'ed before its reduce-scatter
+        gpu.flush_bucket_bytes = cfg.reduce_bucket_size * comm_bytes
+        gpu.flush_factor = 1.0 + 1.0 / lay.shard
 
 
-def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Layout, opts: Dict[str, Any],
-           first: int, last: int, embed: bool, head: bool, in_flight: int):
+def _fsdp_layout(gpu: GpuLayout, cut: Architecture, s: TrainingSetup, P: Any, sh: StateSharding, lay: _Layout,
+                 opts: Dict[str, Any], strategy: str, off_par: bool) -> None:
+    """FSDP's GPU (PyTorch 2.13, :mod:`vramwidget.parallel.fsdp`): shards, the units gathered, each
+    unit's post-backward reduce-scatter."""
+    from . import fsdp as _fsdp
+
+    N, v2 = lay.shard, opts["fsdp_version"] == 2
+    f = 0.0 if off_par else 1.0
+    gpu.shares = Shares(weights=sh.weights * f, weights_experts=sh.weights_experts * f, adapters=sh.weights * f,
+                       states=sh.states * f, states_experts=sh.states_experts * f, temps=sh.states * f,
+                       temps_experts=sh.states_experts * f)
+    units = _fsdp_units(cut, s, P)
+    pdt = DTYPE_BYTES[s.compute_dtype] if s.autocast else DTYPE_BYTES[s.weights_dtype]
+    by = _fsdp.gathered_by_unit(units, N, param_dtype_bytes=pdt, version=2 if v2 else 1)
+    if off_par:
+        for layer, nb in _fsdp.shard_by_unit(units, N).items():
+            by[layer] = by.get(layer, 0.0) + nb
+    gpu.root_bytes = by.pop(-1, 0.0)
+    gpu.unit_bytes = by
+    gpu.unit_info = TensorInfo("weights", "gathered units", f"FSDP{2 if v2 else 1} unsharded parameters",
+                              "the unit's parameters all-gathered in param_dtype (padded: vramwidget.parallel.fsdp)", "")
+    reshard = _fsdp_reshards(strategy, opts)
+    # FSDP1: forward_prefetch off by default, BACKWARD_PRE gathers the next unit before the
+    # current one's backward (_runtime_utils.py _prefetch_handle); FSDP2: the all-gather output
+    # is kept until the next all-gather (_fsdp_param_group.py AllGatherState)
+    gpu.units_forward = (2 if v2 else 1) if reshard else 0
+    gpu.units_backward = 2 if reshard else 1
+    gpu.grads = "unit"
+    gpu.grad_shard = sh.grads * f
+    gpu.grad_scale = DTYPE_BYTES[s.compute_dtype] / 4.0 if s.autocast else 1.0
+    # FSDP2 _fsdp_collectives.py foreach_reduce copies the unit's gradients into one
+    # reduce-scatter input and frees them; FSDP1 _runtime_utils.py _reduce_grad reduce-scatters
+    # the flat parameter's own gradient into a new sharded gradient (no copy)
+    gpu.reduce_scatter_copy = v2
+    gpu.drop_casts = True
+
+
+def _common_layout(gpu: GpuLayout, strategy: str, lay: _Layout, opts: Dict[str, Any], sh: StateSharding,
+                   grads_bytes: float, trainable: Tuple[int, int], s_loc: TrainingSetup, ms: Dict[str, float]) -> None:
+    """DDP's buckets, Megatron's buffers and NCCL's communicator buffers."""
+    tr, tr_e = trainable
+    if strategy == "ddp":
+        # torch/nn/parallel/distributed.py Reducer: buckets made at wrap time
+        if opts["ddp_bucket_view"]:
+            gpu.grads = "none"
+            gpu.buffers.append(_buffer("startup", "gradients", "DDP buckets (gradients as bucket views)", grads_bytes,
+                                      "every gradient, in buckets allocated at wrap time"))
+        else:
+            cap = opts["bucket_mb"] * 1e6 if opts["bucket_mb"] else DDP_BUCKET_BYTES
+            gpu.buffers.append(_buffer("startup", "gradients", "DDP reducer buckets (gradient copy)", grads_bytes,
+                                      f"every gradient again, in {max(1, math.ceil(grads_bytes / cap))} buckets of "
+                                      f"{cap / 2**20:.0f} MiB (gradient_as_bucket_view=False)"))
+            ms["communication buffers"] = grads_bytes
+    if strategy in MEGATRON:
+        gpu.grads = "none"         # param.grad is never allocated: gradients go to fp32 main_grad buffers
+        gpu.shares = Shares(states=sh.states, states_experts=sh.states_experts, temps=0.0, temps_experts=0.0)
+        if s_loc.weights_dtype != "float32":
+            # Float16OptimizerWithFloat16Params keeps an fp32 copy of 16-bit parameters
+            # (megatron/core/optimizer/optimizer.py); fp32 parameters step in FP32Optimizer
+            master = 4.0 * (tr * sh.states + tr_e * sh.states_experts)
+            ms["fp32 master weights"] = master
+            gpu.buffers.append(_buffer("startup", "optimizer states", "fp32 master weights", master,
+                                      f"4 B x trainable params / {lay.shard} (Megatron optimizer's fp32 copy)",
+                                      "float32"))
+        main = 4.0 * (tr + tr_e)
+        ms["fp32 gradients"] = main
+        gpu.buffers.append(_buffer("startup", "gradients", "fp32 main gradients (Megatron DDP buffer)", main,
+                                  "4 B x trainable params, allocated when the model is wrapped; all-reduced (or "
+                                  "reduce-scattered with the distributed optimizer) in place", "float32"))
+    # NCCL: every communicator this GPU belongs to keeps send and receive buffers of
+    # NCCL_BUFFSIZE (default 4 MiB) per channel (NCCL environment variables, "NCCL_BUFFSIZE")
+    groups = sum(1 for size in (lay.dp * lay.cp, lay.tp, lay.pp, lay.ep) if size > 1)
+    nccl = groups * 2 * opts["nccl_channels"] * opts["nccl_buffsize_bytes"]
+    if nccl:
+        gpu.buffers.append(_buffer("startup", "workspace", "NCCL communicator buffers", nccl,
+                                  f"{groups} communicator(s) x 2 (send, receive) x {opts['nccl_channels']} channels x "
+                                  f"NCCL_BUFFSIZE ({opts['nccl_buffsize_bytes'] / 2**20:g} MiB)"))
+        ms["NCCL buffers"] = nccl
+
+
+def _per_gpu_stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Layout, opts: Dict[str, Any],
+                   first: int, last: int, embed: bool, head: bool, in_flight: int):
+    """One pipeline stage's GPU: its slice's step plan transformed into that GPU's
+    (:mod:`vramwidget.plan.per_gpu`), the estimate and the replay both read from it; the model
+    states by part, the host and NVMe bytes."""
     strategy = lay.strategy
     cut, uncut = stage_slice(arch, first, last, embed, head, lay.tp, lay.ep)
     E = estimate_setup(cut, s_loc)
@@ -1182,137 +1100,74 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
     N, Ne = lay.shard, lay.shard_experts
     off_opt, off_par = opts["offload_optimizer"], opts["offload_params"]
     ds, fsdp, mega = strategy in DEEPSPEED, strategy in FSDP, strategy in MEGATRON
-    gathers = strategy in ("zero3",) + FSDP
-    if fsdp and N == 1:
-        gathers = False   # FSDP with one rank per shard group runs as NO_SHARD
-
-    # -- factors per component (dense, experts) ----------------------------------------------
-    (fw, fwe, fg, fge, fo, foe), (w_gpu, wE_gpu, g_gpu, gE_gpu, o_gpu, oE_gpu, t_gpu, tE_gpu) = \
-        _base_factors(strategy, N, Ne, off_opt, off_par)
-    cpu: Dict[str, float] = {}
-    zero_names: Tuple[str, ...] = ()
-    if gathers and fsdp:
-        # FSDP MixedPrecision gathers the shards in the compute dtype: autocast finds nothing to
-        # cast.  DeepSpeed's torch autocast gathers fp32 parameters, which autocast casts and caches.
-        zero_names = ("autocast copies (16-bit)",)
-    sp_ratio = 1.0
-    if lay.sp:
-        E_full = estimate_setup(uncut, s_loc)
-        a_cut = E.component_bytes("forward").get("activations", 0.0)
-        a_full = E_full.component_bytes("forward").get("activations", 0.0)
-        if a_cut > 0:
-            sp_ratio = (a_full / lay.tp) / a_cut
-
-    # bitsandbytes keeps each 4-bit weight's quantization state (absmax, nested absmax and
-    # scale, code: bitsandbytes/nn/modules.py Params4bit.quant_state, a QuantState object) as
-    # a Python attribute of the parameter, not as a parameter or buffer: FSDP's flat
-    # parameters and ZeRO-3's partitioning see only the packed storage, so every GPU keeps
-    # the whole state and parameter offload does not move it.
-    factors = {"weights": (w_gpu, wE_gpu), "quantization constants": (1.0, 1.0),
-               "adapters": (w_gpu, wE_gpu), "gradients": (g_gpu, gE_gpu), "optimizer states": (o_gpu, oE_gpu),
-               "optimizer temporaries": (t_gpu, tE_gpu), "activations": (sp_ratio, sp_ratio)}
-    keep: Tuple[str, ...] = ("dequantized weight (transient)",)
-    if ds:
-        # torch autocast caches its cast of every weight that requires grad until the forward
-        # ends (aten/src/ATen/autocast_mode.cpp cached_cast): a copy of the gathered weight,
-        # whole on this GPU, never partitioned
-        keep += ("autocast copies (16-bit)",)
+    gathers = fsdp and N > 1        # FSDP with one rank per shard group runs as NO_SHARD
+    sh = StateSharding.of(strategy, N, Ne)
 
     # -- the stage's parameters, gradients and states at full (unsharded) size ---------------
     P = param_storage(cut, s_loc)
-    opt_comps = {c.name: c for c in E.phase_components["optimizer_step"]}
-    grads_node = opt_comps.get("gradients")
-    states_node = opt_comps.get("optimizer states")
-    temps_node = opt_comps.get("optimizer temporaries")
-    G, Ge = _bytes_split(grads_node)
-    S, Se = _bytes_split(states_node)
-    Tt, Tte = _bytes_split(temps_node)
-    Wn = next((c for c in E.phase_components["after_load"] if c.name == "weights"), None)
-    W, We = _bytes_split(Wn)
-    Qc = sum(c.bytes for c in E.phase_components["after_load"] if c.name == "quantization constants")
-    Qa = sum(c.bytes for c in E.phase_components["after_load"] if c.name == "adapters")
+    view = plan_view(cut, s_loc)
+    step, loaded = _live_bytes(view, "optimizer_step"), _live_bytes(view, "after_load")
+    G, Ge = step.get(("gradients", False), 0.0), step.get(("gradients", True), 0.0)
+    S, Se = step.get(("optimizer states", False), 0.0), step.get(("optimizer states", True), 0.0)
+    Tt, Tte = step.get(("optimizer temporaries", False), 0.0), step.get(("optimizer temporaries", True), 0.0)
+    W, We = loaded.get(("weights", False), 0.0), loaded.get(("weights", True), 0.0)
+    Qc = sum(v for (c, _), v in loaded.items() if c == "quantization constants")
+    Qa = sum(v for (c, _), v in loaded.items() if c == "adapters")
     tr_e = sum(n for _, g, n, _, _ in P.trainable_tensors if g == "experts")
     tr = P.trainable_numel - tr_e
-
-    adds: Dict[str, List[Node]] = {p: [] for p in _PHASES}
-    ms: Dict[str, float] = {"weights": W * fw + We * fwe, "quantization constants + adapters": Qc + Qa * fw,
-                            "gradients": (G * fg + Ge * fge) if not mega else 0.0,
-                            "optimizer states": S * fo + Se * foe}
-
-    def add(phases: Sequence[str], component: str, name: str, nbytes: float, formula: str) -> None:
-        if nbytes <= 0:
-            return
-        for p in phases:
-            adds[p].append(_leaf(component, name, nbytes, formula))
-
-    ALL = _PHASES
+    ms: Dict[str, float] = {"weights": W * sh.weights + We * sh.weights_experts,
+                            "quantization constants + adapters": Qc + Qa * sh.weights,
+                            "gradients": (G * sh.grads + Ge * sh.grads_experts) if not mega else 0.0,
+                            "optimizer states": S * sh.states + Se * sh.states_experts}
+    cpu: Dict[str, float] = {}
     nvme: Dict[str, float] = {}
-    zp = None
+    gpu = GpuLayout()
+    o_gpu = sh.states
     if ds:
-        zp = _ds_plan(cut, s_loc, P, lay, opts, (W, We), (G, Ge), (S, Se), Qa)
-        factors.update(zp.factors)
-        for phases_, comp, name, nb, formula in zp.adds:
-            add(phases_, comp, name, nb, formula)
-        ms = dict(zp.model_states, **{"quantization constants + adapters": ms["quantization constants + adapters"]})
-        cpu.update(zp.cpu)
-        nvme.update(zp.nvme)
-        notes.extend(zp.notes)
-        o_gpu = fo * (1.0 - opts["zero"].offload_ratio) if off_opt else fo   # the optimizer's share on the GPU
-    if mega and s_loc.weights_dtype != "float32":
-        # Megatron's Float16OptimizerWithFloat16Params keeps an fp32 copy of 16-bit parameters
-        # (megatron/core/optimizer/optimizer.py); fp32 parameters step in FP32Optimizer
-        master = 4.0 * (tr * fo + tr_e * foe)
-        ms["fp32 master weights"] = master
-        add(ALL, "optimizer states", "fp32 master weights", master,
-            f"4 B x trainable params / {N} (Megatron optimizer's fp32 copy)")
-    if mega:
-        main = 4.0 * (tr + tr_e)
-        ms["fp32 gradients"] = main
-        add(ALL, "gradients", "fp32 main gradients (Megatron DDP buffer)", main,
-            "4 B x trainable params, allocated when the model is wrapped; all-reduced (or reduce-scattered "
-            "with the distributed optimizer) in place")
-    if fsdp and off_par:
-        cpu["optimizer states"] = S * fo + Se * foe
-        cpu["optimizer temporaries"] = Tt * fo + Tte * foe
-        cpu["gradients"] = G * fg + Ge * fge
-        cpu["parameters"] = W * fw + We * fwe + Qa * fw
-
-    # communication buffers
-    comm = 0.0
-    if strategy == "ddp":
-        comm = _ddp_buckets(add, opts, E, G + Ge)
+        zero_plan = _ds_plan(cut, s_loc, P, lay, opts, (W, We), (G, Ge), (S, Se), Qa)
+        qa = ms["quantization constants + adapters"]
+        ms = dict(zero_plan.model_states, **{"quantization constants + adapters": qa})
+        cpu.update(zero_plan.cpu)
+        nvme.update(zero_plan.nvme)
+        notes.extend(zero_plan.notes)
+        _zero_layout(gpu, zero_plan, sh, lay, opts, off_par, max(DTYPE_BYTES[d] for d in _comm_dtypes(P, s_loc)))
+        o_gpu = sh.states * (1.0 - opts["zero"].offload_ratio) if off_opt else sh.states
+    elif gathers:
+        fsdp_plan = _fsdp_plan(cut, s_loc, P, lay, opts, strategy, off_par, S + Se)
+        ms["gathered parameters"] = fsdp_plan.unsharded_params + fsdp_plan.all_gather
+        ms["gathered gradients"] = fsdp_plan.unsharded_grads
+        ms["reduce-scatter buffers"] = fsdp_plan.reduce_scatter
+        if off_par:
+            ms["offloaded shards on the GPU"] = fsdp_plan.shard_copy
+            cpu.update({"optimizer states": S * sh.states + Se * sh.states_experts,
+                        "optimizer temporaries": Tt * sh.states + Tte * sh.states_experts,
+                        "gradients": G * sh.grads + Ge * sh.grads_experts,
+                        "parameters": W * sh.weights + We * sh.weights_experts + Qa * sh.weights})
+        if s_loc.autocast:
+            notes.append("FSDP MixedPrecision gathers the shards in the compute dtype, so the autocast weight cache "
+                         "is not counted")
+        _fsdp_layout(gpu, cut, s_loc, P, sh, lay, opts, strategy, off_par)
+    elif fsdp:
+        gpu.shares = Shares(states=sh.states, states_experts=sh.states_experts, temps=sh.states,
+                           temps_experts=sh.states_experts)
     if not ds:
-        ms["communication buffers"] = comm
-
-    # gathered units (FSDP1 flat parameters / FSDP2 per-parameter shards: vramwidget/parallel/fsdp.py)
-    if gathers and fsdp:
-        _fsdp_adds(add, ms, notes, _fsdp_plan(cut, s_loc, P, lay, opts, strategy, off_par, S + Se), opts, off_par,
-                   s_loc.autocast)
-
-    # NCCL: every communicator this GPU belongs to keeps send and receive buffers of
-    # NCCL_BUFFSIZE (default 4 MiB) per channel (NCCL environment variables, "NCCL_BUFFSIZE")
-    groups = sum(1 for size in (lay.dp * lay.cp, lay.tp, lay.pp, lay.ep) if size > 1)
-    nccl = groups * 2 * opts["nccl_channels"] * opts["nccl_buffsize_bytes"]
-    if nccl:
-        add(ALL, "workspace", "NCCL communicator buffers", nccl,
-            f"{groups} communicator(s) x 2 (send, receive) x {opts['nccl_channels']} channels x NCCL_BUFFSIZE "
-            f"({opts['nccl_buffsize_bytes'] / 2**20:g} MiB)")
-        ms["NCCL buffers"] = nccl
-
-    # pipeline: other micro-batches' activations in flight (1F1B)
-    fwd_acts = 0.0
+        ms["communication buffers"] = 0.0
+    _common_layout(gpu, strategy, lay, opts, sh, G + Ge, (tr, tr_e), s_loc, ms)
+    if lay.sp:
+        # sequence parallel: the T x h tensors outside the tensor-parallel regions split too,
+        # every activation 1/t of the unsharded block's (Korthikanti et al.)
+        a_cut = sum(v for (c, _), v in _live_bytes(view, "forward").items() if c == "activations")
+        a_full = sum(v for (c, _), v in _live_bytes(plan_view(uncut, s_loc), "forward").items() if c == "activations")
+        if a_cut > 0:
+            gpu.activation_share = (a_full / lay.tp) / a_cut
     if in_flight > 1:
-        fwd_acts = E.component_bytes("forward").get("activations", 0.0) * sp_ratio
-        add(("forward", "backward"), "activations", f"{in_flight - 1} more micro-batches in flight (1F1B)",
-            (in_flight - 1) * fwd_acts, f"stage keeps min(pp - stage, micro-batches) = {in_flight} micro-batches' "
-                                        f"saved activations")
-
-    # -- the per-GPU phases -------------------------------------------------------------------
-    phase_components, phases, deltas, states_after = _scale_phases(E, factors, adds, zero_names, keep)
-    spec = _shard_spec(strategy, lay, zp, P, cut, s_loc, fw, fo, o_gpu, off_par) \
-        if (ds or (fsdp and gathers)) else None
-    est = _per_gpu_estimate(E, phase_components, phases, deltas, states_after, notes, spec, cut, s_loc,
-                            (strategy, lay))
+        # 1F1B: stage i keeps min(p - i, m) micro-batches' saved activations
+        acts = sum(v for (c, _), v in _live_bytes(view, "forward").items() if c == "activations") \
+            * gpu.activation_share
+        gpu.in_flight = _buffer("step", "activations", f"{in_flight - 1} more micro-batches in flight (1F1B)",
+                               (in_flight - 1) * acts, f"stage keeps min(pp - stage, micro-batches) = {in_flight} "
+                                                       f"micro-batches' saved activations")
+    est = E if gpu.changes_nothing() else _per_gpu_estimate(E, cut, s_loc, gpu, notes, (strategy, lay))
     # the per-GPU estimate reports the whole model's parameter counts and the user's setup
     est = _relabel(est, arch, s, E)
     # the step time (timing.py): this GPU's slice, its share of the optimizer update, and
@@ -1320,28 +1175,81 @@ def _stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Lay
     est.sources.setup = s_loc
     est.sources.work = _sharded_work(E.sources.work, o_gpu if ds or not (off_opt or (fsdp and off_par)) else 0.0)
     est.sources.communication_sizes = _comm_sizes(cut, s, s_loc, P, lay, mega, G + Ge, W + We)
-    n_local = cut.params_total
-    return est, ms, cpu, n_local, notes, nvme
+    return est, ms, cpu, cut.params_total, notes, nvme
 
 
-def _judge_per_gpu(est: Estimate, cut: Architecture, s: TrainingSetup, spec: Any, peak: float, key: Any) -> None:
-    """Let ``gpus.judge_on`` judge this GPU on a card with the allocator's free-and-retry at its
-    limit, by replaying this GPU's own stream (:mod:`vramwidget.parallel.sharded_replay`) with the card's
-    capacity.  The stream's allocated peak differs from the estimate's by how coarsely it
-    gathers (whole blocks); the capacity is moved by that difference, so the replay judges the
-    estimate's own peak."""
-    from .sharded_replay import replay_per_gpu
+def _per_gpu_estimate(E: Estimate, cut: Architecture, s_loc: TrainingSetup, gpu: GpuLayout, notes: List[str],
+                      key: Any) -> Estimate:
+    """One GPU's Estimate, every figure a view of its own plan: the phases and the peak
+    (``views.totals``), the trees (``views.tree``), the reserve and the verdict (the caching
+    allocator replayed over the same plan's events: :mod:`vramwidget.parallel.sharded_replay`)."""
+    from . import sharded_replay
+    from ..plan import TREE_PHASES
+    from ..plan.views import PlanIndex, totals, tree
+
+    view = plan_view(cut, s_loc)
+    plan = _gpu_plan(view, gpu, cut.num_layers)
+    ix = PlanIndex(plan)
+    tot = totals(ix, view.cfg, 1, 1, 1)
+    phases = {k: float(v) for k, v in tot.phases_bytes.items()}
+    peak = float(tot.peak_allocated_bytes)
 
     def run(capacity_bytes: Optional[float] = None, record: bool = False) -> Any:
-        if capacity_bytes is not None:
-            shift = float(replay_per_gpu(cut, s, spec).max_allocated_bytes) - peak
-            capacity_bytes = capacity_bytes + shift
-        return replay_per_gpu(cut, s, spec, capacity_bytes, record)
+        return sharded_replay.replay_gpu_plan(plan, view.cfg, capacity_bytes, record)
 
+    def comps_at(reserved_b: float, exact: bool = True) -> List[Node]:
+        return list(est.phase_components[tot.peak_phase]) + [
+            Node("allocator reserve", bytes=max(0.0, reserved_b - peak),
+                 formula="caching allocator: cached free blocks of this GPU's replayed step plan"),
+            Node("cuda context", bytes=E.cuda_context_bytes, formula=E.cuda_context_source)]
+
+    def provisional() -> Tuple[float, bool]:
+        res = sharded_replay.cached(plan)
+        if res is not None:
+            return max(float(res.max_reserved_bytes), peak), True
+        # until it runs: the slice's single-GPU reserve per allocated byte
+        return peak * max(1.0, E.provisional_reserved_bytes / E.peak_allocated_bytes
+                          if E.peak_allocated_bytes else 1.0), False
+
+    est = Estimate(model_name=E.model_name, setup=E.setup, params_total=E.params_total,
+                   params_trainable=E.params_trainable, components=None, phases_bytes=phases,
+                   peak_phase=tot.peak_phase, peak_allocated_bytes=peak,
+                   reserved_bytes=lambda: max(float(run().max_reserved_bytes), peak),
+                   cuda_context_bytes=E.cuda_context_bytes, flops_per_step=E.flops_per_step,
+                   recompute_overhead=E.recompute_overhead, notes=list(E.notes) + notes,
+                   builder=lambda: (None, {p: tree(ix, tot, tot.phase_events[p]) for p in TREE_PHASES}),
+                   cuda_context_source=E.cuda_context_source)
+    est.sources.components_at = comps_at
+    est.sources.provisional = provisional
     est.sources.replay = run
     est.capacity_judged = True
-    est.sources.replay_key = (cut, ("per GPU", s, key, repr(spec)))
-    est.sources.reserved_from_replay = lambda res: peak + max(0.0, float(res.max_reserved_bytes - res.max_allocated_bytes))
+    est.sources.replay_key = (cut, ("per GPU", s_loc, key, id(plan)))
+    est.sources.reserved_from_replay = lambda res: max(float(res.max_reserved_bytes), peak)
+    return est
+
+
+#: (id of the slice's plan index, its size, the layout) -> (index, the GPU's plan): one plan per
+#: GPU setup, so that its replays (sharded_replay, gpus.judge_on's capacity replays) are cached
+_GPU_PLANS: Dict[Tuple[Any, ...], Tuple[Any, StepPlan]] = {}
+_MAX_GPU_PLANS = 64
+
+
+def _gpu_plan(view: Any, gpu: GpuLayout, num_layers: int) -> StepPlan:
+    key = (id(view.index), view.sizes, repr(gpu))
+    hit = _GPU_PLANS.get(key)
+    if hit is not None and hit[0] is view.index:
+        return hit[1]
+    plan = per_gpu_plan(view.plan if not view.symbolic else _concrete(view), gpu, num_layers)
+    if len(_GPU_PLANS) >= _MAX_GPU_PLANS:
+        _GPU_PLANS.clear()
+    _GPU_PLANS[key] = (view.index, plan)
+    return plan
+
+
+def _concrete(view: Any) -> StepPlan:
+    """A symbolic plan's events at the view's own size, as a plan."""
+    p = view.plan
+    return StepPlan(view.events(), p.info, p.marks, p.steps, p.notes, p.host_bytes)
 
 
 def _sharded_work(base: Any, optimizer_share: float):
@@ -1366,51 +1274,13 @@ def _relabel(est: Estimate, arch: Architecture, s: TrainingSetup, E: Estimate) -
     return est
 
 
-def _bytes_split(node: Optional[Node]) -> Tuple[float, float]:
-    """(bytes outside, bytes inside) the ``experts`` module group of a component tree."""
-    if node is None:
-        return 0.0, 0.0
-    experts = 0.0
-    for _, n in node.walk():
-        if n.name == "experts":
-            experts += n.bytes
-    return node.bytes - experts, experts
-
-
-def _gather_sizes(P, s: TrainingSetup, fsdp: bool) -> Tuple[float, float, float, float, float, float, float]:
-    """Sizes of what ZeRO-3 / FSDP gather: (largest module params, its gradients, root unit
-    params, root gradients, largest block params, its gradients, all params), in bytes, in
-    the dtype they are gathered in (FSDP MixedPrecision: the compute dtype)."""
-    cdt = DTYPE_BYTES[s.compute_dtype]
-    modules: Dict[str, List[float]] = {}
-    root = root_g = total = 0.0
-    spans: List[Tuple[int, int, float, float]] = []
-    for t, dtype, nbytes, trains in P.weights:
-        each = nbytes / t.repeat
-        if fsdp and s.autocast and dtype == "float32":
-            each = t.numel_each * cdt
-        gb = each if trains else 0.0
-        if fsdp and s.autocast and trains:
-            gb = t.numel_each * cdt
-        total += each * t.repeat
-        key = t.name.rsplit(".", 1)[0]
-        m = modules.setdefault(key, [0.0, 0.0])
-        m[0] += each
-        m[1] += gb
-        if t.layers is None:
-            root += each
-            root_g += gb
-        else:
-            per_layer = t.repeat // (t.layers[1] - t.layers[0] + 1)
-            spans.append((t.layers[0], t.layers[1], each * per_layer, gb * per_layer))
-    for module, group, nbytes, numel in P.adapters:
-        total += nbytes
-    gmod = max((v[0] for v in modules.values()), default=0.0)
-    gmod_g = max((v[1] for v in modules.values()), default=0.0)
-    block = block_g = 0.0
-    for start in sorted({a for a, _, _, _ in spans}):
-        b = sum(w for a, z, w, _ in spans if a <= start <= z)
-        bg = sum(g for a, z, _, g in spans if a <= start <= z)
-        if b > block:
-            block, block_g = b, bg
-    return gmod, gmod_g, root, root_g, block, block_g, total
+def _live_bytes(view: Any, phase: str) -> Dict[Tuple[str, bool], float]:
+    """The slice's plan tensors live at ``phase``'s peak: requested bytes by (component, whether
+    a routed expert's), read from what each tensor is (its TensorInfo)."""
+    ix, tot = view.index, view.totals
+    out: Dict[Tuple[str, bool], float] = {}
+    for row in live_rows(ix, tot.phase_events[phase]):
+        i = ix.plan.info[ix.keys[row]]
+        k = (i.component, i.group == "experts")
+        out[k] = out.get(k, 0.0) + float(tot.requested_bytes[row])
+    return out

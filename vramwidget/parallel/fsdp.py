@@ -232,3 +232,33 @@ def fsdp1_plan(us: Sequence[Unit], ws: int, *, param_dtype_bytes: float, state_b
                       "optimizer states": pl.optimizer_states}
         pl.shard_copy = max((flat(u, False) + flat(u, True)) / ws for u in us)
     return pl
+
+
+def gathered_by_unit(us: Sequence[Unit], ws: int, *, param_dtype_bytes: float, version: int) -> Dict[int, float]:
+    """Each unit's unsharded bytes on one rank (layer -> bytes; -1 the root), padded as the
+    version pads: FSDP2 each parameter's dim 0 to a multiple of ``ws``
+    (``_fsdp_param.py _init_sharded_param``; the all-gather output is ``ws x`` the padded
+    shard), FSDP1 the unit's flat parameter (frozen and trainable ones apart) to a multiple of
+    ``ws`` (``_flat_param.py FlatParamHandle._get_shard``, ``_full_param_padded``)."""
+    out: Dict[int, float] = {}
+    for u in us:
+        if version == 2:
+            b = sum(math.ceil(p.dim0 / ws) * (p.numel // max(p.dim0, 1)) * ws * p.gathered_bytes(param_dtype_bytes)
+                    for p in u.params)
+        else:
+            b = 0.0
+            for trains in (False, True):
+                ps = [p for p in u.params if p.trains == trains]
+                n = sum(p.numel for p in ps)
+                if n:
+                    b += sum(p.numel * p.gathered_bytes(param_dtype_bytes) for p in ps) * (math.ceil(n / ws) * ws) / n
+        out[u.layer] = out.get(u.layer, 0.0) + b
+    return out
+
+
+def shard_by_unit(us: Sequence[Unit], ws: int) -> Dict[int, float]:
+    """Each unit's shard as stored on one rank (layer -> bytes): what ``CPUOffload`` copies to
+    the GPU before the unit's all-gather (FSDP1 ``FlatParamHandle.pre_unshard``; FSDP2
+    ``FSDPParam``'s all-gather input)."""
+    return {u.layer: sum(math.ceil(p.dim0 / ws) * (p.numel // max(p.dim0, 1)) * p.elem_bytes for p in u.params)
+            for u in us}

@@ -56,6 +56,11 @@ host (NVMe: the master and states to disk, swapped through pinned buffers); ``ra
 the first sub-groups on the GPU (``_create_fp32_partitions``: ``i >= int((1 - ratio) x
 n_subgroups)`` go to the CPU).  Parameter offload keeps the 16-bit partition on the host.
 
+One GPU's step plan (``plan/per_gpu.py``, laid out by ``parallel._zero_layout``) reads this
+module: :func:`buffers` (the partitions, master copy and buckets with their lifetimes),
+:func:`gather_peaks`' gathered modules per block (``sets_by_layer``) and the step's sub-groups
+(``ZeroPlan.step_parts``); ``ZeroPlan.model_states`` names each state once for the report.
+
 DeepSpeed's own estimators (``estimate_zero2_model_states_mem_needs``: ``2 P + 18 P / N``;
 ``estimate_zero3_model_states_mem_needs``: ``4 x largest layer + 18 P / N``) count fp32
 gradients for the whole partition at once and no 16-bit gradient partition in ZeRO-3: see
@@ -316,6 +321,11 @@ class GatherPeaks:
     persistent_bytes: float = 0.0    # persistent parameters, whole, on every GPU
     persistent_numel: int = 0
     trace_len: int = 0
+    #: the most gathered (bytes) while each block runs, per pass: ("forward" | "backward", layer),
+    #: layer -1 before the blocks and L after them (the per-GPU plan gathers these)
+    by_layer: Dict[Tuple[str, int], float] = field(default_factory=dict)
+    #: the modules gathered then, as (module index, bytes): what the per-GPU plan allocates
+    sets_by_layer: Dict[Tuple[str, int], Tuple[Tuple[int, float], ...]] = field(default_factory=dict)
 
 
 def _modules(params: Sequence[Param], cfg: ZeroConfig) -> Tuple[List[Tuple[str, int, int, float, float]],
@@ -372,6 +382,9 @@ def gather_peaks(params: Sequence[Param], cfg: ZeroConfig, checkpointing: bool, 
         bwd.extend((i, True) for i in reversed(idx))
     trace = [(i, False) for i in fwd] + bwd
     n = len(trace)
+    # the block each step of the trace runs in: a tied head's use of the embedding is after the blocks
+    at_layer = [mods[i][1] for i in range(len(mods))] + [num_layers] * len(tied) \
+        + [num_layers] * len(tied) + [mods[i][1] for i, _ in bwd[len(tied):]]
     out.trace_len = n
     numel = [m[2] for m in mods]
     nbytes = [m[3] for m in mods]
@@ -420,6 +433,10 @@ def gather_peaks(params: Sequence[Param], cfg: ZeroConfig, checkpointing: bool, 
                 out.flush_bytes = flush
             if g > out.grad_bytes:
                 out.grad_bytes = g
+        where = ("forward" if k < len(fwd) else "backward", at_layer[k])
+        if b_avail > out.by_layer.get(where, -1.0):
+            out.by_layer[where] = b_avail
+            out.sets_by_layer[where] = tuple((j, nbytes[j]) for j in avail)
         if k < len(fwd):
             if b_avail > out.forward_bytes:
                 out.forward_bytes = b_avail
@@ -689,6 +706,37 @@ def _gathered(pl: ZeroPlan, params: Sequence[Param], cfg: ZeroConfig, checkpoint
         if cfg.offload_param == "nvme":
             pl.nvme["parameters"] = pl.cpu.pop("parameters", 0.0)
             pl.cpu["parameter swap buffers (pinned)"] = cfg.param_buffer_count * cfg.param_buffer_size * b16
+
+
+#: the buffers of ``plan``'s additions whose lifetime the per-GPU plan gives them (every
+#: other addition is a tensor the per-GPU plan makes where the program makes it: the gathered
+#: parameters, a module's gradients, the step's fp32 gradients and temporaries)
+_BACKWARD_BUFFERS = {
+    # stage_1_and_2.py: ``grads_in_partition`` is made at the first reduced gradient
+    # (copy_grads_in_partition) and read by ``step`` (get_flat_partition), then dropped
+    "gradient partition (grads_in_partition)": "until_step",
+    # the IPG buffers: made by DeepSpeedZeroOptimizer.backward before the loss's backward
+    # (ipg_buffer, 1 + overlap_comm of them), dropped by independent_gradient_partition_epilogue
+    # (_release_ipg_buffers) once the backward's gradients are reduced
+    "IPG buckets (contiguous gradients)": "backward",
+    # stage 0: engine.allreduce_gradients -> buffered_allreduce_fallback flattens
+    # reduce_bucket_size elements at a time once the backward is done
+    "all-reduce bucket (flat copy)": "after_backward",
+}
+
+
+def buffers(pl: ZeroPlan) -> List[Tuple[str, str, str, float, str]]:
+    """ZeRO's own buffers on one GPU as (lifetime, component, name, bytes, formula): those of
+    every phase live from start-up (``startup``), the backward's as :data:`_BACKWARD_BUFFERS` says."""
+    out = []
+    for phases, comp, name, nb, formula in pl.adds:
+        if nb <= 0:
+            continue
+        if phases == ALL:
+            out.append(("startup", comp, name, nb, formula))
+        elif name in _BACKWARD_BUFFERS:
+            out.append((_BACKWARD_BUFFERS[name], comp, name, nb, formula))
+    return out
 
 
 # ----------------------------------------------------------------------------------

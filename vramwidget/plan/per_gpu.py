@@ -1,0 +1,385 @@
+"""One GPU of a sharded run as a step plan: the slice's plan with its tensors transformed.
+
+A parallel layout does not change what a training step computes; it changes which bytes of
+each tensor one GPU holds, and adds the strategy's own tensors.  :func:`per_gpu_plan` reads the
+step plan of the GPU's slice (``vramwidget.plan``: the load and three steps, every tensor with
+what it is) and writes that GPU's own plan, tensor by tensor, from a :class:`GpuLayout`
+(``vramwidget.parallel`` fills it from the strategy, ``zero.py`` and ``fsdp.py``):
+
+load        each parameter's share (:class:`Shares`: 1/N when sharded, experts over N/e),
+            quantization constants whole (bitsandbytes' QuantState is no parameter); then the
+            strategy's tensors that live from start-up on (``startup``: ZeRO's partitions,
+            master copy and buckets, DDP's buckets, Megatron's main gradients, NCCL buffers)
+forward /   the activations as on one GPU (sequence parallel: each x ``activation_share``);
+backward    the gathered parameters of the block running (``gathered``: ZeRO-3's
+            coordinator per block, FSDP's units with their prefetch, the root unit from the
+            embedding to the step's end); 1F1B's other micro-batches in flight
+gradients   ``keep``: as on one GPU; ``none``: never allocated (Megatron's main_grad, DDP's
+            bucket views); ``shard``: each full gradient made, copied into the bucket and
+            freed, its shard kept (ZeRO-2/3); ``unit``: FSDP's post-backward per unit
+optimizer   states and temporaries at their shares, or ZeRO's step sub-group by sub-group
+
+Every view of the GPU reads the result: the per-GPU totals and trees (``views.totals`` /
+``views.tree``) and the allocator replay (its events), so the replay's allocated peak is the
+per-GPU estimate's peak to the byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from .builder import PlanBuilder, StepPlan, TensorInfo
+
+
+@dataclass(frozen=True)
+class Shares:
+    """The share of each kind of model state one GPU keeps on the device (1: whole, 1/N:
+    sharded over N ranks, 0: off the GPU); ``*_experts`` for the routed experts' tensors."""
+
+    weights: float = 1.0
+    weights_experts: float = 1.0
+    adapters: float = 1.0
+    states: float = 1.0
+    states_experts: float = 1.0
+    temps: float = 1.0
+    temps_experts: float = 1.0
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A tensor of the strategy's own: what it is, its bytes, and when it lives: ``startup``
+    (from the wrap to the end), ``backward`` (from the step's first backward to its optimizer
+    step), ``until_step`` (from the step's first gradient until the optimizer step has read
+    it), ``after_backward`` (a transient once the backward is done)."""
+
+    info: TensorInfo
+    nbytes: float
+    lifetime: str = "startup"
+
+
+@dataclass(frozen=True)
+class ZeroStepGroup:
+    """One sub-group of ZeRO's step on the GPU (stage3.py ``step``: ``_prepare_fp32_grad_for_sub_group``
+    then the optimizer, then ``_release_sub_group``): bytes of its flat 16-bit gradient copy,
+    its fp32 gradient and the optimizer's temporary."""
+
+    flat_bytes: float
+    fp32_bytes: float
+    temp_bytes: float
+
+
+@dataclass
+class GpuLayout:
+    """What one GPU's plan changes against its slice's single-GPU plan."""
+
+    shares: Shares = field(default_factory=Shares)
+    grads: str = "keep"                       # keep | none | shard | unit
+    grad_shard: float = 0.0                   # "unit": the kept reduce-scatter output's share of a gradient
+    grad_scale: float = 1.0                   # "unit": unsharded gradients in param_dtype / as stored
+    reduce_scatter_copy: bool = True          # "unit": FSDP2 copies gradients into one reduce-scatter input
+    buffers: List[Buffer] = field(default_factory=list)
+    zero_step: Optional[List[ZeroStepGroup]] = None
+    #: ZeRO-3's reduce_scatter_coalesced flush: (bucket bytes, 1 + 1/N) -- 0 bytes: none
+    flush_bucket_bytes: float = 0.0
+    flush_factor: float = 1.0
+    #: the gathered modules per (pass, layer), each (module, bytes): pass "forward" |
+    #: "backward", layer -1 (before the blocks), 0..L-1, L (after them)
+    gathered: Dict[Tuple[str, int], Tuple[Tuple[int, float], ...]] = field(default_factory=dict)
+    gathered_info: Optional[TensorInfo] = None
+    #: FSDP: bytes of each block unit, the root unit, and how many units stay gathered
+    unit_bytes: Dict[int, float] = field(default_factory=dict)
+    root_bytes: float = 0.0
+    units_forward: int = 2                    # the unit running + what is prefetched (0: all kept)
+    units_backward: int = 2
+    unit_info: Optional[TensorInfo] = None
+    drop_casts: bool = False                  # FSDP MixedPrecision: autocast finds the weights cast
+    activation_share: float = 1.0             # sequence parallel: activations(t = 1) / t over the cut's
+    in_flight: Optional[Buffer] = None        # 1F1B: the other micro-batches' saved activations
+
+    def changes_nothing(self) -> bool:
+        """Whether the GPU's plan is its slice's plan, event for event."""
+        return (self.shares == Shares() and self.grads == "keep" and not self.buffers and self.zero_step is None
+                and not self.gathered and not self.unit_bytes and not self.root_bytes and not self.drop_casts
+                and self.activation_share == 1.0 and self.in_flight is None)
+
+
+def _layer(label: Any) -> Optional[int]:
+    if isinstance(label, tuple) and len(label) >= 2 and label[0] == "layer" and isinstance(label[1], int):
+        return label[1]
+    return None
+
+
+class _Writer:
+    """Writes the GPU's plan while the slice's events are read (one pass, in order)."""
+
+    def __init__(self, plan: StepPlan, lay: GpuLayout, num_layers: int):
+        self.src, self.lay, self.L = plan, lay, num_layers
+        self.pb = PlanBuilder()
+        self.key: Dict[int, Optional[int]] = {}     # slice key -> GPU key (None: dropped)
+        self.phase = "load"
+        self.step = 0
+        self.loading = True
+        self.live_buffers: Dict[str, List[Optional[int]]] = {"backward": [], "until_step": []}
+        self.layer: Optional[int] = None
+        self.seen_layer = False
+        self.gathered: List[Tuple[Any, Optional[int], float]] = []   # (layer, key, bytes)
+        self.root: Optional[int] = None
+        self.unit_grads: List[Tuple[Optional[int], float, TensorInfo]] = []
+        self.bucket = 0.0
+        self.step_done = False
+        self.in_flight: Optional[int] = None
+        self.opened: Dict[str, int] = {}
+        self.sharded: Dict[Any, Optional[int]] = {}     # FSDP: each unit's kept sharded gradient
+
+    # -- helpers ---------------------------------------------------------------------------
+    def alloc(self, nbytes: float, info: TensorInfo, label: Any = None) -> Optional[int]:
+        return self.pb.alloc(int(nbytes), info.name, info.component, info.group, info.formula, info.dtype,
+                             label=label)
+
+    def free(self, key: Optional[int]) -> None:
+        self.pb.free(key)
+
+    def share(self, i: TensorInfo) -> float:
+        sh = self.lay.shares
+        if i.component == "quantization constants" or i.component == "workspace":
+            return 1.0
+        if i.component == "adapters":
+            return sh.adapters
+        return sh.weights_experts if i.group == "experts" else sh.weights
+
+    # -- marks -----------------------------------------------------------------------------
+    def enter(self, phase: str, step: int) -> None:
+        if phase == "inputs":
+            for b in self.lay.buffers:
+                if b.lifetime == "startup":
+                    self.alloc(b.nbytes, b.info)
+        if phase == "backward" and self.opened.get("backward") != step:
+            self.opened["backward"] = step
+            self.live_buffers["backward"] = [self.alloc(b.nbytes, b.info) for b in self.lay.buffers
+                                             if b.lifetime == "backward"]
+        if phase == "zero_grad":
+            for k in self.sharded.values():         # the sharded gradients set to None
+                self.free(k)
+            self.sharded = {}
+        if phase == "optimizer_step":
+            for b in self.lay.buffers:
+                if b.lifetime == "after_backward":
+                    self.free(self.alloc(b.nbytes, b.info))
+            self.reduce_unit()
+            self.release_gathered()
+            for k in self.live_buffers["backward"]:
+                self.free(k)
+            self.live_buffers["backward"] = []
+            if self.in_flight is not None:
+                self.free(self.in_flight)
+                self.in_flight = None
+            # the root unit is resharded once the backward is done (FSDP1
+            # _post_backward_final_callback; FSDP2 the root's post-backward)
+            self.free(self.root)
+            self.root = None
+        self.phase, self.step = phase, step
+        self.pb.mark(phase, step)
+        if phase == "forward" and self.lay.root_bytes and self.root is None:
+            # the root unit (embeddings, final norm, head) is unsharded by its pre-forward and
+            # stays so through the backward (it is not resharded after forward: FSDP1
+            # _runtime_utils.py _lazy_init, FSDP2 _fsdp_state.py _lazy_init)
+            self.root = self.alloc(self.lay.root_bytes, self.lay.unit_info, "gathered root unit")
+        self.layer, self.seen_layer = None, False
+        if phase == "forward" and self.lay.in_flight is not None and self.in_flight is None:
+            self.in_flight = self.alloc(self.lay.in_flight.nbytes, self.lay.in_flight.info)
+
+    # -- gathered parameters ------------------------------------------------------------------
+    def release_gathered(self) -> None:
+        for _, k, _ in self.gathered:
+            self.free(k)
+        self.gathered = []
+
+    def at(self, layer: Optional[int]) -> None:
+        """The next event belongs to block ``layer`` (None: outside the blocks): ZeRO-3's
+        gathered set there, or FSDP's unit (and the last unit's post-backward)."""
+        lay = self.lay
+        pos: Any = layer
+        if layer is None and lay.gathered and self.phase in ("forward", "backward"):
+            fwd = self.phase == "forward"
+            pos = ("outside", (self.L if self.seen_layer else -1) if fwd else (-1 if self.seen_layer else self.L))
+        if pos == self.layer:
+            return
+        if lay.unit_bytes:
+            self.reduce_unit()
+        self.layer = pos
+        if pos is None:
+            return
+        if isinstance(pos, int):
+            self.seen_layer = True
+        if lay.gathered:
+            where = pos if isinstance(pos, int) else pos[1]
+            want = dict(lay.gathered.get(("forward" if self.phase == "forward" else "backward", where), ()))
+            # the coordinator's gathered set at this block: the modules it released freed, the
+            # ones it fetched (the module running, prefetched) allocated
+            keep = [g for g in self.gathered if g[0] in want and g[2] == want[g[0]]]
+            for g in self.gathered:
+                if g not in keep:
+                    self.free(g[1])
+            have = {g[0] for g in keep}
+            self.gathered = keep + [(m, self.alloc(nb, lay.gathered_info, ("gathered", where)), nb)
+                                    for m, nb in want.items() if m not in have]
+        elif lay.unit_bytes and isinstance(pos, int):
+            fwd = self.phase == "forward"
+            if not any(g[0] == pos for g in self.gathered):
+                nb = lay.unit_bytes.get(pos, 0.0)
+                self.gathered.append((pos, self.alloc(nb, lay.unit_info, ("gathered unit", pos)), nb))
+            keep = lay.units_forward if fwd else lay.units_backward
+            if fwd and keep:
+                while len(self.gathered) > keep:          # the oldest unit resharded
+                    self.free(self.gathered.pop(0)[1])
+            elif not fwd:
+                # backward runs the blocks down: a unit whose backward is done is resharded,
+                # the one before it stays gathered as the prefetched unit (``keep`` in all)
+                done = [g for g in self.gathered if g[0] > pos + keep - 1]
+                for g in done:
+                    self.free(g[1])
+                self.gathered = [g for g in self.gathered if g not in done]
+
+    # -- gradients ----------------------------------------------------------------------------
+    def first_gradient(self) -> None:
+        """The step's first gradient: the buffers that live through the backward are made."""
+        for life in ("until_step",):
+            if self.live_buffers[life] or self.opened.get(life) == self.step:
+                continue
+            self.opened[life] = self.step
+            self.live_buffers[life] = [self.alloc(b.nbytes, b.info) for b in self.lay.buffers if b.lifetime == life]
+
+    def reduce_unit(self) -> None:
+        """FSDP's post-backward of a unit (FSDP2 ``foreach_reduce``; FSDP1 ``_post_backward_hook``)."""
+        if not self.unit_grads:
+            return
+        lay = self.lay
+        total = sum(b for _, b, _ in self.unit_grads)
+        info = self.unit_grads[0][2]
+        rs_in = None
+        if lay.reduce_scatter_copy:
+            rs_in = self.alloc(total * lay.grad_scale, TensorInfo(
+                "gradients", "reduce-scatter", "reduce-scatter input", "the unit's unsharded gradients, one flat copy "
+                "(FSDP2 foreach_reduce)", info.dtype))
+            for k, _, _ in self.unit_grads:
+                self.free(k)
+        out = self.alloc(total * lay.grad_shard, TensorInfo(
+            "gradients", "sharded gradients", "sharded gradients (reduce-scatter output)",
+            "the unit's gradients / shard group (padded shard)", info.dtype))
+        unit = self.layer
+        if unit in self.sharded:
+            # a later micro-batch: its output is added into the kept sharded gradient and
+            # dropped (FSDP1 _runtime_utils.py _accumulate_sharded_grad; FSDP2 foreach_reduce)
+            self.free(out)
+        else:
+            self.sharded[unit] = out
+        if rs_in is None:
+            for k, _, _ in self.unit_grads:
+                self.free(k)
+        self.free(rs_in)
+        self.unit_grads = []
+
+    def gradient(self, key: int, nbytes: float, info: TensorInfo, label: Any) -> None:
+        lay = self.lay
+        self.first_gradient()
+        if lay.grads == "none":
+            self.key[key] = None
+        elif lay.grads == "unit":
+            self.key[key] = None          # freed by the unit's reduce-scatter, not by zero_grad
+            self.unit_grads.append((self.alloc(nbytes * lay.grad_scale, info, label), nbytes, info))
+        elif lay.grads == "shard":
+            full = self.alloc(nbytes, info, label)
+            if lay.flush_bucket_bytes:
+                if self.bucket + nbytes > lay.flush_bucket_bytes and self.bucket > 0:
+                    self.free(self.alloc(self.bucket * lay.flush_factor, _FLUSH))
+                    self.bucket = 0.0
+                self.bucket += nbytes
+            self.free(full)
+            self.key[key] = None
+        else:
+            self.key[key] = self.alloc(nbytes, info, label)
+
+    # -- the optimizer ----------------------------------------------------------------------
+    def zero_step(self) -> None:
+        """ZeRO's step, one sub-group at a time (stage3.py ``step``; stage_1_and_2.py ``step``:
+        the partition's gradients flattened, converted to fp32, the 16-bit copy freed)."""
+        for g in self.lay.zero_step or []:
+            f = self.alloc(g.flat_bytes, _FLAT)
+            x = self.alloc(g.fp32_bytes, _FP32)
+            self.free(f)
+            for k in self.live_buffers["until_step"]:
+                self.free(k)
+            self.live_buffers["until_step"] = []
+            t = self.alloc(g.temp_bytes, _TEMP)
+            self.free(t)
+            self.free(x)
+        for k in self.live_buffers["until_step"]:
+            self.free(k)
+        self.live_buffers["until_step"] = []
+        self.step_done = True
+
+
+_FLUSH = TensorInfo("gradients", "IPG bucket", "reduce_scatter_coalesced flush (torch.cat of the bucket)",
+                    "the full bucket + its reduced partition (stage3.py __avg_scatter_grads)", "")
+_FLAT = TensorInfo("optimizer temporaries", "ZeRO step", "flattened 16-bit gradient partition",
+                   "the sub-group's gradients, _flatten_dense_tensors, freed after .to(fp32)", "")
+_FP32 = TensorInfo("gradients", "ZeRO step", "fp32 gradients of the sub-group",
+                   "4 B x the sub-group's elements (_prepare_fp32_grad_for_sub_group)", "float32")
+_TEMP = TensorInfo("optimizer temporaries", "ZeRO step", "optimizer temporary of the sub-group",
+                   "foreach AdamW's sqrt(exp_avg_sq): 4 B x the sub-group's elements", "float32")
+
+
+def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
+    """The GPU's own step plan from its slice's ``plan`` (concrete sizes), see the module
+    docstring."""
+    w = _Writer(plan, lay, num_layers)
+    marks = {}
+    for phase, step, at in plan.marks:
+        marks.setdefault(at, []).append((phase, step))
+    info = plan.info
+    sh = lay.shares
+    for j, (kind, key, nbytes, label) in enumerate(plan.events):
+        if kind == "alloc" and w.loading and info[key].name == "input_ids":
+            w.loading = False
+        for phase, step in marks.get(j, ()):
+            w.enter(phase, step)
+        if kind == "free":
+            w.free(w.key.pop(key, None))
+            continue
+        if kind == "step_end":
+            w.reduce_unit()
+            if lay.zero_step is not None and not w.step_done:    # an optimizer without temporaries
+                w.zero_step()
+            w.release_gathered()
+            w.free(w.root)
+            w.root, w.layer, w.step_done, w.bucket = None, None, False, 0.0
+            w.pb.step_end(key)
+            continue
+        if kind != "alloc":
+            w.pb.events.append((kind, key, nbytes, label))
+            continue
+        i = info[key]
+        if w.loading:
+            w.key[key] = w.alloc(nbytes * w.share(i), i, label)
+            continue
+        comp = i.component
+        if comp == "optimizer states":
+            w.key[key] = w.alloc(nbytes * (sh.states_experts if i.group == "experts" else sh.states), i, label)
+        elif comp == "optimizer temporaries":
+            if lay.zero_step is not None:
+                w.key[key] = None
+                if not w.step_done:
+                    w.zero_step()
+            else:
+                w.key[key] = w.alloc(nbytes * (sh.temps_experts if i.group == "experts" else sh.temps), i, label)
+        elif comp == "gradients":
+            w.at(_layer(label))
+            w.gradient(key, nbytes, i, label)
+        elif i.group == "autocast copies (16-bit)" and lay.drop_casts:
+            w.key[key] = None
+        else:
+            w.at(_layer(label))
+            share = lay.activation_share if comp == "activations" and i.name != "input_ids" else 1.0
+            w.key[key] = w.alloc(nbytes * share, i, label)
+    return w.pb.plan(plan.steps)
