@@ -322,10 +322,19 @@ def test_chunked_and_liger_never_need_more_than_standard(d, loss):
     gradient in one matmul; where the step peaks at the loss backward (a tied head in full
     fine-tuning: its gradient summed chunk by chunk, 2 x V x h) this shows.  Bounded by the
     hidden-state gradient in fp32 plus a 512-byte block per chunk (llama-3.2-1b full amp_bf16,
-    torchtune, 2 x 279 tokens, 19 chunks: +2,718,720 B of 20.9 GB, under 558 x 2,048 x 4 B)."""
+    torchtune, 2 x 279 tokens, 19 chunks: +2,718,720 B of 20.9 GB, under 558 x 2,048 x 4 B).
+    A tied head trained in full is used once per chunk, so autograd's input buffer holds the
+    gradient accumulated so far beside the next chunk's (torch/csrc/autograd/input_buffer.cpp
+    ``accumulate``: old + new, then in place): one more V x h gradient while the chunked
+    backward runs, which the standard loss's single matmul never holds; for a short sequence
+    its peak at the loss backward can pass the standard loss's at the end of the backward
+    (llama-3.2-1b full amp_bf16 torchtune, 1 x 559, 19 chunks: +5,261,824 B)."""
     fused, standard = run(d, loss=loss), run(d, loss="standard")
     tokens = d["batch_size"] * d["seq_len"]
-    slack = tokens * load(d["model"]).hidden_size * 4 + d["loss_chunks"] * 512
+    arch = load(d["model"])
+    slack = tokens * arch.hidden_size * 4 + d["loss_chunks"] * 512
+    if loss == "chunked" and arch.tie_word_embeddings and d["method"] == "full":
+        slack += arch.vocab_size * arch.hidden_size * 4
     assert fused.peak_allocated_bytes <= standard.peak_allocated_bytes + slack
 
 
