@@ -69,6 +69,9 @@ class PlanIndex:
             self.basis, self.coef = None, None
             self.sizes = np.asarray([int(x) for x in sizes], dtype=np.int64)
         self.marks = plan.marks
+        #: replays of this plan's event streams, shared by sizes whose events are equal
+        #: (``replays.replay_training``: the size's monomials and the capacity -> ReplayResult)
+        self.stream_replays: Dict[Tuple[Any, ...], Any] = {}
 
     def sizes_at(self, b: Any, s: Any, t: Any = 1) -> Any:
         """Every allocation's bytes at batch ``b``, sequence ``s``, target ``t`` (int64)."""
@@ -76,10 +79,7 @@ class PlanIndex:
 
         if not self.symbolic:
             return self.sizes
-        v = self.coef @ monomial_values(self.basis, b, s, t)
-        r = np.rint(v)
-        # the builder's own arithmetic, int() of a float: exact products round to themselves
-        return np.where(np.abs(v - r) <= 1e-9 * np.maximum(1.0, np.abs(v)), r, np.floor(v)).astype(np.int64)
+        return _whole_bytes(self.coef @ monomial_values(self.basis, b, s, t))
 
 
 def rounded(sizes: Any, cfg: AllocatorConfig) -> Any:
@@ -164,38 +164,117 @@ def totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1) -> T
     return Totals(out, where, peak_phase, out[peak_phase], rb, req)
 
 
-def grid_totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1, chunk: int = 64) -> Dict[str, Any]:
+def grid_totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1, chunk: int = 256) -> Dict[str, Any]:
     """:func:`totals` at every cell of arrays ``b``, ``s`` (and ``t``) of one shape: each
     phase's bytes and ``peak_allocated_bytes`` as arrays of that shape (the same integer
-    arithmetic as :func:`totals`, cell by cell)."""
+    figures as :func:`totals`, cell by cell).
+
+    How, without a cumulative sum over every event at every cell: a plan has few distinct
+    size polynomials (a block's tensors repeat layer after layer), so the live bytes after
+    event ``e`` are ``const[e] + sum_d count[e, d] x rounded_d(cell)``, with ``count[e, d]``
+    the live allocations of the ``d``-th size that varies, ``const[e]`` the live rounded
+    bytes of those that do not; and a range's largest level is reached after an allocation
+    that the next event does not extend (a later allocation adds, a free removes, a mark
+    changes nothing), or at the range's ends.  Cells with equal monomials (equal tokens
+    b x s where no size depends on b x s^2) are computed once."""
     import numpy as np
 
     b, s, t = np.broadcast_arrays(np.asarray(b, dtype=float), np.asarray(s, dtype=float), np.asarray(t, dtype=float))
     shape = b.shape
-    b, s, t = b.ravel(), s.ravel(), t.ravel()
-    G = b.size
     ranges = _phase_ranges(ix)
     levels = _levels(ix)
     names = list(ranges) + list(levels)
+    mono = monomial_values(ix.basis, b.ravel(), s.ravel(), t.ravel()) if ix.symbolic else np.zeros((1, b.size))
+    cells, inverse = np.unique(mono.T, axis=0, return_inverse=True)
+    inverse = np.asarray(inverse).reshape(-1)
+    parts = _grid_parts(ix, cfg, ranges, levels)
+    K = parts["at"]
+    G = len(cells)
     out = {k: np.zeros(G, dtype=np.int64) for k in names}
     for c0 in range(0, G, chunk):
         sl = slice(c0, min(G, c0 + chunk))
-        rb = rounded(ix.sizes_at(b[sl], s[sl], t[sl]), cfg)
-        if rb.ndim == 1:
-            rb = np.repeat(rb[:, None], sl.stop - sl.start, axis=1)
-        live = np.cumsum(ix.signs[:, None] * rb[ix.rows], axis=0)
+        live = _live_at(ix, cfg, parts, cells[sl].T)
         for name, rs in ranges.items():
             best = np.full(sl.stop - sl.start, -1, dtype=np.int64)
             for lo, hi in rs:
                 if hi > lo:
-                    best = np.maximum(best, live[lo:hi].max(axis=0))
+                    i, j = np.searchsorted(K, lo), np.searchsorted(K, hi)
+                    best = np.maximum(best, live[i:j].max(axis=0))
             out[name][sl] = np.maximum(best, 0)
         for name, at in levels.items():
-            out[name][sl] = live[at]
+            out[name][sl] = live[np.searchsorted(K, at)]
     peak = np.max(np.stack([out[p] for p in PEAK_PHASES]), axis=0)
-    res = {k: v.reshape(shape) for k, v in out.items()}
-    res["peak_allocated_bytes"] = peak.reshape(shape)
+    res = {k: v[inverse].reshape(shape) for k, v in out.items()}
+    res["peak_allocated_bytes"] = peak[inverse].reshape(shape)
     return res
+
+
+def _grid_parts(ix: PlanIndex, cfg: AllocatorConfig, ranges: Dict[str, List[Tuple[int, int]]],
+                levels: Dict[str, int]) -> Dict[str, Any]:
+    """What :func:`grid_totals` reads of a plan, whatever the cells: the events where a level
+    can be a range's largest or is read (``at``, sorted), the live rounded bytes of the sizes
+    that do not vary there (``const``), the live count of each size that varies (``count``)
+    and those sizes' coefficients (``coef``)."""
+    import numpy as np
+
+    n = len(ix.rows)
+    signs = ix.signs
+    nxt = np.append(signs[1:], 0)
+    keep = (signs == 1) & (nxt != 1)
+    for rs in ranges.values():
+        for lo, hi in rs:
+            if hi > lo:
+                keep[lo] = keep[hi - 1] = True
+    for at in levels.values():
+        if n:
+            keep[at] = True
+    at = np.flatnonzero(keep)
+    coef = ix.coef if ix.symbolic else ix.sizes.astype(float).reshape(-1, 1)
+    if len(coef) == 0:
+        coef = np.zeros((0, max(1, len(ix.basis or ()))))
+    distinct, which = np.unique(coef, axis=0, return_inverse=True)
+    which = np.asarray(which).reshape(-1)
+    varies = (distinct[:, 1:] != 0).any(axis=1) if distinct.shape[1] > 1 else np.zeros(len(distinct), dtype=bool)
+    fixed_bytes = np.zeros(len(distinct), dtype=np.int64)
+    if (~varies).any():
+        fixed_bytes[~varies] = rounded(_whole_bytes(distinct[~varies, 0]), cfg)
+    col = np.full(len(distinct), -1, dtype=np.int64)
+    col[varies] = np.arange(int(varies.sum()))
+    row_col = col[which]                  # the varying size of each allocation row, -1: fixed
+    ev_col = row_col[ix.rows] if len(row_col) else np.zeros(n, dtype=np.int64)
+    ev_fixed = signs * (fixed_bytes[which][ix.rows] if len(which) else 0)
+    const = np.cumsum(np.where(ev_col < 0, ev_fixed, 0))[at]
+    count = np.zeros((n, int(varies.sum())), dtype=np.int64)
+    moving = np.flatnonzero((ev_col >= 0) & (signs != 0))
+    count[moving, ev_col[moving]] = signs[moving]
+    count = np.cumsum(count, axis=0)[at]
+    return {"at": at, "const": const, "count": count, "coef": distinct[varies]}
+
+
+def _whole_bytes(v: Any) -> Any:
+    """The builder's own arithmetic, int() of a float: exact products round to themselves."""
+    import numpy as np
+
+    r = np.rint(v)
+    return np.where(np.abs(v - r) <= 1e-9 * np.maximum(1.0, np.abs(v)), r, np.floor(v)).astype(np.int64)
+
+
+def _live_at(ix: PlanIndex, cfg: AllocatorConfig, parts: Dict[str, Any], mono: Any) -> Any:
+    """The live rounded bytes after each event of ``parts["at"]`` at cells whose monomials are
+    the columns of ``mono`` (int64, events x cells)."""
+    import numpy as np
+
+    count, coef = parts["count"], parts["coef"]
+    base = parts["const"][:, None]
+    if not len(coef):
+        return np.repeat(base, mono.shape[1], axis=1)
+    var = rounded(_whole_bytes(coef @ mono), cfg)          # each varying size at each cell
+    # counts and sizes are >= 0, so every partial sum of the product is at most the largest
+    # level: below 2**53 it is exact in floating point
+    bound = float(count.max(axis=0) @ var.max(axis=1)) if len(count) else 0.0
+    if bound + float(np.abs(base).max(initial=0)) < 2.0 ** 52:
+        return base + np.rint(count.astype(float) @ var.astype(float)).astype(np.int64)
+    return base + count @ var
 
 
 def live_rows(ix: PlanIndex, at: int) -> Any:
