@@ -287,25 +287,32 @@ def live_rows(ix: PlanIndex, at: int) -> Any:
 def tree(ix: PlanIndex, tot: Totals, at: int) -> List[Node]:
     """The tensors live just after event ``at``: component > module group > tensor (the same
     name summed over layers, with how many there are), each at its requested bytes; what
-    the allocator's rounding adds is its own box, so that the tree sums to the total."""
+    the allocator's rounding adds is its own box, so that the tree sums to the total.  A
+    tensor's formula and dtype are those of its first live allocation."""
+    import numpy as np
+
     info = ix.plan.info
-    groups: Dict[Tuple[str, str, str], List[Any]] = {}
-    rounding = 0
-    for row in live_rows(ix, at):
-        i: TensorInfo = info[ix.keys[row]]
-        g = groups.setdefault((i.component, i.group or i.component, i.name), [0, 0, i.formula, i.dtype])
-        g[0] += int(tot.requested_bytes[row])
-        g[1] += 1
-        rounding += int(tot.rounded_bytes[row]) - int(tot.requested_bytes[row])
+    gid, keys = _tree_keys(ix)
+    rows = live_rows(ix, at)
+    req = np.asarray(tot.requested_bytes)[rows].astype(np.int64)
+    rounding = int((np.asarray(tot.rounded_bytes)[rows].astype(np.int64) - req).sum())
+    live_gid = gid[rows]
+    uniq, first, inv = np.unique(live_gid, return_index=True, return_inverse=True)
+    sums = np.zeros(len(uniq), dtype=np.int64)
+    np.add.at(sums, np.asarray(inv).reshape(-1), req)
+    counts = np.bincount(np.asarray(inv).reshape(-1), minlength=len(uniq))
     comps: Dict[str, Node] = {}
-    for (comp, group, name), (nbytes, count, formula, dtype) in groups.items():
+    for j in np.argsort(first, kind="stable"):          # in the order of first appearance
+        comp, group, name = keys[int(uniq[j])]
+        i: TensorInfo = info[ix.keys[int(rows[first[j]])]]
+        nbytes, count, formula = int(sums[j]), int(counts[j]), i.formula
         c = comps.get(comp)
         if c is None:
             c = comps[comp] = Node(comp)
         gnode = next((x for x in c.children if x.name == group), None)
         if gnode is None:
             gnode = c.add(Node(group))
-        gnode.add(Node(name, bytes=float(nbytes), dtype=dtype or None,
+        gnode.add(Node(name, bytes=float(nbytes), dtype=i.dtype or None,
                        formula=(f"{count} x {formula}" if count > 1 and formula else formula)))
     if rounding:
         comps["allocator rounding"] = Node("allocator rounding", bytes=float(rounding),
@@ -313,6 +320,27 @@ def tree(ix: PlanIndex, tot: Totals, at: int) -> List[Node]:
     order = {k: j for j, k in enumerate(COMPONENT_KINDS)}
     out = [n.finalize() for n in sorted(comps.values(), key=lambda n: order.get(n.name, 99))]
     return [n for n in out if n.bytes > 0]
+
+
+def _tree_keys(ix: PlanIndex) -> Tuple[Any, List[Tuple[str, str, str]]]:
+    """Each allocation row's box in the trees, (component, module group, name), as an index
+    into the list of distinct boxes; computed once per plan."""
+    import numpy as np
+
+    got = getattr(ix, "_tree_keys", None)
+    if got is None:
+        info = ix.plan.info
+        index: Dict[Tuple[str, str, str], int] = {}
+        by_info: Dict[int, int] = {}
+        gid = np.empty(len(ix.keys), dtype=np.int64)
+        for row, key in enumerate(ix.keys):
+            i = info[key]
+            g = by_info.get(id(i))
+            if g is None:
+                g = by_info[id(i)] = index.setdefault((i.component, i.group or i.component, i.name), len(index))
+            gid[row] = g
+        got = ix._tree_keys = (gid, list(index))
+    return got
 
 
 def events_at(ix: PlanIndex, b: Any, s: Any, t: Any = 1) -> List[Event]:
