@@ -680,18 +680,30 @@ Event = Tuple[str, object, float, str]
 
 
 def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
-           capacity_bytes: Optional[float] = None, record: bool = False) -> ReplayResult:
+           capacity_bytes: Optional[float] = None, record: bool = False,
+           fast_until_limit: bool = True) -> ReplayResult:
     """Replay ``events`` through the allocator model.
 
     ``alloc`` events name a key (freed later by a ``free`` event with the same key) and a
     size in bytes.  With ``capacity_bytes`` (what torch may reserve on the device) the first
     request that fails even after the free-and-retry is reported in ``oom`` and the replay
-    stops there.
+    stops there.  With the default settings such a replay first runs the fast loop, which
+    gives the same result when no segment would take the reserve past the capacity;
+    ``fast_until_limit=False`` skips that try (a caller that knows the limit is reached).
     """
     cfg = config or AllocatorConfig()
-    if (not record and capacity_bytes is None and cfg.max_split_size_bytes >= NO_LIMIT and not cfg.expandable_segments
+    if (not record and cfg.max_split_size_bytes >= NO_LIMIT and not cfg.expandable_segments
             and not cfg.roundup_power2_divisions and not cfg.roundup_power2_intervals):
-        return _replay_default(events)
+        if capacity_bytes is None:
+            return _replay_default(events)
+        if fast_until_limit and cfg.garbage_collection_threshold <= 0:
+            # with a capacity the allocator does what it does without one until a segment
+            # would take it past the capacity (CachingAllocator._new_segment): the fast loop
+            # runs until then, and when it gets there the replay starts again below
+            events = events if isinstance(events, list) else list(events)
+            res = _replay_default(events, limit=capacity_bytes)
+            if res is not None:
+                return res
     al = CachingAllocator(config, capacity_bytes, record)
     live: Dict[object, _Block] = {}
     res = ReplayResult()
@@ -737,12 +749,16 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
     return res
 
 
-def _replay_default(events: Iterable[Event]) -> ReplayResult:
+def _replay_default(events: Iterable[Event], limit: Optional[float] = None) -> Optional[ReplayResult]:
     """``replay`` with the default settings, no capacity and no recording: the same rules as
     ``CachingAllocator`` (best fit, split above 1 MiB / 512 B, merge on free, segments from
     ``get_allocation_size``) in one loop over plain lists, for speed.  A block is a list
     ``[addr, size, prev, next, allocated, small, requested]``.  (Reserved memory only grows here, so its
-    maximum is checked where a segment is added.)"""
+    maximum is checked where a segment is added.)
+
+    ``limit``: a capacity; None is returned as soon as a new segment would take the reserve
+    past it (where ``CachingAllocator`` frees its cache and retries), and every event is
+    replayed (no stop at a repeated step), as ``replay`` with a capacity does."""
     small_free: List[Tuple[int, int]] = []     # (size, addr) sorted, per pool
     large_free: List[Tuple[int, int]] = []
     free_blocks: Dict[Tuple[int, int], list] = {}
@@ -775,6 +791,8 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
                     seg = large_buffer
                 else:
                     seg = -(-size // round_large) * round_large
+                if limit is not None and reserved + seg > limit:
+                    return None
                 b = [next_addr, seg, None, None, False, small, 0]
                 next_addr += seg + (1 << 21)
                 reserved += seg
@@ -832,6 +850,8 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
             insort(lst, k2)
             free_blocks[k2] = b
         elif kind == "step_end":
+            if limit is not None:
+                continue
             sig = (tuple(sorted((b[0], b[1]) for b in live.values())), tuple(large_free),
                    tuple(small_free), reserved)
             if key >= 2 and sig == last_sig:
@@ -840,6 +860,8 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
         elif kind == "reset_peak":
             max_reserved, max_allocated, frag = reserved, allocated, reserved - allocated
             max_requested = requested
+        elif limit is not None:
+            return None     # an event the fast loop does not model (empty_cache): the full replay
         else:
             raise ValueError(f"unknown replay event {kind!r}")
     return ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_requested,

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .architecture import Architecture, load
 from .errors import VramError
 from .estimate import estimate_setup
-from .gpus import GPU, get_gpu
+from .gpus import GPU, fits_on_card, get_gpu
 from .inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int
 from .stacks import stack_switches
 from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
@@ -44,6 +44,10 @@ SHARDED = ("zero2", "zero3", "fsdp_full_shard")
 #: the longest sequence searched by default (tokens)
 MAX_SEQ_LIMIT = 1 << 20
 MAX_BATCH_LIMIT = 1 << 16
+#: judge candidates on what needs no unlimited replay first (``_Query.fits`` through
+#: ``gpus.fits_on_card``; combinations of ``suggestions`` on their allocated peak's state):
+#: the same answers (tests/test_fast_paths.py compares them with this off)
+CHEAP_BOUNDS = True
 
 
 # ----------------------------------------------------------------------------------
@@ -93,7 +97,24 @@ class _Query:
 
     def fits(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> bool:
         est = self.estimate(s, par)
-        return self.allocated_fits(est) and fits(est.device_total_bytes, self.usable)
+        if not self.allocated_fits(est):
+            return False
+        on_card = fits_on_card(est, self.gpu) if CHEAP_BOUNDS else None
+        if on_card is not None:
+            return on_card
+        return fits(est.device_total_bytes, self.usable)
+
+    def may_fit_with_margin(self, est: Any) -> bool:
+        """A necessary condition of the state ``fits`` (verdict.state_of), without the
+        allocator replay: the state only grows with the reserve (the need and the band both
+        do), and the reserve is never below the allocated peak, so a setup that is already
+        tight or over on its allocated peak alone is never ``fits``."""
+        from .verdict import band_bytes, state_of
+
+        per_gpu = getattr(est, "per_gpu", est)
+        peak = float(est.peak_allocated_bytes)
+        return state_of(peak + per_gpu.cuda_context_bytes, self.usable, band_bytes(peak)) == "fits"
+
 
 
 def _largest(ok, limit: int, cheap=None) -> int:
@@ -695,7 +716,8 @@ def _try_combinations(search: _Search, combine: int) -> None:
             if any(f <= titles for f in fitting):
                 continue
             res = evaluate(list(combo))
-            if res is None or not search.q.allocated_fits(res[0]):
+            if res is None or not (search.q.may_fit_with_margin(res[0]) if CHEAP_BOUNDS
+                                   else search.q.allocated_fits(res[0])):
                 continue   # a combination is listed only when it fits: no replay for one that cannot
             sug = make(list(combo), res)
             if sug.state == "fits":

@@ -72,6 +72,8 @@ class PlanIndex:
         #: replays of this plan's event streams, shared by sizes whose events are equal
         #: (``replays.replay_training``: the size's monomials and the capacity -> ReplayResult)
         self.stream_replays: Dict[Tuple[Any, ...], Any] = {}
+        #: each allocation row's box in the component trees (``tree_keys``), made on first use
+        self.tree_boxes: Any = None
 
     def sizes_at(self, b: Any, s: Any, t: Any = 1) -> Any:
         """Every allocation's bytes at batch ``b``, sequence ``s``, target ``t`` (int64)."""
@@ -292,7 +294,7 @@ def tree(ix: PlanIndex, tot: Totals, at: int) -> List[Node]:
     import numpy as np
 
     info = ix.plan.info
-    gid, keys = _tree_keys(ix)
+    gid, keys = tree_keys(ix)
     rows = live_rows(ix, at)
     req = np.asarray(tot.requested_bytes)[rows].astype(np.int64)
     rounding = int((np.asarray(tot.rounded_bytes)[rows].astype(np.int64) - req).sum())
@@ -322,12 +324,12 @@ def tree(ix: PlanIndex, tot: Totals, at: int) -> List[Node]:
     return [n for n in out if n.bytes > 0]
 
 
-def _tree_keys(ix: PlanIndex) -> Tuple[Any, List[Tuple[str, str, str]]]:
+def tree_keys(ix: PlanIndex) -> Tuple[Any, List[Tuple[str, str, str]]]:
     """Each allocation row's box in the trees, (component, module group, name), as an index
     into the list of distinct boxes; computed once per plan."""
     import numpy as np
 
-    got = getattr(ix, "_tree_keys", None)
+    got = ix.tree_boxes
     if got is None:
         info = ix.plan.info
         index: Dict[Tuple[str, str, str], int] = {}
@@ -339,7 +341,7 @@ def _tree_keys(ix: PlanIndex) -> Tuple[Any, List[Tuple[str, str, str]]]:
             if g is None:
                 g = by_info[id(i)] = index.setdefault((i.component, i.group or i.component, i.name), len(index))
             gid[row] = g
-        got = ix._tree_keys = (gid, list(index))
+        got = ix.tree_boxes = (gid, list(index))
     return got
 
 
