@@ -12,6 +12,7 @@ tail of a cached block that a request takes without splitting it (under 1 MiB ea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import Any, Dict, List, Tuple
 
 from ..allocator import AllocatorConfig, round_size
@@ -27,6 +28,10 @@ STEADY_PHASES = ("forward", "backward", "optimizer_step")
 PEAK_PHASES = STEADY_PHASES + ("first_step",)
 
 
+#: an event's effect on the live allocations
+_SIGN = {"alloc": 1, "free": -1}
+
+
 class PlanIndex:
     """A plan's events as arrays (built once per plan): which allocation each event adds or
     removes, and the allocations' sizes as polynomial coefficients."""
@@ -37,31 +42,32 @@ class PlanIndex:
         self.plan = plan
         # the builder hands out keys 1, 2, 3, ... in allocation order: allocation row = key - 1
         ev = plan.events
-        kinds = np.asarray([e[0] == "alloc" for e in ev], dtype=np.int8) - np.asarray(
-            [e[0] == "free" for e in ev], dtype=np.int8)
-        self.signs = kinds.astype(np.int64)
-        raw = np.asarray([e[1] if e[0] in ("alloc", "free") else 1 for e in ev], dtype=np.int64) - 1
+        n = len(ev)
+        kinds, keys, third, labels = (tuple(c) for c in zip(*ev)) if n else ((), (), (), ())
+        self.signs = np.fromiter(map(_SIGN.get, kinds, repeat(0, n)), dtype=np.int64, count=n)
+        moves = self.signs != 0
+        raw = np.zeros(n, dtype=np.int64)
+        raw[moves] = np.fromiter(compress(keys, moves), dtype=np.int64, count=int(moves.sum())) - 1
         self.rows = raw
-        sizes = [e[2] for e in ev if e[0] == "alloc"]
+        made = self.signs == 1
+        sizes = list(compress(third, made))
+        #: the events' columns, for events_at
+        self.columns = (kinds, keys, third, labels, np.flatnonzero(made))
         self.keys = list(range(1, len(sizes) + 1))
         n_alloc = len(sizes)
-        idx = np.arange(len(ev))
+        idx = np.arange(n)
         self.alloc_at = np.zeros(n_alloc, dtype=np.int64)
-        self.free_at = np.full(n_alloc, len(ev), dtype=np.int64)
-        self.alloc_at[raw[self.signs == 1]] = idx[self.signs == 1]
+        self.free_at = np.full(n_alloc, n, dtype=np.int64)
+        self.alloc_at[raw[made]] = idx[made]
         self.free_at[raw[self.signs == -1]] = idx[self.signs == -1]
         self.symbolic = any(x.__class__ is Size for x in sizes)
         if self.symbolic:
             # one row per distinct size object (a block's sizes repeat layer after layer)
-            first: Dict[int, int] = {}
-            distinct: List[Any] = []
-            which = np.empty(n_alloc, dtype=np.int64)
-            for i, x in enumerate(sizes):
-                j = first.get(id(x))
-                if j is None:
-                    j = first[id(x)] = len(distinct)
-                    distinct.append(x)
-                which[i] = j
+            ids = list(map(id, sizes))
+            first: Dict[int, int] = {k: j for j, k in enumerate(dict.fromkeys(ids))}
+            which = np.fromiter(map(first.__getitem__, ids), dtype=np.int64, count=n_alloc)
+            by_id = {id(x): x for x in sizes}
+            distinct: List[Any] = [by_id[i] for i in first]
             self.basis = monomials(distinct)
             self.coef = coefficient_matrix(distinct, self.basis)[which]
             self.sizes = None
@@ -347,8 +353,11 @@ def tree_keys(ix: PlanIndex) -> Tuple[Any, List[Tuple[str, str, str]]]:
 
 def events_at(ix: PlanIndex, b: Any, s: Any, t: Any = 1) -> List[Event]:
     """The plan's allocator events with sizes at one size (what ``allocator.replay`` reads)."""
+    import numpy as np
+
     if not ix.symbolic:
         return ix.plan.events
-    it = iter(ix.sizes_at(b, s, t).tolist())
-    return [(kind, key, next(it), label) if kind == "alloc" else (kind, key, nbytes, label)
-            for kind, key, nbytes, label in ix.plan.events]
+    kinds, keys, third, labels, made = ix.columns
+    col = np.array(third, dtype=object)
+    col[made] = ix.sizes_at(b, s, t).tolist()
+    return list(zip(kinds, keys, col.tolist(), labels))
