@@ -64,7 +64,7 @@ def test_trees_equal_the_row_by_row_trees(model, kw):
         assert fast[phase], "a tree that is empty compares nothing"
 
 
-# -- a replay with a capacity: the fast loop until the limit, then the full model ---------------
+# -- a replay with a capacity: the fast loop (free-and-retry included) against the full model ----
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -102,12 +102,14 @@ def _stream(ops):
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(min_value=1, max_value=48 * MIB)), min_size=1, max_size=150),
        st.integers(min_value=2, max_value=400))
-def test_capacity_replay_fast_until_the_limit_equals_the_full_model(ops, capacity_mib):
-    """Every field of the result (the out-of-memory point included) is the full model's,
-    whether or not the capacity is reached."""
+def test_capacity_replay_of_the_fast_loop_equals_the_full_model(ops, capacity_mib):
+    """Every field of the result (the out-of-memory point included) is the full model's
+    (``CachingAllocator``), whether or not the capacity is reached, cached segments released
+    or a request refused; and without a capacity too."""
     events = _stream(ops)
     cap = capacity_mib * MIB
-    assert _fields(replay(events, None, cap)) == _fields(replay(events, None, cap, fast_until_limit=False))
+    assert _fields(replay(events, None, cap)) == _fields(replay(events, None, cap, fast=False))
+    assert _fields(replay(events)) == _fields(replay(events, fast=False))
 
 
 @pytest.mark.parametrize("model, kw", [
@@ -122,7 +124,7 @@ def test_capacity_replay_of_a_step_plan(model, kw):
     free = replay(events, parse_alloc_conf(s.allocator))
     for cap in (0.9 * free.max_allocated_bytes, (free.max_allocated_bytes + free.max_reserved_bytes) / 2,
                 free.max_reserved_bytes, free.max_reserved_bytes + 64 * MIB):
-        assert _fields(replay(events, None, cap)) == _fields(replay(events, None, cap, fast_until_limit=False)), cap
+        assert _fields(replay(events, None, cap)) == _fields(replay(events, None, cap, fast=False)), cap
 
 
 # -- fit's answers with and without the cheap bounds ---------------------------------------------

@@ -680,28 +680,25 @@ Event = Tuple[str, object, float, str]
 
 
 def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
-           capacity_bytes: Optional[float] = None, record: bool = False,
-           fast_until_limit: bool = True) -> ReplayResult:
+           capacity_bytes: Optional[float] = None, record: bool = False, fast: bool = True) -> ReplayResult:
     """Replay ``events`` through the allocator model.
 
     ``alloc`` events name a key (freed later by a ``free`` event with the same key) and a
     size in bytes.  With ``capacity_bytes`` (what torch may reserve on the device) the first
     request that fails even after the free-and-retry is reported in ``oom`` and the replay
-    stops there.  With the default settings such a replay first runs the fast loop, which
-    gives the same result when no segment would take the reserve past the capacity;
-    ``fast_until_limit=False`` skips that try (a caller that knows the limit is reached).
+    stops there.  With the default settings and no recording the fast loop runs
+    (``_replay_default``, the free-and-retry included); ``fast=False`` runs
+    ``CachingAllocator`` itself, the reference it is tested against
+    (tests/test_fast_paths.py).
     """
     cfg = config or AllocatorConfig()
-    if (not record and cfg.max_split_size_bytes >= NO_LIMIT and not cfg.expandable_segments
+    if (fast and not record and cfg.max_split_size_bytes >= NO_LIMIT and not cfg.expandable_segments
             and not cfg.roundup_power2_divisions and not cfg.roundup_power2_intervals):
         if capacity_bytes is None:
             return _replay_default(events)
-        if fast_until_limit and cfg.garbage_collection_threshold <= 0:
-            # with a capacity the allocator does what it does without one until a segment
-            # would take it past the capacity (CachingAllocator._new_segment): the fast loop
-            # runs until then, and when it gets there the replay starts again below
+        if cfg.garbage_collection_threshold <= 0:
             events = events if isinstance(events, list) else list(events)
-            res = _replay_default(events, limit=capacity_bytes)
+            res = _replay_default(events, limit=int(capacity_bytes))
             if res is not None:
                 return res
     al = CachingAllocator(config, capacity_bytes, record)
@@ -756,9 +753,13 @@ def _replay_default(events: Iterable[Event], limit: Optional[float] = None) -> O
     ``[addr, size, prev, next, allocated, small, requested]``.  (Reserved memory only grows here, so its
     maximum is checked where a segment is added.)
 
-    ``limit``: a capacity; None is returned as soon as a new segment would take the reserve
-    past it (where ``CachingAllocator`` frees its cache and retries), and every event is
-    replayed (no stop at a repeated step), as ``replay`` with a capacity does."""
+    ``limit``: what torch may reserve (``CachingAllocator``'s capacity): where a new segment
+    would take the reserve past it, every cached block that is a whole segment is released
+    and the segment tried again (``DeviceCachingAllocator::malloc``'s free-and-retry; with
+    these settings no block is oversize), and a request that still fails is the ``oom``,
+    where the replay stops; every event is replayed (no stop at a repeated step), as
+    ``replay`` with a capacity does.  None for an event this loop does not model
+    (``empty_cache``): the caller replays the stream with ``CachingAllocator``."""
     small_free: List[Tuple[int, int]] = []     # (size, addr) sorted, per pool
     large_free: List[Tuple[int, int]] = []
     free_blocks: Dict[Tuple[int, int], list] = {}
@@ -770,8 +771,9 @@ def _replay_default(events: Iterable[Event], limit: Optional[float] = None) -> O
     requested = max_requested = 0       # live requests, rounded (ReplayResult.max_allocated_bytes)
     next_addr = 1 << 40
     last_sig = None
+    oom = None
     n = 0
-    for n, (kind, key, nbytes, _label) in enumerate(events):
+    for n, (kind, key, nbytes, label) in enumerate(events):
         if kind == "alloc":
             size = (int(nbytes) + 511) & ~511 if nbytes >= min_block else min_block
             if size <= small_size:
@@ -792,7 +794,15 @@ def _replay_default(events: Iterable[Event], limit: Optional[float] = None) -> O
                 else:
                     seg = -(-size // round_large) * round_large
                 if limit is not None and reserved + seg > limit:
-                    return None
+                    # release_cached_blocks: every cached whole segment, large pool first
+                    for pool in (large_free, small_free):
+                        for k2 in [x for x in pool if free_blocks[x][2] is None and free_blocks[x][3] is None]:
+                            del pool[bisect_left(pool, k2)]
+                            del free_blocks[k2]
+                            reserved -= k2[0]
+                    if reserved + seg > limit:
+                        oom = OutOfMemory(n, size, _label(label), reserved, allocated, limit)
+                        break
                 b = [next_addr, seg, None, None, False, small, 0]
                 next_addr += seg + (1 << 21)
                 reserved += seg
@@ -867,7 +877,7 @@ def _replay_default(events: Iterable[Event], limit: Optional[float] = None) -> O
     return ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_requested,
                         max_block_allocated_bytes=max_allocated, reserved_bytes=reserved,
                         allocated_bytes=allocated, fragmentation_at_max_bytes=frag, segments_allocated=segs,
-                        num_events=n + 1)
+                        num_events=n + 1, oom=oom)
 
 
 # ----------------------------------------------------------------------------------

@@ -125,15 +125,9 @@ def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Option
 
     view = plan_view(arch, s)
     sk = view.stream_key()
-    fast = True
-    if capacity_bytes is not None and not record:
-        # the unlimited replay already went past the capacity: the fast loop would only run
-        # up to where it does so, and start again (allocator.replay)
-        free = _shared_lookup(view, sk, ("unlimited",)) or cached_replay(arch, s)
-        fast = free is None or free.max_reserved_bytes <= capacity_bytes
 
     def run() -> ReplayResult:
-        return replay(view.events(), parse_alloc_conf(s.allocator), capacity_bytes, record, fast_until_limit=fast)
+        return replay(view.events(), parse_alloc_conf(s.allocator), capacity_bytes, record)
 
     if record:
         return run()
@@ -146,11 +140,6 @@ def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Option
         return res
 
     return single_flight(_LOCK, _INFLIGHT, (id(arch), s), lambda: cached_replay(arch, s), replay_and_store)
-
-
-def _shared_lookup(view: Any, sk: Optional[Tuple[Any, ...]], what: Tuple[Any, ...]) -> Optional[ReplayResult]:
-    """The shared replay ``_shared`` keeps for these events, or None.  Never runs one."""
-    return None if sk is None else view.index.stream_replays.get(sk[1:] + what)
 
 
 def _shared(view: Any, sk: Optional[Tuple[Any, ...]], what: Tuple[Any, ...],

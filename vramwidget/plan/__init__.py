@@ -54,7 +54,7 @@ def _shape(s: TrainingSetup) -> TrainingSetup:
 def plan_index(arch: Architecture, s: TrainingSetup) -> Tuple[PlanIndex, bool]:
     """The indexed plan of ``s`` and whether it is symbolic (every size); cached per
     architecture and setup shape (or setup, when built for one size)."""
-    key = (id(arch), _shape(s))
+    key = (id(arch), "shape", _shape(s))
     hit = _lookup(key, arch)
     if hit is None:
         try:
@@ -66,7 +66,7 @@ def plan_index(arch: Architecture, s: TrainingSetup) -> Tuple[PlanIndex, bool]:
         _store(key, hit)
     if hit[1] is not None and hit[1].symbolic:
         return hit[1], True
-    key1 = (id(arch), s)
+    key1 = (id(arch), "size", s)
     one = _lookup(key1, arch)
     if one is None:
         one = (arch, PlanIndex(build_plan(arch, s)))
