@@ -161,3 +161,29 @@ def test_suggestions_are_the_same(monkeypatch, model, gpu, kw):
     fast, slow = _both(monkeypatch, lambda: [x.to_dict() for x in fit.suggestions(model, gpu, **kw)])
     assert fast == slow
     assert any(x["parts"] for x in fast), "combinations are compared too"
+
+
+def test_searches_pause_the_garbage_collector_and_restore_it():
+    """fit's searches run with the cyclic collector paused (replays.gc_paused) and leave it
+    as they found it, nested or not, on or off."""
+    import gc
+
+    from vramwidget import replays
+
+    seen = []
+    inner = replays.with_gc_paused(lambda: seen.append(gc.isenabled()))
+    outer = replays.with_gc_paused(lambda: (inner(), seen.append(gc.isenabled())))
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        outer()
+        assert seen == [False, False] and gc.isenabled()
+        gc.disable()
+        outer()
+        assert not gc.isenabled()
+        gc.enable()
+        with pytest.raises(ZeroDivisionError):
+            replays.with_gc_paused(lambda: 1 / 0)()
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()

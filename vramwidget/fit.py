@@ -32,6 +32,7 @@ from .architecture import Architecture, load
 from .errors import VramError
 from .estimate import estimate_setup
 from .gpus import GPU, fits_on_card, get_gpu
+from .replays import with_gc_paused
 from .inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int
 from .stacks import stack_switches
 from .parallel import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
@@ -193,6 +194,7 @@ class FitCheck:
                 "usable_gib": round(self.usable_bytes / GIB, 3)}
 
 
+@with_gc_paused
 def check(model: Any, gpu: Any, **kw: Any) -> FitCheck:
     """Whether ``model`` with this setup fits ``gpu``: the estimate's device total on the card
     (reserved + the card's own CUDA context; the worst GPU of a parallel run) against what
@@ -203,6 +205,7 @@ def check(model: Any, gpu: Any, **kw: Any) -> FitCheck:
     return FitCheck(fits(total, q.usable), total, q.usable, q.gpu.name, est)
 
 
+@with_gc_paused
 def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: Any) -> int:
     """The largest micro-batch (``batch_size``; per data-parallel replica in a parallel run)
     whose device total fits ``gpu`` (the fit rule above); 0 when even one sequence does not fit.
@@ -214,6 +217,7 @@ def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: 
                     cheap=lambda b: q.fits_allocated(replace(s0, batch_size=b)))
 
 
+@with_gc_paused
 def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of: int = 1, **kw: Any) -> int:
     """The longest sequence (tokens, a multiple of ``multiple_of`` and of the context-parallel
     size) whose device total fits ``gpu``; 0 when none does.  The model's own position
@@ -234,6 +238,7 @@ def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of
 MAX_GPUS_SEARCHED = 4096
 
 
+@with_gc_paused
 def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = MAX_GPUS_SEARCHED,
              **kw: Any) -> Optional[int]:
     """The fewest GPUs of kind ``gpu`` on which the setup fits under ``strategy`` (with the
@@ -421,6 +426,7 @@ class _Move:
 _LOSS_TITLES = {"liger": "Liger fused linear cross-entropy", "chunked": "chunked cross-entropy"}
 
 
+@with_gc_paused
 def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int = 3,
                 **kw: Any) -> List[Suggestion]:
     """Changes that lower the device total, alone and combined (up to ``combine`` at once),
@@ -758,6 +764,7 @@ def _verdict(est: Any, gpu: GPU, num_gpus: int) -> Dict[str, Any]:
     return verdict(est, gpu, num_gpus=num_gpus)
 
 
+@with_gc_paused
 def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
     """Everything ``vramwidget fit`` prints, as a dict."""
     q = _Query(model, gpu, kw)

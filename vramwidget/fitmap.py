@@ -170,6 +170,7 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
     return reserved, known, rank
 
 
+@replays.with_gc_paused
 def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None,
             seq_lens: Optional[Sequence[int]] = None, exact: bool = False, **setup: Any):
     """A pandas DataFrame with one row per (batch_size, seq_len): ``batch_size``,
