@@ -167,7 +167,8 @@ def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Option
     sk = view.stream_key()
 
     def run() -> ReplayResult:
-        return replay(view.events(), parse_alloc_conf(s.allocator), capacity_bytes, record)
+        with gc_paused():       # the replay's blocks are linked lists: no collection while it runs
+            return replay(view.events(), parse_alloc_conf(s.allocator), capacity_bytes, record)
 
     if record:
         return run()
