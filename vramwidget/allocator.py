@@ -747,11 +747,11 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
 
 
 def _replay_default(events: Iterable[Event], limit: Optional[float] = None) -> Optional[ReplayResult]:
-    """``replay`` with the default settings, no capacity and no recording: the same rules as
+    """``replay`` with the default settings and no recording: the same rules as
     ``CachingAllocator`` (best fit, split above 1 MiB / 512 B, merge on free, segments from
     ``get_allocation_size``) in one loop over plain lists, for speed.  A block is a list
-    ``[addr, size, prev, next, allocated, small, requested]``.  (Reserved memory only grows here, so its
-    maximum is checked where a segment is added.)
+    ``[addr, size, prev, next, allocated, small, requested]``.  (Reserved memory only grows
+    where a segment is added, so its maximum is checked there.)
 
     ``limit``: what torch may reserve (``CachingAllocator``'s capacity): where a new segment
     would take the reserve past it, every cached block that is a whole segment is released
