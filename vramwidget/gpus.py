@@ -464,6 +464,25 @@ def judge_on(est: Any, gpu: Any, *, replay: bool = True) -> Dict[str, Any]:
     return out
 
 
+def fits_on_card(est: Any, gpu: GPU) -> Optional[bool]:
+    """Whether a one-GPU estimate on ``gpu`` whose allocated peak fits there fits the card,
+    from one replay with the card's capacity, without the unlimited replay first; None where
+    this does not decide (a parallel run; an estimate whose unlimited replay is cached, which
+    ``device_total_bytes`` reads at no cost).
+
+    The same answer as ``fits(device_total_bytes, ...)`` (``gpus.judge_on``): a replay with
+    a capacity does what the unlimited one does until a segment would pass the capacity, so
+    when the unlimited reserve fits this replay has no out-of-memory error; when it does not,
+    judge_on's answer is that replay's: fits exactly without an error (its reserve is at most
+    the capacity, its allocated peak fits: checked before)."""
+    if getattr(est, "per_gpu", est) is not est or not _judges_on_card(est) or getattr(est, "gpu", None) != gpu:
+        return None
+    if getattr(_sources(est), "replay_key", None) is None or getattr(est, "unlimited_reserved_exact", True):
+        return None
+    res = _capacity_replay(est, capacity_bytes(gpu) - context_for(gpu)[0])
+    return res.oom is None
+
+
 def fits(need_bytes: float, capacity: float) -> bool:
     """The fit rule without the band: the device total at most the capacity."""
     return need_bytes <= capacity

@@ -680,18 +680,27 @@ Event = Tuple[str, object, float, str]
 
 
 def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
-           capacity_bytes: Optional[float] = None, record: bool = False) -> ReplayResult:
+           capacity_bytes: Optional[float] = None, record: bool = False, fast: bool = True) -> ReplayResult:
     """Replay ``events`` through the allocator model.
 
     ``alloc`` events name a key (freed later by a ``free`` event with the same key) and a
     size in bytes.  With ``capacity_bytes`` (what torch may reserve on the device) the first
     request that fails even after the free-and-retry is reported in ``oom`` and the replay
-    stops there.
+    stops there.  With the default settings and no recording the fast loop runs
+    (``_replay_default``, the free-and-retry included); ``fast=False`` runs
+    ``CachingAllocator`` itself, the reference it is tested against
+    (tests/test_fast_paths.py).
     """
     cfg = config or AllocatorConfig()
-    if (not record and capacity_bytes is None and cfg.max_split_size_bytes >= NO_LIMIT and not cfg.expandable_segments
+    if (fast and not record and cfg.max_split_size_bytes >= NO_LIMIT and not cfg.expandable_segments
             and not cfg.roundup_power2_divisions and not cfg.roundup_power2_intervals):
-        return _replay_default(events)
+        if capacity_bytes is None:
+            return _replay_default(events)
+        if cfg.garbage_collection_threshold <= 0:
+            events = events if isinstance(events, list) else list(events)
+            res = _replay_default(events, limit=int(capacity_bytes))
+            if res is not None:
+                return res
     al = CachingAllocator(config, capacity_bytes, record)
     live: Dict[object, _Block] = {}
     res = ReplayResult()
@@ -737,12 +746,20 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
     return res
 
 
-def _replay_default(events: Iterable[Event]) -> ReplayResult:
-    """``replay`` with the default settings, no capacity and no recording: the same rules as
+def _replay_default(events: Iterable[Event], limit: Optional[float] = None) -> Optional[ReplayResult]:
+    """``replay`` with the default settings and no recording: the same rules as
     ``CachingAllocator`` (best fit, split above 1 MiB / 512 B, merge on free, segments from
     ``get_allocation_size``) in one loop over plain lists, for speed.  A block is a list
-    ``[addr, size, prev, next, allocated, small, requested]``.  (Reserved memory only grows here, so its
-    maximum is checked where a segment is added.)"""
+    ``[addr, size, prev, next, allocated, small, requested]``.  (Reserved memory only grows
+    where a segment is added, so its maximum is checked there.)
+
+    ``limit``: what torch may reserve (``CachingAllocator``'s capacity): where a new segment
+    would take the reserve past it, every cached block that is a whole segment is released
+    and the segment tried again (``DeviceCachingAllocator::malloc``'s free-and-retry; with
+    these settings no block is oversize), and a request that still fails is the ``oom``,
+    where the replay stops; every event is replayed (no stop at a repeated step), as
+    ``replay`` with a capacity does.  None for an event this loop does not model
+    (``empty_cache``): the caller replays the stream with ``CachingAllocator``."""
     small_free: List[Tuple[int, int]] = []     # (size, addr) sorted, per pool
     large_free: List[Tuple[int, int]] = []
     free_blocks: Dict[Tuple[int, int], list] = {}
@@ -754,8 +771,9 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
     requested = max_requested = 0       # live requests, rounded (ReplayResult.max_allocated_bytes)
     next_addr = 1 << 40
     last_sig = None
+    oom = None
     n = 0
-    for n, (kind, key, nbytes, _label) in enumerate(events):
+    for n, (kind, key, nbytes, label) in enumerate(events):
         if kind == "alloc":
             size = (int(nbytes) + 511) & ~511 if nbytes >= min_block else min_block
             if size <= small_size:
@@ -775,6 +793,16 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
                     seg = large_buffer
                 else:
                     seg = -(-size // round_large) * round_large
+                if limit is not None and reserved + seg > limit:
+                    # release_cached_blocks: every cached whole segment, large pool first
+                    for pool in (large_free, small_free):
+                        for k2 in [x for x in pool if free_blocks[x][2] is None and free_blocks[x][3] is None]:
+                            del pool[bisect_left(pool, k2)]
+                            del free_blocks[k2]
+                            reserved -= k2[0]
+                    if reserved + seg > limit:
+                        oom = OutOfMemory(n, size, _label(label), reserved, allocated, limit)
+                        break
                 b = [next_addr, seg, None, None, False, small, 0]
                 next_addr += seg + (1 << 21)
                 reserved += seg
@@ -832,6 +860,8 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
             insort(lst, k2)
             free_blocks[k2] = b
         elif kind == "step_end":
+            if limit is not None:
+                continue
             sig = (tuple(sorted((b[0], b[1]) for b in live.values())), tuple(large_free),
                    tuple(small_free), reserved)
             if key >= 2 and sig == last_sig:
@@ -840,12 +870,14 @@ def _replay_default(events: Iterable[Event]) -> ReplayResult:
         elif kind == "reset_peak":
             max_reserved, max_allocated, frag = reserved, allocated, reserved - allocated
             max_requested = requested
+        elif limit is not None:
+            return None     # an event the fast loop does not model (empty_cache): the full replay
         else:
             raise ValueError(f"unknown replay event {kind!r}")
     return ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_requested,
                         max_block_allocated_bytes=max_allocated, reserved_bytes=reserved,
                         allocated_bytes=allocated, fragmentation_at_max_bytes=frag, segments_allocated=segs,
-                        num_events=n + 1)
+                        num_events=n + 1, oom=oom)
 
 
 # ----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ CPU offload is reported, not judged.
 Every answer is computed by the estimator itself (binary search over its totals), so it is
 consistent with it: the largest batch returned fits and one more does not.
 
-    >>> from vramwidget.fit.solver import max_batch_size, suggestions
+    >>> from vramwidget.fit import max_batch_size, suggestions
     >>> max_batch_size("llama-3.1-8b", "H100 80GB", method="lora", seq_len=2048)   # doctest: +SKIP
     >>> for s in suggestions("llama-3.1-8b", "RTX 4090", batch_size=4): print(s)    # doctest: +SKIP
 
@@ -31,7 +31,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..model.architecture import Architecture, load
 from ..errors import VramError
 from ..estimate import estimate_setup
-from ..gpus import GPU, get_gpu
+from ..gpus import GPU, fits_on_card, get_gpu
+from ..allocator.replays import with_gc_paused
 from ..inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int
 from ..stacks import stack_switches
 from ..parallel.strategies import BY_NAME, suggested
@@ -45,6 +46,10 @@ SHARDED = tuple(st.name for st in suggested())
 #: the longest sequence searched by default (tokens)
 MAX_SEQ_LIMIT = 1 << 20
 MAX_BATCH_LIMIT = 1 << 16
+#: judge candidates on what needs no unlimited replay first (``_Query.fits`` through
+#: ``gpus.fits_on_card``; combinations of ``suggestions`` on their allocated peak's state):
+#: the same answers (tests/test_fast_paths.py compares them with this off)
+CHEAP_BOUNDS = True
 
 
 # ----------------------------------------------------------------------------------
@@ -94,7 +99,24 @@ class _Query:
 
     def fits(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> bool:
         est = self.estimate(s, par)
-        return self.allocated_fits(est) and fits(est.device_total_bytes, self.usable)
+        if not self.allocated_fits(est):
+            return False
+        on_card = fits_on_card(est, self.gpu) if CHEAP_BOUNDS else None
+        if on_card is not None:
+            return on_card
+        return fits(est.device_total_bytes, self.usable)
+
+    def may_fit_with_margin(self, est: Any) -> bool:
+        """A necessary condition of the state ``fits`` (verdict.state_of), without the
+        allocator replay: the state only grows with the reserve (the need and the band both
+        do), and the reserve is never below the allocated peak, so a setup that is already
+        tight or over on its allocated peak alone is never ``fits``."""
+        from .verdict import band_bytes, state_of
+
+        per_gpu = getattr(est, "per_gpu", est)
+        peak = float(est.peak_allocated_bytes)
+        return state_of(peak + per_gpu.cuda_context_bytes, self.usable, band_bytes(peak)) == "fits"
+
 
 
 def _largest(ok, limit: int, cheap=None) -> int:
@@ -173,6 +195,7 @@ class FitCheck:
                 "usable_gib": round(self.usable_bytes / GIB, 3)}
 
 
+@with_gc_paused
 def check(model: Any, gpu: Any, **kw: Any) -> FitCheck:
     """Whether ``model`` with this setup fits ``gpu``: the estimate's device total on the card
     (reserved + the card's own CUDA context; the worst GPU of a parallel run) against what
@@ -183,6 +206,7 @@ def check(model: Any, gpu: Any, **kw: Any) -> FitCheck:
     return FitCheck(fits(total, q.usable), total, q.usable, q.gpu.name, est)
 
 
+@with_gc_paused
 def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: Any) -> int:
     """The largest micro-batch (``batch_size``; per data-parallel replica in a parallel run)
     whose device total fits ``gpu`` (the fit rule above); 0 when even one sequence does not fit.
@@ -194,6 +218,7 @@ def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: 
                     cheap=lambda b: q.fits_allocated(replace(s0, batch_size=b)))
 
 
+@with_gc_paused
 def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of: int = 1, **kw: Any) -> int:
     """The longest sequence (tokens, a multiple of ``multiple_of`` and of the context-parallel
     size) whose device total fits ``gpu``; 0 when none does.  The model's own position
@@ -214,6 +239,7 @@ def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of
 MAX_GPUS_SEARCHED = 4096
 
 
+@with_gc_paused
 def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = MAX_GPUS_SEARCHED,
              **kw: Any) -> Optional[int]:
     """The fewest GPUs of kind ``gpu`` on which the setup fits under ``strategy`` (with the
@@ -401,6 +427,7 @@ class _Move:
 _LOSS_TITLES = {"liger": "Liger fused linear cross-entropy", "chunked": "chunked cross-entropy"}
 
 
+@with_gc_paused
 def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int = 3,
                 **kw: Any) -> List[Suggestion]:
     """Changes that lower the device total, alone and combined (up to ``combine`` at once),
@@ -701,7 +728,8 @@ def _try_combinations(search: _Search, combine: int) -> None:
             if any(f <= titles for f in fitting):
                 continue
             res = evaluate(list(combo))
-            if res is None or not search.q.allocated_fits(res[0]):
+            if res is None or not (search.q.may_fit_with_margin(res[0]) if CHEAP_BOUNDS
+                                   else search.q.allocated_fits(res[0])):
                 continue   # a combination is listed only when it fits: no replay for one that cannot
             sug = make(list(combo), res)
             if sug.state == "fits":
@@ -735,6 +763,7 @@ def _verdict(est: Any, gpu: GPU, num_gpus: int) -> Dict[str, Any]:
     return verdict(est, gpu, num_gpus=num_gpus)
 
 
+@with_gc_paused
 def answers(model: Any, gpu: Any, **kw: Any) -> Dict[str, Any]:
     """Everything ``vramwidget fit`` prints, as a dict."""
     q = _Query(model, gpu, kw)

@@ -36,10 +36,14 @@ __all__ = ["PlanView", "plan_view", "plan_index", "plan_events", "grid_totals", 
 TREE_PHASES = ("after_load", "forward", "backward", "optimizer_step", "first_step")
 _SIZE_FIELDS = ("batch_size", "seq_len", "target_len")
 _LOCK = threading.Lock()
-#: the plans built so far, most recently used last (a plan of an 8B model holds ~30,000
-#: events: a few MB each, so the cache keeps the last few dozen setups)
-_INDEX: "OrderedDict[Tuple[Any, ...], Tuple[Architecture, PlanIndex]]" = OrderedDict()
-_MAX = 48
+#: the plans built so far, most recently used last (a plan of an 8B model holds ~30,000-50,000
+#: events, a 7B full fine-tune's ~14,000: a few MB each).  The cache keeps at most ``_MAX``
+#: plans and ``_MAX_EVENTS`` events together (what 48 plans of an 8B model hold), so a search
+#: over many setups of a smaller plan (``fit.suggestions``: ~100 shapes) builds each once
+_INDEX: "OrderedDict[Tuple[Any, ...], Tuple[Architecture, Optional[PlanIndex]]]" = OrderedDict()
+_MAX = 256
+_MAX_EVENTS = 2_400_000
+_HELD = [0]       # events held by the cached plans
 
 
 def _shape(s: TrainingSetup) -> TrainingSetup:
@@ -50,19 +54,19 @@ def _shape(s: TrainingSetup) -> TrainingSetup:
 def plan_index(arch: Architecture, s: TrainingSetup) -> Tuple[PlanIndex, bool]:
     """The indexed plan of ``s`` and whether it is symbolic (every size); cached per
     architecture and setup shape (or setup, when built for one size)."""
-    key = (id(arch), _shape(s))
+    key = (id(arch), "shape", _shape(s))
     hit = _lookup(key, arch)
     if hit is None:
         try:
             plan = build_plan(arch, s, Size.var("b"), Size.var("s"), Size.var("t") if s.target_len is not None else None)
         except NotPolynomial:
             plan = None
-        if plan is not None:
-            hit = (arch, PlanIndex(plan))
-            _store(key, hit)
-    if hit is not None and hit[1].symbolic:
+        # a shape whose sizes are not polynomials is remembered as such (None): not tried again
+        hit = (arch, PlanIndex(plan) if plan is not None else None)
+        _store(key, hit)
+    if hit[1] is not None and hit[1].symbolic:
         return hit[1], True
-    key1 = (id(arch), s)
+    key1 = (id(arch), "size", s)
     one = _lookup(key1, arch)
     if one is None:
         one = (arch, PlanIndex(build_plan(arch, s)))
@@ -70,7 +74,7 @@ def plan_index(arch: Architecture, s: TrainingSetup) -> Tuple[PlanIndex, bool]:
     return one[1], False
 
 
-def _lookup(key: Tuple[Any, ...], arch: Architecture) -> Optional[Tuple[Architecture, PlanIndex]]:
+def _lookup(key: Tuple[Any, ...], arch: Architecture) -> Optional[Tuple[Architecture, Optional[PlanIndex]]]:
     with _LOCK:
         hit = _INDEX.get(key)
         if hit is None or hit[0] is not arch:
@@ -79,18 +83,27 @@ def _lookup(key: Tuple[Any, ...], arch: Architecture) -> Optional[Tuple[Architec
         return hit
 
 
-def _store(key: Tuple[Any, ...], value: Tuple[Architecture, PlanIndex]) -> None:
+def _store(key: Tuple[Any, ...], value: Tuple[Architecture, Optional[PlanIndex]]) -> None:
     with _LOCK:
+        old = _INDEX.pop(key, None)
+        if old is not None:
+            _HELD[0] -= _events_of(old[1])
         _INDEX[key] = value
-        _INDEX.move_to_end(key)
-        while len(_INDEX) > _MAX:
-            _INDEX.popitem(last=False)
+        _HELD[0] += _events_of(value[1])
+        while len(_INDEX) > 1 and (len(_INDEX) > _MAX or _HELD[0] > _MAX_EVENTS):
+            _, gone = _INDEX.popitem(last=False)
+            _HELD[0] -= _events_of(gone[1])
+
+
+def _events_of(ix: Optional[PlanIndex]) -> int:
+    return 0 if ix is None else len(ix.rows)
 
 
 def clear_caches() -> None:
     """Forget every built plan (benchmarks time cold setups)."""
     with _LOCK:
         _INDEX.clear()
+        _HELD[0] = 0
 
 
 class PlanView:

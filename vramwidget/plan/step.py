@@ -181,22 +181,20 @@ def _copy_passes(pb: PlanBuilder, step: int, grads: List[Optional[int]]) -> List
 def _append_copy(pb: PlanBuilder, span: List[Any]) -> Dict[int, int]:
     """Append ``span``'s events with a new key for each allocation made in it (frees of keys
     made before it are kept); returns old key -> new key."""
-    new: Dict[int, int] = {}
     info = pb.info
-    append = pb.events.append
     n = pb.last_key
-    for kind, key, nbytes, label in span:
-        if kind == "alloc":
-            n += 1
-            new[key] = n
-            info[n] = info[key]
-            append((kind, n, nbytes, label))
-        elif kind == "free":
-            append((kind, new.get(key, key), nbytes, label))
-        else:
-            append((kind, key, nbytes, label))
-    pb.last_key = n
+    made = [e[1] for e in span if e[0] == "alloc"]
+    fresh = range(n + 1, n + 1 + len(made))
+    new: Dict[int, int] = dict(zip(made, fresh))
+    info.update(zip(fresh, [info[k] for k in made]))
+    get = new.get
+    pb.events.extend([(e[0], get(e[1], e[1]), e[2], e[3]) if e[0] in _KEYED else e for e in span])
+    pb.last_key = n + len(made)
     return new
+
+
+#: the events whose key is an allocation's
+_KEYED = frozenset(("alloc", "free"))
 
 
 def _micro_batch(cx: StepContext, lay: Layers, ld: Loaded, grads: _Grads, step: int) -> None:

@@ -12,6 +12,7 @@ tail of a cached block that a request takes without splitting it (under 1 MiB ea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import Any, Dict, List, Tuple
 
 from ..allocator.caching import AllocatorConfig, round_size
@@ -27,6 +28,10 @@ STEADY_PHASES = ("forward", "backward", "optimizer_step")
 PEAK_PHASES = STEADY_PHASES + ("first_step",)
 
 
+#: an event's effect on the live allocations
+_SIGN = {"alloc": 1, "free": -1}
+
+
 class PlanIndex:
     """A plan's events as arrays (built once per plan): which allocation each event adds or
     removes, and the allocations' sizes as polynomial coefficients."""
@@ -37,31 +42,32 @@ class PlanIndex:
         self.plan = plan
         # the builder hands out keys 1, 2, 3, ... in allocation order: allocation row = key - 1
         ev = plan.events
-        kinds = np.asarray([e[0] == "alloc" for e in ev], dtype=np.int8) - np.asarray(
-            [e[0] == "free" for e in ev], dtype=np.int8)
-        self.signs = kinds.astype(np.int64)
-        raw = np.asarray([e[1] if e[0] in ("alloc", "free") else 1 for e in ev], dtype=np.int64) - 1
+        n = len(ev)
+        kinds, keys, third, labels = (tuple(c) for c in zip(*ev)) if n else ((), (), (), ())
+        self.signs = np.fromiter(map(_SIGN.get, kinds, repeat(0, n)), dtype=np.int64, count=n)
+        moves = self.signs != 0
+        raw = np.zeros(n, dtype=np.int64)
+        raw[moves] = np.fromiter(compress(keys, moves), dtype=np.int64, count=int(moves.sum())) - 1
         self.rows = raw
-        sizes = [e[2] for e in ev if e[0] == "alloc"]
+        made = self.signs == 1
+        sizes = list(compress(third, made))
+        #: the events' columns, for events_at
+        self.columns = (kinds, keys, third, labels, np.flatnonzero(made))
         self.keys = list(range(1, len(sizes) + 1))
         n_alloc = len(sizes)
-        idx = np.arange(len(ev))
+        idx = np.arange(n)
         self.alloc_at = np.zeros(n_alloc, dtype=np.int64)
-        self.free_at = np.full(n_alloc, len(ev), dtype=np.int64)
-        self.alloc_at[raw[self.signs == 1]] = idx[self.signs == 1]
+        self.free_at = np.full(n_alloc, n, dtype=np.int64)
+        self.alloc_at[raw[made]] = idx[made]
         self.free_at[raw[self.signs == -1]] = idx[self.signs == -1]
         self.symbolic = any(x.__class__ is Size for x in sizes)
         if self.symbolic:
             # one row per distinct size object (a block's sizes repeat layer after layer)
-            first: Dict[int, int] = {}
-            distinct: List[Any] = []
-            which = np.empty(n_alloc, dtype=np.int64)
-            for i, x in enumerate(sizes):
-                j = first.get(id(x))
-                if j is None:
-                    j = first[id(x)] = len(distinct)
-                    distinct.append(x)
-                which[i] = j
+            ids = list(map(id, sizes))
+            first: Dict[int, int] = {k: j for j, k in enumerate(dict.fromkeys(ids))}
+            which = np.fromiter(map(first.__getitem__, ids), dtype=np.int64, count=n_alloc)
+            by_id = {id(x): x for x in sizes}
+            distinct: List[Any] = [by_id[i] for i in first]
             self.basis = monomials(distinct)
             self.coef = coefficient_matrix(distinct, self.basis)[which]
             self.sizes = None
@@ -69,6 +75,11 @@ class PlanIndex:
             self.basis, self.coef = None, None
             self.sizes = np.asarray([int(x) for x in sizes], dtype=np.int64)
         self.marks = plan.marks
+        #: replays of this plan's event streams, shared by sizes whose events are equal
+        #: (``replays.replay_training``: the size's monomials and the capacity -> ReplayResult)
+        self.stream_replays: Dict[Tuple[Any, ...], Any] = {}
+        #: each allocation row's box in the component trees (``tree_keys``), made on first use
+        self.tree_boxes: Any = None
 
     def sizes_at(self, b: Any, s: Any, t: Any = 1) -> Any:
         """Every allocation's bytes at batch ``b``, sequence ``s``, target ``t`` (int64)."""
@@ -76,10 +87,7 @@ class PlanIndex:
 
         if not self.symbolic:
             return self.sizes
-        v = self.coef @ monomial_values(self.basis, b, s, t)
-        r = np.rint(v)
-        # the builder's own arithmetic, int() of a float: exact products round to themselves
-        return np.where(np.abs(v - r) <= 1e-9 * np.maximum(1.0, np.abs(v)), r, np.floor(v)).astype(np.int64)
+        return _whole_bytes(self.coef @ monomial_values(self.basis, b, s, t))
 
 
 def rounded(sizes: Any, cfg: AllocatorConfig) -> Any:
@@ -164,38 +172,117 @@ def totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1) -> T
     return Totals(out, where, peak_phase, out[peak_phase], rb, req)
 
 
-def grid_totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1, chunk: int = 64) -> Dict[str, Any]:
+def grid_totals(ix: PlanIndex, cfg: AllocatorConfig, b: Any, s: Any, t: Any = 1, chunk: int = 256) -> Dict[str, Any]:
     """:func:`totals` at every cell of arrays ``b``, ``s`` (and ``t``) of one shape: each
     phase's bytes and ``peak_allocated_bytes`` as arrays of that shape (the same integer
-    arithmetic as :func:`totals`, cell by cell)."""
+    figures as :func:`totals`, cell by cell).
+
+    How, without a cumulative sum over every event at every cell: a plan has few distinct
+    size polynomials (a block's tensors repeat layer after layer), so the live bytes after
+    event ``e`` are ``const[e] + sum_d count[e, d] x rounded_d(cell)``, with ``count[e, d]``
+    the live allocations of the ``d``-th size that varies, ``const[e]`` the live rounded
+    bytes of those that do not; and a range's largest level is reached after an allocation
+    that the next event does not extend (a later allocation adds, a free removes, a mark
+    changes nothing), or at the range's ends.  Cells with equal monomials (equal tokens
+    b x s where no size depends on b x s^2) are computed once."""
     import numpy as np
 
     b, s, t = np.broadcast_arrays(np.asarray(b, dtype=float), np.asarray(s, dtype=float), np.asarray(t, dtype=float))
     shape = b.shape
-    b, s, t = b.ravel(), s.ravel(), t.ravel()
-    G = b.size
     ranges = _phase_ranges(ix)
     levels = _levels(ix)
     names = list(ranges) + list(levels)
+    mono = monomial_values(ix.basis, b.ravel(), s.ravel(), t.ravel()) if ix.symbolic else np.zeros((1, b.size))
+    cells, inverse = np.unique(mono.T, axis=0, return_inverse=True)
+    inverse = np.asarray(inverse).reshape(-1)
+    parts = _grid_parts(ix, cfg, ranges, levels)
+    K = parts["at"]
+    G = len(cells)
     out = {k: np.zeros(G, dtype=np.int64) for k in names}
     for c0 in range(0, G, chunk):
         sl = slice(c0, min(G, c0 + chunk))
-        rb = rounded(ix.sizes_at(b[sl], s[sl], t[sl]), cfg)
-        if rb.ndim == 1:
-            rb = np.repeat(rb[:, None], sl.stop - sl.start, axis=1)
-        live = np.cumsum(ix.signs[:, None] * rb[ix.rows], axis=0)
+        live = _live_at(ix, cfg, parts, cells[sl].T)
         for name, rs in ranges.items():
             best = np.full(sl.stop - sl.start, -1, dtype=np.int64)
             for lo, hi in rs:
                 if hi > lo:
-                    best = np.maximum(best, live[lo:hi].max(axis=0))
+                    i, j = np.searchsorted(K, lo), np.searchsorted(K, hi)
+                    best = np.maximum(best, live[i:j].max(axis=0))
             out[name][sl] = np.maximum(best, 0)
         for name, at in levels.items():
-            out[name][sl] = live[at]
+            out[name][sl] = live[np.searchsorted(K, at)]
     peak = np.max(np.stack([out[p] for p in PEAK_PHASES]), axis=0)
-    res = {k: v.reshape(shape) for k, v in out.items()}
-    res["peak_allocated_bytes"] = peak.reshape(shape)
+    res = {k: v[inverse].reshape(shape) for k, v in out.items()}
+    res["peak_allocated_bytes"] = peak[inverse].reshape(shape)
     return res
+
+
+def _grid_parts(ix: PlanIndex, cfg: AllocatorConfig, ranges: Dict[str, List[Tuple[int, int]]],
+                levels: Dict[str, int]) -> Dict[str, Any]:
+    """What :func:`grid_totals` reads of a plan, whatever the cells: the events where a level
+    can be a range's largest or is read (``at``, sorted), the live rounded bytes of the sizes
+    that do not vary there (``const``), the live count of each size that varies (``count``)
+    and those sizes' coefficients (``coef``)."""
+    import numpy as np
+
+    n = len(ix.rows)
+    signs = ix.signs
+    nxt = np.append(signs[1:], 0)
+    keep = (signs == 1) & (nxt != 1)
+    for rs in ranges.values():
+        for lo, hi in rs:
+            if hi > lo:
+                keep[lo] = keep[hi - 1] = True
+    for at in levels.values():
+        if n:
+            keep[at] = True
+    at = np.flatnonzero(keep)
+    coef = ix.coef if ix.symbolic else ix.sizes.astype(float).reshape(-1, 1)
+    if len(coef) == 0:
+        coef = np.zeros((0, max(1, len(ix.basis or ()))))
+    distinct, which = np.unique(coef, axis=0, return_inverse=True)
+    which = np.asarray(which).reshape(-1)
+    varies = (distinct[:, 1:] != 0).any(axis=1) if distinct.shape[1] > 1 else np.zeros(len(distinct), dtype=bool)
+    fixed_bytes = np.zeros(len(distinct), dtype=np.int64)
+    if (~varies).any():
+        fixed_bytes[~varies] = rounded(_whole_bytes(distinct[~varies, 0]), cfg)
+    col = np.full(len(distinct), -1, dtype=np.int64)
+    col[varies] = np.arange(int(varies.sum()))
+    row_col = col[which]                  # the varying size of each allocation row, -1: fixed
+    ev_col = row_col[ix.rows] if len(row_col) else np.zeros(n, dtype=np.int64)
+    ev_fixed = signs * (fixed_bytes[which][ix.rows] if len(which) else 0)
+    const = np.cumsum(np.where(ev_col < 0, ev_fixed, 0))[at]
+    count = np.zeros((n, int(varies.sum())), dtype=np.int64)
+    moving = np.flatnonzero((ev_col >= 0) & (signs != 0))
+    count[moving, ev_col[moving]] = signs[moving]
+    count = np.cumsum(count, axis=0)[at]
+    return {"at": at, "const": const, "count": count, "coef": distinct[varies]}
+
+
+def _whole_bytes(v: Any) -> Any:
+    """The builder's own arithmetic, int() of a float: exact products round to themselves."""
+    import numpy as np
+
+    r = np.rint(v)
+    return np.where(np.abs(v - r) <= 1e-9 * np.maximum(1.0, np.abs(v)), r, np.floor(v)).astype(np.int64)
+
+
+def _live_at(ix: PlanIndex, cfg: AllocatorConfig, parts: Dict[str, Any], mono: Any) -> Any:
+    """The live rounded bytes after each event of ``parts["at"]`` at cells whose monomials are
+    the columns of ``mono`` (int64, events x cells)."""
+    import numpy as np
+
+    count, coef = parts["count"], parts["coef"]
+    base = parts["const"][:, None]
+    if not len(coef):
+        return np.repeat(base, mono.shape[1], axis=1)
+    var = rounded(_whole_bytes(coef @ mono), cfg)          # each varying size at each cell
+    # counts and sizes are >= 0, so every partial sum of the product is at most the largest
+    # level: below 2**53 it is exact in floating point
+    bound = float(count.max(axis=0) @ var.max(axis=1)) if len(count) else 0.0
+    if bound + float(np.abs(base).max(initial=0)) < 2.0 ** 52:
+        return base + np.rint(count.astype(float) @ var.astype(float)).astype(np.int64)
+    return base + count @ var
 
 
 def live_rows(ix: PlanIndex, at: int) -> Any:
@@ -208,25 +295,32 @@ def live_rows(ix: PlanIndex, at: int) -> Any:
 def tree(ix: PlanIndex, tot: Totals, at: int) -> List[Node]:
     """The tensors live just after event ``at``: component > module group > tensor (the same
     name summed over layers, with how many there are), each at its requested bytes; what
-    the allocator's rounding adds is its own box, so that the tree sums to the total."""
+    the allocator's rounding adds is its own box, so that the tree sums to the total.  A
+    tensor's formula and dtype are those of its first live allocation."""
+    import numpy as np
+
     info = ix.plan.info
-    groups: Dict[Tuple[str, str, str], List[Any]] = {}
-    rounding = 0
-    for row in live_rows(ix, at):
-        i: TensorInfo = info[ix.keys[row]]
-        g = groups.setdefault((i.component, i.group or i.component, i.name), [0, 0, i.formula, i.dtype])
-        g[0] += int(tot.requested_bytes[row])
-        g[1] += 1
-        rounding += int(tot.rounded_bytes[row]) - int(tot.requested_bytes[row])
+    gid, keys = tree_keys(ix)
+    rows = live_rows(ix, at)
+    req = np.asarray(tot.requested_bytes)[rows].astype(np.int64)
+    rounding = int((np.asarray(tot.rounded_bytes)[rows].astype(np.int64) - req).sum())
+    live_gid = gid[rows]
+    uniq, first, inv = np.unique(live_gid, return_index=True, return_inverse=True)
+    sums = np.zeros(len(uniq), dtype=np.int64)
+    np.add.at(sums, np.asarray(inv).reshape(-1), req)
+    counts = np.bincount(np.asarray(inv).reshape(-1), minlength=len(uniq))
     comps: Dict[str, Node] = {}
-    for (comp, group, name), (nbytes, count, formula, dtype) in groups.items():
+    for j in np.argsort(first, kind="stable"):          # in the order of first appearance
+        comp, group, name = keys[int(uniq[j])]
+        i: TensorInfo = info[ix.keys[int(rows[first[j]])]]
+        nbytes, count, formula = int(sums[j]), int(counts[j]), i.formula
         c = comps.get(comp)
         if c is None:
             c = comps[comp] = Node(comp)
         gnode = next((x for x in c.children if x.name == group), None)
         if gnode is None:
             gnode = c.add(Node(group))
-        gnode.add(Node(name, bytes=float(nbytes), dtype=dtype or None,
+        gnode.add(Node(name, bytes=float(nbytes), dtype=i.dtype or None,
                        formula=(f"{count} x {formula}" if count > 1 and formula else formula)))
     if rounding:
         comps["allocator rounding"] = Node("allocator rounding", bytes=float(rounding),
@@ -236,10 +330,34 @@ def tree(ix: PlanIndex, tot: Totals, at: int) -> List[Node]:
     return [n for n in out if n.bytes > 0]
 
 
+def tree_keys(ix: PlanIndex) -> Tuple[Any, List[Tuple[str, str, str]]]:
+    """Each allocation row's box in the trees, (component, module group, name), as an index
+    into the list of distinct boxes; computed once per plan."""
+    import numpy as np
+
+    got = ix.tree_boxes
+    if got is None:
+        info = ix.plan.info
+        index: Dict[Tuple[str, str, str], int] = {}
+        by_info: Dict[int, int] = {}
+        gid = np.empty(len(ix.keys), dtype=np.int64)
+        for row, key in enumerate(ix.keys):
+            i = info[key]
+            g = by_info.get(id(i))
+            if g is None:
+                g = by_info[id(i)] = index.setdefault((i.component, i.group or i.component, i.name), len(index))
+            gid[row] = g
+        got = ix.tree_boxes = (gid, list(index))
+    return got
+
+
 def events_at(ix: PlanIndex, b: Any, s: Any, t: Any = 1) -> List[Event]:
     """The plan's allocator events with sizes at one size (what ``allocator.replay`` reads)."""
+    import numpy as np
+
     if not ix.symbolic:
         return ix.plan.events
-    it = iter(ix.sizes_at(b, s, t).tolist())
-    return [(kind, key, next(it), label) if kind == "alloc" else (kind, key, nbytes, label)
-            for kind, key, nbytes, label in ix.plan.events]
+    kinds, keys, third, labels, made = ix.columns
+    col = np.array(third, dtype=object)
+    col[made] = ix.sizes_at(b, s, t).tolist()
+    return list(zip(kinds, keys, col.tolist(), labels))
