@@ -74,7 +74,7 @@ def with_gc_paused(fn: Callable[..., Any]) -> Callable[..., Any]:
 def clear_caches() -> None:
     """Forget every cached replay and plan (benchmarks time cold setups), the replays with a
     card's capacity (``gpus.judge_on``) included."""
-    from .caching import gpus, plan
+    from .. import gpus, plan
 
     with _LOCK:
         _REPLAYS.clear()
