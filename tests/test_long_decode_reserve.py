@@ -95,3 +95,44 @@ def test_32k_decode_reserve_is_the_sum_of_its_mechanisms_and_fits_an_rtx_4090_ti
     assert main(["infer", "llama-3.1-8b", "--prompt-len", "128", "--context-len", "32768", "--gpu", "RTX-4090"]) == 0
     text = capsys.readouterr().out
     assert "RTX 4090: fits, tight" in text and "frees its cached blocks" in text
+
+
+def _decode(context_len, prompt_len=128):
+    s = InferenceSetup.from_kwargs(context_len=context_len, prompt_len=prompt_len)
+    return load("llama-3.1-8b"), s
+
+
+def test_a_long_decode_is_replayed_at_the_largest_cards_limit(monkeypatch):
+    """A decode longer than LONG_DECODE_STEPS is replayed with the free-and-retry at the largest
+    card of the catalog.  Below that capacity nothing is freed, so its reserve is the unlimited
+    replay's to the byte (here with the threshold lowered to 64 steps: an 8,064-token decode of
+    Llama-3.1-8B from a 128-token prompt, 17,528 MiB reserved for 16,389 MiB allocated); above it the reserve stops at the capacity instead of one more segment per
+    layer and step (the allocator's state, and the replay's own memory, stay bounded: a
+    10^6-token decode reserved 5 GB of the replay's own memory a minute before this)."""
+    from vramwidget.allocator.caching import parse_alloc_conf
+    from vramwidget.inference import events as E
+
+    arch, s = _decode(8192)
+    cfg = parse_alloc_conf(s.allocator)
+    ref = replay_runs(replay_parts(cached_runs(arch, s), cfg), cfg)
+    unlimited = ref.max_reserved_bytes
+    E.clear_caches()
+    monkeypatch.setattr(E, "LONG_DECODE_STEPS", 64)
+    assert E.replay_inference(arch, s).max_reserved_bytes == unlimited
+    # a card smaller than the unlimited reserve: the replay frees and retries at its limit
+    E.clear_caches()
+    # 97% of it (17,002 MiB): the cached segments no longer all fit, the retry frees them (at
+    # 90% the blocks still in use no longer fit: an out-of-memory error, as on a real card)
+    cap = int(unlimited * 0.97)
+    monkeypatch.setattr(E, "largest_card_bytes", lambda: cap)
+    capped = E.replay_inference(arch, s)
+    assert capped.oom is None and capped.max_reserved_bytes <= cap < unlimited
+    E.clear_caches()
+
+
+def test_the_largest_card_is_the_catalogs():
+    from vramwidget.gpus import list_gpus
+    from vramwidget.inference.events import largest_card_bytes
+
+    assert largest_card_bytes() == max(g.memory_gb for g in list_gpus()) * 2**30
+    assert largest_card_bytes() >= 141 * 2**30      # the H200 the validation cases ran on

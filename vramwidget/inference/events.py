@@ -499,6 +499,22 @@ _REPLAYS: Dict[Tuple[Any, ...], Tuple[Architecture, ReplayResult]] = {}
 _INFLIGHT: Dict[Tuple[Any, ...], threading.Event] = {}
 _LOCK = threading.Lock()
 _MAX_CACHED = 1024
+#: decodes longer than this (new tokens) are replayed without a card at the largest card's
+#: capacity (:func:`largest_card_bytes`): each step's ``torch.cat`` of every layer's keys and
+#: values leaves the previous segment too small to reuse, so an allocator without a limit keeps
+#: a new segment per layer and step (80 GiB for 32k tokens of Llama-3.1-8B, and at 10^6 tokens
+#: more segments than the replay's memory holds), while a real allocator at its card's limit
+#: frees its cached blocks and retries (``CachingAllocator.malloc``).  No card holds more than
+#: the largest one, so the figure below that capacity is the unlimited one, and the replay's
+#: own memory stays bounded (``replay_runs_on_card`` skips the steps that repeat exactly).
+LONG_DECODE_STEPS = 32768
+
+
+def largest_card_bytes() -> float:
+    """The memory of the largest GPU of the catalog (``data/gpus.json``), in bytes."""
+    from ..gpus import list_gpus
+
+    return max(g.memory_bytes for g in list_gpus())
 
 
 def _key(arch: Architecture, s: InferenceSetup) -> Tuple[Any, ...]:
@@ -534,7 +550,11 @@ def replay_inference(arch: Architecture, s: InferenceSetup, capacity_bytes: Opti
     key = _key(arch, s)
 
     def replay_and_store() -> ReplayResult:
-        res = replay_runs(replay_parts(cached_runs(arch, s), cfg), cfg)
+        parts = replay_parts(cached_runs(arch, s), cfg)
+        if s.context_len - s.prompt_len > LONG_DECODE_STEPS:
+            res = replay_runs_on_card(parts, cfg, largest_card_bytes())
+        else:
+            res = replay_runs(parts, cfg)
         with _LOCK:
             if len(_REPLAYS) >= _MAX_CACHED:
                 _REPLAYS.clear()
