@@ -295,6 +295,18 @@ class ReplayResult:
     segments: List[Tuple[int, int, bool, List[Tuple[int, int, int, bool, str]]]] = field(default_factory=list)
 
 
+def _record_stats(res: "ReplayResult", al: "CachingAllocator") -> "ReplayResult":
+    """Write the allocator's statistics at the end of a replay into ``res`` (and return it)."""
+    res.max_reserved_bytes = al.max_reserved
+    res.max_allocated_bytes = al.max_requested
+    res.max_block_allocated_bytes = al.max_allocated
+    res.reserved_bytes = al.reserved
+    res.allocated_bytes = al.allocated
+    res.fragmentation_at_max_bytes = al.frag_at_max
+    res.segments_allocated = al.segments_allocated
+    return res
+
+
 class _SegmentBook:
     """The segment bookkeeping of :class:`CachingAllocator`: the free lists per pool (sorted
     by size and address), new and expandable segments, releasing cached blocks and
@@ -733,13 +745,7 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
         else:
             raise ValueError(f"unknown replay event {kind!r}")
     res.num_events = n + 1
-    res.max_reserved_bytes = al.max_reserved
-    res.max_allocated_bytes = al.max_requested
-    res.max_block_allocated_bytes = al.max_allocated
-    res.reserved_bytes = al.reserved
-    res.allocated_bytes = al.allocated
-    res.fragmentation_at_max_bytes = al.frag_at_max
-    res.segments_allocated = al.segments_allocated
+    _record_stats(res, al)
     if record:
         res.trace = al.trace
         res.segments = al.segments()
@@ -1052,10 +1058,7 @@ def _replay_together(parts: Sequence[Any], cfg: AllocatorConfig) -> ReplayResult
         for event in part:
             n += 1
             _apply(al, live, *event)
-    return ReplayResult(max_reserved_bytes=al.max_reserved, max_allocated_bytes=al.max_requested,
-                        max_block_allocated_bytes=al.max_allocated, reserved_bytes=al.reserved,
-                        allocated_bytes=al.allocated, fragmentation_at_max_bytes=al.frag_at_max,
-                        segments_allocated=al.segments_allocated, num_events=n)
+    return _record_stats(ReplayResult(num_events=n), al)
 
 
 def _is_small(nbytes: float, cfg: AllocatorConfig) -> bool:
@@ -1673,13 +1676,8 @@ def replay_runs_on_card(parts: Sequence[Any], config: Optional[AllocatorConfig] 
         res.num_events = g + 1
     else:
         res.num_events = g
-    res.max_reserved_bytes = al.max_reserved
+    _record_stats(res, al)
     # the skip-ahead keeps the blocks' allocated peak (torch's statistic); a decode's requests
     # are whole blocks, so it is also the rounded requests' peak of the full replay
     res.max_allocated_bytes = al.max_allocated
-    res.max_block_allocated_bytes = al.max_allocated
-    res.reserved_bytes = al.reserved
-    res.allocated_bytes = al.allocated
-    res.fragmentation_at_max_bytes = al.frag_at_max
-    res.segments_allocated = al.segments_allocated
     return res
