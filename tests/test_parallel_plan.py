@@ -7,7 +7,9 @@ trees and the allocator replay are all read from it.  So, over random layouts (D
 pipeline, sequence and expert parallel):
 
 * the replay's ``max_allocated_bytes`` equals the per-GPU ``peak_allocated_bytes`` to the byte;
-* every phase's total equals the sum of its tree (the tree's leaves are the plan's tensors).
+* every phase's total equals the sum of its tree (the tree's leaves are the plan's tensors);
+* the lower bound the solvers pass a layout over by (``plan.per_gpu.floor_bytes``, before the
+  GPU's plan is written) is never above that GPU's peak.
 """
 
 import random
@@ -16,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vramwidget as vw
+from vramwidget.parallel.estimate import giving_up_above
 
 MODELS = ["smollm2-135m", "qwen2.5-0.5b", "gpt2", "qwen3-0.6b", "olmoe-1b-7b"]
 LAYOUTS = ["ddp", "ddp_view", "zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_params",
@@ -53,10 +56,20 @@ def _layout(rnd: random.Random, model: str):
 
 
 def _check(model, kw):
+    floors = []
     try:
-        pe = vw.estimate_parallel(model, **kw)
+        # every GPU's lower bound (plan.per_gpu.floor_bytes), recorded and never acted on
+        with giving_up_above(lambda f: floors.append(f) or False):
+            pe = vw.estimate_parallel(model, **kw)
     except vw.VramError:
         return None
+    # one bound per distinct stage, in order; each is at most that stage's own peak (the
+    # solvers pass over a layout by it without writing its plan: fit.solver)
+    peaks = list(dict.fromkeys((st.layers, st.embedding, st.head, st.in_flight) for st in pe.stages))
+    assert len(floors) == len(peaks), (model, kw)
+    by_key = {(st.layers, st.embedding, st.head, st.in_flight): st.estimate.peak_allocated_bytes for st in pe.stages}
+    for f, key in zip(floors, peaks):
+        assert 0 <= f <= by_key[key], (model, kw, key, f - by_key[key])
     for stage in pe.stages:
         est = stage.estimate
         r = est.replay()

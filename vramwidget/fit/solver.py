@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..model.architecture import Architecture, load
 from ..errors import VramError
 from ..estimate import estimate_setup
-from ..gpus import GPU, fits_on_card, get_gpu
+from ..gpus import GPU, context_for, fits_on_card, get_gpu
 from ..allocator.replays import with_gc_paused
 from ..inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int
 from ..stacks import stack_switches
 from ..parallel.strategies import BY_NAME, suggested
-from ..parallel.estimate import PARALLEL_KEYS, STRATEGIES, ParallelEstimate, estimate_parallel_setup
+from ..parallel.estimate import (PARALLEL_KEYS, STRATEGIES, AboveFloor, ParallelEstimate, estimate_parallel_setup,
+                                 giving_up_above)
 from ..training import TrainingSetup
 from ..units import GIB
 from .verdict import capacity_bytes, fits
@@ -74,21 +75,50 @@ class _Query:
         self.setup = TrainingSetup.from_kwargs(**setup_kw)
         #: the capacity judged: what CUDA reports as the card's total (verdict.capacity_bytes)
         self.usable = capacity_bytes(self.gpu)
+        #: the card's own CUDA context, which every estimate on it counts (Estimate.set_gpu)
+        self.context_bytes = context_for(self.gpu)[0]
 
-    def estimate(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None):
-        """The estimate on this card (its device total counts the card's own CUDA context)."""
+    def estimate(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None,
+                 give_up: Optional[Callable[[float], bool]] = None):
+        """The estimate on this card (its device total counts the card's own CUDA context).
+
+        ``give_up``: a test of a lower bound of a GPU's allocated peak (bytes); where it
+        holds for a GPU of a parallel run, None is returned before that GPU's step plan is
+        written (``parallel.estimate.giving_up_above``: the bound is the load's tensors and
+        the optimizer states that GPU keeps, ``plan.per_gpu.floor_bytes``)."""
         s = self.setup if s is None else s
         par = self.par if par is None else par
         if par:
-            return estimate_parallel_setup(self.arch, s, **par).set_gpu(self.gpu)
+            if give_up is None or not CHEAP_BOUNDS:
+                return estimate_parallel_setup(self.arch, s, **par).set_gpu(self.gpu)
+            try:
+                with giving_up_above(give_up):
+                    est = estimate_parallel_setup(self.arch, s, **par)
+            except AboveFloor:
+                return None
+            return est.set_gpu(self.gpu)
         return estimate_setup(self.arch, s, gpu=self.gpu)
+
+    def over_card(self, floor_bytes: float) -> bool:
+        """Whether a GPU whose allocated peak is at least ``floor_bytes`` is over this card
+        (with its CUDA context): then so is its device total (``allocated_fits``)."""
+        return floor_bytes + self.context_bytes > self.usable
+
+    def never_fits_with_margin(self, floor_bytes: float) -> bool:
+        """Whether a GPU whose allocated peak is at least ``floor_bytes`` can never be in the
+        state ``fits`` on this card (``may_fit_with_margin``: the state only grows with the
+        peak)."""
+        from .verdict import band_bytes, state_of
+
+        return state_of(floor_bytes + self.context_bytes, self.usable, band_bytes(floor_bytes)) != "fits"
 
     def total(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> float:
         return self.estimate(s, par).device_total_bytes
 
     def fits_allocated(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> bool:
         """A necessary condition of ``fits``: the allocated peak + CUDA context fit (no replay)."""
-        return self.allocated_fits(self.estimate(s, par))
+        est = self.estimate(s, par, give_up=self.over_card)
+        return est is not None and self.allocated_fits(est)
 
     def allocated_fits(self, est: Any) -> bool:
         """A necessary condition of fitting, without the allocator replay: reserved memory is
@@ -98,8 +128,8 @@ class _Query:
         return est.peak_allocated_bytes + per_gpu.cuda_context_bytes <= self.usable
 
     def fits(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> bool:
-        est = self.estimate(s, par)
-        if not self.allocated_fits(est):
+        est = self.estimate(s, par, give_up=self.over_card)
+        if est is None or not self.allocated_fits(est):
             return False
         on_card = fits_on_card(est, self.gpu) if CHEAP_BOUNDS else None
         if on_card is not None:
@@ -479,7 +509,8 @@ class _Search:
         self.seen: set = set()
         self.moves: List[_Move] = []
 
-    def evaluate(self, ms: Sequence[_Move]) -> Optional[Tuple[Any, Any, Dict[str, Any], Dict[str, Any]]]:
+    def evaluate(self, ms: Sequence[_Move], give_up: Optional[Callable[[float], bool]] = None
+                 ) -> Optional[Tuple[Any, Any, Dict[str, Any], Dict[str, Any]]]:
         q, s, seen, par0, max_gpus, n_now = self.q, self.s, self.seen, self.par0, self.max_gpus, self.n_now
         setup_changes: Dict[str, Any] = {}
         par_changes: Dict[str, Any] = {}
@@ -495,8 +526,10 @@ class _Search:
             par = {**par0, **par_changes}
             if int(par.get("num_gpus", 1) or 1) > max(max_gpus, n_now):
                 return None
-            est = q.estimate(s2, par)
+            est = q.estimate(s2, par, give_up=give_up)
         except VramError:
+            return None
+        if est is None:
             return None
         return est, s2, par, {**setup_changes, **par_changes}
 
@@ -727,7 +760,9 @@ def _try_combinations(search: _Search, combine: int) -> None:
             titles = frozenset(m.title for m in combo)
             if any(f <= titles for f in fitting):
                 continue
-            res = evaluate(list(combo))
+            # listed only when it fits with the margin: a parallel layout whose GPU cannot is
+            # passed over before its plan is written
+            res = evaluate(list(combo), give_up=search.q.never_fits_with_margin)
             if res is None or not (search.q.may_fit_with_margin(res[0]) if CHEAP_BOUNDS
                                    else search.q.allocated_fits(res[0])):
                 continue   # a combination is listed only when it fits: no replay for one that cannot

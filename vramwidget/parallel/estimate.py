@@ -84,8 +84,10 @@ GPU the layout changes nothing and the per-GPU estimate is the single-GPU estima
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..model.architecture import Architecture, ParamTensor, load
 from ..errors import VramError
@@ -98,7 +100,7 @@ from ..plan.profile import full_checkpointing
 from ..plan import plan_view
 from ..plan.builder import StepPlan, TensorInfo
 from ..plan.views import live_rows
-from ..plan.per_gpu import Buffer, GpuLayout, Shares, ZeroStepGroup, per_gpu_plan
+from ..plan.per_gpu import Buffer, GpuLayout, Shares, ZeroStepGroup, floor_bytes, per_gpu_plan
 from ..result import Estimate, Node
 from ..training import TrainingSetup
 from ..units import DTYPE_BYTES, GIB
@@ -1088,6 +1090,31 @@ def _common_layout(gpu: GpuLayout, strategy: str, lay: _Layout, opts: Dict[str, 
         ms["NCCL buffers"] = nccl
 
 
+class AboveFloor(Exception):
+    """Raised by :func:`estimate_parallel_setup` inside :func:`giving_up_above` when a GPU's
+    lower bound (``plan.per_gpu.floor_bytes``) is one the caller has no use for."""
+
+    def __init__(self, floor_bytes: float):
+        super().__init__(f"a GPU holds at least {floor_bytes / GIB:.2f} GiB")
+        self.floor_bytes = floor_bytes
+
+
+#: the caller's test of a GPU's lower bound (True: give up), set by :func:`giving_up_above`
+_GIVE_UP: ContextVar[Optional[Callable[[float], bool]]] = ContextVar("vramwidget_give_up", default=None)
+
+
+@contextmanager
+def giving_up_above(give_up: Callable[[float], bool]) -> Iterator[None]:
+    """Within this block, an estimate whose GPU's allocated peak is bound to be one that
+    ``give_up(floor_bytes)`` refuses raises :class:`AboveFloor` before that GPU's step plan
+    is written (the solvers' candidates that cannot fit a card: fit.solver)."""
+    token = _GIVE_UP.set(give_up)
+    try:
+        yield
+    finally:
+        _GIVE_UP.reset(token)
+
+
 def _per_gpu_stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Layout, opts: Dict[str, Any],
                    first: int, last: int, embed: bool, head: bool, in_flight: int):
     """One pipeline stage's GPU: its slice's step plan transformed into that GPU's
@@ -1095,7 +1122,6 @@ def _per_gpu_stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, l
     states by part, the host and NVMe bytes."""
     strategy = lay.strategy
     cut, uncut = stage_slice(arch, first, last, embed, head, lay.tp, lay.ep)
-    E = estimate_setup(cut, s_loc)
     notes: List[str] = []
     N, Ne = lay.shard, lay.shard_experts
     off_opt, off_par = opts["offload_optimizer"], opts["offload_params"]
@@ -1167,6 +1193,12 @@ def _per_gpu_stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, l
         gpu.in_flight = _buffer("step", "activations", f"{in_flight - 1} more micro-batches in flight (1F1B)",
                                (in_flight - 1) * acts, f"stage keeps min(pp - stage, micro-batches) = {in_flight} "
                                                        f"micro-batches' saved activations")
+    give_up = _GIVE_UP.get()
+    if give_up is not None:
+        floor = floor_bytes(view, gpu)
+        if give_up(floor):
+            raise AboveFloor(floor)
+    E = estimate_setup(cut, s_loc)
     est = E if gpu.changes_nothing() else _per_gpu_estimate(E, cut, s_loc, gpu, notes, (strategy, lay))
     # the per-GPU estimate reports the whole model's parameter counts and the user's setup
     est = _relabel(est, arch, s, E)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from .builder import PlanBuilder, StepPlan, TensorInfo
+from .views import live_rows
 
 
 @dataclass(frozen=True)
@@ -139,14 +140,6 @@ class _Writer:
 
     def free(self, key: Optional[int]) -> None:
         self.pb.free(key)
-
-    def share(self, i: TensorInfo) -> float:
-        sh = self.lay.shares
-        if i.component == "quantization constants" or i.component == "workspace":
-            return 1.0
-        if i.component == "adapters":
-            return sh.adapters
-        return sh.weights_experts if i.group == "experts" else sh.weights
 
     # -- marks -----------------------------------------------------------------------------
     def enter(self, phase: str, step: int) -> None:
@@ -330,6 +323,30 @@ _TEMP = TensorInfo("optimizer temporaries", "ZeRO step", "optimizer temporary of
                    "foreach AdamW's sqrt(exp_avg_sq): 4 B x the sub-group's elements", "float32")
 
 
+def kept_share(lay: GpuLayout, i: TensorInfo, loading: bool) -> Optional[float]:
+    """The share of a slice tensor that the GPU's plan allocates in its place, as the
+    slice's own alloc and free (1: as on one GPU); None where the writer does something
+    else: a gradient (``_Writer.gradient``: kept, none, sharded or per unit), an optimizer
+    temporary under ZeRO's step (``_Writer.zero_step``), a 16-bit autocast copy the
+    strategy makes unneeded (dropped).  The load's tensors are parameters at their share,
+    quantization constants and workspaces whole (bitsandbytes' QuantState is no parameter)."""
+    sh = lay.shares
+    comp, experts = i.component, i.group == "experts"
+    if loading:
+        if comp == "quantization constants" or comp == "workspace":
+            return 1.0
+        if comp == "adapters":
+            return sh.adapters
+        return sh.weights_experts if experts else sh.weights
+    if comp == "optimizer states":
+        return sh.states_experts if experts else sh.states
+    if comp == "optimizer temporaries":
+        return None if lay.zero_step is not None else (sh.temps_experts if experts else sh.temps)
+    if comp == "gradients" or (i.group == "autocast copies (16-bit)" and lay.drop_casts):
+        return None
+    return lay.activation_share if comp == "activations" and i.name != "input_ids" else 1.0
+
+
 def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     """The GPU's own step plan from its slice's ``plan`` (concrete sizes), see the module
     docstring."""
@@ -338,7 +355,6 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     for phase, step, at in plan.marks:
         marks.setdefault(at, []).append((phase, step))
     info = plan.info
-    sh = lay.shares
     for j, (kind, key, nbytes, label) in enumerate(plan.events):
         if kind == "alloc" and w.loading and info[key].name == "input_ids":
             w.loading = False
@@ -360,26 +376,62 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
             w.pb.events.append((kind, key, nbytes, label))
             continue
         i = info[key]
-        if w.loading:
-            w.key[key] = w.alloc(nbytes * w.share(i), i, label)
-            continue
+        f = kept_share(lay, i, w.loading)
         comp = i.component
-        if comp == "optimizer states":
-            w.key[key] = w.alloc(nbytes * (sh.states_experts if i.group == "experts" else sh.states), i, label)
-        elif comp == "optimizer temporaries":
-            if lay.zero_step is not None:
-                w.key[key] = None
-                if not w.step_done:
-                    w.zero_step()
-            else:
-                w.key[key] = w.alloc(nbytes * (sh.temps_experts if i.group == "experts" else sh.temps), i, label)
+        if f is not None:
+            if not w.loading and comp != "optimizer states" and comp != "optimizer temporaries":
+                w.at(_layer(label))
+            w.key[key] = w.alloc(nbytes * f, i, label)
+        elif comp == "optimizer temporaries":         # ZeRO's step, sub-group by sub-group
+            w.key[key] = None
+            if not w.step_done:
+                w.zero_step()
         elif comp == "gradients":
             w.at(_layer(label))
             w.gradient(key, nbytes, i, label)
-        elif i.group == "autocast copies (16-bit)" and lay.drop_casts:
+        else:                                         # dropped
             w.key[key] = None
-        else:
-            w.at(_layer(label))
-            share = lay.activation_share if comp == "activations" and i.name != "input_ids" else 1.0
-            w.key[key] = w.alloc(nbytes * share, i, label)
     return w.pb.plan(plan.steps)
+
+
+def floor_bytes(view: Any, lay: GpuLayout) -> float:
+    """A lower bound of the GPU's allocated peak, from its slice's plan ``view`` and the
+    layout alone, without writing the GPU's plan: at the slice's forward, backward and
+    optimizer-step peaks, the bytes the GPU's plan holds there of the slice's live tensors
+    (each at :func:`kept_share`; a gradient where the layout keeps gradients whole), with the
+    strategy's tensors that live from start-up to the end (``startup`` buffers: ZeRO's
+    partitions and master copy, DDP's buckets...) and, in the backward, those that live
+    through it (``backward``).  Left out: what the layout adds by phase (gathered
+    parameters, sharded or per-unit gradients, ZeRO's step, buffers of other lifetimes).
+    The GPU's plan frees a key where the slice does, so it holds all of these at those
+    events, and its peak is the largest live sum (of rounded sizes, never below the
+    requests): the largest of the three is never above ``peak_allocated_bytes`` (each share's
+    truncation to whole bytes is taken off: one byte per tensor).  The solvers use it to
+    pass over a layout whose bound is already over a card before its plan is written
+    (``parallel.estimate.giving_up_above``)."""
+    import numpy as np
+
+    ix, tot = view.index, view.totals
+    info = ix.plan.info
+    # the load ends at the first input_ids (per_gpu_plan's ``loading``; rows index the events)
+    load_end = next((j for j, (kind, key, _n, _l) in enumerate(ix.plan.events)
+                     if kind == "alloc" and info[key].name == "input_ids"), len(ix.plan.events))
+
+    def kept_at(phase: str, lifetimes: Tuple[str, ...]) -> float:
+        at = tot.phase_events.get(phase)
+        if at is None:
+            return 0.0
+        total = 0.0
+        rows = live_rows(ix, at)
+        for row in rows:
+            i = info[ix.keys[row]]
+            f = kept_share(lay, i, bool(ix.alloc_at[row] < load_end))
+            if f is None and i.component == "gradients" and lay.grads == "keep":
+                f = 1.0
+            if f:
+                total += float(tot.requested_bytes[row]) * f
+        bufs = [b.nbytes for b in lay.buffers if b.lifetime in lifetimes]
+        return total + float(sum(bufs)) - float(np.size(rows) + len(bufs))
+
+    return max(0.0, kept_at("forward", ("startup",)), kept_at("backward", ("startup", "backward")),
+               kept_at("optimizer_step", ("startup",)))
