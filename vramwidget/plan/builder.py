@@ -68,6 +68,13 @@ class PlanBuilder:
               dtype: str = "", label: Any = None) -> Optional[int]:
         """A tensor of ``nbytes`` is made; returns its key (None for an empty tensor).  ``label``:
         what the allocator snapshot calls it (default ``name``)."""
+        d = (component, group, name, formula, dtype)
+        info = self._infos.get(d)
+        return self.alloc_as(nbytes, TensorInfo(*d) if info is None else info, label)
+
+    def alloc_as(self, nbytes: Any, info: TensorInfo, label: Any = None) -> Optional[int]:
+        """:meth:`alloc` of a tensor described by ``info`` (a plan rewritten tensor by tensor
+        passes the source plan's own: ``plan/per_gpu.py``)."""
         if not nbytes:            # a Size that is zero at every size, or a zero
             return None
         if nbytes.__class__ is not Size:
@@ -75,12 +82,9 @@ class PlanBuilder:
                 return None
             nbytes = int(nbytes)
         n = self.last_key = self.last_key + 1
-        self.events.append(("alloc", n, nbytes, name if label is None else label))
-        d = (component, group, name, formula, dtype)
-        info = self._infos.get(d)
-        if info is None:
-            info = self._infos[d] = TensorInfo(*d)
-        self.info[n] = info
+        self.events.append(("alloc", n, nbytes, info.name if label is None else label))
+        # one object per distinct description (a TensorInfo is the tuple it is keyed by)
+        self.info[n] = self._infos.setdefault(info, info)
         self.sizes[n] = nbytes
         return n
 

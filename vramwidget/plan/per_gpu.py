@@ -135,8 +135,7 @@ class _Writer:
 
     # -- helpers ---------------------------------------------------------------------------
     def alloc(self, nbytes: float, info: TensorInfo, label: Any = None) -> Optional[int]:
-        return self.pb.alloc(int(nbytes), info.name, info.component, info.group, info.formula, info.dtype,
-                             label=label)
+        return self.pb.alloc_as(int(nbytes), info, label)
 
     def free(self, key: Optional[int]) -> None:
         self.pb.free(key)
@@ -355,6 +354,8 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     for phase, step, at in plan.marks:
         marks.setdefault(at, []).append((phase, step))
     info = plan.info
+    # where the block running matters (ZeRO-3's gathered set, FSDP's units); else at() has nothing to do
+    tracks = bool(lay.gathered or lay.unit_bytes or lay.grads == "unit")
     for j, (kind, key, nbytes, label) in enumerate(plan.events):
         if kind == "alloc" and w.loading and info[key].name == "input_ids":
             w.loading = False
@@ -379,7 +380,7 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
         f = kept_share(lay, i, w.loading)
         comp = i.component
         if f is not None:
-            if not w.loading and comp != "optimizer states" and comp != "optimizer temporaries":
+            if tracks and not w.loading and comp != "optimizer states" and comp != "optimizer temporaries":
                 w.at(_layer(label))
             w.key[key] = w.alloc(nbytes * f, i, label)
         elif comp == "optimizer temporaries":         # ZeRO's step, sub-group by sub-group
@@ -387,7 +388,8 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
             if not w.step_done:
                 w.zero_step()
         elif comp == "gradients":
-            w.at(_layer(label))
+            if tracks:
+                w.at(_layer(label))
             w.gradient(key, nbytes, i, label)
         else:                                         # dropped
             w.key[key] = None
