@@ -145,11 +145,21 @@ def _both(monkeypatch, fn):
     ("qwen2.5-0.5b", "T4", dict(precision="amp_fp16", gradient_checkpointing="full")),
 ])
 def test_max_batch_and_seq_are_the_same(monkeypatch, model, gpu, kw):
+    """The same largest batch; a sequence length on the same line.  The replayed allocator's
+    reserve on a card is not monotone in the length (a request's 512-byte and 2 MiB
+    roundings decide what a freed block can be reused for), so the line ripples over a few
+    tokens, and the guided search (probes where the last failure's shortfall says the line
+    is: ``fit.solver._bracket``) can stop at another boundary than plain bisection: each
+    answer fits with one token more not fitting, and the two are within 1% of each other
+    (qwen2.5-0.5b on a T4: 3,499 and 3,492 tokens)."""
+    no_seq = {k: v for k, v in kw.items() if k != "seq_len"}
     fast, slow = _both(monkeypatch, lambda: (fit.max_batch_size(model, gpu, **kw),
-                                             fit.max_seq_len(model, gpu, **{k: v for k, v in kw.items()
-                                                                            if k != "seq_len"})))
-    assert fast == slow
+                                             fit.max_seq_len(model, gpu, **no_seq)))
+    assert fast[0] == slow[0]
     assert fast[0] > 0 and fast[1] > 0, "a search that finds nothing compares nothing"
+    for n in (fast[1], slow[1]):
+        assert fit.check(model, gpu, seq_len=n, **no_seq).fits and not fit.check(model, gpu, seq_len=n + 1, **no_seq).fits, n
+    assert abs(fast[1] - slow[1]) <= 0.01 * slow[1], (fast[1], slow[1])
 
 
 @pytest.mark.parametrize("model, gpu, kw", [

@@ -464,6 +464,18 @@ def judge_on(est: Any, gpu: Any, *, replay: bool = True) -> Dict[str, Any]:
     return out
 
 
+def capacity_shortfall(est: Any, gpu: GPU) -> Optional[float]:
+    """Bytes by which ``est``'s capacity replay on ``gpu`` (already run and cached: none is
+    run here) failed: the reserve left after the free-and-retry plus the refused request,
+    over what torch may reserve; None where no such replay failed.  A search for the line
+    (``fit.solver``'s largest batch or sequence) guesses its next probe from it."""
+    res = _cached_capacity_replay(est, capacity_bytes(gpu) - context_for(gpu)[0])
+    if res is None or res.oom is None:
+        return None
+    oom = res.oom
+    return float(max(oom.reserved + oom.size - oom.capacity, 512))   # at least one 512-byte block
+
+
 def fits_on_card(est: Any, gpu: GPU) -> Optional[bool]:
     """Whether a one-GPU estimate on ``gpu`` whose allocated peak fits there fits the card,
     from one replay with the card's capacity, without the unlimited replay first; None where

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..model.architecture import Architecture, load
 from ..errors import VramError
 from ..estimate import estimate_setup
-from ..gpus import GPU, context_for, fits_on_card, get_gpu
+from ..gpus import GPU, capacity_shortfall, context_for, fits_on_card, get_gpu
 from ..allocator.replays import with_gc_paused
 from ..inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int
 from ..stacks import stack_switches
@@ -136,6 +136,34 @@ class _Query:
             return on_card
         return fits(est.device_total_bytes, self.usable)
 
+    def shortfall(self, s: TrainingSetup) -> Optional[float]:
+        """Bytes by which a one-GPU setup already judged not to fit is over this card: its
+        allocated peak + CUDA context over the card, or its capacity replay's refusal
+        (``gpus.capacity_shortfall``); None where that is not known."""
+        est = self.estimate(s)
+        over = est.peak_allocated_bytes + est.cuda_context_bytes - self.usable
+        return float(over) if over > 0 else capacity_shortfall(est, self.gpu)
+
+    def guess_below(self, at: Callable[[int], TrainingSetup]) -> Callable[[int], Optional[int]]:
+        """``guess(bad)`` for :func:`_largest`, for setups ``at(k)`` on one GPU: the k below
+        a failing ``bad`` where the allocated peak has come down by what ``bad`` was over by
+        (:meth:`shortfall`), the peak's growth from k - 1 to k taken for every step; None
+        where not known.  (A secant through two failures was tried: what a capacity replay
+        is refused by is too uneven from one size to the next to draw a line through.)"""
+        if self.par:
+            return lambda bad: None
+
+        def guess(bad: int) -> Optional[int]:
+            if bad <= 1:
+                return None
+            short = self.shortfall(at(bad))
+            per_k = self.estimate(at(bad)).peak_allocated_bytes - self.estimate(at(bad - 1)).peak_allocated_bytes
+            if short is None or not per_k > 0:
+                return None
+            return bad - math.ceil(short / per_k)
+
+        return guess
+
     def may_fit_with_margin(self, est: Any) -> bool:
         """A necessary condition of the state ``fits`` (verdict.state_of), without the
         allocator replay: the state only grows with the reserve (the need and the band both
@@ -149,17 +177,24 @@ class _Query:
 
 
 
-def _largest(ok, limit: int, cheap=None) -> int:
+def _largest(ok, limit: int, cheap=None, guess=None) -> int:
     """The largest k in [1, limit] with ok(k), for ok monotone (true up to some k, then
     false): 0 when ok(1) is false.  Doubling, then bisection: about 2 log2(k) probes.
 
     ``cheap``: a necessary condition of ``ok`` that costs less (allocated memory fits, where
     ``ok`` replays the caching allocator): its answer bounds the search, and ``ok`` is probed
-    downwards from there (usually once or twice)."""
+    downwards from there (usually once or twice).
+
+    ``guess(bad)``: where the line probably is below a ``bad`` that failed (from how much it
+    failed by: :meth:`_Query.shortfall`), or None; the search below ``hi`` then probes there
+    instead of galloping and halving (:func:`_bracket`).  Any probe order finds the same k
+    for a monotone ``ok``: the guess only decides how many probes it takes."""
     if cheap is not None:
         hi = _largest(cheap, limit)
         if hi < 1 or ok(hi):
             return hi
+        if guess is not None and CHEAP_BOUNDS:
+            return _bracket(ok, hi, guess)
         # gallop down from hi until ok, then bisect between
         step = 1
         good = hi - step
@@ -185,6 +220,29 @@ def _largest(ok, limit: int, cheap=None) -> int:
         else:
             bad = nxt
     return _bisect(ok, good, bad)
+
+
+def _bracket(ok, bad: int, guess) -> int:
+    """The largest k < ``bad`` with ok(k) (0: none), given not ok(bad), for ok monotone:
+    each probe at ``guess(bad)`` for the lowest failing k so far, kept inside the bracket
+    (good, bad); where a guess is missing or not above the best success, or two probes in a
+    row did not halve the bracket, a bisection step (so at most three probes per halving;
+    usually a handful in all)."""
+    good = 0                  # 0: nothing found yet (ok(0) stands for "none fits")
+    width, since = bad, 0     # the bracket's width when it last halved, probes since
+    while bad - good > 1:
+        g = guess(bad) if since < 2 else None
+        if g is None or not good < g:
+            g = (good + bad) // 2                       # no guess, or one at or below a success
+        g = min(int(g), bad - 1)
+        if ok(g):
+            good = g
+        else:
+            bad = g
+        since += 1
+        if bad - good <= width // 2:
+            width, since = bad - good, 0
+    return good
 
 
 def _bisect(ok, good: int, bad: int) -> int:
@@ -245,7 +303,8 @@ def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: 
     q = _Query(model, gpu, kw)
     s0 = q.setup
     return _largest(lambda b: q.fits(replace(s0, batch_size=b)), limit,
-                    cheap=lambda b: q.fits_allocated(replace(s0, batch_size=b)))
+                    cheap=lambda b: q.fits_allocated(replace(s0, batch_size=b)),
+                    guess=q.guess_below(lambda b: replace(s0, batch_size=b)))
 
 
 @with_gc_paused
@@ -262,7 +321,8 @@ def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of
     cp = int(q.par.get("context_parallel", 1) or 1)
     step = step * cp // math.gcd(step, cp)
     return step * _largest(lambda k: q.fits(replace(s0, seq_len=k * step)), limit // step,
-                           cheap=lambda k: q.fits_allocated(replace(s0, seq_len=k * step)))
+                           cheap=lambda k: q.fits_allocated(replace(s0, seq_len=k * step)),
+                           guess=q.guess_below(lambda k: replace(s0, seq_len=k * step)))
 
 
 #: the most GPUs min_gpus tries by default
