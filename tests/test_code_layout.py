@@ -57,3 +57,36 @@ def test_the_frontend_is_one_file_per_panel():
         assert (src / f"{panel}.js").is_file(), panel
     entry = (src / "widget.js").read_text(encoding="utf-8")
     assert "embed(" not in entry and "replaceChildren" not in entry  # the entry only joins panels
+
+
+def test_every_benchmark_and_tool_imports_what_exists():
+    """The scripts run by hand (benchmarks/, tools/) import the package as it is laid out now:
+    every ``from vramwidget... import name`` resolves (after the layout change of issue 22,
+    bench_widget_update.py still imported ``vramwidget.events``)."""
+    import ast
+    import importlib
+
+    bad = []
+    for folder in ("benchmarks", "tools"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vramwidget"):
+                    try:
+                        mod = importlib.import_module(node.module)
+                    except ImportError as e:
+                        bad.append(f"{path.name}:{node.lineno}: {node.module} ({e})")
+                        continue
+                    for alias in node.names:
+                        if not hasattr(mod, alias.name):
+                            try:
+                                importlib.import_module(f"{node.module}.{alias.name}")
+                            except ImportError:
+                                bad.append(f"{path.name}:{node.lineno}: {node.module}.{alias.name}")
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name.startswith("vramwidget"):
+                            try:
+                                importlib.import_module(alias.name)
+                            except ImportError as e:
+                                bad.append(f"{path.name}:{node.lineno}: {alias.name} ({e})")
+    assert not bad, bad
