@@ -84,8 +84,8 @@ class _Query:
 
         ``give_up``: a test of a lower bound of a GPU's allocated peak (bytes); where it
         holds for a GPU of a parallel run, None is returned before that GPU's step plan is
-        written (``parallel.estimate.giving_up_above``: the bound is the load's tensors and
-        the optimizer states that GPU keeps, ``plan.per_gpu.floor_bytes``)."""
+        written (``parallel.estimate.giving_up_above``; the bound, what that plan must hold
+        at the slice's phase peaks: ``plan.per_gpu.floor_bytes``)."""
         s = self.setup if s is None else s
         par = self.par if par is None else par
         if par:
@@ -188,7 +188,10 @@ def _largest(ok, limit: int, cheap=None, guess=None) -> int:
     ``guess(bad)``: where the line probably is below a ``bad`` that failed (from how much it
     failed by: :meth:`_Query.shortfall`), or None; the search below ``hi`` then probes there
     instead of galloping and halving (:func:`_bracket`).  Any probe order finds the same k
-    for a monotone ``ok``: the guess only decides how many probes it takes."""
+    for a monotone ``ok``: the guess only decides how many probes it takes.  (The reserve on
+    a card ripples over a few tokens of sequence length, so ``ok`` is not quite monotone
+    there: then the k found fits and k + 1 does not, but another order may stop at another
+    such k nearby.)"""
     if cheap is not None:
         hi = _largest(cheap, limit)
         if hi < 1 or ok(hi):
@@ -310,7 +313,10 @@ def max_batch_size(model: Any, gpu: Any, *, limit: int = MAX_BATCH_LIMIT, **kw: 
 @with_gc_paused
 def max_seq_len(model: Any, gpu: Any, *, limit: int = MAX_SEQ_LIMIT, multiple_of: int = 1, **kw: Any) -> int:
     """The longest sequence (tokens, a multiple of ``multiple_of`` and of the context-parallel
-    size) whose device total fits ``gpu``; 0 when none does.  The model's own position
+    size) whose device total fits ``gpu``, with the next multiple not fitting; 0 when none
+    does.  (The replayed reserve ripples over a few tokens near the line, its requests'
+    512-byte and 2 MiB roundings deciding which freed blocks are reused: the length found is
+    a boundary of that ripple.)  The model's own position
     limit is not applied (``Architecture.max_position_embeddings`` tells it).  For an
     encoder-decoder this is the input (encoder) length: a given ``target_len`` stays fixed,
     without one the target grows with it (the decoder reads as many tokens)."""
