@@ -473,7 +473,9 @@ def capacity_shortfall(est: Any, gpu: GPU) -> Optional[float]:
     if res is None or res.oom is None:
         return None
     oom = res.oom
-    return float(max(oom.reserved + oom.size - oom.capacity, 512))   # at least one 512-byte block
+    from .allocator.caching import K_MIN_BLOCK_SIZE
+
+    return float(max(oom.reserved + oom.size - oom.capacity, K_MIN_BLOCK_SIZE))   # at least one block
 
 
 def fits_on_card(est: Any, gpu: GPU) -> Optional[bool]:

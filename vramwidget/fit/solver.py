@@ -99,18 +99,21 @@ class _Query:
             return est.set_gpu(self.gpu)
         return estimate_setup(self.arch, s, gpu=self.gpu)
 
-    def over_card(self, floor_bytes: float) -> bool:
+    def over_card(self, floor_bytes: float, context_bytes: Optional[float] = None) -> bool:
         """Whether a GPU whose allocated peak is at least ``floor_bytes`` is over this card
-        (with its CUDA context): then so is its device total (``allocated_fits``)."""
-        return floor_bytes + self.context_bytes > self.usable
+        with the CUDA context (this card's unless given): reserved memory is never below
+        allocated memory, so then its device total is too."""
+        ctx = self.context_bytes if context_bytes is None else context_bytes
+        return floor_bytes + ctx > self.usable
 
-    def never_fits_with_margin(self, floor_bytes: float) -> bool:
+    def never_fits_with_margin(self, floor_bytes: float, context_bytes: Optional[float] = None) -> bool:
         """Whether a GPU whose allocated peak is at least ``floor_bytes`` can never be in the
-        state ``fits`` on this card (``may_fit_with_margin``: the state only grows with the
-        peak)."""
+        state ``fits`` on this card (verdict.state_of): the state only grows with the reserve
+        (the need and the band both do), and the reserve is never below the allocated peak."""
         from .verdict import band_bytes, state_of
 
-        return state_of(floor_bytes + self.context_bytes, self.usable, band_bytes(floor_bytes)) != "fits"
+        ctx = self.context_bytes if context_bytes is None else context_bytes
+        return state_of(floor_bytes + ctx, self.usable, band_bytes(floor_bytes)) != "fits"
 
     def total(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> float:
         return self.estimate(s, par).device_total_bytes
@@ -121,11 +124,9 @@ class _Query:
         return est is not None and self.allocated_fits(est)
 
     def allocated_fits(self, est: Any) -> bool:
-        """A necessary condition of fitting, without the allocator replay: reserved memory is
-        never below allocated memory, so when the allocated peak and the CUDA context alone
-        are over the card, the device total is too."""
-        per_gpu = getattr(est, "per_gpu", est)
-        return est.peak_allocated_bytes + per_gpu.cuda_context_bytes <= self.usable
+        """A necessary condition of fitting, without the allocator replay: the allocated peak
+        and the estimate's CUDA context are not over the card (:meth:`over_card`)."""
+        return not self.over_card(est.peak_allocated_bytes, getattr(est, "per_gpu", est).cuda_context_bytes)
 
     def fits(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None) -> bool:
         est = self.estimate(s, par, give_up=self.over_card)
@@ -136,11 +137,10 @@ class _Query:
             return on_card
         return fits(est.device_total_bytes, self.usable)
 
-    def shortfall(self, s: TrainingSetup) -> Optional[float]:
-        """Bytes by which a one-GPU setup already judged not to fit is over this card: its
+    def shortfall(self, est: Any) -> Optional[float]:
+        """Bytes by which a one-GPU estimate already judged not to fit is over this card: its
         allocated peak + CUDA context over the card, or its capacity replay's refusal
         (``gpus.capacity_shortfall``); None where that is not known."""
-        est = self.estimate(s)
         over = est.peak_allocated_bytes + est.cuda_context_bytes - self.usable
         return float(over) if over > 0 else capacity_shortfall(est, self.gpu)
 
@@ -156,8 +156,9 @@ class _Query:
         def guess(bad: int) -> Optional[int]:
             if bad <= 1:
                 return None
-            short = self.shortfall(at(bad))
-            per_k = self.estimate(at(bad)).peak_allocated_bytes - self.estimate(at(bad - 1)).peak_allocated_bytes
+            est = self.estimate(at(bad))
+            short = self.shortfall(est)
+            per_k = est.peak_allocated_bytes - self.estimate(at(bad - 1)).peak_allocated_bytes
             if short is None or not per_k > 0:
                 return None
             return bad - math.ceil(short / per_k)
@@ -165,15 +166,11 @@ class _Query:
         return guess
 
     def may_fit_with_margin(self, est: Any) -> bool:
-        """A necessary condition of the state ``fits`` (verdict.state_of), without the
-        allocator replay: the state only grows with the reserve (the need and the band both
-        do), and the reserve is never below the allocated peak, so a setup that is already
-        tight or over on its allocated peak alone is never ``fits``."""
-        from .verdict import band_bytes, state_of
-
-        per_gpu = getattr(est, "per_gpu", est)
-        peak = float(est.peak_allocated_bytes)
-        return state_of(peak + per_gpu.cuda_context_bytes, self.usable, band_bytes(peak)) == "fits"
+        """A necessary condition of the state ``fits``, without the allocator replay: a setup
+        already tight or over on its allocated peak alone is never ``fits``
+        (:meth:`never_fits_with_margin`)."""
+        return not self.never_fits_with_margin(float(est.peak_allocated_bytes),
+                                               getattr(est, "per_gpu", est).cuda_context_bytes)
 
 
 
