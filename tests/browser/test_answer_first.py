@@ -332,11 +332,22 @@ def test_panels_with_nothing_to_say_are_not_drawn(lab_page):
     # the cell of the setup itself (batch 16 x 2,048): the click changes nothing but the tooltip
     cell = page.locator("[data-testid=chart-fitmap] svg g.mark-rect path").nth(
         FITMAP_BATCHES.index(16) * len(FITMAP_SEQS) + FITMAP_SEQS.index(2048))
+    _settle(page)       # the fit map is redrawn when its background work ends: hover the final one
     page.wait_for_function("(n) => document.querySelectorAll('[data-testid=chart-fitmap] svg g.mark-rect path')"
                            ".length === n", arg=len(FITMAP_BATCHES) * len(FITMAP_SEQS))
-    cell.hover(position={"x": 8, "y": 6})       # beside the diamond that marks the setup
-    page.wait_for_function("() => { const t = document.getElementById('vg-tooltip-element');"
-                           " return t && t.classList.contains('visible'); }")
+    tooltip_shown = ("() => { const t = document.getElementById('vg-tooltip-element');"
+                     " return t && t.classList.contains('visible'); }")
+    for attempt in range(4):
+        # vega shows its tooltip on a pointer move over the mark: a hover that lands while the
+        # view is still being swapped in is not seen, so move off and back until it is
+        page.mouse.move(0, 0)
+        cell.hover(position={"x": 8, "y": 6})       # beside the diamond that marks the setup
+        try:
+            page.wait_for_function(tooltip_shown, timeout=15_000)
+            break
+        except Exception:  # noqa: BLE001 - the last try says why
+            if attempt == 3:
+                raise
     cell.click(position={"x": 8, "y": 6})
     page.wait_for_function("() => { const t = document.getElementById('vg-tooltip-element');"
                            " return !t || !t.classList.contains('visible'); }")
