@@ -287,6 +287,11 @@ class ReplayResult:
     #: reserved - allocated when reserved peaked: cached free blocks and rounding
     fragmentation_at_max_bytes: int = 0
     segments_allocated: int = 0
+    #: torch's ``num_alloc_retries``: the times a new segment did not fit the capacity and the
+    #: cached blocks were released to retry it (0 without a capacity).  A capacity replay with
+    #: none did what the unlimited replay does, event for event (its reserve never reached
+    #: the limit): every other field is the unlimited replay's
+    num_alloc_retries: int = 0
     oom: Optional[OutOfMemory] = None
     num_events: int = 0
     #: (action, addr, size, label) in order, when recorded
@@ -304,6 +309,7 @@ def _record_stats(res: "ReplayResult", al: "CachingAllocator") -> "ReplayResult"
     res.allocated_bytes = al.allocated
     res.fragmentation_at_max_bytes = al.frag_at_max
     res.segments_allocated = al.segments_allocated
+    res.num_alloc_retries = al.num_alloc_retries
     return res
 
 
@@ -531,6 +537,7 @@ class CachingAllocator(_SegmentBook):
         self.max_allocated = 0
         self.frag_at_max = 0
         self.segments_allocated = 0
+        self.num_alloc_retries = 0
         self._next_addr = 1 << 40
         # free blocks per pool, sorted by (size, addr)
         self._free: Dict[bool, List[Tuple[int, int]]] = {True: [], False: []}
@@ -569,6 +576,7 @@ class CachingAllocator(_SegmentBook):
             b = self._alloc_new(small, size)
             if b is None:
                 # free-and-retry: oversize blocks first, then every whole cached segment
+                self.num_alloc_retries += 1
                 if not self._release_oversize(size) or (b := self._alloc_new(small, size)) is None:
                     self._release_cached()
                     b = self._alloc_new(small, size)
@@ -719,6 +727,7 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
     n = 0
     malloc, free = al.malloc, al.free
     last_sig: Optional[Tuple[Any, ...]] = None
+    last_retries = 0
     for n, (kind, key, nbytes, label) in enumerate(events):
         if kind == "alloc":
             try:
@@ -731,13 +740,15 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
             free(live.pop(key))
         elif kind == "step_end":
             # steps after the first repeat the same events: once a step leaves the allocator
-            # as it found it, every later step replays identically (same peaks), so stop
-            if record or capacity_bytes is not None:
+            # as it found it, every later step replays identically (same peaks), so stop.  With
+            # a capacity only after a step without a retry (the next one then has none either)
+            # and without garbage collection by age (ages are not in the signature)
+            if record or (capacity_bytes is not None and al.cfg.garbage_collection_threshold > 0):
                 continue
             sig = al.signature()
-            if key >= 2 and sig == last_sig:
+            if key >= 2 and sig == last_sig and al.num_alloc_retries == last_retries:
                 break
-            last_sig = sig
+            last_sig, last_retries = sig, al.num_alloc_retries
         elif kind == "reset_peak":
             al.reset_peak()
         elif kind == "empty_cache":
@@ -763,8 +774,9 @@ def _replay_default(events: Iterable[Event], limit: Optional[float] = None) -> O
     would take the reserve past it, every cached block that is a whole segment is released
     and the segment tried again (``DeviceCachingAllocator::malloc``'s free-and-retry; with
     these settings no block is oversize), and a request that still fails is the ``oom``,
-    where the replay stops; every event is replayed (no stop at a repeated step), as
-    ``replay`` with a capacity does.  None for an event this loop does not model
+    where the replay stops.  It stops at a repeated step as the unlimited replay does (the
+    state at a step's end equal to the previous step's), and with a limit only after a step
+    without a retry, as ``replay`` with a capacity does.  None for an event this loop does not model
     (``empty_cache``): the caller replays the stream with ``CachingAllocator``."""
     small_free: List[Tuple[int, int]] = []     # (size, addr) sorted, per pool
     large_free: List[Tuple[int, int]] = []
@@ -775,6 +787,7 @@ def _replay_default(events: Iterable[Event], limit: Optional[float] = None) -> O
     min_large, large_buffer, round_large = K_MIN_LARGE_ALLOC, K_LARGE_BUFFER, K_ROUND_LARGE
     reserved = allocated = max_reserved = max_allocated = frag = segs = 0
     requested = max_requested = 0       # live requests, rounded (ReplayResult.max_allocated_bytes)
+    retries = last_retries = 0
     next_addr = 1 << 40
     last_sig = None
     oom = None
@@ -800,6 +813,7 @@ def _replay_default(events: Iterable[Event], limit: Optional[float] = None) -> O
                 else:
                     seg = -(-size // round_large) * round_large
                 if limit is not None and reserved + seg > limit:
+                    retries += 1
                     # release_cached_blocks: every cached whole segment, large pool first
                     for pool in (large_free, small_free):
                         for k2 in [x for x in pool if free_blocks[x][2] is None and free_blocks[x][3] is None]:
@@ -866,13 +880,13 @@ def _replay_default(events: Iterable[Event], limit: Optional[float] = None) -> O
             insort(lst, k2)
             free_blocks[k2] = b
         elif kind == "step_end":
-            if limit is not None:
-                continue
+            # a step that left the allocator as it found it, without a retry: the next one
+            # replays it exactly (its retries included: none), so the replay stops here
             sig = (tuple(sorted((b[0], b[1]) for b in live.values())), tuple(large_free),
                    tuple(small_free), reserved)
-            if key >= 2 and sig == last_sig:
+            if key >= 2 and sig == last_sig and retries == last_retries:
                 break
-            last_sig = sig
+            last_sig, last_retries = sig, retries
         elif kind == "reset_peak":
             max_reserved, max_allocated, frag = reserved, allocated, reserved - allocated
             max_requested = requested
@@ -883,7 +897,7 @@ def _replay_default(events: Iterable[Event], limit: Optional[float] = None) -> O
     return ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_requested,
                         max_block_allocated_bytes=max_allocated, reserved_bytes=reserved,
                         allocated_bytes=allocated, fragmentation_at_max_bytes=frag, segments_allocated=segs,
-                        num_events=n + 1, oom=oom)
+                        num_events=n + 1, oom=oom, num_alloc_retries=retries)
 
 
 # ----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Sequence, Tuple
 
 from ..allocator import replays
-from ..allocator.caching import parse_alloc_conf
+from ..allocator.caching import allocation_size, parse_alloc_conf
 from ..model.architecture import load
 from ..errors import VramError
 from ..estimate import estimate_setup
@@ -104,23 +104,41 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
     reserved = np.zeros(n, dtype=float)
     known = np.zeros(n, dtype=bool)
     squeezed = np.zeros(n, dtype=bool)      # fits only by the allocator freeing its cache: tight at best
+    refused = np.zeros(n, dtype=bool)       # the replay on the card runs out of memory: does not fit
+    guessed = np.zeros(n, dtype=bool)       # refused, and its unlimited reserve not replayed
     rank = np.full(n, -1, dtype=np.int64)
 
     def ranks_of(cells: Any) -> Any:
         r = _ranks(reserved[cells], context, cap, rel)
-        return np.where(squeezed[cells] & (r == 0), 1, r)
+        return np.where(refused[cells], 2, np.where(squeezed[cells] & (r == 0), 1, r))
 
     def evaluate(cells: Sequence[int]) -> None:
         for i in cells:
             if not known[i]:
                 cell = s.replace(batch_size=int(b[i]), seq_len=int(sq[i]))
                 pk = float(peak[i])
-                reserved[i] = replays.reserved_bytes(arch, cell, pk)
-                if gpu is not None and pk + context <= cap < reserved[i] + context:
-                    on_card = estimate_setup(arch, cell, gpu=gpu)
-                    reserved[i] = on_card.reserved_bytes
-                    squeezed[i] = on_card.squeezed
                 known[i] = True
+                over = pk + context > cap           # judge_on's case 1 (only with exact=True)
+                if gpu is None or over or replays.cached_replay(arch, cell) is not None:
+                    reserved[i] = replays.reserved_bytes(arch, cell, pk)
+                    if gpu is None or over or reserved[i] + context <= cap:
+                        continue
+                # the replay with the card's capacity first (gpus.judge_on's case 3; its
+                # allocated peak fits): without a retry it is the unlimited
+                # replay (judge_on's case 2, the reserve fits); with one and no error it fits
+                # only by the allocator freeing its cache (squeezed); with an error it does not
+                # fit, and the unlimited reserve judge_on reports is not replayed here
+                res = replays.replay_training(arch, cell, cap - context)
+                if res.oom is None:
+                    reserved[i] = replays.reserved_of(res, pk)
+                    squeezed[i] = res.num_alloc_retries > 0 and reserved[i] + context <= cap
+                elif exact:         # the unlimited reserve, as judge_on reports it
+                    refused[i] = True
+                    reserved[i] = replays.reserved_bytes(arch, cell, pk)
+                else:
+                    refused[i] = guessed[i] = True
+                    reserved[i] = max(pk * float(replays.carried_ratios(arch, s, b[i:i + 1], sq[i:i + 1])[0]),
+                                      res.oom.reserved + allocation_size(res.oom.size))
 
     if exact:
         evaluate(range(n))
@@ -167,7 +185,7 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
     far = ~known
     if far.any():
         reserved[far] = peak[far] * replays.carried_ratios(arch, s, b[far], sq[far])
-    return reserved, known, rank
+    return reserved, known & ~guessed, rank
 
 
 @replays.with_gc_paused
@@ -188,10 +206,13 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
 
     * a cell whose allocated peak alone is over the line is ``does_not_fit`` whatever the
       fragmentation (reserved >= allocated), not replayed;
-    * a replayed cell whose reserve without a limit is over the line while its allocated peak
-      is not is replayed again with the card's capacity (the allocator frees its cached
-      blocks at the limit: ``gpus.judge_on``, as :func:`vramwidget.estimate` on the card); one
-      that fits only that way is ``tight`` at best (``verdict.state_of``'s ``squeezed``);
+    * a cell to replay is replayed once, with the card's capacity (the allocator frees its
+      cached blocks at the limit: ``gpus.judge_on``, as :func:`vramwidget.estimate` on the
+      card): without a retry at the limit that replay is the unlimited one (its reserve
+      fits); with one and no out-of-memory error the cell fits only that way, ``tight`` at
+      best (``verdict.state_of``'s ``squeezed``); with the error it does not fit, and its
+      device total is not replayed without the limit (``reserved_exact`` False; at least the
+      reserve the refused request needed);
     * the other cells are searched along chains where memory grows (the tokens b x s when the
       allocation stream depends on them only, else batch size per sequence length): a
       bisection finds where the state first leaves ``fits`` and where it is first
@@ -203,12 +224,13 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
       ``reserved_exact`` False.
 
     Replayed cells (``reserved_exact``) equal :func:`vramwidget.estimate` in every column.
-    ``exact=True`` replays every cell.  Measured (benchmarks/bench_fitmap.py): 64 x 64 cells of
-    Llama 3.1 8B LoRA + full checkpointing on an H100 ran 70 replays (31 with the card's
-    capacity) and gave 167 cells their exact device total, every state, peak and exact total
-    equal to ``estimate(gpu=...)``'s; 6.7 s, 18x faster than 4,096
-    ``estimate(gpu=...).device_total_bytes`` calls (1,298 replays).  The other device totals
-    are provisional (``reserved_exact`` False).
+    ``exact=True`` replays every cell (without the limit too where the card refuses it).
+    Measured (benchmarks/bench_fitmap.py): 64 x 64 cells of Llama 3.1 8B LoRA + full
+    checkpointing on an H100 ran 39 replays (each with the card's capacity) and gave 163
+    cells their exact device total, every state, peak and exact total equal to
+    ``estimate(gpu=...)``'s; 4.0 s, 29.5x faster than 4,096
+    ``estimate(gpu=...).device_total_bytes`` calls (119 s, 1,298 replays).  The other device
+    totals are provisional (``reserved_exact`` False).
     """
     import numpy as np
     import pandas as pd
