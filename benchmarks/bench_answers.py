@@ -39,6 +39,9 @@ ROWS = [
      "fit.suggestions('llama-2-7b', 'RTX 4090')", 1.0),
     ("suggestions Llama-2-70B QLoRA, 2 x A100 80GB",
      "fit.suggestions('llama-2-70b', 'A100 80GB', method='qlora', num_gpus=2)", 1.0),
+    ("suggestions Llama-3.1-8B QLoRA + full ckpt b5 x 2048, RTX 4090 (the widget's slowest)",
+     "fit.suggestions('llama-3.1-8b', 'RTX 4090', method='qlora', gradient_checkpointing='full', "
+     "batch_size=5, seq_len=2048)", None),
     ("max_seq_len Llama-3.1-8B QLoRA, RTX 4090",
      "fit.max_seq_len('llama-3.1-8b', 'RTX 4090', method='qlora')", 1.0),
     ("max_batch_size Llama-3.1-8B QLoRA s2048, RTX 4090",

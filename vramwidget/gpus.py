@@ -489,12 +489,46 @@ def fits_on_card(est: Any, gpu: GPU) -> Optional[bool]:
     when the unlimited reserve fits this replay has no out-of-memory error; when it does not,
     judge_on's answer is that replay's: fits exactly without an error (its reserve is at most
     the capacity, its allocated peak fits: checked before)."""
-    if getattr(est, "per_gpu", est) is not est or not _judges_on_card(est) or getattr(est, "gpu", None) != gpu:
+    res = _first_capacity_replay(est, gpu)
+    return None if res is None else res.oom is None
+
+
+def _first_capacity_replay(est: Any, gpu: GPU) -> Any:
+    """The replay with ``gpu``'s capacity of ``est`` (a parallel run: its worst GPU's
+    estimate, as judge_on judges it), run before its unlimited replay; None where
+    :func:`fits_on_card` does not decide."""
+    inner = getattr(est, "per_gpu", est)
+    if inner is not est:
+        if not _judges_on_card(inner):
+            return None
+        est = inner
+    if not _judges_on_card(est) or getattr(est, "gpu", None) != gpu:
         return None
     if getattr(_sources(est), "replay_key", None) is None or getattr(est, "unlimited_reserved_exact", True):
         return None
-    res = _capacity_replay(est, capacity_bytes(gpu) - context_for(gpu)[0])
-    return res.oom is None
+    if est.peak_allocated_bytes + context_for(gpu)[0] > capacity_bytes(gpu):
+        return None         # judge_on's case 1: no replay decides it
+    return _capacity_replay(est, capacity_bytes(gpu) - context_for(gpu)[0])
+
+
+def reaches_limit_on_card(est: Any, gpu: GPU) -> Optional[bool]:
+    """Whether ``est``'s replay with ``gpu``'s capacity reaches the limit (a retry, or an
+    out-of-memory error), from that one replay, run before the unlimited one; None where
+    this does not decide (as :func:`fits_on_card`, and with garbage collection by age).
+
+    True means the unlimited reserve is over the card, so judge_on's answer is that replay's:
+    does not fit (an error) or fits only by the allocator freeing its cached blocks, tight at
+    best (``squeezed``): never the state ``fits``.  False means the replay is the unlimited
+    one (``caching.limit_unreached``; the replays cache it as that), and the reserve fits."""
+    from .allocator.caching import limit_unreached, parse_alloc_conf
+
+    cfg = parse_alloc_conf((getattr(est, "setup", None) or {}).get("allocator") or "default")
+    if cfg.garbage_collection_threshold > 0:
+        return None         # the two replays part below the limit
+    res = _first_capacity_replay(est, gpu)
+    if res is None:
+        return None
+    return not limit_unreached(res, cfg)
 
 
 def fits(need_bytes: float, capacity: float) -> bool:

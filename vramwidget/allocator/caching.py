@@ -300,6 +300,23 @@ class ReplayResult:
     segments: List[Tuple[int, int, bool, List[Tuple[int, int, int, bool, str]]]] = field(default_factory=list)
 
 
+def limit_unreached(res: "ReplayResult", config: Optional["AllocatorConfig"]) -> bool:
+    """Whether a replay with a capacity did what the same replay without one does, event for
+    event, so that every field but ``num_alloc_retries`` (0 both) is the unlimited replay's:
+    no retry at the limit (then no out-of-memory error either) and no garbage collection by
+    age (``garbage_collection_threshold`` frees cached blocks below the limit)."""
+    return res.num_alloc_retries == 0 and res.oom is None and not (
+        config is not None and config.garbage_collection_threshold > 0)
+
+
+def within_limit(unlimited: "ReplayResult", capacity_bytes: float, config: Optional["AllocatorConfig"]) -> bool:
+    """Whether the replay without a capacity, ``unlimited``, is also the replay with
+    ``capacity_bytes``: its reserve never passed the limit (so no retry), and no garbage
+    collection by age runs (see :func:`limit_unreached`)."""
+    return unlimited.max_reserved_bytes <= int(capacity_bytes) and not (
+        config is not None and config.garbage_collection_threshold > 0)
+
+
 def _record_stats(res: "ReplayResult", al: "CachingAllocator") -> "ReplayResult":
     """Write the allocator's statistics at the end of a replay into ``res`` (and return it)."""
     res.max_reserved_bytes = al.max_reserved

@@ -15,7 +15,8 @@ import gc
 import threading
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
-from .caching import DEFAULT_RESERVED_PER_ALLOCATED, ReplayResult, parse_alloc_conf, replay
+from .caching import (DEFAULT_RESERVED_PER_ALLOCATED, ReplayResult, limit_unreached, parse_alloc_conf, replay,
+                      within_limit)
 from ..model.architecture import Architecture
 from ..training import TrainingSetup
 
@@ -176,11 +177,12 @@ def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Option
         # a replay with a capacity that never reaches it (no retry) is the unlimited replay,
         # field for field (ReplayResult.num_alloc_retries; tests/test_fast_paths.py): either
         # one answers for the other
+        cfg = parse_alloc_conf(s.allocator)
         unlimited = cached_replay(arch, s) or _shared_hit(view, sk, ("unlimited",))
-        if unlimited is not None and unlimited.max_reserved_bytes <= int(capacity_bytes):
+        if unlimited is not None and within_limit(unlimited, capacity_bytes, cfg):
             return unlimited
         res = _shared(view, sk, ("capacity", float(capacity_bytes)), run)
-        if res.num_alloc_retries == 0 and res.oom is None and cached_replay(arch, s) is None:
+        if limit_unreached(res, cfg) and cached_replay(arch, s) is None:
             _shared(view, sk, ("unlimited",), lambda: res)
             _store(arch, s, res)
         return res

@@ -107,6 +107,9 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
     refused = np.zeros(n, dtype=bool)       # the replay on the card runs out of memory: does not fit
     guessed = np.zeros(n, dtype=bool)       # refused, and its unlimited reserve not replayed
     rank = np.full(n, -1, dtype=np.int64)
+    # garbage collection by age frees cached blocks below the limit: a capacity replay is then
+    # not the unlimited one even without a retry, so the unlimited replay comes first
+    by_age = parse_alloc_conf(s.allocator).garbage_collection_threshold > 0
 
     def ranks_of(cells: Any) -> Any:
         r = _ranks(reserved[cells], context, cap, rel)
@@ -119,15 +122,23 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
                 pk = float(peak[i])
                 known[i] = True
                 over = pk + context > cap           # judge_on's case 1 (only with exact=True)
-                if gpu is None or over or replays.cached_replay(arch, cell) is not None:
+                if gpu is None or over or by_age or replays.cached_replay(arch, cell) is not None:
                     reserved[i] = replays.reserved_bytes(arch, cell, pk)
                     if gpu is None or over or reserved[i] + context <= cap:
                         continue
-                # the replay with the card's capacity first (gpus.judge_on's case 3; its
-                # allocated peak fits): without a retry it is the unlimited
-                # replay (judge_on's case 2, the reserve fits); with one and no error it fits
-                # only by the allocator freeing its cache (squeezed); with an error it does not
-                # fit, and the unlimited reserve judge_on reports is not replayed here
+                    # over the card without a limit: judged with its capacity (judge_on's case 3)
+                    res = replays.replay_training(arch, cell, cap - context)
+                    if res.oom is None:
+                        reserved[i] = min(replays.reserved_of(res, pk), reserved[i])
+                        squeezed[i] = reserved[i] + context <= cap
+                    else:
+                        refused[i] = True
+                    continue
+                # the replay with the card's capacity first: without a retry it is the
+                # unlimited replay (caching.limit_unreached; judge_on's case 2, the reserve
+                # fits); with one and no error it fits only by the allocator freeing its cache
+                # (case 3, squeezed); with an error it does not fit, and the unlimited reserve
+                # judge_on reports is not replayed here
                 res = replays.replay_training(arch, cell, cap - context)
                 if res.oom is None:
                     reserved[i] = replays.reserved_of(res, pk)

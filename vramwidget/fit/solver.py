@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..model.architecture import Architecture, load
 from ..errors import VramError
 from ..estimate import estimate_setup
-from ..gpus import GPU, capacity_shortfall, context_for, fits_on_card, get_gpu
+from ..gpus import GPU, capacity_shortfall, context_for, fits_on_card, get_gpu, reaches_limit_on_card
 from ..allocator.replays import with_gc_paused
 from ..inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int
 from ..stacks import stack_switches
@@ -48,8 +48,10 @@ SHARDED = tuple(st.name for st in suggested())
 MAX_SEQ_LIMIT = 1 << 20
 MAX_BATCH_LIMIT = 1 << 16
 #: judge candidates on what needs no unlimited replay first (``_Query.fits`` through
-#: ``gpus.fits_on_card``; combinations of ``suggestions`` on their allocated peak's state):
-#: the same answers (tests/test_fast_paths.py compares them with this off)
+#: ``gpus.fits_on_card``, a parallel run's through its worst GPU's; combinations of
+#: ``suggestions`` on their allocated peak's state, then on one replay with the card's
+#: capacity, ``gpus.reaches_limit_on_card``): the same answers (tests/test_fast_paths.py
+#: compares them with this off)
 CHEAP_BOUNDS = True
 
 
@@ -829,6 +831,8 @@ def _try_combinations(search: _Search, combine: int) -> None:
             if res is None or not (search.q.may_fit_with_margin(res[0]) if CHEAP_BOUNDS
                                    else search.q.allocated_fits(res[0])):
                 continue   # a combination is listed only when it fits: no replay for one that cannot
+            if CHEAP_BOUNDS and reaches_limit_on_card(res[0], search.q.gpu):
+                continue   # tight at best or over (one replay with the card's capacity): not listed
             sug = make(list(combo), res)
             if sug.state == "fits":
                 out.append(sug)
