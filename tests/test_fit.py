@@ -203,6 +203,22 @@ def test_combinations_fit_with_the_margin_and_stay_on_one_node():
     assert keys == sorted(keys)
 
 
+def test_a_change_that_saves_under_one_percent_of_the_card_is_not_combined():
+    """Llama 3.1 8B QLoRA + full checkpointing, 4 x 2,048 on an RTX 4090 (tight): fused AdamW
+    lowers no phase by 1% of the card (its foreach temporaries are the LoRA adapters', 160 MiB
+    of 24,248), so no combination holds it (it used to turn "ZeRO-3 across 4" from tight into
+    "fused AdamW + ZeRO-3 across 4" fits, by less than the verdict's band).  Full
+    checkpointing on a 7B full fine-tune saves little at its peak (the optimizer step) but
+    11 GiB in backward, so it is combined (with QLoRA it fits: 7.2 GB)."""
+    sug = suggestions("llama-3.1-8b", "RTX 4090", method="qlora", gradient_checkpointing="full",
+                      batch_size=4, seq_len=2048)
+    assert sug and not any("fused AdamW" in p for s in sug for p in s.parts), [s.title for s in sug]
+    sug7 = suggestions("llama-2-7b", "RTX 4090")
+    alone = [s for s in sug7 if s.title == "full activation checkpointing"]
+    assert alone and alone[0].state == "does_not_fit"
+    assert any("full activation checkpointing" in s.parts and s.state == "fits" for s in sug7)
+
+
 def test_max_gpus_is_a_ceiling():
     sug = suggestions("llama-2-7b", "RTX-4090", method="full", max_gpus=2)
     assert sug and all(int(s.kwargs.get("num_gpus", 1) or 1) <= 2 for s in sug)

@@ -566,6 +566,7 @@ class _Search:
         self.max_gpus = max_gpus
         base_est = q.estimate()
         self.base = base_est.device_total_bytes
+        self.base_phases = dict(getattr(base_est, "per_gpu", base_est).phases_bytes)
         self.base_time = _timed(base_est, q.gpu)
         self.par0 = dict(q.par)
         self.strategy0 = self.par0.get("strategy", "none")
@@ -654,6 +655,24 @@ class _Search:
                           max(int(par.get("num_gpus", 1) or 1) - n_now, 0),
                           sum(m.cost_value for m in ms if m.kind == "quality"))
 
+    def combinable(self, est: Any) -> bool:
+        """Whether a change whose estimate is ``est`` can help a combination: it lowers some
+        phase's allocated bytes (on a parallel run's worst GPU) by at least 1% of the card.
+        A change can save nothing at the peak and much in another phase (checkpointing when
+        the optimizer step is the peak), which matters once another change lowers the peak
+        (ZeRO-2 sharding the optimizer): so every phase counts.  What a change saves in a
+        phase does not grow when the other changes are made with it (they shard, shrink or
+        move the same tensors), so one that saves under 1% of the card everywhere (fused
+        AdamW's temporaries on a LoRA run, selective checkpointing with SDPA) moves a
+        combination by less than the verdict's own band (``verdict.uncertainty``, about 2%),
+        and its combinations are not tried: a fix that is "fits" rather than "tight" only by
+        such a change is not one to offer."""
+        phases = getattr(est, "per_gpu", est).phases_bytes
+        common = [p for p in self.base_phases if p in phases]
+        if not common:
+            return True
+        return max(self.base_phases[p] - phases[p] for p in common) >= 0.01 * self.q.usable
+
     def attempt(self, title: str, kind: str, cost: str, setup_changes: Optional[Dict[str, Any]] = None,
                 par_changes: Optional[Dict[str, Any]] = None, compute_from_estimate: bool = False,
                 cost_value: float = 0.0, group: str = "", quality: str = "", time: str = "",
@@ -665,7 +684,8 @@ class _Search:
         if res is None:
             return
         sug = make([m], res)
-        moves.append(m)   # a candidate for combinations even when it saves nothing alone
+        if self.combinable(res[0]):
+            moves.append(m)   # a candidate for combinations even when it saves nothing alone
         if sug.device_total_bytes >= base or (not sug.fits and base - sug.device_total_bytes < 0.01 * base):
             return   # no saving, or too small to matter (under 1%) and not enough anyway
         out.append(sug)
