@@ -219,6 +219,25 @@ def test_a_change_that_saves_under_one_percent_of_the_card_is_not_combined():
     assert any("full activation checkpointing" in s.parts and s.state == "fits" for s in sug7)
 
 
+def test_a_combination_is_listed_on_the_fewest_gpus_that_fit():
+    """Llama 3.2 1B full, 16 x 2,048 on an RTX 4090: "micro-batch 2 with 8 accumulation steps
+    + ZeRO-3" fits on 4 GPUs, so the same on 8 (which used to be listed too) is not, nor
+    anything that holds it; every listed layout is on the fewest GPUs that fit with the same
+    other changes."""
+    sug = suggestions("llama-3.2-1b", "RTX 4090", method="full", batch_size=16, seq_len=2048)
+    layouts = {}
+    for x in sug:
+        if "num_gpus" in x.changes and x.parts:
+            layout = tuple(sorted((k, repr(v)) for k, v in x.changes.items() if k != "num_gpus"))
+            others = frozenset(p for p in x.parts if "across" not in p)
+            layouts.setdefault((others, layout), []).append(x.changes["num_gpus"])
+    assert layouts, [x.title for x in sug]
+    assert all(len(n) == 1 for n in layouts.values()), layouts
+    titles = [x.title for x in sug]
+    assert "micro-batch 2 with 8 gradient accumulation steps + DeepSpeed ZeRO-3 across 4 x RTX 4090" in titles
+    assert not any("across 8 x" in t and "micro-batch 2 with 8" in t for t in titles), titles
+
+
 def test_max_gpus_is_a_ceiling():
     sug = suggestions("llama-2-7b", "RTX-4090", method="full", max_gpus=2)
     assert sug and all(int(s.kwargs.get("num_gpus", 1) or 1) <= 2 for s in sug)

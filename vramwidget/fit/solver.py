@@ -541,8 +541,10 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
     micro-batch with more gradient accumulation (same sequences per step), 8-bit AdamW,
     pure bf16 instead of fp32 weights, LoRA, QLoRA, ZeRO-2/ZeRO-3/FSDP across the fewest GPUs
     that fit (up to ``max_gpus``), and DeepSpeed CPU offload of the optimizer (and
-    parameters).  A combination is listed only when it fits with the margin and none of its
-    parts (a cheaper subset) already does.
+    parameters).  A combination is listed only when it fits with the margin, none of its
+    parts (a cheaper subset) already does, and the same changes on fewer GPUs of the same
+    layout do not; a change that lowers no phase by 1% of the card is not combined
+    (``_Search.combinable``).
     """
     max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=DEPLOYMENT_GPUS)
     combine = check_int("combine", combine, lo=1, hi=8, what="must be a whole number from 1 to 8 (changes at once)")
@@ -837,6 +839,11 @@ def _try_combinations(search: _Search, combine: int) -> None:
     # combinations: cheaper subsets first; a superset of one that fits with the margin costs
     # more for nothing and is left out
     fitting = [frozenset([x.title]) for x in out if x.state == "fits"]
+    # the same other changes with the same layout on fewer GPUs already fit: more GPUs cost
+    # more hardware for nothing (the fewest are tried first; the order within one size of
+    # combination changes nothing else)
+    fewest: Dict[Tuple[Any, ...], int] = {}
+    moves = sorted(moves, key=lambda m: int(m.par.get("num_gpus", 0) or 0))
     for k in range(2, max(combine, 1) + 1):
         for combo in combinations(moves, k):
             groups = [m.group for m in combo]
@@ -844,6 +851,10 @@ def _try_combinations(search: _Search, combine: int) -> None:
                 continue   # two of one kind (two checkpointing modes, two methods, ...)
             titles = frozenset(m.title for m in combo)
             if any(f <= titles for f in fitting):
+                continue
+            layout = _layout_key(combo)
+            if layout is not None and fewest.get(layout[0], layout[1] + 1) < layout[1]:
+                fitting.append(titles)      # and so is every combination that holds this one
                 continue
             # listed only when it fits with the margin: a parallel layout whose GPU cannot is
             # passed over before its plan is written
@@ -857,6 +868,19 @@ def _try_combinations(search: _Search, combine: int) -> None:
             if sug.state == "fits":
                 out.append(sug)
                 fitting.append(titles)
+                if layout is not None:
+                    fewest[layout[0]] = min(fewest.get(layout[0], layout[1]), layout[1])
+
+
+def _layout_key(combo: Sequence[_Move]) -> Optional[Tuple[Tuple[Any, ...], int]]:
+    """(the other changes' titles and the multi-GPU layout but its size, the number of GPUs)
+    of a combination with a change of GPUs; None without one."""
+    for m in combo:
+        n = m.par.get("num_gpus")
+        if m.group == "gpus" and n:
+            layout = tuple(sorted((k, repr(v)) for k, v in m.par.items() if k != "num_gpus"))
+            return (frozenset(x.title for x in combo if x is not m), layout), int(n)
+    return None
 
 
 
