@@ -291,6 +291,26 @@ def test_suggestions_are_worked_out_after_the_update():
     assert c.suggestions_status == "ready" and c.suggestions
 
 
+def test_the_single_changes_are_shown_before_the_combinations():
+    """The suggestions come in two steps: the single changes ("partial", while the
+    combinations are worked out: a fraction of the time), then the whole ranked list
+    ("ready"), which holds every single change shown first."""
+    c = Calculator(MODEL, gpu=GPU)
+    seen = []
+    c.observe(lambda ch: seen.append((ch["new"], [x["title"] for x in c.suggestions],
+                                      [len(x["parts"]) for x in c.suggestions])), names="suggestions_status")
+    c.batch_size = 8
+    assert _wait_for(lambda: c.suggestions_status == "ready")
+    c.wait()
+    statuses = [s for s, _, _ in seen]
+    assert statuses[0] == "computing" and "partial" in statuses and statuses[-1] == "ready", statuses
+    assert statuses.index("partial") < statuses.index("ready")
+    _, first, parts = seen[statuses.index("partial")]
+    assert first and all(n == 0 for n in parts)         # single changes only
+    final = [x["title"] for x in c.suggestions]
+    assert set(first) <= set(final) and any(x["parts"] for x in c.suggestions)
+
+
 def test_suggestions_on_a_running_event_loop():
     """In a kernel the suggestions run on its event loop, after the message is handled."""
     async def main():

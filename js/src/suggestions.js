@@ -124,13 +124,16 @@ export function suggestionsPanel(ctx, controls, verdictEl) {
       }
     } else if (status) {
       const where = v.gpu ? cards(v) : "the GPU";
-      if (status === "computing") body.push(h("p", { class: "vw-sub", text: `working out which changes make it fit ${where}…` }));
+      if (status === "computing" || (status === "partial" && !items.length)) body.push(h("p", { class: "vw-sub", text: `working out which changes make it fit ${where}…` }));
       else if (status.startsWith("failed")) body.push(h("p", { class: "vw-warn", text: status }));
       else if (!items.length) body.push(h("p", { class: "vw-sub", text: "no change found that lowers the memory" }));
       else {
         const none = !items.some((/** @type {any} */ x) => x.fits);
-        body.push(h("div", { class: "vw-fixes-head" }, [none ? `Nothing of up to 3 changes fits ${where}; these lower it most:`
+        const partial = status === "partial";    // the single changes; combinations still being worked out
+        body.push(h("div", { class: "vw-fixes-head" }, [none
+          ? (partial ? `No single change fits ${where}; these lower it most:` : `Nothing of up to 3 changes fits ${where}; these lower it most:`)
           : `To fit ${where}${v.state === "tight" ? " with margin" : ""}, cheapest first:`]));
+        if (partial) body.push(h("p", { class: "vw-sub", testid: "suggestions-partial", text: "working out combinations of changes…" }));
         body.push(h("ol", { class: "vw-sugg-list" }, items.slice(0, FIRST).map(item)));
         if (items.length > FIRST) {
           const more = h("details", { class: "vw-more", testid: "suggestions-more" }, [

@@ -196,7 +196,7 @@ CONTRAST_JS = "(root) => {" + _HELPERS + r"""
 SETTLED_JS = r"""(root) => {
   const st = root.querySelector('[data-testid=status]');
   const sg = root.querySelector('[data-testid=suggestions]');
-  if (!st || st.dataset.status !== 'idle' || (sg && sg.dataset.status === 'computing')) return false;
+  if (!st || st.dataset.status !== 'idle' || (sg && (sg.dataset.status === 'computing' || sg.dataset.status === 'partial'))) return false;
   const sig = [root.getBoundingClientRect().width, innerWidth, innerHeight];
   for (const chart of root.querySelectorAll('.vw-chart')) {
     if (!chart.checkVisibility()) continue;

@@ -524,7 +524,7 @@ _LOSS_TITLES = {"liger": "Liger fused linear cross-entropy", "chunked": "chunked
 
 @with_gc_paused
 def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int = 3,
-                **kw: Any) -> List[Suggestion]:
+                progress: Optional[Callable[[List[Suggestion]], None]] = None, **kw: Any) -> List[Suggestion]:
     """Changes that lower the device total, alone and combined (up to ``combine`` at once),
     each re-estimated and ranked by what the change costs the user (:data:`RANK_TIERS`):
     among those that fit ``gpu`` (with the margin of the estimate's own uncertainty,
@@ -545,6 +545,10 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
     parts (a cheaper subset) already does, and the same changes on fewer GPUs of the same
     layout do not; a change that lowers no phase by 1% of the card is not combined
     (``_Search.combinable``).
+
+    ``progress``: called once with the single changes, ranked, before the combinations are
+    worked out (most of the time: the widget shows these first); the list returned holds
+    them all again, with the combinations.
     """
     max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=DEPLOYMENT_GPUS)
     combine = check_int("combine", combine, lo=1, hi=8, what="must be a whole number from 1 to 8 (changes at once)")
@@ -552,6 +556,8 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
     _try_setup_changes(search)
     _try_more_gpus(search)
     _try_cpu_offload(search)
+    if progress is not None and combine > 1:
+        progress(sorted(search.out, key=Suggestion.sort_key))
     _add_sharding_partners(search, combine)
     _try_combinations(search, combine)
     search.out.sort(key=Suggestion.sort_key)

@@ -280,10 +280,14 @@ class BackgroundPanel:
         self._scenario_kw = scenario_kw
         self._sugg_job = job
         cached = self._sugg_cache.get(job[0]) if job else None
+        partial = getattr(self, "_sugg_partial", None)
         if job is None:
             traits.update(suggestions=[], suggestions_status="")
         elif cached is not None:
             traits.update(suggestions=[suggestion_dict(x) for x in cached], suggestions_status="ready")
+        elif partial is not None and partial[0] == job[0]:
+            # the single changes are known, the combinations are being worked out
+            traits.update(suggestions=[suggestion_dict(x) for x in partial[1]], suggestions_status="partial")
         else:
             traits.update(suggestions=[], suggestions_status="computing")
         tracing = [w for w, _, _ in todo if w.startswith("tracing")]

@@ -327,7 +327,8 @@ class State(anywidget.AnyWidget, SetupTraits):
         "'' when idle.")).tag(sync=True)
     suggestions_status = t.Unicode("", **_doc(
         "'' (fits, no GPU or inference mode), 'computing' (the setup does not fit and its "
-        "suggestions are being worked out after the update), 'ready', or 'failed: why'."
+        "suggestions are being worked out after the update), 'partial' (the single changes are "
+        "in ``suggestions``, the combinations are still being worked out), 'ready', or 'failed: why'."
     )).tag(sync=True)
 
     def __repr__(self) -> str:

@@ -5,7 +5,7 @@ worker (:mod:`.worker`), once the exact verdict is known, so dragging a control 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..units import GIB
 
@@ -28,8 +28,10 @@ class SuggestionsPanel:
         return list(items)
 
     # -- suggestions, off the hot path -----------------------------------------------------
-    def _suggestions_for(self, job: Tuple[Tuple, Any, Dict[str, Any]]) -> List[Any]:
-        """fit.suggestions for a job (key, arch, keyword arguments with gpu), cached."""
+    def _suggestions_for(self, job: Tuple[Tuple, Any, Dict[str, Any]],
+                         progress: Optional[Callable[[List[Any]], None]] = None) -> List[Any]:
+        """fit.suggestions for a job (key, arch, keyword arguments with gpu), cached;
+        ``progress`` gets the single changes first (``fit.suggestions``'s)."""
         from ..fit import solver as fit
 
         key, arch, kw = job
@@ -40,7 +42,7 @@ class SuggestionsPanel:
         kw = {k: v for k, v in kw.items() if k != "model"}
         gpu = kw.pop("gpu")
         kw.setdefault("max_gpus", self.max_gpus)
-        items = fit.suggestions(arch, gpu, **kw)
+        items = fit.suggestions(arch, gpu, progress=progress, **kw)
         with self._lock:
             self._sugg_cache[key] = items
             if len(self._sugg_cache) > 16:
@@ -56,8 +58,15 @@ class SuggestionsPanel:
     def _run_suggestions(self, token: int, job: Tuple[Tuple, Any, Dict[str, Any]]) -> None:
         if token != self._sugg_token:
             return   # the setup changed since: its own update scheduled its own
+        def singles(items: List[Any]) -> None:
+            # the single changes while the combinations are worked out ("partial"): the
+            # first fixes come in a fraction of the time the whole list takes
+            with self._lock:
+                self._sugg_partial = (job[0], list(items))
+            self._publish_suggestions(token, items, "partial")
+
         try:
-            items = self._suggestions_for(job)
+            items = self._suggestions_for(job, singles)
         except Exception as e:  # never raise out of a callback
             self._publish_suggestions(token, [], f"failed: {type(e).__name__}: {e}".splitlines()[0])
             return
