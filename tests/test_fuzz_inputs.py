@@ -173,6 +173,12 @@ def test_fit_limits_are_checked(fn, kw, field):
     assert e.field == field and "whole number >= 1" in str(e)
 
 
+def test_suggestions_progress_must_be_a_function():
+    """The fuzz run found progress=True raising TypeError from inside the search."""
+    e = err(vw.suggestions, "llama-3.2-1b", "H100-80GB", progress=True)
+    assert e.field == "progress" and "function" in str(e) and "True" in str(e)
+
+
 @pytest.mark.parametrize("size", [10 ** 7, 10 ** 8])
 def test_a_huge_path_is_cut_before_difflib(size):
     """A 2 GB path raised MemoryError in difflib, a 10 MB one gave a 10-million-character

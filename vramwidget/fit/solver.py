@@ -33,7 +33,7 @@ from ..errors import VramError
 from ..estimate import estimate_setup
 from ..gpus import GPU, capacity_shortfall, context_for, fits_on_card, get_gpu, reaches_limit_on_card
 from ..allocator.replays import with_gc_paused
-from ..inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int
+from ..inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int, fail
 from ..stacks import stack_switches
 from ..parallel.strategies import BY_NAME, suggested
 from ..parallel.estimate import (PARALLEL_KEYS, STRATEGIES, AboveFloor, ParallelEstimate, estimate_parallel_setup,
@@ -552,6 +552,8 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
     """
     max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=DEPLOYMENT_GPUS)
     combine = check_int("combine", combine, lo=1, hi=8, what="must be a whole number from 1 to 8 (changes at once)")
+    if progress is not None and not callable(progress):
+        raise fail("progress", "expected a function of the list of single-change suggestions, or None", progress)
     search = _Search(_Query(model, gpu, kw), max_gpus)
     _try_setup_changes(search)
     _try_more_gpus(search)
