@@ -520,10 +520,10 @@ def reaches_limit_on_card(est: Any, gpu: GPU) -> Optional[bool]:
     does not fit (an error) or fits only by the allocator freeing its cached blocks, tight at
     best (``squeezed``): never the state ``fits``.  False means the replay is the unlimited
     one (``caching.limit_unreached``; the replays cache it as that), and the reserve fits."""
-    from .allocator.caching import limit_unreached, parse_alloc_conf
+    from .allocator.caching import collects_by_age, limit_unreached, parse_alloc_conf
 
     cfg = parse_alloc_conf((getattr(est, "setup", None) or {}).get("allocator") or "default")
-    if cfg.garbage_collection_threshold > 0:
+    if collects_by_age(cfg):
         return None         # the two replays part below the limit
     res = _first_capacity_replay(est, gpu)
     if res is None:

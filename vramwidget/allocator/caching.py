@@ -300,21 +300,25 @@ class ReplayResult:
     segments: List[Tuple[int, int, bool, List[Tuple[int, int, int, bool, str]]]] = field(default_factory=list)
 
 
+def collects_by_age(config: Optional["AllocatorConfig"]) -> bool:
+    """Whether ``garbage_collection_threshold`` is set: with a capacity it frees cached blocks
+    below the limit, so a replay with one can part from the unlimited replay without a retry."""
+    return config is not None and config.garbage_collection_threshold > 0
+
+
 def limit_unreached(res: "ReplayResult", config: Optional["AllocatorConfig"]) -> bool:
     """Whether a replay with a capacity did what the same replay without one does, event for
     event, so that every field but ``num_alloc_retries`` (0 both) is the unlimited replay's:
     no retry at the limit (then no out-of-memory error either) and no garbage collection by
-    age (``garbage_collection_threshold`` frees cached blocks below the limit)."""
-    return res.num_alloc_retries == 0 and res.oom is None and not (
-        config is not None and config.garbage_collection_threshold > 0)
+    age (:func:`collects_by_age`)."""
+    return res.num_alloc_retries == 0 and res.oom is None and not collects_by_age(config)
 
 
 def within_limit(unlimited: "ReplayResult", capacity_bytes: float, config: Optional["AllocatorConfig"]) -> bool:
     """Whether the replay without a capacity, ``unlimited``, is also the replay with
     ``capacity_bytes``: its reserve never passed the limit (so no retry), and no garbage
     collection by age runs (see :func:`limit_unreached`)."""
-    return unlimited.max_reserved_bytes <= int(capacity_bytes) and not (
-        config is not None and config.garbage_collection_threshold > 0)
+    return unlimited.max_reserved_bytes <= int(capacity_bytes) and not collects_by_age(config)
 
 
 def _record_stats(res: "ReplayResult", al: "CachingAllocator") -> "ReplayResult":
@@ -760,7 +764,7 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
             # as it found it, every later step replays identically (same peaks), so stop.  With
             # a capacity only after a step without a retry (the next one then has none either)
             # and without garbage collection by age (ages are not in the signature)
-            if record or (capacity_bytes is not None and al.cfg.garbage_collection_threshold > 0):
+            if record or (capacity_bytes is not None and collects_by_age(al.cfg)):
                 continue
             sig = al.signature()
             if key >= 2 and sig == last_sig and al.num_alloc_retries == last_retries:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Sequence, Tuple
 
 from ..allocator import replays
-from ..allocator.caching import allocation_size, parse_alloc_conf
+from ..allocator.caching import allocation_size, collects_by_age, parse_alloc_conf
 from ..model.architecture import load
 from ..errors import VramError
 from ..estimate import estimate_setup
@@ -109,7 +109,7 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
     rank = np.full(n, -1, dtype=np.int64)
     # garbage collection by age frees cached blocks below the limit: a capacity replay is then
     # not the unlimited one even without a retry, so the unlimited replay comes first
-    by_age = parse_alloc_conf(s.allocator).garbage_collection_threshold > 0
+    by_age = collects_by_age(parse_alloc_conf(s.allocator))
 
     def ranks_of(cells: Any) -> Any:
         r = _ranks(reserved[cells], context, cap, rel)
@@ -124,15 +124,10 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
                 over = pk + context > cap           # judge_on's case 1 (only with exact=True)
                 if gpu is None or over or by_age or replays.cached_replay(arch, cell) is not None:
                     reserved[i] = replays.reserved_bytes(arch, cell, pk)
-                    if gpu is None or over or reserved[i] + context <= cap:
-                        continue
-                    # over the card without a limit: judged with its capacity (judge_on's case 3)
-                    res = replays.replay_training(arch, cell, cap - context)
-                    if res.oom is None:
-                        reserved[i] = min(replays.reserved_of(res, pk), reserved[i])
-                        squeezed[i] = reserved[i] + context <= cap
-                    else:
-                        refused[i] = True
+                    if gpu is not None and not over and reserved[i] + context > cap:
+                        on_card = estimate_setup(arch, cell, gpu=gpu)    # gpus.judge_on's case 3
+                        reserved[i] = on_card.reserved_bytes
+                        squeezed[i] = on_card.squeezed
                     continue
                 # the replay with the card's capacity first: without a retry it is the
                 # unlimited replay (caching.limit_unreached; judge_on's case 2, the reserve

@@ -280,7 +280,7 @@ class BackgroundPanel:
         self._scenario_kw = scenario_kw
         self._sugg_job = job
         cached = self._sugg_cache.get(job[0]) if job else None
-        partial = getattr(self, "_sugg_partial", None)
+        partial = self._sugg_partial
         if job is None:
             traits.update(suggestions=[], suggestions_status="")
         elif cached is not None:

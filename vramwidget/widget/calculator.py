@@ -96,6 +96,7 @@ class Calculator(ComputePanel, BackgroundPanel, VerdictPanel, OptionsPanel, Trai
         self._sugg_cache: "OrderedDict[Tuple, List[Any]]" = OrderedDict()
         self._sugg_token = 0
         self._sugg_job: Optional[Tuple[Tuple, Any, Dict[str, Any]]] = None
+        self._sugg_partial: Optional[Tuple[Tuple, List[Any]]] = None   # (job key, its single changes)
         self._pending: Any = None
         self._worker = Worker()
         self._suggester = Worker("vramwidget-suggestions")
