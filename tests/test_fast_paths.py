@@ -105,7 +105,18 @@ def _stream(ops):
 def test_capacity_replay_of_the_fast_loop_equals_the_full_model(ops, capacity_mib):
     """Every field of the result (the out-of-memory point included) is the full model's
     (``CachingAllocator``), whether or not the capacity is reached, cached segments released
-    or a request refused; and without a capacity too."""
+    or a request refused; and without a capacity too.  The Python fast loop (the compiled
+    replay is off here; tests/test_creplay.py compares that one)."""
+    from vramwidget.allocator import caching
+
+    caching.COMPILED, compiled = False, caching.COMPILED
+    try:
+        _fast_loop_equals_the_full_model(ops, capacity_mib)
+    finally:
+        caching.COMPILED = compiled
+
+
+def _fast_loop_equals_the_full_model(ops, capacity_mib):
     events = _stream(ops)
     cap = capacity_mib * MIB
     capped = replay(events, None, cap)
@@ -124,8 +135,12 @@ def test_capacity_replay_of_the_fast_loop_equals_the_full_model(ops, capacity_mi
     ("llama-3.2-1b", dict(method="qlora", batch_size=4, seq_len=2048)),
     ("qwen2.5-0.5b", dict(precision="fp32", grad_accum_steps=2, batch_size=2, seq_len=1000)),
 ])
-def test_capacity_replay_of_a_step_plan(model, kw):
-    """Capacities below the allocated peak, between it and the reserve, and above the reserve."""
+def test_capacity_replay_of_a_step_plan(model, kw, monkeypatch):
+    """Capacities below the allocated peak, between it and the reserve, and above the reserve
+    (the Python fast loop; the compiled replay: tests/test_creplay.py)."""
+    from vramwidget.allocator import caching
+
+    monkeypatch.setattr(caching, "COMPILED", False)
     arch = load(model)
     s = TrainingSetup.from_kwargs(**kw)
     events = plan_view(arch, s).events()

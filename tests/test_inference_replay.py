@@ -15,6 +15,14 @@ from vramwidget.inference.estimate import InferenceSetup
 from vramwidget.inference.events import inference_events, inference_runs, replay_inference
 from vramwidget.units import MIB
 
+@pytest.fixture(autouse=True)
+def _pure_python(monkeypatch):
+    """These tests are of the Python replays (the skip-ahead of ``replay_runs``, the fast loop,
+    ``CachingAllocator``): what runs where the compiled replay is not built.  The compiled one
+    is compared with them in tests/test_creplay.py."""
+    monkeypatch.setattr(allocator, "COMPILED", False)
+
+
 #: a tiny Llama (the shape tests/test_inference_trace.py runs through transformers' generate())
 TINY = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 32000, "max_position_embeddings": 4096}

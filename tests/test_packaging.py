@@ -54,7 +54,7 @@ IMPORT_NAMES = {"pyyaml": "yaml", "scikit-learn": "sklearn", "pillow": "PIL"}
 #: what the copy of the repository leaves out (build outputs, caches, node_modules, git)
 COPY_IGNORE = shutil.ignore_patterns(
     ".git", "node_modules", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis",
-    "test-artifacts", ".venv", "venv", ".benchmarks", ".ipynb_checkpoints", "*.pyc")
+    "test-artifacts", ".venv", "venv", ".benchmarks", ".ipynb_checkpoints", "*.pyc", "*.so", "*.pyd")
 
 
 def run(cmd, cwd, env=None, timeout=300) -> subprocess.CompletedProcess:
@@ -205,8 +205,19 @@ def test_sdist_contains_the_bundle_presets_and_cases(dists):
     sdist, _ = dists
     with tarfile.open(sdist) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
-    missing = [f for f in _expected_package_files() + ["pyproject.toml"] if f not in names]
+    missing = [f for f in _expected_package_files() + ["pyproject.toml", "setup.py", "vramwidget/allocator/creplay.c"]
+               if f not in names]
     assert not missing, missing
+
+
+def test_the_wheel_carries_the_compiled_replay(dists):
+    """Built where a C compiler is (this machine, cibuildwheel's): the wheel holds the compiled
+    replay, so it is platform-specific."""
+    _, wheel = dists
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    assert [n for n in names if n.startswith("vramwidget/allocator/creplay.") and n.endswith((".so", ".pyd"))]
+    assert not wheel.name.endswith("-none-any.whl"), wheel.name
 
 
 def _purelib(py: Path) -> str:
@@ -271,6 +282,9 @@ def test_wheel_in_a_fresh_venv_runs_the_cli(dists, tmp_path):
     data = json.loads(out)
     assert data["params_total"] == LLAMA_32_1B_PARAMS
     assert data["peak_allocated_bytes"] > 0
+    compiled = run([py, "-c", "from vramwidget.allocator import caching; print(caching.COMPILED)"], cwd=tmp_path,
+                   env=env).stdout.strip()
+    assert compiled == "True"
     # the console script is installed too
     script = py.parent / ("vramwidget.exe" if os.name == "nt" else "vramwidget")
     assert script.exists()
@@ -295,3 +309,27 @@ def test_wheel_in_a_venv_with_the_dependencies_loads_the_widget(dists, tmp_path)
     assert info["esm"] == len((ROOT / "vramwidget" / "static" / "widget.js").read_text(encoding="utf-8"))
     assert info["css"] > 0
     assert info["params"] == LLAMA_32_1B_PARAMS and info["error"] == ""
+
+
+def test_without_a_c_compiler_the_sdist_installs_and_replays_in_python(dists, tmp_path):
+    """The compiled replay is optional (setup.py: ``optional=True``): where no wheel fits and
+    no C compiler is there (CC=false here), ``pip`` still builds and installs the sdist, the
+    package says it replays in Python, and the CLI gives the answer the compiled build gives."""
+    sdist, wheel = dists
+    out = tmp_path / "wheel"
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index", "--no-build-isolation", "-w", out, sdist],
+        cwd=tmp_path, env=clean_env(CC="false", LDSHARED="false"), timeout=600)
+    (built,) = out.glob("*.whl")
+    with zipfile.ZipFile(built) as z:
+        assert not [n for n in z.namelist() if n.endswith((".so", ".pyd"))]
+    answers = []
+    for name, whl in (("plain", built), ("compiled", wheel)):
+        py = _venv(tmp_path / name, system_site=False)
+        _pip_install_into(py, whl, tmp_path)
+        _only_numpy(py, tmp_path / name)
+        code = ("import json, vramwidget as vw\nfrom vramwidget.allocator import caching\n"
+                "e = vw.estimate('llama-3.2-1b', method='qlora', batch_size=2, seq_len=1024)\n"
+                "print(json.dumps([caching.COMPILED, e.reserved_bytes, e.peak_allocated_bytes]))")
+        answers.append(json.loads(run([py, "-c", code], cwd=tmp_path, env=clean_env()).stdout.strip().splitlines()[-1]))
+    assert [a[0] for a in answers] == [False, True]
+    assert answers[0][1:] == answers[1][1:]

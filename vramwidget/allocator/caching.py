@@ -31,6 +31,10 @@ This module replays that placement in pure Python.  The rules are those of
   for the small pool, 20 MiB for the large pool) at its end (``try_allocate_expandable_block``);
   on a miss it first unmaps free pages (``release_cached_blocks`` -> ``unmap_block``).
 
+With the default settings the replay also runs compiled (``creplay.c``, built where a C
+compiler or a wheel is there; :func:`compiled_replay`), the same rules event for event; this
+module's Python replays are the reference it is tested against, and what runs without it.
+
 A single CUDA stream is modelled (a training step's work runs on the default stream), so
 no cross-stream events or ``recordStream`` delays.  ``PYTORCH_CUDA_ALLOC_CONF`` strings are
 parsed as ``c10/cuda/CUDAAllocatorConfig.cpp`` (``parseArgs``) reads them.
@@ -40,11 +44,17 @@ from __future__ import annotations
 
 import bisect
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..errors import VramError
 from ..units import MIB
+
+try:  # the compiled replay (setup.py builds it where it can; optional)
+    from . import creplay
+except ImportError:  # pragma: no cover - a build without a C compiler
+    creplay = None
 
 K_MIN_BLOCK_SIZE = 512                 # kMinBlockSize
 K_SMALL_SIZE = 1 * MIB                 # kSmallSize: largest small-pool request
@@ -720,6 +730,46 @@ class CachingAllocator(_SegmentBook):
 Event = Tuple[str, object, float, str]
 
 
+#: whether the default-settings replays run compiled (``creplay``, when it was built); the
+#: environment variable VRAMWIDGET_PURE_PYTHON=1 turns it off, tests switch it per test
+COMPILED = creplay is not None and os.environ.get("VRAMWIDGET_PURE_PYTHON", "") in ("", "0")
+
+
+def _is_default(cfg: AllocatorConfig) -> bool:
+    """The settings the compiled replay and the fast loop model: no ``max_split_size_mb``, no
+    expandable segments, no power-of-two rounding, no garbage collection by age."""
+    return (cfg.max_split_size_bytes >= NO_LIMIT and not cfg.expandable_segments and not cfg.roundup_power2_divisions
+            and not cfg.roundup_power2_intervals and cfg.garbage_collection_threshold <= 0)
+
+
+def compiled_replay(parts: Sequence[Any], capacity_bytes: Optional[float] = None,
+                    growth_log: Optional[List[Tuple[int, bool, int]]] = None) -> Optional[ReplayResult]:
+    """``replay(expand_runs(parts), AllocatorConfig(), capacity_bytes)`` run by the compiled
+    replay (``creplay.c``: the same rules as :class:`CachingAllocator` with the default
+    settings, a :class:`StepRun`'s steps replayed from its template without writing them out),
+    field for field; None where it is not there (not built, or ``COMPILED`` off) or a size is
+    beyond its 64-bit arithmetic (the caller replays in Python).  ``growth_log``: as
+    :func:`replay_runs` fills it, in stream order."""
+    if not COMPILED:
+        return None
+    packed = [(p.events, p.n_steps, p.renames) if isinstance(p, StepRun) else
+              (p if isinstance(p, list) else list(p)) for p in parts]
+    limit = -1 if capacity_bytes is None else int(capacity_bytes)
+    try:
+        (max_reserved, max_requested, max_allocated, reserved, allocated, frag, segs, n, retries,
+         oom) = creplay.replay(packed, limit, True, growth_log)
+    except OverflowError:
+        return None
+    res = ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_requested,
+                       max_block_allocated_bytes=max_allocated, reserved_bytes=reserved, allocated_bytes=allocated,
+                       fragmentation_at_max_bytes=frag, segments_allocated=segs, num_alloc_retries=retries,
+                       num_events=n)
+    if oom is not None:
+        index, size, oom_reserved, oom_allocated, label = oom
+        res.oom = OutOfMemory(index, size, _label(label), oom_reserved, oom_allocated, limit)
+    return res
+
+
 def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
            capacity_bytes: Optional[float] = None, record: bool = False, fast: bool = True) -> ReplayResult:
     """Replay ``events`` through the allocator model.
@@ -733,6 +783,11 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
     (tests/test_fast_paths.py).
     """
     cfg = config or AllocatorConfig()
+    if fast and not record and COMPILED and _is_default(cfg):
+        events = events if isinstance(events, list) else list(events)
+        res = compiled_replay([events], capacity_bytes)
+        if res is not None:
+            return res
     if (fast and not record and cfg.max_split_size_bytes >= NO_LIMIT and not cfg.expandable_segments
             and not cfg.roundup_power2_divisions and not cfg.roundup_power2_intervals):
         if capacity_bytes is None:
@@ -994,6 +1049,12 @@ def replay_runs(parts: Sequence[Any], config: Optional[AllocatorConfig] = None,
     as (index in the whole stream, small pool?, that pool's reserved bytes after it): the
     reserved memory of every prefix of the stream, from one replay."""
     cfg = config or AllocatorConfig()
+    if not record and _is_default(cfg):
+        res = compiled_replay(parts, capacity_bytes, growth_log)
+        if res is not None:
+            return res
+        if growth_log is not None:
+            del growth_log[:]
     if (record or capacity_bytes is not None or cfg.roundup_power2_divisions or cfg.roundup_power2_intervals
             or cfg.garbage_collection_threshold > 0):
         return replay(expand_runs(parts), cfg, capacity_bytes, record)
@@ -1667,6 +1728,10 @@ def replay_runs_on_card(parts: Sequence[Any], config: Optional[AllocatorConfig] 
     decode steps written out are millions of events; a step that fails is reported in ``oom``
     with its index in the written-out stream, and the replay stops there."""
     cfg = config or AllocatorConfig()
+    if _is_default(cfg):
+        compiled = compiled_replay(parts, capacity_bytes)
+        if compiled is not None:
+            return compiled
     al = CachingAllocator(cfg, capacity_bytes)
     live: Dict[Any, _Block] = {}
     res = ReplayResult()
