@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import fmt_ms, percentile, time_calls  # noqa: E402
 
 from vramwidget.model import architecture  # noqa: E402
-from vramwidget.allocator import replays
+from vramwidget.allocator import caching, replays  # noqa: E402
 from vramwidget.allocator.caching import replay  # noqa: E402
 from vramwidget.estimate import estimate_setup  # noqa: E402
 from vramwidget.plan import plan_view  # noqa: E402
@@ -53,30 +53,38 @@ def main() -> int:
         view = plan_view(arch, s)                         # the plan built once (not timed)
         events = view.events()
         t_events = time_calls(view.events, a.repeat, warmup=1)
-        t_replay = time_calls(lambda: replay(events), a.repeat, warmup=1)
         res = replay(events)
         above = res.max_reserved_bytes + (64 << 20)
         below = (res.max_allocated_bytes + res.max_reserved_bytes) / 2
-        t_above = time_calls(lambda: replay(events, None, above), a.repeat, warmup=1)
-        t_above_ref = time_calls(lambda: replay(events, None, above, fast_until_limit=False), a.repeat, warmup=1)
-        t_below = time_calls(lambda: replay(events, None, below), a.repeat, warmup=1)
-        t_below_ref = time_calls(lambda: replay(events, None, below, fast_until_limit=False), a.repeat, warmup=1)
+        # (compiled, Python fast loop, CachingAllocator) for each capacity
+        times = {}
+        for name, cap in (("unlimited", None), ("above", above), ("below", below)):
+            row = [time_calls(lambda: replay(events, None, cap), a.repeat, warmup=1)]
+            caching.COMPILED, was = False, caching.COMPILED
+            try:
+                row.append(time_calls(lambda: replay(events, None, cap), a.repeat, warmup=1))
+            finally:
+                caching.COMPILED = was
+            row.append(time_calls(lambda: replay(events, None, cap, fast=False), max(1, a.repeat // 3), warmup=0))
+            times[name] = [percentile(t, 0.5) for t in row]
 
         def plain():
             replays.clear_caches()
             estimate_setup(arch, s)
 
         t_est = time_calls(plain, a.repeat, warmup=1)
-        both = percentile(t_events, 0.5) + percentile(t_replay, 0.5)
+        both = percentile(t_events, 0.5) + times["unlimited"][0]
         verdict = "ok" if both <= target else "MISSED"
         ok = ok and both <= target
-        print(f"{model} {kw}: {len(events)} events")
-        print(f"  events at a size {fmt_ms(percentile(t_events, 0.5))}   replay {fmt_ms(percentile(t_replay, 0.5))}"
+        print(f"{model} {kw}: {len(events)} events; compiled replay {'on' if caching.COMPILED else 'OFF'}")
+        print(f"  events at a size {fmt_ms(percentile(t_events, 0.5))}   replay {fmt_ms(times['unlimited'][0])}"
               f"   both {fmt_ms(both)} (target {fmt_ms(target)}: {verdict})   estimate with its plan built, no "
               f"replay {fmt_ms(percentile(t_est, 0.5))}")
-        print(f"  with a capacity above the reserve {fmt_ms(percentile(t_above, 0.5))} (full model "
-              f"{fmt_ms(percentile(t_above_ref, 0.5))}); below it {fmt_ms(percentile(t_below, 0.5))} (full model "
-              f"{fmt_ms(percentile(t_below_ref, 0.5))})")
+        for name, label in (("unlimited", "no capacity"), ("above", "a capacity above the reserve"),
+                            ("below", "a capacity below it (free-and-retry)")):
+            c, py, ref = times[name]
+            print(f"  {label:40s} compiled {fmt_ms(c)}   Python fast loop {fmt_ms(py)} ({py / c:,.0f}x)   "
+                  f"CachingAllocator {fmt_ms(ref)} ({ref / c:,.0f}x)")
     return 0 if ok or not a.strict else 1
 
 

@@ -31,29 +31,32 @@ import _timing  # noqa: E402,F401  (puts the checkout on sys.path)
 
 import vramwidget as vw  # noqa: E402
 from vramwidget.allocator import replays  # noqa: E402
+from vramwidget.plan import PlanView  # noqa: E402
 from vramwidget.fit import verdict
 
 TARGET_RATIO = 50.0
 
 
 class _Count:
-    """Counts the allocator replays actually run (``replays.replay`` calls: unlimited and
+    """Counts the allocator replays actually run (``PlanView.replay`` calls: unlimited and
     with a card's capacity)."""
 
     def __init__(self) -> None:
         self.n = 0
-        self._real = replays.replay
+        self._real = PlanView.replay
 
     def __enter__(self) -> "_Count":
-        def counted(*a, **k):
-            self.n += 1
-            return self._real(*a, **k)
+        real = self._real
 
-        replays.replay = counted
+        def counted(view, *a, **k):
+            self.n += 1
+            return real(view, *a, **k)
+
+        PlanView.replay = counted
         return self
 
     def __exit__(self, *exc) -> None:
-        replays.replay = self._real
+        PlanView.replay = self._real
 
 
 def main() -> int:

@@ -22,13 +22,14 @@ from test_fast_paths import _fields, _stream
 from test_inference_replay import TINY, TINY_SLIDING, _kv_ring
 
 from vramwidget.allocator import caching
-from vramwidget.allocator.caching import (AllocatorConfig, StepRun, compiled_replay, expand_runs, replay,
-                                          replay_runs)
+from vramwidget.allocator.caching import (AllocatorConfig, StepRun, compiled_program, compiled_replay, expand_runs,
+                                          parse_alloc_conf, replay, replay_runs)
 from vramwidget.inference.estimate import InferenceSetup
 from vramwidget.inference.events import inference_runs, replay_parts
 from vramwidget.measure.validate import load_cases, predict_case, predict_inference_case
 from vramwidget.model.architecture import from_config, load
 from vramwidget.plan import plan_view
+from vramwidget.plan.views import program_at
 from vramwidget.training import TrainingSetup
 from vramwidget.units import MIB
 
@@ -92,6 +93,24 @@ def test_float_sizes_and_empty_cache_replay_as_the_reference(ops, capacity_mib):
     assert _fields(compiled_replay([events], cap)) == _fields(replay(events, None, cap, fast=False))
 
 
+def _program(events):
+    """A stream as the columns plan.views.program_at makes of a plan's events."""
+    import numpy as np
+
+    codes = {"alloc": 0, "free": 1, "step_end": 2, "reset_peak": 3, "empty_cache": 4}
+    return (np.array([codes[e[0]] for e in events], dtype=np.int8), np.array([e[1] for e in events], dtype=np.int64),
+            np.array([e[2] if e[0] == "alloc" else 0 for e in events], dtype=np.int64), [e[3] for e in events])
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ops, st.one_of(st.none(), st.integers(min_value=2, max_value=400)))
+def test_any_stream_as_columns_replays_as_the_reference(ops, capacity_mib):
+    """The same streams given as columns (``replay_program``: how a step plan is replayed)."""
+    events = _stream(ops)
+    cap = None if capacity_mib is None else capacity_mib * MIB
+    assert _fields(compiled_program(_program(events), None, cap)) == _fields(replay(events, None, cap, fast=False))
+
+
 def test_a_bad_stream_raises_what_the_reference_raises():
     with pytest.raises(KeyError):
         compiled_replay([[("free", "never allocated", 0, "")]])
@@ -109,12 +128,29 @@ def test_a_step_plan_replays_as_the_reference(model, kw):
     below the allocated peak, between it and the reserve, at the reserve and above it."""
     arch = load(model)
     s = TrainingSetup.from_kwargs(**kw)
-    events = plan_view(arch, s).events()
+    view = plan_view(arch, s)
+    events = view.events()
+    program = program_at(view.index, *view.sizes)
+    assert program is not None
     free = replay(events, None, None, fast=False)
     assert _fields(compiled_replay([events])) == _fields(free)
+    assert _fields(compiled_program(program)) == _fields(view.replay()) == _fields(free)
     for cap in (0.9 * free.max_allocated_bytes, (free.max_allocated_bytes + free.max_reserved_bytes) / 2,
                 free.max_reserved_bytes, free.max_reserved_bytes + 64 * MIB):
-        assert _fields(compiled_replay([events], cap)) == _fields(replay(events, None, cap, fast=False)), cap
+        ref = _fields(replay(events, None, cap, fast=False))
+        assert _fields(compiled_replay([events], cap)) == ref, cap
+        assert _fields(view.replay(cap)) == ref, cap
+
+
+def test_other_allocator_settings_replay_in_python():
+    """The compiled replay models the default settings only: a plan with expandable segments
+    or max_split_size_mb goes through the Python replay (its rules are there)."""
+    arch = load("llama-3.2-1b")
+    for conf in ("expandable_segments:True", "max_split_size_mb:64", "garbage_collection_threshold:0.6"):
+        s = TrainingSetup.from_kwargs(batch_size=2, seq_len=512, allocator=conf)
+        view = plan_view(arch, s)
+        assert compiled_program(program_at(view.index, *view.sizes), parse_alloc_conf(conf)) is None
+        assert _fields(view.replay()) == _fields(replay(view.events(), parse_alloc_conf(conf), fast=False))
 
 
 # -- decode programs (StepRun) ------------------------------------------------------------

@@ -34,15 +34,17 @@ def empty_cache():
 
 @pytest.fixture
 def replays(monkeypatch):
-    """Counts the replays run (events.replay_training's calls of allocator.replay)."""
+    """Counts the replays run (events.replay_training's calls of PlanView.replay)."""
+    from vramwidget.plan import PlanView
+
     calls = []
-    real = events.replay
+    real = PlanView.replay
 
-    def counted(evs, *a, **k):
+    def counted(view, *a, **k):
         calls.append(1)
-        return real(evs, *a, **k)
+        return real(view, *a, **k)
 
-    monkeypatch.setattr(events, "replay", counted)
+    monkeypatch.setattr(PlanView, "replay", counted)
     return calls
 
 

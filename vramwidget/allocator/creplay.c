@@ -10,7 +10,7 @@
  * caching.py cites it rule by rule and is the reference this file is tested against, event
  * stream for event stream (tests/test_creplay.py).
  *
- * One entry point, ``replay(parts, limit, stop_at_repeat, growth_log)``:
+ * Two entry points.  ``replay(parts, limit, stop_at_repeat, growth_log)``:
  *
  *   parts           a list; each item is either a list of events (kind, key, nbytes, label)
  *                   or a tuple (events, n_steps, renames) standing for a caching.StepRun
@@ -24,7 +24,9 @@
  *
  * Returns (max_reserved, max_requested, max_block_allocated, reserved, allocated,
  * fragmentation_at_max, segments, num_events, retries, oom) with oom None or
- * (event index, size, reserved, allocated, label).
+ * (event index, size, reserved, allocated, label).  ``replay_program(codes, slots, sizes,
+ * limit, stop_at_repeat)``: the same for a stream given as three columns (a step plan's
+ * events, without a Python object per event).
  *
  * Portable C99 (GCC, Clang, MSVC); no floating-point contraction in the size arithmetic
  * (a decode step's size is c0 + c1 * m computed as Python computes it).
@@ -322,6 +324,23 @@ static int signature(Alloc *A, Sig *s) {
     return sig_push(s, A->reserved);
 }
 
+/* a step_end: 0 when the state equals the previous step end's (no retry since): stop */
+static int step_end(Alloc *A, long long step, Sig *last, Sig *now, int *have_last, int64_t *last_retries) {
+    if (signature(A, now) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (step >= 2 && *have_last && now->n == last->n &&
+        memcmp(now->v, last->v, sizeof(int64_t) * (size_t)now->n) == 0 && A->retries == *last_retries)
+        return 0;
+    Sig t = *last;
+    *last = *now;
+    *now = t;
+    *have_last = 1;
+    *last_retries = A->retries;
+    return 1;
+}
+
 /* ---- the replay ------------------------------------------------------------------------ */
 
 static PyObject *S_alloc, *S_free, *S_step_end, *S_reset_peak, *S_empty_cache;
@@ -480,17 +499,8 @@ static int replay_events(Replay *R, PyObject *events, int stop_at_repeat, Sig *l
             if (!stop_at_repeat) continue;
             long long step = PyLong_AsLongLong(key);
             if (step == -1 && PyErr_Occurred()) { rc = -1; break; }
-            if (signature(A, now) < 0) { PyErr_NoMemory(); rc = -1; break; }
-            if (step >= 2 && *have_last && now->n == last->n &&
-                memcmp(now->v, last->v, sizeof(int64_t) * (size_t)now->n) == 0 && A->retries == *last_retries) {
-                rc = 0;
-                break;
-            }
-            Sig t = *last;
-            *last = *now;
-            *now = t;
-            *have_last = 1;
-            *last_retries = A->retries;
+            int go = step_end(A, step, last, now, have_last, last_retries);
+            if (go <= 0) { rc = go; break; }
         } else if (kind_is(kind, S_reset_peak)) {
             A->max_reserved = A->reserved;
             A->max_allocated = A->allocated;
@@ -643,6 +653,25 @@ done:
     return rc;
 }
 
+/* the replay's statistics as the Python wrapper reads them (rc 0: it stopped early) */
+static PyObject *result(Replay *R, int rc) {
+    Alloc *A = &R->A;
+    /* num_events as caching.replay counts it: the index of the last event replayed, plus one */
+    long long num_events = rc == 0 ? (long long)R->g + 1 : (R->g > 0 ? (long long)R->g : 1);
+    PyObject *oom;
+    if (R->oom_index >= 0) {
+        oom = Py_BuildValue("(LLLLO)", (long long)R->oom_index, (long long)R->oom_size, (long long)A->reserved,
+                            (long long)A->allocated, R->oom_label ? R->oom_label : Py_None);
+        if (!oom) return NULL;
+    } else {
+        oom = Py_None;
+        Py_INCREF(oom);
+    }
+    return Py_BuildValue("(LLLLLLLLLN)", (long long)A->max_reserved, (long long)A->max_requested,
+                         (long long)A->max_allocated, (long long)A->reserved, (long long)A->allocated,
+                         (long long)A->frag, (long long)A->segs, num_events, (long long)A->retries, oom);
+}
+
 static void free_alloc(Alloc *A) {
     free(A->b);
     free(A->spare);
@@ -685,23 +714,7 @@ static PyObject *py_replay(PyObject *self, PyObject *args) {
             rc = replay_events(&R, part, stop_at_repeat, &last, &now, &have_last, &last_retries);
     }
     if (rc < 0) goto done;
-    {
-        Alloc *A = &R.A;
-        /* num_events as caching.replay counts it: the index of the last event replayed, plus one */
-        long long num_events = rc == 0 ? (long long)R.g + 1 : (R.g > 0 ? (long long)R.g : 1);
-        PyObject *oom;
-        if (R.oom_index >= 0) {
-            oom = Py_BuildValue("(LLLLO)", (long long)R.oom_index, (long long)R.oom_size, (long long)A->reserved,
-                                (long long)A->allocated, R.oom_label);
-            if (!oom) goto done;
-        } else {
-            oom = Py_None;
-            Py_INCREF(oom);
-        }
-        out = Py_BuildValue("(LLLLLLLLLN)", (long long)A->max_reserved, (long long)A->max_requested,
-                            (long long)A->max_allocated, (long long)A->reserved, (long long)A->allocated,
-                            (long long)A->frag, (long long)A->segs, num_events, (long long)A->retries, oom);
-    }
+    out = result(&R, rc);
 done:
     Py_XDECREF(seq);
     Py_DECREF(R.live);
@@ -711,10 +724,115 @@ done:
     return out;
 }
 
+/* replay_program(codes, slots, sizes, limit, stop_at_repeat): a stream as three columns
+ * (a step plan's events, vramwidget.plan.views.program_at): codes int8 (0 alloc, 1 free,
+ * 2 step_end, 3 reset_peak, 4 empty_cache), slots int64 (the allocation's key, a step_end's
+ * step), sizes int64 (an allocation's bytes).  The same replay and result as replay() on
+ * the events (kind, key, size, label), the out-of-memory label left to the caller (None). */
+static PyObject *py_replay_program(PyObject *self, PyObject *args) {
+    Py_buffer kb, sb, zb;
+    long long limit;
+    int stop_at_repeat;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*y*Lp", &kb, &sb, &zb, &limit, &stop_at_repeat)) return NULL;
+    Py_ssize_t n = kb.len;
+    const int8_t *codes = (const int8_t *)kb.buf;
+    const int64_t *slots = (const int64_t *)sb.buf, *sizes = (const int64_t *)zb.buf;
+    Replay R;
+    memset(&R, 0, sizeof(R));
+    R.A.next_addr = (int64_t)1 << 40;
+    R.A.has_limit = limit >= 0;
+    R.A.limit = (int64_t)limit;
+    R.oom_index = -1;
+    Sig last = {0}, now = {0};
+    int have_last = 0;
+    int64_t last_retries = 0;
+    int32_t *table = NULL;
+    PyObject *out = NULL;
+    int rc = 1;
+    if (sb.len != 8 * n || zb.len != 8 * n) {
+        PyErr_SetString(PyExc_ValueError, "codes (int8), slots and sizes (int64) must have one entry per event");
+        goto done;
+    }
+    int64_t nslots = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (codes[i] <= 1) {
+            if (slots[i] < 0) {
+                PyErr_SetString(PyExc_ValueError, "an allocation's slot must be >= 0");
+                goto done;
+            }
+            if (slots[i] >= nslots) nslots = slots[i] + 1;
+        }
+    }
+    table = (int32_t *)malloc(sizeof(int32_t) * (size_t)(nslots ? nslots : 1));
+    if (!table) { PyErr_NoMemory(); goto done; }
+    for (int64_t k = 0; k < nslots; k++) table[k] = -1;
+    Alloc *A = &R.A;
+    for (Py_ssize_t i = 0; i < n && rc == 1; i++, R.g++) {
+        switch (codes[i]) {
+        case 0: {
+            int grew;
+            int64_t size = round_int(sizes[i]);
+            int32_t bi = a_malloc(A, size, &grew);
+            if (bi == OOM_FAIL) {
+                R.oom_index = R.g;
+                R.oom_size = size;
+                rc = 0;
+                break;
+            }
+            if (bi < 0) { PyErr_NoMemory(); rc = -1; break; }
+            table[slots[i]] = bi;
+            break;
+        }
+        case 1: {
+            int32_t bi = table[slots[i]];
+            if (bi < 0) {
+                PyObject *k = PyLong_FromLongLong((long long)slots[i]);
+                if (k) { set_key_error(k); Py_DECREF(k); }
+                rc = -1;
+                break;
+            }
+            table[slots[i]] = -1;
+            if (a_free(A, bi) < 0) { PyErr_NoMemory(); rc = -1; }
+            break;
+        }
+        case 2:
+            if (stop_at_repeat) rc = step_end(A, (long long)slots[i], &last, &now, &have_last, &last_retries);
+            break;
+        case 3:
+            A->max_reserved = A->reserved;
+            A->max_allocated = A->allocated;
+            A->max_requested = A->requested;
+            A->frag = A->reserved - A->allocated;
+            break;
+        case 4:
+            if (release_cached(A) < 0) { PyErr_NoMemory(); rc = -1; }
+            break;
+        default:
+            PyErr_Format(PyExc_ValueError, "unknown replay event code %d", (int)codes[i]);
+            rc = -1;
+        }
+        if (rc != 1) break;
+    }
+    if (rc >= 0) out = result(&R, rc);
+done:
+    free(table);
+    free(last.v);
+    free(now.v);
+    free_alloc(&R.A);
+    PyBuffer_Release(&kb);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&zb);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"replay", py_replay, METH_VARARGS,
      "replay(parts, limit, stop_at_repeat, growth_log): the caching allocator's replay of an event "
      "stream with the default settings (see vramwidget/allocator/creplay.c)."},
+    {"replay_program", py_replay_program, METH_VARARGS,
+     "replay_program(codes, slots, sizes, limit, stop_at_repeat): the same replay of a stream given as "
+     "three columns (int8 codes, int64 slots, int64 sizes)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -169,7 +169,7 @@ def replay_training(arch: Architecture, s: TrainingSetup, capacity_bytes: Option
 
     def run() -> ReplayResult:
         with gc_paused():       # the replay's blocks are linked lists: no collection while it runs
-            return replay(view.events(), parse_alloc_conf(s.allocator), capacity_bytes, record)
+            return view.replay(capacity_bytes, record)
 
     if record:
         return run()

@@ -21,14 +21,14 @@ import threading
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..allocator.caching import AllocatorConfig, parse_alloc_conf
+from ..allocator.caching import AllocatorConfig, ReplayResult, compiled_program, parse_alloc_conf, replay
 from ..model.architecture import Architecture
 from ..result import Node
 from ..training import TrainingSetup
 from .builder import StepPlan
 from .size import NotPolynomial, Size
 from .step import STEPS, build_plan
-from .views import PlanIndex, Totals, events_at, grid_totals, totals, tree
+from .views import PlanIndex, Totals, events_at, grid_totals, program_at, totals, tree
 
 __all__ = ["PlanView", "plan_view", "plan_index", "plan_events", "grid_totals", "clear_caches"]
 
@@ -123,6 +123,16 @@ class PlanView:
     def events(self) -> List[Any]:
         """The allocator events at this size (what ``allocator.replay`` reads)."""
         return events_at(self.index, *self.sizes)
+
+    def replay(self, capacity_bytes: Optional[float] = None, record: bool = False) -> ReplayResult:
+        """``allocator.replay(self.events(), ...)`` with the setup's allocator settings: by the
+        compiled replay from the plan's columns where it runs (``program_at``), else the
+        events through the Python replay."""
+        if not record:
+            res = compiled_program(program_at(self.index, *self.sizes), self.cfg, capacity_bytes)
+            if res is not None:
+                return res
+        return replay(self.events(), self.cfg, capacity_bytes, record)
 
     def trees(self) -> Dict[str, List[Node]]:
         """Every phase's component tree: the tensors live at the phase's peak."""

@@ -80,6 +80,8 @@ class PlanIndex:
         self.stream_replays: Dict[Tuple[Any, ...], Any] = {}
         #: each allocation row's box in the component trees (``tree_keys``), made on first use
         self.tree_boxes: Any = None
+        #: the events as the compiled replay's columns (``program_at``), made on first use
+        self.program: Any = None
 
     def sizes_at(self, b: Any, s: Any, t: Any = 1) -> Any:
         """Every allocation's bytes at batch ``b``, sequence ``s``, target ``t`` (int64)."""
@@ -349,6 +351,35 @@ def tree_keys(ix: PlanIndex) -> Tuple[Any, List[Tuple[str, str, str]]]:
             gid[row] = g
         got = ix.tree_boxes = (gid, list(index))
     return got
+
+
+#: the event kinds as the compiled replay's codes (allocator/creplay.c, ``replay_program``)
+_CODES = {"alloc": 0, "free": 1, "step_end": 2, "reset_peak": 3, "empty_cache": 4}
+
+
+def program_at(ix: PlanIndex, b: Any, s: Any, t: Any = 1) -> Any:
+    """The plan's events at one size as the compiled replay reads them (``caching.
+    compiled_program``): (codes int8, slots int64, sizes int64, labels), the same stream as
+    :func:`events_at` without a Python tuple per event; None where a key or a size is not a
+    whole number (then the events go through ``allocator.replay``).  The codes and slots
+    (the allocation's key, a step end's step) are made once per plan; an allocation's bytes
+    are those of ``events_at`` (``sizes_at``: whole bytes)."""
+    import numpy as np
+
+    got = ix.program
+    if got is None:
+        kinds, keys, _third, labels, made = ix.columns
+        if all(k in _CODES for k in set(kinds)) and all(k.__class__ is int for k in keys):
+            codes = np.fromiter(map(_CODES.__getitem__, kinds), dtype=np.int8, count=len(kinds))
+            got = ix.program = (codes, np.asarray(keys, dtype=np.int64), made, labels)
+        else:
+            got = ix.program = False
+    if got is False:
+        return None
+    codes, slots, made, labels = got
+    sizes = np.zeros(len(codes), dtype=np.int64)
+    sizes[made] = ix.sizes_at(b, s, t)
+    return codes, slots, sizes, labels
 
 
 def events_at(ix: PlanIndex, b: Any, s: Any, t: Any = 1) -> List[Event]:
