@@ -114,7 +114,15 @@ class PlanView:
         self.index, self.symbolic = plan_index(arch, s)
         self.cfg: AllocatorConfig = parse_alloc_conf(s.allocator)
         self.sizes = (s.batch_size, s.seq_len, s.target_len if s.target_len is not None else 1)
-        self.totals: Totals = totals(self.index, self.cfg, *self.sizes)
+        self._totals: Optional[Totals] = None
+
+    @property
+    def totals(self) -> Totals:
+        """Each phase's allocated peak at this size (``views.totals``), computed on first read:
+        a replay of the view (fit_map's cells, a solver's candidates) does not need it."""
+        if self._totals is None:
+            self._totals = totals(self.index, self.cfg, *self.sizes)
+        return self._totals
 
     @property
     def plan(self) -> StepPlan:
