@@ -356,6 +356,7 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     info = plan.info
     # where the block running matters (ZeRO-3's gathered set, FSDP's units); else at() has nothing to do
     tracks = bool(lay.gathered or lay.unit_bytes or lay.grads == "unit")
+    shares: Dict[Tuple[int, bool], Optional[float]] = {}     # kept_share per (tensor kind, loading)
     for j, (kind, key, nbytes, label) in enumerate(plan.events):
         if kind == "alloc" and w.loading and info[key].name == "input_ids":
             w.loading = False
@@ -377,7 +378,8 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
             w.pb.events.append((kind, key, nbytes, label))
             continue
         i = info[key]
-        f = kept_share(lay, i, w.loading)
+        sk = (id(i), w.loading)
+        f = shares[sk] if sk in shares else shares.setdefault(sk, kept_share(lay, i, w.loading))
         comp = i.component
         if f is not None:
             if tracks and not w.loading and comp != "optimizer states" and comp != "optimizer temporaries":
@@ -425,13 +427,20 @@ def floor_bytes(view: Any, lay: GpuLayout) -> float:
             return 0.0
         total = 0.0
         rows = live_rows(ix, at)
-        for row in rows:
+        shares: Dict[Tuple[int, bool], Optional[float]] = {}
+        requested = tot.requested_bytes[rows].tolist()
+        loaded = (ix.alloc_at[rows] < load_end).tolist()
+        for row, req, loading in zip(rows.tolist(), requested, loaded):
             i = info[ix.keys[row]]
-            f = kept_share(lay, i, bool(ix.alloc_at[row] < load_end))
-            if f is None and i.component == "gradients" and lay.grads == "keep":
-                f = 1.0
+            sk = (id(i), loading)
+            if sk not in shares:
+                f = kept_share(lay, i, loading)
+                if f is None and i.component == "gradients" and lay.grads == "keep":
+                    f = 1.0
+                shares[sk] = f
+            f = shares[sk]
             if f:
-                total += float(tot.requested_bytes[row]) * f
+                total += float(req) * f
         bufs = [b.nbytes for b in lay.buffers if b.lifetime in lifetimes]
         return total + float(sum(bufs)) - float(np.size(rows) + len(bufs))
 
