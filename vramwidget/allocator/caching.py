@@ -1048,9 +1048,9 @@ def replay_runs(parts: Sequence[Any], config: Optional[AllocatorConfig] = None,
                 growth_log: Optional[List[Tuple[int, bool, int]]] = None) -> ReplayResult:
     """``replay(expand_runs(parts), ...)``, byte for byte, without writing the steps of a
     :class:`StepRun` out.  With the default settings the compiled replay runs every step from
-    the run's template (:func:`compiled_replay`: a 32k-token decode's 87 million events in
-    about half a second); what follows is the pure-Python replay, which skips steps where
-    that is provably exact.
+    the run's template (:func:`compiled_replay`: the 4.3 million events of a 32k-token
+    decode's replay stream in about 0.4 s); what follows is the pure-Python replay, which
+    skips steps where that is provably exact (11 s for the same decode).
 
     The skip (no capacity, no recording, no ``roundup_power2_divisions``): two consecutive
     (super)steps are replayed while every decision the allocator takes is recorded: for each

@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from collections.abc import Mapping
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..allocator.caching import AllocatorConfig, ReplayResult, compiled_program, parse_alloc_conf, replay
 from ..model.architecture import Architecture
@@ -106,6 +107,29 @@ def clear_caches() -> None:
         _HELD[0] = 0
 
 
+class _Trees(Mapping):
+    """A view's component tree of each phase of ``TREE_PHASES``, built on first read."""
+
+    def __init__(self, view: "PlanView"):
+        self._view = view
+        self._built: Dict[str, List[Node]] = {}
+
+    def __getitem__(self, phase: str) -> List[Node]:
+        got = self._built.get(phase)
+        if got is None:
+            if phase not in TREE_PHASES:
+                raise KeyError(phase)
+            v = self._view
+            got = self._built[phase] = tree(v.index, v.totals, v.totals.phase_events[phase])
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(TREE_PHASES)
+
+    def __len__(self) -> int:
+        return len(TREE_PHASES)
+
+
 class PlanView:
     """One setup's step plan at its own size."""
 
@@ -142,9 +166,10 @@ class PlanView:
                 return res
         return replay(self.events(), self.cfg, capacity_bytes, record)
 
-    def trees(self) -> Dict[str, List[Node]]:
-        """Every phase's component tree: the tensors live at the phase's peak."""
-        return {p: tree(self.index, self.totals, self.totals.phase_events[p]) for p in TREE_PHASES}
+    def trees(self) -> Mapping[str, List[Node]]:
+        """Every phase's component tree: the tensors live at the phase's peak, each built when
+        first read (the widget's update draws the peak's; the other phases' wait)."""
+        return _Trees(self)
 
     def tensors(self, component: Optional[str] = None) -> Dict[str, List[int]]:
         """Every tensor the step makes (of ``component``), by name: the bytes of each one made
