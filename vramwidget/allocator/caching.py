@@ -756,17 +756,23 @@ def compiled_replay(parts: Sequence[Any], capacity_bytes: Optional[float] = None
               (p if isinstance(p, list) else list(p)) for p in parts]
     limit = -1 if capacity_bytes is None else int(capacity_bytes)
     try:
-        (max_reserved, max_requested, max_allocated, reserved, allocated, frag, segs, n, retries,
-         oom) = creplay.replay(packed, limit, True, growth_log)
+        out = creplay.replay(packed, limit, True, growth_log)
     except OverflowError:
         return None
+    return _compiled_result(out, limit, lambda oom: oom[4])
+
+
+def _compiled_result(out: Tuple[Any, ...], limit: int, label_of: Any) -> ReplayResult:
+    """The compiled replay's tuple as a :class:`ReplayResult` (``label_of(oom)``: the label of
+    the request that failed)."""
+    (max_reserved, max_requested, max_allocated, reserved, allocated, frag, segs, n, retries, oom) = out
     res = ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_requested,
                        max_block_allocated_bytes=max_allocated, reserved_bytes=reserved, allocated_bytes=allocated,
                        fragmentation_at_max_bytes=frag, segments_allocated=segs, num_alloc_retries=retries,
                        num_events=n)
     if oom is not None:
-        index, size, oom_reserved, oom_allocated, label = oom
-        res.oom = OutOfMemory(index, size, _label(label), oom_reserved, oom_allocated, limit)
+        index, size, oom_reserved, oom_allocated, _ = oom
+        res.oom = OutOfMemory(index, size, _label(label_of(oom)), oom_reserved, oom_allocated, limit)
     return res
 
 
@@ -780,16 +786,8 @@ def compiled_program(program: Any, config: Optional[AllocatorConfig] = None,
         return None
     codes, slots, sizes, labels = program
     limit = -1 if capacity_bytes is None else int(capacity_bytes)
-    (max_reserved, max_requested, max_allocated, reserved, allocated, frag, segs, n, retries,
-     oom) = creplay.replay_program(codes, slots, sizes, limit, True)
-    res = ReplayResult(max_reserved_bytes=max_reserved, max_allocated_bytes=max_requested,
-                       max_block_allocated_bytes=max_allocated, reserved_bytes=reserved, allocated_bytes=allocated,
-                       fragmentation_at_max_bytes=frag, segments_allocated=segs, num_alloc_retries=retries,
-                       num_events=n)
-    if oom is not None:
-        index, size, oom_reserved, oom_allocated, _ = oom
-        res.oom = OutOfMemory(index, size, _label(labels[index]), oom_reserved, oom_allocated, limit)
-    return res
+    return _compiled_result(creplay.replay_program(codes, slots, sizes, limit, True), limit,
+                            lambda oom: labels[oom[0]])
 
 
 def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
