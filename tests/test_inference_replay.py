@@ -307,3 +307,42 @@ def test_reserved_by_decode_steps_is_each_shorter_call_replayed(cfg):
     for k in (1, 7, 64, 111, 150, 200):
         own = replay_inference(arch, InferenceSetup.from_kwargs(batch_size=3, prompt_len=p, context_len=p + k))
         assert at(k) == own.max_reserved_bytes
+
+
+def test_a_decode_step_cached_for_another_architecture_is_not_reused():
+    """The decode steps are cached per ``id(arch)``; a garbage-collected architecture's id is
+    given to the next one made.  Found by CI (tests/test_creplay.py's generate() property
+    test, flaky): a 2-layer model's decode got a 1-layer model's cached step, and its renames
+    named a layer-1 key the step never made (KeyError ('k', 1, 'new')).  Simulated here by
+    re-keying a 1-layer model's cached steps to the 2-layer model's id: they are not used."""
+    from vramwidget.inference import events as E
+
+    one, two = from_config(dict(TINY, num_hidden_layers=1)), from_config(dict(TINY, num_hidden_layers=2))
+    s = InferenceSetup.from_kwargs(batch_size=2, prompt_len=44, context_len=81)
+    E.clear_caches()
+    want = expand_runs(inference_runs(two, s))
+    E.clear_caches()
+    inference_runs(one, s)
+    assert E._STEPS
+    for key in list(E._STEPS):
+        E._STEPS[(id(two),) + key[1:]] = E._STEPS[key]
+    assert expand_runs(inference_runs(two, s)) == want
+    E.clear_caches()
+
+
+def test_a_stage_slice_cached_for_another_architecture_is_not_reused():
+    """The same for a pipeline stage's slice (``parallel.estimate.stage_slice``), which was
+    checked by the model's name only: two configs of one family share it."""
+    from vramwidget.parallel import estimate as P
+
+    small = from_config(dict(TINY, num_hidden_layers=4))
+    big = from_config(dict(TINY, num_hidden_layers=4, hidden_size=256, intermediate_size=512))
+    assert small.name == big.name
+    want = P.stage_slice(big, 0, 1, True, False, 2, 1)
+    P._SLICE_CACHE.clear()
+    P.stage_slice(small, 0, 1, True, False, 2, 1)
+    for key in list(P._SLICE_CACHE):
+        P._SLICE_CACHE[(id(big),) + key[1:]] = P._SLICE_CACHE[key]
+    got = P.stage_slice(big, 0, 1, True, False, 2, 1)
+    assert [g.params_total for g in got] == [w.params_total for w in want]
+    assert got[0].hidden_size == 256

@@ -325,22 +325,25 @@ def _boundaries(s: InferenceSetup, sh: ops.Shape, kinds: List[Optional[bool]]) -
     return [x for x in out if s.prompt_len < x < s.context_len]
 
 
-_STEPS: Dict[Tuple[Any, ...], List[Event]] = {}
+_STEPS: Dict[Tuple[Any, ...], Tuple[Architecture, List[Event]]] = {}
 
 
 def _step_cached(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, kinds: List[Optional[bool]], S: int,
                  stored: Any) -> List[Event]:
     """:func:`_decode_step`, kept per setup (whatever its context) and S: a longest-context
-    search asks for the same steps at every context it tries."""
+    search asks for the same steps at every context it tries.  The key holds ``id(arch)``, so
+    a hit counts only for that very architecture (the id of one garbage-collected is given to
+    the next: without the check, a 2-layer model's decode got a 1-layer model's step)."""
     key = _key(arch, dataclasses.replace(s, context_len=s.prompt_len)) + (S, sh.device)
     hit = _STEPS.get(key)
-    if hit is None:
-        hit = _decode_step(arch, s, sh, lay, kinds, S, stored)
-        with _LOCK:
-            if len(_STEPS) >= 4096:
-                _STEPS.clear()
-            _STEPS[key] = hit
-    return hit
+    if hit is not None and hit[0] is arch:
+        return hit[1]
+    step = _decode_step(arch, s, sh, lay, kinds, S, stored)
+    with _LOCK:
+        if len(_STEPS) >= 4096:
+            _STEPS.clear()
+        _STEPS[key] = (arch, step)
+    return step
 
 
 def decode_runs(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, kinds: List[Optional[bool]],

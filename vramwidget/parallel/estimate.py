@@ -409,7 +409,8 @@ def _layout(arch: Architecture, s: TrainingSetup, strategy: str, num_gpus: Any, 
 # The slice of the model one GPU runs
 # ----------------------------------------------------------------------------------
 
-_SLICE_CACHE: Dict[Tuple[Any, ...], Tuple[Architecture, Architecture]] = {}
+#: (id(arch), the slice) -> (arch, (sliced, sliced without the tensor/expert cut))
+_SLICE_CACHE: Dict[Tuple[Any, ...], Tuple[Architecture, Tuple[Architecture, Architecture]]] = {}
 
 
 def _split(n: int, t: int) -> int:
@@ -482,8 +483,8 @@ def stage_slice(arch: Architecture, first: int, last: int, embed: bool, head: bo
         return arch, arch
     key = (id(arch), first, last, embed, head, tp, ep)
     hit = _SLICE_CACHE.get(key)
-    if hit is not None and hit[0].name == arch.name:
-        return hit
+    if hit is not None and hit[0] is arch:    # that very architecture: a freed one's id is reused
+        return hit[1]
     tensors: List[ParamTensor] = []
     for t in arch.tensors:
         if t.layers is None:
@@ -538,7 +539,7 @@ def stage_slice(arch: Architecture, first: int, last: int, embed: bool, head: bo
         out = (cut, base)
     if len(_SLICE_CACHE) > 256:
         _SLICE_CACHE.clear()
-    _SLICE_CACHE[key] = out
+    _SLICE_CACHE[key] = (arch, out)
     return out
 
 
