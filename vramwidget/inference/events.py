@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..allocator.caching import (DEFAULT_RESERVED_PER_ALLOCATED, K_SMALL_SIZE, ReplayResult, StepRun, expand_runs, parse_alloc_conf,
@@ -325,7 +326,7 @@ def _boundaries(s: InferenceSetup, sh: ops.Shape, kinds: List[Optional[bool]]) -
     return [x for x in out if s.prompt_len < x < s.context_len]
 
 
-_STEPS: Dict[Tuple[Any, ...], Tuple[Architecture, List[Event]]] = {}
+_STEPS: Dict[Tuple[Any, ...], Tuple[Any, List[Event]]] = {}
 
 
 def _step_cached(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any, kinds: List[Optional[bool]], S: int,
@@ -336,13 +337,14 @@ def _step_cached(arch: Architecture, s: InferenceSetup, sh: ops.Shape, lay: Any,
     the next: without the check, a 2-layer model's decode got a 1-layer model's step)."""
     key = _key(arch, dataclasses.replace(s, context_len=s.prompt_len)) + (S, sh.device)
     hit = _STEPS.get(key)
-    if hit is not None and hit[0] is arch:
+    if hit is not None and hit[0]() is arch:
         return hit[1]
     step = _decode_step(arch, s, sh, lay, kinds, S, stored)
     with _LOCK:
         if len(_STEPS) >= 4096:
             _STEPS.clear()
-        _STEPS[key] = (arch, step)
+        # a weak reference: the cache names the architecture without keeping it alive
+        _STEPS[key] = (weakref.ref(arch), step)
     return step
 
 

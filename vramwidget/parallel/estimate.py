@@ -84,6 +84,7 @@ GPU the layout changes nothing and the per-GPU estimate is the single-GPU estima
 from __future__ import annotations
 
 import math
+import weakref
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -409,8 +410,8 @@ def _layout(arch: Architecture, s: TrainingSetup, strategy: str, num_gpus: Any, 
 # The slice of the model one GPU runs
 # ----------------------------------------------------------------------------------
 
-#: (id(arch), the slice) -> (arch, (sliced, sliced without the tensor/expert cut))
-_SLICE_CACHE: Dict[Tuple[Any, ...], Tuple[Architecture, Tuple[Architecture, Architecture]]] = {}
+#: (id(arch), the slice) -> (a weak reference to arch, (sliced, sliced without the tensor/expert cut))
+_SLICE_CACHE: Dict[Tuple[Any, ...], Tuple[Any, Tuple[Architecture, Architecture]]] = {}
 
 
 def _split(n: int, t: int) -> int:
@@ -483,7 +484,7 @@ def stage_slice(arch: Architecture, first: int, last: int, embed: bool, head: bo
         return arch, arch
     key = (id(arch), first, last, embed, head, tp, ep)
     hit = _SLICE_CACHE.get(key)
-    if hit is not None and hit[0] is arch:    # that very architecture: a freed one's id is reused
+    if hit is not None and hit[0]() is arch:    # that very architecture: a freed one's id is reused
         return hit[1]
     tensors: List[ParamTensor] = []
     for t in arch.tensors:
@@ -539,7 +540,7 @@ def stage_slice(arch: Architecture, first: int, last: int, embed: bool, head: bo
         out = (cut, base)
     if len(_SLICE_CACHE) > 256:
         _SLICE_CACHE.clear()
-    _SLICE_CACHE[key] = (arch, out)
+    _SLICE_CACHE[key] = (weakref.ref(arch), out)    # naming the architecture without keeping it alive
     return out
 
 
