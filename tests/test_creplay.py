@@ -69,7 +69,7 @@ def test_any_stream_replays_as_the_reference(ops, capacity_mib):
     free-and-retry and the out-of-memory point: every field equal."""
     events = _stream(ops)
     cap = None if capacity_mib is None else capacity_mib * MIB
-    assert _fields(compiled_replay([events], cap)) == _fields(replay(events, None, cap, fast=False))
+    assert _fields(compiled_replay([events], capacity_bytes=cap)) == _fields(replay(events, None, cap, fast=False))
 
 
 @settings(max_examples=150, deadline=None)
@@ -90,7 +90,7 @@ def test_float_sizes_and_empty_cache_replay_as_the_reference(ops, capacity_mib):
         else:
             events.append((kind, 0, 0, ""))
     cap = None if capacity_mib is None else capacity_mib * MIB
-    assert _fields(compiled_replay([events], cap)) == _fields(replay(events, None, cap, fast=False))
+    assert _fields(compiled_replay([events], capacity_bytes=cap)) == _fields(replay(events, None, cap, fast=False))
 
 
 def _program(events):
@@ -138,7 +138,7 @@ def test_a_step_plan_replays_as_the_reference(model, kw):
     for cap in (0.9 * free.max_allocated_bytes, (free.max_allocated_bytes + free.max_reserved_bytes) / 2,
                 free.max_reserved_bytes, free.max_reserved_bytes + 64 * MIB):
         ref = _fields(replay(events, None, cap, fast=False))
-        assert _fields(compiled_replay([events], cap)) == ref, cap
+        assert _fields(compiled_replay([events], capacity_bytes=cap)) == ref, cap
         assert _fields(view.replay(cap)) == ref, cap
 
 
@@ -167,7 +167,7 @@ def test_any_cache_ring_replays_as_the_reference(L, tok, p, steps, cap_extra_mib
     cap = None
     if cap_extra_mib is not None:
         cap = max(1, _ref(parts).max_allocated_bytes + cap_extra_mib * MIB)
-    assert _fields(compiled_replay(parts, cap)) == _fields(_ref(parts, cap))
+    assert _fields(compiled_replay(parts, capacity_bytes=cap)) == _fields(_ref(parts, cap))
 
 
 @settings(max_examples=40, deadline=None)
@@ -186,7 +186,7 @@ def test_any_small_generate_replays_as_the_reference(layers, kv_heads, head_dim,
                                    attn_implementation=attn)
     parts = inference_runs(arch, s)
     log = []
-    assert _fields(compiled_replay(parts, None, log)) == _fields(_ref(parts))
+    assert _fields(compiled_replay(parts, growth_log=log)) == _fields(_ref(parts))
     caching.COMPILED = False
     try:
         py_log = []
@@ -218,7 +218,7 @@ def test_a_decode_of_a_real_model_replays_as_the_pure_python_replay(pure_python)
         caching.COMPILED = False
         ref = caching.replay_runs_on_card(parts, AllocatorConfig(), cap)
         caching.COMPILED = True
-        got = compiled_replay(parts, cap)
+        got = compiled_replay(parts, capacity_bytes=cap)
         assert (got.max_reserved_bytes, got.reserved_bytes, got.num_alloc_retries, got.num_events) == (
             ref.max_reserved_bytes, ref.reserved_bytes, ref.num_alloc_retries, ref.num_events), cap
         assert (got.oom is None) == (ref.oom is None)
@@ -229,11 +229,11 @@ def test_a_decode_of_a_real_model_replays_as_the_pure_python_replay(pure_python)
 # -- the shared H200 cases ------------------------------------------------------------------
 
 def _predictions(cases, predict):
-    vw_caches()
+    _clear_caches()
     return [predict(c) for c in cases]
 
 
-def vw_caches():
+def _clear_caches():
     from vramwidget.allocator import replays
     from vramwidget.inference import events
 
@@ -251,5 +251,5 @@ def test_the_validation_cases_predict_the_same_with_and_without_it(monkeypatch):
     compiled = _predictions(training, predict_case), _predictions(inference, predict_inference_case)
     monkeypatch.setattr(caching, "COMPILED", False)
     python = _predictions(training, predict_case), _predictions(inference, predict_inference_case)
-    vw_caches()
+    _clear_caches()
     assert compiled == python

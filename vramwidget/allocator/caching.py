@@ -742,15 +742,16 @@ def _is_default(cfg: AllocatorConfig) -> bool:
             and not cfg.roundup_power2_intervals and cfg.garbage_collection_threshold <= 0)
 
 
-def compiled_replay(parts: Sequence[Any], capacity_bytes: Optional[float] = None,
+def compiled_replay(parts: Sequence[Any], config: Optional[AllocatorConfig] = None,
+                    capacity_bytes: Optional[float] = None,
                     growth_log: Optional[List[Tuple[int, bool, int]]] = None) -> Optional[ReplayResult]:
-    """``replay(expand_runs(parts), AllocatorConfig(), capacity_bytes)`` run by the compiled
-    replay (``creplay.c``: the same rules as :class:`CachingAllocator` with the default
-    settings, a :class:`StepRun`'s steps replayed from its template without writing them out),
-    field for field; None where it is not there (not built, or ``COMPILED`` off) or a size is
-    beyond its 64-bit arithmetic (the caller replays in Python).  ``growth_log``: as
-    :func:`replay_runs` fills it, in stream order."""
-    if not COMPILED:
+    """``replay(expand_runs(parts), config, capacity_bytes)`` run by the compiled replay
+    (``creplay.c``: the same rules as :class:`CachingAllocator` with the default settings, a
+    :class:`StepRun`'s steps replayed from its template without writing them out), field for
+    field; None where it does not run (not built, ``COMPILED`` off, settings other than the
+    default) or a size is beyond its 64-bit arithmetic: the caller replays in Python.
+    ``growth_log``: as :func:`replay_runs` fills it, in stream order."""
+    if not COMPILED or not _is_default(config or AllocatorConfig()):
         return None
     packed = [(p.events, p.n_steps, p.renames) if isinstance(p, StepRun) else
               (p if isinstance(p, list) else list(p)) for p in parts]
@@ -803,9 +804,9 @@ def replay(events: Iterable[Event], config: Optional[AllocatorConfig] = None,
     (tests/test_fast_paths.py).
     """
     cfg = config or AllocatorConfig()
-    if fast and not record and COMPILED and _is_default(cfg):
+    if fast and not record and COMPILED:
         events = events if isinstance(events, list) else list(events)
-        res = compiled_replay([events], capacity_bytes)
+        res = compiled_replay([events], cfg, capacity_bytes)
         if res is not None:
             return res
     if (fast and not record and cfg.max_split_size_bytes >= NO_LIMIT and not cfg.expandable_segments
@@ -1072,12 +1073,12 @@ def replay_runs(parts: Sequence[Any], config: Optional[AllocatorConfig] = None,
     as (index in the whole stream, small pool?, that pool's reserved bytes after it): the
     reserved memory of every prefix of the stream, from one replay."""
     cfg = config or AllocatorConfig()
-    if not record and _is_default(cfg):
-        res = compiled_replay(parts, capacity_bytes, growth_log)
+    if not record:
+        res = compiled_replay(parts, cfg, capacity_bytes, growth_log)
         if res is not None:
             return res
         if growth_log is not None:
-            del growth_log[:]
+            del growth_log[:]        # what a replay that stopped at an oversized request logged
     if (record or capacity_bytes is not None or cfg.roundup_power2_divisions or cfg.roundup_power2_intervals
             or cfg.garbage_collection_threshold > 0):
         return replay(expand_runs(parts), cfg, capacity_bytes, record)
@@ -1751,10 +1752,9 @@ def replay_runs_on_card(parts: Sequence[Any], config: Optional[AllocatorConfig] 
     decode steps written out are millions of events; a step that fails is reported in ``oom``
     with its index in the written-out stream, and the replay stops there."""
     cfg = config or AllocatorConfig()
-    if _is_default(cfg):
-        compiled = compiled_replay(parts, capacity_bytes)
-        if compiled is not None:
-            return compiled
+    compiled = compiled_replay(parts, cfg, capacity_bytes)
+    if compiled is not None:
+        return compiled
     al = CachingAllocator(cfg, capacity_bytes)
     live: Dict[Any, _Block] = {}
     res = ReplayResult()

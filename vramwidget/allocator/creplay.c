@@ -62,9 +62,9 @@ typedef struct {
 
 typedef struct {
     Block *b;
-    int32_t nb, capb;
+    Py_ssize_t nb, capb;
     int32_t *spare;
-    int32_t nspare, capspare;
+    Py_ssize_t nspare, capspare;
     FreeList fl[2]; /* [small] */
     int64_t reserved, allocated, requested, max_reserved, max_allocated, max_requested, frag;
     int64_t segs, retries, next_addr, limit;
@@ -74,19 +74,25 @@ typedef struct {
 
 /* ---- blocks and free lists ------------------------------------------------------------ */
 
+/* room for one more of ``*n`` elements of ``elem`` bytes in ``*buf`` (capacity ``*cap``,
+ * doubled from ``first`` when full); -1 when out of host memory */
+static int grow(void **buf, Py_ssize_t n, Py_ssize_t *cap, size_t elem, Py_ssize_t first) {
+    if (n < *cap) return 0;
+    Py_ssize_t c = *cap ? *cap * 2 : first;
+    void *nb = realloc(*buf, elem * (size_t)c);
+    if (!nb) return -1;
+    *buf = nb;
+    *cap = c;
+    return 0;
+}
+
 static int32_t new_block(Alloc *A, int64_t addr, int64_t size, int small) {
     int32_t i;
     if (A->nspare > 0) {
         i = A->spare[--A->nspare];
     } else {
-        if (A->nb == A->capb) {
-            int32_t cap = A->capb ? A->capb * 2 : 1024;
-            Block *nb = (Block *)realloc(A->b, sizeof(Block) * (size_t)cap);
-            if (!nb) return -1;
-            A->b = nb;
-            A->capb = cap;
-        }
-        i = A->nb++;
+        if (grow((void **)&A->b, A->nb, &A->capb, sizeof(Block), 1024) < 0) return -1;
+        i = (int32_t)A->nb++;
     }
     Block *b = &A->b[i];
     b->addr = addr;
@@ -101,13 +107,7 @@ static int32_t new_block(Alloc *A, int64_t addr, int64_t size, int small) {
 
 static int drop_block(Alloc *A, int32_t i) {
     A->b[i].inuse = 0;
-    if (A->nspare == A->capspare) {
-        int32_t cap = A->capspare ? A->capspare * 2 : 256;
-        int32_t *ns = (int32_t *)realloc(A->spare, sizeof(int32_t) * (size_t)cap);
-        if (!ns) return -1;
-        A->spare = ns;
-        A->capspare = cap;
-    }
+    if (grow((void **)&A->spare, A->nspare, &A->capspare, sizeof(int32_t), 256) < 0) return -1;
     A->spare[A->nspare++] = i;
     return 0;
 }
@@ -127,13 +127,7 @@ static Py_ssize_t fl_lower(const FreeList *L, int64_t size, int64_t addr) {
 }
 
 static int fl_insert(FreeList *L, int64_t size, int64_t addr, int32_t blk) {
-    if (L->n == L->cap) {
-        Py_ssize_t cap = L->cap ? L->cap * 2 : 64;
-        Key *na = (Key *)realloc(L->a, sizeof(Key) * (size_t)cap);
-        if (!na) return -1;
-        L->a = na;
-        L->cap = cap;
-    }
+    if (grow((void **)&L->a, L->n, &L->cap, sizeof(Key), 64) < 0) return -1;
     Py_ssize_t i = fl_lower(L, size, addr);
     memmove(&L->a[i + 1], &L->a[i], sizeof(Key) * (size_t)(L->n - i));
     L->a[i].size = size;
@@ -237,6 +231,14 @@ static int32_t a_malloc(Alloc *A, int64_t size, int *grew) {
     return bi;
 }
 
+/* torch.cuda.reset_peak_memory_stats(): the peaks restart from the current values */
+static void reset_peak(Alloc *A) {
+    A->max_reserved = A->reserved;
+    A->max_allocated = A->allocated;
+    A->max_requested = A->requested;
+    A->frag = A->reserved - A->allocated;
+}
+
 /* free_block: back to its pool, merged with free neighbours */
 static int a_free(Alloc *A, int32_t bi) {
     Block *b = &A->b[bi];
@@ -283,13 +285,7 @@ typedef struct {
 } Sig;
 
 static int sig_push(Sig *s, int64_t x) {
-    if (s->n == s->cap) {
-        Py_ssize_t cap = s->cap ? s->cap * 2 : 1024;
-        int64_t *nv = (int64_t *)realloc(s->v, sizeof(int64_t) * (size_t)cap);
-        if (!nv) return -1;
-        s->v = nv;
-        s->cap = cap;
-    }
+    if (grow((void **)&s->v, s->n, &s->cap, sizeof(int64_t), 1024) < 0) return -1;
     s->v[s->n++] = x;
     return 0;
 }
@@ -306,7 +302,7 @@ static int cmp_pair(const void *a, const void *b) {
 static int signature(Alloc *A, Sig *s) {
     s->n = 0;
     Py_ssize_t nlive = 0;
-    for (int32_t i = 0; i < A->nb; i++) {
+    for (int32_t i = 0; i < (int32_t)A->nb; i++) {
         Block *b = &A->b[i];
         if (b->inuse && b->allocated) {
             if (sig_push(s, b->addr) < 0 || sig_push(s, b->size) < 0) return -1;
@@ -432,6 +428,16 @@ typedef struct {
     int stopped;
 } Replay;
 
+/* an empty allocator (addresses from 2^40, as caching.CachingAllocator's) with ``limit``
+ * bytes to reserve (-1: none) */
+static void init_replay(Replay *R, long long limit) {
+    memset(R, 0, sizeof(*R));
+    R->A.next_addr = (int64_t)1 << 40;
+    R->A.has_limit = limit >= 0;
+    R->A.limit = (int64_t)limit;
+    R->oom_index = -1;
+}
+
 static int log_growth(Replay *R, int pool) {
     if (pool < 0 || R->growth_log == Py_None) return 0;
     PyObject *t = Py_BuildValue("(LOL)", (long long)R->g, pool ? Py_True : Py_False,
@@ -502,10 +508,7 @@ static int replay_events(Replay *R, PyObject *events, int stop_at_repeat, Sig *l
             int go = step_end(A, step, last, now, have_last, last_retries);
             if (go <= 0) { rc = go; break; }
         } else if (kind_is(kind, S_reset_peak)) {
-            A->max_reserved = A->reserved;
-            A->max_allocated = A->allocated;
-            A->max_requested = A->requested;
-            A->frag = A->reserved - A->allocated;
+            reset_peak(A);
         } else if (kind_is(kind, S_empty_cache)) {
             if (release_cached(A) < 0) { PyErr_NoMemory(); rc = -1; break; }
         } else {
@@ -690,12 +693,8 @@ static PyObject *py_replay(PyObject *self, PyObject *args) {
         return NULL;
     }
     Replay R;
-    memset(&R, 0, sizeof(R));
-    R.A.next_addr = (int64_t)1 << 40;
-    R.A.has_limit = limit >= 0;
-    R.A.limit = (int64_t)limit;
+    init_replay(&R, limit);
     R.growth_log = growth_log;
-    R.oom_index = -1;
     R.live = PyDict_New();
     if (!R.live) return NULL;
     Sig last = {0}, now = {0};
@@ -739,11 +738,7 @@ static PyObject *py_replay_program(PyObject *self, PyObject *args) {
     const int8_t *codes = (const int8_t *)kb.buf;
     const int64_t *slots = (const int64_t *)sb.buf, *sizes = (const int64_t *)zb.buf;
     Replay R;
-    memset(&R, 0, sizeof(R));
-    R.A.next_addr = (int64_t)1 << 40;
-    R.A.has_limit = limit >= 0;
-    R.A.limit = (int64_t)limit;
-    R.oom_index = -1;
+    init_replay(&R, limit);
     Sig last = {0}, now = {0};
     int have_last = 0;
     int64_t last_retries = 0;
@@ -800,10 +795,7 @@ static PyObject *py_replay_program(PyObject *self, PyObject *args) {
             if (stop_at_repeat) rc = step_end(A, (long long)slots[i], &last, &now, &have_last, &last_retries);
             break;
         case 3:
-            A->max_reserved = A->reserved;
-            A->max_allocated = A->allocated;
-            A->max_requested = A->requested;
-            A->frag = A->reserved - A->allocated;
+            reset_peak(A);
             break;
         case 4:
             if (release_cached(A) < 0) { PyErr_NoMemory(); rc = -1; }

@@ -360,8 +360,8 @@ _CODES = {"alloc": 0, "free": 1, "step_end": 2, "reset_peak": 3, "empty_cache": 
 def program_at(ix: PlanIndex, b: Any, s: Any, t: Any = 1) -> Any:
     """The plan's events at one size as the compiled replay reads them (``caching.
     compiled_program``): (codes int8, slots int64, sizes int64, labels), the same stream as
-    :func:`events_at` without a Python tuple per event; None where a key or a size is not a
-    whole number (then the events go through ``allocator.replay``).  The codes and slots
+    :func:`events_at` without a Python tuple per event; None where an event's kind is not one
+    of ``_CODES`` or its key not an int (then the events go through ``allocator.replay``).  The codes and slots
     (the allocation's key, a step end's step) are made once per plan; an allocation's bytes
     are those of ``events_at`` (``sizes_at``: whole bytes)."""
     import numpy as np
