@@ -129,3 +129,29 @@ def test_a_size_that_is_no_polynomial_is_planned_for_its_own_size():
     with pytest.raises(TypeError):
         build_plan(arch, s, Size.var("b"), Size.var("s"))
     _check("qwen2.5-0.5b", dict(method="lora", loss="liger", batch_size=2, seq_len=300))
+
+
+@pytest.mark.parametrize("model,kw", [
+    ("gpt2", dict(method="full", batch_size=2, seq_len=256)),
+    ("qwen2.5-0.5b", dict(method="qlora", batch_size=2, seq_len=300)),
+    ("qwen2.5-0.5b", dict(method="full", gradient_checkpointing="full", zero_grad_set_to_none=False)),
+])
+def test_micro_batches_past_the_third_are_not_written_and_change_nothing(model, kw, monkeypatch):
+    """A step writes at most MICRO_BATCHES_WRITTEN micro-batches (the third and later repeat
+    the second: AccumulateGrad adds into the gradients in place).  Writing all 8 gives the
+    same allocated and reserved peaks as writing 3; 10**9 micro-batches (accepted: a whole
+    number) build a plan no longer than 9 do, instead of filling the memory of the process
+    (CI's test process was killed so)."""
+    from vramwidget.plan import step as plan_step
+    capped = vw.estimate(model, grad_accum_steps=9, gpu="H100", **kw)
+    huge = vw.estimate(model, grad_accum_steps=10 ** 9, gpu="H100", **kw)
+    arch = load(model)
+    n_capped = len(build_plan(arch, TrainingSetup.from_kwargs(grad_accum_steps=9, **kw)).events)
+    assert len(build_plan(arch, TrainingSetup.from_kwargs(grad_accum_steps=10 ** 9, **kw)).events) == n_capped
+    monkeypatch.setattr(plan_step, "MICRO_BATCHES_WRITTEN", 100)
+    # 8, not 9: a setup of its own, so no plan cached above is read
+    written = vw.estimate(model, grad_accum_steps=8, gpu="H100", **kw)
+    assert len(build_plan(arch, TrainingSetup.from_kwargs(grad_accum_steps=8, **kw)).events) > n_capped
+    for e in (capped, huge):
+        assert e.torch_max_memory_allocated_bytes == written.torch_max_memory_allocated_bytes
+        assert e.torch_max_memory_reserved_bytes == written.torch_max_memory_reserved_bytes
