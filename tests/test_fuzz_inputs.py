@@ -205,6 +205,25 @@ def test_beyond_physics_is_an_input_error(kw, field):
     assert e.field == field
 
 
+def test_a_rank_beyond_physics_names_the_rank():
+    """Named seq_len: gpt2's LoRA adapters at rank 10**9 (2 x 768 x 10**9 parameters per
+    targeted projection, with their gradients and AdamW states) need 2.7 PiB; the tokens
+    were the defaults."""
+    e = err(vw.estimate, "gpt2", method="lora", lora_r=10 ** 9)
+    assert e.field == "lora_r" and "adapters" in str(e)
+
+
+def test_loss_chunks_are_bounded():
+    """10**9 chunks were accepted and every chunk written into the plan (the process ran for
+    minutes, its memory growing); the bound is training.MAX_LOSS_CHUNKS."""
+    from vramwidget.training import MAX_LOSS_CHUNKS
+
+    e = err(vw.estimate, "gpt2", method="lora", loss="chunked", loss_chunks=10 ** 9)
+    assert e.field == "loss_chunks" and f"{MAX_LOSS_CHUNKS:,}" in str(e)
+    assert vw.estimate("gpt2", method="lora", loss="chunked", loss_chunks=MAX_LOSS_CHUNKS).setup["loss_chunks"] \
+        == MAX_LOSS_CHUNKS
+
+
 def test_cli_batch_size_beyond_physics(capsys):
     from vramwidget.cli import main
 

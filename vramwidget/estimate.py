@@ -125,6 +125,10 @@ def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
         return
     if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES:
         check_total(est.device_total_bytes, f"{arch.name}'s weights", {"model": arch.name})
+    parts = est.component_bytes()
+    if parts.get("adapters", 0.0) > parts.get("activations", 0.0) + parts.get("logits and loss", 0.0):
+        # the adapters (and their gradients and states) scale with the rank, not the tokens
+        check_total(est.device_total_bytes, "this training step's adapters", {"lora_r": s.lora_r, "model": arch.name})
     scaling = {"seq_len": s.seq_len, "batch_size": s.batch_size}
     if s.batch_size > s.seq_len / 2048:   # name first the one furthest above its default
         scaling = {"batch_size": s.batch_size, "seq_len": s.seq_len}

@@ -214,7 +214,9 @@ def check_total(nbytes: float, what: str, inputs: Mapping[str, Any]) -> None:
         return
     field = next(iter(inputs), None)
     given = ", ".join(f"{k}={shown(v)}" for k, v in inputs.items())
-    amount = f"{nbytes / 2 ** 50:,.3g} PiB" if math.isfinite(nbytes) else "beyond any number"
+    # "at least": a plan read at a size cuts each request to 1 PiB + 1 TiB
+    # (plan/views.py SATURATED_REQUEST_BYTES), so a total beyond that is a lower bound
+    amount = f"at least {nbytes / 2 ** 50:,.3g} PiB" if math.isfinite(nbytes) else "beyond any number"
     raise VramError(f"{field}: {what} would need {amount} (more than 1 PiB: not a real setup); "
                     f"check {given}"[:400], field=field)
 

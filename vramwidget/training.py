@@ -90,6 +90,10 @@ VERSIONED_PACKAGES = ("bitsandbytes", "transformers", "peft")
 #: modules peft can train in full beside the adapters (``modules_to_save``)
 SAVE_MODULES = ("lm_head", "embed_tokens")
 
+#: the most chunks a chunked cross-entropy may have (``loss_chunks``): torchtune's
+#: ``num_output_chunks`` is 8; LitGPT's chunks are 128 tokens (``lm_head_chunk_size``), 1,024
+#: of them for a 128k-token sequence
+MAX_LOSS_CHUNKS = 4096
 QUANT_GROUPS = ("attn_qk", "attn_vo", "mlp", "embedding", "lm_head")
 DEFAULT_QUANT_GROUPS = ("attn_qk", "attn_vo", "mlp")
 STATE_DTYPES = ("float32", "bfloat16", "float16", "int8")
@@ -477,7 +481,8 @@ FIELDS: Dict[str, Field] = {f.name: f for f in (
           empty="name at least one module, or 'all-linear'"),
     Field("trainable_layers", "int", None, "last layers trained by method='freeze'", lo=1, none="none"),
     _choice_field("loss"),
-    Field("loss_chunks", "int", 8, "chunks of the chunked cross-entropy", lo=1, none="default"),
+    # every chunk is written into the plan: the bound (MAX_LOSS_CHUNKS) bounds the plan too
+    Field("loss_chunks", "int", 8, "chunks of the chunked cross-entropy", lo=1, hi=MAX_LOSS_CHUNKS, none="default"),
     Field("activation_offloading", "bool", False, "saved activations offloaded to the CPU"),
     Field("optimizer_in_backward", "bool", False, "each parameter stepped as its gradient is ready"),
     _choice_field("lora_variant"),

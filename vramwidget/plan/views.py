@@ -261,10 +261,20 @@ def _grid_parts(ix: PlanIndex, cfg: AllocatorConfig, ranges: Dict[str, List[Tupl
     return {"at": at, "const": const, "count": count, "coef": distinct[varies]}
 
 
+#: the most bytes one request of a plan read at a size is given (1 PiB + 1 TiB): any
+#: request above inputs.MAX_BYTES (1 PiB) makes its setup an input error (the estimate
+#: checks its total against that bound), so a larger one is cut to this and the int64 sums
+#: of up to 8,184 live requests stay exact (uncut, a batch of 2**40 sequences overflowed
+#: int64: numpy's "invalid value encountered in cast" and wrapped totals)
+SATURATED_REQUEST_BYTES = 2 ** 50 + 2 ** 40
+
+
 def _whole_bytes(v: Any) -> Any:
-    """The builder's own arithmetic, int() of a float: exact products round to themselves."""
+    """The builder's own arithmetic, int() of a float: exact products round to themselves
+    (each cut to :data:`SATURATED_REQUEST_BYTES`)."""
     import numpy as np
 
+    v = np.minimum(v, float(SATURATED_REQUEST_BYTES))
     r = np.rint(v)
     return np.where(np.abs(v - r) <= 1e-9 * np.maximum(1.0, np.abs(v)), r, np.floor(v)).astype(np.int64)
 
