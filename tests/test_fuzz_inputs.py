@@ -360,3 +360,12 @@ def test_cli_hostile_values_give_one_short_line(argv, capsys):
     assert main(argv) == 2
     err_text = capsys.readouterr().err
     assert err_text.count("\n") == 1 and len(err_text) < 400, err_text[:400]
+
+
+@pytest.mark.parametrize("block_size", [10 ** 9, 17, 512])
+def test_a_vllm_page_size_vllm_refuses_is_an_input_error(block_size):
+    """Were accepted: a 10**9-token KV page (vllm/config/cache.py BlockSize allows 1, 8, 16,
+    32, 64, 128 and 256 tokens); the engine refuses any other at start-up."""
+    e = err(vw.estimate_inference, "gpt2", engine="vllm", gpu="H100", block_size=block_size)
+    assert e.field == "block_size" and "128" in str(e) and str(block_size) in str(e)
+    assert vw.estimate_inference("gpt2", engine="vllm", gpu="H100", block_size=32).serving["block_size"] == 32

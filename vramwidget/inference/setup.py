@@ -19,6 +19,9 @@ LOGITS_CHOICES = ("last", "all")
 
 #: vLLM's KV-cache block (page) size in tokens
 BLOCK_SIZE = 16
+#: the page sizes vLLM accepts (vllm/config/cache.py ``BlockSize = Literal[1, 8, 16, 32, 64,
+#: 128, 256]``; older releases stop at 128)
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 #: vLLM defaults used for serving (both are parameters)
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
@@ -147,6 +150,9 @@ class InferenceSetup:
         for name in ("batch_size", "context_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
             if kw.get(name) is not None:
                 v[name] = _posint(name, kw[name])
+        if v.get("block_size", BLOCK_SIZE) not in VLLM_BLOCK_SIZES:
+            raise VramError(f"block_size: a vLLM KV cache page is one of {', '.join(map(str, VLLM_BLOCK_SIZES))} tokens "
+                            f"(vllm/config/cache.py BlockSize), got {shown(v['block_size'])}", field="block_size")
         ctx = v.get("context_len", cls.context_len)
         if kw.get("prompt_len") is not None:
             p = _posint("prompt_len", kw["prompt_len"])
