@@ -252,7 +252,7 @@ TINY_CONFIGS = {
     "umt5": dict(d_model=64, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=3, num_heads=4, vocab_size=100,
                  feed_forward_proj="gated-gelu"),
     "qwen3_next": dict(num_hidden_layers=4, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-                       shared_expert_intermediate_size=32, num_experts=4, head_dim=16, num_attention_heads=4,
+                       shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2, head_dim=16, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=100, linear_num_value_heads=4, linear_num_key_heads=2,
                        linear_key_head_dim=16, linear_value_head_dim=16),
     "modernbert": dict(num_hidden_layers=3, hidden_size=64, intermediate_size=96, num_attention_heads=4, vocab_size=100,

@@ -369,3 +369,31 @@ def test_a_vllm_page_size_vllm_refuses_is_an_input_error(block_size):
     e = err(vw.estimate_inference, "gpt2", engine="vllm", gpu="H100", block_size=block_size)
     assert e.field == "block_size" and "128" in str(e) and str(block_size) in str(e)
     assert vw.estimate_inference("gpt2", engine="vllm", gpu="H100", block_size=32).serving["block_size"] == 32
+
+
+@pytest.mark.parametrize("cfg, field", [
+    ({"model_type": "llama", "num_hidden_layers": 10 ** 6}, "num_hidden_layers"),
+    ({"model_type": "t5", "num_layers": 2000}, "num_layers"),
+])
+def test_a_config_deeper_than_any_model_is_an_input_error(cfg, field):
+    """10**6 blocks were accepted: listing their tensors and writing their step plan ran for
+    90 s and ran out of memory (a config_json pasted into the widget would have killed the
+    kernel).  model.tensors.MAX_LAYERS is 1,024."""
+    from vramwidget.model.tensors import MAX_LAYERS
+
+    base = {"hidden_size": 64, "d_model": 64, "num_attention_heads": 4, "num_heads": 4, "intermediate_size": 128,
+            "d_ff": 128, "d_kv": 16, "vocab_size": 1000}
+    e = err(vw.from_config, {**base, **cfg})
+    assert e.field == field and f"{MAX_LAYERS:,}" in str(e)
+    # at the bound it is accepted (T5's num_layers counts the encoder's and the decoder's blocks)
+    assert vw.from_config({**base, **cfg, field: MAX_LAYERS}).num_layers in (MAX_LAYERS, 2 * MAX_LAYERS)
+    assert err(vw.custom, hidden_size=64, num_layers=MAX_LAYERS + 1, num_heads=4, vocab_size=100).field == "num_layers"
+
+
+def test_more_experts_per_token_than_experts_is_an_input_error():
+    """Was accepted: top-8 of 4 experts (the router's torch.topk needs k <= experts)."""
+    cfg = {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "intermediate_size": 128, "vocab_size": 1000, "num_local_experts": 4, "num_experts_per_tok": 8}
+    e = err(vw.from_config, cfg)
+    assert e.field == "num_experts_per_tok" and "4 routed experts" in str(e)
+    assert vw.from_config({**cfg, "num_experts_per_tok": 4}).experts_per_token == 4

@@ -31,6 +31,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 from ..errors import VramError
 from ..inputs import MAX_TEXT_CHARS, check_int, check_text, fail, shown
 from .families import REGISTRY, Family, family_for, resolve_model_type, supported_model_types
+from .tensors import MAX_LAYERS, check_depth
 from .tensors import (ROLE_GROUP, ParamTensor, ParamBuilder, config_get, positive_count, required_count,  # noqa: F401 (re-exported)
                       restrict_layers)
 
@@ -261,6 +262,7 @@ def from_config(config: Union[Mapping[str, Any], str, os.PathLike], name: Option
             raise VramError(f"config: contradictory fields {a}={shown(cfg[a])} and {b}={shown(cfg[b])} (two spellings of "
                             f"one size); keep one", field=a)
     task = family.check_task(task)
+    check_depth(cfg)       # before the family lists every block's tensors
     try:
         info = family.params_for_task(cfg, mt, task)
     except VramError:
@@ -318,9 +320,10 @@ def custom(*, hidden_size: int, num_layers: int, num_heads: int, vocab_size: int
     from ..inputs import check_bool, check_choice
 
     mlp = check_choice("mlp", mlp, ("gated", "plain"))
-    hidden_size, num_layers, num_heads, vocab_size = (
-        check_int(k, v, what="must be a positive whole number") for k, v in (("hidden_size", hidden_size), ("num_layers", num_layers),
+    hidden_size, num_heads, vocab_size = (
+        check_int(k, v, what="must be a positive whole number") for k, v in (("hidden_size", hidden_size),
                                      ("num_heads", num_heads), ("vocab_size", vocab_size)))
+    num_layers = check_int("num_layers", num_layers, hi=MAX_LAYERS)
     intermediate_size, num_kv_heads, head_dim = (
         None if v is None else check_int(k, v, what="must be a positive whole number") for k, v in (("intermediate_size", intermediate_size),
                                                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)))

@@ -124,6 +124,38 @@ def required_count(cfg: Mapping[str, Any], what: str, *names: str, default: Any 
     return positive_count(cfg, v, names[0])
 
 
+def experts_per_token(cfg: Mapping[str, Any], num_experts: int) -> int:
+    """``num_experts_per_tok``: a whole number no larger than the routed experts (the router's
+    ``torch.topk(router_logits, top_k)`` needs top_k <= experts: modeling_mixtral.py)."""
+    k = required_count(cfg, "experts per token", "num_experts_per_tok")
+    if k > num_experts:
+        raise VramError(f"config: num_experts_per_tok ({k}) is more than the {num_experts} routed experts "
+                        f"(each token picks top-k of them)", field="num_experts_per_tok")
+    return k
+
+
+#: the deepest model a config may describe (num_hidden_layers, n_layer, encoder_layers, ...):
+#: the deepest published transformers have about a thousand blocks (DeepNet, Wang et al.
+#: 2022: 1,000 layers), the largest LMs 61 to 126; each block is written into the step plan,
+#: so the bound bounds the plan too (10**6 blocks ran for minutes and ran out of memory)
+MAX_LAYERS = 1024
+#: the config fields that count blocks, at the top level or in a sub-config (text_config,
+#: vision_config: ``depth`` in Qwen2-VL's)
+LAYER_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers", "encoder_layers",
+                "decoder_layers", "depth")
+
+
+def check_depth(cfg: Mapping[str, Any]) -> None:
+    """Every block count of ``cfg`` (and of its sub-configs) at most :data:`MAX_LAYERS`: a
+    VramError naming the field, before any tensor is listed."""
+    for sub in [cfg] + [v for v in cfg.values() if isinstance(v, Mapping)]:
+        for name in LAYER_FIELDS:
+            v = sub.get(name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and v > MAX_LAYERS:
+                raise VramError(f"config: {name} is {shown(v)}; at most {MAX_LAYERS:,} blocks are modelled (the "
+                                f"deepest published transformers have about 1,000)", field=name)
+
+
 class ParamBuilder:
     """Collects tensors for one architecture; each family's ``params`` fills one."""
 

@@ -18,11 +18,13 @@ from typing import Any, Dict, Mapping, Tuple
 from ..activations import (F32, BlockContext, Trace, ForwardTensor, promote_dtype, dropout, gated_mlp, layer_norm,  # noqa: F401
                            linear, moe, Router, rms_norm, sdpa_core)
 from ..tensors import ParamBuilder, config_get, positive_count, required_count, restrict_layers  # noqa: F401
+from ..tensors import experts_per_token  # noqa: F401
 from ...errors import VramError
 
 __all__ = ["F32", "BlockContext", "Trace", "dropout", "gated_mlp", "layer_norm", "linear", "moe", "Router", "rms_norm",
            "sdpa_core", "rotary", "residual", "dims", "attention_params", "fused_qkv_params", "gated_mlp_params",
-           "experts_params", "shared_mlp_params", "ParamBuilder", "config_get", "positive_count", "required_count", "restrict_layers"]
+           "experts_params", "shared_mlp_params", "ParamBuilder", "config_get", "positive_count", "required_count", "restrict_layers",
+           "experts_per_token"]
 
 
 # ----------------------------------------------------------------------------------

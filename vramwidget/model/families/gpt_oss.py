@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping
 
 from .base import register
+from .blocks import experts_per_token
 from .blocks import ParamBuilder, config_get, required_count, dims, linear, rotary
 from .llama import Llama
 
@@ -48,7 +49,7 @@ class GptOss(Llama):
         D = dims(cfg)
         h, L, a, kv, V, d = D["h"], D["L"], D["a"], D["kv"], D["V"], D["d"]
         E = required_count(cfg, "experts", "num_local_experts")
-        k = required_count(cfg, "experts per token", "num_experts_per_tok")
+        k = experts_per_token(cfg, E)
         i = required_count(cfg, "expert intermediate size", "intermediate_size")
         bias = bool(config_get(cfg, "attention_bias", default=True))
         tied = bool(config_get(cfg, "tie_word_embeddings", default=False))

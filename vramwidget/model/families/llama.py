@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .base import Family, register
+from .blocks import experts_per_token
 from .blocks import (F32, ParamBuilder, config_get, positive_count, required_count, restrict_layers, attention_params, dims,
                      Router, experts_params, gated_mlp, gated_mlp_params, linear, moe, residual, rms_norm, rotary,
                      sdpa_core, shared_mlp_params)
@@ -123,7 +124,7 @@ class Llama(Family):
         E = self.num_experts(cfg)
         dense_first = self.check_moe(cfg, E)
         if E and self.moe:
-            k = required_count(cfg, "experts per token", "num_experts_per_tok")
+            k = experts_per_token(cfg, E)
             i_e = required_count(cfg, "expert intermediate size", self.expert_size_field)
             if dense_first:
                 i_dense = required_count(cfg, "dense intermediate size", "intermediate_size")

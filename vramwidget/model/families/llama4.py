@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .base import register
+from .blocks import experts_per_token
 from .blocks import F32, ParamBuilder, config_get, required_count, dims, gated_mlp, gated_mlp_params, linear, sdpa_core
 from .llama import Llama
 
@@ -45,7 +46,7 @@ class Llama4Text(Llama):
         D = dims(cfg)
         h, L, a, kv, V, d = D["h"], D["L"], D["a"], D["kv"], D["V"], D["d"]
         E = required_count(cfg, "experts", "num_local_experts")
-        k = required_count(cfg, "experts per token", "num_experts_per_tok")
+        k = experts_per_token(cfg, E)
         i = required_count(cfg, "expert intermediate size", "intermediate_size")
         i_mlp = required_count(cfg, "dense MLP size", "intermediate_size_mlp")
         bias = bool(config_get(cfg, "attention_bias", default=False))

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping
 
 from .base import register
+from .blocks import experts_per_token
 from .blocks import F32, ParamBuilder, config_get, promote_dtype, required_count, dims, gated_mlp, linear, moe, residual, rms_norm, \
     rotary, sdpa_core
 from .llama import Llama
@@ -59,7 +60,7 @@ class Qwen3Next(Llama):
         dv = required_count(cfg, "linear value head dim", "linear_value_head_dim")
         K = int(config_get(cfg, "linear_conv_kernel_dim", default=4) or 4)
         E = required_count(cfg, "experts", "num_experts")
-        k = required_count(cfg, "experts per token", "num_experts_per_tok")
+        k = experts_per_token(cfg, E)
         i_e = required_count(cfg, "expert intermediate size", "moe_intermediate_size")
         i_sh = int(config_get(cfg, "shared_expert_intermediate_size", default=0) or 0)
         i = int(config_get(cfg, "intermediate_size", default=0) or 0)
