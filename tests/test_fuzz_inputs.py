@@ -397,3 +397,11 @@ def test_more_experts_per_token_than_experts_is_an_input_error():
     e = err(vw.from_config, cfg)
     assert e.field == "num_experts_per_tok" and "4 routed experts" in str(e)
     assert vw.from_config({**cfg, "num_experts_per_tok": 4}).experts_per_token == 4
+
+
+@pytest.mark.parametrize("kw, field", [(dict(images_per_sample=10 ** 9), "images_per_sample"),
+                                       (dict(images_per_sample=1, image_patches=10 ** 9), "image_patches")])
+def test_images_beyond_physics_name_the_images(kw, field):
+    """Named seq_len (2,048 tokens, the default): a billion images per sample, or a billion
+    patches per image, of Qwen2.5-VL 7B need thousands of PiB in its vision tower."""
+    assert err(vw.estimate, "qwen2.5-vl-7b", **kw).field == field

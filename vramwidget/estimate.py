@@ -129,10 +129,20 @@ def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
     if parts.get("adapters", 0.0) > parts.get("activations", 0.0) + parts.get("logits and loss", 0.0):
         # the adapters (and their gradients and states) scale with the rank, not the tokens
         check_total(est.device_total_bytes, "this training step's adapters", {"lora_r": s.lora_r, "model": arch.name})
-    scaling = {"seq_len": s.seq_len, "batch_size": s.batch_size}
-    if s.batch_size > s.seq_len / 2048:   # name first the one furthest above its default
-        scaling = {"batch_size": s.batch_size, "seq_len": s.seq_len}
-    check_total(est.device_total_bytes, "this training step", dict(scaling, model=arch.name))
+    # the inputs the activations scale with, the one furthest above its usual value first
+    # (per unit of _USUAL: a batch of 1, 2,048 tokens, one image per sample)
+    given = {"seq_len": s.seq_len, "batch_size": s.batch_size}
+    if arch.towers and s.images_per_sample:
+        given["images_per_sample"] = s.images_per_sample
+        if s.image_patches:
+            given["image_patches"] = s.image_patches
+    order = sorted(given, key=lambda k: -given[k] / _USUAL[k])
+    check_total(est.device_total_bytes, "this training step", dict({k: given[k] for k in order}, model=arch.name))
+
+
+#: the usual size of each input the activations scale with (check_physical names first the
+#: one furthest above it): 1,024 patches is a 448 x 448 image in 14-pixel patches
+_USUAL = {"seq_len": 2048, "batch_size": 1, "images_per_sample": 1, "image_patches": 1024}
 
 
 def _cuda_accounting():
