@@ -211,6 +211,9 @@ def test_a_rank_beyond_physics_names_the_rank():
     were the defaults."""
     e = err(vw.estimate, "gpt2", method="lora", lora_r=10 ** 9)
     assert e.field == "lora_r" and "adapters" in str(e)
+    # at rank 10**11 the adapters alone are over 1 PiB once loaded: named the model
+    assert err(vw.estimate, "gpt2", method="lora", lora_r=10 ** 11).field == "lora_r"
+    assert err(vw.estimate, "1e15").field == "model"         # the weights alone
 
 
 def test_loss_chunks_are_bounded():

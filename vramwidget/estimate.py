@@ -117,18 +117,20 @@ def _traced_target_len(model: Model, s: TrainingSetup, task: Optional[str]) -> N
 
 def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
     """More than 1 PiB on one GPU is an input error (:data:`~vramwidget.inputs.MAX_BYTES`),
-    not an estimate: it names the model when the weights alone exceed it, else the inputs
-    that scale the activations."""
+    not an estimate: it names the LoRA rank when the adapters are the most of it, the model
+    when the weights alone exceed it, else the inputs that scale the activations."""
     # allocated memory + context bounds the device total from below: no allocator replay is
     # needed to tell an input error from an estimate
     if est.peak_allocated_bytes + est.cuda_context_bytes <= MAX_BYTES:
         return
+    parts = est.component_bytes()
+    adapters = parts.get("adapters", 0.0)
+    if adapters > parts.get("weights", 0.0) and adapters > parts.get("activations", 0.0) + parts.get(
+            "logits and loss", 0.0):
+        # the adapters (and their gradients and states) scale with the rank, not the model or the tokens
+        check_total(est.device_total_bytes, "this training step's adapters", {"lora_r": s.lora_r, "model": arch.name})
     if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES:
         check_total(est.device_total_bytes, f"{arch.name}'s weights", {"model": arch.name})
-    parts = est.component_bytes()
-    if parts.get("adapters", 0.0) > parts.get("activations", 0.0) + parts.get("logits and loss", 0.0):
-        # the adapters (and their gradients and states) scale with the rank, not the tokens
-        check_total(est.device_total_bytes, "this training step's adapters", {"lora_r": s.lora_r, "model": arch.name})
     # the inputs the activations scale with, the one furthest above its usual value first
     # (per unit of _USUAL: a batch of 1, 2,048 tokens, one image per sample)
     given = {"seq_len": s.seq_len, "batch_size": s.batch_size}
