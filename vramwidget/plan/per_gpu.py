@@ -348,23 +348,39 @@ def kept_share(lay: GpuLayout, i: TensorInfo, loading: bool) -> Optional[float]:
 
 def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     """The GPU's own step plan from its slice's ``plan`` (concrete sizes), see the module
-    docstring."""
+    docstring.  A slice tensor the GPU holds at a share (:func:`kept_share`: most of them)
+    is written here, as ``_Writer.alloc`` would write it; the rest goes through the writer."""
     w = _Writer(plan, lay, num_layers)
+    pb = w.pb
     marks = {}
     for phase, step, at in plan.marks:
         marks.setdefault(at, []).append((phase, step))
     info = plan.info
     # where the block running matters (ZeRO-3's gathered set, FSDP's units); else at() has nothing to do
     tracks = bool(lay.gathered or lay.unit_bytes or lay.grads == "unit")
-    shares: Dict[Tuple[int, bool], Optional[float]] = {}     # kept_share per (tensor kind, loading)
+    # kept_share of each tensor description (by id: one object per description), in the load and after it
+    shares_load: Dict[int, Optional[float]] = {}
+    shares_run: Dict[int, Optional[float]] = {}
+    layer_of: Dict[Any, Optional[int]] = {}     # _layer of each label
+    keymap, out_info, infos = w.key, pb.info, pb._infos
+    ev_append, pop = pb.events.append, keymap.pop
+    missing = object()
     for j, (kind, key, nbytes, label) in enumerate(plan.events):
-        if kind == "alloc" and w.loading and info[key].name == "input_ids":
-            w.loading = False
-        for phase, step in marks.get(j, ()):
-            w.enter(phase, step)
         if kind == "free":
-            w.free(w.key.pop(key, None))
+            if j in marks:
+                for phase, step in marks[j]:
+                    w.enter(phase, step)
+            k = pop(key, None)
+            if k is not None:
+                ev_append(("free", k, 0, ""))
             continue
+        if kind == "alloc":
+            i = info[key]
+            if w.loading and i.name == "input_ids":
+                w.loading = False
+        if j in marks:
+            for phase, step in marks[j]:
+                w.enter(phase, step)
         if kind == "step_end":
             w.reduce_unit()
             if lay.zero_step is not None and not w.step_done:    # an optimizer without temporaries
@@ -372,21 +388,35 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
             w.release_gathered()
             w.free(w.root)
             w.root, w.layer, w.step_done, w.bucket = None, None, False, 0.0
-            w.pb.step_end(key)
+            pb.step_end(key)
             continue
         if kind != "alloc":
-            w.pb.events.append((kind, key, nbytes, label))
+            ev_append((kind, key, nbytes, label))
             continue
-        i = info[key]
-        sk = (id(i), w.loading)
-        f = shares[sk] if sk in shares else shares.setdefault(sk, kept_share(lay, i, w.loading))
+        loading = w.loading
+        shares = shares_load if loading else shares_run
+        f = shares.get(id(i), missing)
+        if f is missing:
+            f = shares[id(i)] = kept_share(lay, i, loading)
         comp = i.component
         if f is not None:
-            if tracks and not w.loading and comp != "optimizer states" and comp != "optimizer temporaries":
-                w.at(_layer(label))
-            w.key[key] = w.alloc(nbytes * f, i, label)
+            if tracks and not loading and comp != "optimizer states" and comp != "optimizer temporaries":
+                lyr = layer_of.get(label, missing)
+                if lyr is missing:
+                    lyr = layer_of[label] = _layer(label)
+                if lyr is None or lyr != w.layer:     # at() has nothing to do within one block
+                    w.at(lyr)
+            # _Writer.alloc -> PlanBuilder.alloc_as, written out
+            nb = int(nbytes * f)
+            if nb > 0:
+                n = pb.last_key = pb.last_key + 1
+                ev_append(("alloc", n, nb, i.name if label is None else label))
+                out_info[n] = infos.setdefault(i, i)
+                keymap[key] = n
+            else:
+                keymap[key] = None
         elif comp == "optimizer temporaries":         # ZeRO's step, sub-group by sub-group
-            w.key[key] = None
+            keymap[key] = None
             if not w.step_done:
                 w.zero_step()
         elif comp == "gradients":
@@ -394,8 +424,8 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
                 w.at(_layer(label))
             w.gradient(key, nbytes, i, label)
         else:                                         # dropped
-            w.key[key] = None
-    return w.pb.plan(plan.steps)
+            keymap[key] = None
+    return pb.plan(plan.steps)
 
 
 def floor_bytes(view: Any, lay: GpuLayout) -> float:
