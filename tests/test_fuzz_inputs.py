@@ -408,3 +408,21 @@ def test_images_beyond_physics_name_the_images(kw, field):
     """Named seq_len (2,048 tokens, the default): a billion images per sample, or a billion
     patches per image, of Qwen2.5-VL 7B need thousands of PiB in its vision tower."""
     assert err(vw.estimate, "qwen2.5-vl-7b", **kw).field == field
+
+
+@pytest.mark.parametrize("model, kw, field", [
+    ("qwen2.5-0.5b", dict(method="lora", loss="liger", batch_size=2 ** 40), "batch_size"),
+    ("qwen2.5-vl-7b", dict(images_per_sample=2 ** 40), "images_per_sample"),
+])
+def test_requests_beyond_int64_are_input_errors(model, kw, field):
+    """Were OverflowError (Python int too large to convert to C long): a plan built for one
+    size (Liger's row chunks, a vision tower) holds Python ints, and 2**40 sequences or images
+    make requests above 2**63 bytes; each request is cut to plan.views.SATURATED_REQUEST_BYTES."""
+    e = err(vw.estimate, model, **kw)
+    assert e.field == field and "at least" in str(e)
+
+
+def test_an_inference_batch_beyond_physics_names_the_batch():
+    """Named context_len (4,096, the default): 2**40 sequences of gpt2's KV cache."""
+    assert err(vw.estimate_inference, "gpt2", batch_size=2 ** 40, gpu="H100").field == "batch_size"
+    assert err(vw.estimate_inference, "gpt2", context_len=2 ** 45, gpu="H100").field == "context_len"

@@ -338,9 +338,15 @@ def estimate_inference(model: Model, **setup: Any) -> InferenceEstimate:
         if n:
             est.notes.insert(0, n)
     if est.provisional_device_total_bytes > MAX_BYTES:   # an input error, not an estimate (no replay run)
-        field = "model" if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES else "context_len"
-        check_total(est.provisional_device_total_bytes, "this inference run" if field != "model" else f"{arch.name}'s weights",
-                    {field: arch.name if field == "model" else s.context_len, "batch_size": s.batch_size})
+        if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES:
+            check_total(est.provisional_device_total_bytes, f"{arch.name}'s weights",
+                        {"model": arch.name, "batch_size": s.batch_size})
+        # the KV cache scales with both: the one furthest above its usual value first
+        # (a batch of 1, 4,096 tokens: InferenceSetup's default context)
+        given = {"context_len": s.context_len, "batch_size": s.batch_size}
+        if s.batch_size > s.context_len / 4096:
+            given = {"batch_size": s.batch_size, "context_len": s.context_len}
+        check_total(est.provisional_device_total_bytes, "this inference run", given)
     return est
 
 

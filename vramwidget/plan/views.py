@@ -73,7 +73,11 @@ class PlanIndex:
             self.sizes = None
         else:
             self.basis, self.coef = None, None
-            self.sizes = np.asarray([int(x) for x in sizes], dtype=np.int64)
+            try:
+                whole = np.asarray([int(x) for x in sizes], dtype=np.int64)
+            except OverflowError:     # a request of 2**63 bytes or more
+                whole = np.asarray([min(int(x), SATURATED_REQUEST_BYTES) for x in sizes], dtype=np.int64)
+            self.sizes = np.minimum(whole, SATURATED_REQUEST_BYTES)
         self.marks = plan.marks
         #: replays of this plan's event streams, shared by sizes whose events are equal
         #: (``replays.replay_training``: the size's monomials and the capacity -> ReplayResult)
@@ -261,7 +265,7 @@ def _grid_parts(ix: PlanIndex, cfg: AllocatorConfig, ranges: Dict[str, List[Tupl
     return {"at": at, "const": const, "count": count, "coef": distinct[varies]}
 
 
-#: the most bytes one request of a plan read at a size is given (1 PiB + 1 TiB): any
+#: the most bytes one request of a plan is given (1 PiB + 1 TiB; PlanIndex.sizes, sizes_at): any
 #: request above inputs.MAX_BYTES (1 PiB) makes its setup an input error (the estimate
 #: checks its total against that bound), so a larger one is cut to this and the int64 sums
 #: of up to 8,184 live requests stay exact (uncut, a batch of 2**40 sequences overflowed
