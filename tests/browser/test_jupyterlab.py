@@ -61,17 +61,34 @@ def _charts(page):
     return (page.locator("[data-testid=chart-detail]"), page.locator("[data-testid=chart-comparison]"))
 
 
+def _detail_laid_out(page, detail, height: float, timeout_s: float = 15.0):
+    """The detail treemap's shapes and its box's width, once its layout is for that width.
+    The first drawing is laid out for the default width (DETAIL_SIZE); the frontend then
+    reports its column's width (``chart_width``) and Python lays the treemap out again, so a
+    read between the two sees the old layout in the new box (CI once read 640 x 320 of shapes
+    in a 668-pixel box).  Returns the last read when the deadline passes (the test fails)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shapes = chart_shapes(detail)
+        width = detail.evaluate("e => e.querySelector('svg').getBoundingClientRect().width")
+        if filled_area(shapes) == pytest.approx(width * height, rel=0.02) or time.monotonic() > deadline:
+            return shapes, width
+        page.wait_for_timeout(200)
+
+
 def test_treemaps_render_with_rectangles_and_gib_labels(session, artifacts):
     lab, page, widget = session["lab"], session["page"], session["widget"]
     detail, comparison = _charts(page)
-    d_shapes, c_shapes = chart_shapes(detail), chart_shapes(comparison)
-    assert len(d_shapes) >= MIN_DETAIL_RECTS, d_shapes
-    assert len(c_shapes) >= MIN_COMPARISON_RECTS, len(c_shapes)
     # the detail treemap fills its box (the layout tiles the whole area)
     # (laid out in Python for the width the chart's column has: issue 25)
     from vramwidget.widget import DETAIL_SIZE
 
-    width = detail.evaluate("e => e.querySelector('svg').getBoundingClientRect().width")
+    d_shapes, width = _detail_laid_out(page, detail, DETAIL_SIZE[1])
+    c_shapes = chart_shapes(comparison)
+    assert len(d_shapes) >= MIN_DETAIL_RECTS, d_shapes
+    assert len(c_shapes) >= MIN_COMPARISON_RECTS, len(c_shapes)
     assert width <= detail.evaluate("e => e.parentElement.clientWidth")
     assert filled_area(d_shapes) == pytest.approx(width * DETAIL_SIZE[1], rel=0.02)
     d_labels = chart_labels(detail)
