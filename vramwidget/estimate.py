@@ -132,14 +132,12 @@ def check_physical(est: Estimate, arch: Architecture, s: TrainingSetup) -> None:
     if est.phases_bytes.get("after_load", 0.0) > MAX_BYTES:
         check_total(est.device_total_bytes, f"{arch.name}'s weights", {"model": arch.name})
     # the inputs the activations scale with, the one furthest above its usual value first
-    # (per unit of _USUAL: a batch of 1, 2,048 tokens, one image per sample)
     given = {"seq_len": s.seq_len, "batch_size": s.batch_size}
     if arch.towers and s.images_per_sample:
         given["images_per_sample"] = s.images_per_sample
         if s.image_patches:
             given["image_patches"] = s.image_patches
-    order = sorted(given, key=lambda k: -given[k] / _USUAL[k])
-    check_total(est.device_total_bytes, "this training step", dict({k: given[k] for k in order}, model=arch.name))
+    check_total(est.device_total_bytes, "this training step", dict(given, model=arch.name), usual=_USUAL)
 
 
 #: the usual size of each input the activations scale with (check_physical names first the

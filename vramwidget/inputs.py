@@ -207,11 +207,17 @@ def check_keywords(kind: str, given: Iterable[str], allowed: Iterable[str]) -> N
                     field=unknown[0] if isinstance(unknown[0], str) and len(unknown[0]) <= 64 else None)
 
 
-def check_total(nbytes: float, what: str, inputs: Mapping[str, Any]) -> None:
+def check_total(nbytes: float, what: str, inputs: Mapping[str, Any],
+                usual: Optional[Mapping[str, float]] = None) -> None:
     """An estimate above :data:`MAX_BYTES` (1 PiB) is an input error naming the inputs that
-    scale it: no GPU or cluster holds that much."""
+    scale it: no GPU or cluster holds that much.  ``usual``: the usual size of some of the
+    inputs; those are named furthest above it first (per unit of it; ties keep their order),
+    the rest after them."""
     if nbytes == nbytes and nbytes <= MAX_BYTES:
         return
+    if usual:
+        scaled = sorted((k for k in inputs if k in usual), key=lambda k: -inputs[k] / usual[k])
+        inputs = dict({k: inputs[k] for k in scaled}, **{k: v for k, v in inputs.items() if k not in usual})
     field = next(iter(inputs), None)
     given = ", ".join(f"{k}={shown(v)}" for k, v in inputs.items())
     # "at least": a plan read at a size cuts each request to 1 PiB + 1 TiB

@@ -343,10 +343,9 @@ def estimate_inference(model: Model, **setup: Any) -> InferenceEstimate:
                         {"model": arch.name, "batch_size": s.batch_size})
         # the KV cache scales with both: the one furthest above its usual value first
         # (a batch of 1, 4,096 tokens: InferenceSetup's default context)
-        given = {"context_len": s.context_len, "batch_size": s.batch_size}
-        if s.batch_size > s.context_len / 4096:
-            given = {"batch_size": s.batch_size, "context_len": s.context_len}
-        check_total(est.provisional_device_total_bytes, "this inference run", given)
+        check_total(est.provisional_device_total_bytes, "this inference run",
+                    {"context_len": s.context_len, "batch_size": s.batch_size},
+                    usual={"context_len": 4096, "batch_size": 1})
     return est
 
 

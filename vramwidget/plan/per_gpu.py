@@ -366,14 +366,6 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     ev_append, pop = pb.events.append, keymap.pop
     missing = object()
     for j, (kind, key, nbytes, label) in enumerate(plan.events):
-        if kind == "free":
-            if j in marks:
-                for phase, step in marks[j]:
-                    w.enter(phase, step)
-            k = pop(key, None)
-            if k is not None:
-                ev_append(("free", k, 0, ""))
-            continue
         if kind == "alloc":
             i = info[key]
             if w.loading and i.name == "input_ids":
@@ -381,6 +373,11 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
         if j in marks:
             for phase, step in marks[j]:
                 w.enter(phase, step)
+        if kind == "free":
+            k = pop(key, None)
+            if k is not None:
+                ev_append(("free", k, 0, ""))
+            continue
         if kind == "step_end":
             w.reduce_unit()
             if lay.zero_step is not None and not w.step_done:    # an optimizer without temporaries
