@@ -44,3 +44,21 @@ def test_grid_totals_equal_totals_at_every_cell(model, kw):
         for name, value in one.phases_bytes.items():
             assert grid[name][i] == value, (model, kw, name, int(b[i]), int(sq[i]))
         assert grid["peak_allocated_bytes"][i] == one.peak_allocated_bytes
+
+
+def test_distinct_rows_is_numpy_unique_even_where_hashes_collide(monkeypatch):
+    """views._distinct_rows (the grid's dedup of cells and of each phase's (const, count) rows)
+    by a row hash, checked: the same rows as np.unique(axis=0); with multipliers that make
+    many different rows share a hash (0, 2, 4, ...: [2, 0] and [0, 1] both hash to 0 ... 2),
+    the check falls back to np.unique."""
+    from vramwidget.plan import views
+
+    rng = np.random.default_rng(1)
+    for hashes in (views._ROW_HASH, (0, 0, 0, 0)):
+        monkeypatch.setattr(views, "_ROW_HASH", hashes)
+        for shape in ((0, 3), (1, 1), (50, 1), (400, 3), (300, 13)):
+            m = rng.integers(0, 3, shape).astype(np.int64)
+            first, inv = views._distinct_rows(m)
+            assert len(first) == len(np.unique(m, axis=0)) if len(m) else len(first) == 0
+            assert (m[first][inv] == m).all()
+            assert len({tuple(r) for r in m[first]}) == len(first)     # each distinct row once
