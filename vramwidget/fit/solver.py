@@ -840,10 +840,17 @@ def _add_sharding_partners(search: _Search, combine: int) -> None:
 
 
 def _try_combinations(search: _Search, combine: int) -> None:
-    """Up to ``combine`` moves at once, cheaper subsets first."""
+    """Up to ``combine`` moves at once, cheaper subsets first.
+
+    A combination with a change of GPUs is listed on the fewest GPUs of its layout that fit
+    (more cost hardware for nothing).  Per-GPU memory never grows with the count under the
+    sharding strategies (what :func:`min_gpus`'s bisection stands on), so the largest count
+    of a layout is judged first: where it does not fit, no smaller count does, and those are
+    passed over without their plans (Llama 2 7B full on an RTX 4090: 8 of the 97 combinations
+    judged)."""
     from itertools import combinations
 
-    moves, out, evaluate, make = search.moves, search.out, search.evaluate, search.make
+    moves, out = search.moves, search.out
     # combinations: cheaper subsets first; a superset of one that fits with the margin costs
     # more for nothing and is left out
     fitting = [frozenset([x.title]) for x in out if x.state == "fits"]
@@ -852,6 +859,15 @@ def _try_combinations(search: _Search, combine: int) -> None:
     # combination changes nothing else)
     fewest: Dict[Tuple[Any, ...], int] = {}
     moves = sorted(moves, key=lambda m: int(m.par.get("num_gpus", 0) or 0))
+    judged: Dict[frozenset, Optional[Suggestion]] = {}      # combination titles -> its fitting suggestion
+    largest: Dict[Tuple[Any, ...], Optional[Suggestion]] = {}    # layout -> the largest count's
+
+    def judge(combo: Sequence[_Move]) -> Optional[Suggestion]:
+        titles = frozenset(m.title for m in combo)
+        if titles not in judged:
+            judged[titles] = _fitting_combination(search, combo)
+        return judged[titles]
+
     for k in range(2, max(combine, 1) + 1):
         for combo in combinations(moves, k):
             groups = [m.group for m in combo]
@@ -864,20 +880,46 @@ def _try_combinations(search: _Search, combine: int) -> None:
             if layout is not None and fewest.get(layout[0], layout[1] + 1) < layout[1]:
                 fitting.append(titles)      # and so is every combination that holds this one
                 continue
-            # listed only when it fits with the margin: a parallel layout whose GPU cannot is
-            # passed over before its plan is written
-            res = evaluate(list(combo), give_up=search.q.never_fits_with_margin)
-            if res is None or not (search.q.may_fit_with_margin(res[0]) if CHEAP_BOUNDS
-                                   else search.q.allocated_fits(res[0])):
-                continue   # a combination is listed only when it fits: no replay for one that cannot
-            if CHEAP_BOUNDS and reaches_limit_on_card(res[0], search.q.gpu):
-                continue   # tight at best or over (one replay with the card's capacity): not listed
-            sug = make(list(combo), res)
-            if sug.state == "fits":
+            if layout is not None:
+                top = _largest_count(combo, moves)
+                if top is not None:
+                    if layout[0] not in largest:
+                        largest[layout[0]] = judge(top)
+                    if largest[layout[0]] is None:
+                        continue            # not on the most GPUs of this layout: not on fewer
+            sug = judge(combo)
+            if sug is not None:
                 out.append(sug)
                 fitting.append(titles)
                 if layout is not None:
                     fewest[layout[0]] = min(fewest.get(layout[0], layout[1]), layout[1])
+
+
+def _fitting_combination(search: _Search, combo: Sequence[_Move]) -> Optional[Suggestion]:
+    """The suggestion of ``combo`` when it fits with the margin, else None."""
+    # listed only when it fits with the margin: a parallel layout whose GPU cannot is
+    # passed over before its plan is written
+    res = search.evaluate(list(combo), give_up=search.q.never_fits_with_margin)
+    if res is None or not (search.q.may_fit_with_margin(res[0]) if CHEAP_BOUNDS
+                           else search.q.allocated_fits(res[0])):
+        return None   # a combination is listed only when it fits: no replay for one that cannot
+    if CHEAP_BOUNDS and reaches_limit_on_card(res[0], search.q.gpu):
+        return None   # tight at best or over (one replay with the card's capacity): not listed
+    sug = search.make(list(combo), res)
+    return sug if sug.state == "fits" else None
+
+
+def _largest_count(combo: Sequence[_Move], moves: Sequence[_Move]) -> Optional[Tuple[_Move, ...]]:
+    """``combo`` with its change of GPUs on the largest count among ``moves`` of the same
+    layout (strategy and options but the count), None when it is already that one."""
+    gm = next(m for m in combo if m.group == "gpus" and m.par.get("num_gpus"))
+    same = [m for m in moves if m.group == "gpus" and m.par.get("num_gpus")
+            and {k: v for k, v in m.par.items() if k != "num_gpus"} == {k: v for k, v in gm.par.items()
+                                                                        if k != "num_gpus"}]
+    top = max(same, key=lambda m: int(m.par["num_gpus"]))
+    if int(top.par["num_gpus"]) <= int(gm.par["num_gpus"]):
+        return None
+    return tuple(top if m is gm else m for m in combo)
 
 
 def _layout_key(combo: Sequence[_Move]) -> Optional[Tuple[Tuple[Any, ...], int]]:
