@@ -38,6 +38,7 @@ from ..stacks import stack_switches
 from ..parallel.strategies import BY_NAME, suggested
 from ..parallel.estimate import (PARALLEL_KEYS, STRATEGIES, AboveFloor, ParallelEstimate, estimate_parallel_setup,
                                  giving_up_above)
+from ..plan.step import state_floor_bytes
 from ..training import TrainingSetup
 from ..units import GIB
 from .verdict import capacity_bytes, fits
@@ -85,9 +86,10 @@ class _Query:
         """The estimate on this card (its device total counts the card's own CUDA context).
 
         ``give_up``: a test of a lower bound of a GPU's allocated peak (bytes); where it
-        holds for a GPU of a parallel run, None is returned before that GPU's step plan is
-        written (``parallel.estimate.giving_up_above``; the bound, what that plan must hold
-        at the slice's phase peaks: ``plan.per_gpu.floor_bytes``)."""
+        holds, None is returned before the step plan is written: for a GPU of a parallel run
+        (``parallel.estimate.giving_up_above``; the bound, what that GPU's plan must hold at
+        the slice's phase peaks: ``plan.per_gpu.floor_bytes``), and for one GPU (the bound,
+        the load and the optimizer states: ``plan.step.state_floor_bytes``)."""
         s = self.setup if s is None else s
         par = self.par if par is None else par
         if par:
@@ -99,6 +101,8 @@ class _Query:
             except AboveFloor:
                 return None
             return est.set_gpu(self.gpu)
+        if give_up is not None and CHEAP_BOUNDS and give_up(state_floor_bytes(self.arch, s)):
+            return None      # the weights and optimizer states alone rule it out: no plan written
         return estimate_setup(self.arch, s, gpu=self.gpu)
 
     def over_card(self, floor_bytes: float, context_bytes: Optional[float] = None) -> bool:

@@ -55,6 +55,47 @@ def build_plan(arch: Architecture, s: TrainingSetup, b: Any = None, sq: Any = No
     return pb.plan(steps)
 
 
+#: (id of the architecture, the setup) -> (the architecture, state_floor_bytes): one per setup
+_FLOORS: Dict[Tuple[int, TrainingSetup], Tuple[Architecture, float]] = {}
+_MAX_FLOORS = 512
+
+
+def state_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
+    """A lower bound of the allocated peak of ``s``'s plan (:func:`build_plan`), without
+    writing its steps: what the load leaves live (the model's tensors, which every step
+    keeps) and, unless the optimizer steps in backward, the optimizer states (made by step
+    1's ``optimizer.step()`` and kept): both are live when step 2's optimizer step begins,
+    which the peak is never below (it is the largest of the phases' levels, sums of rounded
+    sizes, never below the requests).  Written by the plan's own functions (``load_model``,
+    ``create_states``) into a scratch builder, so it is what the plan holds there, not a
+    formula beside it.  The solvers pass over a setup whose bound is already over a card
+    before its plan is written (``fit.solver._Query.estimate``: Llama 2 7B full fine-tunes,
+    ~75 GiB of weights and AdamW states, on a 24 GiB card).  With the optimizer in backward
+    each parameter's states are made in its hook, so they are left out (a bound needs no
+    more)."""
+    key = (id(arch), s)
+    hit = _FLOORS.get(key)
+    if hit is not None and hit[0] is arch:
+        return hit[1]
+    pb = PlanBuilder()
+    cx = step_context(arch, s, pb, s.batch_size, s.seq_len, None)
+    cx.copy_layers = True
+    ld = load_model(cx)
+    if not s.optimizer_in_backward:
+        create_states(cx, ld.ordered)
+    live: Dict[int, Any] = {}
+    for kind, k, nbytes, _label in pb.events:
+        if kind == "alloc":
+            live[k] = nbytes
+        elif kind == "free":
+            live.pop(k, None)
+    floor = float(sum(float(v) for v in live.values()))
+    if len(_FLOORS) >= _MAX_FLOORS:
+        _FLOORS.clear()
+    _FLOORS[key] = (arch, floor)
+    return floor
+
+
 def _embedding_side(cx: StepContext, x: Optional[int]) -> List[int]:
     """What the forward keeps from the embedding for the backward: a LoRA embedding's input
     (``profile.embed_alloc_ops``), what the family keeps there (``Family.head_saved``: GPT-2's
