@@ -73,3 +73,23 @@ def test_zero_offloads_gradient_partition_is_in_the_per_gpu_floor():
     partition = 2 * 6_738_415_616          # the bf16 gradient partition, every parameter on one GPU
     assert floors[0] <= peak
     assert floors[0] >= partition + 2 * 6_738_415_616 * 0.99   # weights + partition (was weights alone)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(MODELS + ["llama-3.2-1b"]), st.sampled_from(["full", "lora", "qlora"]),
+       st.sampled_from(["adamw", "adamw_8bit", "adafactor"]), st.integers(1, 64), st.integers(1, 8192))
+def test_the_floor_does_not_depend_on_the_sizes(model, method, optimizer, b, sq):
+    """It is kept per setup shape (fit's bisections over the batch and the length ask for it
+    at every size): written at another size, the load and the states are the same bytes."""
+    from vramwidget.plan import step
+
+    arch = load(model)
+    try:
+        s = TrainingSetup.from_kwargs(method=method, optimizer=optimizer, batch_size=b, seq_len=sq)
+        other = s.replace(batch_size=1 + b % 7, seq_len=1 + (sq * 3) % 5000)
+    except VramError:
+        return
+    step._FLOORS.clear()
+    first = state_floor_bytes(arch, s)
+    step._FLOORS.clear()
+    assert state_floor_bytes(arch, other) == first

@@ -8,6 +8,8 @@ model(input_ids=ids, labels=ids).loss`` (forward), ``del out``, ``loss.backward(
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..model.architecture import Architecture
@@ -55,7 +57,7 @@ def build_plan(arch: Architecture, s: TrainingSetup, b: Any = None, sq: Any = No
     return pb.plan(steps)
 
 
-#: (id of the architecture, the setup) -> (the architecture, state_floor_bytes): one per setup
+#: (id of the architecture, the setup without its sizes) -> (the architecture, state_floor_bytes)
 _FLOORS: Dict[Tuple[int, TrainingSetup], Tuple[Architecture, float]] = {}
 _MAX_FLOORS = 512
 
@@ -73,7 +75,9 @@ def state_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
     ~75 GiB of weights and AdamW states, on a 24 GiB card).  With the optimizer in backward
     each parameter's states are made in its hook, so they are left out (a bound needs no
     more)."""
-    key = (id(arch), s)
+    # the load and the states do not depend on the batch or the lengths: one per setup shape
+    # (tests/test_state_floor.py), so fit's bisections over sizes write it once
+    key = (id(arch), dataclasses.replace(s, batch_size=1, seq_len=1, target_len=None if s.target_len is None else 1))
     hit = _FLOORS.get(key)
     if hit is not None and hit[0] is arch:
         return hit[1]
