@@ -84,6 +84,31 @@ def test_min_gpus_is_the_fewest_that_fit(model, gpu, strategy, kw):
         assert not fits(model, gpu, strategy=strategy, num_gpus=n - step, **kw)
 
 
+def test_min_gpus_remembered_is_what_a_fresh_search_finds():
+    """min_gpus keeps its answer per setup (fit.answers asks up to 4,096 GPUs, its
+    suggestions again up to 8): under another limit the remembered answer is the fresh one,
+    and the same setup given as other keywords (the full setup dict) finds it."""
+    from vramwidget.fit import solver
+    from vramwidget.training import TrainingSetup
+
+    kw = dict(gradient_checkpointing="full")
+    solver._MIN_GPUS.clear()
+    fresh = {m: min_gpus("llama-3.1-8b", "A100 40GB", "zero2", max_gpus=m, **kw) for m in (1, 2, 8)}
+    for m in (1, 2, 8):
+        solver._MIN_GPUS.clear()
+        assert min_gpus("llama-3.1-8b", "A100 40GB", "zero2", max_gpus=m, **kw) == fresh[m]
+    solver._MIN_GPUS.clear()
+    n = min_gpus("llama-3.1-8b", "A100 40GB", "zero2", **kw)          # up to 4,096
+    assert n == fresh[8] and n is not None and n > 1
+    assert [min_gpus("llama-3.1-8b", "A100 40GB", "zero2", max_gpus=m, **kw) for m in (1, 2, 8)] == \
+        [fresh[1], fresh[2], fresh[8]]
+    full = TrainingSetup.from_kwargs(**kw).to_dict()
+    hits = len(solver._MIN_GPUS)
+    assert min_gpus("llama-3.1-8b", "A100 40GB", "zero2", max_gpus=8, **{k: v for k, v in full.items()
+                                                                         if v is not None}) == n
+    assert len(solver._MIN_GPUS) == hits      # the same setup: remembered, not searched again
+
+
 def test_min_gpus_without_sharding():
     # DDP replicates: one replica fits or none does
     assert min_gpus("llama-3.1-8b", "H100-80GB", "ddp", method="lora") == 1

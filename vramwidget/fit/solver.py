@@ -353,6 +353,30 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = M
     kw["strategy"] = strategy
     kw.pop("num_gpus", None)
     q = _Query(model, gpu, kw)
+    key = (id(q.arch), repr(q.gpu), q.setup, repr(sorted(q.par.items())), CHEAP_BOUNDS)
+    hit = _MIN_GPUS.get(key)
+    if hit is not None and hit[0] is q.arch:
+        searched, found = hit[1], hit[2]
+        # the fewest that fit is the same under any larger limit (per-GPU memory never grows
+        # with the count); none up to a limit is none up to a smaller one
+        if found is not None:
+            return found if found <= max_gpus else None
+        if max_gpus <= searched:
+            return None
+    n = _min_gpus(q, strategy, max_gpus)
+    if len(_MIN_GPUS) >= 256:
+        _MIN_GPUS.clear()
+    _MIN_GPUS[key] = (q.arch, max_gpus, n)
+    return n
+
+
+#: (id of the architecture, the card, the setup, the parallel keywords, CHEAP_BOUNDS) -> (the architecture, the
+#: limit searched, the fewest GPUs found or None): fit.answers asks for each strategy up to
+#: 4,096 GPUs and its suggestions again up to 8
+_MIN_GPUS: Dict[Tuple[Any, ...], Tuple[Architecture, int, Optional[int]]] = {}
+
+
+def _min_gpus(q: "_Query", strategy: str, max_gpus: int) -> Optional[int]:
     tp = int(q.par.get("tensor_parallel", 1) or 1)
     pp = int(q.par.get("pipeline_parallel", 1) or 1)
     cp = int(q.par.get("context_parallel", 1) or 1)

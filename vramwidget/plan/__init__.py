@@ -101,10 +101,14 @@ def _events_of(ix: Optional[PlanIndex]) -> int:
 
 
 def clear_caches() -> None:
-    """Forget every built plan (benchmarks time cold setups)."""
+    """Forget every built plan (benchmarks time cold setups), and the bounds read from the
+    plan's own functions (``step.state_floor_bytes``)."""
+    from . import step
+
     with _LOCK:
         _INDEX.clear()
         _HELD[0] = 0
+    step._FLOORS.clear()
 
 
 class _Trees(Mapping):
