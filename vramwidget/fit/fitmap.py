@@ -17,6 +17,7 @@ depends on it are replayed (see :func:`fit_map`, and ``exact=True`` for all of t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, List, Optional, Sequence, Tuple
 
 from ..allocator import replays
@@ -118,7 +119,9 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
     def evaluate(cells: Sequence[int]) -> None:
         for i in cells:
             if not known[i]:
-                cell = s.replace(batch_size=int(b[i]), seq_len=int(sq[i]))
+                # the sizes only (checked by _sizes; no default or link of the setup reads
+                # them: the solvers' bisections do the same)
+                cell = replace(s, batch_size=int(b[i]), seq_len=int(sq[i]))
                 pk = float(peak[i])
                 known[i] = True
                 over = pk + context > cap           # judge_on's case 1 (only with exact=True)

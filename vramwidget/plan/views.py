@@ -335,8 +335,9 @@ def _largest_level(const: Any, count: Any, var: Any, ncells: int) -> Any:
         return np.full(ncells, int(const.max()), dtype=np.int64)
     bound = float(count.max(axis=0) @ var.max(axis=1)) + float(np.abs(const).max(initial=0))
     if bound < 2.0 ** 52:
-        lv = count.astype(float) @ var.astype(float)
-        lv += const.astype(float)[:, None]
+        # one product: [const | count] @ [1 ; var] (no pass over the rows x cells to add const)
+        both = np.column_stack([const, count]).astype(float)
+        lv = both @ np.vstack([np.ones((1, var.shape[1])), var.astype(float)])
         return np.rint(lv.max(axis=0)).astype(np.int64)
     return (const[:, None] + count @ var).max(axis=0)
 
