@@ -165,15 +165,22 @@ def estimate_setup(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Est
     return _estimate(arch, s, gpu=gpu)
 
 
-def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Estimate:
-    """estimate_setup's body: the setup's step plan (``vramwidget.plan``) and what is read
-    from it, the totals now, the trees, the replay and the step's work when asked for."""
+def check_setup(arch: Architecture, s: TrainingSetup) -> Any:
+    """The checks of a setup on this architecture that come before its plan is written (the
+    LoRA targets, the knobs it has); returns its parameter storage."""
     if s.trains_adapters and s.lora_targets:
         resolve_targets(arch, s.lora_targets)
     P = param_storage(arch, s)
     if s.method in ("lora", "qlora") and not P.adapters:
         raise VramError(f"lora_targets: none of the targets are linear layers of {arch.name}", field="lora_targets")
     _check_knobs(arch, s)
+    return P
+
+
+def _estimate(arch: Architecture, s: TrainingSetup, gpu: Any = None) -> Estimate:
+    """estimate_setup's body: the setup's step plan (``vramwidget.plan``) and what is read
+    from it, the totals now, the trees, the replay and the step's work when asked for."""
+    P = check_setup(arch, s)
     view = plan_view(arch, s)
     tot = view.totals
     phases = {k: float(tot.phases_bytes[k]) for k in PHASE_ORDER}

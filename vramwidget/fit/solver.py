@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..model.architecture import Architecture, load
 from ..errors import VramError
-from ..estimate import estimate_setup
+from ..estimate import check_setup, estimate_setup
 from ..gpus import GPU, capacity_shortfall, context_for, fits_on_card, get_gpu, reaches_limit_on_card
 from ..allocator.replays import with_gc_paused
 from ..inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int, fail
@@ -101,8 +101,10 @@ class _Query:
             except AboveFloor:
                 return None
             return est.set_gpu(self.gpu)
-        if give_up is not None and CHEAP_BOUNDS and give_up(state_floor_bytes(self.arch, s)):
-            return None      # the weights and optimizer states alone rule it out: no plan written
+        if give_up is not None and CHEAP_BOUNDS:
+            check_setup(self.arch, s)       # what estimate_setup refuses, before the bound is written
+            if give_up(state_floor_bytes(self.arch, s)):
+                return None      # the weights and optimizer states alone rule it out: no plan written
         return estimate_setup(self.arch, s, gpu=self.gpu)
 
     def over_card(self, floor_bytes: float, context_bytes: Optional[float] = None) -> bool:
