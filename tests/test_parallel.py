@@ -246,8 +246,12 @@ def test_each_zero_stage_needs_no_more_than_the_one_before(model, batch, seq, pr
     all-reduces flat copies no larger than the gradients, and ZeRO-2's gradient partition is
     allocated whole at a backward's first gradient (``grads_in_partition``) where ZeRO-1's
     gradients grow one by one (so ZeRO-2 can peak above ZeRO-1 in the backward of a small
-    model): the device totals of stages 0 and 1 are ordered for full fine-tuning from 8 GPUs,
-    where partitioning saves more than those buffers hold."""
+    model): the allocated peaks of stages 0 and 1 are ordered for full fine-tuning from 8 GPUs,
+    where partitioning saves more than those buffers hold.  Not their device totals: the
+    reserve on top is the caching allocator replayed over each stage's own requests, and
+    fragmentation can put two close stages the other way round (GPT-2 medium, full, 8-bit
+    AdamW, 2 x 4,096 tokens on 8 GPUs: ZeRO-1 allocates 0.87 GB less than ZeRO-0 at its peak
+    and reserves 0.42 GB more, its eager attention's 1 GiB score blocks split differently)."""
     kw = dict(batch_size=batch, seq_len=seq, precision=precision, optimizer=optimizer, method=method,
               num_gpus=gpus)
     prev_states = prev_total = None
@@ -261,8 +265,8 @@ def test_each_zero_stage_needs_no_more_than_the_one_before(model, batch, seq, pr
         if prev_states is not None:
             assert states <= prev_states * (1 + 1e-12), stage
         if prev_total is not None and stage == "zero1" and method == "full" and gpus >= 8:
-            assert pe.device_total_bytes <= prev_total * (1 + 1e-12), stage
-        prev_states, prev_total = states, pe.device_total_bytes
+            assert pe.peak_allocated_bytes <= prev_total * (1 + 1e-12), stage
+        prev_states, prev_total = states, pe.peak_allocated_bytes
 
 
 def test_zero3_can_exceed_zero2_on_few_gpus():

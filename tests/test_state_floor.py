@@ -89,7 +89,7 @@ def test_the_floor_does_not_depend_on_the_sizes(model, method, optimizer, b, sq)
         other = s.replace(batch_size=1 + b % 7, seq_len=1 + (sq * 3) % 5000)
     except VramError:
         return
-    step._FLOORS.clear()
+    step.clear_floors()
     first = state_floor_bytes(arch, s)
-    step._FLOORS.clear()
+    step.clear_floors()
     assert state_floor_bytes(arch, other) == first

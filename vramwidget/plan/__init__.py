@@ -108,7 +108,7 @@ def clear_caches() -> None:
     with _LOCK:
         _INDEX.clear()
         _HELD[0] = 0
-    step._FLOORS.clear()
+    step.clear_floors()
 
 
 class _Trees(Mapping):

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from .builder import PlanBuilder, StepPlan, TensorInfo
-from .views import live_rows
+from .views import gradient_events, live_rows
 
 
 @dataclass(frozen=True)
@@ -451,7 +451,7 @@ def floor_bytes(view: Any, lay: GpuLayout) -> float:
     ix, tot = view.index, view.totals
     info = ix.plan.info
     until_step = [b.nbytes for b in lay.buffers if b.lifetime == "until_step"]
-    grad_at = _gradient_events(ix) if until_step else None
+    grad_at = gradient_events(ix) if until_step else None
     backward_marks = sorted(i for p, _st, i in ix.plan.marks if p == "backward")
 
     def until_step_live(phase: str, at: int) -> bool:
@@ -498,16 +498,3 @@ def floor_bytes(view: Any, lay: GpuLayout) -> float:
     return max(0.0, kept_at("forward", ("startup",)), kept_at("backward", ("startup", "backward")),
                kept_at("optimizer_step", ("startup",)))
 
-
-def _gradient_events(ix: Any) -> Any:
-    """The event indices of the plan's gradient allocations, in order (cached on the index)."""
-    import numpy as np
-
-    got = getattr(ix, "_gradient_events", None)
-    if got is None:
-        info, events = ix.plan.info, ix.plan.events
-        made = np.flatnonzero(ix.signs == 1)
-        got = made[np.fromiter((info[events[j][1]].component == "gradients" for j in made.tolist()),
-                               dtype=bool, count=len(made))]
-        ix._gradient_events = got
-    return got

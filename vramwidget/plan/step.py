@@ -100,6 +100,11 @@ def state_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
     return floor
 
 
+def clear_floors() -> None:
+    """Forget the state floors (``plan.clear_caches``)."""
+    _FLOORS.clear()
+
+
 def _embedding_side(cx: StepContext, x: Optional[int]) -> List[int]:
     """What the forward keeps from the embedding for the backward: a LoRA embedding's input
     (``profile.embed_alloc_ops``), what the family keeps there (``Family.head_saved``: GPT-2's

@@ -95,6 +95,8 @@ class PlanIndex:
         self.tree_boxes: Any = None
         #: the events as the compiled replay's columns (``program_at``), made on first use
         self.program: Any = None
+        #: the event indices of the gradient allocations (``gradient_events``), made on first use
+        self.gradient_at: Any = None
 
     def sizes_at(self, b: Any, s: Any, t: Any = 1) -> Any:
         """Every allocation's bytes at batch ``b``, sequence ``s``, target ``t`` (int64)."""
@@ -340,6 +342,18 @@ def _largest_level(const: Any, count: Any, var: Any, ncells: int) -> Any:
         lv = both @ np.vstack([np.ones((1, var.shape[1])), var.astype(float)])
         return np.rint(lv.max(axis=0)).astype(np.int64)
     return (const[:, None] + count @ var).max(axis=0)
+
+
+def gradient_events(ix: PlanIndex) -> Any:
+    """The event indices of the plan's gradient allocations, in order (kept on the index)."""
+    import numpy as np
+
+    if ix.gradient_at is None:
+        info, keys = ix.plan.info, ix.columns[1]
+        made = np.flatnonzero(ix.signs == 1)
+        ix.gradient_at = made[np.fromiter((info[keys[j]].component == "gradients" for j in made.tolist()),
+                                          dtype=bool, count=len(made))]
+    return ix.gradient_at
 
 
 def live_rows(ix: PlanIndex, at: int) -> Any:
