@@ -237,8 +237,8 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
     Measured (benchmarks/bench_fitmap.py): 64 x 64 cells of Llama 3.1 8B LoRA + full
     checkpointing on an H100 ran 39 replays (each with the card's capacity) and gave 163
     cells their exact device total, every state, peak and exact total equal to
-    ``estimate(gpu=...)``'s; 0.21 s (best of 3 cold rounds; 0.24-0.30 s in single runs), 67x
-    faster than 4,096 ``estimate(gpu=...).device_total_bytes`` calls (14.2 s, 1,298 replays).
+    ``estimate(gpu=...)``'s; 0.19-0.28 s in cold runs, 35-52x faster than 4,096
+    ``estimate(gpu=...).device_total_bytes`` calls (8.3-10.6 s, 1,298 replays).
     The other device totals are provisional (``reserved_exact`` False).
     """
     import numpy as np
