@@ -890,7 +890,6 @@ def _try_combinations(search: _Search, combine: int) -> None:
     fewest: Dict[Tuple[Any, ...], int] = {}
     moves = sorted(moves, key=lambda m: int(m.par.get("num_gpus", 0) or 0))
     judged: Dict[frozenset, Optional[Suggestion]] = {}      # combination titles -> its fitting suggestion
-    largest: Dict[Tuple[Any, ...], Optional[Suggestion]] = {}    # layout -> the largest count's
 
     def judge(combo: Sequence[_Move]) -> Optional[Suggestion]:
         titles = frozenset(m.title for m in combo)
@@ -912,11 +911,8 @@ def _try_combinations(search: _Search, combine: int) -> None:
                 continue
             if layout is not None:
                 top = _largest_count(combo, moves)
-                if top is not None:
-                    if layout[0] not in largest:
-                        largest[layout[0]] = judge(top)
-                    if largest[layout[0]] is None:
-                        continue            # not on the most GPUs of this layout: not on fewer
+                if top is not None and judge(top) is None:
+                    continue            # not on the most GPUs of this layout: not on fewer
             sug = judge(combo)
             if sug is not None:
                 out.append(sug)

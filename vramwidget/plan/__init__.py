@@ -16,7 +16,6 @@ zero_grad); ``views.py`` reads it.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -28,7 +27,7 @@ from ..result import Node
 from ..training import TrainingSetup
 from .builder import StepPlan
 from .size import NotPolynomial, Size
-from .step import STEPS, build_plan
+from .step import STEPS, build_plan, setup_shape
 from .views import PlanIndex, Totals, events_at, grid_totals, program_at, totals, tree
 
 __all__ = ["PlanView", "plan_view", "plan_index", "plan_events", "grid_totals", "clear_caches"]
@@ -47,15 +46,10 @@ _MAX_EVENTS = 2_400_000
 _HELD = [0]       # events held by the cached plans
 
 
-def _shape(s: TrainingSetup) -> TrainingSetup:
-    """``s`` without its sizes (a target length stays "given" or "not given")."""
-    return dataclasses.replace(s, batch_size=1, seq_len=1, target_len=None if s.target_len is None else 1)
-
-
 def plan_index(arch: Architecture, s: TrainingSetup) -> Tuple[PlanIndex, bool]:
     """The indexed plan of ``s`` and whether it is symbolic (every size); cached per
     architecture and setup shape (or setup, when built for one size)."""
-    key = (id(arch), "shape", _shape(s))
+    key = (id(arch), "shape", setup_shape(s))
     hit = _lookup(key, arch)
     if hit is None:
         try:

@@ -497,4 +497,3 @@ def floor_bytes(view: Any, lay: GpuLayout) -> float:
 
     return max(0.0, kept_at("forward", ("startup",)), kept_at("backward", ("startup", "backward")),
                kept_at("optimizer_step", ("startup",)))
-

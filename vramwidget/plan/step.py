@@ -57,6 +57,12 @@ def build_plan(arch: Architecture, s: TrainingSetup, b: Any = None, sq: Any = No
     return pb.plan(steps)
 
 
+def setup_shape(s: TrainingSetup) -> TrainingSetup:
+    """``s`` without its sizes (a target length stays "given" or "not given"): what a symbolic
+    plan and a state floor are kept by."""
+    return dataclasses.replace(s, batch_size=1, seq_len=1, target_len=None if s.target_len is None else 1)
+
+
 #: (id of the architecture, the setup without its sizes) -> (the architecture, state_floor_bytes)
 _FLOORS: Dict[Tuple[int, TrainingSetup], Tuple[Architecture, float]] = {}
 _MAX_FLOORS = 512
@@ -77,7 +83,7 @@ def state_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
     more)."""
     # the load and the states do not depend on the batch or the lengths: one per setup shape
     # (tests/test_state_floor.py), so fit's bisections over sizes write it once
-    key = (id(arch), dataclasses.replace(s, batch_size=1, seq_len=1, target_len=None if s.target_len is None else 1))
+    key = (id(arch), setup_shape(s))
     hit = _FLOORS.get(key)
     if hit is not None and hit[0] is arch:
         return hit[1]
