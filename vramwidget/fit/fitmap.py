@@ -184,12 +184,14 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
                 else:
                     lo = mid + 1
             first_over = lo
-            for k in range(first_tight, first_over):     # the strip around the line: replayed
-                evaluate(groups[k])
+            # a group's cells share their events (one reserve, one state): the groups below
+            # the first tight one fit, those from the first over on do not, and those between
+            # (the strip around the line) are tight -- the bisections replayed some of them;
+            # the others are not replayed (their totals provisional)
             for k, g in enumerate(groups):
                 for i in g:
                     if not known[i]:
-                        rank[i] = 0 if k < first_tight else 2
+                        rank[i] = 0 if k < first_tight else (1 if k < first_over else 2)
     rank[known] = ranks_of(np.flatnonzero(known))
     far = ~known
     if far.any():
@@ -224,10 +226,12 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
       reserve the refused request needed);
     * the other cells are searched along chains where memory grows (the tokens b x s when the
       allocation stream depends on them only, else batch size per sequence length): a
-      bisection finds where the state first leaves ``fits`` and where it is first
-      ``does_not_fit``, and every cell between (the strip around the capacity line) is
-      replayed; cells below it fit, above it do not (this assumes the reserved memory grows
-      with the size along a chain, as the allocated memory does);
+      bisection finds where the state first leaves ``fits`` and another where it is first
+      ``does_not_fit``; cells below the first fit, cells from the second on do not, and the
+      cells between (the strip around the capacity line) are tight.  Only the bisections'
+      probes are replayed (this assumes the reserved memory grows with the size along a chain,
+      as the allocated memory does; the cells of one token count share their events, so one
+      state);
     * a cell not replayed shows its allocated peak times the reserved / allocated ratio of
       the nearest replayed size (``replays.provisional_reserved_bytes``'s mechanism) and
       ``reserved_exact`` False.
@@ -235,10 +239,11 @@ def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None
     Replayed cells (``reserved_exact``) equal :func:`vramwidget.estimate` in every column.
     ``exact=True`` replays every cell (without the limit too where the card refuses it).
     Measured (benchmarks/bench_fitmap.py): 64 x 64 cells of Llama 3.1 8B LoRA + full
-    checkpointing on an H100 ran 39 replays (each with the card's capacity) and gave 163
+    checkpointing on an H100 ran 13 replays (each with the card's capacity) and gave 44
     cells their exact device total, every state, peak and exact total equal to
-    ``estimate(gpu=...)``'s; 0.19-0.28 s in cold runs, 35-52x faster than 4,096
-    ``estimate(gpu=...).device_total_bytes`` calls (8.3-10.6 s, 1,298 replays).
+    ``estimate(gpu=...)``'s; 0.16-0.21 s in single cold runs, 45-59x faster than 4,096
+    ``estimate(gpu=...).device_total_bytes`` calls (8.5-9.5 s, 1,298 replays; 66-86x best
+    of three).  Replaying the strip too (26 more replays, 163 exact cells) was 35-42x.
     The other device totals are provisional (``reserved_exact`` False).
     """
     import numpy as np
