@@ -109,6 +109,24 @@ def test_min_gpus_remembered_is_what_a_fresh_search_finds():
     assert len(solver._MIN_GPUS) == hits      # the same setup: remembered, not searched again
 
 
+def test_min_gpus_at_least_a_count():
+    """``at_least``: the fewest count from there on (the suggestions for a run on 2 GPUs do
+    not try 1): Llama 3.1 8B + full checkpointing, ZeRO-2 on A100 40GB cards, n GPUs found
+    with no floor; from 1 or from n it is n, from n + 1 it is n + 1 (more GPUs never add
+    memory per GPU); DDP fits on 2 where it fits on 1; a floor above the limit is none."""
+    kw = dict(gradient_checkpointing="full")
+    n = min_gpus("llama-3.1-8b", "A100 40GB", "zero2", **kw)
+    assert n is not None and n > 1
+    assert min_gpus("llama-3.1-8b", "A100 40GB", "zero2", at_least=1, **kw) == n
+    assert min_gpus("llama-3.1-8b", "A100 40GB", "zero2", at_least=n, **kw) == n
+    assert min_gpus("llama-3.1-8b", "A100 40GB", "zero2", at_least=n + 1, **kw) == n + 1
+    assert min_gpus("llama-3.1-8b", "A100 40GB", "zero2", at_least=n - 1, max_gpus=n - 1, **kw) is None
+    assert min_gpus("llama-3.1-8b", "H100-80GB", "ddp", at_least=2, method="lora") == 2
+    assert min_gpus("llama-3.1-8b", "H100-80GB", "ddp", at_least=9, max_gpus=8, method="lora") is None
+    with pytest.raises(VramError, match="at_least"):
+        min_gpus("llama-3.1-8b", "H100-80GB", "ddp", at_least=0)
+
+
 def test_min_gpus_without_sharding():
     # DDP replicates: one replica fits or none does
     assert min_gpus("llama-3.1-8b", "H100-80GB", "ddp", method="lora") == 1

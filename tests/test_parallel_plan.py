@@ -99,3 +99,66 @@ def test_llama_1b_on_four_gpus_is_exact_under_every_data_parallel_strategy():
         # the strategy's own tensor is in the per-GPU tree, with the formula it was made with
         nodes = [n for c in pe.per_gpu.phase_components["backward"] for _, n in c.walk() if n.name == tensor and not n.children]
         assert nodes and all(n.formula for n in nodes), strategy
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1))
+def test_a_repeated_step_copied_is_the_step_written(seed):
+    """``per_gpu_plan`` copies the GPU's step 2 as its step 3 where the slice's step 3 is a
+    copy of its step 2 and the writer starts both in the same state
+    (``per_gpu.COPY_REPEATED_STEPS``): on random layouts the GPU's plan is the one written
+    event by event, every event, key, tensor description and phase mark."""
+    from vramwidget.parallel import estimate as pest
+    from vramwidget.plan import clear_caches, per_gpu
+
+    rnd = random.Random(seed)
+    model = rnd.choice(MODELS)
+    kw = _layout(rnd, model)
+    calls = []
+    real = pest.per_gpu_plan
+
+    def spy(plan, lay, num_layers):
+        calls.append((plan, lay, num_layers))
+        return real(plan, lay, num_layers)
+
+    pest.per_gpu_plan = spy
+    try:
+        clear_caches()
+        pest._GPU_PLANS.clear()
+        try:
+            vw.estimate_parallel(model, **kw)
+        except vw.VramError:
+            return
+    finally:
+        pest.per_gpu_plan = real
+    copied = 0
+    for plan, lay, num_layers in calls:
+        fast = per_gpu.per_gpu_plan(plan, lay, num_layers)
+        per_gpu.COPY_REPEATED_STEPS = False
+        try:
+            slow = per_gpu.per_gpu_plan(plan, lay, num_layers)
+        finally:
+            per_gpu.COPY_REPEATED_STEPS = True
+        assert fast.events == slow.events, (model, kw)
+        assert fast.marks == slow.marks, (model, kw)
+        assert fast.info == slow.info, (model, kw)
+        copied += len(fast.repeats)
+        assert not slow.repeats
+
+
+def test_the_repeated_step_is_copied_on_a_sharded_run():
+    """Llama 3.2 1B full fine-tune, ZeRO-3 on 4 GPUs: the slice's third step repeats its
+    second, and so does the GPU's (copied, not written again)."""
+    from vramwidget.parallel import estimate as pest
+    from vramwidget.plan import clear_caches
+
+    clear_caches()
+    pest._GPU_PLANS.clear()
+    made = []
+    real = pest.per_gpu_plan
+    pest.per_gpu_plan = lambda *a: made.append(real(*a)) or made[-1]
+    try:
+        vw.estimate_parallel("llama-3.2-1b", strategy="zero3", num_gpus=4)
+    finally:
+        pest.per_gpu_plan = real
+    assert made and all(p.repeats == (3,) for p in made)

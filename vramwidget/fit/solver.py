@@ -342,20 +342,22 @@ MAX_GPUS_SEARCHED = 4096
 
 @with_gc_paused
 def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = MAX_GPUS_SEARCHED,
-             **kw: Any) -> Optional[int]:
-    """The fewest GPUs of kind ``gpu`` on which the setup fits under ``strategy`` (with the
-    given tensor/pipeline/context/expert parallel sizes, which set the step: the count is a
-    multiple of tensor x pipeline x context); ``None`` when no count up to ``max_gpus``
-    fits -- always the case when one replica does not fit and the strategy does not shard
-    (``none``, ``ddp``, ``zero0``, ``megatron``).  Per-GPU memory never grows with the count
-    under the sharding strategies, which makes the search a bisection."""
+             at_least: int = 1, **kw: Any) -> Optional[int]:
+    """The fewest GPUs of kind ``gpu`` (``at_least`` or more) on which the setup fits under
+    ``strategy`` (with the given tensor/pipeline/context/expert parallel sizes, which set the
+    step: the count is a multiple of tensor x pipeline x context); ``None`` when no count up
+    to ``max_gpus`` fits -- always the case when one replica does not fit and the strategy
+    does not shard (``none``, ``ddp``, ``zero0``, ``megatron``).  Per-GPU memory never grows
+    with the count under the sharding strategies, which makes the search a bisection (from
+    ``at_least`` up: the suggestions for a run on 2 GPUs do not try 1)."""
     max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=DEPLOYMENT_GPUS)
+    at_least = check_int("at_least", at_least, lo=1, hi=DEPLOYMENT_GPUS)
     strategy = check_choice("strategy", strategy, tuple(STRATEGIES))
     kw = dict(kw)
     kw["strategy"] = strategy
     kw.pop("num_gpus", None)
     q = _Query(model, gpu, kw)
-    key = (id(q.arch), repr(q.gpu), q.setup, repr(sorted(q.par.items())), CHEAP_BOUNDS)
+    key = (id(q.arch), repr(q.gpu), q.setup, repr(sorted(q.par.items())), CHEAP_BOUNDS, at_least)
     hit = _MIN_GPUS.get(key)
     if hit is not None and hit[0] is q.arch:
         searched, found = hit[1], hit[2]
@@ -365,20 +367,20 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = M
             return found if found <= max_gpus else None
         if max_gpus <= searched:
             return None
-    n = _min_gpus(q, strategy, max_gpus)
+    n = _min_gpus(q, strategy, max_gpus, at_least)
     if len(_MIN_GPUS) >= 256:
         _MIN_GPUS.clear()
     _MIN_GPUS[key] = (q.arch, max_gpus, n)
     return n
 
 
-#: (id of the architecture, the card, the setup, the parallel keywords, CHEAP_BOUNDS) -> (the architecture, the
+#: (id of the architecture, the card, the setup, the parallel keywords, CHEAP_BOUNDS, at_least) -> (the architecture, the
 #: limit searched, the fewest GPUs found or None): fit.answers asks for each strategy up to
 #: 4,096 GPUs and its suggestions again up to 8
 _MIN_GPUS: Dict[Tuple[Any, ...], Tuple[Architecture, int, Optional[int]]] = {}
 
 
-def _min_gpus(q: "_Query", strategy: str, max_gpus: int) -> Optional[int]:
+def _min_gpus(q: "_Query", strategy: str, max_gpus: int, at_least: int = 1) -> Optional[int]:
     tp = int(q.par.get("tensor_parallel", 1) or 1)
     pp = int(q.par.get("pipeline_parallel", 1) or 1)
     cp = int(q.par.get("context_parallel", 1) or 1)
@@ -387,16 +389,22 @@ def _min_gpus(q: "_Query", strategy: str, max_gpus: int) -> Optional[int]:
     dp_step = ep // math.gcd(ep, cp)       # (dp x cp) must be a multiple of ep
     step = unit * dp_step
 
-    def ok(k: int) -> bool:
-        return q.fits(par={**q.par, "num_gpus": k * step})
+    seen: Dict[int, bool] = {}
+
+    def ok(k: int) -> bool:       # asked again for the count found (below)
+        if k not in seen:
+            seen[k] = q.fits(par={**q.par, "num_gpus": k * step})
+        return seen[k]
 
     if strategy not in STRATEGIES:
         q.estimate(par={**q.par, "num_gpus": step})   # raises the strategy error
+    lo = -(-at_least // step)             # the fewest steps of GPUs asked for
     if BY_NAME[strategy].replicates:       # more replicas add no room
         if BY_NAME[strategy].gradient_sync == "none" and dp_step > 1:
             return None
-        return step if step <= max_gpus and ok(1) else None
-    k = _largest(lambda k: not ok(k), max_gpus // step)   # the last count that does not fit
+        return lo * step if lo * step <= max_gpus and ok(lo) else None
+    # the last count from ``lo`` on that does not fit (lo - 1: none)
+    k = lo - 1 + _largest(lambda i: not ok(lo - 1 + i), max_gpus // step - (lo - 1))
     n = (k + 1) * step
     if n > max_gpus or not ok(k + 1):
         return None
@@ -812,7 +820,8 @@ def _try_more_gpus(search: _Search) -> None:
     if BY_NAME[strategy0].engine in ("none", "torch"):     # one replica or plain DDP
         for strat in SHARDED:
             try:
-                n = min_gpus(q.arch, q.gpu, strat, max_gpus=max(max_gpus, n_now), **_kw_for(s, par0))
+                n = min_gpus(q.arch, q.gpu, strat, max_gpus=max(max_gpus, n_now), at_least=n_now,
+                             **_kw_for(s, par0))
             except VramError:
                 n = None
             if n is None:
@@ -828,7 +837,8 @@ def _try_more_gpus(search: _Search) -> None:
                         hardware=f"{n} × {q.gpu.name}" if n != n_now else "", time=offer.suggest.time)
     elif not BY_NAME[strategy0].replicates:      # already sharded: the same strategy on more GPUs
         try:
-            n = min_gpus(q.arch, q.gpu, strategy0, max_gpus=max(max_gpus, n_now), **_kw_for(s, par0))
+            n = min_gpus(q.arch, q.gpu, strategy0, max_gpus=max(max_gpus, n_now), at_least=n_now,
+                         **_kw_for(s, par0))
         except VramError:
             n = None
         if n and n > par0.get("num_gpus", 1):
@@ -911,7 +921,9 @@ def _try_combinations(search: _Search, combine: int) -> None:
                 continue
             if layout is not None:
                 top = _largest_count(combo, moves)
-                if top is not None and judge(top) is None:
+                # (a largest count that holds a combination already fitting is not judged: it
+                # is never listed, and where it fits it rules nothing out)
+                if top is not None and not _holds_one(top, fitting) and judge(top) is None:
                     continue            # not on the most GPUs of this layout: not on fewer
             sug = judge(combo)
             if sug is not None:
@@ -919,6 +931,12 @@ def _try_combinations(search: _Search, combine: int) -> None:
                 fitting.append(titles)
                 if layout is not None:
                     fewest[layout[0]] = min(fewest.get(layout[0], layout[1]), layout[1])
+
+
+def _holds_one(combo: Sequence[_Move], fitting: Sequence[frozenset]) -> bool:
+    """Whether ``combo`` holds every change of one of the ``fitting`` combinations."""
+    titles = frozenset(m.title for m in combo)
+    return any(f <= titles for f in fitting)
 
 
 def _fitting_combination(search: _Search, combo: Sequence[_Move]) -> Optional[Suggestion]:

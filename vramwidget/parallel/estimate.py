@@ -1219,11 +1219,10 @@ def _per_gpu_estimate(E: Estimate, cut: Architecture, s_loc: TrainingSetup, gpu:
     allocator replayed over the same plan's events: :mod:`vramwidget.parallel.sharded_replay`)."""
     from . import sharded_replay
     from ..plan import TREE_PHASES
-    from ..plan.views import PlanIndex, totals, tree
+    from ..plan.views import totals, tree
 
     view = plan_view(cut, s_loc)
-    plan = _gpu_plan(view, gpu, cut.num_layers)
-    ix = PlanIndex(plan)
+    plan, ix = _gpu_plan(view, gpu, cut.num_layers)
     tot = totals(ix, view.cfg, 1, 1, 1)
     phases = {k: float(v) for k, v in tot.phases_bytes.items()}
     peak = float(tot.peak_allocated_bytes)
@@ -1262,28 +1261,33 @@ def _per_gpu_estimate(E: Estimate, cut: Architecture, s_loc: TrainingSetup, gpu:
     return est
 
 
-#: (id of the slice's plan index, its size, the layout) -> (index, the GPU's plan): one plan per
-#: GPU setup, so that its replays (sharded_replay, gpus.judge_on's capacity replays) are cached
-_GPU_PLANS: Dict[Tuple[Any, ...], Tuple[Any, StepPlan]] = {}
+#: (id of the slice's plan index, its size, the layout) -> (index, the GPU's plan, its index):
+#: one plan per GPU setup, so that its replays (sharded_replay, gpus.judge_on's capacity
+#: replays) are cached, and a solver asking again (min_gpus, then suggestions) reads it
+_GPU_PLANS: Dict[Tuple[Any, ...], Tuple[Any, StepPlan, Any]] = {}
 _MAX_GPU_PLANS = 64
 
 
-def _gpu_plan(view: Any, gpu: GpuLayout, num_layers: int) -> StepPlan:
+def _gpu_plan(view: Any, gpu: GpuLayout, num_layers: int) -> Tuple[StepPlan, Any]:
+    """The GPU's plan (``per_gpu.per_gpu_plan`` of the slice's ``view``) and its index."""
+    from ..plan.views import PlanIndex
+
     key = (id(view.index), view.sizes, repr(gpu))
     hit = _GPU_PLANS.get(key)
     if hit is not None and hit[0] is view.index:
-        return hit[1]
+        return hit[1], hit[2]
     plan = per_gpu_plan(view.plan if not view.symbolic else _concrete(view), gpu, num_layers)
+    ix = PlanIndex(plan)
     if len(_GPU_PLANS) >= _MAX_GPU_PLANS:
         _GPU_PLANS.clear()
-    _GPU_PLANS[key] = (view.index, plan)
-    return plan
+    _GPU_PLANS[key] = (view.index, plan, ix)
+    return plan, ix
 
 
 def _concrete(view: Any) -> StepPlan:
     """A symbolic plan's events at the view's own size, as a plan."""
     p = view.plan
-    return StepPlan(view.events(), p.info, p.marks, p.steps, p.notes, p.host_bytes)
+    return StepPlan(view.events(), p.info, p.marks, p.steps, p.notes, p.host_bytes, p.repeats)
 
 
 def _sharded_work(base: Any, optimizer_share: float):

@@ -47,6 +47,9 @@ class StepPlan:
     notes: List[str] = field(default_factory=list)
     #: bytes kept off the GPU by the plan's mechanisms (activation offloading to pinned CPU memory)
     host_bytes: Any = 0.0
+    #: the steps written as a copy of the step before (the same events, each allocation a new
+    #: key: ``step._repeat_step``), which a plan rewritten from this one may copy too
+    repeats: Tuple[int, ...] = ()
 
 
 class PlanBuilder:
@@ -58,6 +61,8 @@ class PlanBuilder:
         self.marks: List[Tuple[str, int, int]] = []
         self.notes: List[str] = []
         self.host_bytes: Any = 0.0
+        #: the steps written as a copy of the step before (``StepPlan.repeats``)
+        self.repeats: List[int] = []
         #: key -> bytes of every allocation
         self.sizes: Dict[int, Any] = {}
         #: the last key an allocation got (keys count up from 1; plan/blocks.py copies spans after it)
@@ -100,4 +105,4 @@ class PlanBuilder:
         self.events.append(("step_end", step, 0, ""))
 
     def plan(self, steps: int) -> StepPlan:
-        return StepPlan(self.events, self.info, self.marks, steps, self.notes, self.host_bytes)
+        return StepPlan(self.events, self.info, self.marks, steps, self.notes, self.host_bytes, tuple(self.repeats))

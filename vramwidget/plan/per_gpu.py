@@ -26,7 +26,9 @@ per-GPU estimate's peak to the byte.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Dict, List, Optional, Tuple
 
 from .builder import PlanBuilder, StepPlan, TensorInfo
@@ -365,14 +367,36 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     keymap, out_info, infos = w.key, pb.info, pb._infos
     ev_append, pop = pb.events.append, keymap.pop
     missing = object()
-    for j, (kind, key, nbytes, label) in enumerate(plan.events):
-        if kind == "alloc":
+    # a step of the slice written as a copy of the step before (StepPlan.repeats) is the GPU's
+    # copy of its step before too, where the writer starts both in the same state
+    step_at = _step_starts(plan) if COPY_REPEATED_STEPS and plan.repeats else {}
+    #: step -> (writer state, out event, last key, out mark, slice event) at its start
+    starts: Dict[int, Tuple[Any, int, int, int, int]] = {}
+    #: step -> (out events after its step_end, the slice's step_end index)
+    ends: Dict[int, Tuple[int, int]] = {}
+    events = enumerate(plan.events)
+    for j, (kind, key, nbytes, label) in events:
+        if j in marks:
+            if j in step_at:
+                st = step_at[j]
+                starts[st] = (_writer_state(w), len(pb.events), pb.last_key, len(pb.marks), j)
+                if st in plan.repeats and st - 1 in starts and st - 1 in ends \
+                        and starts[st - 1][0] == starts[st][0]:
+                    _copy_step(w, starts[st - 1], ends[st - 1][0], st)
+                    ends[st] = (len(pb.events), ends[st - 1][1] - starts[st - 1][4] + j)
+                    # the slice's step, passed over: a copy of the one before, so as long
+                    deque(islice(events, ends[st][1] - j), maxlen=0)
+                    continue
+            if kind == "alloc":
+                i = info[key]
+                if w.loading and i.name == "input_ids":
+                    w.loading = False
+            for phase, step in marks[j]:
+                w.enter(phase, step)
+        elif kind == "alloc":
             i = info[key]
             if w.loading and i.name == "input_ids":
                 w.loading = False
-        if j in marks:
-            for phase, step in marks[j]:
-                w.enter(phase, step)
         if kind == "free":
             k = pop(key, None)
             if k is not None:
@@ -386,6 +410,7 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
             w.free(w.root)
             w.root, w.layer, w.step_done, w.bucket = None, None, False, 0.0
             pb.step_end(key)
+            ends[key] = (len(pb.events), j)
             continue
         if kind != "alloc":
             ev_append((kind, key, nbytes, label))
@@ -423,6 +448,53 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
         else:                                         # dropped
             keymap[key] = None
     return pb.plan(plan.steps)
+
+
+#: copy a repeated step of the slice's plan in the GPU's (off: every event written; the
+#: tests compare the two)
+COPY_REPEATED_STEPS = True
+
+
+def _step_starts(plan: StepPlan) -> Dict[int, int]:
+    """The event index of each step's first mark -> the step."""
+    first: Dict[int, int] = {}
+    for _phase, step, at in plan.marks:
+        if step >= 1 and step not in first:
+            first[step] = at
+    return {at: step for step, at in first.items()}
+
+
+def _writer_state(w: "_Writer") -> Tuple[Any, ...]:
+    """What decides the events the writer writes for a step, from its start: every tensor it
+    holds (the slice's keys it maps, the strategy's buffers, gathered parameters, units,
+    sharded gradients), the bucket and the phase it is in."""
+    return (dict(w.key), {k: list(v) for k, v in w.live_buffers.items()}, list(w.gathered), w.root,
+            list(w.unit_grads), w.bucket, w.step_done, w.in_flight, dict(w.sharded), w.layer, w.seen_layer,
+            w.phase, w.loading)
+
+
+def _copy_step(w: "_Writer", start: Tuple[Any, int, int, int, int], end_event: int, step: int) -> None:
+    """Append the GPU's events of the step before ``step`` (from ``start``, its writer state,
+    out event, last key and mark, to ``end_event``) as ``step``'s: each allocation made in it
+    a new key, in order, as the writer would hand them out; the writer ends as it did."""
+    pb = w.pb
+    _state, e0, k0, m0, _j = start
+    span = pb.events[e0:end_event]
+    k1 = max([e[1] for e in span if e[0] == "alloc"], default=k0)
+    d = pb.last_key - k0
+    base = len(pb.events)
+    out_info = pb.info
+    for n in range(k0 + 1, k1 + 1):
+        out_info[n + d] = out_info[n]
+    pb.events.extend([(e[0], e[1] + d, e[2], e[3]) if e[0] == "alloc" or (e[0] == "free" and k0 < e[1] <= k1)
+                      else (("step_end", step, e[2], e[3]) if e[0] == "step_end" else e) for e in span])
+    pb.last_key += k1 - k0
+    pb.marks.extend((phase, step, at - e0 + base) for phase, _st, at in pb.marks[m0:] if at < end_event)
+    pb.repeats.append(step)
+    w.step = step
+    for life, st in list(w.opened.items()):
+        if st == step - 1:
+            w.opened[life] = step
 
 
 def floor_bytes(view: Any, lay: GpuLayout) -> float:

@@ -229,6 +229,7 @@ def _repeat_step(pb: PlanBuilder, step: int) -> bool:
     _append_copy(pb, span)
     pb.marks.extend((p, step, i - start + base) for p, st, i in prev)
     pb.step_end(step)
+    pb.repeats.append(step)
     return True
 
 
