@@ -87,6 +87,13 @@ def test_default_map_replays_only_near_the_line():
     tight = df[df["state"] == "tight"]
     assert 0 < tight["reserved_exact"].sum() < len(tight)
     assert (dx.loc[tight.index, "state"] == "tight").all()
+    # the widget's tooltip says so: "about" before a provisional total, not before an exact one
+    from vramwidget.show.charts import fitmap_rows
+
+    rows = fitmap_rows(df, capacity_bytes=vw.fit.verdict.capacity_bytes(vw.gpus.get_gpu("RTX 4090")))
+    for row, exact in zip(rows, df["reserved_exact"]):
+        assert row["need"].startswith("about ") != bool(exact), row
+        assert row["room"].startswith("about ") != bool(exact), row
 
 
 @settings(max_examples=25, deadline=None)

@@ -352,19 +352,23 @@ def fitmap_rows(df: Any, *, batch_size: Optional[int] = None, seq_len: Optional[
                 capacity_bytes: Optional[float] = None) -> List[Dict[str, Any]]:
     """Rows of the fit map from :func:`vramwidget.fit_map`'s frame (or rows with its
     columns): one ``cell`` per (batch, sequence), a box spanning half a power of two on each
-    side on log-2 axes, and the ``current`` point."""
+    side on log-2 axes, and the ``current`` point.  A cell whose device total was not
+    replayed (``reserved_exact`` False: its state is known from where it lies, its total is
+    the provisional one) shows "about" before its figures."""
     rows: List[Dict[str, Any]] = []
     records = df.to_dict("records") if hasattr(df, "to_dict") else list(df)
     for r in records:
         b, s = int(r["batch_size"]), int(r["seq_len"])
         need = float(r["device_total_bytes"])
         room = (capacity_bytes - need) if capacity_bytes else None
+        about = "" if r.get("reserved_exact", True) else "about "
         rows.append({
             "level": "cell", "batch_size": b, "seq_len": s, "state": r["state"],
             "state_label": STATE_LABELS.get(r["state"], r["state"]),
             "x": b / 2 ** 0.5, "x2": b * 2 ** 0.5, "y": s / 2 ** 0.5, "y2": s * 2 ** 0.5,
-            "need": fmt_bytes(need),
-            "room": "" if room is None else (f"{fmt_bytes(room)} to spare" if room >= 0 else f"{fmt_bytes(-room)} over"),
+            "need": about + fmt_bytes(need),
+            "room": "" if room is None else about + (f"{fmt_bytes(room)} to spare" if room >= 0
+                                                     else f"{fmt_bytes(-room)} over"),
         })
     if batch_size and seq_len:
         rows.append({"level": "current", "batch_size": int(batch_size), "seq_len": int(seq_len), "state": "",
