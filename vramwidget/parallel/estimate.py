@@ -1223,12 +1223,13 @@ def _per_gpu_estimate(E: Estimate, cut: Architecture, s_loc: TrainingSetup, gpu:
 
     view = plan_view(cut, s_loc)
     plan, ix = _gpu_plan(view, gpu, cut.num_layers)
-    tot = totals(ix, view.cfg, 1, 1, 1)
+    sizes = view.sizes            # read at the slice's size (a plan of one size has its own)
+    tot = totals(ix, view.cfg, *sizes)
     phases = {k: float(v) for k, v in tot.phases_bytes.items()}
     peak = float(tot.peak_allocated_bytes)
 
     def run(capacity_bytes: Optional[float] = None, record: bool = False) -> Any:
-        return sharded_replay.replay_gpu_plan(plan, view.cfg, capacity_bytes, record)
+        return sharded_replay.replay_gpu_plan(plan, view.cfg, capacity_bytes, record, ix, sizes)
 
     def comps_at(reserved_b: float, exact: bool = True) -> List[Node]:
         return list(est.phase_components[tot.peak_phase]) + [
@@ -1237,7 +1238,7 @@ def _per_gpu_estimate(E: Estimate, cut: Architecture, s_loc: TrainingSetup, gpu:
             Node("cuda context", bytes=E.cuda_context_bytes, formula=E.cuda_context_source)]
 
     def provisional() -> Tuple[float, bool]:
-        res = sharded_replay.cached(plan)
+        res = sharded_replay.cached(plan, ix, sizes)
         if res is not None:
             return max(float(res.max_reserved_bytes), peak), True
         # until it runs: the slice's single-GPU reserve per allocated byte
@@ -1269,19 +1270,42 @@ _MAX_GPU_PLANS = 64
 
 
 def _gpu_plan(view: Any, gpu: GpuLayout, num_layers: int) -> Tuple[StepPlan, Any]:
-    """The GPU's plan (``per_gpu.per_gpu_plan`` of the slice's ``view``) and its index."""
+    """The GPU's plan (``per_gpu.per_gpu_plan`` of the slice's ``view``) and its index: for
+    a symbolic slice, one plan for every size of the setup shape and layout where the writer
+    can write one (a batch or sequence change then costs no new plan: the widget, the
+    solvers' probes), else the plan of the view's own size."""
+    from ..plan.size import NotPolynomial
     from ..plan.views import PlanIndex
 
-    key = (id(view.index), view.sizes, repr(gpu))
+    lay = repr(gpu)
+    if view.symbolic:
+        key = (id(view.index), "shape", lay)
+        hit = _GPU_PLANS.get(key)
+        if hit is not None and hit[0] is view.index:
+            if hit[1] is not None:
+                return hit[1], hit[2]
+        else:
+            try:
+                plan = per_gpu_plan(view.plan, gpu, num_layers)
+            except NotPolynomial:
+                plan = None     # remembered: this layout is written size by size
+            _store_gpu_plan(key, (view.index, plan, PlanIndex(plan) if plan is not None else None))
+            if plan is not None:
+                return plan, _GPU_PLANS[key][2]
+    key = (id(view.index), view.sizes, lay)
     hit = _GPU_PLANS.get(key)
     if hit is not None and hit[0] is view.index:
         return hit[1], hit[2]
     plan = per_gpu_plan(view.plan if not view.symbolic else _concrete(view), gpu, num_layers)
     ix = PlanIndex(plan)
+    _store_gpu_plan(key, (view.index, plan, ix))
+    return plan, ix
+
+
+def _store_gpu_plan(key: Tuple[Any, ...], value: Tuple[Any, Any, Any]) -> None:
     if len(_GPU_PLANS) >= _MAX_GPU_PLANS:
         _GPU_PLANS.clear()
-    _GPU_PLANS[key] = (view.index, plan, ix)
-    return plan, ix
+    _GPU_PLANS[key] = value
 
 
 def _concrete(view: Any) -> StepPlan:

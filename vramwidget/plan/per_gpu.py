@@ -32,7 +32,8 @@ from itertools import islice
 from typing import Any, Dict, List, Optional, Tuple
 
 from .builder import PlanBuilder, StepPlan, TensorInfo
-from .views import gradient_events, live_rows
+from .size import NotPolynomial, Size
+from .views import gradient_events, live_rows, whole_bytes
 
 
 @dataclass(frozen=True)
@@ -349,9 +350,18 @@ def kept_share(lay: GpuLayout, i: TensorInfo, loading: bool) -> Optional[float]:
 
 
 def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
-    """The GPU's own step plan from its slice's ``plan`` (concrete sizes), see the module
-    docstring.  A slice tensor the GPU holds at a share (:func:`kept_share`: most of them)
-    is written here, as ``_Writer.alloc`` would write it; the rest goes through the writer."""
+    """The GPU's own step plan from its slice's ``plan``, see the module docstring.  A slice
+    tensor the GPU holds at a share (:func:`kept_share`: most of them) is written here, as
+    ``_Writer.alloc`` would write it; the rest goes through the writer.
+
+    The slice's plan may be symbolic (sizes as polynomials in batch and sequence,
+    ``plan/size.py``): a constant size is written as the whole bytes the slice holds at any
+    size, a size of the batch or sequence is kept whole (share 1: activations, their
+    temporaries) or dropped (share 0), and the GPU's plan is then symbolic too (one per
+    setup shape and layout, read at any size); what the writer cannot write for every size
+    at once (a share of an activation under sequence parallelism, a bucket filled by such
+    a size) raises :class:`~vramwidget.plan.size.NotPolynomial`, and the caller writes the
+    plan of one size."""
     w = _Writer(plan, lay, num_layers)
     pb = w.pb
     marks = {}
@@ -364,6 +374,7 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     shares_load: Dict[int, Optional[float]] = {}
     shares_run: Dict[int, Optional[float]] = {}
     layer_of: Dict[Any, Optional[int]] = {}     # _layer of each label
+    whole_of: Dict[int, Any] = {}               # id of a Size -> its whole bytes if constant, else None
     keymap, out_info, infos = w.key, pb.info, pb._infos
     ev_append, pop = pb.events.append, keymap.pop
     missing = object()
@@ -415,6 +426,12 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
         if kind != "alloc":
             ev_append((kind, key, nbytes, label))
             continue
+        if nbytes.__class__ is Size:
+            c = whole_of.get(id(nbytes), missing)     # (the plan's events hold each Size alive)
+            if c is missing:
+                c = whole_of[id(nbytes)] = whole_bytes(nbytes.constant()) if nbytes.is_constant() else None
+            if c is not None:
+                nbytes = c      # a constant: the whole bytes the slice's events hold at any size
         loading = w.loading
         shares = shares_load if loading else shares_run
         f = shares.get(id(i), missing)
@@ -429,8 +446,13 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
                 if lyr is None or lyr != w.layer:     # at() has nothing to do within one block
                     w.at(lyr)
             # _Writer.alloc -> PlanBuilder.alloc_as, written out
-            nb = int(nbytes * f)
-            if nb > 0:
+            if nbytes.__class__ is Size:      # a size of the batch and sequence: whole or dropped
+                if f != 1.0 and f != 0.0:
+                    raise NotPolynomial("a share of a size that depends on the batch or sequence")
+                nb = nbytes if f else 0
+            else:
+                nb = int(nbytes * f)
+            if nb.__class__ is Size or nb > 0:
                 n = pb.last_key = pb.last_key + 1
                 ev_append(("alloc", n, nb, i.name if label is None else label))
                 out_info[n] = infos.setdefault(i, i)

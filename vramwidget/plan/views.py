@@ -70,14 +70,21 @@ class PlanIndex:
             pass
         self.symbolic = whole is None and any(x.__class__ is Size for x in sizes)
         if self.symbolic:
-            # one row per distinct size object (a block's sizes repeat layer after layer)
-            ids = list(map(id, sizes))
-            first: Dict[int, int] = {k: j for j, k in enumerate(dict.fromkeys(ids))}
-            which = np.fromiter(map(first.__getitem__, ids), dtype=np.int64, count=n_alloc)
-            by_id = {id(x): x for x in sizes}
-            distinct: List[Any] = [by_id[i] for i in first]
+            # the numbers as constants in one pass; one row per distinct Size object (a
+            # block's sizes repeat layer after layer)
+            is_size = np.fromiter(map(isinstance, sizes, repeat(Size, n_alloc)), dtype=bool,
+                                  count=n_alloc)
+            polys = list(compress(sizes, is_size))
+            ids = list(map(id, polys))
+            by_id = dict(zip(ids, polys))            # each distinct object, in first-seen order
+            first: Dict[int, int] = {k: j for j, k in enumerate(by_id)}
+            which = np.fromiter(map(first.__getitem__, ids), dtype=np.int64, count=len(polys))
+            distinct: List[Any] = list(by_id.values())
             self.basis = monomials(distinct)
-            self.coef = coefficient_matrix(distinct, self.basis)[which]
+            self.coef = np.zeros((n_alloc, len(self.basis)), dtype=float)
+            self.coef[is_size] = coefficient_matrix(distinct, self.basis)[which]
+            self.coef[~is_size, 0] = np.fromiter(map(float, compress(sizes, ~is_size)), dtype=float,
+                                                 count=n_alloc - len(polys))
             self.sizes = None
         else:
             self.basis, self.coef = None, None
@@ -301,6 +308,12 @@ def _whole_bytes(v: Any) -> Any:
     v = np.minimum(v, float(SATURATED_REQUEST_BYTES))
     r = np.rint(v)
     return np.where(np.abs(v - r) <= 1e-9 * np.maximum(1.0, np.abs(v)), r, np.floor(v)).astype(np.int64)
+
+
+def whole_bytes(x: float) -> int:
+    """One size's bytes as :meth:`PlanIndex.sizes_at` makes them (``_whole_bytes``), for a
+    plan rewritten size by size (``per_gpu.per_gpu_plan`` of a constant :class:`Size`)."""
+    return int(_whole_bytes(float(x)))
 
 
 #: odd multipliers of :func:`_distinct_rows`' row hash (any fixed ones do: equal rows are checked)
