@@ -1302,8 +1302,15 @@ def _gpu_plan(view: Any, gpu: GpuLayout, num_layers: int) -> Tuple[StepPlan, Any
     return plan, ix
 
 
+#: the most events the cached GPU plans hold together (what ~20 GPU plans of a 70B slice hold:
+#: a plan and its index are ~25 MB there)
+_MAX_GPU_PLAN_EVENTS = 2_400_000
+
+
 def _store_gpu_plan(key: Tuple[Any, ...], value: Tuple[Any, Any, Any]) -> None:
-    if len(_GPU_PLANS) >= _MAX_GPU_PLANS:
+    held = sum(len(v[1].events) for v in _GPU_PLANS.values() if v[1] is not None)
+    new = len(value[1].events) if value[1] is not None else 0
+    if len(_GPU_PLANS) >= _MAX_GPU_PLANS or held + new > _MAX_GPU_PLAN_EVENTS:
         _GPU_PLANS.clear()
     _GPU_PLANS[key] = value
 
