@@ -1281,17 +1281,15 @@ def _gpu_plan(view: Any, gpu: GpuLayout, num_layers: int) -> Tuple[StepPlan, Any
     if view.symbolic:
         key = (id(view.index), "shape", lay)
         hit = _GPU_PLANS.get(key)
-        if hit is not None and hit[0] is view.index:
-            if hit[1] is not None:
-                return hit[1], hit[2]
-        else:
+        if hit is None or hit[0] is not view.index:
             try:
                 plan = per_gpu_plan(view.plan, gpu, num_layers)
             except NotPolynomial:
-                plan = None     # remembered: this layout is written size by size
-            _store_gpu_plan(key, (view.index, plan, PlanIndex(plan) if plan is not None else None))
-            if plan is not None:
-                return plan, _GPU_PLANS[key][2]
+                plan = None     # remembered (None): this layout is written size by size
+            hit = (view.index, plan, PlanIndex(plan) if plan is not None else None)
+            _store_gpu_plan(key, hit)
+        if hit[1] is not None:
+            return hit[1], hit[2]
     key = (id(view.index), view.sizes, lay)
     hit = _GPU_PLANS.get(key)
     if hit is not None and hit[0] is view.index:

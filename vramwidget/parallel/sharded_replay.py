@@ -34,18 +34,13 @@ def cached(plan: Any, index: Any = None, sizes: Any = None) -> Optional[Any]:
 
 def _replay(plan: Any, cfg: AllocatorConfig, capacity_bytes: Optional[float], record: bool, index: Any,
             sizes: Any) -> Any:
-    """``allocator.replay`` of the plan's events; a symbolic plan's at ``sizes`` (by the
-    compiled replay from its columns where it runs, as ``PlanView.replay``)."""
+    """``allocator.replay`` of the plan's events; a symbolic plan's at ``sizes``
+    (``plan.replay_index``, as ``PlanView.replay``)."""
     if index is None or not index.symbolic:
         return replay(plan.events, cfg, capacity_bytes, record)
-    from ..allocator.caching import compiled_program
-    from ..plan.views import events_at, program_at
+    from ..plan import replay_index
 
-    if not record:
-        res = compiled_program(program_at(index, *sizes), cfg, capacity_bytes)
-        if res is not None:
-            return res
-    return replay(events_at(index, *sizes), cfg, capacity_bytes, record)
+    return replay_index(index, cfg, sizes, capacity_bytes, record)
 
 
 def replay_gpu_plan(plan: Any, cfg: AllocatorConfig, capacity_bytes: Optional[float] = None,

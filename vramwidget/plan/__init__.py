@@ -30,7 +30,7 @@ from .size import NotPolynomial, Size
 from .step import STEPS, build_plan, setup_shape
 from .views import PlanIndex, Totals, events_at, grid_totals, program_at, totals, tree
 
-__all__ = ["PlanView", "plan_view", "plan_index", "plan_events", "grid_totals", "clear_caches"]
+__all__ = ["PlanView", "plan_view", "plan_index", "plan_events", "grid_totals", "clear_caches", "replay_index"]
 
 #: the phases a tree is drawn for
 TREE_PHASES = ("after_load", "forward", "backward", "optimizer_step", "first_step")
@@ -158,11 +158,7 @@ class PlanView:
         """``allocator.replay(self.events(), ...)`` with the setup's allocator settings: by the
         compiled replay from the plan's columns where it runs (``program_at``), else the
         events through the Python replay."""
-        if not record:
-            res = compiled_program(program_at(self.index, *self.sizes), self.cfg, capacity_bytes)
-            if res is not None:
-                return res
-        return replay(self.events(), self.cfg, capacity_bytes, record)
+        return replay_index(self.index, self.cfg, self.sizes, capacity_bytes, record)
 
     def trees(self) -> Mapping[str, List[Node]]:
         """Every phase's component tree: the tensors live at the phase's peak, each built when
@@ -197,6 +193,18 @@ class PlanView:
             basis = list(hb.terms) or [(0, 0, 0)]
             return float((coefficient_matrix([hb], basis) @ monomial_values(basis, *self.sizes))[0])
         return float(hb)
+
+
+def replay_index(ix: PlanIndex, cfg: AllocatorConfig, sizes: Tuple[Any, ...], capacity_bytes: Optional[float] = None,
+                 record: bool = False) -> ReplayResult:
+    """``allocator.replay`` of an indexed plan's events at ``sizes`` (batch, sequence,
+    target): by the compiled replay from the plan's columns where it runs (``program_at``),
+    else the events through the Python replay."""
+    if not record:
+        res = compiled_program(program_at(ix, *sizes), cfg, capacity_bytes)
+        if res is not None:
+            return res
+    return replay(events_at(ix, *sizes), cfg, capacity_bytes, record)
 
 
 def plan_view(arch: Architecture, s: TrainingSetup) -> PlanView:

@@ -387,27 +387,24 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     ends: Dict[int, Tuple[int, int]] = {}
     events = enumerate(plan.events)
     for j, (kind, key, nbytes, label) in events:
-        if j in marks:
-            if j in step_at:
-                st = step_at[j]
-                starts[st] = (_writer_state(w), len(pb.events), pb.last_key, len(pb.marks), j)
-                if st in plan.repeats and st - 1 in starts and st - 1 in ends \
-                        and starts[st - 1][0] == starts[st][0]:
-                    _copy_step(w, starts[st - 1], ends[st - 1][0], st)
-                    ends[st] = (len(pb.events), ends[st - 1][1] - starts[st - 1][4] + j)
-                    # the slice's step, passed over: a copy of the one before, so as long
-                    deque(islice(events, ends[st][1] - j), maxlen=0)
-                    continue
-            if kind == "alloc":
-                i = info[key]
-                if w.loading and i.name == "input_ids":
-                    w.loading = False
-            for phase, step in marks[j]:
-                w.enter(phase, step)
-        elif kind == "alloc":
+        here = marks.get(j)
+        if here is not None and j in step_at:
+            st = step_at[j]
+            starts[st] = (_writer_state(w), len(pb.events), pb.last_key, len(pb.marks), j)
+            if st in plan.repeats and st - 1 in starts and st - 1 in ends \
+                    and starts[st - 1][0] == starts[st][0]:
+                _copy_step(w, starts[st - 1], ends[st - 1][0], st)
+                ends[st] = (len(pb.events), ends[st - 1][1] - starts[st - 1][4] + j)
+                # the slice's step, passed over: a copy of the one before, so as long
+                deque(islice(events, ends[st][1] - j), maxlen=0)
+                continue
+        if kind == "alloc":
             i = info[key]
             if w.loading and i.name == "input_ids":
                 w.loading = False
+        if here is not None:
+            for phase, step in here:
+                w.enter(phase, step)
         if kind == "free":
             k = pop(key, None)
             if k is not None:
