@@ -221,3 +221,87 @@ def test_a_gpu_plan_for_every_size_reads_as_the_plan_of_one(seed):
     # sequence parallelism shares each activation out: written for one size
     if not kw.get("sequence_parallel"):
         assert symbolic, (model, kw)
+
+
+def _floor_row_by_row(view, lay):
+    """``per_gpu.floor_bytes`` as it was first written, one live row at a time in Python:
+    the reference its vectorized form (one share per tensor description) is checked by."""
+    import numpy as np
+
+    from vramwidget.plan.per_gpu import kept_share
+    from vramwidget.plan.views import gradient_events, live_rows
+
+    ix, tot = view.index, view.totals
+    info = ix.plan.info
+    until_step = [b.nbytes for b in lay.buffers if b.lifetime == "until_step"]
+    grad_at = gradient_events(ix) if until_step else None
+    backward_marks = sorted(i for p, _st, i in ix.plan.marks if p == "backward")
+
+    def until_step_live(phase, at):
+        if not until_step or not len(grad_at) or grad_at[0] >= at:
+            return False
+        if lay.zero_step is None:
+            return True
+        if phase != "backward":
+            return False
+        j = int(np.searchsorted(backward_marks, at, side="right")) - 1
+        if j < 0:
+            return False
+        g = int(np.searchsorted(grad_at, backward_marks[j]))
+        return g < len(grad_at) and grad_at[g] < at
+
+    load_end = next((j for j, (kind, key, _n, _l) in enumerate(ix.plan.events)
+                     if kind == "alloc" and info[key].name == "input_ids"), len(ix.plan.events))
+
+    def kept_at(phase, lifetimes):
+        at = tot.phase_events.get(phase)
+        if at is None:
+            return 0.0
+        total = 0.0
+        rows = live_rows(ix, at)
+        for row in rows.tolist():
+            i = info[ix.keys[row]]
+            f = kept_share(lay, i, bool(ix.alloc_at[row] < load_end))
+            if f is None and i.component == "gradients" and lay.grads == "keep":
+                f = 1.0
+            if f:
+                total += float(tot.requested_bytes[row]) * f
+        bufs = [b.nbytes for b in lay.buffers if b.lifetime in lifetimes]
+        if until_step_live(phase, at):
+            bufs += until_step
+        return total + float(sum(bufs)) - float(np.size(rows) + len(bufs))
+
+    return max(0.0, kept_at("forward", ("startup",)), kept_at("backward", ("startup", "backward")),
+               kept_at("optimizer_step", ("startup",)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1))
+def test_the_floor_is_the_row_by_row_sum(seed):
+    """``per_gpu.floor_bytes`` reads one share per tensor description (``views.row_infos``)
+    and sums the live rows as a vector: on random layouts it equals the row-by-row sum to
+    within float rounding (1e-12 of the bound)."""
+    from vramwidget.parallel import estimate as pest
+
+    rnd = random.Random(seed)
+    model = rnd.choice(MODELS)
+    kw = _layout(rnd, model)
+    seen = []
+    real = pest.floor_bytes
+
+    def spy(view, lay):
+        got = real(view, lay)
+        seen.append((got, _floor_row_by_row(view, lay)))
+        return got
+
+    pest.floor_bytes = spy
+    try:
+        with giving_up_above(lambda f: False):
+            vw.estimate_parallel(model, **kw)
+    except vw.VramError:
+        return
+    finally:
+        pest.floor_bytes = real
+    assert seen, (model, kw)
+    for got, want in seen:
+        assert abs(got - want) <= 1e-12 * max(want, 1.0), (model, kw, got, want)

@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .builder import PlanBuilder, StepPlan, TensorInfo
 from .size import NotPolynomial, Size
-from .views import gradient_events, live_rows, whole_bytes
+from .views import gradient_events, live_rows, row_infos, whole_bytes
 
 
 @dataclass(frozen=True)
@@ -540,7 +540,6 @@ def floor_bytes(view: Any, lay: GpuLayout) -> float:
     import numpy as np
 
     ix, tot = view.index, view.totals
-    info = ix.plan.info
     until_step = [b.nbytes for b in lay.buffers if b.lifetime == "until_step"]
     grad_at = gradient_events(ix) if until_step else None
     backward_marks = sorted(i for p, _st, i in ix.plan.marks if p == "backward")
@@ -557,30 +556,27 @@ def floor_bytes(view: Any, lay: GpuLayout) -> float:
             return False
         g = int(np.searchsorted(grad_at, backward_marks[j]))     # this backward's first gradient
         return g < len(grad_at) and grad_at[g] < at
-    # the load ends at the first input_ids (per_gpu_plan's ``loading``; rows index the events)
-    load_end = next((j for j, (kind, key, _n, _l) in enumerate(ix.plan.events)
-                     if kind == "alloc" and info[key].name == "input_ids"), len(ix.plan.events))
+    # each row's share, per distinct (description, made in the load) (per_gpu_plan's
+    # ``loading``: the load ends at the first input_ids), as one vector over the rows
+    gid, distinct, loaded = row_infos(ix)
+    row_share = np.zeros(len(gid), dtype=np.float64)
+    if len(gid):
+        shares = np.zeros((len(distinct), 2), dtype=np.float64)
+        for g, i in enumerate(distinct):
+            for loading in (False, True):
+                f = kept_share(lay, i, loading)
+                if f is None and i.component == "gradients" and lay.grads == "keep":
+                    f = 1.0
+                shares[g, int(loading)] = f or 0.0
+        row_share = shares[gid, loaded.astype(np.int64)]
+    requested = np.asarray(tot.requested_bytes, dtype=np.float64)
 
     def kept_at(phase: str, lifetimes: Tuple[str, ...]) -> float:
         at = tot.phase_events.get(phase)
         if at is None:
             return 0.0
-        total = 0.0
         rows = live_rows(ix, at)
-        shares: Dict[Tuple[int, bool], Optional[float]] = {}
-        requested = tot.requested_bytes[rows].tolist()
-        loaded = (ix.alloc_at[rows] < load_end).tolist()
-        for row, req, loading in zip(rows.tolist(), requested, loaded):
-            i = info[ix.keys[row]]
-            sk = (id(i), loading)
-            if sk not in shares:
-                f = kept_share(lay, i, loading)
-                if f is None and i.component == "gradients" and lay.grads == "keep":
-                    f = 1.0
-                shares[sk] = f
-            f = shares[sk]
-            if f:
-                total += float(req) * f
+        total = float(np.dot(requested[rows], row_share[rows]))
         bufs = [b.nbytes for b in lay.buffers if b.lifetime in lifetimes]
         if until_step_live(phase, at):
             bufs += until_step

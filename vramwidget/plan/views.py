@@ -104,6 +104,9 @@ class PlanIndex:
         self.program: Any = None
         #: the event indices of the gradient allocations (``gradient_events``), made on first use
         self.gradient_at: Any = None
+        #: each allocation row's tensor description and whether the load made it
+        #: (``row_infos``), made on first use
+        self.info_rows: Any = None
 
     def sizes_at(self, b: Any, s: Any, t: Any = 1) -> Any:
         """Every allocation's bytes at batch ``b``, sequence ``s``, target ``t`` (int64)."""
@@ -367,6 +370,33 @@ def gradient_events(ix: PlanIndex) -> Any:
         ix.gradient_at = made[np.fromiter((info[keys[j]].component == "gradients" for j in made.tolist()),
                                           dtype=bool, count=len(made))]
     return ix.gradient_at
+
+
+def row_infos(ix: PlanIndex) -> Tuple[Any, List[Any], Any]:
+    """(each allocation row's tensor description as an index into the list of distinct
+    descriptions (one object per description: ``PlanBuilder``'s ``_infos``), that list,
+    whether the row was made in the load: before the first ``input_ids``); computed once
+    per plan, for what reads a share per description (``per_gpu.floor_bytes``)."""
+    import numpy as np
+
+    got = ix.info_rows
+    if got is None:
+        info = ix.plan.info
+        by_info: Dict[int, int] = {}
+        distinct: List[Any] = []
+        gid = np.empty(len(ix.keys), dtype=np.int64)
+        load_end = len(ix.plan.events)
+        for row, key in enumerate(ix.keys):
+            i = info[key]
+            g = by_info.get(id(i))
+            if g is None:
+                g = by_info[id(i)] = len(distinct)
+                distinct.append(i)
+            gid[row] = g
+            if load_end == len(ix.plan.events) and i.name == "input_ids":
+                load_end = int(ix.alloc_at[row])
+        got = ix.info_rows = (gid, distinct, ix.alloc_at < load_end)
+    return got
 
 
 def live_rows(ix: PlanIndex, at: int) -> Any:
