@@ -105,8 +105,9 @@ def test_llama_1b_on_four_gpus_is_exact_under_every_data_parallel_strategy():
 @given(st.integers(0, 2 ** 32 - 1))
 def test_a_repeated_step_copied_is_the_step_written(seed):
     """``per_gpu_plan`` copies the GPU's step 2 as its step 3 where the slice's step 3 is a
-    copy of its step 2 and the writer starts both in the same state
-    (``per_gpu.COPY_REPEATED_STEPS``): on random layouts the GPU's plan is the one written
+    copy of its step 2 and the writer starts both in the same state, and step 1's forward and
+    backward as step 2's where the slice's are copies and the writer starts them in the same
+    state but for tensors they never touch (``per_gpu.COPY_REPEATED_STEPS``): on random layouts the GPU's plan is the one written
     event by event, every event, key, tensor description and phase mark."""
     from vramwidget.parallel import estimate as pest
     from vramwidget.plan import clear_caches, per_gpu
@@ -146,12 +147,13 @@ def test_a_repeated_step_copied_is_the_step_written(seed):
         assert fast.events == slow.events, (model, kw)
         assert fast.marks == slow.marks, (model, kw)
         assert fast.info == slow.info, (model, kw)
-        assert not slow.repeats
+        assert not slow.repeats and not slow.passes_copied
 
 
 def test_the_repeated_step_is_copied_on_a_sharded_run():
     """Llama 3.2 1B full fine-tune, ZeRO-3 on 4 GPUs: the slice's third step repeats its
-    second, and so does the GPU's (copied, not written again)."""
+    second, and so does the GPU's (copied, not written again); the slice's second step's
+    passes are a copy of its first's, and so are the GPU's (``per_gpu._copy_passes``)."""
     from vramwidget.parallel import estimate as pest
     from vramwidget.plan import clear_caches
 
@@ -164,7 +166,7 @@ def test_the_repeated_step_is_copied_on_a_sharded_run():
         vw.estimate_parallel("llama-3.2-1b", strategy="zero3", num_gpus=4)
     finally:
         pest.per_gpu_plan = real
-    assert made and all(p.repeats == (3,) for p in made)
+    assert made and all(p.repeats == (3,) and p.passes_copied == (2,) for p in made)
 
 
 def _figures(model, kw):

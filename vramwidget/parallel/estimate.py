@@ -1316,7 +1316,7 @@ def _store_gpu_plan(key: Tuple[Any, ...], value: Tuple[Any, Any, Any]) -> None:
 def _concrete(view: Any) -> StepPlan:
     """A symbolic plan's events at the view's own size, as a plan."""
     p = view.plan
-    return StepPlan(view.events(), p.info, p.marks, p.steps, p.notes, p.host_bytes, p.repeats)
+    return StepPlan(view.events(), p.info, p.marks, p.steps, p.notes, p.host_bytes, p.repeats, p.passes_copied)
 
 
 def _sharded_work(base: Any, optimizer_share: float):

@@ -50,6 +50,10 @@ class StepPlan:
     #: the steps written as a copy of the step before (the same events, each allocation a new
     #: key: ``step._repeat_step``), which a plan rewritten from this one may copy too
     repeats: Tuple[int, ...] = ()
+    #: the steps whose forward and backward passes (the events from the step's first mark to
+    #: its optimizer step) are a copy of the step before's (``step._copy_passes``), every
+    #: allocation a new key and every free one of the span's own
+    passes_copied: Tuple[int, ...] = ()
 
 
 class PlanBuilder:
@@ -63,6 +67,8 @@ class PlanBuilder:
         self.host_bytes: Any = 0.0
         #: the steps written as a copy of the step before (``StepPlan.repeats``)
         self.repeats: List[int] = []
+        #: the steps whose passes copy the step before's (``StepPlan.passes_copied``)
+        self.passes_copied: List[int] = []
         #: key -> bytes of every allocation
         self.sizes: Dict[int, Any] = {}
         #: the last key an allocation got (keys count up from 1; plan/blocks.py copies spans after it)
@@ -105,4 +111,5 @@ class PlanBuilder:
         self.events.append(("step_end", step, 0, ""))
 
     def plan(self, steps: int) -> StepPlan:
-        return StepPlan(self.events, self.info, self.marks, steps, self.notes, self.host_bytes, tuple(self.repeats))
+        return StepPlan(self.events, self.info, self.marks, steps, self.notes, self.host_bytes, tuple(self.repeats),
+                        tuple(self.passes_copied))

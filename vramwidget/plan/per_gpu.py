@@ -380,7 +380,15 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     missing = object()
     # a step of the slice written as a copy of the step before (StepPlan.repeats) is the GPU's
     # copy of its step before too, where the writer starts both in the same state
-    step_at = _step_starts(plan) if COPY_REPEATED_STEPS and plan.repeats else {}
+    # and the passes of a step copied from the step before's (StepPlan.passes_copied: step 2's
+    # forward and backward, the same as step 1's) are the GPU's copy of its own, where the
+    # writer starts both in the same state but for the tensors the passes never touch
+    copied = _copied_passes(plan) if COPY_REPEATED_STEPS and plan.passes_copied else {}
+    step_at = _step_starts(plan) if COPY_REPEATED_STEPS and (plan.repeats or copied) else {}
+    #: the slice event of the optimizer-step mark that ends a copied step's source passes -> that step
+    passes_end_at = {c[5]: st for st, c in copied.items()}
+    #: step -> (out event, last key, out mark, writer state) where its passes ended
+    passes_end: Dict[int, Tuple[int, int, int, Any]] = {}
     #: step -> (writer state, out event, last key, out mark, slice event) at its start
     starts: Dict[int, Tuple[Any, int, int, int, int]] = {}
     #: step -> (out events after its step_end, the slice's step_end index)
@@ -388,6 +396,9 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     events = enumerate(plan.events)
     for j, (kind, key, nbytes, label) in events:
         here = marks.get(j)
+        if here is not None and j in passes_end_at:
+            st = passes_end_at[j]
+            passes_end[st - 1] = (len(pb.events), pb.last_key, len(pb.marks), _passes_state(w, *copied[st][3:5]))
         if here is not None and j in step_at:
             st = step_at[j]
             starts[st] = (_writer_state(w), len(pb.events), pb.last_key, len(pb.marks), j)
@@ -397,6 +408,13 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
                 ends[st] = (len(pb.events), ends[st - 1][1] - starts[st - 1][4] + j)
                 # the slice's step, passed over: a copy of the one before, so as long
                 deque(islice(events, ends[st][1] - j), maxlen=0)
+                continue
+            c = copied.get(st)
+            if c is not None and st - 1 in starts and st - 1 in passes_end \
+                    and _but_keys(starts[st - 1][0]) == _but_keys(starts[st][0]) \
+                    and _copy_passes(w, starts[st - 1], passes_end[st - 1], st, c[2]):
+                # the slice's passes, passed over up to its optimizer step's mark (written next)
+                deque(islice(events, c[1] - 1), maxlen=0)
                 continue
         if kind == "alloc":
             i = info[key]
@@ -490,6 +508,94 @@ def _writer_state(w: "_Writer") -> Tuple[Any, ...]:
     return (dict(w.key), {k: list(v) for k, v in w.live_buffers.items()}, list(w.gathered), w.root,
             list(w.unit_grads), w.bucket, w.step_done, w.in_flight, dict(w.sharded), w.layer, w.seen_layer,
             w.phase, w.loading)
+
+
+def _copied_passes(plan: StepPlan) -> Dict[int, Tuple[int, int, int, int, int, int]]:
+    """Each step of ``StepPlan.passes_copied`` -> (the slice event of its first mark, the
+    number of events of its passes, its key shift from the step before's, the first and last
+    key the step before's passes made, the slice event of the step before's optimizer-step
+    mark), where the step before's passes make keys in one run
+    and free only keys they made (a copy frees what the copy made; else left out: written)."""
+    first: Dict[int, int] = {}
+    opt: Dict[int, int] = {}
+    for phase, step, at in plan.marks:
+        if step >= 1:
+            first.setdefault(step, at)
+        if phase == "optimizer_step":
+            opt.setdefault(step, at)
+    ev = plan.events
+    out: Dict[int, Tuple[int, int, int, int, int, int]] = {}
+    for st in plan.passes_copied:
+        if not all(x in d for x in (st - 1, st) for d in (first, opt)):
+            continue
+        a0, a1, b0, b1 = first[st - 1], opt[st - 1], first[st], opt[st]
+        if a1 - a0 != b1 - b0:
+            continue
+        made_a = [e[1] for e in ev[a0:a1] if e[0] == "alloc"]
+        made_b = [e[1] for e in ev[b0:b1] if e[0] == "alloc"]
+        if not made_a or len(made_a) != len(made_b) or made_a[-1] - made_a[0] != len(made_a) - 1 \
+                or made_b[-1] - made_b[0] != len(made_b) - 1:
+            continue
+        lo, hi = made_a[0], made_a[-1]
+        if any(e[0] == "free" and not lo <= e[1] <= hi for e in ev[a0:a1]):
+            continue
+        out[st] = (b0, b1 - b0, made_b[0] - lo, lo, hi, a1)
+    return out
+
+
+def _but_keys(state: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """A :func:`_writer_state` without the slice's keys it maps and the phase it is in: what
+    decides the events the writer writes for passes that free only keys they made."""
+    return state[1:11] + state[12:]
+
+
+def _passes_state(w: "_Writer", lo: int, hi: int) -> Tuple[Any, ...]:
+    """What the writer holds when a step's passes end: the slice's keys ``lo``..``hi`` (made in
+    them) it maps, and everything else it keeps (``_writer_state``)."""
+    return ({k: v for k, v in w.key.items() if lo <= k <= hi}, {k: list(v) for k, v in w.live_buffers.items()},
+            list(w.gathered), w.root, list(w.unit_grads), w.bucket, w.step_done, w.in_flight, dict(w.sharded),
+            w.layer, w.seen_layer, w.phase, dict(w.opened))
+
+
+def _copy_passes(w: "_Writer", start: Tuple[Any, int, int, int, int], end: Tuple[int, int, int, Any], step: int,
+                 slice_shift: int) -> bool:
+    """Append the GPU's events of the passes of the step before ``step`` (from ``start``, the
+    writer's state, out event, last key and mark at that step's start, to ``end``, the out
+    event, last key, mark and writer state where its passes ended) as ``step``'s: each
+    allocation made in them a new key, in order, as the writer would hand them out; the
+    writer is left as writing them would leave it (the slice's keys the passes made moved by
+    ``slice_shift``).  False (nothing written) where the GPU's passes free a tensor made
+    before them or hold an event other than an allocation or a free."""
+    pb = w.pb
+    _state, e0, k0, m0, _j = start
+    e1, k1, m1, snap = end
+    span = pb.events[e0:e1]
+    if any(e[0] != "alloc" and (e[0] != "free" or not k0 < e[1] <= k1) for e in span):
+        return False
+    d = pb.last_key - k0
+    base = len(pb.events)
+    out_info = pb.info
+    for n in range(k0 + 1, k1 + 1):
+        out_info[n + d] = out_info[n]
+    pb.events.extend([(e[0], e[1] + d, e[2], e[3]) for e in span])
+    pb.last_key += k1 - k0
+    pb.marks.extend((phase, step, at - e0 + base) for phase, _st, at in pb.marks[m0:m1])
+    pb.passes_copied.append(step)
+
+    def moved(x: Optional[int]) -> Optional[int]:
+        return x + d if x is not None and k0 < x <= k1 else x
+
+    keys, live, gathered, root, unit_grads, bucket, step_done, in_flight, sharded, layer, seen, phase, opened = snap
+    for k, v in keys.items():
+        w.key[k + slice_shift] = moved(v)
+    w.live_buffers = {life: [moved(x) for x in v] for life, v in live.items()}
+    w.gathered = [(g[0], moved(g[1]), g[2]) for g in gathered]
+    w.root, w.in_flight = moved(root), moved(in_flight)
+    w.unit_grads = [(moved(k), nb, i) for k, nb, i in unit_grads]
+    w.sharded = {u: moved(k) for u, k in sharded.items()}
+    w.bucket, w.step_done, w.layer, w.seen_layer, w.phase, w.step = bucket, step_done, layer, seen, phase, step
+    w.opened = {life: (step if st == step - 1 else st) for life, st in opened.items()}
+    return True
 
 
 def _copy_step(w: "_Writer", start: Tuple[Any, int, int, int, int], end_event: int, step: int) -> None:

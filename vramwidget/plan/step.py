@@ -244,6 +244,7 @@ def _copy_passes(pb: PlanBuilder, step: int, grads: List[Optional[int]]) -> List
     new = _append_copy(pb, span)
     base = len(pb.events) - len(span)
     pb.marks.extend((p, step, i - start + base) for p, st, i in prev if i < end)
+    pb.passes_copied.append(step)
     return [new.get(k, k) for k in grads]
 
 
