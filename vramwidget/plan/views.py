@@ -31,6 +31,8 @@ PEAK_PHASES = STEADY_PHASES + ("first_step",)
 
 #: an event's effect on the live allocations
 _SIGN = {"alloc": 1, "free": -1}
+#: the type of a key or size that needs no conversion
+_INT = frozenset((int,))
 
 
 class PlanIndex:
@@ -46,10 +48,21 @@ class PlanIndex:
         n = len(ev)
         # one column at a time (zip(*ev) makes an iterator per event: 1.7x slower on 137,722 events)
         kinds, keys, third, labels = (tuple(map(itemgetter(c), ev)) for c in range(4))
-        self.signs = np.fromiter(map(_SIGN.get, kinds, repeat(0, n)), dtype=np.int64, count=n)
-        moves = self.signs != 0
-        raw = np.zeros(n, dtype=np.int64)
-        raw[moves] = np.fromiter(compress(keys, moves), dtype=np.int64, count=int(moves.sum())) - 1
+        #: the events as the compiled replay's codes and slots (``program_at``): made here
+        #: where every kind has a code and every key is an int (the builder's plans), so
+        #: the signs and rows below are read off them in numpy, not event by event
+        self.codes = self.slots = None
+        if set(map(type, keys)) <= _INT and set(kinds) <= _CODES.keys():
+            self.codes = np.fromiter(map(_CODES.__getitem__, kinds), dtype=np.int8, count=n)
+            self.slots = np.fromiter(keys, dtype=np.int64, count=n)
+            self.signs = (self.codes == 0).astype(np.int64) - (self.codes == 1)     # _SIGN
+            moves = self.signs != 0
+            raw = np.where(moves, self.slots - 1, 0)
+        else:
+            self.signs = np.fromiter(map(_SIGN.get, kinds, repeat(0, n)), dtype=np.int64, count=n)
+            moves = self.signs != 0
+            raw = np.zeros(n, dtype=np.int64)
+            raw[moves] = np.fromiter(compress(keys, moves), dtype=np.int64, count=int(moves.sum())) - 1
         self.rows = raw
         made = self.signs == 1
         sizes = list(compress(third, made))
@@ -64,8 +77,7 @@ class PlanIndex:
         self.free_at[raw[self.signs == -1]] = idx[self.signs == -1]
         whole = None
         try:      # whole numbers of bytes (every concrete plan the builder writes): one pass in C
-            whole = np.fromiter(sizes, dtype=np.int64, count=n_alloc) if all(
-                x.__class__ is int for x in sizes) else None
+            whole = np.fromiter(sizes, dtype=np.int64, count=n_alloc) if set(map(type, sizes)) <= _INT else None
         except OverflowError:     # a request of 2**63 bytes or more: below
             pass
         self.symbolic = whole is None and any(x.__class__ is Size for x in sizes)
@@ -480,12 +492,8 @@ def program_at(ix: PlanIndex, b: Any, s: Any, t: Any = 1) -> Any:
 
     got = ix.program
     if got is None:
-        kinds, keys, _third, labels, made = ix.columns
-        if all(k in _CODES for k in set(kinds)) and all(k.__class__ is int for k in keys):
-            codes = np.fromiter(map(_CODES.__getitem__, kinds), dtype=np.int8, count=len(kinds))
-            got = ix.program = (codes, np.asarray(keys, dtype=np.int64), made, labels)
-        else:
-            got = ix.program = False
+        _kinds, _keys, _third, labels, made = ix.columns
+        got = ix.program = (ix.codes, ix.slots, made, labels) if ix.codes is not None else False
     if got is False:
         return None
     codes, slots, made, labels = got
