@@ -76,12 +76,14 @@ def clear_caches() -> None:
     """Forget every cached replay and plan (benchmarks time cold setups), the replays with a
     card's capacity (``gpus.judge_on``) included."""
     from .. import gpus, plan
+    from ..parallel import zero
 
     with _LOCK:
         _REPLAYS.clear()
         _BY_SHAPE.clear()
         gpus.CAPACITY_REPLAYS.clear()
     plan.clear_caches()
+    zero.clear_caches()
 
 
 def _shape_key(arch: Architecture, s: TrainingSetup) -> Tuple[Any, ...]:

@@ -100,7 +100,7 @@ from ..plan.params import param_storage
 from ..plan.profile import full_checkpointing
 from ..plan import plan_view
 from ..plan.builder import StepPlan, TensorInfo
-from ..plan.views import live_rows
+from ..plan.views import live_rows, row_infos
 from ..plan.per_gpu import Buffer, GpuLayout, Shares, ZeroStepGroup, floor_bytes, per_gpu_plan
 from ..result import Estimate, Node
 from ..training import TrainingSetup
@@ -1344,10 +1344,20 @@ def _relabel(est: Estimate, arch: Architecture, s: TrainingSetup, E: Estimate) -
 def _live_bytes(view: Any, phase: str) -> Dict[Tuple[str, bool], float]:
     """The slice's plan tensors live at ``phase``'s peak: requested bytes by (component, whether
     a routed expert's), read from what each tensor is (its TensorInfo)."""
+    import numpy as np
+
     ix, tot = view.index, view.totals
+    rows = live_rows(ix, tot.phase_events[phase])
+    gid, distinct, _loaded = row_infos(ix)
+    live = gid[rows]
+    # whole bytes summed per tensor description (int64: exact, so in any order), then per
+    # (component, expert), in the order the rows first meet each
+    sums = np.zeros(len(distinct), dtype=np.int64)
+    np.add.at(sums, live, np.asarray(tot.requested_bytes, dtype=np.int64)[rows])
+    uniq, first = np.unique(live, return_index=True)
     out: Dict[Tuple[str, bool], float] = {}
-    for row in live_rows(ix, tot.phase_events[phase]):
-        i = ix.plan.info[ix.keys[row]]
+    for g in uniq[np.argsort(first, kind="stable")].tolist():
+        i = distinct[g]
         k = (i.component, i.group == "experts")
-        out[k] = out.get(k, 0.0) + float(tot.requested_bytes[row])
+        out[k] = out.get(k, 0.0) + float(sums[g])
     return out

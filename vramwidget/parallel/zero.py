@@ -252,10 +252,38 @@ class Param:
     expert: bool
 
 
+#: (id of the architecture, id of its ParamStorage, r) -> (the architecture, the storage, the
+#: parameters in order): the same for every batch and sequence length of a setup shape, so a
+#: solver's probes and the widget's batch changes list them once
+_PARAMS_IN_ORDER: Dict[Tuple[int, int, int], Tuple[Any, Any, List[Param]]] = {}
+#: (id of a params_in_order list, the gather_peaks arguments) -> (that list, its GatherPeaks)
+_GATHER_PEAKS: Dict[Tuple[Any, ...], Tuple[List[Param], "GatherPeaks"]] = {}
+_MAX_CACHED = 256
+
+
+def clear_caches() -> None:
+    """Forget the cached parameter lists and gather peaks (``allocator.replays.clear_caches``)."""
+    _PARAMS_IN_ORDER.clear()
+    _GATHER_PEAKS.clear()
+
+
 def params_in_order(arch: Any, P: Any, lora_r: int = 0) -> List[Param]:
     """Every parameter instance of the slice in ``model.parameters()`` order (the order
     DeepSpeed groups, partitions and sub-groups them in); a block's LoRA factors (peft's
-    ``lora_A`` / ``lora_B`` Linear modules, r x in and out x r) after the block's own."""
+    ``lora_A`` / ``lora_B`` Linear modules, r x in and out x r) after the block's own.
+    Cached per architecture, storage and rank (the list is shared: read it, do not change it)."""
+    key = (id(arch), id(P), lora_r)
+    hit = _PARAMS_IN_ORDER.get(key)
+    if hit is not None and hit[0] is arch and hit[1] is P:
+        return hit[2]
+    out = _params_in_order(arch, P, lora_r)
+    if len(_PARAMS_IN_ORDER) >= _MAX_CACHED:
+        _PARAMS_IN_ORDER.clear()
+    _PARAMS_IN_ORDER[key] = (arch, P, out)
+    return out
+
+
+def _params_in_order(arch: Any, P: Any, lora_r: int) -> List[Param]:
     from ..plan.load import instances as _instances
 
     before, after, per_layer = _instances(arch, P)
@@ -362,7 +390,23 @@ def gather_peaks(params: Sequence[Param], cfg: ZeroConfig, checkpointing: bool, 
     ``release_sub_module`` keeps a parameter that the trace uses again before
     ``max_reuse_distance`` elements have passed (``__params_to_release``) or that a prefetch
     already fetched for a later use.
+
+    Cached per parameter list (``params_in_order``'s, by identity) and arguments: the same
+    for every batch and sequence length (the result is shared: read it, do not change it).
     """
+    key = (id(params), cfg, checkpointing, num_layers, comm_bytes, N)
+    hit = _GATHER_PEAKS.get(key)
+    if hit is not None and hit[0] is params:
+        return hit[1]
+    out = _gather_peaks(params, cfg, checkpointing, num_layers, comm_bytes, N)
+    if len(_GATHER_PEAKS) >= _MAX_CACHED:
+        _GATHER_PEAKS.clear()
+    _GATHER_PEAKS[key] = (params, out)
+    return out
+
+
+def _gather_peaks(params: Sequence[Param], cfg: ZeroConfig, checkpointing: bool, num_layers: int,
+                  comm_bytes: float, N: int) -> "GatherPeaks":
     mods, pb, pn = _modules(params, cfg)
     out = GatherPeaks(persistent_bytes=pb, persistent_numel=pn)
     if not mods:

@@ -393,20 +393,16 @@ def row_infos(ix: PlanIndex) -> Tuple[Any, List[Any], Any]:
 
     got = ix.info_rows
     if got is None:
-        info = ix.plan.info
-        by_info: Dict[int, int] = {}
-        distinct: List[Any] = []
-        gid = np.empty(len(ix.keys), dtype=np.int64)
+        infos = list(map(ix.plan.info.__getitem__, ix.keys))
+        ids = list(map(id, infos))
+        by_id = dict(zip(ids, infos))           # each distinct object, in first-seen order
+        g_of = {k: g for g, k in enumerate(by_id)}
+        distinct: List[Any] = list(by_id.values())
+        gid = np.fromiter(map(g_of.__getitem__, ids), dtype=np.int64, count=len(ids))
         load_end = len(ix.plan.events)
-        for row, key in enumerate(ix.keys):
-            i = info[key]
-            g = by_info.get(id(i))
-            if g is None:
-                g = by_info[id(i)] = len(distinct)
-                distinct.append(i)
-            gid[row] = g
-            if load_end == len(ix.plan.events) and i.name == "input_ids":
-                load_end = int(ix.alloc_at[row])
+        inputs = [g for g, i in enumerate(distinct) if i.name == "input_ids"]
+        if inputs:           # the first row made as an input_ids
+            load_end = int(ix.alloc_at[int(np.flatnonzero(np.isin(gid, inputs))[0])])
         got = ix.info_rows = (gid, distinct, ix.alloc_at < load_end)
     return got
 
