@@ -84,19 +84,20 @@ class PlanIndex:
         if self.symbolic:
             # the numbers as constants in one pass; one row per distinct Size object (a
             # block's sizes repeat layer after layer)
-            is_size = np.fromiter(map(isinstance, sizes, repeat(Size, n_alloc)), dtype=bool,
-                                  count=n_alloc)
-            polys = list(compress(sizes, is_size))
-            ids = list(map(id, polys))
-            by_id = dict(zip(ids, polys))            # each distinct object, in first-seen order
+            ids = list(map(id, sizes))
+            by_id = dict(zip(ids, sizes))            # each distinct object, in first-seen order
             first: Dict[int, int] = {k: j for j, k in enumerate(by_id)}
-            which = np.fromiter(map(first.__getitem__, ids), dtype=np.int64, count=len(polys))
+            which = np.fromiter(map(first.__getitem__, ids), dtype=np.int64, count=n_alloc)
             distinct: List[Any] = list(by_id.values())
-            self.basis = monomials(distinct)
-            self.coef = np.zeros((n_alloc, len(self.basis)), dtype=float)
-            self.coef[is_size] = coefficient_matrix(distinct, self.basis)[which]
-            self.coef[~is_size, 0] = np.fromiter(map(float, compress(sizes, ~is_size)), dtype=float,
-                                                 count=n_alloc - len(polys))
+            is_size = np.fromiter(map(isinstance, distinct, repeat(Size, len(distinct))), dtype=bool,
+                                  count=len(distinct))
+            polys = list(compress(distinct, is_size))
+            self.basis = monomials(polys)
+            table = np.zeros((len(distinct), len(self.basis)), dtype=float)
+            table[is_size] = coefficient_matrix(polys, self.basis)
+            table[~is_size, 0] = np.fromiter(map(float, compress(distinct, ~is_size)), dtype=float,
+                                             count=len(distinct) - len(polys))
+            self.coef = table[which]
             self.sizes = None
         else:
             self.basis, self.coef = None, None
