@@ -93,3 +93,46 @@ def test_the_floor_does_not_depend_on_the_sizes(model, method, optimizer, b, sq)
     first = state_floor_bytes(arch, s)
     step.clear_floors()
     assert state_floor_bytes(arch, other) == first
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(MODELS + ["llama-3.2-1b"]), st.sampled_from(["full", "lora", "qlora", "freeze"]),
+       st.sampled_from(["adamw", "adamw_8bit", "sgd"]), st.sampled_from(["bf16", "fp32", "amp_bf16"]),
+       st.sampled_from(["hf", "torchtune", "axolotl", "unsloth"]), st.sampled_from(["none", "selective", "full"]),
+       st.sampled_from(["sdpa", "eager"]), st.booleans(), st.integers(1, 8), st.integers(16, 1024))
+def test_the_forward_floor_is_the_plans_first_forward_and_never_above_the_peak(
+        model, method, optimizer, precision, stack, ckpt, attn, offload, b, sq):
+    """``step.forward_floor_bytes`` (what ``fit.suggestions`` passes a one-GPU combination over
+    by): its events are the plan's own first events, key for key (``build_plan``'s
+    prefix), its figure the most requested bytes live from step 1's forward on, and never
+    above the plan's allocated peak."""
+    from vramwidget.plan.step import build_plan, forward_floor_bytes, forward_prefix
+
+    arch = load(model)
+    try:
+        s = TrainingSetup.from_kwargs(method=method, optimizer=optimizer, precision=precision, stack=stack,
+                                      gradient_checkpointing=ckpt, attn_implementation=attn,
+                                      activation_offloading=offload, batch_size=b, seq_len=sq)
+        est = estimate_setup(arch, s)
+    except VramError:
+        return
+    events, start = forward_prefix(arch, s)
+    plan = build_plan(arch, s)
+    assert events == plan.events[:len(events)], (model, s.to_dict())
+    assert next(i for p, st_, i in plan.marks if p == "forward") == start
+    floor = forward_floor_bytes(arch, s)
+    assert 0 < floor <= est.peak_allocated_bytes, (model, s.to_dict(), floor - est.peak_allocated_bytes)
+
+
+def test_the_forward_floor_rules_out_lora_on_llama_2_7b_without_checkpointing():
+    """Llama 2 7B LoRA (r 16), no checkpointing, batch 1 x 4,096 (the defaults), on an RTX
+    4090: the load (~12.6 GiB of bf16 weights) is under the card, the first forward's
+    activations are not, so the combinations with it are passed over without their plans."""
+    from vramwidget.plan.step import forward_floor_bytes
+
+    arch = load("llama-2-7b")
+    s = TrainingSetup.from_kwargs(method="lora", lora_r=16, gradient_checkpointing="none")
+    est = estimate_setup(arch, s)
+    floor = forward_floor_bytes(arch, s)
+    assert state_floor_bytes(arch, s) / GIB < 14
+    assert 24 < floor / GIB <= est.peak_allocated_bytes / GIB

@@ -38,7 +38,8 @@ from ..stacks import stack_switches
 from ..parallel.strategies import BY_NAME, suggested
 from ..parallel.estimate import (PARALLEL_KEYS, STRATEGIES, AboveFloor, ParallelEstimate, estimate_parallel_setup,
                                  giving_up_above)
-from ..plan.step import state_floor_bytes
+from ..plan import has_plan
+from ..plan.step import forward_floor_bytes, state_floor_bytes
 from ..training import TrainingSetup
 from ..units import GIB
 from .verdict import capacity_bytes, fits
@@ -82,14 +83,17 @@ class _Query:
         self.context_bytes = context_for(self.gpu)[0]
 
     def estimate(self, s: Optional[TrainingSetup] = None, par: Optional[Dict[str, Any]] = None,
-                 give_up: Optional[Callable[[float], bool]] = None):
+                 give_up: Optional[Callable[[float], bool]] = None, forward_floor: bool = False):
         """The estimate on this card (its device total counts the card's own CUDA context).
 
         ``give_up``: a test of a lower bound of a GPU's allocated peak (bytes); where it
         holds, None is returned before the step plan is written: for a GPU of a parallel run
         (``parallel.estimate.giving_up_above``; the bound, what that GPU's plan must hold at
         the slice's phase peaks: ``plan.per_gpu.floor_bytes``), and for one GPU (the bound,
-        the load and the optimizer states: ``plan.step.state_floor_bytes``)."""
+        the load and the optimizer states: ``plan.step.state_floor_bytes``; with
+        ``forward_floor``, where the plan is not built yet, then the most live in step 1's
+        forward: ``plan.step.forward_floor_bytes``, a fifth of a plan's events, for a search
+        that asks each setup once, not a bisection that asks a shape at many sizes)."""
         s = self.setup if s is None else s
         par = self.par if par is None else par
         if par:
@@ -105,6 +109,8 @@ class _Query:
             check_setup(self.arch, s)       # what estimate_setup refuses, before the bound is written
             if give_up(state_floor_bytes(self.arch, s)):
                 return None      # the weights and optimizer states alone rule it out: no plan written
+            if forward_floor and not has_plan(self.arch, s) and give_up(forward_floor_bytes(self.arch, s)):
+                return None      # so does the first forward: no plan written
         return estimate_setup(self.arch, s, gpu=self.gpu)
 
     def over_card(self, floor_bytes: float, context_bytes: Optional[float] = None) -> bool:
@@ -640,7 +646,7 @@ class _Search:
             par = {**par0, **par_changes}
             if int(par.get("num_gpus", 1) or 1) > max(max_gpus, n_now):
                 return None
-            est = q.estimate(s2, par, give_up=give_up)
+            est = q.estimate(s2, par, give_up=give_up, forward_floor=give_up is not None)
         except VramError:
             return None
         if est is None:

@@ -30,7 +30,7 @@ from .size import NotPolynomial, Size
 from .step import STEPS, build_plan, setup_shape
 from .views import PlanIndex, Totals, events_at, grid_totals, program_at, totals, tree
 
-__all__ = ["PlanView", "plan_view", "plan_index", "plan_events", "grid_totals", "clear_caches", "replay_index"]
+__all__ = ["PlanView", "plan_view", "plan_index", "has_plan", "plan_events", "grid_totals", "clear_caches", "replay_index"]
 
 #: the phases a tree is drawn for
 TREE_PHASES = ("after_load", "forward", "backward", "optimizer_step", "first_step")
@@ -67,6 +67,17 @@ def plan_index(arch: Architecture, s: TrainingSetup) -> Tuple[PlanIndex, bool]:
         one = (arch, PlanIndex(build_plan(arch, s)))
         _store(key1, one)
     return one[1], False
+
+
+def has_plan(arch: Architecture, s: TrainingSetup) -> bool:
+    """Whether the plan :func:`plan_index` gives for ``s`` is built already (its shape's
+    plan for every size, or its own size's): then reading it costs no build."""
+    hit = _lookup((id(arch), "shape", setup_shape(s)), arch)
+    if hit is None:
+        return False
+    if hit[1] is not None and hit[1].symbolic:
+        return True
+    return _lookup((id(arch), "size", s), arch) is not None
 
 
 def _lookup(key: Tuple[Any, ...], arch: Architecture) -> Optional[Tuple[Architecture, Optional[PlanIndex]]]:

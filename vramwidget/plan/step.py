@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ..model.architecture import Architecture
 from ..training import TrainingSetup
@@ -48,13 +48,58 @@ def build_plan(arch: Architecture, s: TrainingSetup, b: Any = None, sq: Any = No
     pb = PlanBuilder()
     cx = step_context(arch, s, pb, s.batch_size if b is None else b, s.seq_len if sq is None else sq, tq)
     cx.copy_layers = copy
-    for _ in range(CUBLAS_WORKSPACES):          # left from an earlier matmul of the process
-        pb.alloc(CUBLAS_WORKSPACE_BYTES / CUBLAS_WORKSPACES, "cuBLAS workspace", "workspace", "cuBLAS",
-                 "cuBLAS + cuBLASLt workspaces, 32 MiB each (measured, H200, PyTorch 2.11)", "uint8")
+    _workspaces(pb)
     ld = load_model(cx)
     _training_steps(cx, ld, steps)
     pb.sizes.clear()         # only the builder's own mechanisms read them
     return pb.plan(steps)
+
+
+def forward_prefix(arch: Architecture, s: TrainingSetup) -> Tuple[List[Any], int]:
+    """(the first events of ``s``'s plan at its own size, up to the end of the loss's forward
+    in step 1's first micro-batch; the index of that forward's first event)."""
+    pb = PlanBuilder()
+    cx = step_context(arch, s, pb, s.batch_size, s.seq_len, None)
+    cx.copy_layers = True
+    _workspaces(pb)
+    ld = load_model(cx)
+    lay = layers_of(cx, ld)
+    _inputs(cx)
+    start = len(pb.events)
+    _forward_pass(cx, lay, ld, 1)
+    return pb.events, start
+
+
+def _workspaces(pb: PlanBuilder) -> None:
+    for _ in range(CUBLAS_WORKSPACES):          # left from an earlier matmul of the process
+        pb.alloc(CUBLAS_WORKSPACE_BYTES / CUBLAS_WORKSPACES, "cuBLAS workspace", "workspace", "cuBLAS",
+                 "cuBLAS + cuBLASLt workspaces, 32 MiB each (measured, H200, PyTorch 2.11)", "uint8")
+
+
+def forward_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
+    """A lower bound of the allocated peak of ``s``'s plan (:func:`build_plan`) from the start
+    of the plan alone: the most requested bytes live at an event of step 1's first forward
+    (the level when it starts included), up to the loss's forward (the logits).  The plan's
+    own functions write those events into a scratch builder, the same first events
+    :func:`build_plan` writes (``_workspaces``, ``load_model``, ``_inputs``,
+    ``_forward_pass``), so the bound is what the plan holds there; the peak of the step is
+    never below it (its ``first_step`` phase covers that forward, and counts rounded sizes,
+    never below the requests).  About a fifth of a plan's events for a model without
+    checkpointing (the load and one forward of three steps' passes); the solvers pass a
+    combination over by it before its plan is written (``fit.solver._Query.estimate``:
+    LoRA on Llama 2 7B without checkpointing, whose activations alone are over an RTX 4090)."""
+    events, start = forward_prefix(arch, s)
+    sizes: Dict[int, Any] = {}
+    live = best = 0
+    for i, (kind, key, nbytes, _label) in enumerate(events):
+        if kind == "alloc":
+            sizes[key] = nbytes
+            live += nbytes
+        elif kind == "free":
+            live -= sizes.pop(key, 0)
+        if i >= start - 1 and live > best:
+            best = live
+    return float(best)
 
 
 def setup_shape(s: TrainingSetup) -> TrainingSetup:
@@ -178,15 +223,7 @@ class _Grads:
 def _training_steps(cx: StepContext, ld: Loaded, steps: int) -> None:
     pb, s, arch = cx.pb, cx.s, cx.arch
     lay = layers_of(cx, ld)
-    # the measurements reset the peak statistics once the model is built (gpu_peak.py); the
-    # load's own peak is phases_bytes["load"]
-    pb.mark("inputs", 0)
-    pb.events.append(("reset_peak", 0, 0, ""))
-    ids = pb.alloc(cx.T * 8, "input_ids", "activations", "inputs", "b x s x 8 B (int64)", "int64")
-    # a causal LM is given labels=input_ids (the measurements' model(input_ids=ids, labels=ids));
-    # an encoder-decoder's decoder reads labels of its own (b x target tokens)
-    labels = pb.alloc(cx.Th * 8, "labels", "activations", "inputs", "b x t x 8 B (int64)",
-                      "int64") if has_target(arch) else None
+    ids, labels = _inputs(cx)
     grads = _Grads(cx)
     first_grads: List[Optional[int]] = []
     for step in range(1, steps + 1):
@@ -212,6 +249,21 @@ def _training_steps(cx: StepContext, ld: Loaded, steps: int) -> None:
         pb.step_end(step)
     pb.free(ids)
     pb.free(labels)
+
+
+def _inputs(cx: StepContext) -> Tuple[Optional[int], Optional[int]]:
+    """The inputs of every step: (input_ids, labels), after the peak statistics are reset."""
+    pb = cx.pb
+    # the measurements reset the peak statistics once the model is built (gpu_peak.py); the
+    # load's own peak is phases_bytes["load"]
+    pb.mark("inputs", 0)
+    pb.events.append(("reset_peak", 0, 0, ""))
+    ids = pb.alloc(cx.T * 8, "input_ids", "activations", "inputs", "b x s x 8 B (int64)", "int64")
+    # a causal LM is given labels=input_ids (the measurements' model(input_ids=ids, labels=ids));
+    # an encoder-decoder's decoder reads labels of its own (b x target tokens)
+    labels = pb.alloc(cx.Th * 8, "labels", "activations", "inputs", "b x t x 8 B (int64)",
+                      "int64") if has_target(cx.arch) else None
+    return ids, labels
 
 
 def _repeat_step(pb: PlanBuilder, step: int) -> bool:
@@ -269,7 +321,24 @@ _KEYED = frozenset(("alloc", "free"))
 
 def _micro_batch(cx: StepContext, lay: Layers, ld: Loaded, grads: _Grads, step: int) -> None:
     """One forward and backward (one micro-batch of the step)."""
-    pb, s, arch = cx.pb, cx.s, cx.arch
+    _backward_pass(cx, lay, ld, grads, step, _forward_pass(cx, lay, ld, step))
+
+
+class _Forward(NamedTuple):
+    """What a micro-batch's forward leaves its backward."""
+
+    off: Optional[Offload]
+    embed_kept: List[int]
+    mask: Optional[int]
+    autocast_cache: List[int]
+    keep: List[Any]
+    spans: List[Any]
+    hf: Any
+
+
+def _forward_pass(cx: StepContext, lay: Layers, ld: Loaded, step: int) -> _Forward:
+    """A micro-batch's forward, up to the loss's (the logits)."""
+    pb, s = cx.pb, cx.s
     pb.mark("forward", step)
     off = Offload(cx) if s.activation_offloading else None
     x = pb.alloc(cx.T * cx.h * cx.resid_bytes, "embedding output", "activations", "embedding", "T x h", cx.resid)
@@ -286,6 +355,13 @@ def _micro_batch(cx: StepContext, lay: Layers, ld: Loaded, grads: _Grads, step: 
         for _ in range(cx.prof.head_packs):   # the final norm's packs: the newest ids
             off.pack(None)
     hf = head_forward(cx, lay, ld, x)
+    return _Forward(off, embed_kept, mask, autocast_cache, keep, spans, hf)
+
+
+def _backward_pass(cx: StepContext, lay: Layers, ld: Loaded, grads: _Grads, step: int, fw: _Forward) -> None:
+    """The rest of a micro-batch after its forward: ``del out``, then the backward."""
+    pb, s, arch = cx.pb, cx.s, cx.arch
+    off, embed_kept, mask, autocast_cache, keep, spans, hf = fw
     for k in autocast_cache:   # leaving torch.autocast clears its cache (autocast_mode.cpp clear_cache)
         pb.free(k)
     del_outputs(cx, hf)        # del out: the logits go (the head saves its input)
