@@ -319,3 +319,27 @@ def test_suggestions_offer_the_stacks_own_knobs():
     # a stack that already uses a fused loss by default is not told to turn it on
     un = suggestions("llama-3.1-8b", "RTX 4090", stack="unsloth", method="qlora", batch_size=16, seq_len=4096)
     assert not any("loss" in x.changes for x in un)
+
+
+def test_a_stopped_search_ends_at_its_next_candidate_and_leaves_the_next_one_whole():
+    """``suggestions(stop=)`` is asked before each candidate is estimated (the widget: a newer
+    update ends a search at once instead of waiting 0.15 s before every search): it ends
+    with SearchStopped after as many candidates as ``stop`` allowed, and a search after it
+    (its plans cached) is the one a fresh process finds; ``stop`` that is not a function is
+    refused by name."""
+    from vramwidget.fit.solver import SearchStopped, suggestions
+    from vramwidget.plan import clear_caches
+
+    kw = dict(batch_size=8, seq_len=2048)
+    clear_caches()
+    fresh = [(s.title, s.fits, s.device_total_bytes) for s in suggestions("llama-3.2-1b", "RTX 4090", **kw)]
+    clear_caches()
+    asked = []
+    with pytest.raises(SearchStopped):
+        suggestions("llama-3.2-1b", "RTX 4090", stop=lambda: asked.append(1) or len(asked) > 3, **kw)
+    assert len(asked) == 4          # three candidates estimated, stopped before the fourth
+    again = [(s.title, s.fits, s.device_total_bytes) for s in suggestions("llama-3.2-1b", "RTX 4090", **kw)]
+    assert again == fresh and len(fresh) > 3
+    with pytest.raises(VramError) as e:
+        suggestions("llama-3.2-1b", "RTX 4090", stop=3, **kw)
+    assert e.value.field == "stop"

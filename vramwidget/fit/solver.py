@@ -566,9 +566,15 @@ class _Move:
 _LOSS_TITLES = {"liger": "Liger fused linear cross-entropy", "chunked": "chunked cross-entropy"}
 
 
+class SearchStopped(Exception):
+    """A :func:`suggestions` search ended early by its caller's ``stop`` (the widget: a newer
+    update asks for other suggestions)."""
+
+
 @with_gc_paused
 def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int = 3,
-                progress: Optional[Callable[[List[Suggestion]], None]] = None, **kw: Any) -> List[Suggestion]:
+                progress: Optional[Callable[[List[Suggestion]], None]] = None,
+                stop: Optional[Callable[[], bool]] = None, **kw: Any) -> List[Suggestion]:
     """Changes that lower the device total, alone and combined (up to ``combine`` at once),
     each re-estimated and ranked by what the change costs the user (:data:`RANK_TIERS`):
     among those that fit ``gpu`` (with the margin of the estimate's own uncertainty,
@@ -592,13 +598,18 @@ def suggestions(model: Any, gpu: Any, *, max_gpus: int = MAX_GPUS, combine: int 
 
     ``progress``: called once with the single changes, ranked, before the combinations are
     worked out (most of the time: the widget shows these first); the list returned holds
-    them all again, with the combinations.
+    them all again, with the combinations.  ``stop``: asked before each candidate setup is
+    estimated; where it returns True the search ends there with :class:`SearchStopped`
+    (what it built stays cached for the next search).
     """
     max_gpus = check_int("max_gpus", max_gpus, lo=1, hi=DEPLOYMENT_GPUS)
     combine = check_int("combine", combine, lo=1, hi=8, what="must be a whole number from 1 to 8 (changes at once)")
     if progress is not None and not callable(progress):
         raise fail("progress", "expected a function of the list of single-change suggestions, or None", progress)
+    if stop is not None and not callable(stop):
+        raise fail("stop", "expected a function of no arguments that says whether to stop, or None", stop)
     search = _Search(_Query(model, gpu, kw), max_gpus)
+    search.stop = stop
     _try_setup_changes(search)
     _try_more_gpus(search)
     _try_cpu_offload(search)
@@ -628,10 +639,14 @@ class _Search:
         self.out: List[Suggestion] = []
         self.seen: set = set()
         self.moves: List[_Move] = []
+        #: asked before each candidate (``suggestions``' ``stop``)
+        self.stop: Optional[Callable[[], bool]] = None
 
     def evaluate(self, ms: Sequence[_Move], give_up: Optional[Callable[[float], bool]] = None
                  ) -> Optional[Tuple[Any, Any, Dict[str, Any], Dict[str, Any]]]:
         q, s, seen, par0, max_gpus, n_now = self.q, self.s, self.seen, self.par0, self.max_gpus, self.n_now
+        if self.stop is not None and self.stop():
+            raise SearchStopped()
         setup_changes: Dict[str, Any] = {}
         par_changes: Dict[str, Any] = {}
         for m in ms:

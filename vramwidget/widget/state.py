@@ -344,8 +344,11 @@ class State(anywidget.AnyWidget, SetupTraits):
 
     #: None: the background work (exact replays, a trace, the fit map, suggestions) runs at
     #: once inside the update (scripts and tests that want every figure synchronously); a
-    #: number: it runs on the background worker thread (the default)
-    suggestions_delay: Optional[float] = 0.15
+    #: number: it runs on the background worker threads (the default), the suggestions
+    #: search that many seconds after the fit answers.  No wait by default: a newer update
+    #: ends a running search at its next candidate (``fit.suggestions``' ``stop``), so a
+    #: drag of a slider does not queue searches (it waited 0.15 s before a search began)
+    suggestions_delay: Optional[float] = 0.0
 
 
 # every input trait checks its value's type before traitlets does: a VramError naming it

@@ -29,9 +29,11 @@ class SuggestionsPanel:
 
     # -- suggestions, off the hot path -----------------------------------------------------
     def _suggestions_for(self, job: Tuple[Tuple, Any, Dict[str, Any]],
-                         progress: Optional[Callable[[List[Any]], None]] = None) -> List[Any]:
+                         progress: Optional[Callable[[List[Any]], None]] = None,
+                         stop: Optional[Callable[[], bool]] = None) -> List[Any]:
         """fit.suggestions for a job (key, arch, keyword arguments with gpu), cached;
-        ``progress`` gets the single changes first (``fit.suggestions``'s)."""
+        ``progress`` gets the single changes first, ``stop`` ends the search early
+        (``fit.suggestions``'s: :class:`~vramwidget.fit.solver.SearchStopped`)."""
         from ..fit import solver as fit
 
         key, arch, kw = job
@@ -42,7 +44,7 @@ class SuggestionsPanel:
         kw = {k: v for k, v in kw.items() if k != "model"}
         gpu = kw.pop("gpu")
         kw.setdefault("max_gpus", self.max_gpus)
-        items = fit.suggestions(arch, gpu, progress=progress, **kw)
+        items = fit.suggestions(arch, gpu, progress=progress, stop=stop, **kw)
         with self._lock:
             self._sugg_cache[key] = items
             if len(self._sugg_cache) > 16:
@@ -67,12 +69,17 @@ class SuggestionsPanel:
             self._publish_suggestions(token, items, "partial")
 
         from ..allocator.replays import gc_paused
+        from ..fit.solver import SearchStopped
 
         # published before the garbage collector runs again: its first collection after a
         # search walks every object the search cached (~0.5 s for a 7B model's suggestions)
         with gc_paused():
             try:
-                items = self._suggestions_for(job, singles)
+                # a newer update ends this search at its next candidate: what it built stays
+                # cached, and the newer one's search starts without waiting for it
+                items = self._suggestions_for(job, singles, stop=lambda: token != self._sugg_token)
+            except SearchStopped:
+                return
             except Exception as e:  # never raise out of a callback
                 self._publish_suggestions(token, [], f"failed: {type(e).__name__}: {e}".splitlines()[0])
                 return
