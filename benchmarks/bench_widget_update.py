@@ -63,6 +63,8 @@ def main() -> int:
     ap.add_argument("--settle", action="store_true",
                     help="wait for the background work (comparison, fit map, suggestions) between runs: "
                          "the update alone, without a worker running beside it")
+    ap.add_argument("--per-run", action="store_true", help="print each run's times (batch size, update, refined, "
+                                                           "settled)")
     args = ap.parse_args()
 
     import os
@@ -125,6 +127,9 @@ def main() -> int:
                     first_fix_ms.append((first_fix_at[0] - t0) * 1e3)
                 if ready_at[0] is not None:
                     ready_ms.append((ready_at[0] - t0) * 1e3)
+            if args.per_run:
+                print(f"  run {i + 1}: batch {2 + i}: update {times[-1]:7.1f} ms, refined {refine_ms[-1]:7.1f} ms"
+                      + (f", settled {settle_ms[-1]:7.1f} ms" if args.settle else ""), flush=True)
     finally:
         gc.callbacks.remove(on_gc)
     calc.wait()

@@ -120,15 +120,86 @@ def test_the_plan_for_every_size_is_the_plan_for_each(model, kw):
 
 
 def test_a_size_that_is_no_polynomial_is_planned_for_its_own_size():
-    """Liger's chunks of rows are a power of two (fused_linear_cross_entropy.py): that plan is
-    built for one size, and still reaches its peak in the replay."""
-    arch = load("qwen2.5-0.5b")
-    s = TrainingSetup.from_kwargs(method="lora", loss="liger", batch_size=2, seq_len=300)
+    """A vision tower's tensors are traced at one batch size (profile.tower_activations):
+    that plan is built for one size, and still reaches its peak in the replay."""
+    arch = load("qwen2.5-vl-7b")
+    kw = dict(method="lora", images_per_sample=1, batch_size=1, seq_len=512)
+    s = TrainingSetup.from_kwargs(**kw)
     ix, symbolic = plan_index(arch, s)
     assert not symbolic
     with pytest.raises(TypeError):
         build_plan(arch, s, Size.var("b"), Size.var("s"))
-    _check("qwen2.5-0.5b", dict(method="lora", loss="liger", batch_size=2, seq_len=300))
+    _check("qwen2.5-vl-7b", kw)
+
+
+@pytest.mark.parametrize("b,sq", [(1, 64), (2, 300), (3, 200), (5, 2048), (8, 1024)])
+def test_liger_is_planned_for_every_size_with_its_rows_a_step_term(b, sq):
+    """Liger's rows per chunk are min(T, next_pow2(cdiv(T, cdiv(V, h)))) (Liger
+    ops/fused_linear_cross_entropy.py): a ``Size.step`` term, so its plan is written once for
+    every size and read at each lists the events the plan of that size does.  Qwen2.5 0.5B:
+    V = 151,936, h = 896, cdiv = 170; at b = 5, s = 2048 (T = 10,240) the rows are
+    next_pow2(61) = 64, one chunk's logits 64 x V x 2 B = 19,447,808 B."""
+    arch = load("qwen2.5-0.5b")
+    s = TrainingSetup.from_kwargs(method="lora", loss="liger", batch_size=b, seq_len=sq)
+    ix, symbolic = plan_index(arch, s)
+    assert symbolic
+    concrete = build_plan(arch, s).events
+    assert [(e[0], e[1], int(e[2])) for e in PlanView(arch, s).events()] == \
+        [(e[0], e[1], int(e[2])) for e in concrete]
+    chunk = [int(e[2]) for e in concrete if e[0] == "alloc" and e[3] == "logits of one chunk of rows (Liger)"]
+    if (b, sq) == (5, 2048):
+        assert chunk[0] == 64 * 151936 * 2
+
+
+def test_three_or_more_micro_batches_share_one_plan():
+    """A step writes MICRO_BATCHES_WRITTEN (3) micro-batches at most, so 3, 4 and 100 of
+    them are one plan, built once and cached by one setup shape (plan.step.setup_shape);
+    2 micro-batches are a plan of their own, with one micro-batch fewer per step."""
+    from vramwidget.plan.step import MICRO_BATCHES_WRITTEN
+
+    assert MICRO_BATCHES_WRITTEN == 3
+    arch = load("qwen2.5-0.5b")
+
+    def ix(acc):
+        return plan_index(arch, TrainingSetup.from_kwargs(method="lora", batch_size=2, seq_len=128,
+                                                          grad_accum_steps=acc))[0]
+    three = ix(3)
+    assert ix(4) is three and ix(100) is three
+    assert ix(2) is not three and len(ix(2).rows) < len(three.rows)
+
+
+@pytest.mark.parametrize("model,kw", [
+    ("qwen2.5-0.5b", dict(method="lora", batch_size=2, seq_len=300)),
+    ("qwen2.5-0.5b", dict(method="full", batch_size=3, seq_len=1000)),
+    ("llama-3.2-1b", dict(method="qlora", batch_size=7, seq_len=999, gradient_checkpointing="full")),
+])
+def test_liger_chunks_past_the_first_are_not_written_and_change_nothing(model, kw, monkeypatch):
+    """A plan writes Liger's first chunk of logits only: each later chunk is made and freed
+    where the first was, from the block it freed (best fit, split, merged back), so writing
+    every chunk (cdiv(T, rows) per step: 150, 94 and 55 here, the last one smaller in Liger, written
+    whole) gives the same allocated and reserved peaks, on an H100 and where the card's
+    capacity is replayed (RTX 4090)."""
+    from vramwidget.allocator.replays import clear_caches
+    from vramwidget.plan import loss as plan_loss
+
+    def peaks():
+        clear_caches()
+        h100 = vw.estimate(model, loss="liger", gpu="H100", **kw)
+        small = vw.estimate(model, loss="liger", gpu="RTX 4090", **kw)
+        return (h100.torch_max_memory_allocated_bytes, h100.torch_max_memory_reserved_bytes,
+                small.device_total_bytes)
+
+    one = peaks()
+    monkeypatch.setattr(plan_loss, "LIGER_CHUNKS_WRITTEN", 10 ** 6)
+    arch = load(model)
+    s = TrainingSetup.from_kwargs(loss="liger", **kw)
+    with pytest.raises(TypeError):      # every chunk: a plan of one size
+        build_plan(arch, s, Size.var("b"), Size.var("s"))
+    written = [e for e in build_plan(arch, s).events
+               if e[0] == "alloc" and e[3] == "logits of one chunk of rows (Liger)"]
+    assert len(written) > 10
+    assert peaks() == one
+    clear_caches()
 
 
 @pytest.mark.parametrize("model,kw", [
@@ -155,3 +226,23 @@ def test_micro_batches_past_the_third_are_not_written_and_change_nothing(model, 
     for e in (capped, huge):
         assert e.torch_max_memory_allocated_bytes == written.torch_max_memory_allocated_bytes
         assert e.torch_max_memory_reserved_bytes == written.torch_max_memory_reserved_bytes
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 64), st.integers(1, 131072), st.integers(1, 300000), st.integers(64, 16384))
+def test_a_step_term_reads_at_a_size_as_the_number_it_stands_for(b, sq, V, h):
+    """``Size.step``: Liger's rows of T = b x s, read at (b, s) through the plan's basis
+    (``monomial_values``), are ``liger_chunk_rows`` of the number T (the power-of-two rounding
+    done in numpy as in Python); times a number it stays one term; times a size it is no
+    polynomial."""
+    from vramwidget.plan.loss import liger_chunk_rows
+    from vramwidget.plan.size import NotPolynomial, coefficient_matrix, monomial_values, monomials
+
+    T = Size.var("b") * Size.var("s")
+    rows = liger_chunk_rows(T, V, h) * 3.0 + 5
+    basis = monomials([rows])
+    assert len(basis) == 2
+    got = float((coefficient_matrix([rows], basis) @ monomial_values(basis, b, sq, 1))[0])
+    assert got == 3.0 * liger_chunk_rows(b * sq, V, h) + 5
+    with pytest.raises(NotPolynomial):
+        liger_chunk_rows(T, V, h) * Size.var("b")

@@ -62,8 +62,13 @@ def _ranks(reserved: Any, context: float, cap: float, rel: float) -> Any:
 
 
 def _tokens_only(ix: Any) -> bool:
-    """Whether every size of a symbolic plan depends on the tokens T = b x s alone."""
-    return ix is not None and all(m in ((0, 0, 0), (1, 1, 0)) for m in ix.basis)
+    """Whether every size of a symbolic plan depends on the tokens T = b x s alone (a
+    ``size.Step`` term where its argument does)."""
+    from ..plan.size import Step
+
+    tokens = ((0, 0, 0), (1, 1, 0))
+    return ix is not None and all(all(a in tokens for a, _c in m.arg) if m.__class__ is Step else m in tokens
+                                  for m in ix.basis)
 
 
 def _chains(tokens_only: bool, b: Any, sq: Any, cells: Any) -> List[List[List[int]]]:

@@ -193,7 +193,9 @@ class PlanView:
         if not self.symbolic:
             return None
         b, sq, t = self.sizes
-        return (id(self.index),) + tuple(float(b) ** i * float(sq) ** j * float(t) ** k for i, j, k in self.index.basis)
+        from .size import monomial_values
+
+        return (id(self.index),) + tuple(float(v) for v in monomial_values(self.index.basis, b, sq, t))
 
     def host_bytes(self) -> float:
         """What the plan keeps in CPU memory (activation offloading's copies)."""

@@ -37,6 +37,7 @@ from ..units import DTYPE_BYTES
 from .blocks import GradReady, Layers, backward_ops, forward_ops, input_saved, param_grad, sized_ops
 from .context import StepContext
 from .load import Loaded
+from .size import NotPolynomial
 
 
 @dataclass
@@ -169,28 +170,82 @@ def _liger_forward(cx: StepContext, ld: Loaded, hf: HeadForward) -> None:
     pb = cx.pb
     T, V, h = cx.Th, cx.V, cx.h
     c = DTYPE_BYTES[cx.logits_dtype]
-    rows = liger_chunk_rows(int(T), V, h)
+    rows = liger_chunk_rows(T, V, h)
     hf.grad_input = pb.alloc(T * h * c, "gradient of the head's input (Liger, kept)", "logits and loss",
                              "output head", "T x h, computed in the forward", cx.logits_dtype)
     if head_trains(cx, ld):
         hf.grad_weight = pb.alloc(V * h * c, "gradient of the head's weight (Liger)", "gradients", "output head",
                                   "V x h, computed in the forward", cx.logits_dtype)
     loss_1d = pb.alloc(T * 4, "per-token loss (fp32)", "logits and loss", "loss", "T x 4 B", "float32")
-    for _ in range(-(-int(T) // rows) if rows else 0):
+    # one chunk's logits, made and freed: the caching allocator serves every later chunk from
+    # the block the first one freed (the same best fit, split and merged back), so the rest
+    # (cdiv(T, rows) in all, the last one smaller) move no peak and no reserve
+    # (tests/test_step_plan.py writes them all and compares)
+    n = liger_chunks(T, rows)
+    if n is None:       # a size of the batch and sequence: at least one chunk at every size
+        if LIGER_CHUNKS_WRITTEN > 1:
+            raise NotPolynomial("Liger's number of chunks at every size (only the first is written for all)")
+        n = 1
+    for _ in range(min(n, LIGER_CHUNKS_WRITTEN)):
         pb.free(pb.alloc(rows * V * c, "logits of one chunk of rows (Liger)", "logits and loss", "output head",
-                         f"{rows} rows x V x {c:g} B (rows = next_pow2(T / ceil(V/h)))", cx.logits_dtype))
+                         f"rows x V x {c:g} B (rows = min(T, next_pow2(cdiv(T, cdiv(V, h)))))", cx.logits_dtype))
     pb.free(loss_1d)
 
 
-def liger_chunk_rows(T: int, V: int, h: int) -> int:
+#: Liger's chunks of logits a step plan writes (every later one reuses the first one's block)
+LIGER_CHUNKS_WRITTEN = 1
+
+
+def liger_chunk_rows(T: Any, V: int, h: int) -> Any:
     """Liger's rows per chunk, so that a chunk's logits match the input
     (``fused_linear_cross_entropy.py``: inc_factor = cdiv(V, H), chunk_size =
-    next_power_of_2(cdiv(BT, inc_factor))); 0 for no tokens."""
-    if T <= 0:
-        return 0
+    next_power_of_2(cdiv(BT, inc_factor)), at most BT); 0 for no tokens.  ``T`` a number, or
+    a :class:`~vramwidget.plan.size.Size` of the batch and sequence: then a ``Size.step`` term
+    of it, read at any size."""
+    from .size import Size
+
     inc = -(-V // h)
-    rows = -(-T // inc)
-    return min(T, 1 << max(0, (rows - 1).bit_length()))
+    if isinstance(T, Size) and not T.is_constant():
+        return Size.step(f"liger_rows(T, {inc})", _LigerRows(inc), T)
+    return int(_LigerRows(inc)(int(T)))
+
+
+def liger_chunks(T: Any, rows: Any) -> Optional[int]:
+    """How many chunks Liger's loop runs (cdiv(T, rows)); None for a size of the batch and
+    sequence (at least one at every size: every b, s >= 1 has tokens)."""
+    from .size import Size
+
+    if isinstance(T, Size) and not T.is_constant():
+        return None
+    T, rows = int(T), int(rows)
+    return -(-T // rows) if rows > 0 else 0
+
+
+@dataclass(frozen=True)
+class _LigerRows:
+    """min(T, next_pow2(cdiv(T, inc))) of a number or a numpy array of whole token counts
+    (0 for none): equal by ``inc``, so equal rows share one term of a plan's coefficients."""
+
+    inc: int
+
+    def __call__(self, T: Any) -> Any:
+        import numpy as np
+
+        if not isinstance(T, np.ndarray):
+            T = int(round(T))
+            if T <= 0:
+                return 0
+            rows = -(-T // self.inc)
+            return min(T, 1 << max(0, (rows - 1).bit_length()))
+        t = np.rint(T).astype(np.int64)
+        rows = -(-t // self.inc)
+        p = np.ones_like(rows)
+        while True:               # the least power of two >= rows (at most 63 doublings)
+            short = p < rows
+            if not short.any():
+                break
+            p = np.where(short, p * 2, p)
+        return np.where(t > 0, np.minimum(t, p), 0).astype(float)
 
 
 def del_outputs(cx: StepContext, hf: HeadForward) -> None:

@@ -4,16 +4,42 @@ A step plan is built once per setup and read at any (batch, sequence): every siz
 plan records is a :class:`Size`, a sum of ``coefficient x b^i s^j t^k`` terms (T = b s
 tokens, the b s^2 of attention scores, an encoder-decoder's b t, b t^2 and b s t).  The
 builder runs the same arithmetic on a Size as it would on numbers; an operation a
-polynomial cannot express (a branch on a size, a power-of-two rounding) raises
-:class:`NotPolynomial` and the plan is then built for one size alone.
+polynomial cannot express (a branch on a size, a rounding) raises :class:`NotPolynomial` and
+the plan is then built for one size alone.  A rounding the plan needs at every size (Liger's
+rows per chunk, a power of two) is a :class:`Step` term instead: a named integer function of
+a polynomial, read like a monomial (``monomial_values``), kept as the coefficient's basis
+element through sums and products with numbers.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple, Union
 
 Monomial = Tuple[int, int, int]      # exponents of (b, s, t)
 ONE: Monomial = (0, 0, 0)
+
+
+@dataclass(frozen=True)
+class Step:
+    """A basis element that is no monomial: ``fn`` of the polynomial ``arg`` (its terms,
+    sorted), an integer-valued function of an array (numpy) that a plan needs at every size.
+    Hashable and equal by value (``fn`` by identity: a module-level function or a frozen
+    callable), so equal terms share one column of a plan's coefficients."""
+
+    name: str
+    fn: Callable[[Any], Any]
+    arg: Tuple[Tuple[Monomial, float], ...]
+
+    def values(self, b: Any, s: Any, t: Any) -> Any:
+        """``fn`` at batch ``b``, sequence ``s``, target ``t`` (numpy arrays of one shape)."""
+        x = 0.0
+        for (i, j, k), c in self.arg:
+            x = x + c * (b ** i * s ** j * t ** k)
+        return self.fn(x)
+
+
+Term = Union[Monomial, Step]
 
 
 class NotPolynomial(TypeError):
@@ -36,6 +62,13 @@ class Size:
     @staticmethod
     def of(x: Any) -> "Size":
         return x if isinstance(x, Size) else Size({ONE: float(x)})
+
+    @staticmethod
+    def step(name: str, fn: Callable[[Any], Any], x: "Size") -> "Size":
+        """``fn(x)`` as a term of its own (:class:`Step`); ``x`` a polynomial of monomials."""
+        if any(m.__class__ is Step for m in x.terms):
+            raise NotPolynomial("a step function of a step function")
+        return Size({Step(name, fn, tuple(sorted(x.terms.items()))): 1.0})
 
     # -- arithmetic ----------------------------------------------------------------------
     def __add__(self, other: Any) -> "Size":
@@ -60,10 +93,15 @@ class Size:
         if not isinstance(other, Size):
             f = float(other)
             return Size({m: c * f for m, c in self.terms.items()})
-        out: Dict[Monomial, float] = {}
+        out: Dict[Term, float] = {}
         for m1, c1 in self.terms.items():
             for m2, c2 in other.terms.items():
-                m = (m1[0] + m2[0], m1[1] + m2[1], m1[2] + m2[2])
+                if m1.__class__ is Step or m2.__class__ is Step:
+                    if m1 != ONE and m2 != ONE:
+                        raise NotPolynomial("a step function times a size")
+                    m: Term = m2 if m1 == ONE else m1
+                else:
+                    m = (m1[0] + m2[0], m1[1] + m2[1], m1[2] + m2[2])
                 out[m] = out.get(m, 0.0) + c1 * c2
         return Size(out)
 
@@ -139,14 +177,18 @@ class Size:
         if not self.terms:
             return "Size(0)"
         parts = []
-        for (i, j, k), c in sorted(self.terms.items()):
+        for m, c in sorted(self.terms.items(), key=lambda mc: (mc[0].__class__ is Step, repr(mc[0]))):
+            if m.__class__ is Step:
+                parts.append(f"{c:g} {m.name}")
+                continue
+            i, j, k = m
             mono = "".join(v + (f"^{e}" if e > 1 else "") for v, e in (("b", i), ("s", j), ("t", k)) if e)
             parts.append(f"{c:g}{(' ' + mono) if mono else ''}")
         return "Size(" + " + ".join(parts) + ")"
 
 
-def monomials(sizes: Iterable[Any]) -> List[Monomial]:
-    """The monomials the sizes use, the constant first."""
+def monomials(sizes: Iterable[Any]) -> List[Term]:
+    """The monomials (and :class:`Step` terms) the sizes use, the constant first."""
     seen = {ONE: None}
     for x in sizes:
         if isinstance(x, Size):
@@ -155,7 +197,7 @@ def monomials(sizes: Iterable[Any]) -> List[Monomial]:
     return list(seen)
 
 
-def coefficient_matrix(sizes: Sequence[Any], basis: Sequence[Monomial]) -> Any:
+def coefficient_matrix(sizes: Sequence[Any], basis: Sequence[Term]) -> Any:
     """``len(sizes) x len(basis)`` coefficients (numpy), numbers as constants."""
     import numpy as np
 
@@ -170,11 +212,12 @@ def coefficient_matrix(sizes: Sequence[Any], basis: Sequence[Monomial]) -> Any:
     return C
 
 
-def monomial_values(basis: Sequence[Monomial], b: Any, s: Any, t: Any) -> Any:
-    """The basis's monomials at batch ``b``, sequence ``s`` and target ``t`` (numbers or
-    numpy arrays of one shape): ``len(basis) x ...``."""
+def monomial_values(basis: Sequence[Term], b: Any, s: Any, t: Any) -> Any:
+    """The basis's monomials (and :class:`Step` terms) at batch ``b``, sequence ``s`` and
+    target ``t`` (numbers or numpy arrays of one shape): ``len(basis) x ...``."""
     import numpy as np
 
     b, s, t = (np.asarray(v, dtype=float) for v in (b, s, t))
     shape = np.broadcast(b, s, t).shape
-    return np.stack([np.broadcast_to(b ** i * s ** j * t ** k, shape) for i, j, k in basis])
+    return np.stack([np.broadcast_to(np.asarray(m.values(b, s, t), dtype=float) if m.__class__ is Step
+                                     else b ** m[0] * s ** m[1] * t ** m[2], shape) for m in basis])

@@ -103,9 +103,11 @@ def forward_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
 
 
 def setup_shape(s: TrainingSetup) -> TrainingSetup:
-    """``s`` without its sizes (a target length stays "given" or "not given"): what a symbolic
-    plan and a state floor are kept by."""
-    return dataclasses.replace(s, batch_size=1, seq_len=1, target_len=None if s.target_len is None else 1)
+    """``s`` without its sizes (a target length stays "given" or "not given") and with the
+    micro-batches its plan writes (``MICRO_BATCHES_WRITTEN``: 3, 4 or 100 micro-batches
+    write the same events): what a symbolic plan and a state floor are kept by."""
+    return dataclasses.replace(s, batch_size=1, seq_len=1, target_len=None if s.target_len is None else 1,
+                               grad_accum_steps=min(s.grad_accum_steps, MICRO_BATCHES_WRITTEN))
 
 
 #: (id of the architecture, the setup without its sizes) -> (the architecture, state_floor_bytes)
