@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Tuple
 
 from ..allocator.caching import AllocatorConfig, round_size
 from ..result import COMPONENT_KINDS, Node
-from .builder import Event, StepPlan, TensorInfo
+from .builder import Event, EventColumns, StepPlan, TensorInfo
 from .size import Size, coefficient_matrix, monomial_values, monomials
 
 #: the phases a step plan reports, as the measurements name them (validation/README.md)
@@ -47,7 +47,11 @@ class PlanIndex:
         ev = plan.events
         n = len(ev)
         # one column at a time (zip(*ev) makes an iterator per event: 1.7x slower on 137,722 events)
-        kinds, keys, third, labels = (tuple(map(itemgetter(c), ev)) for c in range(4))
+        if isinstance(ev, EventColumns):
+            kinds, keys, third, labels = ev.kinds, ev.keys, ev.sizes, ev.labels
+        else:
+            kinds, keys, third, labels = (tuple(map(itemgetter(c), ev)) for c in range(4))
+            plan.keep_columns(kinds, keys, third, labels)     # one tuple per column, not per event
         #: the events as the compiled replay's codes and slots (``program_at``): made here
         #: where every kind has a code and every key is an int (the builder's plans), so
         #: the signs and rows below are read off them in numpy, not event by event
