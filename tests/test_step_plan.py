@@ -270,3 +270,22 @@ def test_an_indexed_plan_keeps_its_events_as_columns_read_as_the_events():
     assert (again.rows == ix.rows).all() and (again.coef == ix.coef).all()
     with pytest.raises(ValueError):
         plan.keep_columns(("free",), (1,), (0,), ("",))
+
+
+def test_plans_of_one_model_share_their_label_and_description_objects():
+    """Two plans of one model hold the very same label tuples and TensorInfo objects
+    (builder.canonical): what a cached plan keeps is old objects, not new ones the cyclic
+    collector walks after every search.  Equal labels stay equal (the snapshot's names)."""
+    arch = load("qwen2.5-0.5b")
+    a = build_plan(arch, TrainingSetup.from_kwargs(method="lora", batch_size=2, seq_len=128))
+    b = build_plan(arch, TrainingSetup.from_kwargs(method="lora", batch_size=3, seq_len=64,
+                                                   gradient_checkpointing="full"))
+    la = {e[3] for e in a.events if e[0] == "alloc" and isinstance(e[3], tuple) and e[3][:1] == ("layer",)}
+    lb = {id(e[3]): e[3] for e in b.events if e[0] == "alloc" and isinstance(e[3], tuple)}
+    shared = [x for x in la if x in set(lb.values())]
+    # layer 20's is written as a copy of an earlier layer's (blocks._copy relabels it)
+    assert len(shared) > 100 and ("layer", 20, "input_layernorm normalised") in shared
+    by_value = {v: k for k, v in lb.items()}
+    assert all(id(x) == by_value[x] for x in shared)         # the same object, not an equal one
+    infos_a = {id(i) for i in a.info.values()}
+    assert {id(i) for i in b.info.values()} & infos_a

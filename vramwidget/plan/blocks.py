@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..units import DTYPE_BYTES
+from .builder import canonical
 from .context import StepContext
 from .load import Loaded, Trainable
 from .profile import dora_norm_bytes, dora_weight_copies_per_layer, layer_key, poly
@@ -338,7 +339,7 @@ def _copy(pb: Any, src: _Span, layer: int, shifts: List[Tuple[int, int, int]]) -
     info, append = pb.info, pb.events.append
     for kind, key, nbytes, label in pb.events[src.events[0]:src.events[1]]:
         if label.__class__ is tuple and label and label[0] == "layer":
-            label = ("layer", layer) + label[2:]
+            label = canonical(("layer", layer) + label[2:])
         if kind == "alloc":
             info[key + D] = info[key]
             append((kind, key + D, nbytes, label))

@@ -102,6 +102,25 @@ class StepPlan:
         self.events = cols
 
 
+#: one object per distinct label and tensor description across the plans built (a label
+#: tuple such as ("layer", 7, "q_proj") or a TensorInfo recurs in every plan of a model):
+#: what a plan keeps is then old objects, not new ones the cyclic collector walks at the end
+#: of every search (a tuple made by concatenation is tracked until a collection looks at
+#: it; 124,556 label tuples of Llama 2 7B full's suggestions, a 0.17 s collection)
+_CANON: Dict[Any, Any] = {}
+_MAX_CANON = 400_000
+
+
+def canonical(x: Any) -> Any:
+    """The one object equal to ``x`` that plans share (``x`` itself the first time)."""
+    got = _CANON.get(x)
+    if got is None:
+        if len(_CANON) >= _MAX_CANON:
+            _CANON.clear()
+        got = _CANON.setdefault(x, x)
+    return got
+
+
 class PlanBuilder:
     """Hands out keys in order and records each tensor's :class:`TensorInfo`."""
 
@@ -127,7 +146,9 @@ class PlanBuilder:
         what the allocator snapshot calls it (default ``name``)."""
         d = (component, group, name, formula, dtype)
         info = self._infos.get(d)
-        return self.alloc_as(nbytes, TensorInfo(*d) if info is None else info, label)
+        if info is None:
+            info = self._infos[d] = canonical(TensorInfo(*d))
+        return self.alloc_as(nbytes, info, label)
 
     def alloc_as(self, nbytes: Any, info: TensorInfo, label: Any = None) -> Optional[int]:
         """:meth:`alloc` of a tensor described by ``info`` (a plan rewritten tensor by tensor
@@ -139,6 +160,8 @@ class PlanBuilder:
                 return None
             nbytes = int(nbytes)
         n = self.last_key = self.last_key + 1
+        if label.__class__ is tuple:
+            label = canonical(label)
         self.events.append(("alloc", n, nbytes, info.name if label is None else label))
         # one object per distinct description (a TensorInfo is the tuple it is keyed by)
         self.info[n] = self._infos.setdefault(info, info)
