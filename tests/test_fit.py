@@ -343,3 +343,59 @@ def test_a_stopped_search_ends_at_its_next_candidate_and_leaves_the_next_one_who
     with pytest.raises(VramError) as e:
         suggestions("llama-3.2-1b", "RTX 4090", stop=3, **kw)
     assert e.value.field == "stop"
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 70), st.integers(0, 64), st.integers(-3, 80))
+def test_a_search_started_anywhere_finds_what_the_search_from_one_does(answer, limit, start):
+    """solver._largest_from: for a monotone test (true up to ``answer``, then false) it finds
+    _largest's k wherever it starts, in two probes where it starts at the answer (below the
+    limit), and in at most 2 log2(distance) + 4 otherwise."""
+    import math
+
+    from vramwidget.fit.solver import _largest, _largest_from
+
+    probes = []
+
+    def ok(k):
+        probes.append(k)
+        assert 1 <= k <= limit, (k, limit)
+        return k <= answer
+
+    want = _largest(ok, limit)
+    probes.clear()
+    assert _largest_from(ok, limit, start) == want
+    if 1 <= start == want < limit:
+        assert len(probes) == 2
+    s = min(max(start, 1), max(limit, 1))
+    assert len(probes) <= 2 * math.log2(abs(want - s) + 1) + 4
+
+
+def test_min_gpus_at_the_next_batch_size_starts_at_the_last_answer(monkeypatch):
+    """min_gpus probes first where the same setup shape's last search (another batch size:
+    the widget's previous one) found its answer: the same answers as searches from one GPU
+    up (CHEAP_BOUNDS off: the reference), and fewer setups judged (12 instead of 22: Llama 3.1 8B full with
+    full checkpointing, ZeRO-3 on A100 40GB, 2,048 tokens, batch 1 to 4: 4, 6, 6 and 6 GPUs)."""
+    from vramwidget.fit import solver
+
+    def searched(bs, cheap):
+        monkeypatch.setattr(solver, "CHEAP_BOUNDS", cheap)
+        calls = []
+        real = solver._Query.fits
+        monkeypatch.setattr(solver._Query, "fits", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+        out = [min_gpus("llama-3.1-8b", "A100 40GB", "zero3", gradient_checkpointing="full", batch_size=b,
+                        seq_len=2048, max_gpus=64) for b in bs]
+        monkeypatch.setattr(solver._Query, "fits", real)
+        return out, len(calls)
+
+    solver._MIN_GPUS.clear()
+    solver._MIN_GPUS_NEAR.clear()
+    ref, ref_calls = searched((1, 2, 3, 4), False)
+    solver._MIN_GPUS.clear()
+    got, calls = searched((1, 2, 3, 4), True)
+    assert got == ref == [4, 6, 6, 6]
+    assert calls < ref_calls, (calls, ref_calls)

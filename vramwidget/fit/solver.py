@@ -39,7 +39,7 @@ from ..parallel.strategies import BY_NAME, suggested
 from ..parallel.estimate import (PARALLEL_KEYS, STRATEGIES, AboveFloor, ParallelEstimate, estimate_parallel_setup,
                                  giving_up_above)
 from ..plan import has_plan
-from ..plan.step import forward_floor_bytes, state_floor_bytes
+from ..plan.step import forward_floor_bytes, setup_shape, state_floor_bytes
 from ..training import TrainingSetup
 from ..units import GIB
 from .verdict import capacity_bytes, fits
@@ -270,6 +270,35 @@ def _bisect(ok, good: int, bad: int) -> int:
     return good
 
 
+def _largest_from(ok, limit: int, start: int) -> int:
+    """:func:`_largest` (the largest k in [1, limit] with ok(k), ok monotone; 0 when ok(1) is
+    false) probed first at ``start`` and next to it, galloping away from it (steps 1, 2, 4,
+    ...) until the answer is bracketed, then bisecting: two probes where ``start`` is the
+    answer, about 2 log2(distance) otherwise.  Any probe order finds the same k for a
+    monotone ``ok``; a start near the answer (the answer at another size of the same setup
+    shape: ``min_gpus``) only saves probes."""
+    if limit < 1:
+        return 0
+    start = min(max(int(start), 1), limit)
+    if ok(start):
+        good, step = start, 1
+        while True:
+            nxt = min(good + step, limit)
+            if nxt == good:
+                return good
+            if not ok(nxt):
+                return _bisect(ok, good, nxt)
+            good, step = nxt, step * 2
+    bad, step = start, 1
+    while True:
+        nxt = bad - step
+        if nxt < 1:
+            return _bisect(ok, 1, bad) if bad > 1 and ok(1) else 0
+        if ok(nxt):
+            return _bisect(ok, nxt, bad)
+        bad, step = nxt, step * 2
+
+
 # ----------------------------------------------------------------------------------
 # Public answers
 # ----------------------------------------------------------------------------------
@@ -373,10 +402,19 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = M
             return found if found <= max_gpus else None
         if max_gpus <= searched:
             return None
-    n = _min_gpus(q, strategy, max_gpus, at_least)
+    # the fewest found at another batch size or length of this setup shape (the widget's last
+    # batch size), where this search starts probing (CHEAP_BOUNDS: the reference searches
+    # from the fewest GPUs up)
+    near_key = (id(q.arch), repr(q.gpu), setup_shape(q.setup), repr(sorted(q.par.items())), at_least)
+    near = _MIN_GPUS_NEAR.get(near_key) if CHEAP_BOUNDS else None
+    n = _min_gpus(q, strategy, max_gpus, at_least, near[1] if near is not None and near[0] is q.arch else None)
     if len(_MIN_GPUS) >= 256:
         _MIN_GPUS.clear()
     _MIN_GPUS[key] = (q.arch, max_gpus, n)
+    if n is not None:
+        if len(_MIN_GPUS_NEAR) >= 256:
+            _MIN_GPUS_NEAR.clear()
+        _MIN_GPUS_NEAR[near_key] = (q.arch, n)
     return n
 
 
@@ -384,9 +422,15 @@ def min_gpus(model: Any, gpu: Any, strategy: str = "zero3", *, max_gpus: int = M
 #: limit searched, the fewest GPUs found or None): fit.answers asks for each strategy up to
 #: 4,096 GPUs and its suggestions again up to 8
 _MIN_GPUS: Dict[Tuple[Any, ...], Tuple[Architecture, int, Optional[int]]] = {}
+#: (id of the architecture, the card, the setup shape, the parallel keywords, at_least) ->
+#: (the architecture, the fewest GPUs found at the last size searched)
+_MIN_GPUS_NEAR: Dict[Tuple[Any, ...], Tuple[Architecture, int]] = {}
 
 
-def _min_gpus(q: "_Query", strategy: str, max_gpus: int, at_least: int = 1) -> Optional[int]:
+def _min_gpus(q: "_Query", strategy: str, max_gpus: int, at_least: int = 1,
+              near: Optional[int] = None) -> Optional[int]:
+    """The fewest GPUs (see :func:`min_gpus`); ``near``: a count the answer is probably at
+    or next to, where the search starts probing (the same answer, fewer GPU plans)."""
     tp = int(q.par.get("tensor_parallel", 1) or 1)
     pp = int(q.par.get("pipeline_parallel", 1) or 1)
     cp = int(q.par.get("context_parallel", 1) or 1)
@@ -410,7 +454,11 @@ def _min_gpus(q: "_Query", strategy: str, max_gpus: int, at_least: int = 1) -> O
             return None
         return lo * step if lo * step <= max_gpus and ok(lo) else None
     # the last count from ``lo`` on that does not fit (lo - 1: none)
-    k = lo - 1 + _largest(lambda i: not ok(lo - 1 + i), max_gpus // step - (lo - 1))
+    limit = max_gpus // step - (lo - 1)
+    if near is not None and near // step - lo >= 1:
+        k = lo - 1 + _largest_from(lambda i: not ok(lo - 1 + i), limit, near // step - lo)
+    else:
+        k = lo - 1 + _largest(lambda i: not ok(lo - 1 + i), limit)
     n = (k + 1) * step
     if n > max_gpus or not ok(k + 1):
         return None
