@@ -443,3 +443,17 @@ def test_target_len_control_applies_to_encoder_decoders_only():
     assert "target_len" not in c.disabled and c.estimate.setup["target_len"] == 128
     c.target_len = None
     assert c.estimate.setup["target_len"] is None and c.error == ""
+
+
+def test_the_chart_specs_are_valid_vega_lite_and_made_once():
+    """The widget's chart specs are built without Altair's schema check (most of a first
+    Calculator's build); checked here instead: the specs built with the check are the very
+    specs the widget sends, and each call hands out its own copy of the one made."""
+    from vramwidget.show import charts
+    from vramwidget.widget.views import build_specs
+
+    checked = build_specs(validate=True)       # Altair raises on a spec the schema refuses
+    sent = build_specs()
+    assert sent == checked and set(sent) == {charts.DETAIL, charts.FITMAP, charts.COMPARISON, charts.PHASES_DATA}
+    again = build_specs()
+    assert again == sent and again is not sent and again[charts.DETAIL] is not sent[charts.DETAIL]

@@ -29,17 +29,32 @@ def comparison_header(captions: Dict[str, Dict[str, Any]]) -> float:
 
 
 
-def build_specs(mode: str = "training") -> Dict[str, Any]:
-    """The chart specs of a mode (the frontend embeds each once, then swaps rows)."""
-    # the detail's legend is drawn by the frontend from the table: only the parts present
-    return {
-        charts.DETAIL: charts.detail_spec_chart(width=DETAIL_SIZE[0], height=DETAIL_SIZE[1],
-                                                legend=False).to_dict(),
-        charts.FITMAP: charts.fitmap_chart(width=FITMAP_SIZE[0], height=FITMAP_SIZE[1]).to_dict(),
-        charts.COMPARISON: charts.comparison_chart(width=COMPARISON_SIZE[0],
-                                                   height=COMPARISON_SIZE[1]).to_dict(),
-        charts.PHASES_DATA: charts.phase_chart(width=PHASE_SIZE[0], height=PHASE_SIZE[1]).to_dict(),
-    }
+def build_specs(mode: str = "training", validate: bool = False) -> Dict[str, Any]:
+    """The chart specs of a mode (the frontend embeds each once, then swaps rows): the same
+    for every setup, made once per process (a copy each call).  Altair's check of each spec
+    against the Vega-Lite schema (``validate``: ~0.3-0.75 s, most of a widget's first
+    build) is made by tests/test_widget.py, not in the user's kernel."""
+    import copy
+
+    key = (mode, validate)
+    hit = _SPECS.get(key)
+    if hit is None:
+        # the detail's legend is drawn by the frontend from the table: only the parts present
+        hit = _SPECS[key] = {
+            charts.DETAIL: charts.detail_spec_chart(width=DETAIL_SIZE[0], height=DETAIL_SIZE[1],
+                                                    legend=False).to_dict(validate=validate),
+            charts.FITMAP: charts.fitmap_chart(width=FITMAP_SIZE[0],
+                                               height=FITMAP_SIZE[1]).to_dict(validate=validate),
+            charts.COMPARISON: charts.comparison_chart(width=COMPARISON_SIZE[0],
+                                                       height=COMPARISON_SIZE[1]).to_dict(validate=validate),
+            charts.PHASES_DATA: charts.phase_chart(width=PHASE_SIZE[0],
+                                                   height=PHASE_SIZE[1]).to_dict(validate=validate),
+        }
+    return copy.deepcopy(hit)
+
+
+#: (mode, validate) -> the specs build_specs made
+_SPECS: Dict[Tuple[str, bool], Dict[str, Any]] = {}
 
 
 def table_rows(est: Estimate) -> List[Dict[str, Any]]:
