@@ -197,15 +197,15 @@ def test_suggestions_are_the_same(monkeypatch, model, gpu, kw):
 
 
 def test_searches_pause_the_garbage_collector_and_restore_it():
-    """fit's searches run with the cyclic collector paused (replays.gc_paused) and leave it
-    as they found it, nested or not, on or off."""
+    """fit's searches run with the cyclic collector paused (allocator.collector.gc_paused)
+    and leave it as they found it, nested or not, on or off."""
     import gc
 
-    from vramwidget.allocator import replays
+    from vramwidget.allocator import collector
 
     seen = []
-    inner = replays.with_gc_paused(lambda: seen.append(gc.isenabled()))
-    outer = replays.with_gc_paused(lambda: (inner(), seen.append(gc.isenabled())))
+    inner = collector.with_gc_paused(lambda: seen.append(gc.isenabled()))
+    outer = collector.with_gc_paused(lambda: (inner(), seen.append(gc.isenabled())))
     was = gc.isenabled()
     try:
         gc.enable()
@@ -216,7 +216,37 @@ def test_searches_pause_the_garbage_collector_and_restore_it():
         assert not gc.isenabled()
         gc.enable()
         with pytest.raises(ZeroDivisionError):
-            replays.with_gc_paused(lambda: 1 / 0)()
+            collector.with_gc_paused(lambda: 1 / 0)()
         assert gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_a_plan_is_written_with_the_collector_paused(monkeypatch):
+    """plan.plan_index and a sharded GPU's plan are written with the cyclic collector paused
+    (their event tuples live only until the index keeps the events as columns: a collection
+    meanwhile would move them to the oldest generation and set off full collections of the
+    whole process later), and it is back on after."""
+    import gc
+
+    import vramwidget as vw
+    from vramwidget import plan as plan_mod
+    from vramwidget.allocator.replays import clear_caches
+    from vramwidget.parallel import estimate as pest
+
+    seen = []
+    real_build, real_gpu = plan_mod.build_plan, pest.per_gpu_plan
+    monkeypatch.setattr(plan_mod, "build_plan", lambda *a, **k: seen.append(("slice", gc.isenabled()))
+                        or real_build(*a, **k))
+    monkeypatch.setattr(pest, "per_gpu_plan", lambda *a, **k: seen.append(("gpu", gc.isenabled()))
+                        or real_gpu(*a, **k))
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        clear_caches()
+        vw.estimate_parallel("qwen2.5-0.5b", method="lora", strategy="zero3", num_gpus=2, batch_size=3, seq_len=96)
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+        clear_caches()
+    assert ("slice", False) in seen and ("gpu", False) in seen and all(not on for _, on in seen)

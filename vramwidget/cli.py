@@ -961,7 +961,7 @@ def run() -> None:
     process's own command, its exit code the process's.  A command that answers once
     (:data:`ONE_SHOT_COMMANDS`) runs with Python's cyclic garbage collector off: every plan
     and replay it makes stays cached until the process ends, so a collection only walks
-    them (the solvers pause it while they search, ``allocator.replays.gc_paused``, and the
+    them (the solvers pause it while they search, ``allocator.collector.gc_paused``, and the
     one it runs when they turn it back on walked all of them).  Measured, idle 2-core
     machine: ``fit llama-3.1-8b --method qlora --gpu 'RTX 4090'`` 1.32-1.41 -> 1.11-1.18 s,
     ``fit llama-2-7b`` 3.9 -> 3.4 s, the same peak memory (204 / 448 MB: what is cyclic and

@@ -9,12 +9,11 @@ unreplayed setup's reserve is :func:`provisional_reserved_bytes`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import threading
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
+from .collector import gc_paused
 from .caching import (DEFAULT_RESERVED_PER_ALLOCATED, ReplayResult, limit_unreached, parse_alloc_conf, replay,
                       within_limit)
 from ..model.architecture import Architecture
@@ -32,44 +31,6 @@ _LOCK = threading.Lock()
 _MAX_CACHED = 8192
 _SIZE_FIELDS = ("batch_size", "seq_len")
 _SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(TrainingSetup) if f.name not in _SIZE_FIELDS)
-
-
-_GC_LOCK = threading.Lock()
-_GC_PAUSES = [0, False]    # searches running now; whether the collector was on when the first began
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Run a search over many setups (fit's solvers and suggestions, the fit map) with
-    Python's cyclic garbage collector paused, and turn it back on (if it was on) when the
-    last such search ends.  The plans and replays allocate millions of small objects
-    while the plans cached so far stay alive: each full collection walks all of them, which
-    took ~40% of ``suggestions`` (Llama-2-7B full on an RTX 4090: 8.0 s with it, 4.4 s
-    without).  What the search leaves cyclic (a replay's linked blocks) is collected after."""
-    with _GC_LOCK:
-        if _GC_PAUSES[0] == 0:
-            _GC_PAUSES[1] = gc.isenabled()
-            gc.disable()
-        _GC_PAUSES[0] += 1
-    try:
-        yield
-    finally:
-        with _GC_LOCK:
-            _GC_PAUSES[0] -= 1
-            if _GC_PAUSES[0] == 0 and _GC_PAUSES[1]:
-                gc.enable()
-
-
-def with_gc_paused(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` run under :func:`gc_paused` (a decorator)."""
-    import functools
-
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with gc_paused():
-            return fn(*args, **kwargs)
-
-    return run
 
 
 def clear_caches() -> None:

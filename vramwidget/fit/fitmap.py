@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any, List, Optional, Sequence, Tuple
 
 from ..allocator import replays
+from ..allocator.collector import with_gc_paused
 from ..allocator.caching import allocation_size, collects_by_age, parse_alloc_conf
 from ..model.architecture import load
 from ..errors import VramError
@@ -204,7 +205,7 @@ def _sparse_reserved(arch: Any, s: TrainingSetup, b: Any, sq: Any, peak: Any, co
     return reserved, known & ~guessed, rank
 
 
-@replays.with_gc_paused
+@with_gc_paused
 def fit_map(model: Any, gpu: Any, *, batch_sizes: Optional[Sequence[int]] = None,
             seq_lens: Optional[Sequence[int]] = None, exact: bool = False, **setup: Any):
     """A pandas DataFrame with one row per (batch_size, seq_len): ``batch_size``,

@@ -32,7 +32,7 @@ from ..model.architecture import Architecture, load
 from ..errors import VramError
 from ..estimate import check_setup, estimate_setup
 from ..gpus import GPU, capacity_shortfall, context_for, fits_on_card, get_gpu, reaches_limit_on_card
-from ..allocator.replays import with_gc_paused
+from ..allocator.collector import with_gc_paused
 from ..inputs import MAX_GPUS as DEPLOYMENT_GPUS, check_choice, check_int, fail
 from ..stacks import stack_switches
 from ..parallel.strategies import BY_NAME, suggested

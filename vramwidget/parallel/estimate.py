@@ -98,6 +98,7 @@ from ..inputs import MAX_GPUS, Field, check_choice, check_int
 from ..estimate import check_physical, estimate_setup
 from ..plan.params import param_storage
 from ..plan.profile import full_checkpointing
+from ..allocator.collector import gc_paused
 from ..plan import plan_view
 from ..plan.builder import StepPlan, TensorInfo
 from ..plan.views import live_rows, row_infos
@@ -1282,11 +1283,12 @@ def _gpu_plan(view: Any, gpu: GpuLayout, num_layers: int) -> Tuple[StepPlan, Any
         key = (id(view.index), "shape", lay)
         hit = _GPU_PLANS.get(key)
         if hit is None or hit[0] is not view.index:
-            try:
-                plan = per_gpu_plan(view.plan, gpu, num_layers)
-            except NotPolynomial:
-                plan = None     # remembered (None): this layout is written size by size
-            hit = (view.index, plan, PlanIndex(plan) if plan is not None else None)
+            with gc_paused():       # as plan.plan_index writes a plan: no collection meanwhile
+                try:
+                    plan = per_gpu_plan(view.plan, gpu, num_layers)
+                except NotPolynomial:
+                    plan = None     # remembered (None): this layout is written size by size
+                hit = (view.index, plan, PlanIndex(plan) if plan is not None else None)
             _store_gpu_plan(key, hit)
         if hit[1] is not None:
             return hit[1], hit[2]
@@ -1294,8 +1296,9 @@ def _gpu_plan(view: Any, gpu: GpuLayout, num_layers: int) -> Tuple[StepPlan, Any
     hit = _GPU_PLANS.get(key)
     if hit is not None and hit[0] is view.index:
         return hit[1], hit[2]
-    plan = per_gpu_plan(view.plan if not view.symbolic else _concrete(view), gpu, num_layers)
-    ix = PlanIndex(plan)
+    with gc_paused():
+        plan = per_gpu_plan(view.plan if not view.symbolic else _concrete(view), gpu, num_layers)
+        ix = PlanIndex(plan)
     _store_gpu_plan(key, (view.index, plan, ix))
     return plan, ix
 

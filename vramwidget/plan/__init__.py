@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..allocator.caching import AllocatorConfig, ReplayResult, compiled_program, parse_alloc_conf, replay
+from ..allocator.collector import gc_paused
 from ..model.architecture import Architecture
 from ..result import Node
 from ..training import TrainingSetup
@@ -52,19 +53,26 @@ def plan_index(arch: Architecture, s: TrainingSetup) -> Tuple[PlanIndex, bool]:
     key = (id(arch), "shape", setup_shape(s))
     hit = _lookup(key, arch)
     if hit is None:
-        try:
-            plan = build_plan(arch, s, Size.var("b"), Size.var("s"), Size.var("t") if s.target_len is not None else None)
-        except NotPolynomial:
-            plan = None
-        # a shape whose sizes are not polynomials is remembered as such (None): not tried again
-        hit = (arch, PlanIndex(plan) if plan is not None else None)
+        # a plan is written with the cyclic collector paused: its tens of thousands of event
+        # tuples live only until the index keeps them as columns, and a collection meanwhile
+        # would move them to the oldest generation, whose growth sets off full collections
+        # (each walking every object of the process: ~0.17 s in a widget's kernel)
+        with gc_paused():
+            try:
+                plan = build_plan(arch, s, Size.var("b"), Size.var("s"),
+                                  Size.var("t") if s.target_len is not None else None)
+            except NotPolynomial:
+                plan = None
+            # a shape whose sizes are not polynomials is remembered as such (None): not tried again
+            hit = (arch, PlanIndex(plan) if plan is not None else None)
         _store(key, hit)
     if hit[1] is not None and hit[1].symbolic:
         return hit[1], True
     key1 = (id(arch), "size", s)
     one = _lookup(key1, arch)
     if one is None:
-        one = (arch, PlanIndex(build_plan(arch, s)))
+        with gc_paused():
+            one = (arch, PlanIndex(build_plan(arch, s)))
         _store(key1, one)
     return one[1], False
 

@@ -68,7 +68,7 @@ class SuggestionsPanel:
                 self._sugg_partial = (job[0], list(items))
             self._publish_suggestions(token, items, "partial")
 
-        from ..allocator.replays import gc_paused
+        from ..allocator.collector import gc_paused
         from ..fit.solver import SearchStopped
 
         # published before the garbage collector runs again: its first collection after a
