@@ -23,8 +23,8 @@ SETUPS = [
     ("qwen2.5-0.5b", "T4", dict(precision="fp32", attn_implementation="sdpa", grad_accum_steps=4)),
     ("mixtral-8x7b", "H200", dict(method="qlora", gradient_checkpointing="selective")),  # MoE
     ("gpt2", "T4", dict(method="freeze", trainable_layers=3)),
-    # the loss variants and step-shaped mechanisms (Liger's power-of-two chunks and the
-    # offloading stash are estimated cell by cell: still exact)
+    # the loss variants and step-shaped mechanisms (Liger's power-of-two chunks, a step term
+    # of the tokens, and the offloading stash, estimated cell by cell: still exact)
     ("llama-3.2-1b", "RTX 4090", dict(loss="chunked", loss_chunks=8)),
     ("llama-3.2-1b", "RTX 4090", dict(loss="liger")),
     ("llama-3.2-1b", "RTX 4090", dict(activation_offloading=True, gradient_checkpointing="full")),

@@ -415,9 +415,10 @@ def test_images_beyond_physics_name_the_images(kw, field):
     ("qwen2.5-vl-7b", dict(images_per_sample=2 ** 40), "images_per_sample"),
 ])
 def test_requests_beyond_int64_are_input_errors(model, kw, field):
-    """Were OverflowError (Python int too large to convert to C long): a plan built for one
-    size (Liger's row chunks, a vision tower) holds Python ints, and 2**40 sequences or images
-    make requests above 2**63 bytes; each request is cut to plan.views.SATURATED_REQUEST_BYTES."""
+    """Were OverflowError (Python int too large to convert to C long): 2**40 sequences (Liger,
+    whose plan is read at that size) or images (a vision tower's plan, built for one size,
+    holds Python ints) make requests above 2**63 bytes; each request is cut to
+    plan.views.SATURATED_REQUEST_BYTES."""
     e = err(vw.estimate, model, **kw)
     assert e.field == field and "at least" in str(e)
 

@@ -27,7 +27,7 @@ def loss_nodes(est, phase="forward"):
 
 # -- loss ---------------------------------------------------------------------------------
 
-def test_liger_keeps_no_logits():
+def test_liger_keeps_no_logits(monkeypatch):
     """Liger's fused linear cross-entropy on Llama 3.1 8B at 4 x 2048 (T = 8192, h = 4096,
     V = 128,256): the head input's gradient T x h x 2 B, one chunk of rows x V x 2 B with
     rows = next_pow2(ceil(8192 / ceil(128256 / 4096))) = next_pow2(8192 / 32) = 256, and a fp32
@@ -37,9 +37,19 @@ def test_liger_keeps_no_logits():
     got = plan_view(load("llama-3.1-8b"), TrainingSetup.from_kwargs(**kw)).tensors("logits and loss")
     T, h, V = 8192, 4096, 128256
     assert set(got["gradient of the head's input (Liger, kept)"]) == {T * h * 2}
-    # 8192 / 256 = 32 chunks of 256 rows in every step
+    # 8192 / 256 = 32 chunks of 256 rows in every step; the plan writes the first
+    # (loss.LIGER_CHUNKS_WRITTEN: each later one is served from the block it freed), and
+    # all 32 where told to
     assert set(got["logits of one chunk of rows (Liger)"]) == {256 * V * 2}
-    assert len(got["logits of one chunk of rows (Liger)"]) == 3 * 32
+    assert len(got["logits of one chunk of rows (Liger)"]) == 3
+    from vramwidget.plan import loss as plan_loss
+    from vramwidget.plan.step import build_plan
+
+    monkeypatch.setattr(plan_loss, "LIGER_CHUNKS_WRITTEN", 10 ** 6)
+    every = [e for e in build_plan(load("llama-3.1-8b"), TrainingSetup.from_kwargs(**kw)).events
+             if e[0] == "alloc" and e[3] == "logits of one chunk of rows (Liger)"]
+    assert len(every) == 3 * 32 and {int(e[2]) for e in every} == {256 * V * 2}
+    monkeypatch.undo()
     assert set(got["per-token loss (fp32)"]) == {T * 4}
     assert not any(n >= T * V for sizes in got.values() for n in sizes)
     std = estimate("llama-3.1-8b", method="lora", batch_size=4, seq_len=2048, gradient_checkpointing="full")
