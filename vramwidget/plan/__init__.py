@@ -27,7 +27,7 @@ from ..model.architecture import Architecture
 from ..result import Node
 from ..training import TrainingSetup
 from .builder import StepPlan
-from .size import NotPolynomial, Size
+from .size import NotPolynomial, Size, Step
 from .step import STEPS, build_plan, setup_shape
 from .views import PlanIndex, Totals, events_at, grid_totals, program_at, totals, tree
 
@@ -200,10 +200,10 @@ class PlanView:
         (a plan whose sizes depend on b x s alone has equal events at equal tokens)."""
         if not self.symbolic:
             return None
-        b, sq, t = self.sizes
-        from .size import monomial_values
-
-        return (id(self.index),) + tuple(float(v) for v in monomial_values(self.index.basis, b, sq, t))
+        b, sq, t = (float(x) for x in self.sizes)
+        # numbers, not numpy: this runs for every replay looked up (the widget's update path)
+        return (id(self.index),) + tuple(float(m.values(b, sq, t)) if m.__class__ is Step
+                                         else b ** m[0] * sq ** m[1] * t ** m[2] for m in self.index.basis)
 
     def host_bytes(self) -> float:
         """What the plan keeps in CPU memory (activation offloading's copies)."""

@@ -239,12 +239,8 @@ class _LigerRows:
             return min(T, 1 << max(0, (rows - 1).bit_length()))
         t = np.rint(T).astype(np.int64)
         rows = -(-t // self.inc)
-        p = np.ones_like(rows)
-        while True:               # the least power of two >= rows (at most 63 doublings)
-            short = p < rows
-            if not short.any():
-                break
-            p = np.where(short, p * 2, p)
+        # the least power of two >= rows: 2 ** bit_length(rows - 1), the exponent frexp gives
+        p = np.ldexp(1.0, np.frexp(np.maximum(rows - 1, 0).astype(float))[1])
         return np.where(t > 0, np.minimum(t, p), 0).astype(float)
 
 
