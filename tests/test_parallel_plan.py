@@ -109,12 +109,38 @@ def test_a_repeated_step_copied_is_the_step_written(seed):
     backward as step 2's where the slice's are copies and the writer starts them in the same
     state but for tensors they never touch (``per_gpu.COPY_REPEATED_STEPS``): on random layouts the GPU's plan is the one written
     event by event, every event, key, tensor description and phase mark."""
-    from vramwidget.parallel import estimate as pest
-    from vramwidget.plan import clear_caches, per_gpu
+    from vramwidget.plan import per_gpu
+    from vramwidget.plan.size import NotPolynomial
 
     rnd = random.Random(seed)
     model = rnd.choice(MODELS)
     kw = _layout(rnd, model)
+    try:
+        calls = _gpu_plans_of(model, kw)
+    except vw.VramError:
+        return
+
+    for plan, lay, num_layers in calls:
+        try:
+            fast = per_gpu.per_gpu_plan(plan, lay, num_layers)
+        except NotPolynomial:
+            continue      # a symbolic slice this layout is not written for every size (then one size)
+        per_gpu.COPY_REPEATED_STEPS = per_gpu.ADD_ONLY_FAST_PATH = False
+        try:
+            slow = per_gpu.per_gpu_plan(plan, lay, num_layers)
+        finally:
+            per_gpu.COPY_REPEATED_STEPS = per_gpu.ADD_ONLY_FAST_PATH = True
+        assert fast.events == slow.events, (model, kw)
+        assert fast.marks == slow.marks, (model, kw)
+        assert fast.info == slow.info, (model, kw)
+        assert not slow.repeats and not slow.passes_copied
+
+
+def _gpu_plans_of(model, kw):
+    """(slice plan, layout, layers) of every GPU plan ``estimate_parallel`` writes."""
+    from vramwidget.parallel import estimate as pest
+    from vramwidget.plan import clear_caches
+
     calls = []
     real = pest.per_gpu_plan
 
@@ -126,28 +152,70 @@ def test_a_repeated_step_copied_is_the_step_written(seed):
     try:
         clear_caches()
         pest._GPU_PLANS.clear()
-        try:
-            vw.estimate_parallel(model, **kw)
-        except vw.VramError:
-            return
+        vw.estimate_parallel(model, **kw)
     finally:
         pest.per_gpu_plan = real
-    from vramwidget.plan.size import NotPolynomial
+    return calls
 
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1))
+def test_a_layout_that_only_adds_startup_buffers_is_the_plan_the_writer_writes(seed):
+    """DDP (its reducer buckets, a copy of the gradients, and NCCL's buffers) keeps every
+    slice tensor whole and only adds tensors that live from start-up on, so its GPU plan is written
+    column by column (``per_gpu._with_startup_buffers``): on random setups it is the plan
+    the writer writes, every event, key, size, tensor description and phase mark, and it
+    claims the copied steps the writer copies."""
+    from vramwidget.plan import per_gpu
+
+    rnd = random.Random(seed)
+    model = rnd.choice(MODELS)
+    kw = _layout(rnd, model)
+    kw.update(strategy="ddp", num_gpus=rnd.choice([2, 4, 8]))     # (bucket views drop the gradients: the writer)
+    for k in ("ddp_bucket_view", "tensor_parallel", "sequence_parallel", "pipeline_parallel", "micro_batches", "expert_parallel",
+              "offload_optimizer", "offload_params", "fsdp_version", "gpus_per_node"):
+        kw.pop(k, None)
+    kw["loss"] = rnd.choice(["standard", "liger", "chunked"])
+    try:
+        calls = _gpu_plans_of(model, kw)
+    except vw.VramError:
+        return
+    assert calls, (model, kw)
     for plan, lay, num_layers in calls:
+        assert lay.adds_only_startup_buffers(), (model, kw)
+        fast = per_gpu.per_gpu_plan(plan, lay, num_layers)
+        assert type(fast.events).__name__ == "EventColumns"      # the column path wrote it
+        per_gpu.ADD_ONLY_FAST_PATH = False
         try:
-            fast = per_gpu.per_gpu_plan(plan, lay, num_layers)
-        except NotPolynomial:
-            continue      # a symbolic slice this layout is not written for every size (then one size)
-        per_gpu.COPY_REPEATED_STEPS = False
-        try:
+            copied = per_gpu.per_gpu_plan(plan, lay, num_layers)
+            per_gpu.COPY_REPEATED_STEPS = False
             slow = per_gpu.per_gpu_plan(plan, lay, num_layers)
         finally:
-            per_gpu.COPY_REPEATED_STEPS = True
-        assert fast.events == slow.events, (model, kw)
-        assert fast.marks == slow.marks, (model, kw)
-        assert fast.info == slow.info, (model, kw)
-        assert not slow.repeats and not slow.passes_copied
+            per_gpu.COPY_REPEATED_STEPS = per_gpu.ADD_ONLY_FAST_PATH = True
+        assert list(fast.events) == list(slow.events), (model, kw)
+        assert [type(e[2]) for e in fast.events] == [type(e[2]) for e in slow.events]
+        assert fast.marks == slow.marks and fast.info == slow.info and fast.steps == slow.steps, (model, kw)
+        assert (fast.repeats, fast.passes_copied) == (copied.repeats, copied.passes_copied), (model, kw)
+
+
+def test_ddp_on_llama_2_70b_qlora_is_the_writers_plan_with_its_two_buffers():
+    """Llama 2 70B QLoRA under DDP on 2 GPUs (the suggestions' 2 x A100 80GB case): the GPU
+    plan is the slice's 126,365 events and the two start-up buffers (the reducer buckets and
+    NCCL's communicator buffers), the same as the writer writes, with the same peak."""
+    from vramwidget.plan import per_gpu
+
+    calls = _gpu_plans_of("llama-2-70b", dict(method="qlora", strategy="ddp", num_gpus=2))
+    assert len(calls) == 1
+    plan, lay, num_layers = calls[0]
+    assert [b.info.name for b in lay.buffers] == ["DDP reducer buckets (gradient copy)", "NCCL communicator buffers"]
+    fast = per_gpu.per_gpu_plan(plan, lay, num_layers)
+    per_gpu.ADD_ONLY_FAST_PATH = False
+    try:
+        slow = per_gpu.per_gpu_plan(plan, lay, num_layers)
+    finally:
+        per_gpu.ADD_ONLY_FAST_PATH = True
+    assert len(fast.events) == len(plan.events) + 2 == 126_367
+    assert list(fast.events) == list(slow.events) and fast.marks == slow.marks and fast.info == slow.info
 
 
 def test_the_repeated_step_is_copied_on_a_sharded_run():

@@ -132,3 +132,38 @@ def test_per_gpu_reserve_within_the_single_gpu_replays_fragmentation(model, stra
     assert e.reserved_bytes >= e.peak_allocated_bytes
     assert e.reserved_bytes - e.peak_allocated_bytes <= single + own + 64 * 2**20 + 0.10 * e.peak_allocated_bytes, (
         e.reserved_bytes - e.peak_allocated_bytes, single, own)
+
+
+def test_deepspeeds_fp32_states_share_the_one_gpu_plan_where_the_states_are_fp32_already():
+    """DeepSpeed keeps the optimizer's moments in fp32.  LoRA's adapters are fp32 already
+    (PEFT's autocast_adapter_dtype), so ZeRO-2 of a LoRA setup writes no second slice plan of
+    the same events: the one-GPU setup's plan is read (Llama 2 7B's suggestions wrote 3 such
+    plans, ~20 ms each).  A bf16 full fine-tune's own moments are bf16, so there ZeRO-2's
+    slice plan is its own, with 2 x 4 B of states per parameter (the table above)."""
+    from vramwidget import plan as plan_mod
+    from vramwidget.parallel import estimate as pest
+
+    built = []
+    real = plan_mod.build_plan
+
+    def spy(arch, s, *a, **k):
+        built.append(s)
+        return real(arch, s, *a, **k)
+
+    plan_mod.build_plan = spy
+    try:
+        plan_mod.clear_caches()
+        pest._GPU_PLANS.clear()
+        vw.estimate("llama-3.2-1b", method="lora", precision="bf16")
+        assert len(built) == 1
+        lora = vw.estimate_parallel("llama-3.2-1b", method="lora", precision="bf16", strategy="zero2", num_gpus=2)
+        assert len(built) == 1          # the same plan: no second one
+        vw.estimate("llama-3.2-1b", precision="bf16")
+        full = vw.estimate_parallel("llama-3.2-1b", precision="bf16", strategy="zero2", num_gpus=2)
+        assert len(built) == 3 and built[-1].optimizer_state_dtypes == ("float32", "float32")
+    finally:
+        plan_mod.build_plan = real
+    # ZeRO-2: the fp32 moments sharded over 2 ranks, of every parameter or of the adapters
+    for est, method in ((full, "full"), (lora, "lora")):
+        P = _params(load("llama-3.2-1b"), TrainingSetup.from_kwargs(precision="bf16", method=method)).trainable_numel
+        assert est.model_states["optimizer states"] == pytest.approx(2 * 4 * P / 2, rel=1e-6, abs=64), method

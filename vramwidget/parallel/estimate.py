@@ -96,7 +96,7 @@ from ..inputs import shown
 from ..defaults import strategy_for
 from ..inputs import MAX_GPUS, Field, check_choice, check_int
 from ..estimate import check_physical, estimate_setup
-from ..plan.params import param_storage
+from ..plan.params import param_storage, state_dtypes
 from ..plan.profile import full_checkpointing
 from ..allocator.collector import gc_paused
 from ..plan import plan_view
@@ -801,8 +801,6 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
         s_loc = replace(s_loc, seq_len=s.seq_len // lay.cp)
     if lay.pp > 1 and lay.micro_batches > s_loc.grad_accum_steps:
         s_loc = replace(s_loc, grad_accum_steps=lay.micro_batches)   # gradients accumulate over micro-batches
-    if strategy in DEEPSPEED + MEGATRON and s.optimizer in _STATE_COUNT and not s.optimizer_state_dtypes:
-        s_loc = replace(s_loc, optimizer_state_dtypes=("float32",) * _STATE_COUNT[s.optimizer])
     pre_notes: List[str] = []
     if strategy in MEGATRON and s.autocast:
         # Megatron has no autocast mode: --bf16 / --fp16 wrap the model in Float16Module
@@ -810,6 +808,14 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
         s_loc = replace(s_loc, precision="bf16" if s.compute_dtype == "bfloat16" else "fp16")
         pre_notes.append(f"Megatron runs {s.precision} as {s_loc.precision} parameters with an fp32 optimizer copy "
                          f"(--{s_loc.precision}: Float16Module); it has no torch autocast mode")
+    if strategy in DEEPSPEED + MEGATRON and s.optimizer in _STATE_COUNT and not s.optimizer_state_dtypes:
+        fp32_states = ("float32",) * _STATE_COUNT[s.optimizer]
+        # DeepSpeed and Megatron keep fp32 moments.  Where every trainable parameter's own
+        # states are fp32 already (fp32 weights, LoRA's fp32 adapters; Megatron's 16-bit
+        # parameters above are not), the setup is left as it is: the same states, and so the
+        # one-GPU setup's plan, not a second plan of the same events
+        if any(state_dtypes(s_loc, t[3]) != fp32_states for t in param_storage(arch, s_loc).trainable_tensors):
+            s_loc = replace(s_loc, optimizer_state_dtypes=fp32_states)
     if strategy in DEEPSPEED and s.autocast:
         pre_notes.append("DeepSpeed with fp32 parameters and torch autocast is its torch_autocast mode (fp32 "
                          "partitions, autocast casts the gathered weights); HF Trainer's bf16=True with DeepSpeed "

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import islice, repeat
+from operator import itemgetter
 from typing import Any, Dict, List, Optional, Tuple
 
 from .builder import PlanBuilder, StepPlan, TensorInfo
@@ -100,6 +101,14 @@ class GpuLayout:
     drop_casts: bool = False                  # FSDP MixedPrecision: autocast finds the weights cast
     activation_share: float = 1.0             # sequence parallel: activations(t = 1) / t over the cut's
     in_flight: Optional[Buffer] = None        # 1F1B: the other micro-batches' saved activations
+
+    def adds_only_startup_buffers(self) -> bool:
+        """Whether the GPU's plan is its slice's plan with tensors that live from start-up
+        on added (DDP's reducer buckets, NCCL's buffers) and nothing else changed."""
+        return (self.shares == Shares() and self.grads == "keep" and self.zero_step is None and not self.gathered
+                and not self.unit_bytes and not self.root_bytes and not self.drop_casts
+                and self.activation_share == 1.0 and self.in_flight is None
+                and all(b.lifetime == "startup" for b in self.buffers))
 
     def changes_nothing(self) -> bool:
         """Whether the GPU's plan is its slice's plan, event for event."""
@@ -362,6 +371,10 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     at once (a share of an activation under sequence parallelism, a bucket filled by such
     a size) raises :class:`~vramwidget.plan.size.NotPolynomial`, and the caller writes the
     plan of one size."""
+    if ADD_ONLY_FAST_PATH and lay.adds_only_startup_buffers():
+        out = _with_startup_buffers(plan, lay)
+        if out is not None:
+            return out
     w = _Writer(plan, lay, num_layers)
     pb = w.pb
     marks = {}
@@ -490,6 +503,72 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
 #: copy a repeated step of the slice's plan in the GPU's (off: every event written; the
 #: tests compare the two)
 COPY_REPEATED_STEPS = True
+#: a layout that only adds tensors living from start-up on (DDP's buckets, NCCL's buffers)
+#: written as the slice's events with those inserted (off: by the writer, event by event;
+#: the tests compare the two)
+ADD_ONLY_FAST_PATH = True
+#: the events whose key :func:`_with_startup_buffers` moves
+_MOVES_KEY = {"alloc": True, "free": True}
+
+
+def _with_startup_buffers(plan: StepPlan, lay: GpuLayout) -> Optional[StepPlan]:
+    """The GPU's plan of a layout that keeps every slice tensor whole and only adds
+    ``startup`` buffers (:meth:`GpuLayout.adds_only_startup_buffers`), as the writer writes
+    it but column by column: the slice's events with the buffers allocated just before the
+    ``inputs`` mark (``_Writer.enter``), each slice key made after them moved up by their
+    number (keys count up in allocation order), a constant :class:`Size` as its whole bytes,
+    every other event (a step's end, a peak reset) as it is.  None where the slice's plan
+    has not one ``inputs`` mark: the writer writes it."""
+    import numpy as np
+
+    from .builder import EventColumns
+
+    inputs = [m for m in plan.marks if m[0] == "inputs"]
+    ev = plan.events
+    n = len(ev)
+    if len(inputs) != 1 or inputs[0][2] >= n:
+        return None
+    if isinstance(ev, EventColumns):
+        kinds, keys, sizes, labels = ev.kinds, ev.keys, ev.sizes, ev.labels
+    else:
+        kinds, keys, sizes, labels = (tuple(map(itemgetter(c), ev)) for c in range(4))
+    at = inputs[0][2]
+    made_before = kinds[:at].count("alloc")           # the slice's keys 1..made_before precede the buffers
+    bufs = [(int(b.nbytes), b.info) for b in lay.buffers if int(b.nbytes) > 0]
+    nb = len(bufs)
+    # the keys: an allocation or free of a key made after the buffers moves up by nb
+    moving = np.fromiter(map(_MOVES_KEY.get, kinds, repeat(False, n)), dtype=bool, count=n)
+    k = np.fromiter(keys, dtype=np.int64, count=n)
+    k[moving & (k > made_before)] += nb
+    k_all = k.tolist()
+    # the sizes: a constant Size as its whole bytes, once per distinct object
+    ids = list(map(id, sizes))
+    by_id = dict(zip(ids, sizes))
+    for i, x in by_id.items():
+        if x.__class__ is Size and x.is_constant():
+            by_id[i] = whole_bytes(x.constant())
+    new_sizes = tuple(map(by_id.__getitem__, ids))
+    out_kinds = kinds[:at] + ("alloc",) * nb + kinds[at:]
+    out_keys = tuple(k_all[:at]) + tuple(range(made_before + 1, made_before + nb + 1)) + tuple(k_all[at:])
+    out_sizes = new_sizes[:at] + tuple(b[0] for b in bufs) + new_sizes[at:]
+    out_labels = labels[:at] + tuple(b[1].name for b in bufs) + labels[at:]
+    info_keys = np.fromiter(plan.info.keys(), dtype=np.int64, count=len(plan.info))
+    info_keys += nb * (info_keys > made_before)
+    info: Dict[int, TensorInfo] = dict(zip(info_keys.tolist(), plan.info.values()))
+    for j, (_nbytes, i) in enumerate(bufs):
+        info[made_before + 1 + j] = i
+    # a mark at the inputs mark's event or after it moves by nb, but one entered before the
+    # inputs mark at the same event (the writer marks it before the buffers); a mark after
+    # the last event is never entered by the writer
+    marks: List[Tuple[str, int, int]] = []
+    passed = False
+    for phase, step, j in plan.marks:
+        if j >= n:
+            continue
+        passed = passed or phase == "inputs"
+        marks.append((phase, step, j + nb if j > at or (j == at and passed) else j))
+    return StepPlan(EventColumns(out_kinds, out_keys, out_sizes, out_labels), info, marks, plan.steps, [], 0.0,
+                    plan.repeats, plan.passes_copied)
 
 
 def _step_starts(plan: StepPlan) -> Dict[int, int]:
