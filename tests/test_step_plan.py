@@ -289,3 +289,31 @@ def test_plans_of_one_model_share_their_label_and_description_objects():
     assert all(id(x) == by_value[x] for x in shared)         # the same object, not an equal one
     infos_a = {id(i) for i in a.info.values()}
     assert {id(i) for i in b.info.values()} & infos_a
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.booleans())
+def test_the_plan_with_copies_is_the_plan_written_out(seed, symbolic):
+    """A layer that repeats the ones before is written as a shifted copy of the one before
+    (``blocks._copy``), step 2's passes as a copy of step 1's (``step._copy_passes``) and
+    step 3 as a copy of step 2 (``step._repeat_step``): on random setups, at one size and for
+    every size, the plan is the one written layer by layer and step by step
+    (``build_plan(copy=False)``): every event, key, size, tensor description and mark."""
+    from vramwidget.plan.size import NotPolynomial
+
+    rnd = random.Random(seed)
+    model, kw = _setup(rnd)
+    try:
+        s = TrainingSetup.from_kwargs(**kw)
+        arch = load(model)
+        sizes = (Size.var("b"), Size.var("s"), Size.var("t") if s.target_len is not None else None) if symbolic else ()
+        fast = build_plan(arch, s, *sizes)
+        slow = build_plan(arch, s, *sizes, copy=False)
+    except (vw.VramError, NotPolynomial):
+        return
+    assert list(fast.events) == list(slow.events), (model, kw)
+    assert fast.info == slow.info and fast.marks == slow.marks, (model, kw)
+    assert [type(e[1]) for e in fast.events] == [type(e[1]) for e in slow.events]
+    assert not slow.repeats and not slow.passes_copied
+    # (not compared: ``host_bytes``, what activation offloading moved to the CPU, which the
+    # copied steps do not add to: one step's worth, where the written-out plan sums all three)
