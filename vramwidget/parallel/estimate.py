@@ -795,31 +795,7 @@ def estimate_parallel_setup(arch: Architecture, s: TrainingSetup, *, strategy: s
                 fsdp_version=PARALLEL_FIELDS["fsdp_version"].check(fsdp_version),
                 reshard_after_forward=reshard_after_forward)
 
-    # the setup each GPU runs
-    s_loc = s
-    if lay.cp > 1:
-        s_loc = replace(s_loc, seq_len=s.seq_len // lay.cp)
-    if lay.pp > 1 and lay.micro_batches > s_loc.grad_accum_steps:
-        s_loc = replace(s_loc, grad_accum_steps=lay.micro_batches)   # gradients accumulate over micro-batches
-    pre_notes: List[str] = []
-    if strategy in MEGATRON and s.autocast:
-        # Megatron has no autocast mode: --bf16 / --fp16 wrap the model in Float16Module
-        # (megatron/core/transformer/module.py), 16-bit parameters with the optimizer's fp32 copy
-        s_loc = replace(s_loc, precision="bf16" if s.compute_dtype == "bfloat16" else "fp16")
-        pre_notes.append(f"Megatron runs {s.precision} as {s_loc.precision} parameters with an fp32 optimizer copy "
-                         f"(--{s_loc.precision}: Float16Module); it has no torch autocast mode")
-    if strategy in DEEPSPEED + MEGATRON and s.optimizer in _STATE_COUNT and not s.optimizer_state_dtypes:
-        fp32_states = ("float32",) * _STATE_COUNT[s.optimizer]
-        # DeepSpeed and Megatron keep fp32 moments.  Where every trainable parameter's own
-        # states are fp32 already (fp32 weights, LoRA's fp32 adapters; Megatron's 16-bit
-        # parameters above are not), the setup is left as it is: the same states, and so the
-        # one-GPU setup's plan, not a second plan of the same events
-        if any(state_dtypes(s_loc, t[3]) != fp32_states for t in param_storage(arch, s_loc).trainable_tensors):
-            s_loc = replace(s_loc, optimizer_state_dtypes=fp32_states)
-    if strategy in DEEPSPEED and s.autocast:
-        pre_notes.append("DeepSpeed with fp32 parameters and torch autocast is its torch_autocast mode (fp32 "
-                         "partitions, autocast casts the gathered weights); HF Trainer's bf16=True with DeepSpeed "
-                         "is DeepSpeed's bf16 mode: precision='bf16'")
+    s_loc, pre_notes = _local_setup(arch, s, strategy, lay)
 
     ranges = _stages(arch.num_layers, lay.pp) if placed is None else [(f, l) for f, l, _, _, _ in placed]
     stages: List[StageEstimate] = []
@@ -1097,6 +1073,37 @@ def _common_layout(gpu: GpuLayout, strategy: str, lay: _Layout, opts: Dict[str, 
                                   f"{groups} communicator(s) x 2 (send, receive) x {opts['nccl_channels']} channels x "
                                   f"NCCL_BUFFSIZE ({opts['nccl_buffsize_bytes'] / 2**20:g} MiB)"))
         ms["NCCL buffers"] = nccl
+
+
+def _local_setup(arch: Architecture, s: TrainingSetup, strategy: str, lay: _Layout
+                 ) -> Tuple[TrainingSetup, List[str]]:
+    """The setup each GPU runs (its sequence share, its micro-batches, the engine's
+    precision and optimizer states) and the notes that say so."""
+    s_loc = s
+    if lay.cp > 1:
+        s_loc = replace(s_loc, seq_len=s.seq_len // lay.cp)
+    if lay.pp > 1 and lay.micro_batches > s_loc.grad_accum_steps:
+        s_loc = replace(s_loc, grad_accum_steps=lay.micro_batches)   # gradients accumulate over micro-batches
+    pre_notes: List[str] = []
+    if strategy in MEGATRON and s.autocast:
+        # Megatron has no autocast mode: --bf16 / --fp16 wrap the model in Float16Module
+        # (megatron/core/transformer/module.py), 16-bit parameters with the optimizer's fp32 copy
+        s_loc = replace(s_loc, precision="bf16" if s.compute_dtype == "bfloat16" else "fp16")
+        pre_notes.append(f"Megatron runs {s.precision} as {s_loc.precision} parameters with an fp32 optimizer copy "
+                         f"(--{s_loc.precision}: Float16Module); it has no torch autocast mode")
+    if strategy in DEEPSPEED + MEGATRON and s.optimizer in _STATE_COUNT and not s.optimizer_state_dtypes:
+        fp32_states = ("float32",) * _STATE_COUNT[s.optimizer]
+        # DeepSpeed and Megatron keep fp32 moments.  Where every trainable parameter's own
+        # states are fp32 already (fp32 weights, LoRA's fp32 adapters; Megatron's 16-bit
+        # parameters above are not), the setup is left as it is: the same states, and so the
+        # one-GPU setup's plan, not a second plan of the same events
+        if any(state_dtypes(s_loc, t[3]) != fp32_states for t in param_storage(arch, s_loc).trainable_tensors):
+            s_loc = replace(s_loc, optimizer_state_dtypes=fp32_states)
+    if strategy in DEEPSPEED and s.autocast:
+        pre_notes.append("DeepSpeed with fp32 parameters and torch autocast is its torch_autocast mode (fp32 "
+                         "partitions, autocast casts the gathered weights); HF Trainer's bf16=True with DeepSpeed "
+                         "is DeepSpeed's bf16 mode: precision='bf16'")
+    return s_loc, pre_notes
 
 
 class AboveFloor(Exception):
