@@ -104,7 +104,7 @@ from ..plan.builder import StepPlan, TensorInfo
 from ..plan.views import live_rows, row_infos
 from ..plan.per_gpu import Buffer, GpuLayout, Shares, ZeroStepGroup, floor_bytes, per_gpu_plan
 from ..result import Estimate, Node
-from ..training import TrainingSetup
+from ..training import OPTIMIZER_STATE_COUNT, TrainingSetup
 from ..units import DTYPE_BYTES, GIB
 from . import zero as _zero
 from .strategies import BY_NAME, names
@@ -130,9 +130,6 @@ NCCL_BUFFSIZE_BYTES = 4 * 2**20
 NCCL_CHANNELS = 2
 #: DeepSpeed's memory estimators multiply host memory by this ("to be conservative")
 DS_ADDITIONAL_BUFFER_FACTOR = 1.5
-
-#: optimizers whose states DeepSpeed / Megatron keep in fp32 on the fp32 master copy
-_STATE_COUNT = {"adamw": 2, "adamw_fused": 2, "paged_adamw": 2, "lion": 1, "sgd_momentum": 1}
 
 _COLUMN_ROLES = {"attn_q", "attn_k", "attn_v", "attn_qkv", "mlp_gate", "mlp_up", "mlp_gate_up", "attn_q_b",
                  "attn_kv_b", "expert_gate_up"}
@@ -910,7 +907,7 @@ def _ds_plan(cut: Architecture, s: TrainingSetup, P: Any, lay: _Layout, opts: Di
     return _zero.plan(params, cfg, lay.shard, lay.shard_experts, weights_bytes=W, grads_bytes=G, states_bytes=S,
                       adapters_bytes=adapters, weights_dtype=s.weights_dtype, optimizer=s.optimizer,
                       checkpointing=full_checkpointing(s), num_layers=cut.num_layers, comm_dtypes=_comm_dtypes(P, s),
-                      state_count=_STATE_COUNT.get(s.optimizer, 0))
+                      state_count=OPTIMIZER_STATE_COUNT.get(s.optimizer, 0))
 
 
 def _comm_sizes(cut: Architecture, s: TrainingSetup, s_loc: TrainingSetup, P: Any, lay: _Layout, mega: bool,
@@ -1091,8 +1088,9 @@ def _local_setup(arch: Architecture, s: TrainingSetup, strategy: str, lay: _Layo
         s_loc = replace(s_loc, precision="bf16" if s.compute_dtype == "bfloat16" else "fp16")
         pre_notes.append(f"Megatron runs {s.precision} as {s_loc.precision} parameters with an fp32 optimizer copy "
                          f"(--{s_loc.precision}: Float16Module); it has no torch autocast mode")
-    if strategy in DEEPSPEED + MEGATRON and s.optimizer in _STATE_COUNT and not s.optimizer_state_dtypes:
-        fp32_states = ("float32",) * _STATE_COUNT[s.optimizer]
+    if strategy in DEEPSPEED + MEGATRON and s.optimizer in OPTIMIZER_STATE_COUNT and not s.optimizer_state_dtypes:
+        # (the optimizers whose states are in the parameter's dtype: training.OPTIMIZER_STATE_COUNT)
+        fp32_states = ("float32",) * OPTIMIZER_STATE_COUNT[s.optimizer]
         # DeepSpeed and Megatron keep fp32 moments.  Where every trainable parameter's own
         # states are fp32 already (fp32 weights, LoRA's fp32 adapters; Megatron's 16-bit
         # parameters above are not), the setup is left as it is: the same states, and so the

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import islice, repeat
-from operator import itemgetter
+from itertools import islice
 from typing import Any, Dict, List, Optional, Tuple
 
 from .builder import PlanBuilder, StepPlan, TensorInfo
@@ -508,7 +507,7 @@ COPY_REPEATED_STEPS = True
 #: the tests compare the two)
 ADD_ONLY_FAST_PATH = True
 #: the events whose key :func:`_with_startup_buffers` moves
-_MOVES_KEY = {"alloc": True, "free": True}
+_MOVES_KEY = frozenset(("alloc", "free"))
 
 
 def _with_startup_buffers(plan: StepPlan, lay: GpuLayout) -> Optional[StepPlan]:
@@ -521,23 +520,20 @@ def _with_startup_buffers(plan: StepPlan, lay: GpuLayout) -> Optional[StepPlan]:
     has not one ``inputs`` mark: the writer writes it."""
     import numpy as np
 
-    from .builder import EventColumns
+    from .builder import EventColumns, event_columns
 
     inputs = [m for m in plan.marks if m[0] == "inputs"]
     ev = plan.events
     n = len(ev)
     if len(inputs) != 1 or inputs[0][2] >= n:
         return None
-    if isinstance(ev, EventColumns):
-        kinds, keys, sizes, labels = ev.kinds, ev.keys, ev.sizes, ev.labels
-    else:
-        kinds, keys, sizes, labels = (tuple(map(itemgetter(c), ev)) for c in range(4))
+    kinds, keys, sizes, labels = event_columns(ev)
     at = inputs[0][2]
     made_before = kinds[:at].count("alloc")           # the slice's keys 1..made_before precede the buffers
     bufs = [(int(b.nbytes), b.info) for b in lay.buffers if int(b.nbytes) > 0]
     nb = len(bufs)
     # the keys: an allocation or free of a key made after the buffers moves up by nb
-    moving = np.fromiter(map(_MOVES_KEY.get, kinds, repeat(False, n)), dtype=bool, count=n)
+    moving = np.fromiter(map(_MOVES_KEY.__contains__, kinds), dtype=bool, count=n)
     k = np.fromiter(keys, dtype=np.int64, count=n)
     k[moving & (k > made_before)] += nb
     k_all = k.tolist()
