@@ -9,7 +9,9 @@ pipeline, sequence and expert parallel):
 * the replay's ``max_allocated_bytes`` equals the per-GPU ``peak_allocated_bytes`` to the byte;
 * every phase's total equals the sum of its tree (the tree's leaves are the plan's tensors);
 * the lower bound the solvers pass a layout over by (``plan.per_gpu.floor_bytes``, before the
-  GPU's plan is written) is never above that GPU's peak.
+  GPU's plan is written) is never above that GPU's peak, nor is the one read before the
+  slice's plan is written (the slice's first forward, ``plan.step.forward_floor_bytes``,
+  where the layout keeps that forward whole).
 """
 
 import random
@@ -18,7 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vramwidget as vw
+import vramwidget.parallel.estimate as pe_mod
+from vramwidget.plan import clear_caches
 from vramwidget.parallel.estimate import giving_up_above
+
+from index_check import index_differences
 
 MODELS = ["smollm2-135m", "qwen2.5-0.5b", "gpt2", "qwen3-0.6b", "olmoe-1b-7b"]
 LAYOUTS = ["ddp", "ddp_view", "zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_params",
@@ -57,12 +63,16 @@ def _layout(rnd: random.Random, model: str):
 
 def _check(model, kw):
     floors = []
+    # the bound read from the slice's plan (the one before the plan is written: below)
+    pe_mod.PRE_PLAN_FLOOR = False
     try:
         # every GPU's lower bound (plan.per_gpu.floor_bytes), recorded and never acted on
         with giving_up_above(lambda f: floors.append(f) or False):
             pe = vw.estimate_parallel(model, **kw)
     except vw.VramError:
         return None
+    finally:
+        pe_mod.PRE_PLAN_FLOOR = True
     # one bound per distinct stage, in order; each is at most that stage's own peak (the
     # solvers pass over a layout by it without writing its plan: fit.solver)
     peaks = list(dict.fromkeys((st.layers, st.embedding, st.head, st.in_flight) for st in pe.stages))
@@ -134,6 +144,9 @@ def test_a_repeated_step_copied_is_the_step_written(seed):
         assert fast.marks == slow.marks, (model, kw)
         assert fast.info == slow.info, (model, kw)
         assert not slow.repeats and not slow.passes_copied
+        # the GPU's copied steps are recorded, and its index read off them is the index read
+        # event by event (tests/index_check.py)
+        assert index_differences(fast) == [], (model, kw)
 
 
 def _gpu_plans_of(model, kw):
@@ -375,3 +388,37 @@ def test_the_floor_is_the_row_by_row_sum(seed):
     assert seen, (model, kw)
     for got, want in seen:
         assert abs(got - want) <= 1e-12 * max(want, 1.0), (model, kw, got, want)
+
+
+#: the layouts of ``_layout`` whose GPU holds its slice's first forward whole (the weights
+#: and adapters unsharded on the device, the activations whole): not ZeRO-3, FSDP's sharded
+#: layouts (FSDP1/2, shard grad op, hybrid, offload), parameter offload or sequence parallel
+#: -- said here apart from ``parallel.estimate._keeps_first_forward``, which it checks
+KEEPS_FIRST_FORWARD = {"ddp", "ddp_view", "zero0", "zero1", "zero2", "zero2_offload", "megatron", "megatron_distopt",
+                       "tp", "ep"}
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1))
+def test_the_bound_before_the_slices_plan_is_never_above_the_gpus_peak(seed):
+    """With no plan built yet, a layout that keeps its slice's first forward whole is bounded
+    twice (the first forward before the slice's plan, then ``floor_bytes``), any other once;
+    each bound is at most the GPU's allocated peak (one stage: no pipeline layouts here)."""
+    model = random.Random(seed).choice(MODELS)
+    kw = _layout(random.Random(seed), model)
+    # the layout _layout drew: its second draw from the same seed
+    again = random.Random(seed)
+    again.choice([2, 4, 8])
+    name = again.choice(LAYOUTS)
+    if name == "pp":
+        return
+    clear_caches()
+    floors = []
+    try:
+        with giving_up_above(lambda f: floors.append(f) or False):
+            pe = vw.estimate_parallel(model, **kw)
+    except vw.VramError:
+        return
+    peak = max(st_.estimate.peak_allocated_bytes for st_ in pe.stages)
+    assert len(floors) == (2 if name in KEEPS_FIRST_FORWARD else 1), (model, name, kw, floors)
+    assert all(0 <= f <= peak for f in floors), (model, name, kw, [f - peak for f in floors])

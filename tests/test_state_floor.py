@@ -71,8 +71,10 @@ def test_zero_offloads_gradient_partition_is_in_the_per_gpu_floor():
                                   gradient_checkpointing="full", optimizer="adamw_8bit")
     peak = pe.per_gpu.peak_allocated_bytes
     partition = 2 * 6_738_415_616          # the bf16 gradient partition, every parameter on one GPU
-    assert floors[0] <= peak
-    assert floors[0] >= partition + 2 * 6_738_415_616 * 0.99   # weights + partition (was weights alone)
+    # the last bound is the one read from the slice's plan (one before it where no plan was
+    # built yet: the slice's first forward, which ZeRO-2 keeps whole)
+    assert all(f <= peak for f in floors)
+    assert floors[-1] >= partition + 2 * 6_738_415_616 * 0.99   # weights + partition (was weights alone)
 
 
 @settings(max_examples=15, deadline=None)

@@ -24,6 +24,8 @@ from vramwidget.plan.size import Size
 from vramwidget.plan.step import build_plan
 from vramwidget.training import TrainingSetup
 
+from index_check import index_differences
+
 #: one small preset of most families (the big MoE and vision presets in the slow slice)
 MODELS = ["smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b", "gemma-2-2b", "gemma-3-1b", "gpt2", "pythia-1b", "opt-1.3b",
           "lfm2-1.2b", "olmoe-1b-7b", "flan-t5-base", "bart-large", "modernbert-base", "bert-base-uncased",
@@ -314,6 +316,10 @@ def test_the_plan_with_copies_is_the_plan_written_out(seed, symbolic):
     assert list(fast.events) == list(slow.events), (model, kw)
     assert fast.info == slow.info and fast.marks == slow.marks, (model, kw)
     assert [type(e[1]) for e in fast.events] == [type(e[1]) for e in slow.events]
-    assert not slow.repeats and not slow.passes_copied
+    assert not slow.repeats and not slow.passes_copied and not slow.copies
+    # the steps copied are recorded as such, and the index read off those records is the
+    # index read event by event (tests/index_check.py)
+    assert len(fast.copies) == len(fast.repeats) + len(fast.passes_copied), (model, kw)
+    assert index_differences(fast) == [], (model, kw)
     # (not compared: ``host_bytes``, what activation offloading moved to the CPU, which the
     # copied steps do not add to: one step's worth, where the written-out plan sums all three)

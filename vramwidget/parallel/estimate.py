@@ -99,7 +99,8 @@ from ..estimate import check_physical, estimate_setup
 from ..plan.params import param_storage, state_dtypes
 from ..plan.profile import full_checkpointing
 from ..allocator.collector import gc_paused
-from ..plan import plan_view
+from ..plan import has_plan, plan_view
+from ..plan.step import forward_floor_bytes
 from ..plan.builder import StepPlan, TensorInfo
 from ..plan.views import live_rows, row_infos
 from ..plan.per_gpu import Buffer, GpuLayout, Shares, ZeroStepGroup, floor_bytes, per_gpu_plan
@@ -1129,6 +1130,24 @@ def giving_up_above(give_up: Callable[[float], bool]) -> Iterator[None]:
         _GIVE_UP.reset(token)
 
 
+#: pass a GPU over by its slice's first forward before the slice's plan is written (off: by
+#: ``per_gpu.floor_bytes`` alone, once the plan is written; the tests check each bound)
+PRE_PLAN_FLOOR = True
+
+
+def _keeps_first_forward(strategy: str, lay: _Layout, opts: Dict[str, Any], gathers: bool) -> bool:
+    """Whether the GPU's plan holds every tensor of its slice's first forward whole: the
+    weights and adapters unsharded on the device (no ZeRO-3, no FSDP shard gathering, no
+    parameter offload) and the activations at their full size (no sequence parallel); the
+    layout may add buffers but drops none of them (``plan.per_gpu.kept_share`` is 1 for each:
+    tests/test_parallel_floor.py checks it against the layouts :func:`_per_gpu_stage`
+    builds).  Then the most live in the slice's first forward
+    (``plan.step.forward_floor_bytes``) is a lower bound of the GPU's allocated peak."""
+    if opts["offload_params"] or gathers or lay.sp:
+        return False
+    return not (strategy in DEEPSPEED and opts["zero"].stage == 3)
+
+
 def _per_gpu_stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, lay: _Layout, opts: Dict[str, Any],
                    first: int, last: int, embed: bool, head: bool, in_flight: int):
     """One pipeline stage's GPU: its slice's step plan transformed into that GPU's
@@ -1145,6 +1164,14 @@ def _per_gpu_stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, l
 
     # -- the stage's parameters, gradients and states at full (unsharded) size ---------------
     P = param_storage(cut, s_loc)
+    give_up = _GIVE_UP.get()
+    if give_up is not None and PRE_PLAN_FLOOR and not has_plan(cut, s_loc) \
+            and _keeps_first_forward(strategy, lay, opts, gathers):
+        # before the slice's plan is written: the GPU holds its slice's first forward
+        # whole, so the most live there (a fifth of a plan's events) bounds its peak
+        floor = forward_floor_bytes(cut, s_loc)
+        if give_up(floor):
+            raise AboveFloor(floor)
     view = plan_view(cut, s_loc)
     step, loaded = _live_bytes(view, "optimizer_step"), _live_bytes(view, "after_load")
     G, Ge = step.get(("gradients", False), 0.0), step.get(("gradients", True), 0.0)
@@ -1207,7 +1234,6 @@ def _per_gpu_stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, l
         gpu.in_flight = _buffer("step", "activations", f"{in_flight - 1} more micro-batches in flight (1F1B)",
                                (in_flight - 1) * acts, f"stage keeps min(pp - stage, micro-batches) = {in_flight} "
                                                        f"micro-batches' saved activations")
-    give_up = _GIVE_UP.get()
     if give_up is not None:
         floor = floor_bytes(view, gpu)
         if give_up(floor):
@@ -1330,7 +1356,8 @@ def _store_gpu_plan(key: Tuple[Any, ...], value: Tuple[Any, Any, Any]) -> None:
 def _concrete(view: Any) -> StepPlan:
     """A symbolic plan's events at the view's own size, as a plan."""
     p = view.plan
-    return StepPlan(view.events(), p.info, p.marks, p.steps, p.notes, p.host_bytes, p.repeats, p.passes_copied)
+    return StepPlan(view.events(), p.info, p.marks, p.steps, p.notes, p.host_bytes, p.repeats, p.passes_copied,
+                    p.copies)
 
 
 def _sharded_work(base: Any, optimizer_share: float):

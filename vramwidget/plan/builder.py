@@ -31,6 +31,24 @@ class TensorInfo(NamedTuple):
     dtype: str
 
 
+class Copy(NamedTuple):
+    """A span of a plan's events written as a copy of an earlier span (a step that repeats
+    the one before: ``step._append_copy``, ``per_gpu._copy_step`` and ``_copy_passes``):
+    event ``dst + i`` is event ``src + i`` (the same kind, bytes and label objects) but for
+    its key: an allocation's or free's key in ``lo``..``hi`` moves by ``shift`` (the tensors
+    the source span made, made again), and a step end's key is ``step`` where it is not None.
+    What reads every event (``views.PlanIndex``) reads a copy off the source's arrays
+    instead of event by event; ``copies_hold`` checks a plan's copies against its events."""
+
+    dst: int
+    src: int
+    n: int
+    lo: int
+    hi: int
+    shift: int
+    step: Optional[int] = None
+
+
 class EventColumns(Sequence):
     """A plan's events kept as four columns (kinds, keys, sizes, labels: tuples), read as the
     list of ``(kind, key, bytes, label)`` events they were (an event, a slice of them as a
@@ -101,6 +119,8 @@ class StepPlan:
     #: its optimizer step) are a copy of the step before's (``step._copy_passes``), every
     #: allocation a new key and every free one of the span's own
     passes_copied: Tuple[int, ...] = ()
+    #: the spans of events written as copies of earlier spans (:class:`Copy`), by ``dst``
+    copies: Tuple[Copy, ...] = ()
 
     def keep_columns(self, kinds: Tuple[Any, ...], keys: Tuple[Any, ...], sizes: Tuple[Any, ...],
                      labels: Tuple[Any, ...]) -> None:
@@ -144,6 +164,8 @@ class PlanBuilder:
         self.repeats: List[int] = []
         #: the steps whose passes copy the step before's (``StepPlan.passes_copied``)
         self.passes_copied: List[int] = []
+        #: the spans written as copies (``StepPlan.copies``)
+        self.copies: List[Copy] = []
         #: key -> bytes of every allocation
         self.sizes: Dict[int, Any] = {}
         #: the last key an allocation got (keys count up from 1; plan/blocks.py copies spans after it)
@@ -191,4 +213,33 @@ class PlanBuilder:
 
     def plan(self, steps: int) -> StepPlan:
         return StepPlan(self.events, self.info, self.marks, steps, self.notes, self.host_bytes, tuple(self.repeats),
-                        tuple(self.passes_copied))
+                        tuple(self.passes_copied), tuple(self.copies))
+
+    def copied(self, src: int, n: int, lo: int, hi: int, shift: int, step: Optional[int] = None) -> None:
+        """Record that the last ``n`` events appended are a :class:`Copy` of the ``n`` from
+        ``src``; none is recorded where the source made no keys in one run ``lo``..``hi``."""
+        if n > 0 and lo <= hi:
+            self.copies.append(Copy(len(self.events) - n, src, n, lo, hi, shift, step))
+
+
+def copies_hold(plan: StepPlan) -> bool:
+    """Whether every :class:`Copy` of ``plan`` is what its events are (the tests check each
+    plan the builder and the GPU writer make; a reader trusts them)."""
+    ev = plan.events
+    last = 0
+    for c in plan.copies:
+        if c.src + c.n > c.dst or c.dst < last or c.dst + c.n > len(ev):
+            return False
+        last = c.dst + c.n
+        for (k0, key0, b0, l0), (k1, key1, b1, l1) in zip(ev[c.src:c.src + c.n], ev[c.dst:c.dst + c.n]):
+            if k0 != k1 or not (b0 is b1 or (b0.__class__ is not Size and b0 == b1)) or not (l0 is l1 or l0 == l1):
+                return False
+            if k0 in ("alloc", "free") and c.lo <= key0 <= c.hi:
+                want = key0 + c.shift
+            elif k0 == "step_end" and c.step is not None:
+                want = c.step
+            else:
+                want = key0
+            if key1 != want:
+                return False
+    return True

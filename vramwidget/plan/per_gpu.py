@@ -563,8 +563,13 @@ def _with_startup_buffers(plan: StepPlan, lay: GpuLayout) -> Optional[StepPlan]:
             continue
         passed = passed or phase == "inputs"
         marks.append((phase, step, j + nb if j > at or (j == at and passed) else j))
+    # the slice's copies, at their new places: each lies after the buffers (a step's span)
+    # and its keys among those moved up; else none is kept (each event is then read)
+    copies = tuple(c._replace(dst=c.dst + nb, src=c.src + nb, lo=c.lo + nb, hi=c.hi + nb) for c in plan.copies)
+    if any(c.src < at or c.lo <= made_before for c in plan.copies):
+        copies = ()
     return StepPlan(EventColumns(out_kinds, out_keys, out_sizes, out_labels), info, marks, plan.steps, [], 0.0,
-                    plan.repeats, plan.passes_copied)
+                    plan.repeats, plan.passes_copied, copies)
 
 
 def _step_starts(plan: StepPlan) -> Dict[int, int]:
@@ -653,6 +658,7 @@ def _copy_passes(w: "_Writer", start: Tuple[Any, int, int, int, int], end: Tuple
     for n in range(k0 + 1, k1 + 1):
         out_info[n + d] = out_info[n]
     pb.events.extend([(e[0], e[1] + d, e[2], e[3]) for e in span])
+    pb.copied(e0, len(span), k0 + 1, k1, d)
     pb.last_key += k1 - k0
     pb.marks.extend((phase, step, at - e0 + base) for phase, _st, at in pb.marks[m0:m1])
     pb.passes_copied.append(step)
@@ -688,6 +694,7 @@ def _copy_step(w: "_Writer", start: Tuple[Any, int, int, int, int], end_event: i
         out_info[n + d] = out_info[n]
     pb.events.extend([(e[0], e[1] + d, e[2], e[3]) if e[0] == "alloc" or (e[0] == "free" and k0 < e[1] <= k1)
                       else (("step_end", step, e[2], e[3]) if e[0] == "step_end" else e) for e in span])
+    pb.copied(e0, len(span), k0 + 1, k1, d, step)
     pb.last_key += k1 - k0
     pb.marks.extend((phase, step, at - e0 + base) for phase, _st, at in pb.marks[m0:] if at < end_event)
     pb.repeats.append(step)

@@ -88,6 +88,12 @@ def forward_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
     checkpointing (the load and one forward of three steps' passes); the solvers pass a
     combination over by it before its plan is written (``fit.solver._Query.estimate``:
     LoRA on Llama 2 7B without checkpointing, whose activations alone are over an RTX 4090)."""
+    # one per setup (its sizes included): a search asks the same setup again on another
+    # layout (fit.solver's combinations with ZeRO-Offload: parallel.estimate._per_gpu_stage)
+    key = (id(arch), s)
+    hit = _FORWARD_FLOORS.get(key)
+    if hit is not None and hit[0] is arch:
+        return hit[1]
     events, start = forward_prefix(arch, s)
     sizes: Dict[int, Any] = {}
     live = best = 0
@@ -99,6 +105,9 @@ def forward_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
             live -= sizes.pop(key, 0)
         if i >= start - 1 and live > best:
             best = live
+    if len(_FORWARD_FLOORS) >= _MAX_FLOORS:
+        _FORWARD_FLOORS.clear()
+    _FORWARD_FLOORS[key] = (arch, float(best))
     return float(best)
 
 
@@ -112,6 +121,8 @@ def setup_shape(s: TrainingSetup) -> TrainingSetup:
 
 #: (id of the architecture, the setup without its sizes) -> (the architecture, state_floor_bytes)
 _FLOORS: Dict[Tuple[int, TrainingSetup], Tuple[Architecture, float]] = {}
+#: (id of the architecture, the setup) -> (the architecture, forward_floor_bytes)
+_FORWARD_FLOORS: Dict[Tuple[int, TrainingSetup], Tuple[Architecture, float]] = {}
 _MAX_FLOORS = 512
 
 
@@ -154,8 +165,9 @@ def state_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
 
 
 def clear_floors() -> None:
-    """Forget the state floors (``plan.clear_caches``)."""
+    """Forget the state and forward floors (``plan.clear_caches``)."""
     _FLOORS.clear()
+    _FORWARD_FLOORS.clear()
 
 
 def _embedding_side(cx: StepContext, x: Optional[int]) -> List[int]:
@@ -280,7 +292,7 @@ def _repeat_step(pb: PlanBuilder, step: int) -> bool:
     if made != {e[1] for e in span if e[0] == "free" and e[1] in made}:
         return False
     base = len(pb.events)
-    _append_copy(pb, span)
+    _append_copy(pb, span, start)
     pb.marks.extend((p, step, i - start + base) for p, st, i in prev)
     pb.step_end(step)
     pb.repeats.append(step)
@@ -295,16 +307,17 @@ def _copy_passes(pb: PlanBuilder, step: int, grads: List[Optional[int]]) -> List
     start = prev[0][2]
     end = next(i for p, st, i in prev if p == "optimizer_step")
     span = pb.events[start:end]
-    new = _append_copy(pb, span)
+    new = _append_copy(pb, span, start)
     base = len(pb.events) - len(span)
     pb.marks.extend((p, step, i - start + base) for p, st, i in prev if i < end)
     pb.passes_copied.append(step)
     return [new.get(k, k) for k in grads]
 
 
-def _append_copy(pb: PlanBuilder, span: List[Any]) -> Dict[int, int]:
-    """Append ``span``'s events with a new key for each allocation made in it (frees of keys
-    made before it are kept); returns old key -> new key."""
+def _append_copy(pb: PlanBuilder, span: List[Any], src: int) -> Dict[int, int]:
+    """Append ``span`` (the events from ``src`` on) with a new key for each allocation made in
+    it (frees of keys made before it are kept), recorded as a copy (``PlanBuilder.copied``);
+    returns old key -> new key."""
     info = pb.info
     n = pb.last_key
     made = [e[1] for e in span if e[0] == "alloc"]
@@ -314,6 +327,9 @@ def _append_copy(pb: PlanBuilder, span: List[Any]) -> Dict[int, int]:
     get = new.get
     pb.events.extend([(e[0], get(e[1], e[1]), e[2], e[3]) if e[0] in _KEYED else e for e in span])
     pb.last_key = n + len(made)
+    if made and made[-1] - made[0] == len(made) - 1:
+        # keys made in one run (the builder hands them out in order): a shift of that run
+        pb.copied(src, len(span), made[0], made[-1], n + 1 - made[0])
     return new
 
 

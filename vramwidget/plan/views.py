@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import compress, repeat
-from typing import Any, Dict, List, Tuple
+from operator import itemgetter
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..allocator.caching import AllocatorConfig, round_size
 from ..result import COMPONENT_KINDS, Node
@@ -45,16 +46,23 @@ class PlanIndex:
         # the builder hands out keys 1, 2, 3, ... in allocation order: allocation row = key - 1
         ev = plan.events
         n = len(ev)
-        kinds, keys, third, labels = event_columns(ev)
-        if not isinstance(ev, EventColumns):
-            plan.keep_columns(kinds, keys, third, labels)     # one tuple per column, not per event
         #: the events as the compiled replay's codes and slots (``program_at``): made here
         #: where every kind has a code and every key is an int (the builder's plans), so
-        #: the signs and rows below are read off them in numpy, not event by event
+        #: the signs and rows below are read off them in numpy, not event by event; a span
+        #: the plan copied (``StepPlan.copies``) is read off its source's arrays
+        got = _copied_columns(plan) if plan.copies and COPY_AWARE_INDEX else None
         self.codes = self.slots = None
-        if set(map(type, keys)) <= _INT and set(kinds) <= _CODES.keys():
-            self.codes = np.fromiter(map(_CODES.__getitem__, kinds), dtype=np.int8, count=n)
-            self.slots = np.fromiter(keys, dtype=np.int64, count=n)
+        lit_rows = row_copies = lit_events = None
+        if got is not None:
+            kinds, keys, third, labels, self.codes, self.slots, lit_events, row_copies = got
+        else:
+            kinds, keys, third, labels = event_columns(ev)
+            if set(map(type, keys)) <= _INT and set(kinds) <= _CODES.keys():
+                self.codes = np.fromiter(map(_CODES.__getitem__, kinds), dtype=np.int8, count=n)
+                self.slots = np.fromiter(keys, dtype=np.int64, count=n)
+        if not isinstance(ev, EventColumns):
+            plan.keep_columns(kinds, keys, third, labels)     # one tuple per column, not per event
+        if self.codes is not None:
             self.signs = (self.codes == 0).astype(np.int64) - (self.codes == 1)     # _SIGN
             moves = self.signs != 0
             raw = np.where(moves, self.slots - 1, 0)
@@ -65,48 +73,23 @@ class PlanIndex:
             raw[moves] = np.fromiter(compress(keys, moves), dtype=np.int64, count=int(moves.sum())) - 1
         self.rows = raw
         made = self.signs == 1
-        sizes = list(compress(third, made))
+        made_at = np.flatnonzero(made)
+        n_alloc = len(made_at)
+        if lit_events is not None:
+            # the sizes of the allocations the plan wrote out; a copy's are its source's rows
+            sizes = list(map(third.__getitem__, lit_events.tolist()))
+            lit_rows = raw[lit_events]
+        else:
+            sizes = list(compress(third, made))
         #: the events' columns, for events_at
-        self.columns = (kinds, keys, third, labels, np.flatnonzero(made))
-        self.keys = list(range(1, len(sizes) + 1))
-        n_alloc = len(sizes)
+        self.columns = (kinds, keys, third, labels, made_at)
+        self.keys = list(range(1, n_alloc + 1))
         idx = np.arange(n)
         self.alloc_at = np.zeros(n_alloc, dtype=np.int64)
         self.free_at = np.full(n_alloc, n, dtype=np.int64)
         self.alloc_at[raw[made]] = idx[made]
         self.free_at[raw[self.signs == -1]] = idx[self.signs == -1]
-        whole = None
-        try:      # whole numbers of bytes (every concrete plan the builder writes): one pass in C
-            whole = np.fromiter(sizes, dtype=np.int64, count=n_alloc) if set(map(type, sizes)) <= _INT else None
-        except OverflowError:     # a request of 2**63 bytes or more: below
-            pass
-        self.symbolic = whole is None and any(x.__class__ is Size for x in sizes)
-        if self.symbolic:
-            # the numbers as constants in one pass; one row per distinct Size object (a
-            # block's sizes repeat layer after layer)
-            ids = list(map(id, sizes))
-            by_id = dict(zip(ids, sizes))            # each distinct object, in first-seen order
-            first: Dict[int, int] = {k: j for j, k in enumerate(by_id)}
-            which = np.fromiter(map(first.__getitem__, ids), dtype=np.int64, count=n_alloc)
-            distinct: List[Any] = list(by_id.values())
-            is_size = np.fromiter(map(isinstance, distinct, repeat(Size, len(distinct))), dtype=bool,
-                                  count=len(distinct))
-            polys = list(compress(distinct, is_size))
-            self.basis = monomials(polys)
-            table = np.zeros((len(distinct), len(self.basis)), dtype=float)
-            table[is_size] = coefficient_matrix(polys, self.basis)
-            table[~is_size, 0] = np.fromiter(map(float, compress(distinct, ~is_size)), dtype=float,
-                                             count=len(distinct) - len(polys))
-            self.coef = table[which]
-            self.sizes = None
-        else:
-            self.basis, self.coef = None, None
-            if whole is None:
-                try:
-                    whole = np.asarray([int(x) for x in sizes], dtype=np.int64)
-                except OverflowError:     # a request of 2**63 bytes or more
-                    whole = np.asarray([min(int(x), SATURATED_REQUEST_BYTES) for x in sizes], dtype=np.int64)
-            self.sizes = np.minimum(whole, SATURATED_REQUEST_BYTES)
+        self._sizes(sizes, n_alloc, lit_rows, row_copies)
         self.marks = plan.marks
         #: replays of this plan's event streams, shared by sizes whose events are equal
         #: (``replays.replay_training``: the size's monomials and the capacity -> ReplayResult)
@@ -121,6 +104,56 @@ class PlanIndex:
         #: (``row_infos``), made on first use
         self.info_rows: Any = None
 
+    def _sizes(self, sizes: List[Any], n_alloc: int, lit_rows: Any, row_copies: Any) -> None:
+        """The allocations' bytes: whole numbers (``self.sizes``) or polynomial coefficients
+        over ``self.basis`` (``self.coef``), from ``sizes``, the bytes of every allocation
+        row, or where ``lit_rows`` is given of those rows only, the rest copies of earlier
+        rows (``row_copies``: (first source row, first row, count), from ``_copied_columns``)."""
+        import numpy as np
+
+        def expand(values: Any) -> Any:
+            if lit_rows is None:
+                return values
+            out = np.empty((n_alloc,) + values.shape[1:], dtype=values.dtype)
+            out[lit_rows] = values
+            for src, dst, m in row_copies:
+                out[dst:dst + m] = out[src:src + m]
+            return out
+
+        n_given = len(sizes)
+        whole = None
+        try:      # whole numbers of bytes (every concrete plan the builder writes): one pass in C
+            whole = np.fromiter(sizes, dtype=np.int64, count=n_given) if set(map(type, sizes)) <= _INT else None
+        except OverflowError:     # a request of 2**63 bytes or more: below
+            pass
+        self.symbolic = whole is None and any(x.__class__ is Size for x in sizes)
+        if self.symbolic:
+            # the numbers as constants in one pass; one row per distinct Size object (a
+            # block's sizes repeat layer after layer)
+            ids = list(map(id, sizes))
+            by_id = dict(zip(ids, sizes))            # each distinct object, in first-seen order
+            first: Dict[int, int] = {k: j for j, k in enumerate(by_id)}
+            which = np.fromiter(map(first.__getitem__, ids), dtype=np.int64, count=n_given)
+            distinct: List[Any] = list(by_id.values())
+            is_size = np.fromiter(map(isinstance, distinct, repeat(Size, len(distinct))), dtype=bool,
+                                  count=len(distinct))
+            polys = list(compress(distinct, is_size))
+            self.basis = monomials(polys)
+            table = np.zeros((len(distinct), len(self.basis)), dtype=float)
+            table[is_size] = coefficient_matrix(polys, self.basis)
+            table[~is_size, 0] = np.fromiter(map(float, compress(distinct, ~is_size)), dtype=float,
+                                             count=len(distinct) - len(polys))
+            self.coef = table[expand(which)]
+            self.sizes = None
+        else:
+            self.basis, self.coef = None, None
+            if whole is None:
+                try:
+                    whole = np.asarray([int(x) for x in sizes], dtype=np.int64)
+                except OverflowError:     # a request of 2**63 bytes or more
+                    whole = np.asarray([min(int(x), SATURATED_REQUEST_BYTES) for x in sizes], dtype=np.int64)
+            self.sizes = np.minimum(expand(whole), SATURATED_REQUEST_BYTES)
+
     def sizes_at(self, b: Any, s: Any, t: Any = 1) -> Any:
         """Every allocation's bytes at batch ``b``, sequence ``s``, target ``t`` (int64)."""
         import numpy as np
@@ -128,6 +161,79 @@ class PlanIndex:
         if not self.symbolic:
             return self.sizes
         return _whole_bytes(self.coef @ monomial_values(self.basis, b, s, t))
+
+
+#: read a plan's copied spans off their sources' arrays (off: every event read; the tests
+#: compare the two)
+COPY_AWARE_INDEX = True
+
+
+def _copied_columns(plan: StepPlan) -> Optional[Tuple[Any, ...]]:
+    """(kinds, keys, sizes, labels, codes, slots, the event indices of the allocations written
+    out, (first source row, first row, count) of each copy's allocations) of a plan with
+    copied spans (``StepPlan.copies``): the spans between copies read event by event (in C:
+    ``map`` over their columns), each copy from its source's columns and arrays (its keys
+    in ``lo``..``hi`` moved in numpy).  None where a span written out has a key that is not
+    an int or a kind without a code, or a copy is not what its record says it is in counts
+    (then the plan is read event by event)."""
+    import numpy as np
+
+    ev = plan.events
+    n = len(ev)
+    cols = isinstance(ev, EventColumns)
+    K: Any = ev.kinds if cols else []
+    Y: Any = ev.keys if cols else []
+    B: Any = ev.sizes if cols else []
+    L: Any = ev.labels if cols else []
+    codes = np.empty(n, dtype=np.int8)
+    slots = np.empty(n, dtype=np.int64)
+    written = np.ones(n, dtype=bool)
+    row_copies: List[Tuple[int, int, int]] = []
+    pos = 0
+    for c in list(plan.copies) + [None]:
+        a, b = pos, (n if c is None else c.dst)
+        if b < a or (c is not None and (c.src + c.n > c.dst or c.dst + c.n > n)):
+            return None
+        if b > a:
+            if cols:
+                kk, yy = K[a:b], Y[a:b]
+            else:
+                seg = ev[a:b]
+                kk, yy = list(map(itemgetter(0), seg)), list(map(itemgetter(1), seg))
+                K.extend(kk)
+                Y.extend(yy)
+                B.extend(map(itemgetter(2), seg))
+                L.extend(map(itemgetter(3), seg))
+            if not set(map(type, yy)) <= _INT or not set(kk) <= _CODES.keys():
+                return None
+            codes[a:b] = np.fromiter(map(_CODES.__getitem__, kk), dtype=np.int8, count=b - a)
+            slots[a:b] = np.fromiter(yy, dtype=np.int64, count=b - a)
+        if c is None:
+            break
+        s0, d0, m = c.src, c.dst, c.n
+        cs = codes[s0:s0 + m]
+        ks = slots[s0:s0 + m].copy()
+        if int(np.count_nonzero(cs == 0)) != c.hi - c.lo + 1:
+            return None
+        ks[(cs <= 1) & (ks >= c.lo) & (ks <= c.hi)] += c.shift
+        if c.step is not None:
+            ks[cs == 2] = c.step
+        codes[d0:d0 + m] = cs
+        slots[d0:d0 + m] = ks
+        written[d0:d0 + m] = False
+        if not cols:
+            K.extend(K[s0:s0 + m])
+            Y.extend(ks.tolist())
+            B.extend(B[s0:s0 + m])
+            L.extend(L[s0:s0 + m])
+        row_copies.append((c.lo - 1, c.lo - 1 + c.shift, c.hi - c.lo + 1))
+        pos = d0 + m
+    lit_events = np.flatnonzero(written & (codes == 0))
+    if len(lit_events) + sum(r[2] for r in row_copies) != int(np.count_nonzero(codes == 0)):
+        return None
+    if not cols:
+        K, Y, B, L = tuple(K), tuple(Y), tuple(B), tuple(L)
+    return K, Y, B, L, codes, slots, lit_events, row_copies
 
 
 def rounded(sizes: Any, cfg: AllocatorConfig) -> Any:
