@@ -35,6 +35,30 @@ def index_differences(plan: StepPlan) -> List[str]:
     finally:
         views.COPY_AWARE_INDEX = True
     fast = views.PlanIndex(fast_plan)
+    return out + _differences(fast, slow, fast_plan, slow_plan)
+
+
+def derived_index_differences(ix: views.PlanIndex, lay) -> List[str]:
+    """What differs between the GPU index ``per_gpu.startup_buffers_plan`` reads off the
+    slice's index ``ix`` (DDP's layout ``lay``) and the GPU plan's own index (read event by
+    event); ["not derived"] where it gives none."""
+    from vramwidget.plan import per_gpu
+
+    both = per_gpu.startup_buffers_plan(ix, lay)
+    if both is None:
+        return ["not derived"]
+    plan, derived = both
+    twin = _twin(plan)
+    try:
+        views.COPY_AWARE_INDEX = False
+        own = views.PlanIndex(twin)
+    finally:
+        views.COPY_AWARE_INDEX = True
+    return _differences(derived, own, plan, twin)
+
+
+def _differences(fast, slow, fast_plan, slow_plan) -> List[str]:
+    out = []
     for f in FIELDS:
         a, b = getattr(fast, f), getattr(slow, f)
         if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):

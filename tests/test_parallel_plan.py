@@ -24,7 +24,8 @@ import vramwidget.parallel.estimate as pe_mod
 from vramwidget.plan import clear_caches
 from vramwidget.parallel.estimate import giving_up_above
 
-from index_check import index_differences
+from index_check import derived_index_differences, index_differences
+from vramwidget.model.architecture import load
 
 MODELS = ["smollm2-135m", "qwen2.5-0.5b", "gpt2", "qwen3-0.6b", "olmoe-1b-7b"]
 LAYOUTS = ["ddp", "ddp_view", "zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_params",
@@ -149,26 +150,38 @@ def test_a_repeated_step_copied_is_the_step_written(seed):
         assert index_differences(fast) == [], (model, kw)
 
 
+#: the slice's index of each slice plan a layout of start-up buffers was read off (by id)
+SLICE_INDEX = {}
+
+
 def _gpu_plans_of(model, kw):
     """(slice plan, layout, layers) of every GPU plan ``estimate_parallel`` writes."""
     from vramwidget.parallel import estimate as pest
     from vramwidget.plan import clear_caches
 
     calls = []
-    real = pest.per_gpu_plan
+    real, real_fast = pest.per_gpu_plan, pest.startup_buffers_plan
 
     def spy(plan, lay, num_layers):
         calls.append((plan, lay, num_layers))
         return real(plan, lay, num_layers)
 
-    pest.per_gpu_plan = spy
+    def spy_fast(ix, lay):      # (a layout of start-up buffers alone: read off the slice's index)
+        got = real_fast(ix, lay)
+        if got is not None:
+            calls.append((ix.plan, lay, None))
+            SLICE_INDEX[id(ix.plan)] = ix
+        return got
+
+    pest.per_gpu_plan, pest.startup_buffers_plan = spy, spy_fast
     try:
         clear_caches()
         pest._GPU_PLANS.clear()
         vw.estimate_parallel(model, **kw)
     finally:
-        pest.per_gpu_plan = real
-    return calls
+        pest.per_gpu_plan, pest.startup_buffers_plan = real, real_fast
+    # the layers a plan of start-up buffers was written for: the model's (no pipeline there)
+    return [(p, lay, n if n is not None else load(model).num_layers) for p, lay, n in calls]
 
 
 @settings(max_examples=25, deadline=None)
@@ -209,6 +222,9 @@ def test_a_layout_that_only_adds_startup_buffers_is_the_plan_the_writer_writes(s
         assert [type(e[2]) for e in fast.events] == [type(e[2]) for e in slow.events]
         assert fast.marks == slow.marks and fast.info == slow.info and fast.steps == slow.steps, (model, kw)
         assert (fast.repeats, fast.passes_copied) == (copied.repeats, copied.passes_copied), (model, kw)
+        # and its index, read off the slice's index, is the one read from its own events
+        assert index_differences(fast) == [], (model, kw)
+        assert derived_index_differences(SLICE_INDEX[id(plan)], lay) == [], (model, kw)
 
 
 def test_ddp_on_llama_2_70b_qlora_is_the_writers_plan_with_its_two_buffers():

@@ -103,7 +103,7 @@ from ..plan import has_plan, plan_view
 from ..plan.step import forward_floor_bytes
 from ..plan.builder import StepPlan, TensorInfo
 from ..plan.views import live_rows, row_infos
-from ..plan.per_gpu import Buffer, GpuLayout, Shares, ZeroStepGroup, floor_bytes, per_gpu_plan
+from ..plan.per_gpu import Buffer, GpuLayout, Shares, ZeroStepGroup, floor_bytes, per_gpu_plan, startup_buffers_plan
 from ..result import Estimate, Node
 from ..training import OPTIMIZER_STATE_COUNT, TrainingSetup
 from ..units import DTYPE_BYTES, GIB
@@ -1312,7 +1312,6 @@ def _gpu_plan(view: Any, gpu: GpuLayout, num_layers: int) -> Tuple[StepPlan, Any
     a symbolic slice, one plan for every size of the setup shape and layout where the writer
     can write one (a batch or sequence change then costs no new plan: the widget, the
     solvers' probes), else the plan of the view's own size."""
-    from ..plan.size import NotPolynomial
     from ..plan.views import PlanIndex
 
     lay = repr(gpu)
@@ -1321,11 +1320,7 @@ def _gpu_plan(view: Any, gpu: GpuLayout, num_layers: int) -> Tuple[StepPlan, Any
         hit = _GPU_PLANS.get(key)
         if hit is None or hit[0] is not view.index:
             with gc_paused():       # as plan.plan_index writes a plan: no collection meanwhile
-                try:
-                    plan = per_gpu_plan(view.plan, gpu, num_layers)
-                except NotPolynomial:
-                    plan = None     # remembered (None): this layout is written size by size
-                hit = (view.index, plan, PlanIndex(plan) if plan is not None else None)
+                hit = _written_gpu_plan(view.index, gpu, num_layers, symbolic=True)
             _store_gpu_plan(key, hit)
         if hit[1] is not None:
             return hit[1], hit[2]
@@ -1334,10 +1329,34 @@ def _gpu_plan(view: Any, gpu: GpuLayout, num_layers: int) -> Tuple[StepPlan, Any
     if hit is not None and hit[0] is view.index:
         return hit[1], hit[2]
     with gc_paused():
-        plan = per_gpu_plan(view.plan if not view.symbolic else _concrete(view), gpu, num_layers)
-        ix = PlanIndex(plan)
-    _store_gpu_plan(key, (view.index, plan, ix))
-    return plan, ix
+        if view.symbolic:
+            plan = per_gpu_plan(_concrete(view), gpu, num_layers)
+            hit = (view.index, plan, PlanIndex(plan))
+        else:
+            hit = _written_gpu_plan(view.index, gpu, num_layers)
+    _store_gpu_plan(key, hit)
+    return hit[1], hit[2]
+
+
+def _written_gpu_plan(ix: Any, gpu: GpuLayout, num_layers: int, symbolic: bool = False) -> Tuple[Any, Any, Any]:
+    """(the slice's index ``ix``, the GPU's plan from the slice's plan, its index): for a
+    layout that only adds start-up buffers, both read off the slice's index
+    (``per_gpu.startup_buffers_plan``); else written by ``per_gpu.per_gpu_plan`` and indexed.
+    A symbolic slice whose plan the layout cannot write for every size gives (ix, None,
+    None), remembered: that layout is then written size by size."""
+    from ..plan.size import NotPolynomial
+    from ..plan.views import PlanIndex
+
+    both = startup_buffers_plan(ix, gpu)
+    if both is not None:
+        return (ix,) + both
+    try:
+        plan = per_gpu_plan(ix.plan, gpu, num_layers)
+    except NotPolynomial:
+        if not symbolic:
+            raise
+        return ix, None, None
+    return ix, plan, PlanIndex(plan)
 
 
 #: the most events the cached GPU plans hold together (what ~20 GPU plans of a 70B slice hold:

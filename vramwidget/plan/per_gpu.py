@@ -510,14 +510,38 @@ ADD_ONLY_FAST_PATH = True
 _MOVES_KEY = frozenset(("alloc", "free"))
 
 
+def startup_buffers_plan(ix: Any, lay: GpuLayout) -> Optional[Tuple[StepPlan, Any]]:
+    """(the GPU's plan, its index) of a layout that only adds start-up buffers
+    (:meth:`GpuLayout.adds_only_startup_buffers`), from the slice's indexed plan ``ix``:
+    the plan as :func:`per_gpu_plan` writes it (:func:`_with_startup_buffers`), its index
+    read off the slice's (``views.PlanIndex.with_rows_inserted``: no pass over the GPU's
+    events).  None where the writer writes it (another layout, no one ``inputs`` mark)."""
+    from .views import PlanIndex
+
+    if not (ADD_ONLY_FAST_PATH and lay.adds_only_startup_buffers()):
+        return None
+    got = _startup_insert(ix.plan, lay)
+    if got is None:
+        return None
+    plan, at, made_before, buffer_bytes = got
+    return plan, PlanIndex.with_rows_inserted(ix, plan, at, made_before, buffer_bytes)
+
+
 def _with_startup_buffers(plan: StepPlan, lay: GpuLayout) -> Optional[StepPlan]:
+    """The GPU's plan of :func:`_startup_insert`, or None."""
+    got = _startup_insert(plan, lay)
+    return None if got is None else got[0]
+
+
+def _startup_insert(plan: StepPlan, lay: GpuLayout) -> Optional[Tuple[StepPlan, int, int, List[int]]]:
     """The GPU's plan of a layout that keeps every slice tensor whole and only adds
     ``startup`` buffers (:meth:`GpuLayout.adds_only_startup_buffers`), as the writer writes
     it but column by column: the slice's events with the buffers allocated just before the
     ``inputs`` mark (``_Writer.enter``), each slice key made after them moved up by their
     number (keys count up in allocation order), a constant :class:`Size` as its whole bytes,
-    every other event (a step's end, a peak reset) as it is.  None where the slice's plan
-    has not one ``inputs`` mark: the writer writes it."""
+    every other event (a step's end, a peak reset) as it is; with the event the buffers go
+    before, the number of slice keys made before them and the buffers' bytes.  None where
+    the slice's plan has not one ``inputs`` mark: the writer writes it."""
     import numpy as np
 
     from .builder import EventColumns, event_columns
@@ -569,7 +593,7 @@ def _with_startup_buffers(plan: StepPlan, lay: GpuLayout) -> Optional[StepPlan]:
     if any(c.src < at or c.lo <= made_before for c in plan.copies):
         copies = ()
     return StepPlan(EventColumns(out_kinds, out_keys, out_sizes, out_labels), info, marks, plan.steps, [], 0.0,
-                    plan.repeats, plan.passes_copied, copies)
+                    plan.repeats, plan.passes_copied, copies), at, made_before, [b[0] for b in bufs]
 
 
 def _step_starts(plan: StepPlan) -> Dict[int, int]:

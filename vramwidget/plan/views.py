@@ -63,9 +63,7 @@ class PlanIndex:
         if not isinstance(ev, EventColumns):
             plan.keep_columns(kinds, keys, third, labels)     # one tuple per column, not per event
         if self.codes is not None:
-            self.signs = (self.codes == 0).astype(np.int64) - (self.codes == 1)     # _SIGN
-            moves = self.signs != 0
-            raw = np.where(moves, self.slots - 1, 0)
+            raw = self._signs_and_rows()
         else:
             self.signs = np.fromiter(map(_SIGN.get, kinds, repeat(0, n)), dtype=np.int64, count=n)
             moves = self.signs != 0
@@ -83,14 +81,79 @@ class PlanIndex:
             sizes = list(compress(third, made))
         #: the events' columns, for events_at
         self.columns = (kinds, keys, third, labels, made_at)
+        self._lifetimes(made_at)
+        self._sizes(sizes, n_alloc, lit_rows, row_copies)
+        self._caches()
+
+    def _signs_and_rows(self) -> Any:
+        """``signs`` (+1 an allocation, -1 a free, 0 else) from the codes, and each event's
+        allocation row (``rows``: the key - 1 of an allocation or free, else 0), returned."""
+        import numpy as np
+
+        self.signs = (self.codes == 0).astype(np.int64) - (self.codes == 1)     # _SIGN
+        self.rows = np.where(self.signs != 0, self.slots - 1, 0)
+        return self.rows
+
+    def _lifetimes(self, made_at: Any) -> None:
+        """Each allocation row's key, the event that makes it and the one that frees it (the
+        number of events where none does)."""
+        import numpy as np
+
+        n, raw = len(self.rows), self.rows
+        n_alloc = len(made_at)
         self.keys = list(range(1, n_alloc + 1))
-        idx = np.arange(n)
         self.alloc_at = np.zeros(n_alloc, dtype=np.int64)
         self.free_at = np.full(n_alloc, n, dtype=np.int64)
-        self.alloc_at[raw[made]] = idx[made]
-        self.free_at[raw[self.signs == -1]] = idx[self.signs == -1]
-        self._sizes(sizes, n_alloc, lit_rows, row_copies)
-        self.marks = plan.marks
+        self.alloc_at[raw[made_at]] = made_at
+        freed = np.flatnonzero(self.signs == -1)
+        self.free_at[raw[freed]] = freed
+
+    @classmethod
+    def with_rows_inserted(cls, base: "PlanIndex", plan: StepPlan, at: int, row: int, nbytes: List[int]
+                           ) -> "PlanIndex":
+        """The index of ``plan``, which is ``base``'s plan with ``len(nbytes)`` allocations
+        of those whole bytes inserted before event ``at`` and never freed, the first at
+        allocation row ``row`` (every key after it moved up by as many) and each constant
+        size as its whole bytes (``per_gpu._with_startup_buffers``: DDP's buckets and NCCL's
+        buffers), read off ``base``'s arrays instead of ``plan``'s events: the same index
+        (tests/test_parallel_plan.py).  ``PlanIndex(plan)`` where ``base`` has no codes or
+        is symbolic in constants alone."""
+        import numpy as np
+
+        if base.codes is None or (base.symbolic and not np.any(base.coef[:, 1:])):
+            return cls(plan)
+        self = cls.__new__(cls)
+        self.plan = plan
+        nb = len(nbytes)
+        c0 = base.codes
+        s0 = base.slots.copy()
+        s0[(c0 <= 1) & (s0 > row)] += nb
+        self.codes = np.concatenate([c0[:at], np.zeros(nb, dtype=np.int8), c0[at:]])
+        self.slots = np.concatenate([s0[:at], np.arange(row + 1, row + nb + 1, dtype=np.int64), s0[at:]])
+        self._signs_and_rows()
+        made_at = np.flatnonzero(self.signs == 1)
+        ev = plan.events
+        self.columns = (*event_columns(ev), made_at)
+        self._lifetimes(made_at)
+        new = np.asarray(nbytes, dtype=np.int64)
+        self.symbolic = base.symbolic
+        if self.symbolic:
+            self.basis, self.sizes = base.basis, None
+            coef = base.coef.copy()
+            const = ~np.any(coef[:, 1:], axis=1)          # a constant Size: its whole bytes
+            coef[const, 0] = _whole_bytes(coef[const, 0]).astype(float)
+            rows = np.zeros((nb, coef.shape[1]), dtype=float)
+            rows[:, 0] = new
+            self.coef = np.concatenate([coef[:row], rows, coef[row:]])
+        else:
+            self.basis, self.coef = None, None
+            self.sizes = np.minimum(np.concatenate([base.sizes[:row], new, base.sizes[row:]]), SATURATED_REQUEST_BYTES)
+        self._caches()
+        return self
+
+    def _caches(self) -> None:
+        """The plan's marks, and what the views fill in on first use (empty)."""
+        self.marks = self.plan.marks
         #: replays of this plan's event streams, shared by sizes whose events are equal
         #: (``replays.replay_training``: the size's monomials and the capacity -> ReplayResult)
         self.stream_replays: Dict[Tuple[Any, ...], Any] = {}
