@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Dict, List, Optional, Tuple
 
-from .builder import PlanBuilder, StepPlan, TensorInfo
+from .builder import EventColumns, PlanBuilder, StepPlan, TensorInfo
 from .size import NotPolynomial, Size
 from .views import gradient_events, live_rows, row_infos, whole_bytes
 
@@ -385,7 +385,6 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     # kept_share of each tensor description (by id: one object per description), in the load and after it
     shares_load: Dict[int, Optional[float]] = {}
     shares_run: Dict[int, Optional[float]] = {}
-    layer_of: Dict[Any, Optional[int]] = {}     # _layer of each label
     whole_of: Dict[int, Any] = {}               # id of a Size -> its whole bytes if constant, else None
     keymap, out_info, infos = w.key, pb.info, pb._infos
     ev_append, pop = pb.events.append, keymap.pop
@@ -406,8 +405,18 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
     #: step -> (out events after its step_end, the slice's step_end index)
     ends: Dict[int, Tuple[int, int]] = {}
     events = enumerate(plan.events)
+    # the events with marks, in order: a comparison per event instead of a lookup
+    mark_at = sorted(marks) + [len(plan.events) + 1]
+    next_mark, mi = mark_at[0], 0
+    canon: Dict[int, TensorInfo] = {}          # id of a slice description -> the GPU plan's object
     for j, (kind, key, nbytes, label) in events:
-        here = marks.get(j)
+        if j < next_mark:
+            here = None
+        else:
+            here = marks.get(j)
+            while mark_at[mi] <= j:
+                mi += 1
+            next_mark = mark_at[mi]
         if here is not None and j in passes_end_at:
             st = passes_end_at[j]
             passes_end[st - 1] = (len(pb.events), pb.last_key, len(pb.marks), _passes_state(w, *copied[st][3:5]))
@@ -467,9 +476,9 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
         comp = i.component
         if f is not None:
             if tracks and not loading and comp != "optimizer states" and comp != "optimizer temporaries":
-                lyr = layer_of.get(label, missing)
-                if lyr is missing:
-                    lyr = layer_of[label] = _layer(label)
+                # _layer(label), written out: a block's label is ("layer", its index, ...)
+                lyr = label[1] if (label.__class__ is tuple and len(label) >= 2 and label[0] == "layer"
+                                   and isinstance(label[1], int)) else None
                 if lyr is None or lyr != w.layer:     # at() has nothing to do within one block
                     w.at(lyr)
             # _Writer.alloc -> PlanBuilder.alloc_as, written out
@@ -482,7 +491,7 @@ def per_gpu_plan(plan: StepPlan, lay: GpuLayout, num_layers: int) -> StepPlan:
             if nb.__class__ is Size or nb > 0:
                 n = pb.last_key = pb.last_key + 1
                 ev_append(("alloc", n, nb, i.name if label is None else label))
-                out_info[n] = infos.setdefault(i, i)
+                out_info[n] = canon.get(id(i)) or canon.setdefault(id(i), infos.setdefault(i, i))
                 keymap[key] = n
             else:
                 keymap[key] = None
@@ -544,7 +553,7 @@ def _startup_insert(plan: StepPlan, lay: GpuLayout) -> Optional[Tuple[StepPlan, 
     the slice's plan has not one ``inputs`` mark: the writer writes it."""
     import numpy as np
 
-    from .builder import EventColumns, event_columns
+    from .builder import event_columns
 
     inputs = [m for m in plan.marks if m[0] == "inputs"]
     ev = plan.events
@@ -634,6 +643,17 @@ def _copied_passes(plan: StepPlan) -> Dict[int, Tuple[int, int, int, int, int, i
             continue
         a0, a1, b0, b1 = first[st - 1], opt[st - 1], first[st], opt[st]
         if a1 - a0 != b1 - b0:
+            continue
+        rec = next((c for c in plan.copies if c.dst == b0 and c.src == a0 and c.n == b1 - b0 and c.step is None), None)
+        if rec is not None and isinstance(ev, EventColumns):
+            # the passes recorded as a copy (builder.Copy): keys made in one run, moved by its
+            # shift; left to see is whether they free only keys they made (in numpy)
+            import numpy as np
+
+            keys = np.fromiter(ev.keys[a0:a1], dtype=np.int64, count=a1 - a0)
+            frees = np.fromiter(map("free".__eq__, ev.kinds[a0:a1]), dtype=bool, count=a1 - a0)
+            if not np.any(frees & ((keys < rec.lo) | (keys > rec.hi))):
+                out[st] = (b0, b1 - b0, rec.shift, rec.lo, rec.hi, a1)
             continue
         made_a = [e[1] for e in ev[a0:a1] if e[0] == "alloc"]
         made_b = [e[1] for e in ev[b0:b1] if e[0] == "alloc"]
