@@ -166,6 +166,8 @@ class PlanBuilder:
         self.passes_copied: List[int] = []
         #: the spans written as copies (``StepPlan.copies``)
         self.copies: List[Copy] = []
+        #: step -> the index of its first ``step_end`` event
+        self.step_ends: Dict[int, int] = {}
         #: key -> bytes of every allocation
         self.sizes: Dict[int, Any] = {}
         #: the last key an allocation got (keys count up from 1; plan/blocks.py copies spans after it)
@@ -209,6 +211,7 @@ class PlanBuilder:
         self.marks.append((phase, step, len(self.events)))
 
     def step_end(self, step: int) -> None:
+        self.step_ends.setdefault(step, len(self.events))
         self.events.append(("step_end", step, 0, ""))
 
     def plan(self, steps: int) -> StepPlan:

@@ -9,7 +9,8 @@ model(input_ids=ids, labels=ids).loss`` (forward), ``del out``, ``loss.backward(
 from __future__ import annotations
 
 import dataclasses
-
+from itertools import compress
+from operator import itemgetter
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ..model.architecture import Architecture
@@ -286,13 +287,17 @@ def _repeat_step(pb: PlanBuilder, step: int) -> bool:
     allocation of its own past its end, which a copy would not free."""
     prev = [(p, st, i) for p, st, i in pb.marks if st == step - 1]
     start = prev[0][2]
-    end = next(i for i, e in enumerate(pb.events) if e[0] == "step_end" and e[1] == step - 1 and i >= start)
+    end = pb.step_ends.get(step - 1)
+    if end is None or end < start:
+        return False
     span = pb.events[start:end]
-    made = {e[1] for e in span if e[0] == "alloc"}
-    if made != {e[1] for e in span if e[0] == "free" and e[1] in made}:
+    # (the span's kinds and keys as columns: a pass in C each)
+    kinds, keys = list(map(itemgetter(0), span)), list(map(itemgetter(1), span))
+    made = list(compress(keys, map("alloc".__eq__, kinds)))
+    if not set(made) <= set(compress(keys, map("free".__eq__, kinds))):
         return False
     base = len(pb.events)
-    _append_copy(pb, span, start)
+    _append_copy(pb, span, start, made)
     pb.marks.extend((p, step, i - start + base) for p, st, i in prev)
     pb.step_end(step)
     pb.repeats.append(step)
@@ -314,13 +319,14 @@ def _copy_passes(pb: PlanBuilder, step: int, grads: List[Optional[int]]) -> List
     return [new.get(k, k) for k in grads]
 
 
-def _append_copy(pb: PlanBuilder, span: List[Any], src: int) -> Dict[int, int]:
+def _append_copy(pb: PlanBuilder, span: List[Any], src: int, made: Optional[List[int]] = None) -> Dict[int, int]:
     """Append ``span`` (the events from ``src`` on) with a new key for each allocation made in
     it (frees of keys made before it are kept), recorded as a copy (``PlanBuilder.copied``);
     returns old key -> new key."""
     info = pb.info
     n = pb.last_key
-    made = [e[1] for e in span if e[0] == "alloc"]
+    if made is None:        # the keys the span makes, in order
+        made = [e[1] for e in span if e[0] == "alloc"]
     fresh = range(n + 1, n + 1 + len(made))
     new: Dict[int, int] = dict(zip(made, fresh))
     info.update(zip(fresh, [info[k] for k in made]))
