@@ -13,6 +13,7 @@ backward (``aten/src/ATen/autocast_mode.cpp`` ``cached_cast``: only leaves that 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..units import DTYPE_BYTES
@@ -337,7 +338,8 @@ def _copy(pb: Any, src: _Span, layer: int, shifts: List[Tuple[int, int, int]]) -
         return k
 
     info, append = pb.info, pb.events.append
-    for kind, key, nbytes, label in pb.events[src.events[0]:src.events[1]]:
+    span = pb.events[src.events[0]:src.events[1]]
+    for kind, key, nbytes, label in span:
         if label.__class__ is tuple and label and label[0] == "layer":
             label = canonical(("layer", layer) + label[2:])
         if kind == "alloc":
@@ -346,7 +348,14 @@ def _copy(pb: Any, src: _Span, layer: int, shifts: List[Tuple[int, int, int]]) -
         else:
             append((kind, key_of(key), nbytes, label))
     pb.last_key += src.keys[1] - src.keys[0]
+    if set(map(itemgetter(0), span)) <= _KEYED:     # (key_of moves any event's key: kept to these)
+        pb.copied(src.events[0], len(span), src.keys[0], src.keys[1] - 1, D,
+                  ranges=tuple((lo, hi - 1, d) for lo, hi, d in shifts), own_labels=True)
     return key_of
+
+
+#: the events whose key is an allocation's
+_KEYED = frozenset(("alloc", "free"))
 
 
 def _same_layers(cx: StepContext, lay: Layers, layers: List[int]) -> bool:

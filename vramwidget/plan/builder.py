@@ -33,10 +33,13 @@ class TensorInfo(NamedTuple):
 
 class Copy(NamedTuple):
     """A span of a plan's events written as a copy of an earlier span (a step that repeats
-    the one before: ``step._append_copy``, ``per_gpu._copy_step`` and ``_copy_passes``):
-    event ``dst + i`` is event ``src + i`` (the same kind, bytes and label objects) but for
-    its key: an allocation's or free's key in ``lo``..``hi`` moves by ``shift`` (the tensors
-    the source span made, made again), and a step end's key is ``step`` where it is not None.
+    the one before: ``step._append_copy``, ``per_gpu._copy_step`` and ``_copy_passes``; a
+    block that runs the one before's: ``blocks._copy``): event ``dst + i`` is event
+    ``src + i`` (the same kind, bytes and label objects) but for its key: an allocation's or
+    free's key in ``lo``..``hi`` moves by ``shift`` (the tensors the source span made, made
+    again), else by the shift of the first of ``ranges`` ((lo, hi, shift), inclusive) it is
+    in (a block's input, made by the block before), and a step end's key is ``step`` where
+    it is not None; with ``own_labels`` the copy's labels are its own (the next block's).
     What reads every event (``views.PlanIndex``) reads a copy off the source's arrays
     instead of event by event; ``copies_hold`` checks a plan's copies against its events."""
 
@@ -47,6 +50,15 @@ class Copy(NamedTuple):
     hi: int
     shift: int
     step: Optional[int] = None
+    ranges: Tuple[Tuple[int, int, int], ...] = ()
+    own_labels: bool = False
+
+    def moved(self, key: Any) -> Any:
+        """The copy's key of an allocation's or free's ``key`` in the source."""
+        for lo, hi, shift in ((self.lo, self.hi, self.shift),) + self.ranges:
+            if lo <= key <= hi:
+                return key + shift
+        return key
 
 
 class EventColumns(Sequence):
@@ -218,11 +230,12 @@ class PlanBuilder:
         return StepPlan(self.events, self.info, self.marks, steps, self.notes, self.host_bytes, tuple(self.repeats),
                         tuple(self.passes_copied), tuple(self.copies))
 
-    def copied(self, src: int, n: int, lo: int, hi: int, shift: int, step: Optional[int] = None) -> None:
+    def copied(self, src: int, n: int, lo: int, hi: int, shift: int, step: Optional[int] = None,
+               ranges: Tuple[Tuple[int, int, int], ...] = (), own_labels: bool = False) -> None:
         """Record that the last ``n`` events appended are a :class:`Copy` of the ``n`` from
         ``src``; none is recorded where the source made no keys in one run ``lo``..``hi``."""
         if n > 0 and lo <= hi:
-            self.copies.append(Copy(len(self.events) - n, src, n, lo, hi, shift, step))
+            self.copies.append(Copy(len(self.events) - n, src, n, lo, hi, shift, step, ranges, own_labels))
 
 
 def copies_hold(plan: StepPlan) -> bool:
@@ -235,10 +248,11 @@ def copies_hold(plan: StepPlan) -> bool:
             return False
         last = c.dst + c.n
         for (k0, key0, b0, l0), (k1, key1, b1, l1) in zip(ev[c.src:c.src + c.n], ev[c.dst:c.dst + c.n]):
-            if k0 != k1 or not (b0 is b1 or (b0.__class__ is not Size and b0 == b1)) or not (l0 is l1 or l0 == l1):
+            if k0 != k1 or not (b0 is b1 or (b0.__class__ is not Size and b0 == b1)) \
+                    or not (c.own_labels or l0 is l1 or l0 == l1):
                 return False
-            if k0 in ("alloc", "free") and c.lo <= key0 <= c.hi:
-                want = key0 + c.shift
+            if k0 in ("alloc", "free"):
+                want = c.moved(key0)
             elif k0 == "step_end" and c.step is not None:
                 want = c.step
             else:

@@ -598,8 +598,9 @@ def _startup_insert(plan: StepPlan, lay: GpuLayout) -> Optional[Tuple[StepPlan, 
         marks.append((phase, step, j + nb if j > at or (j == at and passed) else j))
     # the slice's copies, at their new places: each lies after the buffers (a step's span)
     # and its keys among those moved up; else none is kept (each event is then read)
-    copies = tuple(c._replace(dst=c.dst + nb, src=c.src + nb, lo=c.lo + nb, hi=c.hi + nb) for c in plan.copies)
-    if any(c.src < at or c.lo <= made_before for c in plan.copies):
+    copies = tuple(c._replace(dst=c.dst + nb, src=c.src + nb, lo=c.lo + nb, hi=c.hi + nb,
+                              ranges=tuple((lo + nb, hi + nb, d) for lo, hi, d in c.ranges)) for c in plan.copies)
+    if any(c.src < at or min((c.lo,) + tuple(r[0] for r in c.ranges)) <= made_before for c in plan.copies):
         copies = ()
     return StepPlan(EventColumns(out_kinds, out_keys, out_sizes, out_labels), info, marks, plan.steps, [], 0.0,
                     plan.repeats, plan.passes_copied, copies), at, made_before, [b[0] for b in bufs]

@@ -278,7 +278,11 @@ def _copied_columns(plan: StepPlan) -> Optional[Tuple[Any, ...]]:
         ks = slots[s0:s0 + m].copy()
         if int(np.count_nonzero(cs == 0)) != c.hi - c.lo + 1:
             return None
-        ks[(cs <= 1) & (ks >= c.lo) & (ks <= c.hi)] += c.shift
+        moves, k0 = cs <= 1, slots[s0:s0 + m]
+        for lo, hi, shift in ((c.lo, c.hi, c.shift),) + c.ranges:     # the first range a key is in
+            hit = moves & (k0 >= lo) & (k0 <= hi)
+            ks[hit] += shift
+            moves &= ~hit
         if c.step is not None:
             ks[cs == 2] = c.step
         codes[d0:d0 + m] = cs
@@ -288,7 +292,7 @@ def _copied_columns(plan: StepPlan) -> Optional[Tuple[Any, ...]]:
             K.extend(K[s0:s0 + m])
             Y.extend(ks.tolist())
             B.extend(B[s0:s0 + m])
-            L.extend(L[s0:s0 + m])
+            L.extend(map(itemgetter(3), ev[d0:d0 + m]) if c.own_labels else L[s0:s0 + m])
         row_copies.append((c.lo - 1, c.lo - 1 + c.shift, c.hi - c.lo + 1))
         pos = d0 + m
     lit_events = np.flatnonzero(written & (codes == 0))
