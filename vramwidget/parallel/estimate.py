@@ -100,7 +100,7 @@ from ..plan.params import param_storage, state_dtypes
 from ..plan.profile import full_checkpointing
 from ..allocator.collector import gc_paused
 from ..plan import has_plan, plan_view
-from ..plan.step import forward_floor_bytes
+from ..plan.step import forward_floor_bytes, load_floor_bytes
 from ..plan.builder import StepPlan, TensorInfo
 from ..plan.views import live_rows, row_infos
 from ..plan.per_gpu import Buffer, GpuLayout, Shares, ZeroStepGroup, floor_bytes, per_gpu_plan, startup_buffers_plan
@@ -1135,6 +1135,26 @@ def giving_up_above(give_up: Callable[[float], bool]) -> Iterator[None]:
 PRE_PLAN_FLOOR = True
 
 
+def _pre_plan_floors(cut: Architecture, s_loc: TrainingSetup, P: Any, strategy: str, lay: _Layout,
+                     opts: Dict[str, Any], gathers: bool) -> Iterator[float]:
+    """Lower bounds of the GPU's allocated peak before its slice's plan is written, the
+    cheaper first: under ZeRO-2 without parameter offload, what the load leaves
+    (``plan.step.load_floor_bytes``: kept whole, live to the end) with ZeRO's gradient
+    partition (``grads_in_partition``, this rank's share of every trainable element's
+    gradient, at 2 B an element or more: made at the step's first gradient and kept at least
+    to the optimizer step, ``parallel.zero.plan``; Llama 2 7B full under ZeRO-Offload on one
+    RTX 4090: 13.5 GB of bf16 weights and 13.5 GB of partition, over the card before a plan
+    is written); where the GPU holds its slice's first forward whole
+    (:func:`_keeps_first_forward`), the most live there (``plan.step.forward_floor_bytes``,
+    a fifth of a plan's events)."""
+    if strategy in DEEPSPEED and opts["zero"].stage == 2 and not opts["offload_params"]:
+        tr_e = sum(n for _, g, n, _, _ in P.trainable_tensors if g == "experts")
+        tr = P.trainable_numel - tr_e
+        yield load_floor_bytes(cut, s_loc) + 2.0 * (tr / lay.shard + tr_e / lay.shard_experts)
+    if _keeps_first_forward(strategy, lay, opts, gathers):
+        yield forward_floor_bytes(cut, s_loc)
+
+
 def _keeps_first_forward(strategy: str, lay: _Layout, opts: Dict[str, Any], gathers: bool) -> bool:
     """Whether the GPU's plan holds every tensor of its slice's first forward whole: the
     weights and adapters unsharded on the device (no ZeRO-3, no FSDP shard gathering, no
@@ -1165,13 +1185,10 @@ def _per_gpu_stage(arch: Architecture, s: TrainingSetup, s_loc: TrainingSetup, l
     # -- the stage's parameters, gradients and states at full (unsharded) size ---------------
     P = param_storage(cut, s_loc)
     give_up = _GIVE_UP.get()
-    if give_up is not None and PRE_PLAN_FLOOR and not has_plan(cut, s_loc) \
-            and _keeps_first_forward(strategy, lay, opts, gathers):
-        # before the slice's plan is written: the GPU holds its slice's first forward
-        # whole, so the most live there (a fifth of a plan's events) bounds its peak
-        floor = forward_floor_bytes(cut, s_loc)
-        if give_up(floor):
-            raise AboveFloor(floor)
+    if give_up is not None and PRE_PLAN_FLOOR and not has_plan(cut, s_loc):
+        for floor in _pre_plan_floors(cut, s_loc, P, strategy, lay, opts, gathers):
+            if give_up(floor):
+                raise AboveFloor(floor)
     view = plan_view(cut, s_loc)
     step, loaded = _live_bytes(view, "optimizer_step"), _live_bytes(view, "after_load")
     G, Ge = step.get(("gradients", False), 0.0), step.get(("gradients", True), 0.0)

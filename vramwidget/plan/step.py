@@ -121,7 +121,7 @@ def setup_shape(s: TrainingSetup) -> TrainingSetup:
 
 
 #: (id of the architecture, the setup without its sizes) -> (the architecture, state_floor_bytes)
-_FLOORS: Dict[Tuple[int, TrainingSetup], Tuple[Architecture, float]] = {}
+_FLOORS: Dict[Tuple[int, TrainingSetup], Tuple[Architecture, Tuple[float, float]]] = {}
 #: (id of the architecture, the setup) -> (the architecture, forward_floor_bytes)
 _FORWARD_FLOORS: Dict[Tuple[int, TrainingSetup], Tuple[Architecture, float]] = {}
 _MAX_FLOORS = 512
@@ -140,6 +140,18 @@ def state_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
     ~75 GiB of weights and AdamW states, on a 24 GiB card).  With the optimizer in backward
     each parameter's states are made in its hook, so they are left out (a bound needs no
     more)."""
+    return _floors(arch, s)[1]
+
+
+def load_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
+    """What the load leaves live in ``s``'s plan (the model's tensors: weights, quantization
+    constants, adapters, workspaces), which every later event of the plan holds: written
+    with :func:`state_floor_bytes` and kept with it."""
+    return _floors(arch, s)[0]
+
+
+def _floors(arch: Architecture, s: TrainingSetup) -> Tuple[float, float]:
+    """(:func:`load_floor_bytes`, :func:`state_floor_bytes`) of ``s``."""
     # the load and the states do not depend on the batch or the lengths: one per setup shape
     # (tests/test_state_floor.py), so fit's bisections over sizes write it once
     key = (id(arch), setup_shape(s))
@@ -150,19 +162,25 @@ def state_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
     cx = step_context(arch, s, pb, s.batch_size, s.seq_len, None)
     cx.copy_layers = True
     ld = load_model(cx)
+    loaded = _live_sum(pb.events)
     if not s.optimizer_in_backward:
         create_states(cx, ld.ordered)
+    floors = (loaded, _live_sum(pb.events))
+    if len(_FLOORS) >= _MAX_FLOORS:
+        _FLOORS.clear()
+    _FLOORS[key] = (arch, floors)
+    return floors
+
+
+def _live_sum(events: List[Any]) -> float:
+    """The requested bytes live after ``events``."""
     live: Dict[int, Any] = {}
-    for kind, k, nbytes, _label in pb.events:
+    for kind, k, nbytes, _label in events:
         if kind == "alloc":
             live[k] = nbytes
         elif kind == "free":
             live.pop(k, None)
-    floor = float(sum(float(v) for v in live.values()))
-    if len(_FLOORS) >= _MAX_FLOORS:
-        _FLOORS.clear()
-    _FLOORS[key] = (arch, floor)
-    return floor
+    return float(sum(float(v) for v in live.values()))
 
 
 def clear_floors() -> None:
