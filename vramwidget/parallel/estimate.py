@@ -1130,8 +1130,9 @@ def giving_up_above(give_up: Callable[[float], bool]) -> Iterator[None]:
         _GIVE_UP.reset(token)
 
 
-#: pass a GPU over by its slice's first forward before the slice's plan is written (off: by
-#: ``per_gpu.floor_bytes`` alone, once the plan is written; the tests check each bound)
+#: pass a GPU over by the bounds of :func:`_pre_plan_floors` before its slice's plan is
+#: written (off: by ``per_gpu.floor_bytes`` alone, once the plan is written; the tests check
+#: each bound)
 PRE_PLAN_FLOOR = True
 
 
@@ -1160,7 +1161,7 @@ def _keeps_first_forward(strategy: str, lay: _Layout, opts: Dict[str, Any], gath
     weights and adapters unsharded on the device (no ZeRO-3, no FSDP shard gathering, no
     parameter offload) and the activations at their full size (no sequence parallel); the
     layout may add buffers but drops none of them (``plan.per_gpu.kept_share`` is 1 for each:
-    tests/test_parallel_floor.py checks it against the layouts :func:`_per_gpu_stage`
+    tests/test_parallel_plan.py checks it against the layouts :func:`_per_gpu_stage`
     builds).  Then the most live in the slice's first forward
     (``plan.step.forward_floor_bytes``) is a lower bound of the GPU's allocated peak."""
     if opts["offload_params"] or gathers or lay.sp:

@@ -17,7 +17,7 @@ from operator import itemgetter
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..units import DTYPE_BYTES
-from .builder import canonical
+from .builder import KEYED_KINDS, canonical
 from .context import StepContext
 from .load import Loaded, Trainable
 from .profile import dora_norm_bytes, dora_weight_copies_per_layer, layer_key, poly
@@ -348,14 +348,11 @@ def _copy(pb: Any, src: _Span, layer: int, shifts: List[Tuple[int, int, int]]) -
         else:
             append((kind, key_of(key), nbytes, label))
     pb.last_key += src.keys[1] - src.keys[0]
-    if set(map(itemgetter(0), span)) <= _KEYED:     # (key_of moves any event's key: kept to these)
+    if set(map(itemgetter(0), span)) <= KEYED_KINDS:     # (key_of moves any event's key: kept to these)
         pb.copied(src.events[0], len(span), src.keys[0], src.keys[1] - 1, D,
                   ranges=tuple((lo, hi - 1, d) for lo, hi, d in shifts), own_labels=True)
     return key_of
 
-
-#: the events whose key is an allocation's
-_KEYED = frozenset(("alloc", "free"))
 
 
 def _same_layers(cx: StepContext, lay: Layers, layers: List[int]) -> bool:

@@ -19,6 +19,8 @@ from .size import Size
 
 #: one allocator event: ("alloc", key, bytes, label), ("free", key, 0, ""), ("step_end", step, 0, "")
 Event = Tuple[str, Any, Any, Any]
+#: the kinds of event whose key is an allocation's (what a copy of a span moves)
+KEYED_KINDS = frozenset(("alloc", "free"))
 
 
 class TensorInfo(NamedTuple):

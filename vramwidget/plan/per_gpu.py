@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Dict, List, Optional, Tuple
 
-from .builder import EventColumns, PlanBuilder, StepPlan, TensorInfo
+from .builder import KEYED_KINDS, EventColumns, PlanBuilder, StepPlan, TensorInfo
 from .size import NotPolynomial, Size
 from .views import gradient_events, live_rows, row_infos, whole_bytes
 
@@ -515,8 +515,6 @@ COPY_REPEATED_STEPS = True
 #: written as the slice's events with those inserted (off: by the writer, event by event;
 #: the tests compare the two)
 ADD_ONLY_FAST_PATH = True
-#: the events whose key :func:`_with_startup_buffers` moves
-_MOVES_KEY = frozenset(("alloc", "free"))
 
 
 def startup_buffers_plan(ix: Any, lay: GpuLayout) -> Optional[Tuple[StepPlan, Any]]:
@@ -566,7 +564,7 @@ def _startup_insert(plan: StepPlan, lay: GpuLayout) -> Optional[Tuple[StepPlan, 
     bufs = [(int(b.nbytes), b.info) for b in lay.buffers if int(b.nbytes) > 0]
     nb = len(bufs)
     # the keys: an allocation or free of a key made after the buffers moves up by nb
-    moving = np.fromiter(map(_MOVES_KEY.__contains__, kinds), dtype=bool, count=n)
+    moving = np.fromiter(map(KEYED_KINDS.__contains__, kinds), dtype=bool, count=n)
     k = np.fromiter(keys, dtype=np.int64, count=n)
     k[moving & (k > made_before)] += nb
     k_all = k.tolist()

@@ -17,7 +17,7 @@ from ..model.architecture import Architecture
 from ..training import TrainingSetup
 from ..units import DTYPE_BYTES
 from .blocks import Layers, Offload, backward_layers, forward_layers, forward_ops, layers_of, param_grad, sized_ops
-from .builder import PlanBuilder, StepPlan
+from .builder import KEYED_KINDS, PlanBuilder, StepPlan
 from .context import CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACES, StepContext, step_context
 from .load import Loaded, Trainable, load_model
 from .loss import del_outputs, head_forward, loss_backward
@@ -91,8 +91,8 @@ def forward_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
     LoRA on Llama 2 7B without checkpointing, whose activations alone are over an RTX 4090)."""
     # one per setup (its sizes included): a search asks the same setup again on another
     # layout (fit.solver's combinations with ZeRO-Offload: parallel.estimate._per_gpu_stage)
-    key = (id(arch), s)
-    hit = _FORWARD_FLOORS.get(key)
+    cache_key = (id(arch), s)
+    hit = _FORWARD_FLOORS.get(cache_key)
     if hit is not None and hit[0] is arch:
         return hit[1]
     events, start = forward_prefix(arch, s)
@@ -108,7 +108,7 @@ def forward_floor_bytes(arch: Architecture, s: TrainingSetup) -> float:
             best = live
     if len(_FORWARD_FLOORS) >= _MAX_FLOORS:
         _FORWARD_FLOORS.clear()
-    _FORWARD_FLOORS[key] = (arch, float(best))
+    _FORWARD_FLOORS[cache_key] = (arch, float(best))
     return float(best)
 
 
@@ -349,16 +349,13 @@ def _append_copy(pb: PlanBuilder, span: List[Any], src: int, made: Optional[List
     new: Dict[int, int] = dict(zip(made, fresh))
     info.update(zip(fresh, [info[k] for k in made]))
     get = new.get
-    pb.events.extend([(e[0], get(e[1], e[1]), e[2], e[3]) if e[0] in _KEYED else e for e in span])
+    pb.events.extend([(e[0], get(e[1], e[1]), e[2], e[3]) if e[0] in KEYED_KINDS else e for e in span])
     pb.last_key = n + len(made)
     if made and made[-1] - made[0] == len(made) - 1:
         # keys made in one run (the builder hands them out in order): a shift of that run
         pb.copied(src, len(span), made[0], made[-1], n + 1 - made[0])
     return new
 
-
-#: the events whose key is an allocation's
-_KEYED = frozenset(("alloc", "free"))
 
 
 def _micro_batch(cx: StepContext, lay: Layers, ld: Loaded, grads: _Grads, step: int) -> None:
